@@ -1,0 +1,198 @@
+"""Count: match every op node of a captured graph against the rule table and cost it.
+
+Each node ends up counted by a rule, declared zero by a zero list, or unknown. Unknown nodes cost 0
+but are kept, so the estimate can report them by op, count and module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from fxflops.capture import Captured, WholeCall
+from fxflops.formula import FormulaError
+from fxflops.results import COUNTED, UNKNOWN, ZERO, NodeCost
+from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
+
+
+class RuleEvaluationError(RuntimeError):
+    """A rule's formula failed on an actual op call: names the rule, its file, the op and the module."""
+
+
+def count_nodes(captured: Captured, table: RuleTable, conventions: str,
+                is_whole: Callable[[torch.nn.Module], bool] = lambda m: False) -> list[NodeCost]:
+    """Cost every op node, then replace what runs inside whole-counted modules by one cost per call."""
+    whole_paths = _whole_module_paths(captured.structure, is_whole)
+    costs = []
+    for graph_module, node in _op_nodes(captured.graph_module):
+        path, _ = node.meta.get("fxflops_module", ("", ""))
+        covering = _covering(path, whole_paths)
+        if covering is not None and not (node.op == "call_module" and node.target == covering):
+            costs.append(_covered_cost(graph_module, node, covering))
+        else:
+            costs.append(_node_cost(graph_module, node, captured, table, conventions))
+    costs += [_whole_call_cost(call, captured, table, conventions) for call in captured.whole_calls]
+    return costs
+
+
+def _op_nodes(graph_module: torch.fx.GraphModule) -> Iterator[tuple[torch.fx.GraphModule, torch.fx.Node]]:
+    """Op nodes in order, descending into the subgraphs of higher-order ops (e.g. no_grad regions)."""
+    for node in graph_module.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            for arg in node.args:
+                if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                    sub = _attr(graph_module, arg.target)
+                    if isinstance(sub, torch.fx.GraphModule):
+                        yield from _op_nodes(sub)
+            continue
+        yield graph_module, node
+
+
+def _attr(graph_module: torch.nn.Module, target: str) -> Any:
+    value: Any = graph_module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _whole_module_paths(structure: torch.nn.Module, is_whole: Callable[[torch.nn.Module], bool]) -> set[str]:
+    return {name for name, module in structure.named_modules() if is_whole(module)}
+
+
+def _covering(path: str, whole_paths: set[str]) -> str | None:
+    """The outermost whole-counted module that contains `path`, if any."""
+    if not whole_paths:
+        return None
+    parts = path.split(".") if path else []
+    for end in range(0, len(parts) + 1):
+        candidate = ".".join(parts[:end])
+        if candidate in whole_paths:
+            return candidate
+    return None
+
+
+def _value(graph_module: torch.fx.GraphModule, arg: Any) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        if "val" in arg.meta:
+            return arg.meta["val"]
+        if arg.op == "get_attr":
+            return _attr(graph_module, arg.target)
+        return None
+    if isinstance(arg, list | tuple):
+        return type(arg)(_value(graph_module, a) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _value(graph_module, v) for k, v in arg.items()}
+    return arg
+
+
+def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> OpCall:
+    args = tuple(_value(graph_module, a) for a in node.args)
+    kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
+    out = node.meta.get("val")
+    if node.op == "call_module":
+        return bind_op_call(node.target, "module", args, kwargs, out, graph_module.get_submodule(node.target))
+    if node.op == "call_method":
+        return bind_op_call(node.target, "method", args, kwargs, out)
+    kind = "aten" if isinstance(node.target, torch._ops.OpOverload) else "function"
+    return bind_op_call(node.target, kind, args, kwargs, out)
+
+
+def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, captured: Captured, table: RuleTable,
+               conventions: str) -> NodeCost:
+    call = _call_of(graph_module, node)
+    path, type_name = node.meta.get("fxflops_module", ("", ""))
+    entry = table.match(call)
+    macs, flops = _apply(entry, call, conventions, path)
+    return NodeCost(
+        name=node.name,
+        op=call.key,
+        status=_status(entry),
+        rule=entry.name if entry is not None else None,
+        module=path,
+        module_type=type_name,
+        input_shapes=_shapes(call.names.get("args", ())) + _shapes(tuple(call.names.get("kwargs", {}).values())),
+        output_shapes=_shapes(call.out),
+        macs=macs,
+        flops=flops,
+        source=_source_line(node),
+    )
+
+
+def _covered_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, covering: str) -> NodeCost:
+    path, type_name = node.meta.get("fxflops_module", ("", ""))
+    return NodeCost(
+        name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or '<root>'}", module=path,
+        module_type=type_name, input_shapes=(), output_shapes=_shapes(node.meta.get("val")), macs=0, flops=0,
+        source=_source_line(node),
+    )
+
+
+def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conventions: str) -> NodeCost:
+    module = captured.structure.get_submodule(call.module)
+    op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
+    entry = table.match(op_call)
+    macs, flops = _apply(entry, op_call, conventions, call.module)
+    return NodeCost(
+        name=f"{call.module or '<root>'}:call", op=op_call.key, status=_status(entry),
+        rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
+        input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops,
+    )
+
+
+def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: str) -> tuple[int, int]:
+    if not isinstance(entry, Rule):
+        return 0, 0
+    try:
+        macs, flops = entry.cost(call, conventions)
+    except FormulaError as error:
+        raise RuleEvaluationError(
+            f"rule '{entry.name}' ({entry.source}) failed on {call.key} in module '{path or '<root>'}': {error}. "
+            "Fix the rule's formula, or override it with a rule of your own for this op."
+        ) from None
+    return _to_int(macs, entry, call), _to_int(flops, entry, call)
+
+
+def _to_int(value: Any, entry: Rule, call: OpCall) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RuleEvaluationError(
+            f"rule '{entry.name}' ({entry.source}) gave {value!r} for {call.key}, which is not a number"
+        ) from None
+
+
+def _status(entry: Rule | ZeroList | None) -> str:
+    if entry is None:
+        return UNKNOWN
+    return ZERO if isinstance(entry, ZeroList) else COUNTED
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return str(node.target)
+
+
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    if isinstance(value, torch.Tensor):
+        return (tuple(int(s) for s in value.shape),)
+    if isinstance(value, list | tuple):
+        return tuple(shape for item in value for shape in _shapes(item))
+    return ()
+
+
+def _source_line(node: torch.fx.Node) -> str | None:
+    """The innermost "File ..., line N" of the node's recorded stack, with its code."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [line.strip() for line in trace.strip().splitlines()]
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("File "):
+            code = lines[index + 1] if index + 1 < len(lines) else ""
+            return f"{lines[index]}: {code}"
+    return None

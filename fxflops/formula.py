@@ -1,0 +1,245 @@
+"""A small, safe expression language for cost formulas in rule files.
+
+Formulas are a subset of Python expressions parsed with `ast` and evaluated by walking the tree,
+never with `eval`, so a rule file cannot run code. The same walk works on plain ints and on
+symbolic sizes (torch.SymInt), because it only applies Python's operators to the values.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+class FormulaError(ValueError):
+    """A formula that does not parse, uses something not allowed, or fails on its inputs."""
+
+
+def numel(value: Any) -> Any:
+    """Number of elements of a tensor, a shape, or 0 for None."""
+    if value is None:
+        return 0
+    shape = value.shape if hasattr(value, "shape") else value
+    return prod(shape)
+
+
+def prod(values: Sequence[Any]) -> Any:
+    result: Any = 1
+    for value in values:
+        result = result * value
+    return result
+
+
+def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
+    """Multiply-accumulates of an einsum contracted pairwise left to right, as torch.einsum does.
+
+    Each pairwise step is one batched matmul over the labels the pair shares and still needs
+    (kept) or sums away (contracted); a label found in only one operand and needed nowhere else is
+    summed before the matmul, which is an addition, not a MAC.
+    """
+    equation = equation.replace(" ", "")
+    lhs, _, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise FormulaError(f"einsum '{equation}' names {len(terms)} operands, got {len(operands)}")
+    if not rhs and "->" not in equation:
+        letters = [c for c in lhs.replace(",", "") if c.isalpha()]
+        rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    sizes: dict[str, Any] = {}
+    for term, operand in zip(terms, operands):
+        _record_label_sizes(term, operand.shape, sizes)
+    labels = [set(c for c in term if c.isalpha()) for term in terms]
+    output = set(c for c in rhs if c.isalpha())
+    if len(labels) < 2:
+        return 0
+    total: Any = 0
+    current = labels[0]
+    for index in range(1, len(labels)):
+        other = labels[index]
+        needed_later = output.union(*labels[index + 1 :])
+        left = {c for c in current if c in other or c in needed_later}
+        right = {c for c in other if c in current or c in needed_later}
+        involved = left | right
+        total = total + prod(sizes[c] for c in sorted(involved))
+        current = {c for c in involved if c in needed_later}
+    return total
+
+
+def _record_label_sizes(term: str, shape: Sequence[Any], sizes: dict[str, Any]) -> None:
+    if "..." in term:
+        head, tail = term.split("...")
+        broadcast = len(shape) - len(head) - len(tail)
+        ellipsis_labels = [chr(0x100 + i) for i in range(broadcast)]
+        term = head + "".join(ellipsis_labels) + tail
+    for label, size in zip(term, shape):
+        previous = sizes.get(label)
+        sizes[label] = size if previous is None or previous == 1 else previous
+
+
+def _bounded_pow(base: Any, exponent: Any) -> Any:
+    # a rule file must not be able to stall the loader with 10 ** 10 ** 10
+    if isinstance(exponent, int) and abs(exponent) > 64:
+        raise FormulaError(f"exponent {exponent} is too large (at most 64)")
+    return base**exponent
+
+
+HELPERS: dict[str, Callable[..., Any]] = {
+    "numel": numel,
+    "prod": prod,
+    "len": len,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "abs": abs,
+    "int": int,
+    "ceil": math.ceil,
+    "einsum_macs": einsum_macs,
+}
+
+_ATTRIBUTES = {"shape", "ndim"}
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv,
+    ast.Mod: operator.mod,
+    ast.Pow: lambda base, exponent: _bounded_pow(base, exponent),
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+_COMPARE = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_ALLOWED_NODES = (
+    ast.Expression, ast.Load, ast.Constant, ast.Name, ast.Tuple, ast.List, ast.Slice, ast.Subscript,
+    ast.Attribute, ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.And, ast.Or,
+    *_BINARY, *_UNARY, *_COMPARE,
+)
+
+
+class Formula:
+    """A parsed, validated formula; call `evaluate(names)` to compute it."""
+
+    def __init__(self, source: str) -> None:
+        if not isinstance(source, str):
+            raise FormulaError(f"a formula must be a string, got {type(source).__name__}: {source!r}")
+        self.source = source
+        try:
+            # parenthesized so a formula may span lines in a TOML multi-line string
+            self._tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
+        except SyntaxError as error:
+            raise FormulaError(f"formula {source!r} does not parse: {error.msg}") from None
+        for node in ast.walk(self._tree):
+            _check_allowed(node, source)
+        self.names = frozenset(
+            node.id for node in ast.walk(self._tree) if isinstance(node, ast.Name) and node.id not in HELPERS
+        )
+
+    def evaluate(self, names: Mapping[str, Any]) -> Any:
+        try:
+            return _Evaluator(names).visit(self._tree.body)
+        except FormulaError:
+            raise
+        except Exception as error:  # a formula failing on odd inputs must say which formula
+            raise FormulaError(f"formula {self.source!r} failed: {type(error).__name__}: {error}") from None
+
+    def __repr__(self) -> str:
+        return f"Formula({self.source!r})"
+
+
+def _check_allowed(node: ast.AST, source: str) -> None:
+    if not isinstance(node, _ALLOWED_NODES):
+        raise FormulaError(f"formula {source!r}: {type(node).__name__} is not allowed in a formula")
+    if isinstance(node, ast.Attribute) and node.attr not in _ATTRIBUTES:
+        raise FormulaError(f"formula {source!r}: attribute '.{node.attr}' is not allowed (only .shape, .ndim)")
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in HELPERS:
+            raise FormulaError(
+                f"formula {source!r}: call to '{ast.unparse(node.func)}' is not allowed "
+                f"(helpers: {', '.join(sorted(HELPERS))})"
+            )
+        if node.keywords:
+            raise FormulaError(f"formula {source!r}: keyword arguments are not allowed")
+
+
+class _Evaluator:
+    def __init__(self, names: Mapping[str, Any]) -> None:
+        self.names = names
+
+    def visit(self, node: ast.AST) -> Any:
+        return getattr(self, f"visit_{type(node).__name__}")(node)
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        return node.value
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in HELPERS:
+            return HELPERS[node.id]
+        if node.id in self.names:
+            return self.names[node.id]
+        if node.id in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.id]
+        known = ", ".join(sorted(self.names)) or "none"
+        raise FormulaError(f"name '{node.id}' is not defined here (known names: {known})")
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        value = self.visit(node.value)
+        if node.attr == "shape":
+            return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+        return value.ndim if hasattr(value, "ndim") else len(value)
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        return _BINARY[type(node.op)](self.visit(node.left), self.visit(node.right))
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        return _UNARY[type(node.op)](self.visit(node.operand))
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        is_and = isinstance(node.op, ast.And)
+        value: Any = is_and
+        for operand in node.values:
+            value = self.visit(operand)
+            if bool(value) != is_and:
+                return value
+        return value
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        left = self.visit(node.left)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = self.visit(comparator)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        return self.visit(node.value)[self.visit(node.slice)]
+
+    def visit_Slice(self, node: ast.Slice) -> slice:
+        parts = (node.lower, node.upper, node.step)
+        return slice(*(self.visit(part) if part is not None else None for part in parts))
+
+    def visit_Tuple(self, node: ast.Tuple) -> tuple:
+        return tuple(self.visit(element) for element in node.elts)
+
+    def visit_List(self, node: ast.List) -> list:
+        return [self.visit(element) for element in node.elts]
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        return HELPERS[node.func.id](*(self.visit(arg) for arg in node.args))

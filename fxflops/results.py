@@ -1,0 +1,165 @@
+"""Plain result records every stage hands to the next: per-node costs, per-module stats, the Estimate.
+
+These are data only. `count` fills NodeCost, `tree` fills ModuleStats and the Estimate, `latency`
+fills Measurements and ModuleStats.latency, and `report` reads them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+COUNTED = "counted"
+ZERO = "zero"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """The cost of one graph node and where it sits in the module hierarchy."""
+
+    name: str  # FX node name
+    op: str  # canonical op key, e.g. "aten.linear.default", "torch.nn.Conv2d", "operator.matmul"
+    status: str  # COUNTED | ZERO | UNKNOWN
+    rule: str | None  # name of the rule that counted it (or the zero list), None when unknown
+    module: str  # qualified name of the innermost module ("" = the root model)
+    module_type: str  # class name of that module
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    macs: int
+    flops: int
+    source: str | None = None  # the user's source line that produced the op, when known
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    count: int
+    macs: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class UnknownOp:
+    """An op no rule counts and no zero list declares: reported, never silently 0."""
+
+    op: str
+    count: int
+    modules: tuple[str, ...]
+
+
+@dataclass
+class ModuleStats:
+    """One module of the hierarchy. MACs/FLOPs are inclusive; self_* excludes submodules."""
+
+    name: str  # qualified name, "" for the root
+    type: str  # class name
+    depth: int  # root = 0
+    params: int  # parameters owned by this module and its submodules, shared ones once
+    macs: int
+    flops: int
+    self_macs: int
+    self_flops: int
+    calls: int  # how many times the module's forward ran in the captured graph
+    extra_repr: str = ""
+    children: list[str] = field(default_factory=list)  # qualified names, definition order
+    latency: float | None = None  # seconds per forward step (all calls summed), when measured
+    latency_calls: int | None = None  # forward calls seen by the timed pass per step
+
+    @property
+    def achieved_flops(self) -> float | None:
+        """FLOP/s achieved by this module, when its latency was measured."""
+        if not self.latency:
+            return None
+        return self.flops / self.latency
+
+
+@dataclass
+class Measurements:
+    """What a timed eager pass adds to an estimate. Times are seconds; None = not measured."""
+
+    device: str  # "cpu", "cuda:0", ...
+    device_name: str  # e.g. "NVIDIA H100 80GB HBM3" or the CPU model
+    timer: str  # "cuda-event" | "perf_counter"
+    warm_up: int
+    steps: int
+    fwd_latency: float  # mean whole-model forward latency measured outside the hooks
+    fwd_latency_min: float
+    fwd_latency_median: float
+    fwd_latency_max: float
+    hooked_fwd_latency: float | None = None  # mean forward latency with per-module hooks on
+    peak_flops: float | None = None  # device peak used for utilization
+    peak_flops_source: str | None = None  # "table: H100 SXM bf16 dense", "user"
+    batch_size: int | None = None
+    bwd_latency: float | None = None
+    step_latency: float | None = None
+    iter_latency: float | None = None
+    world_size: int | None = None
+    dp_size: int | None = None
+    mp_size: int | None = None
+    unmatched_measured: tuple[str, ...] = ()  # modules that ran but have no graph counterpart
+    unmatched_graph: tuple[str, ...] = ()  # graph modules the timed pass never saw run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hook_overhead(self) -> float | None:
+        """Hooked / plain forward latency (1.0 = the hooks cost nothing)."""
+        if self.hooked_fwd_latency is None or not self.fwd_latency:
+            return None
+        return self.hooked_fwd_latency / self.fwd_latency
+
+
+@dataclass
+class Estimate:
+    """Static MAC/FLOP/param estimate of one forward, attributed to the module hierarchy."""
+
+    model_type: str
+    method: str  # "export" | "symbolic" | "trace"
+    conventions: str  # "deepspeed" | "torch"
+    total_macs: int
+    total_flops: int
+    total_params: int
+    modules: dict[str, ModuleStats]  # qualified name -> stats, pre-order (parents first)
+    nodes: list[NodeCost]
+    by_op: dict[str, OpTotals]
+    by_rule: dict[str, OpTotals]
+    unknown: list[UnknownOp]
+    tree: nx.DiGraph  # edges parent -> child over qualified names; node attr "stats"
+    input_shapes: list[Any] = field(default_factory=list)  # pytree of shapes of the inputs
+    attempts: list[tuple[str, str]] = field(default_factory=list)  # (method, failure) before success
+    measurements: Measurements | None = None
+
+    @property
+    def root(self) -> ModuleStats:
+        return self.modules[""]
+
+    def node_status_counts(self) -> dict[str, int]:
+        """How many graph nodes were counted by a rule, declared zero, or unknown."""
+        counts = {COUNTED: 0, ZERO: 0, UNKNOWN: 0}
+        for node in self.nodes:
+            counts[node.status] += 1
+        return counts
+
+
+class Profile(Estimate):
+    """An Estimate whose modules carry measured latencies (see `fxflops.profile`)."""
+
+    @property
+    def fwd_latency(self) -> float | None:
+        return self.measurements.fwd_latency if self.measurements else None
+
+    @property
+    def achieved_flops(self) -> float | None:
+        """Whole-model forward FLOP/s from the latency measured outside the hooks."""
+        if not self.measurements or not self.measurements.fwd_latency:
+            return None
+        return self.total_flops / self.measurements.fwd_latency
+
+    @property
+    def utilization(self) -> float | None:
+        """Achieved / peak FLOP/s, when a peak is known for the device and dtype."""
+        achieved = self.achieved_flops
+        if achieved is None or not self.measurements.peak_flops:
+            return None
+        return achieved / self.measurements.peak_flops

@@ -1,0 +1,417 @@
+"""The rule table: load rule files, match an op call to a rule, bind its arguments to names.
+
+A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.formula`). Ops are
+spelled as aten ops (`aten.convolution`), torch functions (`torch.nn.functional.conv2d`), tensor
+methods (`Tensor.matmul`), operators (`operator.matmul`) or module classes (`torch.nn.Conv2d`).
+Zero lists declare ops that are known to cost nothing, so they are never reported as unknown.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import operator
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxflops.formula import Formula, FormulaError
+
+CONVENTIONS = ("deepspeed", "torch")
+
+RuleSpec = str | Path | Mapping[Any, Callable[["OpCall"], tuple[int, int]]]
+
+
+class RuleFileError(ValueError):
+    """A rule file that cannot be used: names the file, the rule and the problem."""
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One call of an op as a rule sees it: the op, its bound arguments and its output."""
+
+    key: str  # canonical op name, e.g. "aten.linear.default"
+    kind: str  # "aten" | "function" | "method" | "module"
+    target: Any
+    names: Mapping[str, Any]  # argument (or module attribute) name -> value
+    out: Any
+    module: torch.nn.Module | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    name: str
+    ops: tuple[str, ...]
+    source: str
+    macs: Formula | None = None
+    flops: Formula | None = None
+    when: Formula | None = None
+    presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)
+    function: Callable[[OpCall], tuple[int, int]] | None = None
+
+    def applies(self, call: OpCall) -> bool:
+        return self.when is None or bool(self.when.evaluate(_formula_names(call)))
+
+    def cost(self, call: OpCall, conventions: str) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of this call under the given conventions."""
+        if self.function is not None:
+            macs, flops = self.function(call)
+            return macs, flops
+        macs_formula, flops_formula = self.presets.get(conventions, (self.macs, self.flops))
+        names = dict(_formula_names(call))
+        macs = macs_formula.evaluate(names)
+        names["macs"] = macs
+        return macs, flops_formula.evaluate(names)
+
+
+@dataclass(frozen=True)
+class ZeroList:
+    """Ops known to do no arithmetic worth counting (views, casts, indexing, ...)."""
+
+    name: str
+    ops: tuple[str, ...]
+    source: str
+
+
+Entry = Rule | ZeroList
+
+
+class RuleTable:
+    """Rules indexed by what they match. Later tables take precedence over earlier ones."""
+
+    def __init__(self, entries: Iterable[Entry]) -> None:
+        self._by_key: dict[Any, list[Entry]] = {}
+        for entry in entries:
+            for op in entry.ops:
+                for key in _match_keys_for_spelling(op):
+                    self._by_key.setdefault(key, []).insert(0, entry)
+
+    def match(self, call: OpCall) -> Entry | None:
+        """The first entry whose ops include this call's op and whose `when` holds."""
+        for key in _match_keys_for_call(call):
+            for entry in self._by_key.get(key, ()):
+                if isinstance(entry, ZeroList) or entry.applies(call):
+                    return entry
+        return None
+
+    def knows_module(self, module: torch.nn.Module) -> bool:
+        """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
+        return any(("object", cls) in self._by_key for cls in type(module).__mro__)
+
+
+def default_rules_dir() -> Path:
+    """The shipped rules/: inside the installed wheel, or at the top of a checkout."""
+    try:
+        from importlib.resources import files
+
+        packaged = Path(str(files("fxflops._rules")))
+        if any(packaged.glob("*.toml")):
+            return packaged
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "rules"
+
+
+def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
+    """Our rules plus the user's (TOML files, folders of them, or {op: callable} maps)."""
+    return RuleTable([*_shipped_entries(), *load_user_entries(extra)])
+
+
+def load_user_entries(extra: Iterable[RuleSpec] | RuleSpec | None) -> list[Entry]:
+    """The entries of the user's rule specs alone, in the order given."""
+    if extra is None:
+        return []
+    if isinstance(extra, str | Path | Mapping):
+        extra = [extra]
+    return [entry for spec in extra for entry in _load_spec(spec)]
+
+
+@functools.cache
+def _shipped_entries() -> tuple[Entry, ...]:
+    # parsed once per process: the shipped files do not change while it runs, and entries are frozen
+    return tuple(load_rule_dir(default_rules_dir()))
+
+
+def load_rule_dir(directory: Path) -> list[Entry]:
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise RuleFileError(f"no rule files (*.toml) found in {directory}")
+    return [entry for path in files for entry in load_rule_file(path)]
+
+
+def load_rule_file(path: str | Path) -> list[Entry]:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RuleFileError(f"rule file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise RuleFileError(f"{path}: not valid TOML: {error}") from None
+    unknown_sections = set(data) - {"rule", "zero"}
+    if unknown_sections:
+        raise RuleFileError(f"{path}: unknown top-level keys {sorted(unknown_sections)} (expected [[rule]] and [[zero]])")
+    entries: list[Entry] = [_parse_rule(raw, path, i) for i, raw in enumerate(data.get("rule", []))]
+    entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
+    return entries
+
+
+def _load_spec(spec: RuleSpec) -> list[Entry]:
+    if isinstance(spec, Mapping):
+        return [_callable_rule(op, function) for op, function in spec.items()]
+    path = Path(spec)
+    return load_rule_dir(path) if path.is_dir() else load_rule_file(path)
+
+
+def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Rule:
+    if not callable(function):
+        raise RuleFileError(f"the rule given for {op!r} is not callable: {function!r}")
+    spelling = op if isinstance(op, str) else _object_spelling(op)
+    name = getattr(function, "__name__", "user rule")
+    return Rule(name=f"user:{name}", ops=(spelling,), source="<python>", function=function)
+
+
+_RULE_KEYS = {"name", "ops", "macs", "flops", "when", "presets", "doc"}
+
+
+def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
+    where = f"{path}: rule #{index + 1}"
+    if not isinstance(raw, dict):
+        raise RuleFileError(f"{where}: expected a table, got {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise RuleFileError(f"{where}: missing 'name'")
+    where = f"{path}: rule '{name}'"
+    unknown = set(raw) - _RULE_KEYS
+    if unknown:
+        raise RuleFileError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_RULE_KEYS)})")
+    ops = _parse_ops(raw.get("ops"), where)
+    for key in ("macs", "flops"):
+        if key not in raw:
+            raise RuleFileError(f"{where}: missing '{key}' formula")
+    presets = {}
+    for preset, formulas in raw.get("presets", {}).items():
+        if preset not in CONVENTIONS:
+            raise RuleFileError(f"{where}: unknown preset '{preset}' (known: {', '.join(CONVENTIONS)})")
+        merged = {"macs": raw["macs"], "flops": raw["flops"], **formulas}
+        presets[preset] = (_formula(merged["macs"], where, "macs"), _formula(merged["flops"], where, "flops"))
+    when = raw.get("when")
+    return Rule(
+        name=name,
+        ops=ops,
+        source=str(path),
+        macs=_formula(raw["macs"], where, "macs"),
+        flops=_formula(raw["flops"], where, "flops"),
+        when=_formula(when, where, "when") if when is not None else None,
+        presets=presets,
+    )
+
+
+def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
+    where = f"{path}: zero list #{index + 1}"
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise RuleFileError(f"{where}: expected a table with a 'name' and 'ops'")
+    unknown = set(raw) - {"name", "ops", "doc"}
+    if unknown:
+        raise RuleFileError(f"{where}: unknown keys {sorted(unknown)}")
+    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path))
+
+
+def _parse_ops(ops: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(ops, list) or not ops or not all(isinstance(op, str) and op for op in ops):
+        raise RuleFileError(f"{where}: 'ops' must be a non-empty list of op names")
+    for op in ops:
+        if "." not in op:
+            raise RuleFileError(
+                f"{where}: op '{op}' is not a qualified name "
+                "(write aten.NAME, Tensor.NAME, operator.NAME, torch.nn.functional.NAME or module.Class)"
+            )
+    return tuple(ops)
+
+
+def _formula(source: Any, where: str, field_name: str) -> Formula:
+    try:
+        return Formula(source)
+    except FormulaError as error:
+        raise RuleFileError(f"{where}: '{field_name}': {error}") from None
+
+
+# --- matching -------------------------------------------------------------------------------
+
+
+def _match_keys_for_spelling(op: str) -> list[Any]:
+    head, _, rest = op.partition(".")
+    if head == "Tensor":
+        return [("method", rest)]
+    if head in ("aten", "prims", "quantized") or _is_op_namespace(head):
+        return [("aten", op)]
+    resolved = _resolve(op)
+    keys: list[Any] = [("name", op)]
+    if resolved is not None:
+        keys.append(("object", resolved))
+    return keys
+
+
+def _is_op_namespace(head: str) -> bool:
+    # custom op libraries (torch.library) live under torch.ops.<namespace>
+    return head not in ("torch", "operator") and hasattr(torch.ops, head) and not _importable(head)
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def _resolve(spelling: str) -> Any:
+    """The Python object a dotted name refers to, or None when it cannot be imported."""
+    parts = spelling.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[split:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def _object_spelling(obj: Any) -> str:
+    if isinstance(obj, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return aten_key(obj)
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _match_keys_for_call(call: OpCall) -> list[Any]:
+    if call.kind == "aten":
+        packet = call.key.rsplit(".", 1)[0]
+        return [("aten", call.key), ("aten", packet)]
+    if call.kind == "method":
+        return [("method", call.key.split(".", 1)[1])]
+    if call.kind == "module":
+        keys: list[Any] = []
+        for cls in type(call.module).__mro__:
+            keys += [("object", cls), ("name", f"{cls.__module__}.{cls.__qualname__}")]
+        return keys
+    return [("object", call.target), ("name", call.key)]
+
+
+def aten_key(op: Any) -> str:
+    """'aten.linear.default' for an OpOverload, 'aten.linear' for a packet."""
+    if isinstance(op, torch._ops.OpOverload):
+        namespace, name = op._schema.name.split("::")
+        return f"{namespace}.{name}.{op._overloadname}"
+    return str(op).replace("::", ".")
+
+
+# --- binding --------------------------------------------------------------------------------
+
+
+def bind_op_call(target: Any, kind: str, args: tuple, kwargs: Mapping[str, Any], out: Any,
+                 module: torch.nn.Module | None = None) -> OpCall:
+    """Name an op call's arguments the way its schema, signature or module does."""
+    if kind == "aten":
+        key, names = aten_key(target), _bind_schema(target, args, kwargs)
+    elif kind == "method":
+        key, names = f"Tensor.{target}", _bind_method(target, args, kwargs)
+    elif kind == "module":
+        cls = type(module)
+        key, names = f"{cls.__module__}.{cls.__qualname__}", _bind_module(module, args, kwargs)
+    else:
+        key, names = function_key(target), _bind_function(target, args, kwargs)
+    names = {**names, "args": tuple(args), "kwargs": dict(kwargs)}
+    return OpCall(key=key, kind=kind, target=target, names=names, out=out, module=module)
+
+
+def function_key(target: Any) -> str:
+    if getattr(target, "__module__", None) == "_operator" or target in vars(operator).values():
+        return f"operator.{target.__name__}"
+    module = getattr(target, "__module__", None) or ""
+    if module.startswith("torch._C") or module == "torch.functional":
+        module = "torch"
+    return f"{module}.{getattr(target, '__qualname__', getattr(target, '__name__', repr(target)))}"
+
+
+def _bind_schema(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    names: dict[str, Any] = {}
+    schema_args = op._schema.arguments
+    for position, argument in enumerate(schema_args):
+        if position < len(args) and not argument.kwarg_only:
+            names[argument.name] = args[position]
+        elif argument.name in kwargs:
+            names[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            names[argument.name] = argument.default_value
+        else:
+            names[argument.name] = None
+    return names
+
+
+def _bind_function(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    for signature in _signatures(target):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            continue
+        bound.apply_defaults()
+        return _flatten_varargs(bound, signature)
+    return {}
+
+
+def _bind_method(name: str, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    function = getattr(torch, name, None)
+    names = _bind_function(function, args, kwargs) if function is not None else {}
+    if args:
+        names.setdefault("self", args[0])
+        names.setdefault("input", args[0])
+    return names
+
+
+def _bind_module(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    names = {key: value for key, value in vars(module).items() if not key.startswith("_")}
+    names.update(module._parameters)
+    names.update(module._buffers)
+    names["training"] = module.training
+    signature = _signatures(module.forward)
+    if signature:
+        try:
+            bound = signature[0].bind(*args, **kwargs)
+            bound.apply_defaults()
+            names.update(_flatten_varargs(bound, signature[0]))
+        except TypeError:
+            pass
+    if args:
+        names.setdefault("input", args[0])
+    return names
+
+
+def _flatten_varargs(bound: inspect.BoundArguments, signature: inspect.Signature) -> dict[str, Any]:
+    names = dict(bound.arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            names.update(names.pop(parameter.name, {}))
+    return names
+
+
+def _signatures(target: Any) -> list[inspect.Signature]:
+    try:
+        return [inspect.signature(target)]
+    except (ValueError, TypeError):
+        pass
+    from torch.fx.operator_schemas import get_signature_for_torch_op
+
+    return get_signature_for_torch_op(target) or []
+
+
+def _formula_names(call: OpCall) -> Mapping[str, Any]:
+    return {**call.names, "out": call.out}

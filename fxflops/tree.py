@@ -1,0 +1,120 @@
+"""Tree: attribute per-node costs to the module hierarchy and build the Estimate.
+
+Each node's cost goes to the innermost module that ran it (its exclusive cost) and, summed up the
+tree, to every ancestor (inclusive). Parameters are counted per module once, shared ones once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import networkx as nx
+import torch
+
+from fxflops.capture import Captured
+from fxflops.results import UNKNOWN, Estimate, ModuleStats, NodeCost, OpTotals, UnknownOp
+
+
+def build_estimate(model: torch.nn.Module, captured: Captured, costs: list[NodeCost], conventions: str) -> Estimate:
+    modules = module_stats(captured.structure, costs, captured.module_calls, root_type=type(model).__name__)
+    root = modules[""]
+    return Estimate(
+        model_type=type(model).__name__,
+        method=captured.method,
+        conventions=conventions,
+        total_macs=root.macs,
+        total_flops=root.flops,
+        total_params=root.params,
+        modules=modules,
+        nodes=costs,
+        by_op=totals_by(costs, lambda cost: cost.op),
+        by_rule=totals_by(costs, lambda cost: cost.rule or "<unknown>"),
+        unknown=unknown_ops(costs),
+        tree=module_tree(modules),
+        input_shapes=captured.input_shapes,
+        attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts],
+    )
+
+
+def module_stats(structure: torch.nn.Module, costs: Iterable[NodeCost], calls: dict[str, int],
+                 root_type: str) -> dict[str, ModuleStats]:
+    """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
+    named = dict(structure.named_modules())
+    self_macs: dict[str, int] = defaultdict(int)
+    self_flops: dict[str, int] = defaultdict(int)
+    for cost in costs:
+        owner = _nearest_known(cost.module, named)
+        self_macs[owner] += cost.macs
+        self_flops[owner] += cost.flops
+    stats = {
+        name: ModuleStats(
+            name=name,
+            type=root_type if name == "" else type(module).__name__,
+            depth=0 if name == "" else name.count(".") + 1,
+            params=sum(p.numel() for p in module.parameters()),
+            macs=self_macs[name],
+            flops=self_flops[name],
+            self_macs=self_macs[name],
+            self_flops=self_flops[name],
+            calls=calls.get(name, 0),
+            extra_repr=module.extra_repr(),
+            children=[_join(name, child) for child, _ in module.named_children() if _join(name, child) in named],
+        )
+        for name, module in named.items()
+    }
+    for name in reversed(list(stats)):  # children come after their parent in pre-order
+        parent = _parent(name)
+        if parent is not None and parent in stats:
+            stats[parent].macs += stats[name].macs
+            stats[parent].flops += stats[name].flops
+    stats[""].calls = max(stats[""].calls, 1)
+    return stats
+
+
+def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
+    """Parent -> child edges over qualified names; each node carries its ModuleStats as "stats"."""
+    tree = nx.DiGraph()
+    for name, stats in modules.items():
+        tree.add_node(name, stats=stats)
+        for child in stats.children:
+            tree.add_edge(name, child)
+    return tree
+
+
+def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for cost in costs:
+        entry = counts[key(cost)]
+        entry[0] += 1
+        entry[1] += cost.macs
+        entry[2] += cost.flops
+    ordered = sorted(counts.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
+    return {name: OpTotals(count, macs, flops) for name, (count, macs, flops) in ordered}
+
+
+def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:
+    found: dict[str, list] = {}
+    for cost in costs:
+        if cost.status == UNKNOWN:
+            count, modules = found.setdefault(cost.op, [0, []])
+            found[cost.op][0] = count + 1
+            if cost.module not in modules:
+                modules.append(cost.module)
+    return [UnknownOp(op, count, tuple(modules)) for op, (count, modules) in sorted(found.items())]
+
+
+def _nearest_known(path: str, named: dict[str, torch.nn.Module]) -> str:
+    while path and path not in named:
+        path = _parent(path) or ""
+    return path
+
+
+def _parent(name: str) -> str | None:
+    if name == "":
+        return None
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _join(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent else child
