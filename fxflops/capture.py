@@ -12,6 +12,7 @@ name and class name of the innermost module that ran it, "" being the model itse
 from __future__ import annotations
 
 import copy
+import operator
 import dataclasses
 import os
 import traceback
@@ -388,9 +389,20 @@ class _OpRecorder(TorchDispatchMode):
         node.meta["val"] = to_meta(out)
         path, type_name = self.tracker.current()
         node.meta["fxflops_module"] = (path, type_name or self._root_type)
-        for tensor in _tensors_in(out):
-            self._producers[tensor] = node
+        self._register_outputs(node, out)
         return out
+
+    def _register_outputs(self, node: torch.fx.Node, out: Any) -> None:
+        # a multi-output op's tensors are reached through getitem nodes, as in any FX graph
+        if isinstance(out, torch.Tensor):
+            self._producers[out] = node
+        elif isinstance(out, list | tuple):
+            for index, item in enumerate(out):
+                if isinstance(item, torch.Tensor | list | tuple):
+                    element = self.graph.call_function(operator.getitem, (node, index))
+                    element.meta["val"] = to_meta(item)
+                    element.meta["fxflops_module"] = node.meta["fxflops_module"]
+                    self._register_outputs(element, item)
 
     def _as_arg(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

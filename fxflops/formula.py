@@ -20,10 +20,13 @@ class FormulaError(ValueError):
 
 def numel(value: Any) -> Any:
     """Number of elements of a tensor, a shape, or 0 for None."""
-    if value is None:
-        return 0
-    shape = value.shape if hasattr(value, "shape") else value
-    return prod(shape)
+    if hasattr(value, "shape"):
+        return prod(value.shape)
+    if isinstance(value, list | tuple):
+        if any(hasattr(item, "shape") for item in value):
+            raise FormulaError("numel() of a tuple of tensors: index it first, e.g. numel(out[0])")
+        return prod(value)
+    return 0  # None or a Python scalar: no tensor, no elements
 
 
 def prod(values: Sequence[Any]) -> Any:
