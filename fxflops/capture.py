@@ -11,12 +11,16 @@ name and class name of the innermost module that ran it, "" being the model itse
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import logging
 import operator
 import dataclasses
 import os
+import sys
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 METHODS = ("export", "symbolic", "trace")
 _WRAPPED = "model"  # attribute name of the user's model inside the output-flattening wrapper
+_NAME_TAG = "_fxflops_qualified_name"  # set on the modules of our meta copy only, never the user's
 
 
 class CaptureError(RuntimeError):
@@ -38,7 +43,7 @@ class CaptureError(RuntimeError):
         for attempt in attempts:
             lines.append(f"  - {attempt.method}: {attempt.reason}")
             if attempt.module is not None:
-                lines.append(f"      in module '{attempt.module or '<root>'}'")
+                lines.append(f"      in module '{attempt.module or '<root>'}'" + (f", op {attempt.op}" if attempt.op else ""))
             if attempt.source:
                 lines.append(f"      at {attempt.source}")
         lines.append(
@@ -55,6 +60,7 @@ class Attempt:
     reason: str
     module: str | None = None  # qualified name of the module whose forward raised, when known
     source: str | None = None  # "file:line: code" of the user's line where tracing broke
+    op: str | None = None  # the op being run when it broke, when known
 
 
 @dataclass
@@ -115,7 +121,17 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
         for hooks in (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
                       module._backward_pre_hooks):
             memo[id(hooks)] = type(hooks)()
-    return copy.deepcopy(model, memo)
+    shadow = copy.deepcopy(model, memo)
+    # torch.export may copy modules again (it does for aliased ones), so identity cannot name them
+    for name, module in shadow.named_modules():
+        module.__dict__[_NAME_TAG] = name
+    return shadow
+
+
+def _module_name(module: torch.nn.Module, names_by_id: Mapping[int, str]) -> str | None:
+    """A module's qualified name: its tag in our meta copy, else by identity in the user's model."""
+    tagged = module.__dict__.get(_NAME_TAG)
+    return tagged if tagged is not None else names_by_id.get(id(module))
 
 
 def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:
@@ -238,6 +254,9 @@ class _CallCounter:
             handle.remove()
 
     def _name(self, module: torch.nn.Module) -> str | None:
+        tagged = module.__dict__.get(_NAME_TAG)
+        if tagged is not None:
+            return tagged
         name = self._names.get(id(module))
         return None if name is None else _strip_prefix(name, self._prefix)
 
@@ -259,8 +278,12 @@ def capture_export(model: torch.nn.Module, structure: torch.nn.Module, args: tup
                    is_whole: Callable[[torch.nn.Module], bool]) -> Captured:
     wrapper = _FlatOutputs(structure)
     meta_args, meta_kwargs = to_meta(args), to_meta(kwargs)
-    with _CallCounter(wrapper, prefix=_WRAPPED, is_whole=is_whole) as counter:
+    # torch.export prints its partial graph to stderr when it fails; we report the failure ourselves,
+    # and pass on whatever else was written there
+    stderr = io.StringIO()
+    with _CallCounter(wrapper, prefix=_WRAPPED, is_whole=is_whole) as counter, contextlib.redirect_stderr(stderr):
         program = torch.export.export(wrapper, tuple(meta_args), dict(meta_kwargs), strict=False)
+    sys.stderr.write(stderr.getvalue())
     graph_module = program.graph_module
     label_modules(graph_module, prefix=_WRAPPED, root_type=type(model).__name__)
     return Captured(graph_module, "export", structure, counter.calls, counter.whole_calls)
@@ -332,8 +355,15 @@ def capture_trace(model: torch.nn.Module, args: tuple, kwargs: dict,
     if has_meta_tensors(model, args, kwargs):
         raise RuntimeError("needs real weights and real input tensors (the model or inputs are on the meta device)")
     recorder = _OpRecorder(model)
-    with torch.no_grad(), _CallCounter(model, is_whole=is_whole) as counter, recorder.tracker, recorder:
-        output = model(*args, **kwargs)
+    # a real forward in training mode updates buffers (batch-norm running stats): put them back after
+    saved_buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    try:
+        with torch.no_grad(), _CallCounter(model, is_whole=is_whole) as counter, recorder.tracker, recorder:
+            output = model(*args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved_buffers:
+                buffer.copy_(value)
     graph_module = recorder.finish(output)
     return Captured(graph_module, "trace", model, counter.calls, counter.whole_calls)
 
@@ -359,12 +389,12 @@ class _ModuleStack:
             handle.remove()
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        name = self._names.get(id(module))
+        name = _module_name(module, self._names)
         if name is not None:
             self.stack.append((name, type(module).__name__))
 
     def _exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if id(module) in self._names and self.stack:
+        if _module_name(module, self._names) is not None and self.stack:
             self.stack.pop()
 
     def current(self) -> tuple[str, str]:
@@ -437,12 +467,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "au
             attempts.append(Attempt("trace", "skipped: needs real weights and inputs (the model is on the meta device)"))
             continue
         try:
-            if name == "export":
-                captured = capture_export(model, structure, args, kwargs, is_whole)
-            elif name == "symbolic":
-                captured = capture_symbolic(model, structure, args, kwargs, is_leaf)
-            else:
-                captured = capture_trace(model, args, kwargs, is_whole)
+            with _quiet_torch_logs():
+                captured = _run_method(name, model, structure, args, kwargs, is_leaf, is_whole)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             traced = model if name == "trace" else structure
             attempts.append(_describe_failure(name, error, traced))
@@ -451,6 +477,30 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "au
         captured.input_shapes = _shapes_of((args, kwargs))
         return captured
     raise CaptureError(type(model).__name__, attempts)
+
+
+def _run_method(name: str, model: torch.nn.Module, structure: torch.nn.Module, args: tuple, kwargs: dict,
+                is_leaf: Callable[[torch.nn.Module], bool], is_whole: Callable[[torch.nn.Module], bool]) -> Captured:
+    if name == "export":
+        return capture_export(model, structure, args, kwargs, is_whole)
+    if name == "symbolic":
+        return capture_symbolic(model, structure, args, kwargs, is_leaf)
+    return capture_trace(model, args, kwargs, is_whole)
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's loggers while a capture method is tried; its failures reach the user in our error."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in levels:
+            logger.setLevel(level)
 
 
 def _shapes_of(value: Any) -> Any:
@@ -470,7 +520,19 @@ def _describe_failure(method: str, error: BaseException, model: torch.nn.Module)
     if user_frames:
         frame = user_frames[-1]
         source = f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-    return Attempt(method, _first_lines(error), _failing_module(error, model), source)
+    return Attempt(method, _first_lines(error), _failing_module(error, model), source, _failing_op(error))
+
+
+def _failing_op(error: BaseException) -> str | None:
+    """The aten op whose shape function raised (fake and meta kernels run it as `func`)."""
+    op = None
+    tb = error.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("func")
+        if isinstance(candidate, torch._ops.OpOverload):
+            op = str(candidate)
+        tb = tb.tb_next
+    return op
 
 
 def _first_lines(error: BaseException, limit: int = 3) -> str:
@@ -488,7 +550,7 @@ def _failing_module(error: BaseException, traced: torch.nn.Module) -> str | None
     tb = error.__traceback__
     while tb is not None:
         candidate = tb.tb_frame.f_locals.get("self")
-        if tb.tb_frame.f_code.co_name == "forward" and id(candidate) in names:
-            innermost = names[id(candidate)]
+        if tb.tb_frame.f_code.co_name == "forward" and isinstance(candidate, torch.nn.Module):
+            innermost = _module_name(candidate, names) or innermost
         tb = tb.tb_next
     return innermost
