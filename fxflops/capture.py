@@ -166,14 +166,49 @@ def _tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
 
 
 class _FlatOutputs(torch.nn.Module):
-    """Returns the model's output tensors as a flat tuple, so any output type can be exported."""
+    """Returns the model's output tensors as a flat tuple, so any output type can be exported.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    Inputs export cannot take (cache objects and other custom classes) are held here as constants
+    and put back in their places on each call.
+    """
+
+    def __init__(self, model: torch.nn.Module, held_args: dict[int, Any], held_kwargs: dict[str, Any]) -> None:
         super().__init__()
         setattr(self, _WRAPPED, model)
+        self._held_args = held_args
+        self._held_kwargs = held_kwargs
 
     def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
-        return tuple(_tensors_in(getattr(self, _WRAPPED)(*args, **kwargs)))
+        merged = list(args)
+        for index in sorted(self._held_args):
+            merged.insert(index, self._held_args[index])
+        output = getattr(self, _WRAPPED)(*merged, **kwargs, **self._held_kwargs)
+        return tuple(_tensors_in(output))
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether torch.export takes this input as it is (tensors and builtin containers of them)."""
+    if value is None or isinstance(value, torch.Tensor | int | float | bool | str | torch.dtype | torch.device):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_plain(item) for key, item in value.items())
+    return False
+
+
+def meta_deepcopy(value: Any) -> Any:
+    """A deep copy of any object in which every reachable tensor is a meta twin (no data copied)."""
+    memo = {id(tensor): tensor.detach().to("meta") for tensor in _tensors_in(value)}
+    return copy.deepcopy(value, memo)
+
+
+def _hold_custom_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[int, Any], dict[str, Any]]:
+    held_args = {i: meta_deepcopy(a) for i, a in enumerate(args) if not _is_plain(a)}
+    held_kwargs = {k: meta_deepcopy(v) for k, v in kwargs.items() if not _is_plain(v)}
+    plain_args = tuple(a for i, a in enumerate(args) if i not in held_args)
+    plain_kwargs = {k: v for k, v in kwargs.items() if k not in held_kwargs}
+    return plain_args, plain_kwargs, held_args, held_kwargs
 
 
 # --- module attribution -------------------------------------------------------------------------
@@ -276,8 +311,9 @@ class _CallCounter:
 
 def capture_export(model: torch.nn.Module, structure: torch.nn.Module, args: tuple, kwargs: dict,
                    is_whole: Callable[[torch.nn.Module], bool]) -> Captured:
-    wrapper = _FlatOutputs(structure)
-    meta_args, meta_kwargs = to_meta(args), to_meta(kwargs)
+    plain_args, plain_kwargs, held_args, held_kwargs = _hold_custom_inputs(args, kwargs)
+    wrapper = _FlatOutputs(structure, held_args, held_kwargs)
+    meta_args, meta_kwargs = to_meta(plain_args), to_meta(plain_kwargs)
     # torch.export prints its partial graph to stderr when it fails; we report the failure ourselves,
     # and pass on whatever else was written there
     stderr = io.StringIO()
@@ -315,7 +351,7 @@ def capture_symbolic(model: torch.nn.Module, structure: torch.nn.Module, args: t
     graph = tracer.trace(structure)
     graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    meta_args, meta_kwargs = to_meta(args), to_meta(kwargs)
+    meta_args, meta_kwargs = meta_deepcopy(args), meta_deepcopy(kwargs)
     bound = _bind_placeholders(placeholders, meta_args, meta_kwargs)
     with _CallCounter(structure) as counter:
         _MetaShapeProp(graph_module).run(*bound)
@@ -354,6 +390,7 @@ def capture_trace(model: torch.nn.Module, args: tuple, kwargs: dict,
     """Record the aten ops of one real forward into an FX graph, with the modules that ran them."""
     if has_meta_tensors(model, args, kwargs):
         raise RuntimeError("needs real weights and real input tensors (the model or inputs are on the meta device)")
+    args, kwargs = _copy_custom_inputs(args), _copy_custom_inputs(kwargs)
     recorder = _OpRecorder(model)
     # a real forward in training mode updates buffers (batch-norm running stats): put them back after
     saved_buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
@@ -366,6 +403,13 @@ def capture_trace(model: torch.nn.Module, args: tuple, kwargs: dict,
                 buffer.copy_(value)
     graph_module = recorder.finish(output)
     return Captured(graph_module, "trace", model, counter.calls, counter.whole_calls)
+
+
+def _copy_custom_inputs(value: Any) -> Any:
+    # cache objects are updated in place by a forward: run on a copy so the user's stays as it was
+    if isinstance(value, dict):
+        return {k: v if _is_plain(v) else copy.deepcopy(v) for k, v in value.items()}
+    return tuple(v if _is_plain(v) else copy.deepcopy(v) for v in value)
 
 
 class _ModuleStack:

@@ -43,43 +43,51 @@ def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
     (kept) or sums away (contracted); a label found in only one operand and needed nowhere else is
     summed before the matmul, which is an addition, not a MAC.
     """
-    equation = equation.replace(" ", "")
-    lhs, _, rhs = equation.partition("->")
+    operands = _flatten_operands(operands)
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if len(terms) != len(operands):
         raise FormulaError(f"einsum '{equation}' names {len(terms)} operands, got {len(operands)}")
-    if not rhs and "->" not in equation:
-        letters = [c for c in lhs.replace(",", "") if c.isalpha()]
-        rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    widest = max((len(op.shape) - len(t.replace("...", "")) for t, op in zip(terms, operands) if "..." in t), default=0)
+    ellipsis = "".join(chr(0x100 + i) for i in range(widest))  # stand-in labels for broadcast dims
+    terms = [_expand_ellipsis(t, len(op.shape), ellipsis) for t, op in zip(terms, operands)]
+    if arrow:
+        output = set(_expand_ellipsis(rhs, len(ellipsis) + len(rhs.replace("...", "")), ellipsis))
+    else:
+        letters = "".join(terms)
+        output = set(ellipsis) | {c for c in letters if letters.count(c) == 1}
     sizes: dict[str, Any] = {}
     for term, operand in zip(terms, operands):
-        _record_label_sizes(term, operand.shape, sizes)
-    labels = [set(c for c in term if c.isalpha()) for term in terms]
-    output = set(c for c in rhs if c.isalpha())
-    if len(labels) < 2:
-        return 0
+        for label, size in zip(term, operand.shape):
+            if sizes.get(label) in (None, 1):
+                sizes[label] = size
+    labels = [set(term) for term in terms]
     total: Any = 0
     current = labels[0]
     for index in range(1, len(labels)):
-        other = labels[index]
         needed_later = output.union(*labels[index + 1 :])
-        left = {c for c in current if c in other or c in needed_later}
-        right = {c for c in other if c in current or c in needed_later}
-        involved = left | right
+        other = labels[index]
+        involved = {c for c in current if c in other or c in needed_later}
+        involved |= {c for c in other if c in current or c in needed_later}
         total = total + prod(sizes[c] for c in sorted(involved))
         current = {c for c in involved if c in needed_later}
     return total
 
 
-def _record_label_sizes(term: str, shape: Sequence[Any], sizes: dict[str, Any]) -> None:
-    if "..." in term:
-        head, tail = term.split("...")
-        broadcast = len(shape) - len(head) - len(tail)
-        ellipsis_labels = [chr(0x100 + i) for i in range(broadcast)]
-        term = head + "".join(ellipsis_labels) + tail
-    for label, size in zip(term, shape):
-        previous = sizes.get(label)
-        sizes[label] = size if previous is None or previous == 1 else previous
+def _flatten_operands(operands: Sequence[Any]) -> list[Any]:
+    # torch.einsum takes operands as varargs or as one list
+    flat: list[Any] = []
+    for operand in operands:
+        flat.extend(_flatten_operands(operand) if isinstance(operand, list | tuple) else [operand])
+    return flat
+
+
+def _expand_ellipsis(term: str, ndim: int, ellipsis: str) -> str:
+    if "..." not in term:
+        return term
+    head, tail = term.split("...")
+    count = ndim - len(head) - len(tail)
+    return head + ellipsis[len(ellipsis) - count :] + tail
 
 
 def _bounded_pow(base: Any, exponent: Any) -> Any:

@@ -1,0 +1,88 @@
+"""The formula language: safe by construction, works on ints and on symbolic sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxflops.formula import Formula, FormulaError, einsum_macs
+
+
+def test_arithmetic_conditions_subscripts_and_helpers():
+    weight = torch.empty(4, 5, 3, 3, device="meta")
+    out = torch.empty(2, 4, 6, 6, device="meta")
+    names = {"weight": weight, "out": out, "bias": None}
+    assert Formula("numel(out) * weight.shape[1] * prod(weight.shape[2:])").evaluate(names) == 288 * 5 * 9
+    assert Formula("2 * 3 + (numel(out) if bias is not None else 0)").evaluate(names) == 6
+    assert Formula("max(weight.ndim, 2) - min(1, 0) + len(out.shape) // 2").evaluate(names) == 6
+    assert Formula("weight.shape[-1] ** 2 % 5").evaluate(names) == 4
+    assert Formula("True and out.ndim == 4 or False").evaluate(names) is True
+
+
+def test_multi_line_formulas():
+    assert Formula("1 +\n  2\n  * 3").evaluate({}) == 7
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("__import__('os').system('true')", "not allowed"),
+        ("x.__class__.__bases__", "attribute"),
+        ("x.numel()", "not allowed"),
+        ("[i for i in x]", "ListComp"),
+        ("lambda: 0", "Lambda"),
+        ("open('/etc/passwd')", "call to 'open'"),
+        ("numel(x, dim=1)", "keyword"),
+        ("(y := 3)", "NamedExpr"),
+        ("f'{x}'", "JoinedStr"),
+        ("x if", "does not parse"),
+        (3, "must be a string"),
+    ],
+)
+def test_unsafe_or_broken_formulas_are_refused_at_load(source, problem):
+    with pytest.raises(FormulaError, match=problem):
+        Formula(source)
+
+
+def test_huge_powers_are_refused():
+    with pytest.raises(FormulaError, match="too large"):
+        Formula("10 ** 10 ** 10").evaluate({})
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(FormulaError, match="name 'weigth' is not defined.*weight"):
+        Formula("weigth.shape[0]").evaluate({"weight": torch.empty(2)})
+
+
+def test_numel_refuses_a_tuple_of_tensors():
+    with pytest.raises(FormulaError, match=r"numel\(out\[0\]\)"):
+        Formula("numel(out)").evaluate({"out": (torch.empty(2), torch.empty(3))})
+
+
+def test_symbolic_sizes_give_an_expression():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    batch = env.create_unbacked_symint()
+    seq = env.create_unbacked_symint()
+    macs = Formula("batch * seq * 768 * 3072").evaluate({"batch": batch, "seq": seq})
+    assert isinstance(macs, torch.SymInt)
+    assert str(macs.node.expr).replace(" ", "") in {f"2359296*{batch.node.expr}*{seq.node.expr}",
+                                                   f"2359296*{seq.node.expr}*{batch.node.expr}"}
+
+
+@pytest.mark.parametrize(
+    "equation, shapes, expected",
+    [
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)], 2 * 3 * 4 * 5),
+        ("ij,ij->i", [(3, 4), (3, 4)], 3 * 4),
+        ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 6)], 3 * 4 * 5 + 3 * 5 * 6),
+        ("i,j->ij", [(3,), (4,)], 3 * 4),
+        ("bhqd,bhkd->bhqk", [(2, 3, 4, 8), (2, 3, 6, 8)], 2 * 3 * 4 * 6 * 8),
+        ("...ij,...jk", [(7, 2, 3), (7, 3, 4)], 7 * 2 * 3 * 4),
+        ("ii->i", [(3, 3)], 0),
+        ("ijk,jl->il", [(2, 3, 4), (3, 5)], 2 * 3 * 5),  # k is summed away first: additions, not MACs
+    ],
+)
+def test_einsum_macs(equation, shapes, expected):
+    assert einsum_macs(equation, [torch.empty(s, device="meta") for s in shapes]) == expected

@@ -1,0 +1,112 @@
+"""Users extend the table without editing ours: TOML files, Python callables, whole-module formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fxflops
+
+
+class FusedBlock(nn.Module):
+    """A custom block a user wants counted by one formula of their own."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.inner = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.inner(x)) * 2
+
+
+class WithBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = FusedBlock()
+        self.head = nn.Linear(8, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.block(x)))
+
+
+def test_user_toml_rule_overrides_ours(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        "[[rule]]\nname = 'my_linear'\nops = ['aten.linear']\n"
+        "macs = 'numel(out) * weight.shape[1]'\nflops = '3 * macs'\n"
+    )
+    result = fxflops.estimate(nn.Linear(4, 5), input_shape=(2, 4), rules=[path])
+    assert result.total_macs == 2 * 5 * 4
+    assert result.total_flops == 3 * 2 * 5 * 4
+    assert list(result.by_rule) == ["my_linear"]
+
+
+def test_user_rule_for_an_unknown_op_counts_it(tmp_path):
+    class Dist(nn.Module):
+        def forward(self, x):
+            return torch.cdist(x, x)
+
+    path = tmp_path / "cdist.toml"
+    path.write_text(
+        "[[rule]]\nname = 'cdist'\nops = ['aten.cdist', 'aten._cdist_forward']\n"
+        "macs = 'numel(out) * x1.shape[-1]'\nflops = '3 * macs'\n"
+    )
+    result = fxflops.estimate(Dist(), input_shape=(5, 3), rules=path)
+    assert result.unknown == []
+    assert result.total_macs == 5 * 5 * 3
+
+
+def test_python_callable_rule():
+    def linear_rule(call: fxflops.OpCall) -> tuple[int, int]:
+        weight = call.names["weight"]
+        macs = call.out.numel() * weight.shape[1]
+        return macs, 2 * macs
+
+    result = fxflops.estimate(nn.Linear(4, 5), input_shape=(3, 4), rules={"aten.linear": linear_rule})
+    assert (result.total_macs, result.total_flops) == (3 * 5 * 4, 2 * 3 * 5 * 4)
+    assert list(result.by_rule) == ["user:linear_rule"]
+
+
+@pytest.mark.parametrize("method", ["export", "symbolic", "trace"])
+def test_whole_module_rule_replaces_its_inside(method):
+    # the block's own formula: 100 MACs per input row; its Linear/ReLU/mul must not be counted again
+    rules = {FusedBlock: lambda call: (100 * call.names["input"].shape[0], 7)}
+    result = fxflops.estimate(WithBlocks(), (torch.randn(3, 8),), rules=rules, method=method)
+    block = result.modules["block"]
+    assert block.calls == 2
+    assert (block.macs, block.flops) == (2 * 100 * 3, 2 * 7)
+    assert result.modules["block.inner"].macs == 0
+    assert result.total_macs == 2 * 100 * 3 + 3 * 8 * 2
+    assert result.unknown == []
+
+
+@pytest.mark.parametrize("method", ["export", "symbolic"])
+def test_leaf_modules_with_toml_rule_by_class_name(tmp_path, method):
+    path = tmp_path / "block.toml"
+    path.write_text(
+        f"[[rule]]\nname = 'fused_block'\nops = ['{__name__}.FusedBlock']\n"
+        "macs = 'numel(input) * 8'\nflops = '2 * macs'\n"
+    )
+    result = fxflops.estimate(WithBlocks(), (torch.randn(3, 8),), rules=[path], leaf_modules=[FusedBlock],
+                              method=method)
+    assert result.modules["block"].macs == 2 * 3 * 8 * 8
+    assert result.by_rule["fused_block"].count == 2
+
+
+def test_leaf_module_without_a_rule_is_unknown_not_zero():
+    with pytest.warns(fxflops.UnknownOpsWarning):
+        result = fxflops.estimate(WithBlocks(), (torch.randn(3, 8),), leaf_modules=[FusedBlock], method="export")
+    assert [(u.op, u.count) for u in result.unknown] == [(f"{__name__}.FusedBlock", 2)]
+
+
+def test_annotate_writes_costs_into_an_exported_graph():
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU())
+    program = torch.export.export(model, (torch.randn(2, 4),))
+    graph_module = fxflops.annotate(program)
+    costs = {n.target: n.meta["fxflops"] for n in graph_module.graph.nodes if "fxflops" in n.meta}
+    linear = costs[torch.ops.aten.linear.default]
+    assert (linear["macs"], linear["flops"], linear["rule"]) == (2 * 6 * 4, 2 * 2 * 6 * 4 + 2 * 6, "linear")
+    assert linear["module"] == "0"
+    relu = costs[torch.ops.aten.relu.default]
+    assert (relu["flops"], relu["status"], relu["module"]) == (2 * 6, "counted", "1")
