@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
@@ -395,7 +396,8 @@ def capture_trace(model: torch.nn.Module, args: tuple, kwargs: dict,
     # a real forward in training mode updates buffers (batch-norm running stats): put them back after
     saved_buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     try:
-        with torch.no_grad(), _CallCounter(model, is_whole=is_whole) as counter, recorder.tracker, recorder:
+        with (torch.no_grad(), _CallCounter(model, is_whole=is_whole) as counter, recorder.tracker, recorder,
+              _OpaqueFunctions(recorder)):
             output = model(*args, **kwargs)
     finally:
         with torch.no_grad():
@@ -445,6 +447,34 @@ class _ModuleStack:
         return self.stack[-1] if self.stack else ("", "")
 
 
+class _OpaqueFunctions(TorchFunctionMode):
+    """Records composite functions whose eager decomposition varies by backend as their single aten op.
+
+    On CPU, scaled_dot_product_attention may decompose into scale, matmul and softmax ops (the math
+    fallback); recording it as one aten.scaled_dot_product_attention call keeps the trace method's
+    count equal to export's.
+    """
+
+    def __init__(self, recorder: _OpRecorder) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._as_aten = {torch.nn.functional.scaled_dot_product_attention:
+                         torch.ops.aten.scaled_dot_product_attention.default}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        aten_op = self._as_aten.get(func)
+        if aten_op is None or self._recorder.inside_opaque:
+            return func(*args, **kwargs)
+        self._recorder.inside_opaque += 1
+        try:
+            out = func(*args, **kwargs)
+            self._recorder.record(aten_op, args, kwargs, out)  # its own tensor ops must not be recorded either
+        finally:
+            self._recorder.inside_opaque -= 1
+        return out
+
+
 class _OpRecorder(TorchDispatchMode):
     """Appends one FX node per aten op executed, wired to the nodes that produced its inputs."""
 
@@ -455,16 +485,21 @@ class _OpRecorder(TorchDispatchMode):
         self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._inputs = 0
         self._root_type = type(model).__name__
+        self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if not self.inside_opaque:
+            self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         node = self.graph.call_function(func, tree_map(self._as_arg, args), tree_map(self._as_arg, kwargs))
         node.meta["val"] = to_meta(out)
         path, type_name = self.tracker.current()
         node.meta["fxflops_module"] = (path, type_name or self._root_type)
         self._register_outputs(node, out)
-        return out
 
     def _register_outputs(self, node: torch.fx.Node, out: Any) -> None:
         # a multi-output op's tensors are reached through getitem nodes, as in any FX graph

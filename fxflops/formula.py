@@ -13,6 +13,8 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 
 class FormulaError(ValueError):
     """A formula that does not parse, uses something not allowed, or fails on its inputs."""
@@ -97,6 +99,13 @@ def _bounded_pow(base: Any, exponent: Any) -> Any:
     return base**exponent
 
 
+def floating(value: Any) -> bool:
+    """Whether a value holds floating-point (or complex) numbers: integer and bool work is not FLOPs."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point() or value.is_complex()
+    return isinstance(value, float | complex)
+
+
 HELPERS: dict[str, Callable[..., Any]] = {
     "numel": numel,
     "prod": prod,
@@ -108,6 +117,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "int": int,
     "ceil": math.ceil,
     "einsum_macs": einsum_macs,
+    "floating": floating,
 }
 
 _ATTRIBUTES = {"shape", "ndim"}
