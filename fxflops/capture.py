@@ -73,7 +73,7 @@ class Captured:
     structure: torch.nn.Module  # the module tree the graph refers to (a meta copy, or the model itself)
     module_calls: dict[str, int]  # qualified name -> forward calls seen while capturing
     whole_calls: list[WholeCall] = field(default_factory=list)  # calls of modules a rule counts whole
-    input_shapes: list[Any] = field(default_factory=list)
+    input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
     attempts: list[Attempt] = field(default_factory=list)  # failed attempts before this one
 
 

@@ -126,7 +126,7 @@ class Estimate:
     by_rule: dict[str, OpTotals]
     unknown: list[UnknownOp]
     tree: nx.DiGraph  # edges parent -> child over qualified names; node attr "stats"
-    input_shapes: list[Any] = field(default_factory=list)  # pytree of shapes of the inputs
+    input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (method, failure) before success
     measurements: Measurements | None = None
 
@@ -140,6 +140,49 @@ class Estimate:
         for node in self.nodes:
             counts[node.status] += 1
         return counts
+
+    # Rendering lives in fxflops.report; imported lazily because report imports this module.
+    def print(
+        self,
+        module_depth: int = -1,
+        top_modules: int = 1,
+        detailed: bool = True,
+        output_file: str | None = None,
+        as_string: bool = False,
+        fold: bool = True,
+        by_rule: bool = True,
+    ) -> str | None:
+        """DeepSpeed-style text report (see `fxflops.report.text`)."""
+        from fxflops.report.text import text
+
+        return text(
+            self,
+            module_depth=module_depth,
+            top_modules=top_modules,
+            detailed=detailed,
+            output_file=output_file,
+            as_string=as_string,
+            fold=fold,
+            by_rule=by_rule,
+        )
+
+    def to_dict(self, include_nodes: bool = False) -> dict[str, Any]:
+        """JSON-ready data, schema in `fxflops.report.machine`."""
+        from fxflops.report.machine import to_dict
+
+        return to_dict(self, include_nodes=include_nodes)
+
+    def to_json(self, path: str | None = None, include_nodes: bool = False) -> str:
+        """JSON text (also written to `path` when given)."""
+        from fxflops.report.machine import to_json
+
+        return to_json(self, path, include_nodes=include_nodes)
+
+    def to_csv(self, path: str | None = None) -> str:
+        """One CSV row per module (also written to `path` when given)."""
+        from fxflops.report.machine import to_csv
+
+        return to_csv(self, path)
 
 
 class Profile(Estimate):

@@ -1,0 +1,165 @@
+"""Command line: `fxflops MODEL [options]` prints the estimate; `fxflops examples` lists built-ins.
+
+Errors print one line (`fxflops: error: ...`) and exit non-zero: 2 for a MODEL or option that
+cannot be used, 1 when the model cannot be estimated. `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from fxflops import examples
+from fxflops.model_spec import (
+    HF_TASKS,
+    InputOptions,
+    ModelSpecError,
+    load,
+    parse_dtype,
+    parse_override,
+    parse_shape,
+)
+
+FORMATS = ("text", "table", "json", "csv")
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+EPILOG = """\
+MODEL is one of:
+  NAME                    a built-in example: fxflops examples
+  torchvision:NAME        e.g. torchvision:resnet50 (weights are never downloaded)
+  hf:NAME                 a transformers config class with its defaults, e.g. hf:gpt2,
+                          hf:bert-base-uncased, hf:llama
+  hf:PATH                 a local config.json (or a folder holding one)
+  FILE.py:FACTORY         FACTORY() returns a model, or (model, inputs)
+  package.module:FACTORY  likewise, from an importable module
+Everything is built on the meta device: no weights are allocated and nothing is computed.
+
+examples:
+  fxflops lenet5 --batch 1024 --top 3
+  fxflops torchvision:resnet50 --depth 2
+  fxflops hf:gpt2 --seq-len 1024 --set n_layer=2 --format table
+  fxflops my_model.py:build --input-shape 8,3,224,224 --format json --output cost.json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxflops",
+        description="Estimate MACs, FLOPs and parameters per module of a PyTorch model.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", metavar="MODEL", help="what to estimate (see below), or 'examples'")
+    inputs = parser.add_argument_group("inputs")
+    inputs.add_argument("--input-shape", action="append", default=[], metavar="SHAPE",
+                        help="shape of one positional input, e.g. 1,3,224,224 (repeat for more inputs)")
+    inputs.add_argument("--batch", type=int, default=1, help="batch size of the default inputs (default 1)")
+    inputs.add_argument("--seq-len", type=int, default=128, help="sequence length for token models (default 128)")
+    inputs.add_argument("--dtype", help="cast model and floating inputs: float32, float16, bfloat16, float64")
+    inputs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="config field (hf:), constructor or factory argument, e.g. n_layer=2")
+    inputs.add_argument("--hf-task", default="base", choices=sorted(HF_TASKS),
+                        help="which transformers auto class builds hf: models (default base)")
+    counting = parser.add_argument_group("counting")
+    counting.add_argument("--conventions", default="deepspeed", choices=("deepspeed", "torch"))
+    counting.add_argument("--method", default="auto", choices=("auto", "export", "symbolic", "trace"))
+    report = parser.add_argument_group("report")
+    report.add_argument("--format", default="text", choices=FORMATS)
+    report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
+    report.add_argument("--depth", type=int, default=-1, help="deepest module level shown (-1 = all)")
+    report.add_argument("--top", type=int, default=3, help="module types per depth in the aggregated profile")
+    report.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
+                        help="fold identical sibling subtrees into one entry with a count")
+    report.add_argument("--detailed", action=argparse.BooleanOptionalAction, default=True,
+                        help="include the detailed module tree in the text report")
+    report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
+    report.add_argument("--nodes", action="store_true", help="include per-node costs in --format json")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and warnings")
+    return parser
+
+
+def examples_listing() -> str:
+    width = max(len(name) for name in examples.EXAMPLES)
+    lines = ["Built-in examples (fxflops NAME [--batch N] [--seq-len N] [--set key=value]):"]
+    lines += [f"  {name:<{width}}  {example.description}" for name, example in examples.EXAMPLES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def input_options(args: argparse.Namespace) -> InputOptions:
+    if args.batch < 1 or args.seq_len < 1:
+        raise ModelSpecError("--batch and --seq-len must be positive")
+    return InputOptions(
+        batch=args.batch,
+        seq_len=args.seq_len,
+        input_shapes=tuple(parse_shape(text) for text in args.input_shape),
+        dtype=parse_dtype(args.dtype),
+        overrides=dict(parse_override(text) for text in args.overrides),
+        hf_task=args.hf_task,
+    )
+
+
+def render(estimate, args: argparse.Namespace) -> str:
+    """The report in the requested format."""
+    # Submodules by full path: fxflops.report's own `text` and `tables` names are the functions.
+    from fxflops.report.machine import to_csv, to_json
+    from fxflops.report.tables import tables
+    from fxflops.report.text import render as render_text
+
+    if args.format == "json":
+        return to_json(estimate, include_nodes=args.nodes)
+    if args.format == "csv":
+        return to_csv(estimate)
+    if args.format == "table":
+        return tables(estimate, module_depth=args.depth, fold=args.fold, tablefmt=args.tablefmt)
+    return render_text(estimate, module_depth=args.depth, top_modules=args.top,
+                       detailed=args.detailed, fold=args.fold)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fxflops.api import estimate
+
+    if args.model == "examples":
+        sys.stdout.write(examples_listing())
+        return 0
+    loaded = load(args.model, input_options(args))
+    result = estimate(loaded.model, loaded.args, loaded.kwargs, method=args.method,
+                      conventions=args.conventions)
+    report = render(result, args)
+    if args.output:
+        Path(args.output).write_text(report, encoding="utf-8")
+    else:
+        sys.stdout.write(report)
+    return 0
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else type(error).__name__
+    return first + (" (--debug shows the details)" if len(lines) > 1 else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.debug:
+        return run(args)
+    try:
+        with warnings.catch_warnings():
+            # The report lists unknown ops itself; library chatter would bury it.
+            warnings.simplefilter("ignore")
+            return run(args)
+    except ModelSpecError as error:
+        print(f"fxflops: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a one-line message; --debug gives the traceback
+        print(f"fxflops: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""Turn a MODEL string of the command line into a model and example inputs, all on the meta device.
+
+Forms (checked in this order):
+    torchvision:NAME          torchvision.models.get_model(NAME, weights=None); never downloads
+    hf:NAME                   a transformers config class whose defaults are NAME ("hf:gpt2",
+                              "hf:bert-base-uncased", or a model type such as "hf:llama")
+    hf:PATH                   a local config.json (or a folder holding one)
+    FILE.py:FACTORY           FACTORY() from that file
+    package.module:FACTORY    FACTORY() from an importable module
+    NAME                      a built-in example (`fxflops examples`)
+
+A factory returns a model, or (model, inputs) where inputs is a tensor, a tuple of positional
+inputs, a dict of keyword inputs, or an (args, kwargs) pair. It receives whichever of `batch`,
+`seq_len` and `dtype` its signature names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxflops import examples
+
+DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "double": torch.float64,
+}
+
+HF_TASKS = {
+    "base": "AutoModel",
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+}
+
+# Transformers config docstrings say which checkpoint their defaults reproduce.
+_DEFAULTS_OF = re.compile(r"similar configuration to that of the.*?\[([^\]]+)\]", re.S)
+
+
+class ModelSpecError(ValueError):
+    """The MODEL string or an option describing the inputs cannot be used (one-line message)."""
+
+
+@dataclass
+class ModelInputs:
+    """A resolved MODEL: the module, its example inputs, and where they came from."""
+
+    model: nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """What the command line says about the inputs."""
+
+    batch: int = 1
+    seq_len: int = 128
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    dtype: torch.dtype | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
+    hf_task: str = "base"
+
+
+# ------------------------------------------------------------------------------- small parsers
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """`1,3,224,224` (or `1x3x224x224`) -> (1, 3, 224, 224)."""
+    parts = [part.strip() for part in re.split(r"[,x]", text.strip())]
+    if not text.strip() or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ModelSpecError(
+            f"bad input shape {text!r}: expected positive integers separated by commas, "
+            "such as 1,3,224,224"
+        )
+    return tuple(int(part) for part in parts)
+
+
+def parse_dtype(text: str | None) -> torch.dtype | None:
+    if text is None:
+        return None
+    try:
+        return DTYPES[text.lower().removeprefix("torch.")]
+    except KeyError:
+        raise ModelSpecError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`n_layer=2` -> ("n_layer", 2): values are read as JSON when they are JSON, else strings."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ModelSpecError(f"bad --set {text!r}: expected KEY=VALUE such as n_layer=2")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+# ------------------------------------------------------------------------------------ dispatch
+
+
+def load(spec: str, options: InputOptions | None = None) -> ModelInputs:
+    """Resolve `spec` (see the module docstring) into a model with example inputs."""
+    options = options or InputOptions()
+    if spec.startswith("torchvision:"):
+        return load_torchvision(spec.removeprefix("torchvision:"), options)
+    if spec.startswith("hf:"):
+        return load_huggingface(spec.removeprefix("hf:"), options)
+    if ":" in spec:
+        target, _, attribute = spec.rpartition(":")
+        return load_factory(target, attribute, options)
+    return load_example(spec, options)
+
+
+def _finish(loaded: ModelInputs, options: InputOptions) -> ModelInputs:
+    """Apply --dtype to the model and its floating-point inputs."""
+    if options.dtype is not None:
+        loaded.model.to(options.dtype)
+        loaded.args = tuple(_cast(value, options.dtype) for value in loaded.args)
+        loaded.kwargs = {key: _cast(value, options.dtype) for key, value in loaded.kwargs.items()}
+    return loaded
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    tensor = next(iter(model.parameters()), None)
+    if tensor is None:
+        tensor = next(iter(model.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("meta")
+
+
+def _tensors_from_shapes(
+    shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, ...]:
+    kind = torch.long if tokens else (dtype or torch.float32)
+    return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
+
+
+# ------------------------------------------------------------------------------------ examples
+
+
+def load_example(name: str, options: InputOptions) -> ModelInputs:
+    try:
+        example = examples.get_example(name)
+    except KeyError:
+        raise ModelSpecError(
+            f"unknown model {name!r}: not a built-in example (`fxflops examples` lists them); "
+            "other forms: torchvision:NAME, hf:NAME, hf:path/config.json, file.py:factory, "
+            "package.module:factory"
+        ) from None
+    try:
+        with torch.device("meta"):
+            model = example.build(**options.overrides)
+    except TypeError as error:
+        raise ModelSpecError(f"--set does not fit example {example.name}: {error}") from None
+    if options.input_shapes:
+        args = _tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
+    else:
+        args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
+    loaded = ModelInputs(model, args, {}, f"built-in example {example.name}")
+    return _finish(loaded, options)
+
+
+# --------------------------------------------------------------------------------- torchvision
+
+
+def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
+    try:
+        import torchvision
+    except ImportError:
+        raise ModelSpecError("torchvision: models need the torchvision package") from None
+    known = torchvision.models.list_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else " (see torchvision.models.list_models())"
+        raise ModelSpecError(f"unknown torchvision model {name!r}{hint}")
+    with torch.device("meta"):
+        model = torchvision.models.get_model(name, weights=None, **options.overrides)
+    model.eval()
+    shapes = options.input_shapes or (_torchvision_input_shape(torchvision, name, model, options.batch),)
+    args = _tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
+    return _finish(ModelInputs(model, args, {}, f"torchvision {name}"), options)
+
+
+def _torchvision_input_shape(torchvision: Any, name: str, model: nn.Module, batch: int) -> tuple[int, ...]:
+    """Image (or clip) size the model was trained at, read from its weights' metadata (no download)."""
+    size = getattr(model, "image_size", None)
+    if size is None:
+        try:
+            keywords = getattr(torchvision.models.get_model_weights(name).DEFAULT.transforms, "keywords", {})
+        except (ValueError, AttributeError):
+            keywords = {}
+        size = keywords.get("crop_size") or keywords.get("resize_size") or 224
+    if isinstance(size, (tuple, list)):
+        size = size[0]
+    if name in torchvision.models.list_models(module=torchvision.models.video):
+        return (batch, 3, 16, size, size)
+    return (batch, 3, size, size)
+
+
+# -------------------------------------------------------------------------------- transformers
+
+
+def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
+    try:
+        import transformers
+    except ImportError:
+        raise ModelSpecError("hf: models need the transformers package") from None
+    config = hf_config(name)
+    for key, value in options.overrides.items():
+        if not hasattr(config, key):
+            raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field")
+        setattr(config, key, value)
+    if options.hf_task not in HF_TASKS:
+        raise ModelSpecError(f"unknown --hf-task {options.hf_task!r}; use one of {', '.join(HF_TASKS)}")
+    auto_class = getattr(transformers, HF_TASKS[options.hf_task])
+    try:
+        with torch.device("meta"):
+            model = auto_class.from_config(config)
+    except ValueError as error:
+        first = str(error).strip().splitlines()[0]
+        raise ModelSpecError(f"{type(config).__name__} has no {options.hf_task} model: {first}") from None
+    model.eval()
+    args, kwargs = _hf_inputs(model, config, options)
+    return _finish(ModelInputs(model, args, kwargs, f"transformers {type(model).__name__}"), options)
+
+
+def hf_config(name: str) -> Any:
+    """A transformers config: from a local file, a model type, or a checkpoint its class defaults to."""
+    path = Path(name)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _config_from_file(path / "config.json")
+    if path.is_file():
+        return _config_from_file(path)
+    if name.endswith(".json"):
+        raise ModelSpecError(f"hf: config file {name!r} not found")
+    return _config_by_name(name)
+
+
+def _config_from_file(path: Path) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelSpecError(f"hf: cannot read {path}: {error}") from None
+    model_type = values.get("model_type") if isinstance(values, dict) else None
+    if not model_type:
+        raise ModelSpecError(f"hf: {path} has no \"model_type\" field")
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise ModelSpecError(f"hf: {path}: transformers does not know model_type {model_type!r}") from None
+    return config_class.from_dict(values)
+
+
+def _model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return list(CONFIG_MAPPING_NAMES)
+
+
+def _defaults_checkpoint(model_type: str) -> str | None:
+    """The checkpoint `model_type`'s config defaults reproduce, as its docstring names it."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except Exception:  # a config module that fails to import is simply not a candidate
+        return None
+    match = _DEFAULTS_OF.search(config_class.__doc__ or "")
+    return match.group(1) if match else None
+
+
+def _names_checkpoint(name: str, checkpoint: str | None) -> bool:
+    if checkpoint is None:
+        return False
+    wanted = name.lower()
+    return wanted in (checkpoint.lower(), checkpoint.lower().rsplit("/", 1)[-1])
+
+
+def _candidate_types(name: str, model_types: list[str]) -> list[str]:
+    """Model types the name starts with, longest first (`bert-base-uncased` -> `bert`)."""
+    base = name.lower().rsplit("/", 1)[-1]
+    pieces = re.split(r"[-_.]", base)
+    prefixes = ["-".join(pieces[:end]) for end in range(len(pieces), 0, -1)]
+    known = set(model_types)
+    found = []
+    for prefix in prefixes:
+        for variant in (prefix, prefix.replace("-", "_")):
+            if variant in known and variant not in found:
+                found.append(variant)
+    return found
+
+
+def _source_mentions(model_type: str, name: str) -> bool:
+    """Whether the config module's source names `name` (True when the file cannot be found).
+
+    Reading ~500 small files takes milliseconds; importing them all takes seconds.
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    path = Path(transformers.__file__).parent / "models" / module / f"configuration_{module}.py"
+    try:
+        return name.lower() in path.read_text(encoding="utf-8").lower()
+    except OSError:
+        return True
+
+
+def _config_by_name(name: str) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    model_types = _model_types()
+    if name in model_types:
+        return CONFIG_MAPPING[name]()
+    candidates = _candidate_types(name, model_types)
+    # Likely classes first, then any whose source mentions the name at all.
+    others = [t for t in model_types if t not in candidates and _source_mentions(t, name)]
+    for model_type in candidates + others:
+        if _names_checkpoint(name, _defaults_checkpoint(model_type)):
+            return CONFIG_MAPPING[model_type]()
+    hint = f"hf:{candidates[0]} (defaults: {_defaults_checkpoint(candidates[0])}) with --set, " if candidates else ""
+    raise ModelSpecError(
+        f"hf: no transformers config class defaults to {name!r} and it is not a model type; "
+        f"use {hint}or hf:path/to/config.json (nothing is downloaded)"
+    )
+
+
+def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tuple, dict]:
+    """Keyword inputs named after the model's main input; token ids unless it takes pixels."""
+    main = getattr(model, "main_input_name", "input_ids")
+    device = torch.device("meta")
+    if options.input_shapes:
+        tokens = main == "input_ids"
+        tensors = _tensors_from_shapes(options.input_shapes, device, tokens, options.dtype)
+        kwargs = {main: tensors[0]}
+        return tuple(tensors[1:]), kwargs
+    if main == "input_ids":
+        ids = torch.zeros(options.batch, options.seq_len, dtype=torch.long, device=device)
+        kwargs = {"input_ids": ids}
+        if getattr(config, "is_encoder_decoder", False):
+            kwargs["decoder_input_ids"] = ids
+        return (), kwargs
+    if main == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        height, width = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        channels = getattr(config, "num_channels", 3)
+        pixels = torch.zeros(options.batch, channels, height, width, device=device)
+        return (), {"pixel_values": pixels}
+    raise ModelSpecError(
+        f"{type(model).__name__} takes {main!r}; give its shape with --input-shape"
+    )
+
+
+# ------------------------------------------------------------------------------------ factories
+
+
+def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInputs:
+    """FILE.py:FACTORY or package.module:FACTORY."""
+    module = _import_target(target)
+    factory = getattr(module, attribute, None)
+    if factory is None or not callable(factory):
+        raise ModelSpecError(f"{target} has no callable {attribute!r}")
+    produced = factory(**_factory_arguments(factory, options))
+    model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
+                     and isinstance(produced[0], nn.Module) else (produced, None))
+    if not isinstance(model, nn.Module):
+        raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
+    if options.input_shapes:
+        args, kwargs = _tensors_from_shapes(options.input_shapes, _device_of(model), False, options.dtype), {}
+    elif inputs is None:
+        raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
+    else:
+        args, kwargs = _split_inputs(inputs)
+    return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}"), options)
+
+
+def _import_target(target: str) -> Any:
+    path = Path(target)
+    if target.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ModelSpecError(f"file {target!r} not found")
+        module_name = f"_fxflops_user_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        # Registered so dataclasses / pickling inside the user's file can find their module.
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as error:
+        raise ModelSpecError(f"cannot import {target!r}: {error}") from None
+
+
+def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
+    """batch / seq_len / dtype, for the factories that ask for them, plus --set values."""
+    offered = {"batch": options.batch, "seq_len": options.seq_len, "dtype": options.dtype}
+    offered.update(options.overrides)
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return dict(options.overrides)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return {key: value for key, value in offered.items() if takes_any or key in parameters}
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if (isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], (tuple, list))
+            and isinstance(inputs[1], dict)):
+        return tuple(inputs[0]), dict(inputs[1])
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}

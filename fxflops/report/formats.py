@@ -1,0 +1,84 @@
+"""Human formatting of counts, rates and durations in the DeepSpeed style (`590.59 k`, `1.21 GMACs`).
+
+Values are scaled by powers of 1000, rounded to `precision` decimals and printed without
+trailing zeros (`44.7 GMACs`, `0 MACs`), as DeepSpeed's profiler prints them, so its users
+read our reports the same way.
+"""
+
+from __future__ import annotations
+
+PRECISION = 2
+
+# Decimal prefixes from the largest down; the first whose magnitude fits the value is used.
+_LARGE = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+_SMALL = ((1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n"))
+
+
+def _trimmed(value: float, precision: int) -> str:
+    """`round` then drop trailing zeros, but never fall back to exponent notation."""
+    text = f"{round(value, precision):.{precision}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def scaled(num: float, precision: int = PRECISION, thousands: str = "K") -> tuple[str, str]:
+    """(number text, prefix) for `num`; `thousands` is the prefix used for 1e3 (`k` for params)."""
+    if num == 0:
+        return "0", ""
+    magnitude = abs(num)
+    for factor, prefix in _LARGE:
+        if magnitude >= factor:
+            return _trimmed(num / factor, precision), thousands if prefix == "K" else prefix
+    for factor, prefix in _SMALL:
+        if magnitude >= factor:
+            return _trimmed(num / factor, precision), prefix
+    return _trimmed(num / 1e-9, precision), "n"
+
+
+def _joined(num: float, unit: str, precision: int, thousands: str = "K") -> str:
+    text, prefix = scaled(num, precision, thousands)
+    suffix = prefix + unit
+    return f"{text} {suffix}" if suffix else text
+
+
+def params_to_string(params: float, precision: int = PRECISION) -> str:
+    """Parameter count: `61.71 k`, `336.23 M`, `156`, `0`."""
+    if abs(params) < 1000:
+        return _trimmed(params, precision)
+    return _joined(params, "", precision, thousands="k")
+
+
+def macs_to_string(macs: float, precision: int = PRECISION) -> str:
+    """Multiply-accumulate count: `439.55 MMACs`, `860.16 KMACs`, `0 MACs`."""
+    if abs(macs) < 1000:
+        return f"{_trimmed(macs, precision)} MACs"
+    return _joined(macs, "MACs", precision)
+
+
+def number_to_string(num: float, precision: int = PRECISION) -> str:
+    """A plain count such as FLOPs: `89.45 G`, `5.71 M`, `0`."""
+    if abs(num) < 1000:
+        return _trimmed(num, precision)
+    return _joined(num, "", precision)
+
+
+def flops_to_string(flops_per_second: float, precision: int = PRECISION) -> str:
+    """A rate: `660.07 GFLOPS`, `0 FLOPS`."""
+    if abs(flops_per_second) < 1000:
+        return f"{_trimmed(flops_per_second, precision)} FLOPS"
+    return _joined(flops_per_second, "FLOPS", precision)
+
+
+def duration_to_string(seconds: float, precision: int = PRECISION) -> str:
+    """A duration given in seconds: `135.52 ms`, `34.09 us`, `1.89 s`."""
+    if seconds >= 1 or seconds == 0:
+        return f"{_trimmed(seconds, precision)} s"
+    return _joined(seconds, "s", precision)
+
+
+def percent(part: float | None, whole: float | None) -> str:
+    """`28.49%`; a share of nothing is `0.00%` rather than a division error."""
+    if not part or not whole:
+        return "0.00%"
+    return f"{100.0 * part / whole:.2f}%"

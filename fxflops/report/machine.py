@@ -1,0 +1,275 @@
+"""Machine-readable output: JSON (a stable, versioned schema) and CSV (one row per module).
+
+All counts are raw integers and all times are seconds (floats); nothing is human-formatted.
+
+JSON schema `fxflops.estimate`, version 1 — top-level object:
+
+    schema            "fxflops.estimate"
+    schema_version    1 (bumped only when a field changes meaning or disappears)
+    fxflops_version   str        torch_version  str
+    model_type        str        class name of the model
+    method            str        capture method that succeeded: "export" | "symbolic" | "trace"
+    conventions       str        counting preset: "deepspeed" | "torch"
+    input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
+                      of ints, e.g. [[[1024, 1, 32, 32]], {}] or [[], {"input_ids": [1, 128]}]
+    attempts          [{"method": str, "error": str}]   capture methods that failed first
+    totals            {"macs": int, "flops": int, "params": int}
+    node_status       {"counted": int, "zero": int, "unknown": int}   graph nodes per outcome
+    modules           [module], pre-order (parents first); the root has name ""
+        module = {name, type, depth, params, macs, flops, self_macs, self_flops, calls,
+                  extra_repr, children: [qualified names], latency: float|null (seconds per
+                  step, all calls), latency_calls: int|null, achieved_flops: float|null}
+    by_op             {op key: {"count", "macs", "flops"}}   e.g. "aten.mm.default"
+    by_rule           {rule name: {"count", "macs", "flops"}}
+    unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
+    measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
+                      plus derived "achieved_flops", "utilization", "hook_overhead"
+    nodes             present only with include_nodes=True: [{name, op, status, rule, module,
+                      module_type, input_shapes, output_shapes, macs, flops, source}]
+
+Readers must ignore keys they do not know: later versions may add keys without bumping.
+CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from fxflops.results import (
+    Estimate,
+    Measurements,
+    ModuleStats,
+    NodeCost,
+    OpTotals,
+    Profile,
+    UnknownOp,
+)
+
+SCHEMA = "fxflops.estimate"
+SCHEMA_VERSION = 1
+
+MODULE_FIELDS = (
+    "name",
+    "type",
+    "depth",
+    "params",
+    "macs",
+    "flops",
+    "self_macs",
+    "self_flops",
+    "calls",
+    "extra_repr",
+    "children",
+    "latency",
+    "latency_calls",
+)
+CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + (
+    "achieved_flops",
+)
+DERIVED_MEASUREMENTS = ("achieved_flops", "utilization", "hook_overhead")
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types for shapes, dtypes and other pytree leaves (tuples become lists)."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    try:
+        return int(value)  # SymInt and numpy integers that are concrete
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    import fxflops
+
+    return {"fxflops_version": fxflops.__version__, "torch_version": torch.__version__}
+
+
+def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
+    return {
+        key: {"count": item.count, "macs": item.macs, "flops": item.flops}
+        for key, item in values.items()
+    }
+
+
+def _module_dict(stats: ModuleStats) -> dict[str, Any]:
+    record = {field: getattr(stats, field) for field in MODULE_FIELDS}
+    record["children"] = list(stats.children)
+    record["achieved_flops"] = stats.achieved_flops
+    return record
+
+
+def _measurements_dict(estimate: Estimate) -> dict[str, Any] | None:
+    m = estimate.measurements
+    if m is None:
+        return None
+    record = jsonable(dataclasses.asdict(m))
+    achieved = estimate.total_flops / m.fwd_latency if m.fwd_latency else None
+    record["achieved_flops"] = achieved
+    record["utilization"] = achieved / m.peak_flops if achieved and m.peak_flops else None
+    record["hook_overhead"] = m.hook_overhead
+    return record
+
+
+def _node_dict(node: NodeCost) -> dict[str, Any]:
+    return jsonable(dataclasses.asdict(node))
+
+
+def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
+    """The estimate as plain JSON-ready data (schema in this module's docstring)."""
+    record: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+    record.update(_versions())
+    record.update(
+        model_type=estimate.model_type,
+        method=estimate.method,
+        conventions=estimate.conventions,
+        input_shapes=jsonable(estimate.input_shapes),
+        attempts=[{"method": method, "error": error} for method, error in estimate.attempts],
+        totals={
+            "macs": estimate.total_macs,
+            "flops": estimate.total_flops,
+            "params": estimate.total_params,
+        },
+        node_status=estimate.node_status_counts(),
+        modules=[_module_dict(stats) for stats in estimate.modules.values()],
+        by_op=_totals(estimate.by_op),
+        by_rule=_totals(estimate.by_rule),
+        unknown=[
+            {"op": op.op, "count": op.count, "modules": list(op.modules)}
+            for op in estimate.unknown
+        ],
+        measurements=_measurements_dict(estimate),
+    )
+    if include_nodes:
+        record["nodes"] = [_node_dict(node) for node in estimate.nodes]
+    return record
+
+
+def to_json(
+    estimate: Estimate,
+    path: str | Path | None = None,
+    include_nodes: bool = False,
+    indent: int | None = 2,
+) -> str:
+    """The estimate as JSON text; also written to `path` when given."""
+    document = json.dumps(to_dict(estimate, include_nodes), indent=indent) + "\n"
+    if path is not None:
+        Path(path).write_text(document, encoding="utf-8")
+    return document
+
+
+def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
+    """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
+    return [
+        {column: _module_dict(stats)[column] for column in CSV_COLUMNS}
+        for stats in estimate.modules.values()
+    ]
+
+
+def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
+    """One CSV row per module (raw integers, seconds); also written to `path` when given."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for row in csv_rows(estimate):
+        writer.writerow({key: "" if value is None else value for key, value in row.items()})
+    document = buffer.getvalue()
+    if path is not None:
+        Path(path).write_text(document, encoding="utf-8", newline="")
+    return document
+
+
+# ----------------------------------------------------------------------------- reading back
+
+
+def _module_from(record: dict[str, Any]) -> ModuleStats:
+    values = {field: record[field] for field in MODULE_FIELDS if field in record}
+    values["children"] = list(values.get("children", []))
+    return ModuleStats(**values)
+
+
+def _measurements_from(record: dict[str, Any] | None) -> Measurements | None:
+    if record is None:
+        return None
+    names = {field.name for field in dataclasses.fields(Measurements)}
+    values = {key: value for key, value in record.items() if key in names}
+    for key in ("unmatched_measured", "unmatched_graph"):
+        values[key] = tuple(values.get(key, ()))
+    return Measurements(**values)
+
+
+def _node_from(record: dict[str, Any]) -> NodeCost:
+    def shapes(items: list) -> tuple:
+        return tuple(tuple(shape) if isinstance(shape, list) else shape for shape in items)
+
+    values = dict(record)
+    values["input_shapes"] = shapes(values.get("input_shapes", []))
+    values["output_shapes"] = shapes(values.get("output_shapes", []))
+    return NodeCost(**values)
+
+
+def _tree_from(modules: dict[str, ModuleStats]) -> nx.DiGraph:
+    tree = nx.DiGraph()
+    for name, stats in modules.items():
+        tree.add_node(name, stats=stats)
+    for name, stats in modules.items():
+        tree.add_edges_from((name, child) for child in stats.children)
+    return tree
+
+
+def from_dict(record: dict[str, Any]) -> Estimate:
+    """Rebuild an Estimate (a Profile when measured) from `to_dict` output.
+
+    Per-node costs come back only when they were written (`include_nodes=True`).
+    """
+    if record.get("schema") != SCHEMA:
+        raise ValueError(f"not an fxflops estimate (schema {record.get('schema')!r})")
+    if record.get("schema_version", 0) > SCHEMA_VERSION:
+        raise ValueError(
+            f"schema version {record['schema_version']} is newer than this fxflops reads "
+            f"({SCHEMA_VERSION}); upgrade fxflops"
+        )
+    modules = {item["name"]: _module_from(item) for item in record["modules"]}
+    measurements = _measurements_from(record.get("measurements"))
+    cls = Profile if measurements is not None else Estimate
+    return cls(
+        model_type=record["model_type"],
+        method=record["method"],
+        conventions=record["conventions"],
+        total_macs=record["totals"]["macs"],
+        total_flops=record["totals"]["flops"],
+        total_params=record["totals"]["params"],
+        modules=modules,
+        nodes=[_node_from(item) for item in record.get("nodes", [])],
+        by_op={key: OpTotals(**value) for key, value in record["by_op"].items()},
+        by_rule={key: OpTotals(**value) for key, value in record["by_rule"].items()},
+        unknown=[
+            UnknownOp(op=item["op"], count=item["count"], modules=tuple(item["modules"]))
+            for item in record["unknown"]
+        ],
+        tree=_tree_from(modules),
+        input_shapes=record.get("input_shapes", []),
+        attempts=[(item["method"], item["error"]) for item in record.get("attempts", [])],
+        measurements=measurements,
+    )
+
+
+def from_json(source: str | Path) -> Estimate:
+    """Read an estimate back from a JSON file path or JSON text."""
+    text = str(source)
+    if not text.lstrip().startswith("{"):
+        text = Path(source).read_text(encoding="utf-8")
+    return from_dict(json.loads(text))

@@ -1,0 +1,170 @@
+"""Tables through tabulate: cost per op (or per rule) and per module.
+
+`tablefmt` is any tabulate format ("github", "plain", "simple", "grid", ...). With `raw=True`
+the cells hold plain integers and seconds instead of human-formatted text.
+"""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from fxflops.report import fold as folding
+from fxflops.report.formats import (
+    duration_to_string,
+    flops_to_string,
+    macs_to_string,
+    number_to_string,
+    params_to_string,
+    percent,
+)
+from fxflops.results import UNKNOWN, Estimate, OpTotals
+
+UNKNOWN_ROW = "(unknown)"
+
+
+def _statuses(estimate: Estimate, by: str) -> dict[str, str]:
+    """counted / zero / unknown per op or rule key, read from the per-node costs."""
+    seen: dict[str, set[str]] = {}
+    for node in estimate.nodes:
+        key = node.op if by == "op" else (node.rule or UNKNOWN_ROW)
+        seen.setdefault(key, set()).add(node.status)
+    return {key: "/".join(sorted(values)) for key, values in seen.items()}
+
+
+def _op_totals(estimate: Estimate, by: str) -> dict[str, OpTotals]:
+    if by not in ("op", "rule"):
+        raise ValueError(f"op_table: by must be 'op' or 'rule', not {by!r}")
+    totals = dict(estimate.by_op if by == "op" else estimate.by_rule)
+    unknown_count = sum(op.count for op in estimate.unknown)
+    # Unknown ops have no rule; show them anyway so the table never hides them.
+    if by == "rule" and unknown_count and UNKNOWN_ROW not in totals:
+        totals[UNKNOWN_ROW] = OpTotals(count=unknown_count, macs=0, flops=0)
+    if by == "op":
+        for op in estimate.unknown:
+            totals.setdefault(op.op, OpTotals(count=op.count, macs=0, flops=0))
+    return totals
+
+
+def op_rows(estimate: Estimate, by: str = "op", raw: bool = False) -> tuple[list[str], list[list]]:
+    """(headers, rows) of the per-op (or per-rule) table, heaviest first, with a total row."""
+    totals = _op_totals(estimate, by)
+    statuses = _statuses(estimate, by)
+    for op in estimate.unknown:
+        statuses.setdefault(op.op if by == "op" else UNKNOWN_ROW, UNKNOWN)
+    ordered = sorted(totals.items(), key=lambda item: (-item[1].macs, -item[1].flops, item[0]))
+    headers = [by, "status", "count", "MACs", "% MACs", "FLOPs", "% FLOPs"]
+    rows = [
+        _op_row(key, statuses.get(key, ""), value, estimate, raw) for key, value in ordered
+    ]
+    count = sum(value.count for value in totals.values())
+    total = OpTotals(count=count, macs=estimate.total_macs, flops=estimate.total_flops)
+    rows.append(_op_row("total", "", total, estimate, raw))
+    return headers, rows
+
+
+def _op_row(key: str, status: str, value: OpTotals, estimate: Estimate, raw: bool) -> list:
+    macs = value.macs if raw else macs_to_string(value.macs)
+    flops = value.flops if raw else number_to_string(value.flops)
+    return [
+        key,
+        status,
+        value.count,
+        macs,
+        percent(value.macs, estimate.total_macs),
+        flops,
+        percent(value.flops, estimate.total_flops),
+    ]
+
+
+def op_table(
+    estimate: Estimate, by: str = "op", tablefmt: str = "github", raw: bool = False
+) -> str:
+    """Cost per op type (`by="op"`) or per rule (`by="rule"`): count, MACs, % MACs, FLOPs."""
+    headers, rows = op_rows(estimate, by, raw)
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _display_name(parent: str, group: folding.Group) -> str:
+    """Qualified name with folded runs shown as `[0-11]`."""
+    part = f"[{group.label}]" if group.folded else group.label
+    return f"{parent}.{part}" if parent else part
+
+
+def module_rows(
+    estimate: Estimate, module_depth: int = -1, fold: bool = True, raw: bool = False
+) -> tuple[list[str], list[list]]:
+    """(headers, rows) of the per-module table in tree order; folded runs are one row."""
+    measured = any(stats.latency is not None for stats in estimate.modules.values())
+    headers = ["module", "type", "count", "params", "% params", "MACs", "% MACs", "FLOPs"]
+    headers += ["% FLOPs", "calls"]
+    if measured:
+        headers += ["latency", "% latency", "FLOPS"]
+    total_latency = folding.root_latency(estimate)
+    display: dict[tuple[str, ...], str] = {}
+    rows = []
+    for group, children in folding.walk(estimate, fold, module_depth):
+        name = display.get(group.names, "(root)" if group.depth == 0 else group.label)
+        for child in children:
+            display[child.names] = _display_name("" if group.depth == 0 else name, child)
+        rows.append(_module_row(estimate, group, name, measured, total_latency, raw))
+    return headers, rows
+
+
+def _module_row(
+    estimate: Estimate,
+    group: folding.Group,
+    name: str,
+    measured: bool,
+    total_latency: float | None,
+    raw: bool,
+) -> list:
+    stats = folding.stats_of(estimate, group)
+    row = [
+        name,
+        stats.type,
+        group.count,
+        stats.params if raw else params_to_string(stats.params),
+        percent(stats.params, estimate.total_params),
+        stats.macs if raw else macs_to_string(stats.macs),
+        percent(stats.macs, estimate.total_macs),
+        stats.flops if raw else number_to_string(stats.flops),
+        percent(stats.flops, estimate.total_flops),
+        stats.calls,
+    ]
+    if measured:
+        latency = folding.mean_latency(estimate, group)
+        rate = stats.flops / latency if latency else None
+        row += [
+            latency if raw or latency is None else duration_to_string(latency),
+            percent(latency, total_latency),
+            rate if raw or rate is None else flops_to_string(rate),
+        ]
+    return row
+
+
+def module_table(
+    estimate: Estimate,
+    module_depth: int = -1,
+    fold: bool = True,
+    tablefmt: str = "github",
+    raw: bool = False,
+) -> str:
+    """One row per module (folded runs of identical siblings are one row with a count)."""
+    headers, rows = module_rows(estimate, module_depth, fold, raw)
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def tables(
+    estimate: Estimate,
+    module_depth: int = -1,
+    fold: bool = True,
+    tablefmt: str = "github",
+    raw: bool = False,
+) -> str:
+    """The per-rule, per-op and per-module tables, each under a title."""
+    sections = [
+        ("Cost per rule", op_table(estimate, "rule", tablefmt, raw)),
+        ("Cost per op", op_table(estimate, "op", tablefmt, raw)),
+        ("Cost per module", module_table(estimate, module_depth, fold, tablefmt, raw)),
+    ]
+    return "\n\n".join(f"{title}\n\n{table}" for title, table in sections) + "\n"

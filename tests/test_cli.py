@@ -1,0 +1,302 @@
+"""The command line, end to end in a subprocess for every MODEL form and every error, plus the
+report options in-process. Expected numbers are worked out by hand or taken from an independent
+oracle (torch's FlopCounterMode, the model's own parameters)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from fxflops import cli, model_spec
+from fxflops.model_spec import InputOptions, ModelSpecError
+from tests.report_parsing import assert_shows, parse_aggregated, parse_detailed, parse_summary
+
+LENET5_MACS_PER_SAMPLE = 6 * 28 * 28 * 25 + 16 * 10 * 10 * 6 * 25 + 120 * 16 * 25 + 120 * 84 + 84 * 10
+LENET5_MODULES = 14
+
+UNTRACEABLE = """
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: no graph can hold it
+            return self.fc(x)
+        return x
+
+
+def build():
+    with torch.device("meta"):
+        return Branchy(), torch.zeros(2, 4, device="meta")
+"""
+
+MLP_FACTORY = """
+import torch
+from torch import nn
+
+
+def build(batch=1):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return model, (torch.zeros(batch, 8),)
+"""
+
+
+def fxflops(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fxflops.cli", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, words: str) -> None:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fxflops: error: ") and words in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+# ------------------------------------------------------------------ each MODEL form, subprocess
+
+
+def test_examples_are_listed():
+    result = fxflops("examples")
+    assert result.returncode == 0, result.stderr
+    for name in ("lenet5", "gpt2-small", "bert-base"):
+        assert f"  {name}" in result.stdout
+
+
+def test_builtin_example_text_report():
+    result = fxflops("lenet5", "--batch", "1024", "--top", "3")
+    assert result.returncode == 0, result.stderr
+    rows = parse_summary(result.stdout)
+    assert_shows(rows["fwd MACs:"], 1024 * LENET5_MACS_PER_SAMPLE, "MACs")
+    assert rows["input shapes:"] == "(1024, 1, 32, 32)"
+    entries = parse_detailed(result.stdout)
+    assert_shows(entries["feature_extractor.0"]["fields"][2], 1024 * 6 * 28 * 28 * 25, "MACs")
+    assert list(parse_aggregated(result.stdout)[2]["MACs"]) == ["Conv2d", "Linear", "Tanh"]
+
+
+def test_torchvision_model_json():
+    import torchvision
+
+    result = fxflops("torchvision:resnet18", "--input-shape", "1,3,64,64", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    with torch.device("meta"):
+        model = torchvision.models.resnet18()
+    with FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, 64, 64, device="meta"))
+    assert 2 * data["totals"]["macs"] == counter.get_total_flops()
+    assert data["totals"]["params"] == sum(p.numel() for p in model.parameters())
+    assert data["input_shapes"] == [[[1, 3, 64, 64]], {}]
+
+
+def test_hf_name_from_config_defaults():
+    from transformers import GPT2Config, GPT2Model
+
+    result = fxflops("hf:gpt2", "--set", "n_layer=1", "--seq-len", "8", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    with torch.device("meta"):
+        model = GPT2Model(GPT2Config(n_layer=1))
+    d, heads, seq = 768, 12, 8  # GPT2Config() defaults
+    assert data["model_type"] == "GPT2Model"
+    assert data["totals"]["params"] == sum(p.numel() for p in model.parameters())
+    # qkv (3 d^2) + proj (d^2) + MLP (8 d^2) per token, + SDPA B*H*S*S*(E+Ev)
+    assert data["totals"]["macs"] == seq * 12 * d * d + heads * seq * seq * 2 * (d // heads)
+
+
+def test_hf_local_config_file(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    values = dict(model_type="bert", vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    result = fxflops(f"hf:{path}", "--batch", "2", "--seq-len", "8", "--format", "csv")
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    values.pop("model_type")
+    with torch.device("meta"):
+        model = BertModel(BertConfig(**values))
+    assert [row["name"] for row in rows] == [name for name, _ in model.named_modules()]
+    assert int(rows[0]["params"]) == sum(p.numel() for p in model.parameters())
+    dense = {row["name"]: int(row["macs"]) for row in rows}
+    assert dense["encoder.layer.0.intermediate.dense"] == 2 * 8 * 32 * 64
+
+
+def test_file_factory(tmp_path):
+    (tmp_path / "mlp.py").write_text(MLP_FACTORY)
+    result = fxflops("mlp.py:build", "--batch", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    entries = parse_detailed(result.stdout)
+    assert_shows(entries[""]["fields"][2], 3 * (8 * 16 + 16 * 4), "MACs")
+    assert_shows(entries["0"]["fields"][0], 8 * 16 + 16)
+
+
+def test_module_factory_with_input_shape():
+    result = fxflops("fxflops.examples:lenet5", "--input-shape", "2,1,32,32", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["totals"]["macs"] == 2 * LENET5_MACS_PER_SAMPLE
+    assert len(data["modules"]) == LENET5_MODULES
+
+
+# ------------------------------------------------------------------------- errors, subprocess
+
+
+def test_unknown_model_name():
+    assert_one_line_error(fxflops("resnet-but-wrong"), 2, "unknown model 'resnet-but-wrong'")
+
+
+def test_bad_shape_string():
+    assert_one_line_error(fxflops("lenet5", "--input-shape", "1,x,32"), 2, "bad input shape '1,x,32'")
+
+
+def test_untraceable_model(tmp_path):
+    (tmp_path / "branchy.py").write_text(UNTRACEABLE)
+    result = fxflops("branchy.py:build", cwd=tmp_path)
+    assert_one_line_error(result, 1, "could not capture Branchy")
+
+
+def test_debug_lets_the_exception_through(tmp_path):
+    import fxflops as package
+
+    (tmp_path / "branchy.py").write_text(UNTRACEABLE)
+    with pytest.raises(package.CaptureError, match="every method failed"):
+        cli.main([f"{tmp_path}/branchy.py:build", "--debug"])
+
+
+# --------------------------------------------------------------------- options, in-process
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_formats_and_output_file(capsys, tmp_path):
+    code, out, _ = run_main(capsys, "lenet5", "--format", "table", "--tablefmt", "plain")
+    assert code == 0 and "Cost per module" in out and "|" not in out
+    target = tmp_path / "lenet.json"
+    code, out, _ = run_main(capsys, "lenet5", "--batch", "4", "--format", "json", "--output", str(target))
+    assert code == 0 and out == ""
+    assert json.loads(target.read_text())["totals"]["macs"] == 4 * LENET5_MACS_PER_SAMPLE
+    code, out, _ = run_main(capsys, "lenet5", "--format", "csv")
+    assert code == 0 and len(out.strip().splitlines()) == 1 + LENET5_MODULES
+    code, out, _ = run_main(capsys, "lenet5", "--format", "json", "--nodes")
+    assert code == 0 and len(json.loads(out)["nodes"]) > 0
+
+
+def test_depth_fold_and_detail_options(capsys):
+    sizes = ["--set", "n_layer=3", "--set", "d_model=32", "--set", "n_head=4", "--set", "vocab_size=50"]
+    code, folded, _ = run_main(capsys, "gpt2-small", "--seq-len", "8", *sizes)
+    assert code == 0 and "h.0-2" in parse_detailed(folded)
+    code, unfolded, _ = run_main(capsys, "gpt2-small", "--seq-len", "8", "--no-fold", *sizes)
+    assert {"h.0", "h.1", "h.2"} <= set(parse_detailed(unfolded))
+    code, shallow, _ = run_main(capsys, "gpt2-small", "--seq-len", "8", "--depth", "1", *sizes)
+    assert max(entry["depth"] for entry in parse_detailed(shallow).values()) == 1
+    code, brief, _ = run_main(capsys, "gpt2-small", "--seq-len", "8", "--no-detailed", *sizes)
+    assert "Detailed Profile" not in brief
+
+
+def test_conventions_and_dtype(capsys):
+    code, out, _ = run_main(capsys, "lenet5", "--conventions", "torch", "--dtype", "bfloat16", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["conventions"] == "torch"
+    assert data["totals"]["macs"] == LENET5_MACS_PER_SAMPLE
+    code, out, _ = run_main(capsys, "lenet5", "--method", "symbolic", "--format", "json")
+    assert code == 0 and json.loads(out)["method"] == "symbolic"
+    assert json.loads(out)["totals"]["macs"] == LENET5_MACS_PER_SAMPLE
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["torchvision:resnet5O"], "did you mean"),
+        (["lenet5", "--dtype", "float8"], "unknown dtype"),
+        (["lenet5", "--set", "oops"], "bad --set"),
+        (["lenet5", "--set", "depth=3"], "--set does not fit example lenet5"),
+        (["hf:no/such/config.json"], "not found"),
+        (["hf:bert-large-uncased"], "no transformers config class defaults to"),
+        (["nowhere_module_xyz:build"], "cannot import"),
+        (["lenet5", "--batch", "0"], "must be positive"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, args, words):
+    code, out, err = run_main(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("fxflops: error: ") and words in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------- MODEL resolution details
+
+
+def test_torchvision_default_input_size():
+    loaded = model_spec.load("torchvision:inception_v3", InputOptions(batch=2))
+    assert loaded.args[0].shape == (2, 3, 299, 299) and loaded.args[0].device.type == "meta"
+    assert model_spec.load("torchvision:r3d_18").args[0].shape == (1, 3, 16, 112, 112)
+
+
+def test_hf_names_resolve_to_config_defaults():
+    assert type(model_spec.hf_config("gpt2")).__name__ == "GPT2Config"
+    assert type(model_spec.hf_config("bert-base-uncased")).__name__ == "BertConfig"
+    assert type(model_spec.hf_config("openai-community/gpt2")).__name__ == "GPT2Config"
+    assert model_spec.hf_config("bert-base-uncased").hidden_size == 768
+
+
+def test_hf_inputs_follow_the_model():
+    loaded = model_spec.load("hf:t5-small", InputOptions(batch=2, seq_len=4, overrides={"num_layers": 1}))
+    assert set(loaded.kwargs) == {"input_ids", "decoder_input_ids"}
+    assert loaded.kwargs["input_ids"].shape == (2, 4)
+
+
+def test_parse_helpers():
+    assert model_spec.parse_shape("1,3,224,224") == (1, 3, 224, 224)
+    assert model_spec.parse_shape("8x128") == (8, 128)
+    for bad in ("", "1,,2", "1,-3", "a"):
+        with pytest.raises(ModelSpecError):
+            model_spec.parse_shape(bad)
+    assert model_spec.parse_override("n_layer=2") == ("n_layer", 2)
+    assert model_spec.parse_override("act=gelu") == ("act", "gelu")
+    assert model_spec.parse_dtype("bf16") is torch.bfloat16
+
+
+def test_factory_inputs_forms(tmp_path):
+    (tmp_path / "forms.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def only_model():
+            return nn.Linear(2, 2)
+
+        def with_kwargs(seq_len):
+            return nn.Linear(seq_len, 2), {"input": torch.zeros(1, seq_len)}
+
+        def not_a_model():
+            return 42
+    """))
+    loaded = model_spec.load(f"{tmp_path}/forms.py:with_kwargs", InputOptions(seq_len=5))
+    assert loaded.kwargs["input"].shape == (1, 5) and loaded.args == ()
+    with pytest.raises(ModelSpecError, match="returned no inputs"):
+        model_spec.load(f"{tmp_path}/forms.py:only_model")
+    shaped = model_spec.load(f"{tmp_path}/forms.py:only_model", InputOptions(input_shapes=((3, 2),)))
+    assert shaped.args[0].shape == (3, 2)
+    with pytest.raises(ModelSpecError, match="not a torch.nn.Module"):
+        model_spec.load(f"{tmp_path}/forms.py:not_a_model")
+    with pytest.raises(ModelSpecError, match="has no callable"):
+        model_spec.load(f"{tmp_path}/forms.py:missing")
