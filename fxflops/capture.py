@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import logging
 import operator
@@ -136,14 +137,14 @@ def _module_name(module: torch.nn.Module, names_by_id: Mapping[int, str]) -> str
 
 
 def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:
-    tensors = [*model.parameters(), *model.buffers(), *_tensors_in((args, kwargs or {}))]
+    tensors = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
     return any(t.is_meta for t in tensors)
 
 
 # --- output flattening --------------------------------------------------------------------------
 
 
-def _tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
+def tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
     """Every tensor reachable from a model output: tuples, dicts, dataclasses, cache objects."""
     seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
@@ -163,7 +164,7 @@ def _tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
         items = vars(value).values()
     else:
         return []
-    return [tensor for item in items for tensor in _tensors_in(item, seen)]
+    return [tensor for item in items for tensor in tensors_in(item, seen)]
 
 
 class _FlatOutputs(torch.nn.Module):
@@ -184,7 +185,7 @@ class _FlatOutputs(torch.nn.Module):
         for index in sorted(self._held_args):
             merged.insert(index, self._held_args[index])
         output = getattr(self, _WRAPPED)(*merged, **kwargs, **self._held_kwargs)
-        return tuple(_tensors_in(output))
+        return tuple(tensors_in(output))
 
 
 def _is_plain(value: Any) -> bool:
@@ -200,7 +201,7 @@ def _is_plain(value: Any) -> bool:
 
 def meta_deepcopy(value: Any) -> Any:
     """A deep copy of any object in which every reachable tensor is a meta twin (no data copied)."""
-    memo = {id(tensor): tensor.detach().to("meta") for tensor in _tensors_in(value)}
+    memo = {id(tensor): tensor.detach().to("meta") for tensor in tensors_in(value)}
     return copy.deepcopy(value, memo)
 
 
@@ -322,8 +323,26 @@ def capture_export(model: torch.nn.Module, structure: torch.nn.Module, args: tup
         program = torch.export.export(wrapper, tuple(meta_args), dict(meta_kwargs), strict=False)
     sys.stderr.write(stderr.getvalue())
     graph_module = program.graph_module
+    _refuse_data_dependent_sizes(graph_module)
     label_modules(graph_module, prefix=_WRAPPED, root_type=type(model).__name__)
     return Captured(graph_module, "export", structure, counter.calls, counter.whole_calls)
+
+
+def _refuse_data_dependent_sizes(graph_module: torch.fx.GraphModule) -> None:
+    """Export succeeds where sizes depend on tensor values (.item(), nonzero); costs need real sizes."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "placeholder" and free_unbacked_symbols(node.meta.get("val")):
+                where = (node.meta.get("stack_trace") or "").strip().splitlines()[-2:]
+                raise RuntimeError(
+                    f"the output size of {node.target} depends on tensor values (data-dependent: "
+                    f"{node.meta['val'].shape if hasattr(node.meta['val'], 'shape') else node.meta['val']}); "
+                    f"costs need concrete sizes. {' '.join(line.strip() for line in where)}"
+                )
 
 
 class _RuleAwareTracer(torch.fx.Tracer):
@@ -349,7 +368,7 @@ class _MetaShapeProp(torch.fx.Interpreter):
 def capture_symbolic(model: torch.nn.Module, structure: torch.nn.Module, args: tuple, kwargs: dict,
                      is_leaf: Callable[[torch.nn.Module], bool]) -> Captured:
     tracer = _RuleAwareTracer(is_leaf)
-    graph = tracer.trace(structure)
+    graph = tracer.trace(structure, concrete_args=_defaults_not_given(structure, args, kwargs))
     graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     meta_args, meta_kwargs = meta_deepcopy(args), meta_deepcopy(kwargs)
@@ -358,6 +377,19 @@ def capture_symbolic(model: torch.nn.Module, structure: torch.nn.Module, args: t
         _MetaShapeProp(graph_module).run(*bound)
     label_modules(graph_module, prefix="", root_type=type(model).__name__)
     return Captured(graph_module, "symbolic", structure, _symbolic_calls(graph_module, counter.calls))
+
+
+def _defaults_not_given(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    # forward arguments the caller leaves at their defaults stay constants, not proxies
+    # (`if inputs_embeds is not None` must see None)
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    defaults = {}
+    for position, parameter in enumerate(parameters):
+        given = position < len(args) or parameter.name in kwargs
+        is_variadic = parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if not given and not is_variadic and parameter.default is not inspect.Parameter.empty:
+            defaults[parameter.name] = parameter.default
+    return defaults
 
 
 def _symbolic_calls(graph_module: torch.fx.GraphModule, leaf_calls: dict[str, int]) -> dict[str, int]:
@@ -525,7 +557,7 @@ class _OpRecorder(TorchDispatchMode):
         return producer
 
     def finish(self, output: Any) -> torch.fx.GraphModule:
-        self.graph.output(tuple(self._as_arg(t) for t in _tensors_in(output)))
+        self.graph.output(tuple(self._as_arg(t) for t in tensors_in(output)))
         return torch.fx.GraphModule(torch.nn.Module(), self.graph)
 
 

@@ -247,26 +247,12 @@ def _match_keys_for_spelling(op: str) -> list[Any]:
     head, _, rest = op.partition(".")
     if head == "Tensor":
         return [("method", rest)]
-    if head in ("aten", "prims", "quantized") or _is_op_namespace(head):
-        return [("aten", op)]
-    resolved = _resolve(op)
-    keys: list[Any] = [("name", op)]
+    # any other spelling may name an op of torch.ops (aten, prims or a library's custom namespace)
+    keys: list[Any] = [("aten", op), ("name", op)]
+    resolved = None if head in ("aten", "prims") else _resolve(op)
     if resolved is not None:
         keys.append(("object", resolved))
     return keys
-
-
-def _is_op_namespace(head: str) -> bool:
-    # custom op libraries (torch.library) live under torch.ops.<namespace>
-    return head not in ("torch", "operator") and hasattr(torch.ops, head) and not _importable(head)
-
-
-def _importable(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-    except ImportError:
-        return False
-    return True
 
 
 def _resolve(spelling: str) -> Any:

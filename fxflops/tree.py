@@ -41,10 +41,11 @@ def module_stats(structure: torch.nn.Module, costs: Iterable[NodeCost], calls: d
                  root_type: str) -> dict[str, ModuleStats]:
     """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
     named = dict(structure.named_modules())
+    aliases = _alias_names(structure)
     self_macs: dict[str, int] = defaultdict(int)
     self_flops: dict[str, int] = defaultdict(int)
     for cost in costs:
-        owner = _nearest_known(cost.module, named)
+        owner = _nearest_known(_canonical(cost.module, aliases), named)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
     stats = {
@@ -102,6 +103,29 @@ def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:
             if cost.module not in modules:
                 modules.append(cost.module)
     return [UnknownOp(op, count, tuple(modules)) for op, (count, modules) in sorted(found.items())]
+
+
+def _alias_names(structure: torch.nn.Module) -> dict[str, str]:
+    """Second and later names of a module registered more than once -> its first name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, module in structure.named_modules(remove_duplicate=False):
+        canonical = first.setdefault(id(module), name)
+        if canonical != name:
+            aliases[name] = canonical
+    return aliases
+
+
+def _canonical(path: str, aliases: dict[str, str]) -> str:
+    """The path with its longest aliased prefix replaced by the module's first name."""
+    if not aliases:
+        return path
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in aliases:
+            return ".".join([aliases[prefix], *parts[end:]])
+    return path
 
 
 def _nearest_known(path: str, named: dict[str, torch.nn.Module]) -> str:

@@ -34,7 +34,7 @@ class SharedTwice(nn.Module):
         self.out = nn.Linear(8, 3, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.proj(torch.relu(self.proj(x))))
+        return self.out(self.again(torch.relu(self.proj(x))))
 
 
 def tiny_transformers_model(kind: str, device: str = "cpu") -> tuple[nn.Module, dict]:
