@@ -1,0 +1,310 @@
+"""DeepSpeed Flops Profiler API on top of fxflops: `get_model_profile` and `FlopsProfiler`.
+
+Same signatures and return values as `deepspeed.profiling.flops_profiler`, so code written for it
+runs unchanged. What differs is underneath: the numbers come from a traced graph and the rule
+table (no torch function is patched), latency from hooks that synchronize once per step, and
+the model gets no attributes; every hook is removed by `stop_profile()` / `end_profile()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxflops.generate import generation_profile, generation_summary, profile_generate, split_runs
+from fxflops.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
+from fxflops.profiling import (
+    EstimateCache,
+    batch_size_of,
+    build_measurements,
+    compute_dtype,
+    model_device,
+    parallel_sizes,
+    preserved,
+    profile,
+)
+from fxflops.report.formats import duration_to_string, macs_to_string, number_to_string, params_to_string
+from fxflops.results import Profile
+
+
+def get_model_profile(
+    model: nn.Module,
+    input_shape: tuple[int, ...] | None = None,
+    args: Any = [],  # noqa: B006 - DeepSpeed's signature; never mutated
+    kwargs: dict[str, Any] = {},  # noqa: B006 - DeepSpeed's signature; never mutated
+    print_profile: bool = True,
+    detailed: bool = True,
+    module_depth: int = -1,
+    top_modules: int = 1,
+    warm_up: int = 1,
+    as_string: bool = True,
+    output_file: str | None = None,
+    ignore_modules: list[type] | None = None,
+    mode: str = "forward",
+    func_name: str | None = None,
+    **options: Any,
+) -> tuple[Any, Any, Any]:
+    """DeepSpeed's `get_model_profile`: returns (flops, macs, params), as strings when `as_string`.
+
+    `input_shape` builds one input tensor of that shape (in the model's dtype and device);
+    otherwise `args`/`kwargs` are the inputs. `mode` is "forward" or "generate"
+    (`model.generate(...)`); `func_name` is DeepSpeed's older name for it. Modules of the types in
+    `ignore_modules` are not timed and their own cost is reported on their parent, as in DeepSpeed.
+    Like DeepSpeed, the profile runs in eval mode, but the model's training flags are restored
+    afterwards. `options` go to `fxflops.profile` (steps, device, peak_flops, conventions, ...);
+    one timed step by default, as DeepSpeed measures one.
+    """
+    mode = func_name or mode
+    if mode not in ("forward", "generate"):
+        raise ValueError(f"mode must be 'forward' or 'generate', got {mode!r}")
+    if input_shape is not None:
+        args = [_input_of_shape(model, input_shape)]
+    if not args and not kwargs:
+        raise ValueError("give input_shape, args or kwargs")
+    skip = tuple(ignore_modules or ())
+    options.setdefault("steps", 1)
+    with preserved(model, model_device(model)):
+        model.eval()
+        if mode == "generate":
+            result = profile_generate(model, args, kwargs, warm_up=warm_up, skip_types=skip, **options)
+        else:
+            result = profile(model, args, kwargs, warm_up=warm_up, skip_types=skip, **options)
+    fold_ignored(result, model, skip)
+    if print_profile:
+        print_profile_report(result, profile_step=warm_up, module_depth=module_depth, top_modules=top_modules,
+                             detailed=detailed, output_file=output_file)
+    flops, macs, params = result.total_flops, result.total_macs, result.total_params
+    if as_string:
+        return number_to_string(flops), macs_to_string(macs), params_to_string(params)
+    return flops, macs, params
+
+
+def _input_of_shape(model: nn.Module, input_shape: tuple[int, ...]) -> torch.Tensor:
+    """DeepSpeed's `input_shape` tensor: that shape, the model's first parameter's dtype and device."""
+    if not isinstance(input_shape, tuple) or not input_shape:
+        raise ValueError(f"input_shape must be a non-empty tuple, got {input_shape!r}")
+    param = next(iter(model.parameters()), None)
+    if param is None:
+        return torch.ones(input_shape)
+    # ones rather than DeepSpeed's new_empty: uninitialized memory can hold NaNs and denormals,
+    # which change CPU timings.
+    return torch.ones(input_shape, dtype=param.dtype, device=param.device)
+
+
+def print_profile_report(
+    result: Profile,
+    *,
+    profile_step: int = 1,
+    module_depth: int = -1,
+    top_modules: int = 1,
+    detailed: bool = True,
+    output_file: str | None = None,
+) -> None:
+    """The fxflops text report, plus the prefill / decode lines of a generation profile."""
+    result.measurements.extra["profile_step"] = profile_step
+    text = result.print(module_depth=module_depth, top_modules=top_modules, detailed=detailed, as_string=True)
+    if "generate" in result.measurements.extra:
+        text += generation_summary(result)
+    if output_file:
+        with open(output_file, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        print(text, end="")
+
+
+def fold_ignored(result: Profile, model: nn.Module, types: tuple[type, ...]) -> None:
+    """Move the own cost of modules of the ignored types (and subclasses) to their nearest kept ancestor.
+
+    DeepSpeed hooks no ignored module, so the functionals they call count toward the module
+    around them: the parent's inclusive numbers and the totals stay, the ignored module shows
+    only what its own submodules did. Works on the Profile's own module copies.
+    """
+    ignored = {name for name, module in model.named_modules() if name and isinstance(module, types)} if types else set()
+    modules = result.modules
+    for name in ignored & modules.keys():
+        stats = modules[name]
+        macs, flops = stats.self_macs, stats.self_flops
+        stats.self_macs = stats.self_flops = 0
+        stats.macs -= macs
+        stats.flops -= flops
+        parent = _parent(name)
+        while parent in ignored:  # ignored ancestors lose it too
+            modules[parent].macs -= macs
+            modules[parent].flops -= flops
+            parent = _parent(parent)
+        modules[parent].self_macs += macs
+        modules[parent].self_flops += flops
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+class FlopsProfiler:
+    """DeepSpeed's FlopsProfiler: profile the forwards a training (or generation) loop runs itself.
+
+    Between `start_profile()` and `stop_profile()` every forward of `model` is timed per module,
+    and its inputs (once per distinct shape) are estimated. A backward pass through a profiled
+    forward's output and optimizer steps in that window are timed too, and the summary then adds
+    bwd / step / iter latency and samples/second (bwd FLOPs taken as 2 x fwd, as DeepSpeed does).
+    A window whose forwards differ in shape — `model.generate()` — is reported as one generation
+    with its prefill / decode breakdown.
+
+    `ds_engine` (a DeepSpeed engine) or `mp_size`/`dp_size` give the parallel sizes; under
+    torch.distributed the world size is read from it. `peak_flops` sets the utilization peak;
+    `estimate_options` go to `fxflops.estimate()`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ds_engine: Any = None,
+        recompute_fwd_factor: float = 0.0,
+        *,
+        mp_size: int | None = None,
+        dp_size: int | None = None,
+        peak_flops: float | None = None,
+        **estimate_options: Any,
+    ) -> None:
+        self.model = model
+        self.ds_engine = ds_engine
+        self.recompute_fwd_factor = recompute_fwd_factor
+        self.mp_size = mp_size if mp_size is not None else getattr(ds_engine, "mp_world_size", None)
+        self.dp_size = dp_size if dp_size is not None else getattr(ds_engine, "dp_world_size", None)
+        self.peak_flops = peak_flops
+        self.estimate_options = estimate_options
+        self.started = False
+        self._ignore: tuple[type, ...] = ()
+        self._device: torch.device | None = None
+        self._timer: ModuleTimer | None = None
+        self._phases: PhaseTimer | None = None
+        self._cache: EstimateCache | None = None
+        self._batch_size: int | None = None
+        self._profile: Profile | None = None
+        self._profile_key: tuple | None = None
+
+    # -- the state machine: idle -> started (hooks on) -> stopped (data kept) -> ended (idle)
+
+    def start_profile(self, ignore_list: list[type] | None = None) -> None:
+        """Start timing every forward (and the backward / optimizer steps that follow)."""
+        self.end_profile()
+        self._ignore = tuple(ignore_list or ())
+        self._device = model_device(self.model)
+        self._cache = EstimateCache(self.model, self._device, **self.estimate_options)
+        self._phases = PhaseTimer(make_clock(self._device))
+        self._timer = ModuleTimer(
+            self.model, make_clock(self._device), skip_types=self._ignore, on_call=self._on_call,
+            on_return=self._phases.watch,
+        )
+        try:
+            self._timer.attach()
+            self._phases.attach()
+        except BaseException:
+            self.end_profile()
+            raise
+        self.started = True
+
+    def _on_call(self, args: tuple, kwargs: dict) -> tuple:
+        if self._batch_size is None:
+            self._batch_size = batch_size_of((args, kwargs))
+        return self._cache(args, kwargs)
+
+    def stop_profile(self) -> None:
+        """Stop timing; hooks are removed, what was measured stays readable."""
+        if self._timer is not None:
+            self._timer.detach()
+        if self._phases is not None:
+            self._phases.detach()
+
+    def reset_profile(self) -> None:
+        """Forget what was measured so far (hooks stay as they are)."""
+        if self._timer is not None:
+            self._timer.records.clear()
+        if self._phases is not None:
+            self._phases.bwd.clear()
+            self._phases.step.clear()
+        self._profile = None
+
+    def end_profile(self) -> None:
+        """Stop and forget everything; the model is exactly as before start_profile()."""
+        self.stop_profile()
+        self._timer = self._phases = self._cache = self._profile = None
+        self._batch_size = None
+        self.started = False
+
+    # -- results
+
+    @property
+    def profile(self) -> Profile:
+        """The Profile of what was measured since start_profile() (built once per new data)."""
+        if self._timer is None or not self._timer.records:
+            raise RuntimeError("nothing profiled: call start_profile() and run the model's forward first")
+        key = (len(self._timer.records), len(self._phases.bwd), len(self._phases.step))
+        if self._profile is None or key != self._profile_key:
+            self._profile, self._profile_key = self._build(), key
+        return self._profile
+
+    def _build(self) -> Profile:
+        records = self._timer.records
+        runs = split_runs(records)
+        common = dict(warm_up=0, peak_flops=self.peak_flops, batch_size=self._batch_size)
+        if all(len(run) == 1 for run in runs):  # plain forwards, one input signature
+            measurements = build_measurements(self.model, self._device, plain=[], records=records,
+                                              dtype=compute_dtype(self.model, self._device), **common)
+            result = join(self._cache.get(records[0].tag), mean_per_step(records), measurements)
+        else:
+            result = generation_profile(self.model, self._device, runs, self._cache, plain=[], **common)
+        self._add_phases(result)
+        fold_ignored(result, self.model, self._ignore)
+        return result
+
+    def _add_phases(self, result: Profile) -> None:
+        m = result.measurements
+        m.world_size, m.dp_size, m.mp_size = parallel_sizes(self.mp_size, self.dp_size)
+        if self._phases.bwd:
+            m.bwd_latency = sum(self._phases.bwd) / len(self._phases.bwd)
+        if self._phases.step:
+            m.step_latency = sum(self._phases.step) / len(self._phases.step)
+        if m.bwd_latency is not None and m.step_latency is not None:
+            m.iter_latency = m.fwd_latency + m.bwd_latency + m.step_latency
+        m.extra["bwd_flops_factor"] = 2 + self.recompute_fwd_factor
+
+    def get_total_flops(self, as_string: bool = False) -> int | str:
+        """Forward FLOPs per profiled step."""
+        flops = self.profile.total_flops
+        return number_to_string(flops) if as_string else flops
+
+    def get_total_macs(self, as_string: bool = False) -> int | str:
+        """Forward MACs per profiled step."""
+        macs = self.profile.total_macs
+        return macs_to_string(macs) if as_string else macs
+
+    def get_total_params(self, as_string: bool = False) -> int | str:
+        params = self.profile.total_params
+        return params_to_string(params) if as_string else params
+
+    def get_total_duration(self, as_string: bool = False) -> float | str:
+        """Forward latency of the model per profiled step, in seconds (the top module's hooks)."""
+        duration = self.profile.root.latency
+        return duration_to_string(duration) if as_string else duration
+
+    def print_model_profile(
+        self,
+        profile_step: int = 1,
+        module_depth: int = -1,
+        top_modules: int = 1,
+        detailed: bool = True,
+        output_file: str | None = None,
+    ) -> None:
+        """Print the report (DeepSpeed prints nothing before start_profile(); neither do we)."""
+        if not self.started:
+            return
+        print_profile_report(self.profile, profile_step=profile_step, module_depth=module_depth,
+                             top_modules=top_modules, detailed=detailed, output_file=output_file)
+
+    def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
+        """DeepSpeed's older entry point: the report without the detailed module tree."""
+        self.print_model_profile(module_depth=module_depth, top_modules=top_modules, detailed=False)
+

@@ -1,0 +1,108 @@
+"""Peak dense FLOP/s of common GPUs per dtype, for the utilization line of a profile.
+
+Numbers are the vendors' datasheet figures for dense math (the "with sparsity" figures halved
+where a sheet only gives those), in FLOP/s. fp32 means plain CUDA-core fp32; matmuls in fp32
+run at the tf32 rate when PyTorch allows tf32, and `peak_for` picks that entry then. A device
+that is not in the table gets no utilization unless the user passes `peak_flops=`; a CPU never
+gets a table value (peaks there depend on cores, clocks and vector width).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+T = 1e12
+
+_A100 = {"fp64": 19.5 * T, "fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T}
+_HOPPER_SXM = {  # H100 SXM and H200 SXM share the same compute
+    "fp64": 67 * T, "fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
+    "fp8": 1978.9 * T,
+}
+_HOPPER_NVL = {
+    "fp64": 60 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
+    "fp8": 1670.5 * T,
+}
+
+
+@dataclass(frozen=True)
+class GpuPeaks:
+    label: str  # the name used in the report's source line
+    pattern: str  # regex matched against torch.cuda.get_device_name()
+    flops: dict[str, float]  # dtype key -> dense FLOP/s
+    source: str  # where the numbers come from
+
+
+# Most specific patterns first: "H100 NVL" must not be taken for the SXM part.
+GPU_PEAKS: tuple[GpuPeaks, ...] = (
+    GpuPeaks("V100S PCIe", r"V100S", {"fp64": 8.2 * T, "fp32": 16.4 * T, "fp16": 130 * T},
+             "NVIDIA V100 datasheet"),
+    GpuPeaks("V100 PCIe", r"V100.*PCI", {"fp64": 7 * T, "fp32": 14 * T, "fp16": 112 * T},
+             "NVIDIA V100 datasheet"),
+    GpuPeaks("V100 SXM2", r"V100", {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T},
+             "NVIDIA V100 datasheet"),
+    GpuPeaks("A100", r"A100", _A100, "NVIDIA A100 datasheet"),
+    GpuPeaks("A10", r"\bA10\b", {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T},
+             "NVIDIA A10 datasheet"),
+    GpuPeaks("H100 NVL", r"H100.*NVL", _HOPPER_NVL, "NVIDIA H100 datasheet"),
+    GpuPeaks("H100 PCIe", r"H100.*PCI", {
+        "fp64": 51 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T, "fp16": 756 * T,
+        "fp8": 1513 * T}, "NVIDIA H100 datasheet"),
+    GpuPeaks("H100 SXM", r"H100", _HOPPER_SXM, "NVIDIA H100 datasheet"),
+    GpuPeaks("H200 NVL", r"H200.*NVL", _HOPPER_NVL, "NVIDIA H200 datasheet"),
+    GpuPeaks("H200 SXM", r"H200", _HOPPER_SXM, "NVIDIA H200 datasheet"),
+    GpuPeaks("L40S", r"L40S", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T,
+                               "fp8": 733 * T}, "NVIDIA L40S datasheet"),
+    GpuPeaks("L4", r"\bL4\b", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T,
+                               "fp8": 242.5 * T}, "NVIDIA L4 datasheet"),
+    GpuPeaks("T4", r"\bT4\b", {"fp32": 8.1 * T, "fp16": 65 * T}, "NVIDIA T4 datasheet"),
+    # GeForce tensor rates with fp32 accumulate, which is what PyTorch uses.
+    GpuPeaks("RTX 4090", r"RTX 4090", {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T,
+                                       "fp16": 165.2 * T, "fp8": 330.3 * T},
+             "NVIDIA Ada Lovelace architecture whitepaper"),
+    GpuPeaks("RTX 3090", r"RTX 3090", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
+             "NVIDIA Ampere GA102 whitepaper"),
+)
+
+_DTYPE_KEYS = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
+
+
+def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str | None:
+    """Table key for a dtype; fp32 becomes tf32 when tf32 matmuls are allowed."""
+    key = _DTYPE_KEYS.get(dtype)
+    return "tf32" if key == "fp32" and tf32 else key
+
+
+def tf32_enabled() -> bool:
+    """Whether PyTorch lets fp32 matmuls run on tf32 tensor cores."""
+    return torch.get_float32_matmul_precision() != "highest" or bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def lookup(device_name: str) -> GpuPeaks | None:
+    """The table row whose pattern matches a CUDA device name, or None."""
+    for row in GPU_PEAKS:
+        if re.search(row.pattern, device_name):
+            return row
+    return None
+
+
+def peak_for(device_name: str, dtype: torch.dtype, *, tf32: bool = False) -> tuple[float, str] | None:
+    """(peak dense FLOP/s, source line) for a GPU name and compute dtype, or None when unknown."""
+    row = lookup(device_name)
+    key = dtype_key(dtype, tf32=tf32)
+    if row is None or key is None:
+        return None
+    if key == "tf32" and key not in row.flops:  # pre-Ampere parts have no tf32: plain fp32
+        key = "fp32"
+    if key not in row.flops:
+        return None
+    return row.flops[key], f"table: {row.label} {key} dense ({row.source})"

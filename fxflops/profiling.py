@@ -1,0 +1,385 @@
+"""profile(): the static estimate plus a timed eager pass on the model's device, joined as a Profile.
+
+The helpers here (device choice, leaving the model as it was, Measurements assembly) are shared
+by the generation profiler (fxflops.generate) and the DeepSpeed-compatible API (fxflops.compat).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import platform
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from fxflops import peaks
+from fxflops.api import estimate
+from fxflops.latency import (
+    ModuleTimer,
+    StepRecord,
+    join,
+    make_clock,
+    mean_per_step,
+    median_record,
+    time_calls,
+    timeline_rows,
+)
+from fxflops.capture import tensors_in
+from fxflops.results import Estimate, Measurements, Profile
+
+
+def profile(
+    model: nn.Module,
+    args: Any = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    warm_up: int = 1,
+    steps: int = 10,
+    device: str | torch.device | None = None,
+    peak_flops: float | None = None,
+    grad: bool = False,
+    mp_size: int | None = None,
+    dp_size: int | None = None,
+    skip_types: tuple[type, ...] = (),
+    method: str = "auto",
+    conventions: str = "deepspeed",
+    rules: Any = None,
+    leaf_modules: Any = None,
+) -> Profile:
+    """Estimate one forward of `model` (as `estimate()` does) and time it on its device.
+
+    After `warm_up` untimed forwards, each of `steps` rounds times one plain forward (no hooks)
+    and one forward with per-module hooks; module latencies are per-step means. `device`
+    defaults to the model's own; a model elsewhere is moved there and back. Forwards run under
+    `torch.no_grad()` unless `grad=True`. `peak_flops` (FLOP/s) overrides the GPU peak table and
+    is the only way to get a CPU utilization. `mp_size`/`dp_size` (or torch.distributed) fill the
+    parallel sizes of the summary. Modules of `skip_types` are not timed. `method`, `conventions`,
+    `rules` and `leaf_modules` are estimate()'s. The model is left as it was: training flags,
+    buffers (BatchNorm statistics), devices, RNG state; no hooks remain, also on exceptions.
+    """
+    if steps < 1 or warm_up < 0:
+        raise ValueError(f"need steps >= 1 and warm_up >= 0, got steps={steps}, warm_up={warm_up}")
+    target = resolve_device(model, device)
+    with preserved(model, target), moved_to(model, target if device is not None else None):
+        args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
+        static = estimate(model, args, kwargs, method=method, conventions=conventions, rules=rules,
+                          leaf_modules=leaf_modules)
+        plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps, grad=grad,
+                                         skip_types=skip_types)
+    measurements = build_measurements(
+        model, target, plain=plain, records=records, warm_up=warm_up, peak_flops=peak_flops,
+        batch_size=batch_size_of((args, kwargs)), dtype=compute_dtype(model, target),
+    )
+    measurements.extra["grad"] = grad
+    measurements.world_size, measurements.dp_size, measurements.mp_size = parallel_sizes(mp_size, dp_size)
+    return join(static, mean_per_step(records), measurements)
+
+
+def measure_forward(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    device: torch.device,
+    warm_up: int,
+    steps: int,
+    grad: bool = False,
+    skip_types: tuple[type, ...] = (),
+) -> tuple[list[float], list[StepRecord]]:
+    """(plain forward latencies, hooked StepRecords), one of each per step, interleaved.
+
+    Interleaving keeps slow drift (clocks, caches, other load) out of the hooked/plain ratio. The
+    hooks are attached only around each hooked forward, so the plain one runs torch's fast path.
+    The garbage collector is paused meanwhile, as timeit does.
+    """
+    clock = make_clock(device)
+    timer = ModuleTimer(model, clock, skip_types=skip_types)
+
+    def call() -> Any:
+        return model(*args, **kwargs)
+
+    plain: list[float] = []
+    with torch.set_grad_enabled(grad), device_context(device):
+        for _ in range(warm_up):
+            call()
+        with gc_paused():
+            for _ in range(steps):
+                plain += time_calls(call, 1, clock)
+                with timer:
+                    call()
+    if not timer.records:
+        raise RuntimeError("the timed forward never returned from the root module; nothing was measured")
+    return plain, timer.records
+
+
+def build_measurements(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    plain: list[float],
+    records: list[StepRecord],
+    warm_up: int,
+    peak_flops: float | None,
+    batch_size: int | None,
+    dtype: torch.dtype,
+) -> Measurements:
+    """Measurements from the plain latencies and hooked records of a run. `plain` may be empty
+    (a user-driven loop, where nothing runs without hooks): the hooked root latency is then the
+    fwd latency, and no hook overhead is claimed."""
+    hooked = [r.latency for r in records]
+    fwd = plain or hooked
+    peak, source = resolve_peak(device, dtype, peak_flops)
+    types = {name: type(module).__name__ for name, module in model.named_modules()}
+    return Measurements(
+        device=str(device),
+        device_name=device_name(device),
+        timer=make_clock(device).timer,
+        warm_up=warm_up,
+        steps=len(records),
+        fwd_latency=statistics.fmean(fwd),
+        fwd_latency_min=min(fwd),
+        fwd_latency_median=statistics.median(fwd),
+        fwd_latency_max=max(fwd),
+        hooked_fwd_latency=statistics.fmean(hooked) if plain else None,
+        peak_flops=peak,
+        peak_flops_source=source,
+        batch_size=batch_size,
+        extra={
+            "dtype": str(dtype).removeprefix("torch."),
+            "fwd_latencies": list(plain),
+            "hooked_fwd_latencies": hooked,
+            "timeline": timeline_rows(median_record(records), types),
+        },
+    )
+
+
+# ------------------------------------------------------------------------------ device and dtype
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (cpu for a model without tensors)."""
+    tensor = next(iter(model.parameters()), None)
+    if tensor is None:
+        tensor = next(iter(model.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def resolve_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    """Where the timed pass runs: `device`, or the model's own; never the meta device."""
+    target = torch.device(device) if device is not None else model_device(model)
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target.type == "meta":
+        raise ValueError("profile() runs the model, but it lives on the meta device; "
+                         "use fxflops.estimate() for a meta model, or load real weights")
+    return target
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return _cpu_name()
+    return device.type
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype matmuls run in: autocast's when it is on, else the model's dominant float dtype."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    sizes: dict[torch.dtype, int] = {}
+    for param in model.parameters():
+        if param.is_floating_point():
+            sizes[param.dtype] = sizes.get(param.dtype, 0) + param.numel()
+    return max(sizes, key=sizes.get) if sizes else torch.get_default_dtype()
+
+
+def resolve_peak(device: torch.device, dtype: torch.dtype, peak_flops: float | None) -> tuple[float | None, str | None]:
+    """(peak FLOP/s, its source): the user's value, else the GPU table; a CPU has no table value."""
+    if peak_flops is not None:
+        return float(peak_flops), "user"
+    if device.type != "cuda":
+        return None, None
+    found = peaks.peak_for(device_name(device), dtype, tf32=peaks.tf32_enabled())
+    return found if found is not None else (None, None)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect garbage now and not during the timed steps: after a trace (the estimate) a full
+    collection can take longer than a whole forward and would land in one step's numbers."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def device_context(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make `device` current, so CUDA events are recorded on its streams."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------- inputs
+
+
+def normalize_args(args: Any) -> tuple:
+    if args is None:
+        return ()
+    return tuple(args) if isinstance(args, tuple | list) else (args,)
+
+
+def on_device(value: Any, device: torch.device) -> Any:
+    """The same pytree with tensors that live elsewhere copied to `device`."""
+    return pytree.tree_map(
+        lambda leaf: leaf.to(device) if isinstance(leaf, torch.Tensor) and leaf.device != device else leaf, value
+    )
+
+
+def batch_size_of(value: Any) -> int | None:
+    """The first dimension of the first input tensor that has one."""
+    for leaf in pytree.tree_leaves(value):
+        if isinstance(leaf, torch.Tensor) and leaf.ndim:
+            return int(leaf.shape[0])
+    return None
+
+
+# --------------------------------------------------------------------- leaving the model as it was
+
+
+@contextlib.contextmanager
+def preserved(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Restore training flags, buffer objects and values (BatchNorm running stats), and RNG state.
+
+    A timed pass in training mode would otherwise move BatchNorm statistics and consume random
+    numbers the user's run would have drawn.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    buffers = [(m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items()
+               if b is not None]
+    rng_devices = [device.index] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=rng_devices):
+            yield
+    finally:
+        for module, training in flags:
+            module.training = training
+        with torch.no_grad():
+            for module, name, buffer, saved in buffers:
+                setattr(module, name, buffer)  # the forward may have replaced the object
+                buffer.copy_(saved.to(buffer.device))
+
+
+@contextlib.contextmanager
+def moved_to(model: nn.Module, device: torch.device | None) -> Iterator[None]:
+    """Run with the model on `device` (None: where it is); move it back afterwards, also after an exception."""
+    devices = {t.device for t in [*model.parameters(), *model.buffers()]}
+    if device is None or not devices or devices == {device}:
+        yield
+        return
+    if len(devices) > 1:
+        raise ValueError(f"the model spans devices {sorted(map(str, devices))}; "
+                         "pass device=None to profile it where it is")
+    (original,) = devices
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to(original)
+
+
+# ------------------------------------------------------------------ estimates from live forward calls
+
+
+def signature(value: Any) -> tuple:
+    """A hashable key for the input shapes of a call: equal keys give equal estimates.
+
+    Tensors contribute shape, dtype and device type; opaque objects such as a KV cache the shapes
+    of the tensors inside them; plain scalars (`use_cache=True`, `logits_to_keep=1`) their value.
+    """
+    leaves, spec = pytree.tree_flatten(value)
+    return str(spec), tuple(_leaf_signature(leaf) for leaf in leaves)
+
+
+def _leaf_signature(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return tuple(leaf.shape), leaf.dtype, leaf.device.type
+    if leaf is None or isinstance(leaf, bool | int | float | str | torch.dtype | torch.device):
+        return leaf
+    return type(leaf).__qualname__, tuple((tuple(t.shape), t.dtype) for t in tensors_in(leaf))
+
+
+def private_copy(value: Any) -> Any:
+    """A deep copy whose tensors are detached clones, for an estimate that may run the model
+    (method "trace") and so mutate its inputs, e.g. append to a KV cache."""
+    memo = {id(t): t.detach().clone() for t in tensors_in(value)}
+    return copy.deepcopy(value, memo)
+
+
+class EstimateCache:
+    """Estimates the inputs of live root calls, once per input signature.
+
+    Used as a ModuleTimer's `on_call`: it returns the call's signature (the record's tag), and
+    estimates new signatures from a private copy of the inputs before the call's clock starts.
+    A failed estimate is kept and raised by `get`, so the user's own loop never breaks on it.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device, **estimate_options: Any) -> None:
+        self.model = model
+        self.device = device
+        self.options = estimate_options
+        self.estimates: dict[tuple, Estimate] = {}
+        self.errors: dict[tuple, Exception] = {}
+
+    def __call__(self, args: tuple, kwargs: dict) -> tuple:
+        key = signature((args, kwargs))
+        if key not in self.estimates and key not in self.errors:
+            try:
+                with preserved(self.model, self.device):
+                    call_args, call_kwargs = private_copy((tuple(args), dict(kwargs)))
+                    self.estimates[key] = estimate(self.model, call_args, call_kwargs, **self.options)
+            except Exception as error:  # noqa: BLE001 - reported by get(), see the class docstring
+                self.errors[key] = error
+            gc.collect()  # the trace's garbage, collected before this call's clock starts
+        return key
+
+    def get(self, key: tuple) -> Estimate:
+        if key in self.errors:
+            raise RuntimeError(f"estimating the profiled forward failed: {self.errors[key]}") from self.errors[key]
+        return self.estimates[key]
+
+
+# ----------------------------------------------------------------------------------- parallelism
+
+
+def parallel_sizes(mp_size: int | None, dp_size: int | None) -> tuple[int | None, int | None, int | None]:
+    """(world size, data parallel size, model parallel size), or Nones outside any parallel run.
+
+    The world size comes from torch.distributed when it is initialized; the data parallel size,
+    when not given, is what the world size leaves after model parallelism.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed and mp_size is None and dp_size is None:
+        return None, None, None
+    mp = mp_size or 1
+    world = torch.distributed.get_world_size() if distributed else mp * (dp_size or 1)
+    dp = dp_size or max(world // mp, 1)
+    return world, dp, mp

@@ -1,0 +1,222 @@
+"""The DeepSpeed-compatible API: get_model_profile's tuple, FlopsProfiler's training workflow.
+
+MAC and FLOP numbers are worked out by hand for the small CNN below (DeepSpeed's conventions).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+import fxflops
+from fxflops.compat import FlopsProfiler, get_model_profile
+from fxflops.report.formats import macs_to_string, number_to_string, params_to_string
+
+# Conv2d(3, 8, 3) on (2, 3, 8, 8): output 2*8*6*6 = 576 elements, each 3*3*3 = 27 MACs -> 15552;
+# Linear(288, 10) on (2, 288): 2*288*10 = 5760 MACs.
+CNN_MACS = 15552 + 5760
+# conv 2*15552 + 576 bias; BatchNorm (eval, affine) 2*576; ReLU 576; linear 2*5760 + 20 bias
+CNN_FLOPS_EVAL = (2 * 15552 + 576) + 2 * 576 + 576 + (2 * 5760 + 20)
+# BatchNorm in training: 5*576 (DeepSpeed's estimate; the num_batches_tracked bump is not compute)
+CNN_FLOPS_TRAIN = CNN_FLOPS_EVAL - 2 * 576 + 5 * 576
+CNN_PARAMS = (8 * 27 + 8) + 2 * 8 + (288 * 10 + 10)
+
+
+def cnn() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(288, 10))
+
+
+def hooks_of(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def optimizer_hooks() -> int:
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    return len(_global_optimizer_pre_hooks) + len(_global_optimizer_post_hooks)
+
+
+# ------------------------------------------------------------------------ get_model_profile
+
+
+def test_get_model_profile_returns_deepspeeds_tuple() -> None:
+    model = cnn().eval()
+    flops, macs, params = get_model_profile(model, input_shape=(2, 3, 8, 8), print_profile=False, as_string=False)
+    assert (flops, macs, params) == (CNN_FLOPS_EVAL, CNN_MACS, CNN_PARAMS)
+    static = fxflops.estimate(model, (torch.ones(2, 3, 8, 8),))
+    assert macs == static.total_macs and flops == static.total_flops
+
+
+def test_get_model_profile_strings_and_args_kwargs() -> None:
+    model = cnn().eval()
+    x = torch.randn(2, 3, 8, 8)
+    as_strings = get_model_profile(model, args=[x], print_profile=False)
+    assert as_strings == (number_to_string(CNN_FLOPS_EVAL), macs_to_string(CNN_MACS), params_to_string(CNN_PARAMS))
+    by_kwargs = get_model_profile(model, kwargs={"input": x}, print_profile=False, as_string=False,
+                                  func_name="forward")
+    assert by_kwargs[1] == CNN_MACS
+    with pytest.raises(ValueError, match="mode"):
+        get_model_profile(model, args=[x], mode="backward")
+
+
+def test_get_model_profile_profiles_in_eval_and_restores_training() -> None:
+    model = cnn().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flops, _, _ = get_model_profile(model, input_shape=(2, 3, 8, 8), print_profile=False, as_string=False)
+    assert flops == CNN_FLOPS_EVAL  # DeepSpeed profiles in eval mode
+    assert all(m.training for m in model.modules())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert hooks_of(model) == 0
+
+
+def test_get_model_profile_prints_the_report(tmp_path, capsys) -> None:
+    model = cnn().eval()
+    get_model_profile(model, input_shape=(2, 3, 8, 8), top_modules=2)
+    out = capsys.readouterr().out
+    for field in ("fwd MACs per device:", macs_to_string(CNN_MACS), "fwd latency:", "% latency", "Conv2d("):
+        assert field in out
+    path = tmp_path / "profile.txt"
+    get_model_profile(model, input_shape=(2, 3, 8, 8), output_file=str(path), detailed=False)
+    assert "fwd latency:" in path.read_text() and "Conv2d(" not in path.read_text()
+    assert capsys.readouterr().out == ""
+
+
+def test_ignore_modules_moves_their_cost_to_the_parent() -> None:
+    model = cnn().eval()
+    kept = fxflops.estimate(model, (torch.ones(2, 3, 8, 8),))
+    flops, macs, _ = get_model_profile(model, input_shape=(2, 3, 8, 8), print_profile=False, as_string=False,
+                                       ignore_modules=[nn.ReLU, nn.Conv2d])
+    assert (flops, macs) == (CNN_FLOPS_EVAL, CNN_MACS)  # totals stay
+    prof = FlopsProfiler(model)
+    prof.start_profile(ignore_list=[nn.ReLU, nn.Conv2d])
+    model(torch.ones(2, 3, 8, 8))
+    prof.stop_profile()
+    modules = prof.profile.modules
+    assert modules["0"].macs == 0 and modules["0"].flops == 0 and modules["2"].flops == 0
+    assert modules["0"].latency is None and modules["2"].latency is None  # not timed
+    assert modules["1"].latency is not None
+    assert modules[""].self_macs == kept.modules["0"].macs
+    assert modules[""].self_flops == kept.modules["0"].flops + kept.modules["2"].flops
+    assert modules[""].macs == CNN_MACS
+    prof.end_profile()
+    assert hooks_of(model) == 0
+
+
+# ------------------------------------------------------------------------- FlopsProfiler
+
+
+def train(model: nn.Module, steps: int, prof: FlopsProfiler, start: int, stop_after_forward: bool = False,
+          printed: list[str] | None = None, capsys=None) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 2])
+    for step in range(steps):
+        if step == start:
+            prof.start_profile()
+        if step == start + 1 and not stop_after_forward:  # DeepSpeed's training example
+            prof.stop_profile()
+            prof.print_model_profile(profile_step=start)
+            prof.end_profile()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step == start and stop_after_forward:  # DeepSpeed's newer example: stop right after forward
+            prof.stop_profile()
+            prof.print_model_profile(profile_step=start)
+            prof.end_profile()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_training_workflow_prints_deepspeeds_summary(capsys) -> None:
+    model = cnn().train()
+    prof = FlopsProfiler(model)
+    train(model, 4, prof, start=1)
+    out = capsys.readouterr().out
+    for field in (
+        "params per device:", "fwd MACs per device:", "fwd flops per device:", "fwd latency:",
+        "fwd FLOPS per device = fwd flops per device / fwd latency:", "bwd latency:",
+        "bwd FLOPS per device = 2 * fwd flops per device / bwd latency:",
+        "fwd+bwd FLOPS per device = 3 * fwd flops per device / (fwd+bwd latency):",
+        "step latency:", "iter latency:", "samples/second:", "batch size per device:",
+    ):
+        assert field in out, field
+    assert macs_to_string(CNN_MACS) in out and number_to_string(CNN_FLOPS_TRAIN) in out
+    assert hooks_of(model) == 0 and optimizer_hooks() == 0
+    assert all(not hasattr(m, "__flops__") for m in model.modules())
+
+
+def test_training_workflow_stopped_after_forward_has_no_backward(capsys) -> None:
+    model = cnn().train()
+    train(model, 3, FlopsProfiler(model), start=1, stop_after_forward=True)
+    out = capsys.readouterr().out
+    assert "fwd latency:" in out and "bwd latency:" not in out and "iter latency:" not in out
+    assert hooks_of(model) == 0 and optimizer_hooks() == 0
+
+
+def test_profiler_getters_and_measurements() -> None:
+    model = cnn().train()
+    prof = FlopsProfiler(model)
+    with pytest.raises(RuntimeError, match="start_profile"):
+        prof.get_total_flops()
+    prof.start_profile()
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 2])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert prof.get_total_macs() == CNN_MACS
+    assert prof.get_total_flops() == CNN_FLOPS_TRAIN
+    assert prof.get_total_params() == CNN_PARAMS
+    assert prof.get_total_macs(as_string=True) == macs_to_string(CNN_MACS)
+    assert prof.get_total_duration() == prof.profile.root.latency > 0
+    m = prof.profile.measurements
+    assert m.bwd_latency > 0 and m.step_latency > 0
+    assert m.iter_latency == m.fwd_latency + m.bwd_latency + m.step_latency
+    assert m.batch_size == 2
+    assert m.hooked_fwd_latency is None  # nothing ran without hooks in the user's loop
+    prof.end_profile()
+    assert hooks_of(model) == 0 and optimizer_hooks() == 0
+    with pytest.raises(RuntimeError):
+        prof.get_total_macs()
+
+
+def test_profiler_leaves_no_hooks_after_an_exception_in_forward() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(5, 5))
+    prof = FlopsProfiler(model)
+    prof.start_profile()
+    with pytest.raises(RuntimeError):
+        model(torch.randn(2, 4))
+    prof.end_profile()
+    assert hooks_of(model) == 0 and optimizer_hooks() == 0
+
+
+def test_parallel_sizes_given(capsys) -> None:
+    model = cnn().eval()
+    get_model_profile(model, input_shape=(2, 3, 8, 8), detailed=False, mp_size=2, dp_size=4)
+    out = capsys.readouterr().out
+    assert "world size:" in out and "data parallel size:" in out and "model parallel size:" in out
+    assert f"{params_to_string(CNN_PARAMS * 2)}" in out.split("params of model = params per device * mp_size:")[1]
+    assert number_to_string(CNN_FLOPS_EVAL * 2) in out.split("fwd flops of model = fwd flops per device * mp_size:")[1]
+
+
+def test_parallel_sizes_from_torch_distributed() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = cnn().eval()
+        prof = FlopsProfiler(model, mp_size=1)
+        prof.start_profile()
+        model(torch.randn(2, 3, 8, 8))
+        m = prof.profile.measurements
+        assert (m.world_size, m.dp_size, m.mp_size) == (1, 1, 1)
+        prof.end_profile()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,86 @@
+"""The CUDA-event path of the timed pass. Skipped, with the reason, on machines without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fxflops import peaks
+from fxflops.compat import FlopsProfiler
+from fxflops.latency import CudaClock, ModuleTimer
+from fxflops.profiling import device_name, profile
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CUDA-event timer path)"),
+]
+
+EVENT_RESOLUTION = 1e-6  # CUDA events resolve about half a microsecond
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Sequential(nn.Linear(64, 256), nn.GELU()), nn.Sequential(nn.Linear(256, 64), nn.LayerNorm(64))
+    ).cuda()
+
+
+def hooks_of(module: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def test_cuda_profile_uses_events_and_nests() -> None:
+    net = model().eval()
+    result = profile(net, (torch.randn(32, 64, device="cuda"),), steps=3)
+    m = result.measurements
+    assert m.timer == "cuda-event" and m.device.startswith("cuda")
+    assert m.device_name == torch.cuda.get_device_name()
+    for name, stats in result.modules.items():
+        assert stats.latency is not None and stats.latency > 0, name
+        assert stats.latency + EVENT_RESOLUTION >= sum(result.modules[c].latency for c in stats.children), name
+    assert hooks_of(net) == 0
+    assert all(p.is_cuda for p in net.parameters())
+
+
+def test_cuda_peak_comes_from_the_table_when_the_gpu_is_known() -> None:
+    net = model().half().eval()
+    result = profile(net, (torch.randn(32, 64, device="cuda", dtype=torch.half),), steps=1)
+    known = peaks.peak_for(device_name(torch.device("cuda", 0)), torch.float16)
+    if known is None:
+        assert result.measurements.peak_flops is None
+    else:
+        assert (result.measurements.peak_flops, result.measurements.peak_flops_source) == known
+        assert result.utilization == result.achieved_flops / known[0]
+
+
+def test_cpu_model_profiled_on_cuda_goes_back_to_cpu() -> None:
+    net = model().cpu()
+    result = profile(net, (torch.randn(8, 64),), steps=1, device="cuda")
+    assert result.measurements.timer == "cuda-event"
+    assert all(p.device.type == "cpu" for p in net.parameters())
+
+
+def test_cuda_timer_synchronizes_once_per_root_call() -> None:
+    net = model()
+    timer = ModuleTimer(net, CudaClock(torch.device("cuda", torch.cuda.current_device())))
+    with timer:
+        for _ in range(2):
+            net(torch.randn(4, 64, device="cuda"))
+    assert len(timer.records) == 2
+    assert all(r.latency > 0 for r in timer.records)
+
+
+def test_cuda_training_workflow_times_backward_and_step() -> None:
+    net = model().train()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    prof = FlopsProfiler(net)
+    prof.start_profile()
+    net(torch.randn(16, 64, device="cuda")).square().mean().backward()
+    opt.step()
+    prof.stop_profile()
+    m = prof.profile.measurements
+    assert m.timer == "cuda-event"
+    assert m.bwd_latency > 0 and m.step_latency > 0
+    prof.end_profile()
+    assert hooks_of(net) == 0
