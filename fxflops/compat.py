@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxflops.generate import generation_profile, generation_summary, profile_generate, split_runs
+from fxflops.generate import generation_profile, profile_generate, split_runs
 from fxflops.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
 from fxflops.profiling import (
     EstimateCache,
@@ -105,8 +105,6 @@ def print_profile_report(
     """The fxflops text report, plus the prefill / decode lines of a generation profile."""
     result.measurements.extra["profile_step"] = profile_step
     text = result.print(module_depth=module_depth, top_modules=top_modules, detailed=detailed, as_string=True)
-    if "generate" in result.measurements.extra:
-        text += generation_summary(result)
     if output_file:
         with open(output_file, "w", encoding="utf-8") as out:
             out.write(text)

@@ -31,8 +31,6 @@ from fxflops.profiling import (
     preserved,
     resolve_device,
 )
-from fxflops.report.formats import duration_to_string, macs_to_string, number_to_string
-from fxflops.report.text import LABEL_WIDTH
 from fxflops.results import Estimate, OpTotals, Profile, UnknownOp
 from fxflops.tree import module_tree
 
@@ -221,27 +219,3 @@ def _phase(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summed = {key: sum(r[key] for r in rows) for key in ("macs", "flops", "latency")}
     per_step = {f"{key}_per_step": (value / n if n else 0) for key, value in summed.items()}
     return {"calls": n, **summed, **per_step}
-
-
-def generation_summary(profile: Profile) -> str:
-    """The prefill / decode lines printed under the report of a generation profile."""
-    info = profile.measurements.extra["generate"]
-
-    def row(label: str, value: Any) -> str:
-        return f"{label:<{LABEL_WIDTH}}  {value}"
-
-    lines = ["", " Generation ".center(78, "-"), row("forward calls per generation:", info["calls"])]
-    for phase in ("prefill", "decode"):
-        p = info[phase]
-        if not p["calls"]:
-            continue
-        lines += [
-            row(f"{phase} calls:", p["calls"]),
-            row(f"{phase} MACs (summed / per step):",
-                f"{macs_to_string(p['macs'])} / {macs_to_string(p['macs_per_step'])}"),
-            row(f"{phase} flops (summed / per step):",
-                f"{number_to_string(p['flops'])} / {number_to_string(p['flops_per_step'])}"),
-            row(f"{phase} latency (summed / per step):",
-                f"{duration_to_string(p['latency'])} / {duration_to_string(p['latency_per_step'])}"),
-        ]
-    return "\n".join(lines) + "\n"

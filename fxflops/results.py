@@ -199,6 +199,12 @@ class Profile(Estimate):
             return None
         return self.total_flops / self.measurements.fwd_latency
 
+    def to_chrome_trace(self, path: str) -> None:
+        """Write one step's module timeline as Chrome/Perfetto trace-event JSON."""
+        from fxflops.report.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(self, path)
+
     @property
     def utilization(self) -> float | None:
         """Achieved / peak FLOP/s, when a peak is known for the device and dtype."""

@@ -73,6 +73,8 @@ def test_generation_profile_splits_prefill_and_decode() -> None:
     assert result.modules["transformer.h.0"].latency_calls == NEW
     assert result.root.latency == pytest.approx(sum(row["latency"] for row in info["steps"]))
     assert result.measurements.unmatched_measured == () and result.measurements.unmatched_graph == ()
+    report = result.print(as_string=True)
+    assert f"{'prefill calls:':<60}  1" in report and f"{'decode calls:':<60}  {NEW - 1}" in report
 
 
 def test_profiler_around_generate_memoizes_equal_steps(capsys) -> None:

@@ -355,6 +355,8 @@ def test_chrome_trace_nests_module_calls(net_profile: tuple[Net, Profile], tmp_p
     path = tmp_path / "trace.json"
     write_chrome_trace(result, path)
     assert json.loads(path.read_text())["traceEvents"] == json.loads(json.dumps(trace))["traceEvents"]
+    result.to_chrome_trace(tmp_path / "same.json")
+    assert (tmp_path / "same.json").read_text() == path.read_text()
 
 
 def test_chrome_trace_needs_a_measured_profile() -> None:

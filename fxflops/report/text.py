@@ -170,6 +170,27 @@ def summary_lines(estimate: Estimate) -> list[str]:
         lines += _latency_lines(estimate, m)
     lines += _node_share_lines(estimate)
     lines += unknown_lines(estimate)
+    if m is not None and "generate" in m.extra:
+        lines += generation_lines(m.extra["generate"])
+    return lines
+
+
+def generation_lines(info: dict[str, Any]) -> list[str]:
+    """Prefill vs decode of a profiled generation (fxflops.generate): summed and per step."""
+    lines = ["", _rule_line(" Generation "), _row("forward calls per generation:", info["calls"])]
+    for phase in ("prefill", "decode"):
+        p = info[phase]
+        if not p["calls"]:
+            continue
+        lines += [
+            _row(f"{phase} calls:", p["calls"]),
+            _row(f"{phase} MACs (summed / per step):",
+                 f"{macs_to_string(p['macs'])} / {macs_to_string(p['macs_per_step'])}"),
+            _row(f"{phase} flops (summed / per step):",
+                 f"{number_to_string(p['flops'])} / {number_to_string(p['flops_per_step'])}"),
+            _row(f"{phase} latency (summed / per step):",
+                 f"{duration_to_string(p['latency'])} / {duration_to_string(p['latency_per_step'])}"),
+        ]
     return lines
 
 
