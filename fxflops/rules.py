@@ -105,16 +105,10 @@ class RuleTable:
 
 
 def default_rules_dir() -> Path:
-    """The shipped rules/: inside the installed wheel, or at the top of a checkout."""
-    try:
-        from importlib.resources import files
-
-        packaged = Path(str(files("fxflops._rules")))
-        if any(packaged.glob("*.toml")):
-            return packaged
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "rules"
+    """The shipped rules/: inside the installed wheel (fxflops/_rules), or at the top of a checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "_rules"
+    return installed if any(installed.glob("*.toml")) else here.parent / "rules"
 
 
 def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
