@@ -67,7 +67,8 @@ class CudaClock:
             self._pool.append(torch.cuda.Event(enable_timing=True))
         event = self._pool[self._next]
         self._next += 1
-        event.record()
+        # the model's device, which need not be the current one (a model on cuda:1)
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def seconds(self, stamps: list[Any]) -> list[float]:
