@@ -198,7 +198,8 @@ def test_latencies_are_positive_and_nest(net_profile: tuple[Net, Profile]) -> No
     _, result = net_profile
     for name, stats in result.modules.items():
         assert stats.latency is not None and stats.latency > 0, name
-        children = [result.modules[c].latency for c in stats.children]
+        # blocks.0.fc also runs as `alias`, outside blocks.0: its latency sums both calls, so it cannot nest
+        children = [result.modules[c].latency for c in stats.children if c != "blocks.0.fc"]
         assert stats.latency + NS >= sum(children), name
     assert result.measurements.fwd_latency > 0
     assert result.measurements.hooked_fwd_latency > 0
