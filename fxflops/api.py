@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -78,7 +78,8 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
     return graph_module
 
 
-def _estimate_captured(model, captured, table, conventions, is_whole) -> Estimate:
+def _estimate_captured(model: torch.nn.Module, captured: Captured, table: RuleTable, conventions: str,
+                       is_whole: Callable[[torch.nn.Module], bool]) -> Estimate:
     costs = count_nodes(captured, table, conventions, is_whole)
     return build_estimate(model, captured, costs, conventions)
 
@@ -100,7 +101,8 @@ def _normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, in
     return tuple(args), dict(kwargs or {})
 
 
-def _whole_predicate(user_table: RuleTable | None, leaf_modules: Iterable[type | str] | None):
+def _whole_predicate(user_table: RuleTable | None,
+                     leaf_modules: Iterable[type | str] | None) -> Callable[[torch.nn.Module], bool]:
     classes = tuple(c for c in (leaf_modules or ()) if isinstance(c, type))
     names = {c for c in (leaf_modules or ()) if isinstance(c, str)}
 

@@ -437,3 +437,29 @@ def test_torch_preset_skips_matrix_vector():
     assert _oracle(model, inputs) == 0
     assert _estimate(model, inputs, conventions="torch").total_flops == 0
     assert _estimate(model, inputs).total_macs == 3 * 4
+
+
+def test_accumulating_scatters_count_one_add_per_source_element():
+    def combine(out, index, src):
+        return out.index_add(0, index, src) + out.scatter_add(0, index[:, None].expand(-1, 4), src)
+
+    inputs = (rand(5, 4), torch.tensor([0, 2, 2]), rand(3, 4))
+    est = _estimate(Fn(combine, 3), inputs)
+    # index_add: 3x4 source adds; scatter_add: 3x4; the final +: 5x4
+    assert est.total_flops == 3 * 4 + 3 * 4 + 5 * 4
+    assert est.by_rule["scatter_add"].count == 2
+
+
+def test_integer_arithmetic_is_not_floating_point_work():
+    est = _estimate(Fn(lambda i: (i + 1) * 2 - i, 1), (torch.arange(12).reshape(3, 4),))
+    assert est.total_flops == 0
+    assert {n.status for n in est.nodes} == {"counted"}  # known ops, counted as 0 FLOPs
+
+
+def test_weight_norm_counts_three_flops_per_weight_element():
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3))
+    est = _estimate(seq(conv), (rand(2, 4, 10),))
+    macs = 2 * 6 * 8 * 4 * 3
+    assert est.total_macs == macs
+    assert est.by_rule["weight_norm"].flops == 3 * 6 * 4 * 3
+    assert est.total_flops == 2 * macs + 2 * 6 * 8 + 3 * 6 * 4 * 3
