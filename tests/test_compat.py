@@ -148,6 +148,15 @@ def test_training_workflow_prints_deepspeeds_summary(capsys) -> None:
     assert all(not hasattr(m, "__flops__") for m in model.modules())
 
 
+def test_recomputed_forward_raises_the_backward_flops_factor(capsys) -> None:
+    # activation checkpointing recomputes the forward once: backward = (2 + 1) x forward FLOPs
+    model = cnn().train()
+    train(model, 4, FlopsProfiler(model, recompute_fwd_factor=1.0), start=1)
+    out = capsys.readouterr().out
+    assert "bwd FLOPS per device = 3 * fwd flops per device / bwd latency:" in out
+    assert "fwd+bwd FLOPS per device = 4 * fwd flops per device / (fwd+bwd latency):" in out
+
+
 def test_training_workflow_stopped_after_forward_has_no_backward(capsys) -> None:
     model = cnn().train()
     train(model, 3, FlopsProfiler(model), start=1, stop_after_forward=True)

@@ -283,21 +283,23 @@ def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
                 f"{duration_to_string(m.hooked_fwd_latency)} ({m.hook_overhead:.2f}x)",
             )
         )
+    # backward = 2 x forward FLOPs, plus the forward recomputed under activation checkpointing
+    bwd = m.extra.get("bwd_flops_factor", 2)
     if m.bwd_latency is not None:
         lines.append(_row("bwd latency:", duration_to_string(m.bwd_latency)))
         if m.bwd_latency:
             lines.append(
                 _row(
-                    f"bwd FLOPS per {word} = 2 * fwd flops per {word} / bwd latency:",
-                    flops_to_string(2 * flops / m.bwd_latency),
+                    f"bwd FLOPS per {word} = {bwd:g} * fwd flops per {word} / bwd latency:",
+                    flops_to_string(bwd * flops / m.bwd_latency),
                 )
             )
         fwd_bwd = m.fwd_latency + m.bwd_latency
         if fwd_bwd:
-            rate = 3 * flops / fwd_bwd
+            rate = (1 + bwd) * flops / fwd_bwd
             lines.append(
                 _row(
-                    f"fwd+bwd FLOPS per {word} = 3 * fwd flops per {word} / (fwd+bwd latency):",
+                    f"fwd+bwd FLOPS per {word} = {1 + bwd:g} * fwd flops per {word} / (fwd+bwd latency):",
                     flops_to_string(rate),
                 )
             )
@@ -309,8 +311,8 @@ def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
         if m.iter_latency:
             lines.append(
                 _row(
-                    f"FLOPS per {word} = 3 * fwd flops per {word} / iter latency:",
-                    flops_to_string(3 * flops / m.iter_latency),
+                    f"FLOPS per {word} = {1 + bwd:g} * fwd flops per {word} / iter latency:",
+                    flops_to_string((1 + bwd) * flops / m.iter_latency),
                 )
             )
     lines += _throughput_lines(m)
