@@ -95,7 +95,7 @@ def to_meta(value: Any) -> Any:
     """The same pytree with every tensor replaced by a meta tensor of the same shape and dtype."""
 
     def convert(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and not isinstance(leaf, torch.nn.Parameter):
+        if isinstance(leaf, torch.Tensor):
             return leaf.detach().to("meta").requires_grad_(leaf.requires_grad)
         return leaf
 

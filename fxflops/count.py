@@ -30,9 +30,9 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str,
         path, _ = node.meta.get("fxflops_module", ("", ""))
         covering = _covering(path, whole_paths)
         if covering is not None and not (node.op == "call_module" and node.target == covering):
-            costs.append(_covered_cost(graph_module, node, covering))
+            costs.append(_covered_cost(node, covering))
         else:
-            costs.append(_node_cost(graph_module, node, captured, table, conventions))
+            costs.append(_node_cost(graph_module, node, table, conventions))
     costs += [_whole_call_cost(call, captured, table, conventions) for call in captured.whole_calls]
     return costs
 
@@ -101,8 +101,7 @@ def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> OpCall:
     return bind_op_call(node.target, kind, args, kwargs, out)
 
 
-def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, captured: Captured, table: RuleTable,
-               conventions: str) -> NodeCost:
+def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str) -> NodeCost:
     call = _call_of(graph_module, node)
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     entry = table.match(call)
@@ -122,7 +121,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, captured
     )
 
 
-def _covered_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, covering: str) -> NodeCost:
+def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     return NodeCost(
         name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or '<root>'}", module=path,
