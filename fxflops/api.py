@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
-from fxflops.capture import Captured, capture, inputs_from_shape, label_modules
+from fxflops.capture import capture, inputs_from_shape
+from fxflops.capture.attribution import label_modules
+from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
-from fxflops.results import Estimate
+from fxflops.results import Captured, Estimate
 from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries
 from fxflops.tree import build_estimate
 
@@ -25,7 +27,7 @@ def estimate(
     kwargs: dict[str, Any] | None = None,
     *,
     input_shape: Sequence[int] | Sequence[Sequence[int]] | None = None,
-    method: str = "auto",
+    method: str = AUTO,
     conventions: str = "deepspeed",
     rules: Iterable[RuleSpec] | RuleSpec | None = None,
     leaf_modules: Iterable[type | str] | None = None,
@@ -33,8 +35,9 @@ def estimate(
     """MACs, FLOPs and parameters of one forward of `model`, per module, without running it.
 
     `args`/`kwargs` may be real or meta tensors (only their shapes and dtypes are used), or give
-    `input_shape=(1, 3, 224, 224)`. `method` is "export", "symbolic", "trace" (one real forward,
-    for data-dependent control flow) or "auto" (each in that order). `conventions` is "deepspeed"
+    `input_shape=(1, 3, 224, 224)`. `method` is "eager" (the model's own forward on fake tensors),
+    "export", "symbolic", "trace" (one real forward, for control flow that depends on tensor values)
+    or "auto" (each in that order). The model is left exactly as it was. `conventions` is "deepspeed"
     or "torch" (FlopCounterMode's counting). `rules` adds TOML rule files or {op: callable} maps;
     `leaf_modules` lists module classes (or qualified class names) to count as a whole by their rule.
     """
@@ -44,13 +47,9 @@ def estimate(
     user_entries = load_user_entries(rules)
     user_table = RuleTable(user_entries) if user_entries else None
     is_whole = _whole_predicate(user_table, leaf_modules)
-    state = _ModelState.save(model)
-    try:
-        captured = capture(model, args, kwargs, method, is_leaf=lambda m: table.knows_module(m) or is_whole(m),
-                           is_whole=is_whole)
-    finally:
-        state.restore(model)
-    result = _estimate_captured(model, captured, table, conventions, is_whole)
+    captured = capture(model, args, kwargs, method, is_leaf=lambda m: table.knows_module(m) or is_whole(m),
+                       is_whole=is_whole)
+    result = build_estimate(type(model).__name__, captured, count_nodes(captured, table, conventions), conventions)
     _warn_unknown(result)
     return result
 
@@ -65,7 +64,7 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
     _check_conventions(conventions)
     graph_module = graph.graph_module if isinstance(graph, torch.export.ExportedProgram) else graph
     label_modules(graph_module, prefix="", root_type=type(graph_module).__name__)
-    captured = Captured(graph_module, "given", graph_module, {})
+    captured = Captured(graph_module, "given", {}, {}, {})
     costs = count_nodes(captured, load_table(rules), conventions)
     nodes = {node.name: node for node in graph_module.graph.nodes}
     for cost in costs:
@@ -76,12 +75,6 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
                 "module": cost.module, "op": cost.op,
             }
     return graph_module
-
-
-def _estimate_captured(model: torch.nn.Module, captured: Captured, table: RuleTable, conventions: str,
-                       is_whole: Callable[[torch.nn.Module], bool]) -> Estimate:
-    costs = count_nodes(captured, table, conventions, is_whole)
-    return build_estimate(model, captured, costs, conventions)
 
 
 def _check_conventions(conventions: str) -> None:
@@ -127,23 +120,3 @@ def _warn_unknown(result: Estimate) -> None:
             UnknownOpsWarning,
             stacklevel=3,
         )
-
-
-class _ModelState:
-    """What estimate() promises to leave as it was: training flags and requires_grad."""
-
-    def __init__(self, training: list[tuple[torch.nn.Module, bool]],
-                 grads: list[tuple[torch.Tensor, bool]]) -> None:
-        self.training = training
-        self.grads = grads
-
-    @classmethod
-    def save(cls, model: torch.nn.Module) -> _ModelState:
-        return cls([(m, m.training) for m in model.modules()], [(p, p.requires_grad) for p in model.parameters()])
-
-    def restore(self, model: torch.nn.Module) -> None:
-        for module, training in self.training:
-            module.training = training
-        for param, requires_grad in self.grads:
-            if param.requires_grad != requires_grad:
-                param.requires_grad_(requires_grad)

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from fxflops.capture import Captured, WholeCall
+from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.formula import FormulaError
-from fxflops.results import COUNTED, UNKNOWN, ZERO, NodeCost
+from fxflops.results import COUNTED, UNKNOWN, ZERO, Captured, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
 
 
@@ -21,10 +21,9 @@ class RuleEvaluationError(RuntimeError):
     """A rule's formula failed on an actual op call: names the rule, its file, the op and the module."""
 
 
-def count_nodes(captured: Captured, table: RuleTable, conventions: str,
-                is_whole: Callable[[torch.nn.Module], bool] = lambda m: False) -> list[NodeCost]:
+def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[NodeCost]:
     """Cost every op node, then replace what runs inside whole-counted modules by one cost per call."""
-    whole_paths = _whole_module_paths(captured.structure, is_whole)
+    whole_paths = captured.whole_paths
     costs = []
     for graph_module, node in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
@@ -59,11 +58,7 @@ def _attr(graph_module: torch.nn.Module, target: str) -> Any:
     return value
 
 
-def _whole_module_paths(structure: torch.nn.Module, is_whole: Callable[[torch.nn.Module], bool]) -> set[str]:
-    return {name for name, module in structure.named_modules() if is_whole(module)}
-
-
-def _covering(path: str, whole_paths: set[str]) -> str | None:
+def _covering(path: str, whole_paths: frozenset[str]) -> str | None:
     """The outermost whole-counted module that contains `path`, if any."""
     if not whole_paths:
         return None
@@ -131,7 +126,7 @@ def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:
 
 
 def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conventions: str) -> NodeCost:
-    module = captured.structure.get_submodule(call.module)
+    module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = table.match(op_call)
     macs, flops = _apply(entry, op_call, conventions, call.module)
@@ -185,7 +180,9 @@ def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
 
 
 def _source_line(node: torch.fx.Node) -> str | None:
-    """The innermost "File ..., line N" of the node's recorded stack, with its code."""
+    """The user's line that ran the op: recorded at dispatch, or the innermost of a tracer's stack."""
+    if SOURCE in node.meta:
+        return source_text(node.meta[SOURCE])
     trace = node.meta.get("stack_trace")
     if not trace:
         return None

@@ -7,13 +7,73 @@ fills Measurements and ModuleStats.latency, and `report` reads them all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
+
+if TYPE_CHECKING:
+    import torch
 
 COUNTED = "counted"
 ZERO = "zero"
 UNKNOWN = "unknown"
+
+
+# --- what capture hands to count -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One capture method that failed: why, and where (module, op, the user's source line)."""
+
+    method: str
+    reason: str
+    module: str | None = None  # qualified name of the module whose forward raised, when known
+    source: str | None = None  # "file:line: code" of the user's line where capture broke
+    op: str | None = None  # the op being run when it broke, when known
+
+
+@dataclass(frozen=True)
+class WholeCall:
+    """One call of a module that a rule counts as a whole: the module, its inputs and its output."""
+
+    module: str  # qualified name
+    target: Any  # the nn.Module itself, whose attributes the rule's formula reads
+    args: tuple
+    kwargs: dict
+    out: Any
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the model as the captured forward saw it (lazy modules materialized)."""
+
+    type: str  # class name
+    extra_repr: str
+    children: tuple[str, ...]  # qualified names, definition order
+    params: int  # parameters of this module and its submodules, shared ones once
+
+
+@dataclass
+class Captured:
+    """A captured graph plus what the later stages need to attribute it.
+
+    Every op node of `graph_module` carries meta["val"] (fake or meta values: shapes, no data) and
+    meta["fxflops_module"] = (qualified name, class name) of the innermost module that ran it.
+    """
+
+    graph_module: torch.fx.GraphModule
+    method: str  # a name from fxflops.capture.methods.METHODS
+    modules: dict[str, ModuleInfo]  # qualified name -> module, pre-order, each module by its first name
+    aliases: dict[str, str]  # second and later names of a module registered twice -> its first name
+    module_calls: dict[str, int]  # qualified name -> forward calls seen while capturing
+    whole_paths: frozenset[str] = frozenset()  # modules a rule counts as a whole
+    whole_calls: list[WholeCall] = field(default_factory=list)  # their calls, inputs and outputs
+    input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
+    attempts: list[Attempt] = field(default_factory=list)  # failed attempts before this one
+
+
+# --- what count and tree produce ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -115,7 +175,7 @@ class Estimate:
     """Static MAC/FLOP/param estimate of one forward, attributed to the module hierarchy."""
 
     model_type: str
-    method: str  # "export" | "symbolic" | "trace"
+    method: str  # a name from fxflops.capture.methods.METHODS: "eager" | "export" | "symbolic" | "trace"
     conventions: str  # "deepspeed" | "torch"
     total_macs: int
     total_flops: int

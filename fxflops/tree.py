@@ -10,17 +10,15 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import networkx as nx
-import torch
 
-from fxflops.capture import Captured
-from fxflops.results import UNKNOWN, Estimate, ModuleStats, NodeCost, OpTotals, UnknownOp
+from fxflops.results import UNKNOWN, Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, OpTotals, UnknownOp
 
 
-def build_estimate(model: torch.nn.Module, captured: Captured, costs: list[NodeCost], conventions: str) -> Estimate:
-    modules = module_stats(captured.structure, costs, captured.module_calls, root_type=type(model).__name__)
+def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], conventions: str) -> Estimate:
+    modules = module_stats(captured.modules, captured.aliases, costs, captured.module_calls, root_type=model_type)
     root = modules[""]
     return Estimate(
-        model_type=type(model).__name__,
+        model_type=model_type,
         method=captured.method,
         conventions=conventions,
         total_macs=root.macs,
@@ -37,11 +35,9 @@ def build_estimate(model: torch.nn.Module, captured: Captured, costs: list[NodeC
     )
 
 
-def module_stats(structure: torch.nn.Module, costs: Iterable[NodeCost], calls: dict[str, int],
-                 root_type: str) -> dict[str, ModuleStats]:
+def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: Iterable[NodeCost],
+                 calls: dict[str, int], root_type: str) -> dict[str, ModuleStats]:
     """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
-    named = dict(structure.named_modules())
-    aliases = _alias_names(structure)
     self_macs: dict[str, int] = defaultdict(int)
     self_flops: dict[str, int] = defaultdict(int)
     for cost in costs:
@@ -51,18 +47,18 @@ def module_stats(structure: torch.nn.Module, costs: Iterable[NodeCost], calls: d
     stats = {
         name: ModuleStats(
             name=name,
-            type=root_type if name == "" else type(module).__name__,
+            type=root_type if name == "" else info.type,
             depth=0 if name == "" else name.count(".") + 1,
-            params=sum(p.numel() for p in module.parameters()),
+            params=info.params,
             macs=self_macs[name],
             flops=self_flops[name],
             self_macs=self_macs[name],
             self_flops=self_flops[name],
             calls=calls.get(name, 0),
-            extra_repr=module.extra_repr(),
-            children=[_join(name, child) for child, _ in module.named_children() if _join(name, child) in named],
+            extra_repr=info.extra_repr,
+            children=list(info.children),
         )
-        for name, module in named.items()
+        for name, info in named.items()
     }
     for name in reversed(list(stats)):  # children come after their parent in pre-order
         parent = _parent(name)
@@ -105,17 +101,6 @@ def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:
     return [UnknownOp(op, count, tuple(modules)) for op, (count, modules) in sorted(found.items())]
 
 
-def _alias_names(structure: torch.nn.Module) -> dict[str, str]:
-    """Second and later names of a module registered more than once -> its first name."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, module in structure.named_modules(remove_duplicate=False):
-        canonical = first.setdefault(id(module), name)
-        if canonical != name:
-            aliases[name] = canonical
-    return aliases
-
-
 def _canonical(path: str, aliases: dict[str, str]) -> str:
     """The path with its longest aliased prefix replaced by the module's first name."""
     if not aliases:
@@ -128,7 +113,7 @@ def _canonical(path: str, aliases: dict[str, str]) -> str:
     return path
 
 
-def _nearest_known(path: str, named: dict[str, torch.nn.Module]) -> str:
+def _nearest_known(path: str, named: dict[str, ModuleInfo]) -> str:
     while path and path not in named:
         path = _parent(path) or ""
     return path
@@ -138,7 +123,3 @@ def _parent(name: str) -> str | None:
     if name == "":
         return None
     return name.rsplit(".", 1)[0] if "." in name else ""
-
-
-def _join(parent: str, child: str) -> str:
-    return f"{parent}.{child}" if parent else child

@@ -19,14 +19,17 @@ def test_cache_objects_in_outputs_do_not_stop_export():
     assert result.method == "export" and result.unknown == []
 
 
-def test_decode_step_with_a_cache_input_is_exported_and_the_cache_left_alone():
+def test_decode_step_with_a_cache_input_is_counted_and_the_cache_left_alone():
     model, inputs = tiny_transformers_model("llama")
     with torch.no_grad():
         cache = model(**inputs, use_cache=True).past_key_values
     length = cache.get_seq_length()
     step = {"input_ids": torch.randint(0, 1000, (2, 1)), "past_key_values": cache, "use_cache": True}
     result = fxflops.estimate(model, kwargs=step, conventions="torch")
-    assert result.method == "export"
+    assert result.method == "eager"
+    assert cache.get_seq_length() == length
+    exported = fxflops.estimate(model, kwargs=step, conventions="torch", method="export")
+    assert exported.total_flops == result.total_flops
     assert cache.get_seq_length() == length
     assert result.total_flops == oracle_flops(model, kwargs={**step, "past_key_values": copy.deepcopy(cache)})
     traced = fxflops.estimate(model, kwargs=step, conventions="torch", method="trace")
@@ -76,5 +79,6 @@ def test_sizes_that_depend_on_values_fall_back_to_trace():
     inputs = {"input_ids": torch.randint(0, 320, (2, 16))}
     result = fxflops.estimate(model, kwargs=inputs, conventions="torch")
     assert result.method == "trace"
-    assert "depends on tensor values" in result.attempts[0][1]
+    assert [method for method, _ in result.attempts] == ["eager", "export", "symbolic"]
+    assert "depend on tensor values" in result.attempts[0][1]
     assert result.total_flops == oracle_flops(model, kwargs=inputs)

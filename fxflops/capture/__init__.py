@@ -1,0 +1,64 @@
+"""Capture: turn a model and example inputs into an FX graph whose nodes carry shapes and modules.
+
+One module per method (`eager`, the default; `export`; `symbolic`; `trace`), declared in `methods`;
+`isolation` leaves the model and torch as they were, `attribution` names the module behind each op,
+`recorder` turns executed aten ops into graph nodes, `diagnosis` explains failures. Every method
+hands the count stage a `fxflops.results.Captured`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+import torch
+
+from fxflops.capture.diagnosis import CaptureError, describe_failure
+from fxflops.capture.inputs import has_meta_tensors, inputs_from_shape, shapes_of, tensors_in
+from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
+from fxflops.capture.request import Request
+from fxflops.capture.trace import NEEDS_REAL
+from fxflops.results import Attempt, Captured
+
+__all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in"]
+
+
+def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,
+            is_leaf: Callable[[torch.nn.Module], bool] = lambda m: False,
+            is_whole: Callable[[torch.nn.Module], bool] = lambda m: False) -> Captured:
+    """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail."""
+    if method not in CHOICES:
+        raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
+    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole)
+    methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
+    attempts: list[Attempt] = []
+    for candidate in methods:
+        if method == AUTO and candidate is TRACE and has_meta_tensors(model, args, kwargs):
+            attempts.append(Attempt(TRACE.name, f"skipped: {NEEDS_REAL}"))
+            continue
+        try:
+            with _quiet_torch_logs():
+                captured = candidate.capture_function()(request)
+        except Exception as error:  # each method's failure is reported, then the next one is tried
+            attempts.append(describe_failure(candidate.name, error, model))
+            continue
+        captured.attempts = attempts
+        captured.input_shapes = shapes_of((args, kwargs))
+        return captured
+    raise CaptureError(type(model).__name__, attempts)
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's loggers while a capture method is tried; its failures reach the user in our error."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in levels:
+            logger.setLevel(level)

@@ -1,0 +1,162 @@
+"""Module attribution: which module ran each op, how often each module ran, what the model holds.
+
+The eager and trace methods follow the running module through torch's global module hooks (they are
+removed again, and `isolation` restores torch's hook tables); export and symbolic read the
+`nn_module_stack` their tracers write on each node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fxflops.capture.isolation import walk_modules
+from fxflops.results import ModuleInfo, WholeCall
+
+NAME_TAG = "_fxflops_qualified_name"  # set in a module's __dict__ while capturing only; export may copy modules
+
+
+class ModuleTracker:
+    """The stack of running modules, calls per module, and the calls of modules counted as a whole.
+
+    `keep` turns a whole-counted call's inputs and output into what the rule will read (fake values
+    as they are; real tensors to meta, so no data is held).
+    """
+
+    def __init__(self, model: torch.nn.Module, prefix: str = "",
+                 is_whole: Callable[[torch.nn.Module], bool] = lambda m: False,
+                 keep: Callable[[Any], Any] = lambda value: value) -> None:
+        self._names = {id(module): _strip_prefix(name, prefix)
+                       for name, module, alias_of in walk_modules(model) if alias_of is None}
+        self._is_whole = is_whole
+        self._keep = keep
+        self.stack: list[tuple[str, str]] = []
+        self.calls: dict[str, int] = {}
+        self.whole_calls: list[WholeCall] = []
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> ModuleTracker:
+        hooks = torch.nn.modules.module
+        self._handles = [
+            hooks.register_module_forward_pre_hook(self._enter),
+            hooks.register_module_forward_hook(self._exit, with_kwargs=True, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        tagged = module.__dict__.get(NAME_TAG)
+        return tagged if tagged is not None else self._names.get(id(module))
+
+    def current(self) -> tuple[str, str]:
+        return self.stack[-1] if self.stack else ("", "")
+
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        name = self.name_of(module)
+        if name is not None:
+            self.stack.append((name, type(module).__name__))
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _exit(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        name = self.name_of(module)
+        if name is None or not self.stack:
+            return
+        self.stack.pop()
+        if self._is_whole(module):
+            self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
+                                              self._keep(output)))
+
+
+def tag_names(model: torch.nn.Module) -> None:
+    """Write each module's qualified name into it (undone by `isolation`), for tracers that copy modules."""
+    for name, module, alias_of in walk_modules(model):
+        if alias_of is None:
+            module.__dict__[NAME_TAG] = name
+
+
+def module_infos(model: torch.nn.Module) -> tuple[dict[str, ModuleInfo], dict[str, str]]:
+    """Each module by its first name (pre-order) with its inclusive parameter count; and the aliases.
+
+    Read while the captured forward's tensors are in place, so lazy modules count what they materialized.
+    """
+    order: list[tuple[str, torch.nn.Module]] = []
+    aliases: dict[str, str] = {}
+    for name, module, alias_of in walk_modules(model):
+        if alias_of is None:
+            order.append((name, module))
+        else:
+            aliases[name] = alias_of
+    names = {name for name, _ in order}
+    owned: dict[str, dict[int, int]] = {}
+    for name, module in reversed(order):  # children before parents
+        params = {id(p): _numel(p) for p in module._parameters.values() if p is not None}
+        for child in _children(name, module, names):
+            params.update(owned[child])
+        owned[name] = params
+    infos = {
+        name: ModuleInfo(type=type(module).__name__, extra_repr=_extra_repr(module),
+                         children=tuple(_children(name, module, names)), params=sum(owned[name].values()))
+        for name, module in order
+    }
+    return infos, aliases
+
+
+def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:
+    joined = [f"{name}.{key}" if name else key for key, child in module._modules.items() if child is not None]
+    return [child for child in joined if child in names]
+
+
+def _numel(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.numel()
+    except (RuntimeError, ValueError):  # a lazy parameter the forward never materialized
+        return 0
+
+
+def _extra_repr(module: torch.nn.Module) -> str:
+    try:
+        return module.extra_repr()
+    except Exception:  # an extra_repr that reads a value a twin does not have must not fail the estimate
+        return ""
+
+
+def _strip_prefix(path: str, prefix: str) -> str | None:
+    if not prefix:
+        return path
+    if path == prefix:
+        return ""
+    if path.startswith(prefix + "."):
+        return path[len(prefix) + 1 :]
+    return None
+
+
+def _class_name(type_info: Any) -> str:
+    if isinstance(type_info, type):
+        return type_info.__name__
+    return str(type_info).rsplit(".", 1)[-1].rstrip("'>")
+
+
+def label_modules(graph_module: torch.fx.GraphModule, prefix: str, root_type: str) -> None:
+    """Write meta["fxflops_module"] = (qualified name, class name) on every op node, subgraphs too,
+    from the `nn_module_stack` torch.export and torch.fx write."""
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr"):
+                continue
+            innermost = ("", root_type)
+            for path, type_info in (node.meta.get("nn_module_stack") or {}).values():
+                stripped = _strip_prefix(path, prefix)
+                if stripped is not None:
+                    innermost = (stripped, _class_name(type_info))
+            if node.op == "call_module" and "fxflops_module" not in node.meta:
+                leaf = graph_module.get_submodule(node.target) if prefix == "" else None
+                if leaf is not None:
+                    innermost = (node.target, type(leaf).__name__)
+            node.meta.setdefault("fxflops_module", innermost)

@@ -1,0 +1,89 @@
+"""Why a capture method failed: the error's first lines, the module and op where it broke, the user's line."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Sequence
+
+import torch
+
+from fxflops.capture.attribution import NAME_TAG
+from fxflops.capture.isolation import walk_modules
+from fxflops.results import Attempt
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+class CaptureError(RuntimeError):
+    """Every capture method failed; lists each attempt, where it broke and what to try."""
+
+    def __init__(self, model_type: str, attempts: Sequence[Attempt]) -> None:
+        self.attempts = list(attempts)
+        lines = [f"fxflops could not capture {model_type}: every method failed."]
+        for attempt in attempts:
+            lines.append(f"  - {attempt.method}: {attempt.reason}")
+            if attempt.module is not None:
+                lines.append(f"      in module '{attempt.module or '<root>'}'" + (f", op {attempt.op}" if attempt.op else ""))
+            if attempt.source:
+                lines.append(f"      at {attempt.source}")
+        lines.append(
+            "What to try: check the input shapes against the model; for control flow that depends on tensor "
+            "values pass real weights and inputs with method='trace'; mark custom blocks with "
+            "leaf_modules=[...] and give them a rule."
+        )
+        super().__init__("\n".join(lines))
+
+
+def describe_failure(method: str, error: BaseException, model: torch.nn.Module) -> Attempt:
+    """The error's first lines, the innermost module whose forward was running, and the user's line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    user_frames = [f for f in frames if not f.filename.startswith(_LIBRARY_DIRS) and "<frozen" not in f.filename]
+    source = None
+    if user_frames:
+        frame = user_frames[-1]
+        source = f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return Attempt(method, _first_lines(error), _failing_module(error, model), source, _failing_op(error))
+
+
+def _failing_op(error: BaseException) -> str | None:
+    """The aten op whose shape function raised (fake and meta kernels run it as `func`)."""
+    op = None
+    tb = error.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("func")
+        if isinstance(candidate, torch._ops.OpOverload):
+            op = str(candidate)
+        tb = tb.tb_next
+    return op
+
+
+def _first_lines(error: BaseException, limit: int = 3) -> str:
+    if _reads_values(error):
+        return (f"{type(error).__name__}: the forward reads a tensor's value ({str(error).strip()}: .item(), "
+                "bool(), or a size taken from data), so its control flow or sizes depend on tensor values, "
+                "which fake tensors do not have")
+    text = str(error).strip() or type(error).__name__
+    lines = [line for line in text.splitlines() if line.strip()][:limit]
+    return f"{type(error).__name__}: " + " | ".join(line.strip() for line in lines)
+
+
+def _reads_values(error: BaseException) -> bool:
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    return isinstance(error, DataDependentOutputException) or type(error).__name__ == "GuardOnDataDependentSymNode"
+
+
+def _failing_module(error: BaseException, model: torch.nn.Module) -> str | None:
+    """Qualified name of the innermost module whose forward() is on the failing stack."""
+    names = {id(module): name for name, module, alias_of in walk_modules(model) if alias_of is None}
+    innermost = None
+    tb = error.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if tb.tb_frame.f_code.co_name == "forward" and isinstance(candidate, torch.nn.Module):
+            tagged = candidate.__dict__.get(NAME_TAG)
+            innermost = (tagged if tagged is not None else names.get(id(candidate))) or innermost
+        tb = tb.tb_next
+    return innermost

@@ -1,0 +1,92 @@
+"""The default method: the model's own forward, run once on fake tensors, every aten op recorded.
+
+Parameters, buffers, tensor attributes and inputs are swapped for fake twins (shape, dtype, device;
+no data, no arithmetic), so what gets counted is the code path eager execution takes: branches on
+`torch.compiler.is_exporting()` / `is_compiling()` take their eager side. The model is not copied;
+`isolation` restores it after the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from fxflops.capture.attribution import ModuleTracker, module_infos
+from fxflops.capture.inputs import tensors_in, with_twins
+from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.methods import EAGER
+from fxflops.capture.recorder import CompositeOps, OpRecorder
+from fxflops.capture.request import Request
+from fxflops.results import Captured
+
+
+class FakeTwins:
+    """Fake twins of real or meta tensors, one per tensor; meta ones land on `device` (a model built on
+    the meta device runs as if on the CPU, so code that reads values' devices takes its usual path)."""
+
+    def __init__(self, mode: FakeTensorMode, device: torch.device) -> None:
+        self.mode = mode
+        self.device = device
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, FakeTensor):
+            return tensor
+        if tensor.is_meta:
+            with self.mode:
+                fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=self.device)
+        else:
+            fake = self.mode.from_tensor(tensor)
+        if isinstance(tensor, torch.nn.Parameter):
+            return torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+        return fake
+
+    def lift_stray(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Meta tensors that reach an op without a twin (a lazy module's freshly materialized
+        parameter, a tensor tucked inside a container attribute) get one before the op runs."""
+        if not any(_is_stray(value) for value in _tensor_args(args, kwargs)):
+            return None
+        lift = lambda v: self(v) if _is_stray(v) else v  # noqa: E731
+        return _map(args, lift), _map(kwargs, lift)
+
+
+def _is_stray(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, FakeTensor)
+
+
+def _tensor_args(args: tuple, kwargs: dict) -> list[Any]:
+    flat = [*args, *kwargs.values()]
+    return [item for value in flat for item in (value if isinstance(value, list | tuple) else (value,))]
+
+
+def _map(value: Any, fn: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return type(value)(_map(item, fn) for item in value)
+    if isinstance(value, dict):
+        return {key: _map(item, fn) for key, item in value.items()}
+    return fn(value)
+
+
+def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
+    for tensor in [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]:
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def capture(request: Request) -> Captured:
+    model = request.model
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs))
+    with isolated(model) as modules:
+        swap_tensors(modules, twins)
+        args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
+        tracker = ModuleTracker(model, is_whole=request.is_whole)
+        recorder = OpRecorder(tracker, type(model).__name__, prepare=twins.lift_stray)
+        with torch.no_grad(), mode, tracker, recorder, CompositeOps(recorder):
+            output = model(*args, **kwargs)
+        graph_module = recorder.finish(output)
+        infos, aliases = module_infos(model)
+    return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
+                    tracker.whole_calls)

@@ -1,0 +1,84 @@
+"""Example inputs: from shapes, flattened out of any container, copied with their tensors replaced."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+
+def inputs_from_shape(model: torch.nn.Module, input_shape: Any) -> tuple[torch.Tensor, ...]:
+    """Meta tensors for DeepSpeed's `input_shape=` convenience: one shape, or a list of shapes."""
+    shapes = [input_shape] if input_shape and isinstance(input_shape[0], int) else list(input_shape)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    for shape in shapes:
+        if not all(isinstance(size, int) and size >= 0 for size in shape):
+            raise ValueError(f"input_shape must be a tuple of non-negative ints (or a list of them), got {shape!r}")
+    return tuple(torch.empty(tuple(shape), dtype=dtype, device="meta") for shape in shapes)
+
+
+def tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from a value: tuples, dicts, dataclasses, cache objects."""
+    seen = set() if seen is None else seen
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if value is None or isinstance(value, str | bytes | int | float | bool | torch.dtype | torch.device):
+        return []
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, Mapping):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = value
+    elif dataclasses.is_dataclass(value):
+        items = (getattr(value, f.name) for f in dataclasses.fields(value))
+    elif hasattr(value, "__dict__"):
+        items = vars(value).values()
+    else:
+        return []
+    return [tensor for item in items for tensor in tensors_in(item, seen)]
+
+
+def is_plain(value: Any) -> bool:
+    """Whether a value is tensors and builtin containers of them (what torch.export takes as input)."""
+    if value is None or isinstance(value, torch.Tensor | int | float | bool | str | torch.dtype | torch.device):
+        return True
+    if isinstance(value, list | tuple):
+        return all(is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and is_plain(item) for key, item in value.items())
+    return False
+
+
+def with_twins(value: Any, twin: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The value with every tensor replaced by `twin(tensor)`; custom objects (caches) are copied, so a
+    forward that updates them in place leaves the caller's as they were. Tensor data is never copied."""
+    if is_plain(value):
+        return tree_map(lambda leaf: twin(leaf) if isinstance(leaf, torch.Tensor) else leaf, value)
+    memo = {id(tensor): twin(tensor) for tensor in tensors_in(value)}
+    return copy.deepcopy(value, memo)
+
+
+def to_meta(value: Any) -> Any:
+    """The same pytree with every tensor replaced by a meta tensor of the same shape and dtype."""
+    return with_twins(value, meta_twin)
+
+
+def meta_twin(tensor: torch.Tensor) -> torch.Tensor:
+    twin = tensor.detach().to("meta")
+    return torch.nn.Parameter(twin, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else twin
+
+
+def shapes_of(value: Any) -> Any:
+    """The value with every tensor replaced by its shape (for reports)."""
+    return tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, value)
+
+
+def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:
+    tensors = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
+    return any(t.is_meta for t in tensors)

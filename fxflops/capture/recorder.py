@@ -1,0 +1,210 @@
+"""Record every aten op a forward executes as an FX node: its inputs wired to the nodes that produced
+them, its output value in meta["val"], the module that ran it and the user's source line.
+
+Shared by the eager method (fake tensors) and the trace method (real tensors, kept as meta values).
+"""
+
+from __future__ import annotations
+
+import linecache
+import operator
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fxflops.capture.attribution import ModuleTracker
+from fxflops.capture.inputs import tensors_in
+
+SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Appends one FX node per aten op executed. `keep` turns an op's output into the value stored on
+    its node; `prepare` may replace an op's arguments before it runs (returns None to keep them)."""
+
+    def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] = lambda value: value,
+                 prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None] | None = None) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.graph = torch.fx.Graph()
+        self._root_type = root_type
+        self._keep = keep
+        self._prepare = prepare
+        self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._inputs = 0
+        self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self._prepare is not None:
+            prepared = self._prepare(func, args, kwargs)
+            if prepared is not None:
+                args, kwargs = prepared
+        out = func(*args, **kwargs)
+        if not self.inside_opaque:
+            self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        self.inside_opaque += 1  # `keep` may run ops of its own (to meta): they are not the model's
+        try:
+            self._record(func, args, kwargs, out)
+        finally:
+            self.inside_opaque -= 1
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        node = self.graph.create_node("call_function", func, _map_tensors(args, self._as_arg),
+                                      _map_tensors(kwargs, self._as_arg))
+        meta = node.meta
+        meta["val"] = self._keep(out)
+        path, type_name = self.tracker.current()
+        meta["fxflops_module"] = (path, type_name or self._root_type)
+        meta[SOURCE] = _user_frame()
+        self._register_outputs(node, out)
+
+    def _register_outputs(self, node: torch.fx.Node, out: Any) -> None:
+        # a multi-output op's tensors are reached through getitem nodes, as in any FX graph
+        if isinstance(out, torch.Tensor):
+            self._producers[out] = node
+        elif isinstance(out, list | tuple):
+            for index, item in enumerate(out):
+                if isinstance(item, torch.Tensor | list | tuple):
+                    element = self.graph.create_node("call_function", operator.getitem, (node, index))
+                    element.meta["val"] = self._keep(item)
+                    element.meta["fxflops_module"] = node.meta["fxflops_module"]
+                    self._register_outputs(element, item)
+
+    def _as_arg(self, value: torch.Tensor) -> torch.fx.Node:
+        producer = self._producers.get(value)
+        if producer is None:  # a model input, parameter, buffer or constant: a placeholder
+            producer = self.graph.placeholder(f"input_{self._inputs}")
+            producer.meta["val"] = self._keep(value)
+            self._inputs += 1
+            self._producers[value] = producer
+        return producer
+
+    def finish(self, output: Any) -> torch.fx.GraphModule:
+        self.inside_opaque += 1
+        try:
+            self.graph.output(tuple(self._as_arg(t) for t in tensors_in(output)))
+        finally:
+            self.inside_opaque -= 1
+        return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`value` with fn applied to each tensor in it (aten arguments nest only lists and tuples)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(_map_tensors(item, fn) for item in value)
+    if kind is dict:
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    return value
+
+
+def _user_frame() -> tuple[str, int] | None:
+    """(file, line) of the innermost caller outside torch and fxflops: the code that ran the op."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def source_text(location: tuple[str, int] | None) -> str | None:
+    """'File "f.py", line 3: code' for a recorded location (read when a report needs it, not per op)."""
+    if location is None:
+        return None
+    filename, line = location
+    return f'File "{filename}", line {line}: {linecache.getline(filename, line).strip()}'
+
+
+class CompositeOps(TorchFunctionMode):
+    """Records a call of a composite aten op (linear, matmul, conv2d, einsum, scaled_dot_product_attention,
+    ... — CompositeImplicitAutograd) as that one op, not as the ops it decomposes into.
+
+    A dispatch-level recorder would otherwise see linear as t + addmm and attention as whichever
+    kernel or math fallback the device picks; one node per composite call keeps the graph at the level
+    torch.export records (so a rule for aten.linear counts linear under every method), and the count
+    the same whatever kernel runs underneath.
+    """
+
+    def __init__(self, recorder: OpRecorder) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._composites: dict[Any, tuple[Any, ...]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        overloads = self._composites.get(func)
+        if overloads is None:
+            overloads = self._composites[func] = composite_overloads(func)
+        op = _matching_overload(overloads, args, kwargs) if overloads and not self._recorder.inside_opaque else None
+        if op is None:
+            return func(*args, **kwargs)
+        self._recorder.inside_opaque += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._recorder.inside_opaque -= 1
+        self._recorder.record(op, args, kwargs, out)
+        return out
+
+
+_BUILTIN_TYPES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+def composite_overloads(func: Any) -> tuple[Any, ...]:
+    """The CompositeImplicitAutograd overloads of the aten op a builtin torch function binds, if any.
+
+    Only builtins (torch.*, torch.nn.functional's C bindings, Tensor methods) are taken: their
+    arguments are the aten schema's; Python wrappers' are not, and their inner ops are recorded."""
+    if not isinstance(func, _BUILTIN_TYPES):
+        return ()
+    packet = getattr(torch.ops.aten, getattr(func, "__name__", "").strip("_"), None)
+    if packet is None:
+        return ()
+    found = []
+    for name in packet.overloads():
+        if name.endswith("out"):
+            continue
+        try:
+            op = getattr(packet, name)
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+        except (AttributeError, RuntimeError):  # listed overloads that do not exist as operators
+            continue
+        if composite:
+            found.append(op)
+    return tuple(found)
+
+
+def _matching_overload(overloads: tuple[Any, ...], args: tuple, kwargs: dict) -> Any:
+    """The overload whose schema takes these arguments (by count, names, tensor-ness and strings)."""
+    for op in overloads:
+        arguments = op._schema.arguments
+        positional = [a for a in arguments if not a.kwarg_only]
+        if len(args) > len(positional) or any(key not in {a.name for a in arguments} for key in kwargs):
+            continue
+        bound = list(zip(positional, args)) + [(a, kwargs[a.name]) for a in arguments if a.name in kwargs]
+        if all(_fits(value, str(argument.type)) for argument, value in bound):
+            return op
+    return None
+
+
+def _fits(value: Any, type_name: str) -> bool:
+    if isinstance(value, torch.Tensor):
+        return "Tensor" in type_name
+    if isinstance(value, str):
+        return "str" in type_name or "Dimname" in type_name
+    return value is None or ("Dimname" not in type_name and type_name not in ("Tensor", "str"))

@@ -1,0 +1,27 @@
+"""What every capture method is given: the model, its example inputs and the rule table's questions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fxflops.capture.isolation import unique_modules
+
+
+def _never(module: torch.nn.Module) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Request:
+    model: torch.nn.Module
+    args: tuple
+    kwargs: dict[str, Any]
+    is_leaf: Callable[[torch.nn.Module], bool] = _never  # symbolic tracing keeps these modules whole
+    is_whole: Callable[[torch.nn.Module], bool] = _never  # a rule counts these modules as a whole
+
+    def whole_paths(self) -> frozenset[str]:
+        return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

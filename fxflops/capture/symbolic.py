@@ -1,0 +1,98 @@
+"""The symbolic method: torch.fx symbolic tracing, shapes propagated on the meta device.
+
+Modules a rule counts as a whole stay leaves of the graph. The model's tensors are swapped for meta
+twins in place while tracing and propagating (no copy); `isolation` puts them back.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos
+from fxflops.capture.inputs import meta_twin, to_meta
+from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.methods import SYMBOLIC
+from fxflops.capture.request import Request
+from fxflops.results import Captured
+
+
+class _RuleAwareTracer(torch.fx.Tracer):
+    """Keeps a module whole only where a rule counts it as a whole (or the user asked)."""
+
+    def __init__(self, is_leaf: Callable[[torch.nn.Module], bool]) -> None:
+        super().__init__()
+        self._is_leaf = is_leaf
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return self._is_leaf(m)
+
+
+class _MetaShapeProp(torch.fx.Interpreter):
+    """Runs the graph on meta tensors and records each node's output as meta["val"]."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        n.meta["val"] = result
+        return result
+
+
+def capture(request: Request) -> Captured:
+    model, args, kwargs = request.model, request.args, request.kwargs
+    root_type = type(model).__name__
+    with isolated(model) as modules:
+        swap_tensors(modules, meta_twin)
+        tracer = _RuleAwareTracer(request.is_leaf)
+        graph = tracer.trace(model, concrete_args=_defaults_not_given(model, args, kwargs))
+        graph_module = torch.fx.GraphModule(tracer.root, graph, root_type)
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        bound = _bind_placeholders(placeholders, to_meta(args), to_meta(kwargs))
+        tracker = ModuleTracker(model)  # whole-counted modules are graph leaves here, counted as nodes
+        with tracker:
+            _MetaShapeProp(graph_module).run(*bound)
+        infos, aliases = module_infos(model)
+    label_modules(graph_module, prefix="", root_type=root_type)
+    return Captured(graph_module, SYMBOLIC.name, infos, aliases, _symbolic_calls(graph_module, tracker.calls),
+                    request.whole_paths(), tracker.whole_calls)
+
+
+def _defaults_not_given(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    # forward arguments the caller leaves at their defaults stay constants, not proxies
+    # (`if inputs_embeds is not None` must see None)
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    defaults = {}
+    for position, parameter in enumerate(parameters):
+        given = position < len(args) or parameter.name in kwargs
+        is_variadic = parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if not given and not is_variadic and parameter.default is not inspect.Parameter.empty:
+            defaults[parameter.name] = parameter.default
+    return defaults
+
+
+def _symbolic_calls(graph_module: torch.fx.GraphModule, leaf_calls: dict[str, int]) -> dict[str, int]:
+    # only leaf modules run as modules under symbolic tracing; the others show in the module stacks
+    calls = dict(leaf_calls)
+    seen: set[str] = set()
+    for node in graph_module.graph.nodes:
+        for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items():
+            if key not in seen:
+                seen.add(key)
+                if not (node.op == "call_module" and node.target == path):
+                    calls[path] = calls.get(path, 0) + 1
+    calls[""] = 1
+    return calls
+
+
+def _bind_placeholders(placeholders: list[torch.fx.Node], args: tuple, kwargs: dict) -> list[Any]:
+    values = list(args)
+    for node in placeholders[len(args) :]:
+        if node.name in kwargs or node.target in kwargs:
+            values.append(kwargs.get(node.target, kwargs.get(node.name)))
+        elif node.args:
+            values.append(node.args[0])  # the parameter's default
+        else:
+            raise TypeError(f"forward() is missing an input for '{node.target}'")
+    return values
