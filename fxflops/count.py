@@ -25,13 +25,14 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[
     """Cost every op node, then replace what runs inside whole-counted modules by one cost per call."""
     whole_paths = captured.whole_paths
     costs = []
+    memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     for graph_module, node in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
         covering = _covering(path, whole_paths)
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(_covered_cost(node, covering))
         else:
-            costs.append(_node_cost(graph_module, node, table, conventions))
+            costs.append(_node_cost(graph_module, node, table, conventions, memo))
     costs += [_whole_call_cost(call, captured, table, conventions) for call in captured.whole_calls]
     return costs
 
@@ -84,10 +85,7 @@ def _value(graph_module: torch.fx.GraphModule, arg: Any) -> Any:
     return arg
 
 
-def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> OpCall:
-    args = tuple(_value(graph_module, a) for a in node.args)
-    kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
-    out = node.meta.get("val")
+def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> OpCall:
     if node.op == "call_module":
         return bind_op_call(node.target, "module", args, kwargs, out, graph_module.get_submodule(node.target))
     if node.op == "call_method":
@@ -96,24 +94,59 @@ def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> OpCall:
     return bind_op_call(node.target, kind, args, kwargs, out)
 
 
-def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str) -> NodeCost:
-    call = _call_of(graph_module, node)
+def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str,
+               memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]]) -> NodeCost:
+    args = tuple(_value(graph_module, a) for a in node.args)
+    kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
+    out = node.meta.get("val")
     path, type_name = node.meta.get("fxflops_module", ("", ""))
-    entry = table.match(call)
-    macs, flops = _apply(entry, call, conventions, path)
+    key = _memo_key(node, args, kwargs, out)
+    found = memo.get(key) if key is not None else None
+    if found is None:
+        call = _call_of(graph_module, node, args, kwargs, out)
+        entry = table.match(call)
+        found = (call.key, entry, *_apply(entry, call, conventions, path))
+        if key is not None:
+            memo[key] = found
+    op, entry, macs, flops = found
     return NodeCost(
         name=node.name,
-        op=call.key,
+        op=op,
         status=_status(entry),
         rule=entry.name if entry is not None else None,
         module=path,
         module_type=type_name,
-        input_shapes=_shapes(call.names.get("args", ())) + _shapes(tuple(call.names.get("kwargs", {}).values())),
-        output_shapes=_shapes(call.out),
+        input_shapes=_shapes(args) + _shapes(tuple(kwargs.values())),
+        output_shapes=_shapes(out),
         macs=macs,
         flops=flops,
         source=_source_line(node),
     )
+
+
+def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    """What a rule can read of a call: the op, and its values' shapes, dtypes and plain arguments.
+
+    Calls with equal keys cost the same (the 80 identical layers of a decoder), so each key is matched
+    and evaluated once. Module calls (rules read module attributes) and symbolic sizes are not keyed."""
+    if node.op == "call_module":
+        return None
+    key = (node.op, node.target, _signature(args), _signature(kwargs), _signature(out))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _signature(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, list | tuple):
+        return (type(value), tuple(_signature(item) for item in value))
+    if isinstance(value, dict):
+        return tuple((key, _signature(item)) for key, item in value.items())
+    return (type(value), value)
 
 
 def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:

@@ -12,6 +12,7 @@ import functools
 import importlib
 import inspect
 import operator
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -82,25 +83,56 @@ Entry = Rule | ZeroList
 
 
 class RuleTable:
-    """Rules indexed by what they match. Later tables take precedence over earlier ones."""
+    """Rules indexed by what they match. Later tables take precedence over earlier ones.
+
+    Spellings of Python objects (torch.nn.Linear, transformers.X) are resolved to the objects only
+    once their top-level package has been imported: until then no such object can be in a graph, and
+    resolving them would import it (transformers costs a second).
+    """
 
     def __init__(self, entries: Iterable[Entry]) -> None:
-        self._by_key: dict[Any, list[Entry]] = {}
-        for entry in entries:
+        self._by_key: dict[Any, list[tuple[int, Entry]]] = {}
+        self._pending: list[tuple[int, str, Entry]] = []  # object spellings not resolved yet
+        self._modules_seen = 0
+        for order, entry in enumerate(entries):
             for op in entry.ops:
                 for key in _match_keys_for_spelling(op):
-                    self._by_key.setdefault(key, []).insert(0, entry)
+                    self._by_key.setdefault(key, []).insert(0, (order, entry))  # the latest rule first
+                if _names_an_object(op):
+                    self._pending.append((order, op, entry))
+
+    def _add(self, key: Any, order: int, entry: Entry) -> None:
+        entries = self._by_key.setdefault(key, [])
+        entries.append((order, entry))
+        entries.sort(key=lambda item: -item[0])  # the latest rule first
+
+    def _resolve_pending(self) -> None:
+        if len(sys.modules) == self._modules_seen:
+            return
+        self._modules_seen = len(sys.modules)
+        still = []
+        for order, op, entry in self._pending:
+            if op.partition(".")[0] not in sys.modules:
+                still.append((order, op, entry))
+                continue
+            resolved = _resolve(op)
+            if resolved is not None:
+                self._add(("object", resolved), order, entry)
+        self._pending = still
 
     def match(self, call: OpCall) -> Entry | None:
         """The first entry whose ops include this call's op and whose `when` holds."""
+        if call.kind in ("function", "module"):
+            self._resolve_pending()
         for key in _match_keys_for_call(call):
-            for entry in self._by_key.get(key, ()):
+            for _, entry in self._by_key.get(key, ()):
                 if isinstance(entry, ZeroList) or entry.applies(call):
                     return entry
         return None
 
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
+        self._resolve_pending()
         return any(("object", cls) in self._by_key for cls in type(module).__mro__)
 
 
@@ -241,16 +273,20 @@ def _match_keys_for_spelling(op: str) -> list[Any]:
     head, _, rest = op.partition(".")
     if head == "Tensor":
         return [("method", rest)]
-    # any other spelling may name an op of torch.ops (aten, prims or a library's custom namespace)
-    keys: list[Any] = [("aten", op), ("name", op)]
-    resolved = None if head in ("aten", "prims") else _resolve(op)
-    if resolved is not None:
-        keys.append(("object", resolved))
-    return keys
+    # any other spelling may name an op of torch.ops (aten, prims or a library's custom namespace),
+    # and unless it is aten or prims also a Python object (see RuleTable._resolve_pending)
+    return [("aten", op), ("name", op)]
 
 
+def _names_an_object(op: str) -> bool:
+    return op.partition(".")[0] not in ("Tensor", "aten", "prims", "prim")
+
+
+@functools.lru_cache(maxsize=4096)
 def _resolve(spelling: str) -> Any:
-    """The Python object a dotted name refers to, or None when it cannot be imported."""
+    """The Python object a dotted name refers to, or None when it cannot be imported.
+
+    Called once its top-level package is imported, after which the answer does not change."""
     parts = spelling.split(".")
     for split in range(len(parts), 0, -1):
         try:
@@ -362,7 +398,7 @@ def _bind_module(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
     names.update(module._parameters)
     names.update(module._buffers)
     names["training"] = module.training
-    signature = _signatures(module.forward)
+    signature = _find_signatures(module.forward)  # not cached: the cache would keep the module alive
     if signature:
         try:
             bound = signature[0].bind(*args, **kwargs)
@@ -383,14 +419,27 @@ def _flatten_varargs(bound: inspect.BoundArguments, signature: inspect.Signature
     return names
 
 
-def _signatures(target: Any) -> list[inspect.Signature]:
+def _signatures(target: Any) -> tuple[inspect.Signature, ...]:
     try:
-        return [inspect.signature(target)]
+        return _cached_signatures(target)
+    except TypeError:  # an unhashable callable
+        return _find_signatures(target)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_signatures(target: Any) -> tuple[inspect.Signature, ...]:
+    # a builtin's signature is parsed from its text each time: hundreds of microseconds per node
+    return _find_signatures(target)
+
+
+def _find_signatures(target: Any) -> tuple[inspect.Signature, ...]:
+    try:
+        return (inspect.signature(target),)
     except (ValueError, TypeError):
         pass
     from torch.fx.operator_schemas import get_signature_for_torch_op
 
-    return get_signature_for_torch_op(target) or []
+    return tuple(get_signature_for_torch_op(target) or ())
 
 
 def _formula_names(call: OpCall) -> Mapping[str, Any]:

@@ -8,9 +8,7 @@ hands the count stage a `fxflops.results.Captured`.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -38,8 +36,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             attempts.append(Attempt(TRACE.name, f"skipped: {NEEDS_REAL}"))
             continue
         try:
-            with _quiet_torch_logs():
-                captured = candidate.capture_function()(request)
+            captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
             continue
@@ -47,18 +44,3 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.input_shapes = shapes_of((args, kwargs))
         return captured
     raise CaptureError(type(model).__name__, attempts)
-
-
-@contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
-    """Silence torch's loggers while a capture method is tried; its failures reach the user in our error."""
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-               if name == "torch" or name.startswith("torch.")]
-    levels = [(logger, logger.level) for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for logger, level in levels:
-            logger.setLevel(level)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,7 +64,7 @@ def capture(request: Request) -> Captured:
         # ourselves, and pass on whatever else was written there
         stderr = io.StringIO()
         tracker = ModuleTracker(wrapper, prefix=WRAPPED, is_whole=request.is_whole, keep=to_meta)
-        with tracker, contextlib.redirect_stderr(stderr):
+        with tracker, contextlib.redirect_stderr(stderr), _quiet_torch_logs():
             program = torch.export.export(wrapper, plain_args, plain_kwargs, strict=False)
         sys.stderr.write(stderr.getvalue())
         infos, aliases = module_infos(model)
@@ -88,3 +90,18 @@ def _refuse_data_dependent_sizes(graph_module: torch.fx.GraphModule) -> None:
                     f"{node.meta['val'].shape if hasattr(node.meta['val'], 'shape') else node.meta['val']}); "
                     f"costs need concrete sizes. {' '.join(line.strip() for line in where)}"
                 )
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's loggers while export runs; its failures reach the user in our error."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in levels:
+            logger.setLevel(level)

@@ -99,7 +99,17 @@ class OpRecorder(TorchDispatchMode):
             self.graph.output(tuple(self._as_arg(t) for t in tensors_in(output)))
         finally:
             self.inside_opaque -= 1
-        return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        return lazy_graph_module(self.graph)
+
+
+def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A GraphModule that generates its Python code only if someone calls it: counting never does,
+    and code generation costs milliseconds per hundred nodes."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # older torch: the eager GraphModule
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+    return _LazyGraphModule(torch.nn.Module(), graph)
 
 
 def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
