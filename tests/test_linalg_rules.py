@@ -25,6 +25,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxflops
+from tests.oracle import TRSM_COUNTS
 from fxflops.api import UnknownOpsWarning
 from tests.test_rules_exact import Fn, _estimate
 
@@ -394,27 +395,6 @@ def test_torch_preset_counts_lapack_as_flop_counter_mode_does(method):
 # --- triangular solves in the torch preset, against FlopCounterMode given a trsm formula ----------
 
 
-def _solve_triangular_flops(a_shape, b_shape, *, upper, left=True, unitriangular=False, out_shape=None):
-    # from the definition: each RHS (a column of X, or a row when left=False) takes n(n+1)/2
-    # multiplications/divisions and n(n-1)/2 additions against the n x n triangle; n(n-1) without
-    # the divisions when the diagonal is 1
-    n = a_shape[-1]
-    rhs = math.prod(out_shape) // n
-    return rhs * (n * (n - 1) if unitriangular else n * n)
-
-
-def _triangular_solve_flops(b_shape, a_shape, upper=True, transpose=False, unitriangular=False, out_shape=None):
-    n = a_shape[-1]
-    rhs = math.prod(out_shape[0]) // n
-    return rhs * (n * (n - 1) if unitriangular else n * n)
-
-
-TRSM_ORACLE = {
-    torch.ops.aten.linalg_solve_triangular: _solve_triangular_flops,
-    torch.ops.aten.triangular_solve: _triangular_solve_flops,
-}
-
-
 @pytest.mark.parametrize(("method", *CASE_ARGS), _method_cases(TRSM_CASES))
 def test_triangular_solve_counts_in_both_presets(method, make_model, make_inputs, macs, flops, rule, lawn,
                                                  methods):
@@ -422,7 +402,7 @@ def test_triangular_solve_counts_in_both_presets(method, make_model, make_inputs
     with FlopCounterMode(display=False) as mode:
         model(*inputs)
     assert mode.get_total_flops() == 0  # FlopCounterMode misses it ...
-    with FlopCounterMode(display=False, custom_mapping=TRSM_ORACLE) as mode:
+    with FlopCounterMode(display=False, custom_mapping=TRSM_COUNTS) as mode:
         model(*inputs)
     assert mode.get_total_flops() == flops  # ... and agrees once it has the trsm count
     deepspeed = _estimate(model, inputs, method=method)

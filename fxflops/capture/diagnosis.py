@@ -61,7 +61,8 @@ def _failing_op(error: BaseException) -> str | None:
 
 def _first_lines(error: BaseException, limit: int = 3) -> str:
     if _reads_values(error):
-        return (f"{type(error).__name__}: the forward reads a tensor's value ({str(error).strip()}: .item(), "
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        return (f"{type(error).__name__}: the forward reads a tensor's value ({first}: .item(), "
                 "bool(), or a size taken from data), so its control flow or sizes depend on tensor values, "
                 "which fake tensors do not have")
     text = str(error).strip() or type(error).__name__

@@ -8,6 +8,7 @@ no data, no arithmetic), so what gets counted is the code path eager execution t
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -51,6 +52,31 @@ class FakeTwins:
         return _map(args, lift), _map(kwargs, lift)
 
 
+def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run an op on fake tensors; if its fake kernel refuses the floating dtype, shape it in bfloat16.
+
+    Some meta kernels are stricter than the device kernels they stand for (aten._grouped_mm's demands
+    bfloat16 while the CPU kernel takes float32), which would make the eager path uncapturable. Output
+    shapes do not depend on the floating dtype: the op is shaped in bfloat16 and its floating outputs
+    get the dtype the real kernel gives them back.
+    """
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as error:
+        floating = [t for t in _tensor_args(args, kwargs) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                    and t.dtype != torch.bfloat16]
+        if not floating or "Float16" not in str(error) and "BFloat16" not in str(error):
+            raise
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in floating])
+        relax = lambda v: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+        try:
+            out = func(*_map(args, relax), **_map(kwargs, relax))
+        except RuntimeError:
+            raise error from None
+        restore = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v  # noqa: E731
+        return _map(out, restore)
+
+
 def _is_stray(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, FakeTensor)
 
@@ -86,7 +112,8 @@ def capture(request: Request) -> Captured:
         swap_tensors(modules, twins)
         args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
         tracker = ModuleTracker(model, is_whole=request.is_whole)
-        recorder = OpRecorder(tracker, type(model).__name__, prepare=twins.lift_stray if may_stray else None)
+        recorder = OpRecorder(tracker, type(model).__name__, prepare=twins.lift_stray if may_stray else None,
+                              run=run_relaxing_dtype)
         with torch.no_grad(), mode, tracker, recorder, CompositeOps(recorder):
             output = model(*args, **kwargs)
         graph_module = recorder.finish(output)

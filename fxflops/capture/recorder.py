@@ -33,13 +33,15 @@ class OpRecorder(TorchDispatchMode):
     its node; `prepare` may replace an op's arguments before it runs (returns None to keep them)."""
 
     def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] = lambda value: value,
-                 prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None] | None = None) -> None:
+                 prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None] | None = None,
+                 run: Callable[[Any, tuple, dict], Any] | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.graph = torch.fx.Graph()
         self._root_type = root_type
         self._keep = keep
         self._prepare = prepare
+        self._run = run
         self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._inputs = 0
         self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
@@ -50,7 +52,7 @@ class OpRecorder(TorchDispatchMode):
             prepared = self._prepare(func, args, kwargs)
             if prepared is not None:
                 args, kwargs = prepared
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
         if not self.inside_opaque:
             self.record(func, args, kwargs, out)
         return out
