@@ -59,7 +59,7 @@ def profile_generate(
     if steps < 1 or warm_up < 0:
         raise ValueError(f"need steps >= 1 and warm_up >= 0, got steps={steps}, warm_up={warm_up}")
     target = resolve_device(model, device)
-    with preserved(model, target), moved_to(model, target if device is not None else None):
+    with preserved(model, target) as writes, moved_to(model, target if device is not None else None):
         args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
         cache = EstimateCache(model, target, **estimate_options)
         clock = make_clock(target)
@@ -68,7 +68,8 @@ def profile_generate(
         plain_runs, runs = [], []
         with torch.no_grad(), device_context(target):
             for _ in range(warm_up):
-                model.generate(*args, **kwargs)
+                with writes.watching():
+                    model.generate(*args, **kwargs)
             with gc_paused():
                 for _ in range(steps):
                     plain_runs.append(_run(plain, lambda: model.generate(*args, **kwargs)))

@@ -11,6 +11,7 @@ import copy
 import gc
 import platform
 import statistics
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from fxflops.latency import (
     timeline_rows,
 )
 from fxflops.capture import tensors_in
+from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.results import Estimate, Measurements, Profile
 
 
@@ -66,12 +68,12 @@ def profile(
     if steps < 1 or warm_up < 0:
         raise ValueError(f"need steps >= 1 and warm_up >= 0, got steps={steps}, warm_up={warm_up}")
     target = resolve_device(model, device)
-    with preserved(model, target), moved_to(model, target if device is not None else None):
+    with preserved(model, target) as writes, moved_to(model, target if device is not None else None):
         args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
         static = estimate(model, args, kwargs, method=method, conventions=conventions, rules=rules,
                           leaf_modules=leaf_modules)
         plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps, grad=grad,
-                                         skip_types=skip_types)
+                                         skip_types=skip_types, watch=writes.watching())
     measurements = build_measurements(
         model, target, plain=plain, records=records, warm_up=warm_up, peak_flops=peak_flops,
         batch_size=batch_size_of((args, kwargs)), dtype=compute_dtype(model, target),
@@ -91,6 +93,7 @@ def measure_forward(
     steps: int,
     grad: bool = False,
     skip_types: tuple[type, ...] = (),
+    watch: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[list[float], list[StepRecord]]:
     """(plain forward latencies, hooked StepRecords), one of each per step, interleaved.
 
@@ -107,7 +110,8 @@ def measure_forward(
     plain: list[float] = []
     with torch.set_grad_enabled(grad), device_context(device):
         for _ in range(warm_up):
-            call()
+            with watch:  # what these forwards write into the weights is saved first, and put back after
+                call()
         with gc_paused():
             for _ in range(steps):
                 plain += time_calls(call, 1, clock)
@@ -266,26 +270,28 @@ def batch_size_of(value: Any) -> int | None:
 
 
 @contextlib.contextmanager
-def preserved(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Restore training flags, buffer objects and values (BatchNorm running stats), and RNG state.
-
-    A timed pass in training mode would otherwise move BatchNorm statistics and consume random
-    numbers the user's run would have drawn.
+def preserved(model: nn.Module, device: torch.device) -> Iterator[CopyOnWrite]:
+    """Leave the model as a timed pass found it: what `capture.isolation` restores (attributes, hooks,
+    submodules, classes, training flags, torch's global hook tables, the RNGs), buffer values
+    (BatchNorm running statistics) and parameters written in place by a forward run under the
+    yielded guard's `watching()` (the warm-up forwards). A parameter written outside it is reported.
     """
-    flags = [(m, m.training) for m in model.modules()]
-    buffers = [(m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items()
-               if b is not None]
     rng_devices = [device.index] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=rng_devices):
-            yield
-    finally:
-        for module, training in flags:
-            module.training = training
-        with torch.no_grad():
-            for module, name, buffer, saved in buffers:
-                setattr(module, name, buffer)  # the forward may have replaced the object
-                buffer.copy_(saved.to(buffer.device))
+    with isolated(model) as modules:
+        params = [t for _, module in modules for t in module._parameters.values() if t is not None]
+        buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]
+        writes = CopyOnWrite(params, saved_now=buffers)
+        try:
+            with torch.random.fork_rng(devices=rng_devices):
+                yield writes
+        finally:
+            writes.restore()
+            unsaved = writes.unsaved_writes()
+    if unsaved:
+        names = [name for name, param in model.named_parameters() if any(param is t for t in unsaved)]
+        warnings.warn(f"the timed forwards wrote into parameters {', '.join(names[:5])} in place, and fxflops could "
+                      "not put their values back (they were written outside the warm-up); use warm_up >= 1",
+                      RuntimeWarning, stacklevel=3)
 
 
 @contextlib.contextmanager

@@ -62,12 +62,15 @@ class ModuleTracker:
             self.stack.append((name, type(module).__name__))
             self.calls[name] = self.calls.get(name, 0) + 1
 
-    def _exit(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:
+        # (kwargs, output) normally; (output,) when the forward raised: torch then calls every
+        # always-called global hook without the kwargs
         name = self.name_of(module)
         if name is None or not self.stack:
             return
         self.stack.pop()
-        if self._is_whole(module):
+        if len(kwargs_and_output) == 2 and self._is_whole(module):
+            kwargs, output = kwargs_and_output
             self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
                                               self._keep(output)))
 

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
@@ -33,11 +33,12 @@ class FakeTwins:
         self.device = device
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        if isinstance(tensor, FakeTensor):
+        if isinstance(tensor, FakeTensor) and not tensor.is_meta:
             return tensor
         device = self.device if tensor.is_meta else tensor.device
         # built around a meta tensor directly: creating it through the mode's dispatch costs 10x more
-        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        with unset_fake_temporarily():  # twins made while the forward runs (lazy modules) too
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, device)
         if isinstance(tensor, torch.nn.Parameter):
             return torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
@@ -78,7 +79,9 @@ def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _is_stray(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, FakeTensor)
+    # a lazy parameter being materialized is no stray: it gets its shape from that op
+    return (isinstance(value, torch.Tensor) and value.is_meta
+            and not isinstance(value, FakeTensor | UninitializedTensorMixin))
 
 
 def _tensor_args(args: tuple, kwargs: dict) -> list[Any]:

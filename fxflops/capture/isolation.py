@@ -16,7 +16,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fxflops.capture.inputs import tensors_in
 
 Twin = Callable[[torch.Tensor], torch.Tensor]
 
@@ -165,34 +169,112 @@ def isolated(model: torch.nn.Module) -> Iterator[list[tuple[str, torch.nn.Module
         global_state.restore()
 
 
+class CopyOnWrite:
+    """Saves a protected tensor's data just before an op first writes into it (or a view of it).
+
+    Ops are known to write by their schema. Some schemas do not say so (native_batch_norm updates its
+    running statistics in place): `saved_now` tensors, the small buffers, are saved up front.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], saved_now: list[torch.Tensor]) -> None:
+        self._owners = {_storage_key(t): t for t in tensors}
+        self._saved = {_storage_key(t): (t, t.detach().clone()) for t in saved_now}
+        self._mutable: dict[Any, bool] = {}
+        self._versions = [(t, t._version) for t in tensors]
+
+    def before(self, func: Any, args: tuple, kwargs: dict) -> None:
+        mutable = self._mutable.get(func)
+        if mutable is None:
+            mutable = self._mutable[func] = bool(getattr(func, "_schema", None) and func._schema.is_mutable)
+        if mutable:
+            for tensor in tensors_in((args, kwargs)):
+                key = _storage_key(tensor)
+                owner = self._owners.get(key)
+                if owner is not None and key not in self._saved:
+                    self._saved[key] = (owner, owner.detach().clone())
+        return None
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for owner, saved in self._saved.values():
+                owner.copy_(saved)
+
+    def watching(self) -> TorchDispatchMode:
+        """A dispatch mode that saves what the ops run under it are about to write."""
+        return _WriteWatch(self)
+
+    def unsaved_writes(self) -> list[torch.Tensor]:
+        """Protected tensors written in place that were not saved first (written outside `watching`)."""
+        saved = {id(owner) for owner, _ in self._saved.values()}
+        return [t for t, version in self._versions if t._version != version and id(t) not in saved]
+
+
+class _WriteWatch(TorchDispatchMode):
+    def __init__(self, writes: CopyOnWrite) -> None:
+        super().__init__()
+        self._writes = writes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self._writes.before(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
 def swap_tensors(modules: list[tuple[str, torch.nn.Module]], twin: Twin) -> None:
     """Replace every parameter, buffer and tensor attribute of the modules by its twin, in place.
 
     Call inside `isolated()`, which puts the originals back. A tensor reachable under several names
-    (tied weights) gets one twin, so it stays shared.
+    (tied weights) gets one twin, so it stays shared. A lazy module's uninitialized parameter gets a
+    stand-in that, when the module materializes it, puts a twin of the materialized shape in its place.
     """
     twins: dict[int, torch.Tensor] = {}
 
     def twin_of(tensor: torch.Tensor) -> torch.Tensor:
         found = twins.get(id(tensor))
         if found is None:
-            found = twins[id(tensor)] = _lazy_twin(tensor) if isinstance(tensor, UninitializedTensorMixin) else twin(tensor)
+            found = twins[id(tensor)] = twin(tensor)
         return found
 
     for _, module in modules:
         for table in (module._parameters, module._buffers):
             for key, tensor in table.items():
-                if tensor is not None:
+                if isinstance(tensor, UninitializedTensorMixin):
+                    table[key] = _lazy_stand_in(tensor, table, key, twin)
+                elif tensor is not None:
                     table[key] = twin_of(tensor)
         state = module.__dict__
         for key, value in list(state.items()):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and not isinstance(value, UninitializedTensorMixin):
                 state[key] = twin_of(value)
 
 
-def _lazy_twin(tensor: torch.Tensor) -> torch.Tensor:
-    # a lazy module materializes its parameter object in place: give it a fresh one to materialize
-    cls = type(tensor)
+class _LazyParameter(UninitializedParameter):
+    def materialize(self, shape: Any, device: Any = None, dtype: Any = None) -> None:
+        _materialize_twin(self, shape, dtype)
+
+
+class _LazyBuffer(UninitializedBuffer):
+    def materialize(self, shape: Any, device: Any = None, dtype: Any = None) -> None:
+        _materialize_twin(self, shape, dtype)
+
+
+def _lazy_stand_in(tensor: torch.Tensor, table: dict, key: str, twin: Twin) -> torch.Tensor:
     if isinstance(tensor, torch.nn.Parameter):
-        return cls(requires_grad=tensor.requires_grad, device="meta", dtype=tensor.dtype)
-    return cls(device="meta", dtype=tensor.dtype)
+        stand_in: torch.Tensor = _LazyParameter(requires_grad=tensor.requires_grad, device="meta", dtype=tensor.dtype)
+    else:
+        stand_in = _LazyBuffer(requires_grad=tensor.requires_grad, device="meta", dtype=tensor.dtype)
+    stand_in.fxflops_slot = (table, key, twin)
+    return stand_in
+
+
+def _materialize_twin(stand_in: torch.Tensor, shape: Any, dtype: Any) -> None:
+    table, key, twin = stand_in.fxflops_slot
+    with unset_fake_temporarily():  # materialized while a fake forward runs: a plain meta tensor first
+        meta = torch.empty(shape, dtype=dtype or stand_in.dtype, device="meta")
+        if isinstance(stand_in, torch.nn.Parameter):
+            meta = torch.nn.Parameter(meta, requires_grad=stand_in.requires_grad)
+    table[key] = twin(meta)
