@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fxflops import examples
+from fxflops.capture.methods import AUTO, CHOICES
 from fxflops.model_spec import (
     HF_TASKS,
     InputOptions,
@@ -22,6 +23,7 @@ from fxflops.model_spec import (
     parse_override,
     parse_shape,
 )
+from fxflops.rules import CONVENTIONS
 
 FORMATS = ("text", "table", "json", "csv")
 EXIT_FAILED = 1
@@ -65,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--hf-task", default="base", choices=sorted(HF_TASKS),
                         help="which transformers auto class builds hf: models (default base)")
     counting = parser.add_argument_group("counting")
-    counting.add_argument("--conventions", default="deepspeed", choices=("deepspeed", "torch"))
-    counting.add_argument("--method", default="auto", choices=("auto", "export", "symbolic", "trace"))
+    counting.add_argument("--conventions", default="deepspeed", choices=CONVENTIONS)
+    counting.add_argument("--method", default=AUTO, choices=CHOICES,
+                          help="eager (the default's first try): the model's own forward on fake tensors; "
+                               "export; symbolic; trace: one real forward (default auto: each in turn)")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS)
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")

@@ -7,7 +7,6 @@ by the generation profiler (fxflops.generate) and the DeepSpeed-compatible API (
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import platform
 import statistics
@@ -333,13 +332,6 @@ def _leaf_signature(leaf: Any) -> Any:
     return type(leaf).__qualname__, tuple((tuple(t.shape), t.dtype) for t in tensors_in(leaf))
 
 
-def private_copy(value: Any) -> Any:
-    """A deep copy whose tensors are detached clones, for an estimate that may run the model
-    (method "trace") and so mutate its inputs, e.g. append to a KV cache."""
-    memo = {id(t): t.detach().clone() for t in tensors_in(value)}
-    return copy.deepcopy(value, memo)
-
-
 class EstimateCache:
     """Estimates the inputs of live root calls, once per input signature.
 
@@ -360,8 +352,8 @@ class EstimateCache:
         if key not in self.estimates and key not in self.errors:
             try:
                 with preserved(self.model, self.device):
-                    call_args, call_kwargs = private_copy((tuple(args), dict(kwargs)))
-                    self.estimates[key] = estimate(self.model, call_args, call_kwargs, **self.options)
+                    # estimate() leaves the inputs as they were (a KV cache is not grown)
+                    self.estimates[key] = estimate(self.model, tuple(args), dict(kwargs), **self.options)
             except Exception as error:  # noqa: BLE001 - reported by get(), see the class docstring
                 self.errors[key] = error
             gc.collect()  # the trace's garbage, collected before this call's clock starts

@@ -79,3 +79,25 @@ def test_hybrid_linear_attention_counts_the_eager_path_exactly(kind):
     assert result.total_flops == oracle_flops(eager_experts, kwargs=inputs, custom_mapping=TRSM_COUNTS)
     assert "triangular_solve" not in exported.by_rule
     assert exported.total_flops > result.total_flops  # export counts the forward substitution instead
+
+
+def test_reports_say_which_path_was_counted_and_whether_the_model_ran():
+    class ValueDependent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x) if x.sum() > 0 else x
+
+    static = fxflops.estimate(nn.Linear(4, 4), (torch.randn(2, 4),))
+    text = static.print(as_string=True)
+    assert "Estimate Summary (static, nothing run)" in text
+    assert "counted path:" in text and "fake tensors" in text
+    assert "fake tensors" in static.to_dict()["counted"]
+
+    ran = fxflops.estimate(ValueDependent(), (torch.ones(2, 4),))
+    assert ran.method == "trace"
+    text = ran.print(as_string=True)
+    assert "the model ran once, on its real inputs" in text and "static, nothing run" not in text
+    assert "depend on input values" in ran.to_dict()["counted"]

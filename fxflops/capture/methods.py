@@ -44,3 +44,9 @@ def describe(name: str) -> str:
     """What a captured estimate counted, for reports ("given" graphs and unknown names pass through)."""
     method = METHODS.get(name)
     return method.counts if method is not None else name
+
+
+def runs_model(name: str) -> bool:
+    """Whether the method ran the model for real (its totals may depend on the input values)."""
+    method = METHODS.get(name)
+    return method is not None and method.runs_model

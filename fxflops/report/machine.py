@@ -8,7 +8,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     schema_version    1 (bumped only when a field changes meaning or disappears)
     fxflops_version   str        torch_version  str
     model_type        str        class name of the model
-    method            str        capture method that succeeded: "export" | "symbolic" | "trace"
+    method            str        capture method that succeeded: "eager" | "export" | "symbolic" | "trace"
+    counted           str        what that method counted, in words (the eager path on fake tensors, ...)
     conventions       str        counting preset: "deepspeed" | "torch"
     input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
                       of ints, e.g. [[[1024, 1, 32, 32]], {}] or [[], {"input_ids": [1, 128]}]
@@ -42,6 +43,7 @@ from typing import Any
 
 import networkx as nx
 
+from fxflops.capture.methods import describe
 from fxflops.results import (
     Estimate,
     Measurements,
@@ -135,6 +137,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
     record.update(
         model_type=estimate.model_type,
         method=estimate.method,
+        counted=describe(estimate.method),
         conventions=estimate.conventions,
         input_shapes=jsonable(estimate.input_shapes),
         attempts=[{"method": method, "error": error} for method, error in estimate.attempts],

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fxflops.capture.methods import describe, runs_model
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
     duration_to_string,
@@ -161,7 +162,9 @@ def _notation_lines(estimate: Estimate) -> list[str]:
 def summary_lines(estimate: Estimate) -> list[str]:
     """Header, notations, what was estimated how, totals, measurements, unknown ops."""
     m = estimate.measurements
-    title = "Profile Summary (measured):" if m is not None else "Estimate Summary (static, nothing run):"
+    title = "Profile Summary (measured):" if m is not None else (
+        "Estimate Summary (the model ran once, on its real inputs):" if runs_model(estimate.method)
+        else "Estimate Summary (static, nothing run):")
     lines = [_rule_line(TITLE), title] + _notation_lines(estimate) + [""]
     lines += _model_lines(estimate)
     lines += _parallel_lines(m)
@@ -203,6 +206,7 @@ def _model_lines(estimate: Estimate) -> list[str]:
         failed = "; ".join(f"{name} failed: {_first_line(why)}" for name, why in estimate.attempts)
         method = f"{method} (after {failed})"
     lines.append(_row("capture method:", method))
+    lines.append(_row("counted path:", describe(estimate.method)))
     lines.append(_row("conventions:", estimate.conventions))
     return lines
 
