@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fxflops import peaks
-from fxflops.api import estimate
+from fxflops.api import collector_paused, estimate
 from fxflops.latency import (
     ModuleTimer,
     StepRecord,
@@ -226,14 +226,9 @@ def resolve_peak(device: torch.device, dtype: torch.dtype, peak_flops: float | N
 def gc_paused() -> Iterator[None]:
     """Collect garbage now and not during the timed steps: after a trace (the estimate) a full
     collection can take longer than a whole forward and would land in one step's numbers."""
-    was_enabled = gc.isenabled()
     gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def device_context(device: torch.device) -> contextlib.AbstractContextManager:

@@ -53,7 +53,9 @@ class OpRecorder(TorchDispatchMode):
             if prepared is not None:
                 args, kwargs = prepared
         out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
-        if not self.inside_opaque:
+        # prim::device and prim::layout are metadata queries fake tensors answer through the
+        # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
+        if not self.inside_opaque and func.namespace != "prim":
             self.record(func, args, kwargs, out)
         return out
 
