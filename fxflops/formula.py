@@ -8,6 +8,7 @@ symbolic sizes (torch.SymInt), because it only applies Python's operators to the
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -158,16 +159,7 @@ class Formula:
         if not isinstance(source, str):
             raise FormulaError(f"a formula must be a string, got {type(source).__name__}: {source!r}")
         self.source = source
-        try:
-            # parenthesized so a formula may span lines in a TOML multi-line string
-            self._tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
-        except SyntaxError as error:
-            raise FormulaError(f"formula {source!r} does not parse: {error.msg}") from None
-        for node in ast.walk(self._tree):
-            _check_allowed(node, source)
-        self.names = frozenset(
-            node.id for node in ast.walk(self._tree) if isinstance(node, ast.Name) and node.id not in HELPERS
-        )
+        self._tree, self.names = _parse(source)
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
         try:
@@ -179,6 +171,22 @@ class Formula:
 
     def __repr__(self) -> str:
         return f"Formula({self.source!r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(source: str) -> tuple[ast.Expression, frozenset[str]]:
+    """The checked syntax tree and free names of a formula (a rule and its presets share formulas)."""
+    try:
+        # parenthesized so a formula may span lines in a TOML multi-line string
+        tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
+    except SyntaxError as error:
+        raise FormulaError(f"formula {source!r} does not parse: {error.msg}") from None
+    names = set()
+    for node in ast.walk(tree):
+        _check_allowed(node, source)
+        if isinstance(node, ast.Name) and node.id not in HELPERS:
+            names.add(node.id)
+    return tree, frozenset(names)
 
 
 def _check_allowed(node: ast.AST, source: str) -> None:

@@ -32,17 +32,21 @@ class OpRecorder(TorchDispatchMode):
     """Appends one FX node per aten op executed. `keep` turns an op's output into the value stored on
     its node; `prepare` may replace an op's arguments before it runs (returns None to keep them)."""
 
-    def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] = lambda value: value,
+    def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] | None = None,
                  prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None] | None = None,
                  run: Callable[[Any, tuple, dict], Any] | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.graph = torch.fx.Graph()
         self._root_type = root_type
-        self._keep = keep
+        self._keep = keep if keep is not None else _same
         self._prepare = prepare
         self._run = run
-        self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # which node produced each tensor. Values kept as they are (fake tensors) live on in node.meta
+        # anyway, so a plain dict by id is safe and cheap; real tensors (`keep` makes meta copies) are
+        # looked up weakly, so the forward's intermediates can be freed
+        self._producers: Any = _ProducersById() if keep is None else WeakIdKeyDictionary()
+        self._names: dict[Any, str] = {}
         self._inputs = 0
         self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
 
@@ -67,8 +71,11 @@ class OpRecorder(TorchDispatchMode):
             self.inside_opaque -= 1
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        base = self._names.get(func)
+        if base is None:
+            base = self._names[func] = str(func).replace(".", "_")
         node = self.graph.create_node("call_function", func, _map_tensors(args, self._as_arg),
-                                      _map_tensors(kwargs, self._as_arg))
+                                      _map_tensors(kwargs, self._as_arg), name=base)
         meta = node.meta
         meta["val"] = self._keep(out)
         path, type_name = self.tracker.current()
@@ -104,6 +111,24 @@ class OpRecorder(TorchDispatchMode):
         finally:
             self.inside_opaque -= 1
         return lazy_graph_module(self.graph)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _ProducersById:
+    """tensor -> node by identity, holding the tensors (only for values node.meta holds anyway)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}
+
+    def get(self, tensor: torch.Tensor) -> torch.fx.Node | None:
+        found = self._by_id.get(id(tensor))
+        return None if found is None else found[1]
+
+    def __setitem__(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        self._by_id[id(tensor)] = (tensor, node)
 
 
 def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
