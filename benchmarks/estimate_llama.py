@@ -32,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from common import environment, status_kib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "estimate_llama.md")
 KINDS = ("estimate", "export", "flopcounter")
@@ -98,14 +100,6 @@ def hand_count(shape: Shape, seq: int, batch: int = 1) -> tuple[int, int]:
 # --- one measurement, in its own process ----------------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _config(shape: Shape):
     from transformers import LlamaConfig
 
@@ -134,14 +128,14 @@ def worker(kind: str, model_key: str, seq: int, totals: bool) -> dict:
         model.eval()
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
         result["setup_s"] = time.perf_counter() - t0
-        result["rss_before_kib"] = _status_kib("VmRSS")
+        result["rss_before_kib"] = status_kib("VmRSS")
         if kind == "estimate":
             import fxflops
 
             t, c = time.perf_counter(), time.process_time()
             est = fxflops.estimate(model, kwargs={"input_ids": ids})
             result["time_s"], result["cpu_s"] = time.perf_counter() - t, time.process_time() - c
-            result["peak_kib"] = _status_kib("VmHWM")
+            result["peak_kib"] = status_kib("VmHWM")
             result["method"] = est.method
             result["macs"], result["flops"] = est.total_macs, est.total_flops
             result["params"] = est.total_params
@@ -165,7 +159,7 @@ def worker(kind: str, model_key: str, seq: int, totals: bool) -> dict:
             t, c = time.perf_counter(), time.process_time()
             program = torch.export.export(Logits(model), (), {"input_ids": ids}, strict=False)
             result["time_s"], result["cpu_s"] = time.perf_counter() - t, time.process_time() - c
-            result["peak_kib"] = _status_kib("VmHWM")
+            result["peak_kib"] = status_kib("VmHWM")
             result["nodes"] = len(program.graph_module.graph.nodes)
 
     elif kind == "flopcounter":
@@ -178,13 +172,13 @@ def worker(kind: str, model_key: str, seq: int, totals: bool) -> dict:
             model.eval()
             ids = torch.zeros(1, seq, dtype=torch.long)
             result["setup_s"] = time.perf_counter() - t0
-            result["rss_before_kib"] = _status_kib("VmRSS")
+            result["rss_before_kib"] = status_kib("VmRSS")
             counter = FlopCounterMode(display=False)
             t, c = time.perf_counter(), time.process_time()
             with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
                 model(input_ids=ids)
             result["time_s"], result["cpu_s"] = time.perf_counter() - t, time.process_time() - c
-            result["peak_kib"] = _status_kib("VmHWM")
+            result["peak_kib"] = status_kib("VmHWM")
             result["flops_torch"] = counter.get_total_flops()
             result["by_op"] = {str(k): v for k, v in counter.get_flop_counts().get("Global", {}).items()}
             if totals:  # not timed: the default SDPA backend on fake CPU tensors, to show what it misses
@@ -328,25 +322,6 @@ def render(runs: dict, models: list[str], seqs: list[int], env: str) -> str:
     if unknown:
         out += ["", f"Unknown ops reported by estimate(): {unknown}"]
     return "\n".join(out) + "\n"
-
-
-def environment() -> str:
-    import platform
-
-    import torch
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--", "../fxflops", "../rules"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        commit = f"fxflops at {commit}{' + local changes' if dirty else ''}"
-    except (OSError, subprocess.CalledProcessError):
-        commit = "fxflops (not a git checkout)"
-    return (f"{commit}; torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Python {platform.python_version()}, {os.cpu_count()} CPUs ({platform.machine()}); "
-            f"{time.strftime('%Y-%m-%d')}.")
 
 
 # --- where estimate() spends its time ---------------------------------------------------------------

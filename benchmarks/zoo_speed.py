@@ -30,7 +30,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import resource
 import shlex
 import shutil
@@ -41,6 +40,8 @@ import sysconfig
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from common import environment, status_kib
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,23 +124,14 @@ def build(spec: ZooModel) -> tuple[Any, tuple, dict]:
 # --- one measurement, in its own process ----------------------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    """A field of /proc/self/status in KiB (VmRSS = resident now, VmHWM = peak resident)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 @contextlib.contextmanager
 def stopwatch(result: dict) -> Iterator[None]:
     """Record the block's wall and process CPU seconds, and the peak RSS after it, into `result`."""
-    result["rss_before_kib"] = _status_kib("VmRSS")
+    result["rss_before_kib"] = status_kib("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
     yield
     result["wall_s"], result["cpu_s"] = time.perf_counter() - wall, time.process_time() - cpu
-    result["peak_kib"] = _status_kib("VmHWM")
+    result["peak_kib"] = status_kib("VmHWM")
 
 
 def first_line(error: BaseException | str) -> str:
@@ -354,26 +346,6 @@ def render(runs: dict[tuple[str, str], list[dict]], names: Sequence[str], env: s
     return "\n".join(out) + "\n"
 
 
-def environment() -> str:
-    """One line: fxflops commit, library versions, Python, CPUs, date."""
-    import torch
-    import torchvision
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "fxflops", "rules"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        commit = f"fxflops at {commit}{' + local changes' if dirty else ''} ({ROOT})"
-    except (OSError, subprocess.CalledProcessError):
-        commit = f"fxflops from {ROOT} (not a git checkout)"
-    return (f"{commit}; torch {torch.__version__}, torchvision {torchvision.__version__}, "
-            f"transformers {transformers.__version__}, Python {platform.python_version()}, "
-            f"{os.cpu_count()} CPUs ({platform.machine()}), torch threads {torch.get_num_threads()}; "
-            f"{time.strftime('%Y-%m-%d')}.")
-
-
 def run_zoo(names: Sequence[str], repeat: int, timeout: float) -> dict[tuple[str, str], list[dict]]:
     """All measurements, in rounds that interleave models and tools; progress goes to stderr."""
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -426,7 +398,7 @@ def run_startup(runs: int) -> str:
             times[label].append(time_command(cmd))
     med = {label: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for label, t in times.items()}
     out = [
-        "# Start-up: `python -c \"import torch\"` vs the fxflops CLI", "", environment(), "",
+        "# Start-up: `python -c \"import torch\"` vs the fxflops CLI", "", environment(("torch", "torchvision", "transformers")), "",
         f"Median over {runs} runs each, interleaved; wall seconds [range] and the child's CPU seconds (user + sys).",
         f"fxflops imported from `{which}`.", "",
         "| command | wall s | CPU s |", "|---|---:|---:|",
@@ -489,7 +461,7 @@ def main() -> None:
     except KeyError as error:
         parser.error(str(error.args[0]))
     start = time.perf_counter()
-    report = render(run_zoo(names, args.repeat, args.timeout), names, environment())
+    report = render(run_zoo(names, args.repeat, args.timeout), names, environment(("torch", "torchvision", "transformers")))
     report += f"\nWhole benchmark: {time.perf_counter() - start:.0f} s wall, --repeat {args.repeat}.\n"
     write(report, RESULTS if args.output is None else args.output)
 
