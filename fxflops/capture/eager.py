@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.inputs import tensors_in, with_twins
+from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -59,10 +59,10 @@ class FakeTwins:
         except FakeTensorDeviceMismatchError:
             # a meta tensor without a twin (one tucked inside a container attribute) met the twins:
             # it gets one, on the device the model runs on, and the op runs again
-            if not any(_is_meta(value) for value in _tensor_args(args, kwargs)):
+            if not any(_is_meta(tensor) for tensor in tensors_in((args, kwargs))):
                 raise
-            lift = lambda v: self(v) if _is_meta(v) else v  # noqa: E731
-            return run_relaxing_dtype(func, _map(args, lift), _map(kwargs, lift))
+            lift = lambda t: self(t) if _is_meta(t) else t  # noqa: E731
+            return run_relaxing_dtype(func, map_tensors(args, lift), map_tensors(kwargs, lift))
 
 
 def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -76,40 +76,25 @@ def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return func(*args, **kwargs)
     except RuntimeError as error:
-        floating = [t for t in _tensor_args(args, kwargs) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                    and t.dtype != torch.bfloat16]
+        floating = [t for t in tensors_in((args, kwargs)) if t.is_floating_point() and t.dtype != torch.bfloat16]
         if not floating or "Float16" not in str(error) and "BFloat16" not in str(error):
             raise
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in floating])
-        relax = lambda v: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+        relax = lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t  # noqa: E731
         try:
-            out = func(*_map(args, relax), **_map(kwargs, relax))
+            out = func(*map_tensors(args, relax), **map_tensors(kwargs, relax))
         except RuntimeError:
             raise error from None
-        restore = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v  # noqa: E731
-        return _map(out, restore)
+        return map_tensors(out, lambda t: t.to(dtype) if t.dtype == torch.bfloat16 else t)
 
 
 def _is_meta(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, UninitializedTensorMixin)
 
 
-def _tensor_args(args: tuple, kwargs: dict) -> list[Any]:
-    flat = [*args, *kwargs.values()]
-    return [item for value in flat for item in (value if isinstance(value, list | tuple) else (value,))]
-
-
-def _map(value: Any, fn: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return type(value)(_map(item, fn) for item in value)
-    if isinstance(value, dict):
-        return {key: _map(item, fn) for key, item in value.items()}
-    return fn(value)
-
-
 def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
     for tensor in [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]:
-        if not tensor.is_meta:
+        if not isinstance(tensor, UninitializedTensorMixin) and not tensor.is_meta:
             return tensor.device
     return torch.device("cpu")
 

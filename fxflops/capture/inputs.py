@@ -44,6 +44,18 @@ def tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
     return [tensor for item in items for tensor in tensors_in(item, seen)]
 
 
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`value` with fn applied to each tensor in it (aten arguments nest only lists and tuples)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(map_tensors(item, fn) for item in value)
+    if kind is dict:
+        return {key: map_tensors(item, fn) for key, item in value.items()}
+    return value
+
+
 def is_plain(value: Any) -> bool:
     """Whether a value is tensors and builtin containers of them (what torch.export takes as input)."""
     if value is None or isinstance(value, torch.Tensor | int | float | bool | str | torch.dtype | torch.device):

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxflops.capture.inputs import tensors_in
@@ -192,7 +192,6 @@ class CopyOnWrite:
                 owner = self._owners.get(key)
                 if owner is not None and key not in self._saved:
                     self._saved[key] = (owner, owner.detach().clone())
-        return None
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.inputs import tensors_in
+from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
 
@@ -30,17 +30,17 @@ _LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
 
 class OpRecorder(TorchDispatchMode):
     """Appends one FX node per aten op executed. `keep` turns an op's output into the value stored on
-    its node; `prepare` may replace an op's arguments before it runs (returns None to keep them)."""
+    its node; `before` sees each op's arguments before it runs; `run` runs it (default: as it is)."""
 
     def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] | None = None,
-                 prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None] | None = None,
+                 before: Callable[[Any, tuple, dict], None] | None = None,
                  run: Callable[[Any, tuple, dict], Any] | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.graph = torch.fx.Graph()
         self._root_type = root_type
         self._keep = keep if keep is not None else _same
-        self._prepare = prepare
+        self._before = before
         self._run = run
         # which node produced each tensor. Values kept as they are (fake tensors) live on in node.meta
         # anyway, so a plain dict by id is safe and cheap; real tensors (`keep` makes meta copies) are
@@ -52,10 +52,8 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self._prepare is not None:
-            prepared = self._prepare(func, args, kwargs)
-            if prepared is not None:
-                args, kwargs = prepared
+        if self._before is not None:
+            self._before(func, args, kwargs)
         out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
         # prim::device and prim::layout are metadata queries fake tensors answer through the
         # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
@@ -74,8 +72,8 @@ class OpRecorder(TorchDispatchMode):
         base = self._names.get(func)
         if base is None:
             base = self._names[func] = str(func).replace(".", "_")
-        node = self.graph.create_node("call_function", func, _map_tensors(args, self._as_arg),
-                                      _map_tensors(kwargs, self._as_arg), name=base)
+        node = self.graph.create_node("call_function", func, map_tensors(args, self._as_arg),
+                                      map_tensors(kwargs, self._as_arg), name=base)
         meta = node.meta
         meta["val"] = self._keep(out)
         path, type_name = self.tracker.current()
@@ -139,18 +137,6 @@ def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     except ImportError:  # older torch: the eager GraphModule
         return torch.fx.GraphModule(torch.nn.Module(), graph)
     return _LazyGraphModule(torch.nn.Module(), graph)
-
-
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`value` with fn applied to each tensor in it (aten arguments nest only lists and tuples)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(_map_tensors(item, fn) for item in value)
-    if kind is dict:
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
-    return value
 
 
 def _user_frame() -> tuple[str, int] | None:

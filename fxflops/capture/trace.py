@@ -35,7 +35,7 @@ def capture(request: Request) -> Captured:
         args, kwargs = with_twins(request.args, _same), with_twins(request.kwargs, _same)
         writes = CopyOnWrite([*params, *tensors_in((args, kwargs))], saved_now=buffers)
         tracker = ModuleTracker(model, is_whole=request.is_whole, keep=to_meta)
-        recorder = OpRecorder(tracker, type(model).__name__, keep=to_meta, prepare=writes.before)
+        recorder = OpRecorder(tracker, type(model).__name__, keep=to_meta, before=writes.before)
         try:
             with torch.no_grad(), tracker, recorder, CompositeOps(recorder):
                 output = model(*args, **kwargs)
