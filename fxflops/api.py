@@ -14,7 +14,7 @@ from fxflops.capture import capture, inputs_from_shape
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
-from fxflops.results import Captured, Estimate
+from fxflops.results import ROOT_LABEL, Captured, Estimate
 from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries
 from fxflops.tree import build_estimate
 
@@ -132,7 +132,7 @@ def _whole_predicate(user_table: RuleTable | None,
 
 def _warn_unknown(result: Estimate) -> None:
     if result.unknown:
-        listed = ", ".join(f"{u.op} x{u.count} (in {', '.join(m or '<root>' for m in u.modules[:3])})"
+        listed = ", ".join(f"{u.op} x{u.count} (in {', '.join(m or ROOT_LABEL for m in u.modules[:3])})"
                            for u in result.unknown[:8])
         warnings.warn(
             f"{sum(u.count for u in result.unknown)} op calls matched no rule and are not in the totals: {listed}. "

@@ -13,7 +13,7 @@ import torch
 
 from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.formula import FormulaError
-from fxflops.results import COUNTED, UNKNOWN, ZERO, Captured, NodeCost, WholeCall
+from fxflops.results import COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
 
 
@@ -152,7 +152,7 @@ def _signature(value: Any) -> Any:
 def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     return NodeCost(
-        name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or '<root>'}", module=path,
+        name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or ROOT_LABEL}", module=path,
         module_type=type_name, input_shapes=(), output_shapes=_shapes(node.meta.get("val")), macs=0, flops=0,
         source=_source_line(node),
     )
@@ -164,7 +164,7 @@ def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conv
     entry = table.match(op_call)
     macs, flops = _apply(entry, op_call, conventions, call.module)
     return NodeCost(
-        name=f"{call.module or '<root>'}:call", op=op_call.key, status=_status(entry),
+        name=f"{call.module or ROOT_LABEL}:call", op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops,
     )
@@ -177,7 +177,7 @@ def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: 
         macs, flops = entry.cost(call, conventions)
     except FormulaError as error:
         raise RuleEvaluationError(
-            f"rule '{entry.name}' ({entry.source}) failed on {call.key} in module '{path or '<root>'}': {error}. "
+            f"rule '{entry.name}' ({entry.source}) failed on {call.key} in module '{path or ROOT_LABEL}': {error}. "
             "Fix the rule's formula, or override it with a rule of your own for this op."
         ) from None
     return _to_int(macs, entry, call), _to_int(flops, entry, call)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 COUNTED = "counted"
 ZERO = "zero"
 UNKNOWN = "unknown"
+ROOT_LABEL = "(root)"  # how reports, messages and traces name the model itself (qualified name "")
+UNKNOWN_RULE = "(unknown)"  # the per-rule key of the op nodes no rule or zero list matched
 
 
 # --- what capture hands to count -----------------------------------------------------------------
@@ -91,6 +93,11 @@ class NodeCost:
     macs: int
     flops: int
     source: str | None = None  # the user's source line that produced the op, when known
+
+    @property
+    def rule_key(self) -> str:
+        """The node's key in per-rule totals: its rule, or UNKNOWN_RULE."""
+        return self.rule or UNKNOWN_RULE
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,13 @@ class Estimate:
     @property
     def root(self) -> ModuleStats:
         return self.modules[""]
+
+    def __repr__(self) -> str:
+        # one line: the dataclass default prints every node and module (100+ KB in a notebook)
+        return (f"{type(self).__name__}(model={self.model_type}, method={self.method}, "
+                f"conventions={self.conventions}, macs={self.total_macs:_}, flops={self.total_flops:_}, "
+                f"params={self.total_params:_}, modules={len(self.modules)}, nodes={len(self.nodes)}, "
+                f"unknown ops={sum(u.count for u in self.unknown)})")
 
     def node_status_counts(self) -> dict[str, int]:
         """How many graph nodes were counted by a rule, declared zero, or unknown."""

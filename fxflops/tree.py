@@ -27,7 +27,7 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         modules=modules,
         nodes=costs,
         by_op=totals_by(costs, lambda cost: cost.op),
-        by_rule=totals_by(costs, lambda cost: cost.rule or "<unknown>"),
+        by_rule=totals_by(costs, lambda cost: cost.rule_key),
         unknown=unknown_ops(costs),
         tree=module_tree(modules),
         input_shapes=captured.input_shapes,

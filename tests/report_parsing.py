@@ -196,7 +196,7 @@ def estimate_by_hand(
         modules=stats,
         nodes=nodes,
         by_op=_totals(nodes, lambda node: node.op),
-        by_rule=_totals([n for n in nodes if n.status != UNKNOWN], lambda node: node.rule),
+        by_rule=_totals(nodes, lambda node: node.rule_key),  # as production: unknown nodes under UNKNOWN_RULE
         unknown=_unknown(nodes),
         tree=tree,
         input_shapes=input_shapes or [],

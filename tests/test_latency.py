@@ -26,7 +26,7 @@ from fxflops.latency import (
 )
 from fxflops.profiling import profile, signature
 from fxflops.report.chrome_trace import trace_events, write_chrome_trace
-from fxflops.results import Estimate, Measurements, ModuleStats, Profile
+from fxflops.results import ROOT_LABEL, Estimate, Measurements, ModuleStats, Profile
 from fxflops.tree import module_tree
 
 NS = 1e-9  # the host clock's resolution: the slack for float rounding of integer nanoseconds
@@ -350,7 +350,7 @@ def test_chrome_trace_nests_module_calls(net_profile: tuple[Net, Profile], tmp_p
     # one event per call: root, stem, 2 blocks of (block, fc, act), 3 x again, alias, head of 2 + itself
     assert len(spans) == 1 + 1 + 2 * 3 + 3 + 1 + 3
     root = spans[0]
-    assert root["args"]["module"] == "<root>"
+    assert root["args"]["module"] == ROOT_LABEL
     for span in spans[1:]:
         assert root["ts"] <= span["ts"] and span["ts"] + span["dur"] <= root["ts"] + root["dur"] + 1e-3
     path = tmp_path / "trace.json"

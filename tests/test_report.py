@@ -11,9 +11,11 @@ import csv
 import io
 import json
 import re
+import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import fxflops
 from fxflops import report
@@ -26,7 +28,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.results import UNKNOWN, ZERO, Measurements
+from fxflops.results import UNKNOWN, UNKNOWN_RULE, ZERO, Measurements
 from tests.report_parsing import (
     assert_percent,
     assert_shows,
@@ -430,7 +432,7 @@ def test_op_table_by_op_and_rule():
     assert by_op["aten.mystery.default"]["count"] == "2"
     assert by_op["total"]["count"] == "15"
     by_rule = {row["rule"]: row for row in markdown_rows(report.op_table(estimate, by="rule"))}
-    assert by_rule["(unknown)"]["count"] == "2"
+    assert by_rule[UNKNOWN_RULE]["count"] == "2"
     assert by_rule["pool"]["FLOPs"] == number_to_string(BATCH * (4704 + 1600))
     raw = {row["op"]: row for row in markdown_rows(report.op_table(estimate, raw=True))}
     assert raw["aten.conv2d.default"]["MACs"] == str(BATCH * 405600)
@@ -630,3 +632,33 @@ def test_estimated_transformer_json_round_trip():
     rows = list(csv.DictReader(io.StringIO(estimate.to_csv())))
     assert len(rows) == len(estimate.modules)
     assert int(rows[0]["macs"]) == estimate.total_macs
+
+
+def test_unknown_ops_are_one_row_of_the_rule_table_and_counted_once():
+    # a real estimate (not a hand-built one): 2 unknown cdist calls and 1 counted linear
+    class Unknown(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.cdist(self.proj(x), x) + torch.cdist(x, x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimate = fxflops.estimate(Unknown(), (torch.randn(4, 3),))
+    rows = {row["rule"]: row for row in markdown_rows(report.op_table(estimate, by="rule"))}
+    assert [key for key in rows if "unknown" in key] == [UNKNOWN_RULE]
+    assert rows[UNKNOWN_RULE]["count"] == "2"
+    assert rows["total"]["count"] == str(len(estimate.nodes))
+    text = estimate.print(as_string=True)
+    assert text.count("unknown ") >= 1 and "<unknown>" not in text
+
+
+def test_repr_of_an_estimate_is_one_short_line():
+    estimate = fxflops.estimate(nn.Linear(4, 5), (torch.randn(2, 4),))
+    text = repr(estimate)
+    assert "\n" not in text and len(text) < 300
+    # 2 x 4 x 5 MACs; 2 x MACs + a bias add per output element; 4 x 5 + 5 parameters
+    assert text == ("Estimate(model=Linear, method=eager, conventions=deepspeed, macs=40, flops=90, params=25, "
+                    "modules=1, nodes=1, unknown ops=0)")

@@ -10,7 +10,7 @@ import torch
 
 from fxflops.capture.attribution import NAME_TAG
 from fxflops.capture.isolation import walk_modules
-from fxflops.results import Attempt
+from fxflops.results import ROOT_LABEL, Attempt
 
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
                  os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
@@ -25,7 +25,7 @@ class CaptureError(RuntimeError):
         for attempt in attempts:
             lines.append(f"  - {attempt.method}: {attempt.reason}")
             if attempt.module is not None:
-                lines.append(f"      in module '{attempt.module or '<root>'}'" + (f", op {attempt.op}" if attempt.op else ""))
+                lines.append(f"      in module '{attempt.module or ROOT_LABEL}'" + (f", op {attempt.op}" if attempt.op else ""))
             if attempt.source:
                 lines.append(f"      at {attempt.source}")
         lines.append(

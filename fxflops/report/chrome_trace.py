@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from fxflops.results import Profile
+from fxflops.results import ROOT_LABEL, Profile
 
 
 def trace_events(profile: Profile) -> dict[str, Any]:
@@ -26,13 +26,13 @@ def trace_events(profile: Profile) -> dict[str, Any]:
     ]
     for row in measurements.extra["timeline"]:
         stats = profile.modules.get(row["module"])
-        args: dict[str, Any] = {"module": row["module"] or "<root>", "depth": row["depth"]}
+        args: dict[str, Any] = {"module": row["module"] or ROOT_LABEL, "depth": row["depth"]}
         if stats is not None and stats.latency_calls:
             # The estimate is per module, not per call: an equal share per call is what we know.
             args["flops (per call)"] = stats.flops // stats.latency_calls
             args["macs (per call)"] = stats.macs // stats.latency_calls
         events.append({
-            "name": f"{row['module'] or '<root>'} ({row['type']})",
+            "name": f"{row['module'] or ROOT_LABEL} ({row['type']})",
             "cat": "module",
             "ph": "X",
             "ts": row["start"] * 1e6,  # trace-event times are microseconds

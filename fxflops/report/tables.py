@@ -17,16 +17,14 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.results import UNKNOWN, Estimate, OpTotals
-
-UNKNOWN_ROW = "(unknown)"
+from fxflops.results import ROOT_LABEL, Estimate, OpTotals
 
 
 def _statuses(estimate: Estimate, by: str) -> dict[str, str]:
     """counted / zero / unknown per op or rule key, read from the per-node costs."""
     seen: dict[str, set[str]] = {}
     for node in estimate.nodes:
-        key = node.op if by == "op" else (node.rule or UNKNOWN_ROW)
+        key = node.op if by == "op" else node.rule_key
         seen.setdefault(key, set()).add(node.status)
     return {key: "/".join(sorted(values)) for key, values in seen.items()}
 
@@ -34,23 +32,14 @@ def _statuses(estimate: Estimate, by: str) -> dict[str, str]:
 def _op_totals(estimate: Estimate, by: str) -> dict[str, OpTotals]:
     if by not in ("op", "rule"):
         raise ValueError(f"op_table: by must be 'op' or 'rule', not {by!r}")
-    totals = dict(estimate.by_op if by == "op" else estimate.by_rule)
-    unknown_count = sum(op.count for op in estimate.unknown)
-    # Unknown ops have no rule; show them anyway so the table never hides them.
-    if by == "rule" and unknown_count and UNKNOWN_ROW not in totals:
-        totals[UNKNOWN_ROW] = OpTotals(count=unknown_count, macs=0, flops=0)
-    if by == "op":
-        for op in estimate.unknown:
-            totals.setdefault(op.op, OpTotals(count=op.count, macs=0, flops=0))
-    return totals
+    # both are totals over every node, unknown ones included (under their op, or UNKNOWN_RULE)
+    return dict(estimate.by_op if by == "op" else estimate.by_rule)
 
 
 def op_rows(estimate: Estimate, by: str = "op", raw: bool = False) -> tuple[list[str], list[list]]:
     """(headers, rows) of the per-op (or per-rule) table, heaviest first, with a total row."""
     totals = _op_totals(estimate, by)
     statuses = _statuses(estimate, by)
-    for op in estimate.unknown:
-        statuses.setdefault(op.op if by == "op" else UNKNOWN_ROW, UNKNOWN)
     ordered = sorted(totals.items(), key=lambda item: (-item[1].macs, -item[1].flops, item[0]))
     headers = [by, "status", "count", "MACs", "% MACs", "FLOPs", "% FLOPs"]
     rows = [
@@ -103,7 +92,7 @@ def module_rows(
     display: dict[tuple[str, ...], str] = {}
     rows = []
     for group, children in folding.walk(estimate, fold, module_depth):
-        name = display.get(group.names, "(root)" if group.depth == 0 else group.label)
+        name = display.get(group.names, ROOT_LABEL if group.depth == 0 else group.label)
         for child in children:
             display[child.names] = _display_name("" if group.depth == 0 else name, child)
         rows.append(_module_row(estimate, group, name, measured, total_latency, raw))

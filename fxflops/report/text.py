@@ -23,7 +23,7 @@ from fxflops.report.formats import (
     percent,
 )
 from fxflops.report.tables import op_table
-from fxflops.results import COUNTED, UNKNOWN, ZERO, Estimate, Measurements
+from fxflops.results import COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Estimate, Measurements
 
 TITLE = " fxflops Flops Profiler "
 LABEL_WIDTH = 60
@@ -383,7 +383,7 @@ def unknown_lines(estimate: Estimate) -> list[str]:
     ]
     width = max(len(op.op) for op in estimate.unknown)
     for op in sorted(estimate.unknown, key=lambda item: (-item.count, item.op)):
-        shown = [name or "(root)" for name in op.modules[:MAX_MODULES_PER_UNKNOWN]]
+        shown = [name or ROOT_LABEL for name in op.modules[:MAX_MODULES_PER_UNKNOWN]]
         more = len(op.modules) - len(shown)
         where = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
         lines.append(f"    {op.op:<{width}}  x{op.count:<5} in {where}")
