@@ -12,6 +12,7 @@ import torch
 
 from fxflops.capture import capture, inputs_from_shape
 from fxflops.capture.attribution import label_modules
+from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.results import ROOT_LABEL, Captured, Estimate
@@ -62,11 +63,19 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
              rules: Iterable[RuleSpec] | RuleSpec | None = None) -> torch.fx.GraphModule:
     """Write each op node's cost into node.meta["fxflops"] (macs, flops, rule, status, module); return the graph.
 
-    Takes an FX GraphModule whose nodes carry meta["val"] (torch.export, make_fx, or a shape-propagated
-    symbolic trace) or an ExportedProgram.
+    Takes an ExportedProgram or an FX GraphModule whose nodes carry shapes: meta["val"] (torch.export,
+    make_fx, FakeTensorProp) or ShapeProp's meta["tensor_meta"], from which a meta["val"] is made.
+    A graph without shapes raises ValueError rather than costing every op 0.
     """
     _check_conventions(conventions)
     graph_module = graph.graph_module if isinstance(graph, torch.export.ExportedProgram) else graph
+    missing = values_from_tensor_meta(graph_module)
+    if missing:
+        raise ValueError(
+            f"annotate() needs the shape of every node; {len(missing)} op nodes have none "
+            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}). Propagate shapes first: "
+            "torch.fx.passes.shape_prop.ShapeProp(gm).propagate(*example_inputs), or pass torch.export's program."
+        )
     label_modules(graph_module, prefix="", root_type=type(graph_module).__name__)
     captured = Captured(graph_module, "given", {}, {}, {})
     costs = count_nodes(captured, load_table(rules), conventions)

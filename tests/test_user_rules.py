@@ -110,3 +110,21 @@ def test_annotate_writes_costs_into_an_exported_graph():
     assert linear["module"] == "0"
     relu = costs[torch.ops.aten.relu.default]
     assert (relu["flops"], relu["status"], relu["module"]) == (2 * 6, "counted", "1")
+
+
+def test_annotate_reads_shapes_from_a_shape_propagated_symbolic_trace():
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    graph_module = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 5), nn.ReLU()))
+    ShapeProp(graph_module).propagate(torch.randn(2, 4))
+    fxflops.annotate(graph_module)
+    costs = {n.target: n.meta["fxflops"] for n in graph_module.graph.nodes if "fxflops" in n.meta}
+    assert costs["0"]["macs"] == 2 * 4 * 5  # 2 rows x 4 in x 5 out
+    assert costs["0"]["flops"] == 2 * (2 * 4 * 5) + 2 * 5  # + a bias add per output element
+    assert costs["1"]["flops"] == 2 * 5  # relu: one per output element
+
+
+def test_annotate_refuses_a_graph_without_shapes():
+    graph_module = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 5)))
+    with pytest.raises(ValueError, match="ShapeProp"):
+        fxflops.annotate(graph_module)

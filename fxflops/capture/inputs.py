@@ -94,3 +94,30 @@ def shapes_of(value: Any) -> Any:
 def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:
     tensors = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
     return any(t.is_meta for t in tensors)
+
+
+def values_from_tensor_meta(graph_module: torch.fx.GraphModule) -> list[str]:
+    """Give every node that has only ShapeProp's `tensor_meta` a `meta["val"]` (a meta tensor of that
+    shape, dtype and stride), which is what the count stage reads; return the op nodes left without
+    any value (a graph whose shapes were never propagated)."""
+    missing = []
+    for node in graph_module.graph.nodes:
+        if "val" in node.meta:
+            continue
+        if "tensor_meta" in node.meta:
+            node.meta["val"] = _meta_value(node.meta["tensor_meta"])
+        elif node.op in ("call_function", "call_method", "call_module"):
+            missing.append(node.name)
+    return missing
+
+
+def _meta_value(tensor_meta: Any) -> Any:
+    # TensorMetadata is a namedtuple with .shape; a multi-output node holds a tuple of them
+    if hasattr(tensor_meta, "shape") and hasattr(tensor_meta, "dtype"):
+        return torch.empty_strided(tuple(tensor_meta.shape), tuple(tensor_meta.stride), dtype=tensor_meta.dtype,
+                                   device="meta")
+    if isinstance(tensor_meta, list | tuple):
+        return type(tensor_meta)(_meta_value(item) for item in tensor_meta)
+    if isinstance(tensor_meta, dict):
+        return {key: _meta_value(item) for key, item in tensor_meta.items()}
+    return tensor_meta
