@@ -181,6 +181,8 @@ def combine(estimates: list[Estimate]) -> Estimate:
         tree=module_tree(modules),
         input_shapes=first.input_shapes,
         attempts=list(first.attempts),
+        dtype=first.dtype,
+        training=first.training,
     )
 
 

@@ -73,6 +73,8 @@ class Captured:
     whole_calls: list[WholeCall] = field(default_factory=list)  # their calls, inputs and outputs
     input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
     attempts: list[Attempt] = field(default_factory=list)  # failed attempts before this one
+    dtype: str | None = None  # the model's floating dtype as captured ("float32", "bfloat16")
+    training: bool | None = None  # the model's training flag as captured (dropout, batch norm count differently)
 
 
 # --- what count and tree produce ------------------------------------------------------------------
@@ -196,6 +198,8 @@ class Estimate:
     input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (method, failure) before success
     measurements: Measurements | None = None
+    dtype: str | None = None  # the model's floating dtype as counted
+    training: bool | None = None  # the model's training flag as counted
 
     @property
     def root(self) -> ModuleStats:

@@ -32,6 +32,8 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         tree=module_tree(modules),
         input_shapes=captured.input_shapes,
         attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts],
+        dtype=captured.dtype,
+        training=captured.training,
     )
 
 

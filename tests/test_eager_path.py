@@ -101,3 +101,19 @@ def test_reports_say_which_path_was_counted_and_whether_the_model_ran():
     text = ran.print(as_string=True)
     assert "the model ran once, on its real inputs" in text and "static, nothing run" not in text
     assert "depend on input values" in ran.to_dict()["counted"]
+
+
+def test_reports_show_the_dtype_and_train_or_eval_mode_that_were_counted():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(torch.bfloat16)
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    trained = fxflops.estimate(model.train(), (x,))
+    evaluated = fxflops.estimate(model.eval(), (x,))
+    assert (trained.dtype, trained.training, evaluated.training) == ("bfloat16", True, False)
+    text = trained.print(as_string=True)
+    assert "dtype:" in text and "bfloat16" in text and "mode:" in text and "train" in text
+    assert "eval" in evaluated.print(as_string=True)
+    record = evaluated.to_dict()
+    assert (record["dtype"], record["training"]) == ("bfloat16", False)
+    # batch norm over 2 x 4 elements: batch statistics and affine in training (5 per element), affine
+    # with running statistics in eval (2 per element)
+    assert trained.total_flops - evaluated.total_flops == (5 - 2) * 2 * 4

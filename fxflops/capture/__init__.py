@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from fxflops.capture.diagnosis import CaptureError, describe_failure
-from fxflops.capture.inputs import has_meta_tensors, inputs_from_shape, shapes_of, tensors_in
+from fxflops.capture.inputs import floating_dtype, has_meta_tensors, inputs_from_shape, shapes_of, tensors_in
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.trace import NEEDS_REAL
@@ -42,5 +42,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             continue
         captured.attempts = attempts
         captured.input_shapes = shapes_of((args, kwargs))
+        captured.dtype = floating_dtype(model, args, kwargs)
+        captured.training = model.training
         return captured
     raise CaptureError(type(model).__name__, attempts)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils._pytree import tree_map
 
 
@@ -89,6 +90,15 @@ def meta_twin(tensor: torch.Tensor) -> torch.Tensor:
 def shapes_of(value: Any) -> Any:
     """The value with every tensor replaced by its shape (for reports)."""
     return tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, value)
+
+
+def floating_dtype(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> str:
+    """The model's floating dtype: its first floating parameter or buffer's, else its inputs', else torch's default."""
+    candidates = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
+    for tensor in candidates:
+        if not isinstance(tensor, UninitializedTensorMixin) and tensor.is_floating_point():
+            return str(tensor.dtype).removeprefix("torch.")
+    return str(torch.get_default_dtype()).removeprefix("torch.")
 
 
 def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:

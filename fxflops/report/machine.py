@@ -11,6 +11,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     method            str        capture method that succeeded: "eager" | "export" | "symbolic" | "trace"
     counted           str        what that method counted, in words (the eager path on fake tensors, ...)
     conventions       str        counting preset: "deepspeed" | "torch"
+    dtype             str|null   the model's floating dtype as counted, e.g. "float32", "bfloat16"
+    training          bool|null  the model's training flag as counted (dropout and batch norm depend on it)
     input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
                       of ints, e.g. [[[1024, 1, 32, 32]], {}] or [[], {"input_ids": [1, 128]}]
     attempts          [{"method": str, "error": str}]   capture methods that failed first
@@ -139,6 +141,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         method=estimate.method,
         counted=describe(estimate.method),
         conventions=estimate.conventions,
+        dtype=estimate.dtype,
+        training=estimate.training,
         input_shapes=jsonable(estimate.input_shapes),
         attempts=[{"method": method, "error": error} for method, error in estimate.attempts],
         totals={
@@ -267,6 +271,8 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         input_shapes=record.get("input_shapes", []),
         attempts=[(item["method"], item["error"]) for item in record.get("attempts", [])],
         measurements=measurements,
+        dtype=record.get("dtype"),
+        training=record.get("training"),
     )
 
 

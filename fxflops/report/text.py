@@ -207,6 +207,10 @@ def _model_lines(estimate: Estimate) -> list[str]:
         method = f"{method} (after {failed})"
     lines.append(_row("capture method:", method))
     lines.append(_row("counted path:", describe(estimate.method)))
+    if estimate.dtype is not None:
+        lines.append(_row("dtype:", estimate.dtype))
+    if estimate.training is not None:
+        lines.append(_row("mode:", "train (dropout and batch statistics counted)" if estimate.training else "eval"))
     lines.append(_row("conventions:", estimate.conventions))
     return lines
 
