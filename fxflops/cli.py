@@ -108,7 +108,6 @@ def input_options(args: argparse.Namespace) -> InputOptions:
 
 def render(estimate, args: argparse.Namespace) -> str:
     """The report in the requested format."""
-    # Submodules by full path: fxflops.report's own `text` and `tables` names are the functions.
     from fxflops.report.machine import to_csv, to_json
     from fxflops.report.tables import tables
     from fxflops.report.text import render as render_text
@@ -135,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     report = render(result, args)
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
+        sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
         sys.stdout.write(report)
     return 0

@@ -193,8 +193,9 @@ def test_formats_and_output_file(capsys, tmp_path):
     code, out, _ = run_main(capsys, "lenet5", "--format", "table", "--tablefmt", "plain")
     assert code == 0 and "Cost per module" in out and "|" not in out
     target = tmp_path / "lenet.json"
-    code, out, _ = run_main(capsys, "lenet5", "--batch", "4", "--format", "json", "--output", str(target))
+    code, out, err = run_main(capsys, "lenet5", "--batch", "4", "--format", "json", "--output", str(target))
     assert code == 0 and out == ""
+    assert f"wrote the json report on LeNet5 to {target}" in err  # says what it wrote, where
     assert json.loads(target.read_text())["totals"]["macs"] == 4 * LENET5_MACS_PER_SAMPLE
     code, out, _ = run_main(capsys, "lenet5", "--format", "csv")
     assert code == 0 and len(out.strip().splitlines()) == 1 + LENET5_MODULES

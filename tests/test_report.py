@@ -45,7 +45,7 @@ from tests.report_parsing import (
 BATCH = 1024
 CONV = "kernel_size=(5, 5), stride=(1, 1)"
 POOL = "kernel_size=2, stride=2, padding=0"
-# LeNet5 per sample (DESIGN.md conventions): conv MACs = out numel * C_in * 25, flops = 2 MACs +
+# LeNet5 per sample (../shared/DESIGN.md conventions): conv MACs = out numel * C_in * 25, flops = 2 MACs +
 # out numel (bias); linear MACs = in * out, flops = 2 MACs + out; tanh = out numel; avg pool =
 # input numel; softmax over 10 logits = 10 (in the root's own forward).
 LENET5 = [
@@ -262,7 +262,7 @@ def test_print_writes_stdout_or_file(tmp_path, capsys):
     estimate = lenet5_by_hand()
     assert estimate.print() is None
     printed = capsys.readouterr().out
-    assert printed == estimate.print(as_string=True) == report.text(estimate, as_string=True)
+    assert printed == estimate.print(as_string=True) == report.text.text(estimate, as_string=True)
     target = tmp_path / "profile.txt"
     assert estimate.print(output_file=str(target)) is None
     assert capsys.readouterr().out == ""
@@ -464,7 +464,7 @@ def test_module_table_latency_columns_only_when_measured():
 
 
 def test_tables_has_three_sections():
-    text = report.tables(lenet5_by_hand())
+    text = report.tables.tables(lenet5_by_hand())
     assert [line for line in text.splitlines() if line.startswith("Cost per")] == [
         "Cost per rule", "Cost per op", "Cost per module"]
 
@@ -662,3 +662,24 @@ def test_repr_of_an_estimate_is_one_short_line():
     # 2 x 4 x 5 MACs; 2 x MACs + a bias add per output element; 4 x 5 + 5 parameters
     assert text == ("Estimate(model=Linear, method=eager, conventions=deepspeed, macs=40, flops=90, params=25, "
                     "modules=1, nodes=1, unknown ops=0)")
+
+
+
+def test_report_package_keeps_its_submodule_names():
+    import types
+
+    assert isinstance(report.text, types.ModuleType) and isinstance(report.tables, types.ModuleType)
+
+
+def test_top_zero_prints_no_aggregated_profile():
+    text = lenet5_by_hand().print(top_modules=0, as_string=True)
+    assert "{}" not in text and "Aggregated Profile" not in text
+    assert "Detailed Profile" in text
+
+
+def test_timer_line_counts_steps_in_words_and_shows_the_profile_step():
+    estimate = lenet5_by_hand(measurements=measurements(warm_up=1, steps=1))
+    text = estimate.print(as_string=True)
+    assert "1 warm-up + 1 timed step" in text and "timed steps" not in text
+    estimate.measurements.extra["profile_step"] = 3  # as DeepSpeed's print_model_profile(profile_step=3)
+    assert "Profile Summary at step 3" in estimate.print(as_string=True)

@@ -1,7 +1,7 @@
 """Exact MAC/FLOP counts for every rule family, worked out by hand.
 
 Every expected number below is written as the arithmetic that produces it, derived from the op's
-definition (see DESIGN.md "Conventions" and the comments in rules/*.toml), never copied from
+definition (see ../shared/DESIGN.md "Conventions" and the comments in rules/*.toml), never copied from
 fxflops' output. Under conventions="torch" every case must also equal
 torch.utils.flop_counter.FlopCounterMode's total on a real forward (the independent oracle).
 

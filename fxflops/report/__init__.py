@@ -18,8 +18,8 @@ from fxflops.report.machine import (
     to_dict,
     to_json,
 )
-from fxflops.report.tables import module_table, op_table, tables
-from fxflops.report.text import render, text
+from fxflops.report.tables import module_table, op_table
+from fxflops.report.text import render
 
 __all__ = [
     "CSV_COLUMNS",
@@ -36,8 +36,6 @@ __all__ = [
     "params_to_string",
     "percent",
     "render",
-    "tables",
-    "text",
     "to_csv",
     "to_dict",
     "to_json",

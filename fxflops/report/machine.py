@@ -77,7 +77,6 @@ MODULE_FIELDS = (
 CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + (
     "achieved_flops",
 )
-DERIVED_MEASUREMENTS = ("achieved_flops", "utilization", "hook_overhead")
 
 
 def jsonable(value: Any) -> Any:

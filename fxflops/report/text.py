@@ -75,7 +75,8 @@ def render(
     lines = summary_lines(estimate)
     if by_rule and (estimate.by_rule or estimate.unknown):
         lines += ["", "Cost per rule:", op_table(estimate, "rule", tablefmt="simple")]
-    lines += [""] + aggregated_lines(estimate, module_depth, top_modules)
+    if top_modules > 0:  # top 0 asks for no aggregated profile, not for empty {} per depth
+        lines += [""] + aggregated_lines(estimate, module_depth, top_modules)
     if detailed:
         lines += [""] + detailed_lines(estimate, module_depth, fold)
     lines.append(_rule_line(""))
@@ -159,10 +160,16 @@ def _notation_lines(estimate: Estimate) -> list[str]:
     return lines
 
 
+def _counted(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def summary_lines(estimate: Estimate) -> list[str]:
     """Header, notations, what was estimated how, totals, measurements, unknown ops."""
     m = estimate.measurements
-    title = "Profile Summary (measured):" if m is not None else (
+    step = m.extra.get("profile_step") if m is not None else None
+    title = (f"Profile Summary at step {step} (measured):" if step is not None else "Profile Summary (measured):") \
+        if m is not None else (
         "Estimate Summary (the model ran once, on its real inputs):" if runs_model(estimate.method)
         else "Estimate Summary (static, nothing run):")
     lines = [_rule_line(TITLE), title] + _notation_lines(estimate) + [""]
@@ -265,7 +272,7 @@ def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
     word = _device_word(m)
     flops = estimate.total_flops
     lines = [_row("device:", f"{m.device} ({m.device_name})" if m.device_name else m.device)]
-    lines.append(_row("timer:", f"{m.timer}, {m.warm_up} warm-up + {m.steps} timed steps"))
+    lines.append(_row("timer:", f"{m.timer}, {_counted(m.warm_up, 'warm-up')} + {_counted(m.steps, 'timed step')}"))
     lines.append(_row("fwd latency:", duration_to_string(m.fwd_latency)))
     lines.append(
         _row(
