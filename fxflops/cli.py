@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fxflops import examples
+from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.methods import AUTO, CHOICES
 from fxflops.model_spec import (
     HF_TASKS,
@@ -141,9 +142,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
+    if isinstance(error, CaptureError):
+        return error.summary() + " (--debug shows every attempt)"
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     first = lines[0] if lines else type(error).__name__
-    return first + (" (--debug shows the details)" if len(lines) > 1 else "")
+    used = 1
+    while first.endswith(":") and used < len(lines):  # the detail follows on the next line
+        first, used = f"{first} {lines[used]}", used + 1
+    return first + (" (--debug shows the details)" if used < len(lines) else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

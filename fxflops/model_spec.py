@@ -23,6 +23,7 @@ import inspect
 import json
 import re
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -349,10 +350,13 @@ def _config_by_name(name: str) -> Any:
     for model_type in candidates + others:
         if _names_checkpoint(name, _defaults_checkpoint(model_type)):
             return CONFIG_MAPPING[model_type]()
-    hint = f"hf:{candidates[0]} (defaults: {_defaults_checkpoint(candidates[0])}) with --set, " if candidates else ""
+    close = difflib.get_close_matches(name, model_types, n=3)
+    guess = f"did you mean {' or '.join('hf:' + t for t in close)}? " if close else ""
+    hint = (f"hf:{candidates[0]} (defaults: {_defaults_checkpoint(candidates[0])}) with --set"
+            if candidates else "a model type such as hf:llama, hf:gpt2 or hf:bert")
     raise ModelSpecError(
         f"hf: no transformers config class defaults to {name!r} and it is not a model type; "
-        f"use {hint}or hf:path/to/config.json (nothing is downloaded)"
+        f"{guess}use {hint}, or hf:path/to/config.json (nothing is downloaded)"
     )
 
 
@@ -405,6 +409,14 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}"), options)
 
 
+def _import_error_in(path: Path, error: ImportError) -> str:
+    """An import failing inside the user's model file is that file's missing dependency, not fxflops'."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    where = f"{path}:{frames[-1].lineno}" if frames else str(path)
+    code = f" ({frames[-1].line.strip()})" if frames and frames[-1].line else ""
+    return f"{where}{code}: {type(error).__name__}: {error} — an import in the model file failed, not one of fxflops'"
+
+
 def _import_target(target: str) -> Any:
     path = Path(target)
     if target.endswith(".py") or path.is_file():
@@ -415,7 +427,10 @@ def _import_target(target: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         # Registered so dataclasses / pickling inside the user's file can find their module.
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as error:
+            raise ModelSpecError(_import_error_in(path, error)) from None
         return module
     try:
         return importlib.import_module(target)

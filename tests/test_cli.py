@@ -301,3 +301,30 @@ def test_factory_inputs_forms(tmp_path):
         model_spec.load(f"{tmp_path}/forms.py:not_a_model")
     with pytest.raises(ModelSpecError, match="has no callable"):
         model_spec.load(f"{tmp_path}/forms.py:missing")
+
+
+def test_capture_error_shows_the_decisive_reason(capsys):
+    # LeNet5 takes 1 channel: eager's shape error is the reason, not "every method failed"
+    code, _, err = run_main(capsys, "lenet5", "--input-shape", "1,3,32,32")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "could not capture LeNet5: eager:" in err and "to have 1 channels" in err
+    assert "in module 'feature_extractor.0'" in err and "trace skipped" in err
+
+
+def test_an_error_ending_in_a_colon_keeps_its_detail(capsys):
+    code, _, err = run_main(capsys, "hf:llama", "--set", "num_hidden_layers=two")
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert "num_hidden_layers" in err and "two" in err and not err.strip().endswith(":")
+
+
+def test_a_misspelt_hf_model_gets_a_suggestion(capsys):
+    code, _, err = run_main(capsys, "hf:lama")
+    assert code == 2 and "did you mean hf:llama" in err and "use or" not in err
+
+
+def test_an_import_failing_inside_the_model_file_names_the_file_and_line(capsys, tmp_path):
+    model_file = tmp_path / "mine.py"
+    model_file.write_text("import torch\nimport not_a_module_anyone_has\n\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    code, _, err = run_main(capsys, f"{model_file}:build")
+    assert code == 2 and f"{model_file}:2" in err and "not_a_module_anyone_has" in err
+    assert "model file" in err

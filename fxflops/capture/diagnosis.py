@@ -20,6 +20,7 @@ class CaptureError(RuntimeError):
     """Every capture method failed; lists each attempt, where it broke and what to try."""
 
     def __init__(self, model_type: str, attempts: Sequence[Attempt]) -> None:
+        self.model_type = model_type
         self.attempts = list(attempts)
         lines = [f"fxflops could not capture {model_type}: every method failed."]
         for attempt in attempts:
@@ -34,6 +35,20 @@ class CaptureError(RuntimeError):
             "leaf_modules=[...] and give them a rule."
         )
         super().__init__("\n".join(lines))
+
+
+    def summary(self) -> str:
+        """One line: the decisive reason (the first method that ran), where, and how the others ended."""
+        ran = [a for a in self.attempts if not a.reason.startswith("skipped")]
+        if not ran:
+            return f"could not capture {self.model_type}: " + "; ".join(f"{a.method} {a.reason}" for a in self.attempts)
+        decisive = ran[0]
+        where = f" in module '{decisive.module or ROOT_LABEL}'" if decisive.module is not None else ""
+        at = f" at {decisive.source}" if decisive.source else ""
+        others = [f"{a.method} {'skipped' if a.reason.startswith('skipped') else 'failed'}"
+                  for a in self.attempts if a is not decisive]
+        return (f"could not capture {self.model_type}: {decisive.method}: {decisive.reason}{where}{at}"
+                + (f" ({', '.join(others)})" if others else ""))
 
 
 def describe_failure(method: str, error: BaseException, model: torch.nn.Module) -> Attempt:
