@@ -447,6 +447,15 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
     except (TypeError, ValueError):
         return dict(options.overrides)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    unknown = [key for key in options.overrides if not takes_any and key not in parameters]
+    if unknown:  # batch, seq_len and dtype are offered; --set values are asked for, and must be taken
+        name = getattr(factory, "__name__", "the factory")
+        close = difflib.get_close_matches(unknown[0], list(parameters), n=1)
+        raise ModelSpecError(
+            f"--set {unknown[0]}=...: {name}() takes no argument {unknown[0]!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" ({name} takes: {', '.join(parameters) or 'no arguments'})"
+        )
     return {key: value for key, value in offered.items() if takes_any or key in parameters}
 
 

@@ -328,3 +328,12 @@ def test_an_import_failing_inside_the_model_file_names_the_file_and_line(capsys,
     code, _, err = run_main(capsys, f"{model_file}:build")
     assert code == 2 and f"{model_file}:2" in err and "not_a_module_anyone_has" in err
     assert "model file" in err
+
+
+def test_a_set_value_the_factory_does_not_take_is_an_error(capsys, tmp_path):
+    model_file = tmp_path / "sized.py"
+    model_file.write_text("import torch\n\ndef build(width=4):\n    return torch.nn.Linear(width, 2), (torch.randn(1, width),)\n")
+    code, out, _ = run_main(capsys, f"{model_file}:build", "--set", "width=3")
+    assert code == 0 and "in_features=3" in out  # the value reached the factory
+    code, _, err = run_main(capsys, f"{model_file}:build", "--set", "widht=3")
+    assert code == 2 and "widht" in err and "did you mean 'width'" in err
