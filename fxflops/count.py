@@ -6,7 +6,7 @@ but are kept, so the estimate can report them by op, count and module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch

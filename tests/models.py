@@ -37,6 +37,17 @@ class SharedTwice(nn.Module):
         return self.out(self.again(torch.relu(self.proj(x))))
 
 
+class ValueDependent(nn.Module):
+    """A Linear whose forward branches on the values of its input: fake tensors cannot decide it."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) if x.sum() > 0 else -self.proj(x)
+
+
 def tiny_transformers_model(kind: str, device: str = "cpu") -> tuple[nn.Module, dict]:
     """A 2-layer BERT / GPT-2 / Llama from its config class (never from a hub) and its inputs."""
     import transformers as tf

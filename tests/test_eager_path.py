@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import fxflops
+from tests.models import ValueDependent
 from tests.oracle import TRSM_COUNTS, oracle_flops
 
 tf = pytest.importorskip("transformers")
@@ -82,14 +83,6 @@ def test_hybrid_linear_attention_counts_the_eager_path_exactly(kind):
 
 
 def test_reports_say_which_path_was_counted_and_whether_the_model_ran():
-    class ValueDependent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.proj(x) if x.sum() > 0 else x
-
     static = fxflops.estimate(nn.Linear(4, 4), (torch.randn(2, 4),))
     text = static.print(as_string=True)
     assert "Estimate Summary (static, nothing run)" in text

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import fxflops
+from tests.models import ValueDependent
 
 METHODS = ["eager", "export", "symbolic", "trace"]
 
@@ -106,16 +107,12 @@ def test_profile_undoes_every_side_effect_of_the_forward(fail):
 
 
 def test_auto_falling_back_to_trace_leaves_no_trace():
-    class ValueDependent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = nn.Linear(8, 8)
-
+    class RandomValueDependent(ValueDependent):
         def forward(self, x):
-            self.seen = torch.rand(1)
-            return self.proj(x) if x.sum() > 0 else -self.proj(x)
+            self.seen = torch.rand(1)  # an attribute and a random draw the real forward leaves behind
+            return super().forward(x)
 
-    model, x = ValueDependent(), torch.ones(4, 8)
+    model, x = RandomValueDependent(width=8), torch.ones(4, 8)
     before = _state(model)
     result = fxflops.estimate(model, (x,))
     assert result.method == "trace" and result.total_macs == 4 * 8 * 8

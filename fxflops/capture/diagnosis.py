@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Sequence
 
@@ -10,10 +9,9 @@ import torch
 
 from fxflops.capture.attribution import NAME_TAG
 from fxflops.capture.isolation import walk_modules
+from fxflops.capture.recorder import LIBRARY_DIRS
 from fxflops.results import ROOT_LABEL, Attempt
 
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 
 class CaptureError(RuntimeError):
@@ -54,7 +52,7 @@ class CaptureError(RuntimeError):
 def describe_failure(method: str, error: BaseException, model: torch.nn.Module) -> Attempt:
     """The error's first lines, the innermost module whose forward was running, and the user's line."""
     frames = traceback.extract_tb(error.__traceback__)
-    user_frames = [f for f in frames if not f.filename.startswith(_LIBRARY_DIRS) and "<frozen" not in f.filename]
+    user_frames = [f for f in frames if not f.filename.startswith(LIBRARY_DIRS) and "<frozen" not in f.filename]
     source = None
     if user_frames:
         frame = user_frames[-1]

@@ -24,8 +24,9 @@ from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
 
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+# code under these is torch's or ours; the first frame outside them is the user's
+LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 
 class OpRecorder(TorchDispatchMode):
@@ -142,7 +143,7 @@ def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
 def _user_frame() -> tuple[str, int] | None:
     """(file, line) of the innermost caller outside torch and fxflops: the code that ran the op."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_DIRS):
         frame = frame.f_back
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 

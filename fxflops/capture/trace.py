@@ -8,7 +8,6 @@ write into in place is saved first and put back afterwards.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
