@@ -15,6 +15,7 @@ from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
+from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, Estimate
 from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries
 from fxflops.tree import build_estimate
@@ -34,8 +35,11 @@ def estimate(
     conventions: str = "deepspeed",
     rules: Iterable[RuleSpec] | RuleSpec | None = None,
     leaf_modules: Iterable[type | str] | None = None,
+    backward: bool = False,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: str | torch.optim.Optimizer | None = None,
 ) -> Estimate:
-    """MACs, FLOPs and parameters of one forward of `model`, per module, without running it.
+    """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
     `args`/`kwargs` may be real or meta tensors (only their shapes and dtypes are used), or give
     `input_shape=(1, 3, 224, 224)`. `method` is "eager" (the model's own forward on fake tensors),
@@ -43,6 +47,12 @@ def estimate(
     or "auto" (each in that order). The model is left exactly as it was. `conventions` is "deepspeed"
     or "torch" (FlopCounterMode's counting). `rules` adds TOML rule files or {op: callable} maps;
     `leaf_modules` lists module classes (or qualified class names) to count as a whole by their rule.
+
+    `backward=True` also counts the backward autograd would run for `loss(output)` (default: the sum
+    of the output's floating tensors), op by op on fake tensors: frozen parameters get no gradient,
+    activation checkpointing's recomputation counts as backward work. Then total_* = fwd_* + bwd_*.
+    `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
+    (`Estimate.optimizer`, not in total_*).
     """
     _check_conventions(conventions)
     args, kwargs = _normalize_inputs(model, args, kwargs, input_shape)
@@ -52,9 +62,11 @@ def estimate(
     is_whole = _whole_predicate(user_table, leaf_modules)
     with collector_paused():
         captured = capture(model, args, kwargs, method, is_leaf=lambda m: table.knows_module(m) or is_whole(m),
-                           is_whole=is_whole)
+                           is_whole=is_whole, backward=backward, loss=loss)
         result = build_estimate(type(model).__name__, captured, count_nodes(captured, table, conventions),
                                 conventions)
+    if optimizer is not None:
+        result.optimizer = optimizer_step(optimizer, model)
     _warn_unknown(result)
     return result
 

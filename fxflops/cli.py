@@ -24,6 +24,7 @@ from fxflops.model_spec import (
     parse_override,
     parse_shape,
 )
+from fxflops.optimizer import NAMES as OPTIMIZERS
 from fxflops.rules import CONVENTIONS
 
 FORMATS = ("text", "table", "json", "csv")
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")
+    counting.add_argument("--backward", action="store_true",
+                          help="also count the backward autograd runs for the sum of the outputs, op by op "
+                               "(frozen parameters get no gradient; checkpointing's recompute is counted)")
+    counting.add_argument("--train", action="store_true",
+                          help="count the model in training mode (dropout, batch statistics); default: as built")
+    counting.add_argument("--optimizer", choices=OPTIMIZERS,
+                          help="add one optimizer step's FLOPs over the trainable parameters")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS)
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
@@ -130,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(examples_listing())
         return 0
     loaded = load(args.model, input_options(args))
-    result = estimate(loaded.model, loaded.args, loaded.kwargs, method=args.method,
-                      conventions=args.conventions)
+    model = loaded.model.train() if args.train else loaded.model
+    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                      backward=args.backward, optimizer=args.optimizer)
     report = render(result, args)
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")

@@ -146,7 +146,9 @@ class FlopsProfiler:
     Between `start_profile()` and `stop_profile()` every forward of `model` is timed per module,
     and its inputs (once per distinct shape) are estimated. A backward pass through a profiled
     forward's output and optimizer steps in that window are timed too, and the summary then adds
-    bwd / step / iter latency and samples/second (bwd FLOPs taken as 2 x fwd, as DeepSpeed does).
+    bwd / step / iter latency and samples/second. A forward run with grad enabled is estimated with
+    its backward (fxflops.estimate(backward=True)), so bwd FLOPs are counted op by op, not taken as
+    2 x fwd as DeepSpeed does; `recompute_fwd_factor` x fwd FLOPs is added on top, as there.
     A window whose forwards differ in shape — `model.generate()` — is reported as one generation
     with its prefill / decode breakdown.
 
@@ -190,7 +192,7 @@ class FlopsProfiler:
         self.end_profile()
         self._ignore = tuple(ignore_list or ())
         self._device = model_device(self.model)
-        self._cache = EstimateCache(self.model, self._device, **self.estimate_options)
+        self._cache = EstimateCache(self.model, self._device, backward_when_grad=True, **self.estimate_options)
         self._phases = PhaseTimer(make_clock(self._device))
         self._timer = ModuleTimer(
             self.model, make_clock(self._device), skip_types=self._ignore, on_call=self._on_call,
@@ -267,16 +269,17 @@ class FlopsProfiler:
             m.step_latency = sum(self._phases.step) / len(self._phases.step)
         if m.bwd_latency is not None and m.step_latency is not None:
             m.iter_latency = m.fwd_latency + m.bwd_latency + m.step_latency
-        m.extra["bwd_flops_factor"] = 2 + self.recompute_fwd_factor
+        m.extra["bwd_flops_factor"] = 2 + self.recompute_fwd_factor  # used when the backward was not counted
+        m.extra["recompute_fwd_factor"] = self.recompute_fwd_factor
 
     def get_total_flops(self, as_string: bool = False) -> int | str:
         """Forward FLOPs per profiled step."""
-        flops = self.profile.total_flops
+        flops = self.profile.fwd_flops
         return number_to_string(flops) if as_string else flops
 
     def get_total_macs(self, as_string: bool = False) -> int | str:
         """Forward MACs per profiled step."""
-        macs = self.profile.total_macs
+        macs = self.profile.fwd_macs
         return macs_to_string(macs) if as_string else macs
 
     def get_total_params(self, as_string: bool = False) -> int | str:

@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.formula import FormulaError
-from fxflops.results import COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall
+from fxflops.results import (
+    BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
+)
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
 
 
@@ -28,7 +31,8 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     for graph_module, node in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
-        covering = _covering(path, whole_paths)
+        # a module rule counts its forward (run or recomputed); the backward's ops count one by one
+        covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(_covered_cost(node, covering))
         else:
@@ -121,6 +125,8 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         macs=macs,
         flops=flops,
         source=_source_line(node),
+        phase=node.meta.get(PHASE, FORWARD),
+        differentiates=node.meta.get(DIFFERENTIATES),
     )
 
 
@@ -154,7 +160,7 @@ def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:
     return NodeCost(
         name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or ROOT_LABEL}", module=path,
         module_type=type_name, input_shapes=(), output_shapes=_shapes(node.meta.get("val")), macs=0, flops=0,
-        source=_source_line(node),
+        source=_source_line(node), phase=node.meta.get(PHASE, FORWARD),
     )
 
 
@@ -164,9 +170,9 @@ def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conv
     entry = table.match(op_call)
     macs, flops = _apply(entry, op_call, conventions, call.module)
     return NodeCost(
-        name=f"{call.module or ROOT_LABEL}:call", op=op_call.key, status=_status(entry),
+        name=f"{call.module or ROOT_LABEL}:{'recompute' if call.phase != FORWARD else 'call'}", op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
-        input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops,
+        input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops, phase=call.phase,
     )
 
 

@@ -164,6 +164,8 @@ def combine(estimates: list[Estimate]) -> Estimate:
             self_macs=sum(p.self_macs for p in parts),
             self_flops=sum(p.self_flops for p in parts),
             calls=sum(p.calls for p in parts),
+            bwd_macs=sum(p.bwd_macs for p in parts),
+            bwd_flops=sum(p.bwd_flops for p in parts),
         )
     methods = sorted({e.method for e in estimates})
     return Estimate(
@@ -183,6 +185,9 @@ def combine(estimates: list[Estimate]) -> Estimate:
         attempts=list(first.attempts),
         dtype=first.dtype,
         training=first.training,
+        backward=any(e.backward for e in estimates),
+        bwd_macs=sum(e.bwd_macs for e in estimates),
+        bwd_flops=sum(e.bwd_flops for e in estimates),
     )
 
 
@@ -190,10 +195,12 @@ def _summed_totals(tables: list[dict[str, OpTotals]]) -> dict[str, OpTotals]:
     sums: dict[str, list[int]] = {}
     for table in tables:
         for key, t in table.items():
-            acc = sums.setdefault(key, [0, 0, 0])
+            acc = sums.setdefault(key, [0, 0, 0, 0, 0])
             acc[0] += t.count
             acc[1] += t.macs
             acc[2] += t.flops
+            acc[3] += t.bwd_macs
+            acc[4] += t.bwd_flops
     ordered = sorted(sums.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
     return {key: OpTotals(*values) for key, values in ordered}
 

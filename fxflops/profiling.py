@@ -335,20 +335,26 @@ class EstimateCache:
     A failed estimate is kept and raised by `get`, so the user's own loop never breaks on it.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device, **estimate_options: Any) -> None:
+    def __init__(self, model: nn.Module, device: torch.device, backward_when_grad: bool = False,
+                 **estimate_options: Any) -> None:
         self.model = model
         self.device = device
         self.options = estimate_options
+        # a training loop's forward (grad enabled, something trainable) is estimated with its backward
+        self.backward_when_grad = backward_when_grad and estimate_options.get("method", "auto") in ("auto", "eager")
         self.estimates: dict[tuple, Estimate] = {}
         self.errors: dict[tuple, Exception] = {}
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple:
-        key = signature((args, kwargs))
+        backward = self.backward_when_grad and torch.is_grad_enabled() and any(
+            p.requires_grad for p in self.model.parameters())
+        key = (signature((args, kwargs)), backward)
         if key not in self.estimates and key not in self.errors:
             try:
                 with preserved(self.model, self.device):
                     # estimate() leaves the inputs as they were (a KV cache is not grown)
-                    self.estimates[key] = estimate(self.model, tuple(args), dict(kwargs), **self.options)
+                    self.estimates[key] = estimate(self.model, tuple(args), dict(kwargs), backward=backward,
+                                                   **self.options)
             except Exception as error:  # noqa: BLE001 - reported by get(), see the class docstring
                 self.errors[key] = error
             gc.collect()  # the trace's garbage, collected before this call's clock starts

@@ -20,6 +20,12 @@ UNKNOWN = "unknown"
 ROOT_LABEL = "(root)"  # how reports, messages and traces name the model itself (qualified name "")
 UNKNOWN_RULE = "(unknown)"  # the per-rule key of the op nodes no rule or zero list matched
 
+# which pass ran an op
+FORWARD = "forward"
+BACKWARD = "backward"
+RECOMPUTE = "recompute"  # a forward run again inside the backward (activation checkpointing): backward work
+PHASE = "fxflops_phase"  # node.meta key holding the phase, in graphs captured with the backward
+
 
 # --- what capture hands to count -----------------------------------------------------------------
 
@@ -44,6 +50,7 @@ class WholeCall:
     args: tuple
     kwargs: dict
     out: Any
+    phase: str = FORWARD  # RECOMPUTE when activation checkpointing ran it again in the backward
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class Captured:
     attempts: list[Attempt] = field(default_factory=list)  # failed attempts before this one
     dtype: str | None = None  # the model's floating dtype as captured ("float32", "bfloat16")
     training: bool | None = None  # the model's training flag as captured (dropout, batch norm count differently)
+    backward: bool = False  # the graph holds the backward too (nodes carry meta["fxflops_phase"])
 
 
 # --- what count and tree produce ------------------------------------------------------------------
@@ -95,18 +103,27 @@ class NodeCost:
     macs: int
     flops: int
     source: str | None = None  # the user's source line that produced the op, when known
+    phase: str = FORWARD  # FORWARD, BACKWARD or RECOMPUTE
+    differentiates: str | None = None  # a backward op: the name of the forward node it differentiates
 
     @property
     def rule_key(self) -> str:
         """The node's key in per-rule totals: its rule, or UNKNOWN_RULE."""
         return self.rule or UNKNOWN_RULE
 
+    @property
+    def is_backward(self) -> bool:
+        """Work of the backward pass (recomputed forwards included)."""
+        return self.phase != FORWARD
+
 
 @dataclass(frozen=True)
 class OpTotals:
     count: int
-    macs: int
+    macs: int  # forward + backward
     flops: int
+    bwd_macs: int = 0  # the backward's share (recomputed forwards included)
+    bwd_flops: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,13 +152,40 @@ class ModuleStats:
     children: list[str] = field(default_factory=list)  # qualified names, definition order
     latency: float | None = None  # seconds per forward step (all calls summed), when measured
     latency_calls: int | None = None  # forward calls seen by the timed pass per step
+    bwd_macs: int = 0  # inclusive, the backward's share of macs (0 unless the backward was counted)
+    bwd_flops: int = 0
+    bwd_latency: float | None = None  # seconds per backward step, when measured
+
+    @property
+    def fwd_macs(self) -> int:
+        return self.macs - self.bwd_macs
+
+    @property
+    def fwd_flops(self) -> int:
+        return self.flops - self.bwd_flops
+
+    @property
+    def bwd_fwd_ratio(self) -> float | None:
+        """Backward FLOPs / forward FLOPs (None without forward FLOPs)."""
+        return self.bwd_flops / self.fwd_flops if self.fwd_flops else None
 
     @property
     def achieved_flops(self) -> float | None:
         """FLOP/s achieved by this module, when its latency was measured."""
         if not self.latency:
             return None
-        return self.flops / self.latency
+        return self.fwd_flops / self.latency
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """The elementwise FLOPs of one optimizer step over the trainable parameters."""
+
+    name: str  # "sgd", "adam", "adamw", ...
+    params: int  # trainable parameter elements it updates
+    flops_per_param: int
+    flops: int
+    formula: str  # how flops_per_param was derived
 
 
 @dataclass
@@ -200,10 +244,27 @@ class Estimate:
     measurements: Measurements | None = None
     dtype: str | None = None  # the model's floating dtype as counted
     training: bool | None = None  # the model's training flag as counted
+    backward: bool = False  # the backward was counted: total_* = fwd_* + bwd_*
+    bwd_macs: int = 0
+    bwd_flops: int = 0
+    optimizer: OptimizerStep | None = None  # the optimizer step, when asked for (not in total_*)
 
     @property
     def root(self) -> ModuleStats:
         return self.modules[""]
+
+    @property
+    def fwd_macs(self) -> int:
+        return self.total_macs - self.bwd_macs
+
+    @property
+    def fwd_flops(self) -> int:
+        return self.total_flops - self.bwd_flops
+
+    @property
+    def bwd_fwd_ratio(self) -> float | None:
+        """Backward FLOPs / forward FLOPs: 2.0 is the usual rule of thumb, rarely exact."""
+        return self.bwd_flops / self.fwd_flops if self.backward and self.fwd_flops else None
 
     def __repr__(self) -> str:
         # one line: the dataclass default prints every node and module (100+ KB in a notebook)
@@ -275,7 +336,7 @@ class Profile(Estimate):
         """Whole-model forward FLOP/s from the latency measured outside the hooks."""
         if not self.measurements or not self.measurements.fwd_latency:
             return None
-        return self.total_flops / self.measurements.fwd_latency
+        return self.fwd_flops / self.measurements.fwd_latency
 
     def to_chrome_trace(self, path: str) -> None:
         """Write one step's module timeline as Chrome/Perfetto trace-event JSON."""

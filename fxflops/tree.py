@@ -23,6 +23,9 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         conventions=conventions,
         total_macs=root.macs,
         total_flops=root.flops,
+        backward=captured.backward,
+        bwd_macs=root.bwd_macs,
+        bwd_flops=root.bwd_flops,
         total_params=root.params,
         modules=modules,
         nodes=costs,
@@ -42,10 +45,15 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
     """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
     self_macs: dict[str, int] = defaultdict(int)
     self_flops: dict[str, int] = defaultdict(int)
+    bwd_macs: dict[str, int] = defaultdict(int)
+    bwd_flops: dict[str, int] = defaultdict(int)
     for cost in costs:
         owner = _nearest_known(_canonical(cost.module, aliases), named)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
+        if cost.is_backward:
+            bwd_macs[owner] += cost.macs
+            bwd_flops[owner] += cost.flops
     stats = {
         name: ModuleStats(
             name=name,
@@ -59,6 +67,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             calls=calls.get(name, 0),
             extra_repr=info.extra_repr,
             children=list(info.children),
+            bwd_macs=bwd_macs[name],
+            bwd_flops=bwd_flops[name],
         )
         for name, info in named.items()
     }
@@ -67,6 +77,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
         if parent is not None and parent in stats:
             stats[parent].macs += stats[name].macs
             stats[parent].flops += stats[name].flops
+            stats[parent].bwd_macs += stats[name].bwd_macs
+            stats[parent].bwd_flops += stats[name].bwd_flops
     stats[""].calls = max(stats[""].calls, 1)
     return stats
 
@@ -82,14 +94,17 @@ def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
 
 
 def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for cost in costs:
         entry = counts[key(cost)]
         entry[0] += 1
         entry[1] += cost.macs
         entry[2] += cost.flops
+        if cost.is_backward:
+            entry[3] += cost.macs
+            entry[4] += cost.flops
     ordered = sorted(counts.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
-    return {name: OpTotals(count, macs, flops) for name, (count, macs, flops) in ordered}
+    return {name: OpTotals(*values) for name, values in ordered}
 
 
 def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:

@@ -51,3 +51,25 @@ def oracle_flops(model: torch.nn.Module, args: tuple = (), kwargs: dict[str, Any
     with torch.no_grad(), _no_fused_attention(), FlopCounterMode(display=False, custom_mapping=custom_mapping) as counter:
         model(*args, **(kwargs or {}))
     return counter.get_total_flops()
+
+
+def oracle_training_flops(model: torch.nn.Module, args: tuple = (), kwargs: dict[str, Any] | None = None,
+                          loss=None) -> tuple[int, int]:
+    """(forward, backward) FLOPs FlopCounterMode counts for one real forward and `loss(output).backward()`.
+
+    The default loss is the sum of the output's floating tensors that require grad; gradients the
+    model's parameters get are cleared again."""
+    with _no_fused_attention(), FlopCounterMode(display=False) as counter:
+        output = model(*args, **(kwargs or {}))
+        forward = counter.get_total_flops()
+        if loss is None:
+            from fxflops.capture.inputs import tensors_in
+
+            value = sum(t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad)
+        else:
+            value = loss(output)
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.backward()
+        total = counter.get_total_flops()
+    model.zero_grad(set_to_none=True)
+    return forward, total - forward

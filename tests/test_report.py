@@ -484,9 +484,11 @@ def assert_json_matches(estimate, data):
         for key in ("type", "depth", "params", "macs", "flops", "self_macs", "self_flops", "calls",
                     "extra_repr", "children", "latency", "latency_calls"):
             assert item[key] == getattr(stats, key), (item["name"], key)
-    assert data["by_op"] == {op: {"count": t.count, "macs": t.macs, "flops": t.flops}
+    assert data["by_op"] == {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bwd_macs": t.bwd_macs,
+                                  "bwd_flops": t.bwd_flops}
                              for op, t in estimate.by_op.items()}
-    assert data["by_rule"] == {rule: {"count": t.count, "macs": t.macs, "flops": t.flops}
+    assert data["by_rule"] == {rule: {"count": t.count, "macs": t.macs, "flops": t.flops, "bwd_macs": t.bwd_macs,
+                                      "bwd_flops": t.bwd_flops}
                                for rule, t in estimate.by_rule.items()}
     assert data["unknown"] == [{"op": u.op, "count": u.count, "modules": list(u.modules)}
                                for u in estimate.unknown]

@@ -9,6 +9,7 @@ hands the count stage a `fxflops.results.Captured`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,12 +25,17 @@ __all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_i
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,
             is_leaf: Callable[[torch.nn.Module], bool] = lambda m: False,
-            is_whole: Callable[[torch.nn.Module], bool] = lambda m: False) -> Captured:
-    """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail."""
+            is_whole: Callable[[torch.nn.Module], bool] = lambda m: False, backward: bool = False,
+            loss: Callable[[Any], torch.Tensor] | None = None) -> Captured:
+    """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail.
+
+    With `backward`, the graph also holds the backward autograd runs for `loss(output)`."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
-    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole)
+    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
+    if backward:
+        methods = _with_backward(methods, method)
     attempts: list[Attempt] = []
     for candidate in methods:
         if method == AUTO and candidate is TRACE and has_meta_tensors(model, args, kwargs):
@@ -46,3 +52,13 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.training = model.training
         return captured
     raise CaptureError(type(model).__name__, attempts)
+
+
+def _with_backward(methods: tuple, requested: str) -> tuple:
+    """The methods that can record a backward; a method asked for by name that cannot is an error."""
+    able = tuple(m for m in methods if m.records_backward)
+    if not able:
+        names = ", ".join(repr(m.name) for m in AUTO_ORDER if m.records_backward)
+        raise ValueError(f"method={requested!r} captures the forward only; the backward is recorded as autograd "
+                         f"runs it, by method {names} (or 'auto')")
+    return able

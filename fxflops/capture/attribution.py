@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.backward import FORWARD
 from fxflops.capture.isolation import walk_modules
 from fxflops.results import ModuleInfo, WholeCall
 
@@ -27,11 +28,13 @@ class ModuleTracker:
 
     def __init__(self, model: torch.nn.Module, prefix: str = "",
                  is_whole: Callable[[torch.nn.Module], bool] = lambda m: False,
-                 keep: Callable[[Any], Any] = lambda value: value) -> None:
+                 keep: Callable[[Any], Any] = lambda value: value,
+                 phase: Callable[[], str] | None = None) -> None:
         self._names = {id(module): _strip_prefix(name, prefix)
                        for name, module, alias_of in walk_modules(model) if alias_of is None}
         self._is_whole = is_whole
         self._keep = keep
+        self._phase = phase  # which pass runs (a forward recomputed in the backward is not a new call)
         self.stack: list[tuple[str, str]] = []
         self.calls: dict[str, int] = {}
         self.whole_calls: list[WholeCall] = []
@@ -60,7 +63,8 @@ class ModuleTracker:
         name = self.name_of(module)
         if name is not None:
             self.stack.append((name, type(module).__name__))
-            self.calls[name] = self.calls.get(name, 0) + 1
+            if self._phase is None or self._phase() == FORWARD:
+                self.calls[name] = self.calls.get(name, 0) + 1
 
     def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised: torch then calls every
@@ -72,7 +76,7 @@ class ModuleTracker:
         if len(kwargs_and_output) == 2 and self._is_whole(module):
             kwargs, output = kwargs_and_output
             self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
-                                              self._keep(output)))
+                                              self._keep(output), FORWARD if self._phase is None else self._phase()))
 
 
 def tag_names(model: torch.nn.Module) -> None:

@@ -21,8 +21,9 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
+from fxflops.capture.backward import GradOwners, backward_roots, run_backward
 from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
-from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.isolation import isolated, swap_tensors, unique_modules
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
@@ -45,10 +46,11 @@ class FakeTwins:
         with unset_fake_temporarily():  # twins made while the forward runs (lazy modules) too
             meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, device)
+        if tensor.requires_grad:  # a trainable parameter, or an input the backward differentiates
+            fake.requires_grad_(True)
         if isinstance(tensor, torch.nn.Parameter):
             # what nn.Parameter(fake) does for a tensor subclass, less its detach through the mode
             # (125 us per parameter): the twin is fresh, so it can carry the flag itself
-            fake.requires_grad_(tensor.requires_grad)
             fake._is_param = True
         return fake
 
@@ -106,11 +108,30 @@ def capture(request: Request) -> Captured:
     with isolated(model) as modules:
         swap_tensors(modules, twins)
         args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
-        tracker = ModuleTracker(model, is_whole=request.is_whole)
-        recorder = OpRecorder(tracker, type(model).__name__, run=twins.run)
-        with torch.no_grad(), mode, tracker, recorder, CompositeOps(recorder):
+        owners = GradOwners(_parameter_owners(model)) if request.backward else None
+        tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
+        recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
+        grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
+        with grad_mode, mode, tracker, recorder, CompositeOps(recorder):
+            if owners is not None:
+                owners.start()
             output = model(*args, **kwargs)
+            if owners is not None:
+                roots_of = backward_roots if request.loss is not None else recorder.unrecorded(backward_roots)
+                roots = roots_of(output, request.loss)
+                run_backward(roots, owners, recorder.unrecorded(_ones_like))
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
-                    tracker.whole_calls)
+                    tracker.whole_calls, backward=request.backward)
+
+
+def _parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
+    """id(parameter) -> (path, class) of the module holding it, for the twins swapped in."""
+    return {id(parameter): (name, type(module).__name__)
+            for name, module in unique_modules(model) for parameter in module._parameters.values()
+            if parameter is not None}
+
+
+def _ones_like(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.ones_like(root) for root in roots]

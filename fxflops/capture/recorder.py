@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
+from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
@@ -31,13 +32,16 @@ LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
 
 class OpRecorder(TorchDispatchMode):
     """Appends one FX node per aten op executed. `keep` turns an op's output into the value stored on
-    its node; `before` sees each op's arguments before it runs; `run` runs it (default: as it is)."""
+    its node; `before` sees each op's arguments before it runs; `run` runs it (default: as it is).
+    With `owners`, ops also get their phase, and backward ops the module of the forward op they
+    differentiate."""
 
     def __init__(self, tracker: ModuleTracker, root_type: str, keep: Callable[[Any], Any] | None = None,
                  before: Callable[[Any, tuple, dict], None] | None = None,
-                 run: Callable[[Any, tuple, dict], Any] | None = None) -> None:
+                 run: Callable[[Any, tuple, dict], Any] | None = None, owners: GradOwners | None = None) -> None:
         super().__init__()
         self.tracker = tracker
+        self.owners = owners
         self.graph = torch.fx.Graph()
         self._root_type = root_type
         self._keep = keep if keep is not None else _same
@@ -77,10 +81,29 @@ class OpRecorder(TorchDispatchMode):
                                       map_tensors(kwargs, self._as_arg), name=base)
         meta = node.meta
         meta["val"] = self._keep(out)
-        path, type_name = self.tracker.current()
-        meta["fxflops_module"] = (path, type_name or self._root_type)
-        meta[SOURCE] = _user_frame()
+        phase = FORWARD if self.owners is None else self.owners.phase()
+        if phase == BACKWARD or (phase != FORWARD and not self.tracker.stack):
+            self._place_backward(node)
+        else:
+            path, type_name = self.tracker.current()
+            meta["fxflops_module"] = (path, type_name or self._root_type)
+            meta[SOURCE] = _user_frame()
+        if self.owners is not None:
+            meta[PHASE] = phase
+            self.owners.claim(node)
         self._register_outputs(node, out)
+
+    def _place_backward(self, node: torch.fx.Node) -> None:
+        """A backward op belongs where the forward op it differentiates ran (the root when none)."""
+        forward = self.owners.differentiated() if self.owners is not None else None
+        if not isinstance(forward, torch.fx.Node):  # a parameter's module (accumulating its grad), or none
+            path, type_name = forward if forward is not None else ("", "")
+            node.meta["fxflops_module"] = (path, type_name or self._root_type)
+            node.meta[SOURCE] = None
+            return
+        node.meta["fxflops_module"] = forward.meta["fxflops_module"]
+        node.meta[SOURCE] = forward.meta.get(SOURCE)
+        node.meta[DIFFERENTIATES] = forward.meta.get(DIFFERENTIATES, forward.name)
 
     def _register_outputs(self, node: torch.fx.Node, out: Any) -> None:
         # a multi-output op's tensors are reached through getitem nodes, as in any FX graph
@@ -92,6 +115,8 @@ class OpRecorder(TorchDispatchMode):
                     element = self.graph.create_node("call_function", operator.getitem, (node, index))
                     element.meta["val"] = self._keep(item)
                     element.meta["fxflops_module"] = node.meta["fxflops_module"]
+                    if PHASE in node.meta:
+                        element.meta[PHASE] = node.meta[PHASE]
                     self._register_outputs(element, item)
 
     def _as_arg(self, value: torch.Tensor) -> torch.fx.Node:
@@ -102,6 +127,16 @@ class OpRecorder(TorchDispatchMode):
             self._inputs += 1
             self._producers[value] = producer
         return producer
+
+    def unrecorded(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """`function`, running its ops without recording them (they are fxflops', not the model's)."""
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.inside_opaque += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.inside_opaque -= 1
+        return wrapped
 
     def finish(self, output: Any) -> torch.fx.GraphModule:
         self.inside_opaque += 1

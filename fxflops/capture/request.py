@@ -22,6 +22,8 @@ class Request:
     kwargs: dict[str, Any]
     is_leaf: Callable[[torch.nn.Module], bool] = _never  # symbolic tracing keeps these modules whole
     is_whole: Callable[[torch.nn.Module], bool] = _never  # a rule counts these modules as a whole
+    backward: bool = False  # also record the backward of loss(output)
+    loss: Callable[[Any], torch.Tensor] | None = None  # None: the sum of the output's floating tensors
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

@@ -60,6 +60,8 @@ def subtree_signatures(estimate: Estimate) -> dict[str, Hashable]:
             stats.flops,
             stats.self_macs,
             stats.self_flops,
+            stats.bwd_macs,
+            stats.bwd_flops,
             stats.calls,
             children,
         )

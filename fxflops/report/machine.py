@@ -16,19 +16,28 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
                       of ints, e.g. [[[1024, 1, 32, 32]], {}] or [[], {"input_ids": [1, 128]}]
     attempts          [{"method": str, "error": str}]   capture methods that failed first
-    totals            {"macs": int, "flops": int, "params": int}
+    totals            {"macs": int, "flops": int, "params": int}   forward + backward when the backward was counted
+    backward          bool       whether the backward was counted
+    fwd / bwd         {"macs": int, "flops": int}   the forward's and the backward's shares of totals
+                      (bwd: zeros unless counted; recomputed forwards of activation checkpointing are bwd)
+    bwd_fwd_ratio     float|null backward FLOPs / forward FLOPs, when the backward was counted
+    optimizer         null, or {"name", "params", "flops_per_param", "flops", "formula"}: one
+                      optimizer step over the trainable parameters (not in totals)
     node_status       {"counted": int, "zero": int, "unknown": int}   graph nodes per outcome
     modules           [module], pre-order (parents first); the root has name ""
         module = {name, type, depth, params, macs, flops, self_macs, self_flops, calls,
                   extra_repr, children: [qualified names], latency: float|null (seconds per
-                  step, all calls), latency_calls: int|null, achieved_flops: float|null}
-    by_op             {op key: {"count", "macs", "flops"}}   e.g. "aten.mm.default"
-    by_rule           {rule name: {"count", "macs", "flops"}}
+                  step, all calls), latency_calls: int|null, achieved_flops: float|null,
+                  bwd_macs, bwd_flops (inclusive, 0 without backward), bwd_latency: float|null,
+                  fwd_macs, fwd_flops, bwd_fwd_ratio: float|null}
+    by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}   e.g. "aten.mm.default"
+    by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}
     unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
     measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
                       plus derived "achieved_flops", "utilization", "hook_overhead"
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
-                      module_type, input_shapes, output_shapes, macs, flops, source}]
+                      module_type, input_shapes, output_shapes, macs, flops, source, phase
+                      ("forward" | "backward" | "recompute"), differentiates (forward node name)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured.
@@ -52,6 +61,7 @@ from fxflops.results import (
     ModuleStats,
     NodeCost,
     OpTotals,
+    OptimizerStep,
     Profile,
     UnknownOp,
 )
@@ -73,10 +83,12 @@ MODULE_FIELDS = (
     "children",
     "latency",
     "latency_calls",
+    "bwd_macs",
+    "bwd_flops",
+    "bwd_latency",
 )
-CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + (
-    "achieved_flops",
-)
+DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops")  # written, not read back
+CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS
 
 
 def jsonable(value: Any) -> Any:
@@ -103,7 +115,8 @@ def _versions() -> dict[str, str]:
 
 def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
     return {
-        key: {"count": item.count, "macs": item.macs, "flops": item.flops}
+        key: {"count": item.count, "macs": item.macs, "flops": item.flops, "bwd_macs": item.bwd_macs,
+              "bwd_flops": item.bwd_flops}
         for key, item in values.items()
     }
 
@@ -111,7 +124,8 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
 def _module_dict(stats: ModuleStats) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
     record["children"] = list(stats.children)
-    record["achieved_flops"] = stats.achieved_flops
+    for field in DERIVED_FIELDS:
+        record[field] = getattr(stats, field)
     return record
 
 
@@ -120,7 +134,7 @@ def _measurements_dict(estimate: Estimate) -> dict[str, Any] | None:
     if m is None:
         return None
     record = jsonable(dataclasses.asdict(m))
-    achieved = estimate.total_flops / m.fwd_latency if m.fwd_latency else None
+    achieved = estimate.fwd_flops / m.fwd_latency if m.fwd_latency else None
     record["achieved_flops"] = achieved
     record["utilization"] = achieved / m.peak_flops if achieved and m.peak_flops else None
     record["hook_overhead"] = m.hook_overhead
@@ -149,6 +163,11 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
             "flops": estimate.total_flops,
             "params": estimate.total_params,
         },
+        backward=estimate.backward,
+        fwd={"macs": estimate.fwd_macs, "flops": estimate.fwd_flops},
+        bwd={"macs": estimate.bwd_macs, "flops": estimate.bwd_flops},
+        bwd_fwd_ratio=estimate.bwd_fwd_ratio,
+        optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
         modules=[_module_dict(stats) for stats in estimate.modules.values()],
         by_op=_totals(estimate.by_op),
@@ -272,6 +291,10 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         measurements=measurements,
         dtype=record.get("dtype"),
         training=record.get("training"),
+        backward=record.get("backward", False),
+        bwd_macs=record.get("bwd", {}).get("macs", 0),
+        bwd_flops=record.get("bwd", {}).get("flops", 0),
+        optimizer=OptimizerStep(**record["optimizer"]) if record.get("optimizer") else None,
     )
 
 

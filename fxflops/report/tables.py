@@ -42,11 +42,14 @@ def op_rows(estimate: Estimate, by: str = "op", raw: bool = False) -> tuple[list
     statuses = _statuses(estimate, by)
     ordered = sorted(totals.items(), key=lambda item: (-item[1].macs, -item[1].flops, item[0]))
     headers = [by, "status", "count", "MACs", "% MACs", "FLOPs", "% FLOPs"]
+    if estimate.backward:  # MACs and FLOPs are forward + backward; these say how much is backward
+        headers += ["bwd MACs", "bwd FLOPs"]
     rows = [
         _op_row(key, statuses.get(key, ""), value, estimate, raw) for key, value in ordered
     ]
     count = sum(value.count for value in totals.values())
-    total = OpTotals(count=count, macs=estimate.total_macs, flops=estimate.total_flops)
+    total = OpTotals(count=count, macs=estimate.total_macs, flops=estimate.total_flops,
+                     bwd_macs=estimate.bwd_macs, bwd_flops=estimate.bwd_flops)
     rows.append(_op_row("total", "", total, estimate, raw))
     return headers, rows
 
@@ -54,7 +57,7 @@ def op_rows(estimate: Estimate, by: str = "op", raw: bool = False) -> tuple[list
 def _op_row(key: str, status: str, value: OpTotals, estimate: Estimate, raw: bool) -> list:
     macs = value.macs if raw else macs_to_string(value.macs)
     flops = value.flops if raw else number_to_string(value.flops)
-    return [
+    row = [
         key,
         status,
         value.count,
@@ -63,6 +66,10 @@ def _op_row(key: str, status: str, value: OpTotals, estimate: Estimate, raw: boo
         flops,
         percent(value.flops, estimate.total_flops),
     ]
+    if estimate.backward:
+        row += [value.bwd_macs if raw else macs_to_string(value.bwd_macs),
+                value.bwd_flops if raw else number_to_string(value.bwd_flops)]
+    return row
 
 
 def op_table(
@@ -86,6 +93,8 @@ def module_rows(
     measured = any(stats.latency is not None for stats in estimate.modules.values())
     headers = ["module", "type", "count", "params", "% params", "MACs", "% MACs", "FLOPs"]
     headers += ["% FLOPs", "calls"]
+    if estimate.backward:  # MACs and FLOPs are forward + backward
+        headers += ["bwd MACs", "bwd FLOPs", "bwd/fwd"]
     if measured:
         headers += ["latency", "% latency", "FLOPS"]
     total_latency = folding.root_latency(estimate)
@@ -120,9 +129,14 @@ def _module_row(
         percent(stats.flops, estimate.total_flops),
         stats.calls,
     ]
+    if estimate.backward:
+        ratio = stats.bwd_fwd_ratio
+        row += [stats.bwd_macs if raw else macs_to_string(stats.bwd_macs),
+                stats.bwd_flops if raw else number_to_string(stats.bwd_flops),
+                ratio if raw or ratio is None else f"{ratio:.2f}"]
     if measured:
         latency = folding.mean_latency(estimate, group)
-        rate = stats.flops / latency if latency else None
+        rate = stats.fwd_flops / latency if latency else None
         row += [
             latency if raw or latency is None else duration_to_string(latency),
             percent(latency, total_latency),

@@ -23,7 +23,7 @@ from fxflops.report.formats import (
     percent,
 )
 from fxflops.report.tables import op_table
-from fxflops.results import COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Estimate, Measurements
+from fxflops.results import COUNTED, RECOMPUTE, ROOT_LABEL, UNKNOWN, ZERO, Estimate, Measurements
 
 TITLE = " fxflops Flops Profiler "
 LABEL_WIDTH = 60
@@ -255,22 +255,42 @@ def _count_lines(estimate: Estimate) -> list[str]:
                 params_to_string(estimate.total_params * mp_size),
             )
         )
-    lines.append(_row(f"fwd MACs{per}:", macs_to_string(estimate.total_macs)))
-    lines.append(_row(f"fwd flops{per}:", number_to_string(estimate.total_flops)))
+    lines.append(_row(f"fwd MACs{per}:", macs_to_string(estimate.fwd_macs)))
+    lines.append(_row(f"fwd flops{per}:", number_to_string(estimate.fwd_flops)))
     if mp_size is not None:
         lines.append(
             _row(
                 f"fwd flops of model = fwd flops per {word} * mp_size:",
-                number_to_string(estimate.total_flops * mp_size),
+                number_to_string(estimate.fwd_flops * mp_size),
             )
         )
+    if estimate.backward:
+        lines += _backward_lines(estimate, per)
+    if estimate.optimizer is not None:
+        step = estimate.optimizer
+        lines.append(_row(f"optimizer step flops{per} ({step.name}, {step.flops_per_param} per parameter):",
+                          f"{number_to_string(step.flops)} ({params_to_string(step.params)} trainable)"))
     return lines
+
+
+def _backward_lines(estimate: Estimate, per: str) -> list[str]:
+    """The counted backward: its MACs and FLOPs, their ratio to the forward's, fwd + bwd."""
+    recomputed = sum(node.flops for node in estimate.nodes if node.phase == RECOMPUTE)
+    note = f" (recomputed forward: {number_to_string(recomputed)})" if recomputed else ""
+    ratio = estimate.bwd_fwd_ratio
+    return [
+        _row(f"bwd MACs{per}:", macs_to_string(estimate.bwd_macs)),
+        _row(f"bwd flops{per}:", number_to_string(estimate.bwd_flops) + note),
+        _row("bwd / fwd flops:", "n/a (no forward flops)" if ratio is None else f"{ratio:.3f}"),
+        _row(f"fwd+bwd MACs{per}:", macs_to_string(estimate.total_macs)),
+        _row(f"fwd+bwd flops{per}:", number_to_string(estimate.total_flops)),
+    ]
 
 
 def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
     """DeepSpeed's latency/FLOPS/throughput lines, each only when its inputs were measured."""
     word = _device_word(m)
-    flops = estimate.total_flops
+    flops = estimate.fwd_flops
     lines = [_row("device:", f"{m.device} ({m.device_name})" if m.device_name else m.device)]
     lines.append(_row("timer:", f"{m.timer}, {_counted(m.warm_up, 'warm-up')} + {_counted(m.steps, 'timed step')}"))
     lines.append(_row("fwd latency:", duration_to_string(m.fwd_latency)))
@@ -298,39 +318,42 @@ def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
                 f"{duration_to_string(m.hooked_fwd_latency)} ({m.hook_overhead:.2f}x)",
             )
         )
-    # backward = 2 x forward FLOPs, plus the forward recomputed under activation checkpointing
-    bwd = m.extra.get("bwd_flops_factor", 2)
+    lines += _bwd_latency_lines(estimate, m)
+    lines += _throughput_lines(m)
+    return lines
+
+
+def _bwd_latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
+    """bwd latency and FLOPS: from the counted backward, or DeepSpeed's factor x forward FLOPs."""
+    word = _device_word(m)
+    flops = estimate.fwd_flops
+    if estimate.backward:
+        extra = m.extra.get("recompute_fwd_factor", 0)  # what a user adds for recomputation we did not see
+        bwd_flops = estimate.bwd_flops + extra * flops
+        bwd_label = f"bwd flops per {word}" + (f" + {extra:g} * fwd flops per {word}" if extra else "")
+        both_label = f"(fwd+{bwd_label})"
+    else:  # 2 x forward FLOPs, plus the forward recomputed under activation checkpointing
+        factor = m.extra.get("bwd_flops_factor", 2)
+        bwd_flops, bwd_label = factor * flops, f"{factor:g} * fwd flops per {word}"
+        both_label = f"{1 + factor:g} * fwd flops per {word}"
+    lines = []
     if m.bwd_latency is not None:
         lines.append(_row("bwd latency:", duration_to_string(m.bwd_latency)))
         if m.bwd_latency:
-            lines.append(
-                _row(
-                    f"bwd FLOPS per {word} = {bwd:g} * fwd flops per {word} / bwd latency:",
-                    flops_to_string(bwd * flops / m.bwd_latency),
-                )
-            )
+            lines.append(_row(f"bwd FLOPS per {word} = {bwd_label} / bwd latency:",
+                              flops_to_string(bwd_flops / m.bwd_latency)))
         fwd_bwd = m.fwd_latency + m.bwd_latency
         if fwd_bwd:
-            rate = (1 + bwd) * flops / fwd_bwd
-            lines.append(
-                _row(
-                    f"fwd+bwd FLOPS per {word} = {1 + bwd:g} * fwd flops per {word} / (fwd+bwd latency):",
-                    flops_to_string(rate),
-                )
-            )
+            rate = (flops + bwd_flops) / fwd_bwd
+            lines.append(_row(f"fwd+bwd FLOPS per {word} = {both_label} / (fwd+bwd latency):", flops_to_string(rate)))
             lines += _utilization_lines("fwd+bwd", rate, m)
     if m.step_latency is not None:
         lines.append(_row("step latency:", duration_to_string(m.step_latency)))
     if m.iter_latency is not None:
         lines.append(_row("iter latency:", duration_to_string(m.iter_latency)))
         if m.iter_latency:
-            lines.append(
-                _row(
-                    f"FLOPS per {word} = {1 + bwd:g} * fwd flops per {word} / iter latency:",
-                    flops_to_string((1 + bwd) * flops / m.iter_latency),
-                )
-            )
-    lines += _throughput_lines(m)
+            lines.append(_row(f"FLOPS per {word} = {both_label} / iter latency:",
+                              flops_to_string((flops + bwd_flops) / m.iter_latency)))
     return lines
 
 
@@ -409,10 +432,11 @@ def aggregate_by_type(estimate: Estimate) -> dict[int, dict[str, dict[str, float
     table: dict[int, dict[str, dict[str, float]]] = {}
     for stats in estimate.modules.values():
         entry = table.setdefault(stats.depth, {}).setdefault(
-            stats.type, {"params": 0, "macs": 0, "latency": 0.0, "timed": 0}
+            stats.type, {"params": 0, "macs": 0, "bwd_macs": 0, "latency": 0.0, "timed": 0}
         )
         entry["params"] += stats.params
-        entry["macs"] += stats.macs
+        entry["macs"] += stats.fwd_macs
+        entry["bwd_macs"] += stats.bwd_macs
         if stats.latency is not None:
             entry["latency"] += stats.latency
             entry["timed"] += 1
@@ -433,6 +457,8 @@ def aggregated_lines(estimate: Estimate, module_depth: int = -1, top_modules: in
         deepest = min(deepest, module_depth)
     measured = _is_measured(estimate)
     what = "params, MACs or fwd latency" if measured else "params or MACs"
+    if estimate.backward:
+        what = "params, fwd MACs, bwd MACs or fwd latency" if measured else "params, fwd MACs or bwd MACs"
     lines = [
         _rule_line(f" Aggregated Profile{per} ", 86),
         f"Top {top_modules} modules in terms of {what} at different model depths:",
@@ -441,7 +467,10 @@ def aggregated_lines(estimate: Estimate, module_depth: int = -1, top_modules: in
         entries = by_depth.get(depth, {})
         lines.append(f"depth {depth}:")
         lines.append(f"    params      - {_top(entries, 'params', top_modules, params_to_string)}")
-        lines.append(f"    MACs        - {_top(entries, 'macs', top_modules, macs_to_string)}")
+        label = "fwd MACs" if estimate.backward else "MACs"
+        lines.append(f"    {label:<11} - {_top(entries, 'macs', top_modules, macs_to_string)}")
+        if estimate.backward:
+            lines.append(f"    bwd MACs    - {_top(entries, 'bwd_macs', top_modules, macs_to_string)}")
         if measured:
             timed = {name: values for name, values in entries.items() if values["timed"]}
             lines.append(
@@ -457,6 +486,9 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
     per = _per(estimate.measurements)
     measured = _is_measured(estimate)
     order = "params, percentage of total params, MACs, percentage of total MACs"
+    if estimate.backward:
+        order = ("params, percentage of total params, fwd MACs, percentage of total fwd MACs, "
+                 "bwd MACs, bwd flops / fwd flops")
     if measured:
         order += ", fwd latency, percentage of total fwd latency, fwd FLOPS"
     notes = [
@@ -495,15 +527,19 @@ def module_fields(
     fields = [
         params_to_string(stats.params),
         f"{percent(stats.params, estimate.total_params)} Params",
-        macs_to_string(stats.macs),
-        f"{percent(stats.macs, estimate.total_macs)} MACs",
+        macs_to_string(stats.fwd_macs),
+        f"{percent(stats.fwd_macs, estimate.fwd_macs)} MACs",
     ]
+    if estimate.backward:
+        ratio = stats.bwd_fwd_ratio
+        fields += [f"{macs_to_string(stats.bwd_macs)} bwd",
+                   "no fwd flops" if ratio is None else f"{ratio:.2f}x bwd/fwd"]
     if measured:
         latency = folding.mean_latency(estimate, group)
         if latency is None:
             fields += ["not timed", "0.00% latency", "0 FLOPS"]
         else:
-            rate = stats.flops / latency if latency else 0.0
+            rate = stats.fwd_flops / latency if latency else 0.0
             fields += [
                 duration_to_string(latency),
                 f"{percent(latency, latency_total)} latency",
