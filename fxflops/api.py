@@ -55,6 +55,8 @@ def estimate(
     (`Estimate.optimizer`, not in total_*).
     """
     _check_conventions(conventions)
+    if loss is not None and not backward:
+        raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = _normalize_inputs(model, args, kwargs, input_shape)
     table = load_table(rules)
     user_entries = load_user_entries(rules)

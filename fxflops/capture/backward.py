@@ -14,6 +14,7 @@ checkpointing): they count as backward work, in the module whose forward runs ag
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,8 @@ import torch
 from fxflops.capture.inputs import tensors_in
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
-__all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners", "backward_roots",
-           "run_backward"]
+__all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
+           "NothingToDifferentiateWarning", "backward_roots", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
 
 Loss = Callable[[Any], torch.Tensor]
@@ -89,9 +90,16 @@ def backward_roots(output: Any, loss: Loss | None) -> list[torch.Tensor]:
     return [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
 
 
+class NothingToDifferentiateWarning(UserWarning):
+    """backward=True, but no output depends on anything that requires grad: the backward costs 0."""
+
+
 def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[[list[torch.Tensor]], list]) -> None:
     """Run autograd's backward from `roots`, seeded by `seeds(roots)` (ones of each root's shape)."""
     if not roots:
+        warnings.warn("backward=True, but nothing in the output requires grad (every parameter frozen, or the "
+                      "forward detaches its result): the backward costs 0. Unfreeze what trains, or pass inputs "
+                      "with requires_grad=True", NothingToDifferentiateWarning, stacklevel=2)
         return
     grads = seeds(roots)
     owners.in_backward = True
