@@ -121,19 +121,20 @@ def fold_ignored(result: Profile, model: nn.Module, types: tuple[type, ...]) -> 
     """
     ignored = {name for name, module in model.named_modules() if name and isinstance(module, types)} if types else set()
     modules = result.modules
+    fields = ("macs", "flops", "bwd_macs", "bwd_flops")
     for name in ignored & modules.keys():
         stats = modules[name]
-        macs, flops = stats.self_macs, stats.self_flops
-        stats.self_macs = stats.self_flops = 0
-        stats.macs -= macs
-        stats.flops -= flops
-        parent = _parent(name)
-        while parent in ignored:  # ignored ancestors lose it too
-            modules[parent].macs -= macs
-            modules[parent].flops -= flops
+        own = dict(zip(fields, (stats.self_macs, stats.self_flops, stats.self_bwd_macs, stats.self_bwd_flops)))
+        stats.self_macs = stats.self_flops = stats.self_bwd_macs = stats.self_bwd_flops = 0
+        parent = name
+        while parent in ignored:  # the module and its ignored ancestors lose it
+            for field in fields:
+                setattr(modules[parent], field, getattr(modules[parent], field) - own[field])
             parent = _parent(parent)
-        modules[parent].self_macs += macs
-        modules[parent].self_flops += flops
+        modules[parent].self_macs += own["macs"]
+        modules[parent].self_flops += own["flops"]
+        modules[parent].self_bwd_macs += own["bwd_macs"]
+        modules[parent].self_bwd_flops += own["bwd_flops"]
 
 
 def _parent(name: str) -> str:
@@ -247,6 +248,8 @@ class FlopsProfiler:
         return self._profile
 
     def _build(self) -> Profile:
+        # the backward is counted only when the window saw one run
+        self._cache.with_backward = bool(self._phases.bwd)
         records = self._timer.records
         runs = split_runs(records)
         common = dict(warm_up=0, peak_flops=self.peak_flops, batch_size=self._batch_size)

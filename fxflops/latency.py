@@ -291,6 +291,134 @@ def timeline_rows(record: StepRecord, types: dict[str, str]) -> list[dict[str, A
     ]
 
 
+# ------------------------------------------------------------------------------ backward timing
+
+
+class BackwardTimer:
+    """Times the backward per module: every autograd node the backward runs is timed (from its
+    pre-hook to its hook) and charged to the innermost module whose forward created it.
+
+    Ownership comes from autograd's sequence numbers, as in the estimate: while attached, each
+    module entry and exit of a forward notes the number autograd will hand out next, and the
+    numbers handed out in between belong to the module on top of the stack. A gradient
+    accumulated into a parameter belongs to the parameter's module. Autograd nodes do not nest,
+    so a module's time is exactly the sum of its nodes'; a parent's includes its children's.
+    """
+
+    def __init__(self, model: nn.Module, clock: CpuClock | CudaClock, skip_types: tuple[type, ...] = ()) -> None:
+        self.clock = clock
+        self.records: list[dict[str, float]] = []  # per backward: module -> seconds (inclusive)
+        self._modules = [(n, m) for n, m in model.named_modules() if not n or not isinstance(m, skip_types)]
+        self._param_owner = {id(p): n for n, m in self._modules for p in m.parameters(recurse=False)}
+        self._owner: dict[int, str] = {}
+        self._stack: list[str] = []
+        self._next_seq = 0
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def _claim(self) -> None:
+        now = torch.autograd._get_sequence_nr()
+        if self._stack:
+            owner = self._stack[-1]
+            for seq in range(self._next_seq, now):
+                self._owner[seq] = owner
+        self._next_seq = now
+
+    def _enter(self, name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple) -> None:
+            self._claim()
+            self._stack.append(name)
+        return hook
+
+    def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._claim()
+        if self._stack:
+            self._stack.pop()
+
+    def attach(self) -> BackwardTimer:
+        """Follow the forwards that run from now on (call before the forward to be differentiated)."""
+        if not self._handles:
+            self._owner.clear()
+            self._stack.clear()
+            self._next_seq = torch.autograd._get_sequence_nr()
+            for name, module in self._modules:
+                self._handles.append(module.register_forward_pre_hook(self._enter(name), prepend=True))
+                self._handles.append(module.register_forward_hook(self._exit, always_call=True))
+        return self
+
+    def detach(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def owner(self, node: Any) -> str | None:
+        variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
+        if variable is not None:
+            return self._param_owner.get(id(variable))
+        return self._owner.get(node._sequence_nr())
+
+    def backward(self, roots: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """Run the backward from `roots`, timing each autograd node; appends one record."""
+        nodes = _graph_nodes(roots)
+        owners = [self.owner(node) for node in nodes]
+        stamps: list[list[Any]] = [[] for _ in nodes]
+        handles = []
+        for index, node in enumerate(nodes):
+            if owners[index] is None:
+                continue
+            taken = stamps[index]
+            handles.append(node.register_prehook(lambda grad_outputs, taken=taken: taken.append(self.clock.stamp())))
+            handles.append(node.register_hook(lambda grad_inputs, grad_outputs, taken=taken:
+                                              taken.append(self.clock.stamp())))
+        self.clock.reset()
+        try:
+            torch.autograd.backward(roots, grads)
+        finally:
+            for handle in handles:
+                handle.remove()
+        flat = [stamp for taken in stamps for stamp in taken]
+        seconds = iter(self.clock.seconds(flat))
+        per_module: dict[str, float] = {}
+        for owner, taken in zip(owners, stamps):
+            times = [next(seconds) for _ in taken]
+            if owner is None or len(times) != 2:
+                continue
+            for name in _self_and_ancestors(owner):
+                per_module[name] = per_module.get(name, 0.0) + times[1] - times[0]
+        self.records.append(per_module)
+
+
+def _graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
+    """Every autograd node reachable from the roots' grad_fns, each once."""
+    seen: set[int] = set()
+    order: list[Any] = []
+    stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return order
+
+
+def _self_and_ancestors(name: str) -> list[str]:
+    names = [name]
+    while name:
+        name = name.rsplit(".", 1)[0] if "." in name else ""
+        names.append(name)
+    return names
+
+
+def mean_backward(records: list[dict[str, float]]) -> dict[str, float]:
+    """Per module: mean backward seconds per step (modules absent from a step count 0 there)."""
+    totals: dict[str, float] = {}
+    for record in records:
+        for name, seconds in record.items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    return {name: seconds / len(records) for name, seconds in totals.items()}
+
+
 # ------------------------------------------------------------------------ backward / step phases
 
 
@@ -404,7 +532,8 @@ def graph_modules(estimate: Estimate) -> set[str]:
     return seen
 
 
-def join(estimate: Estimate, latencies: dict[str, tuple[float, int]], measurements: Measurements) -> Profile:
+def join(estimate: Estimate, latencies: dict[str, tuple[float, int]], measurements: Measurements,
+         bwd_latencies: dict[str, float] | None = None) -> Profile:
     """A Profile: the estimate's fields (copied, never mutated) with per-module latency filled in.
 
     Modules are matched by qualified name. Containers that never run themselves get their
@@ -414,6 +543,9 @@ def join(estimate: Estimate, latencies: dict[str, tuple[float, int]], measuremen
     modules = {name: _with_latency(stats, latencies.get(name)) for name, stats in estimate.modules.items()}
     if "" in modules:
         _fill_containers(modules, "")
+    if bwd_latencies is not None:
+        for name, stats in modules.items():
+            stats.bwd_latency = bwd_latencies.get(name, 0.0)
     measurements.unmatched_measured = tuple(sorted(n for n in latencies if n not in modules))
     seen_in_graph = graph_modules(estimate)
     measurements.unmatched_graph = tuple(n for n, s in modules.items() if n in seen_in_graph and s.latency is None)

@@ -11,7 +11,7 @@ import gc
 import platform
 import statistics
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,18 +21,22 @@ from torch.utils import _pytree as pytree
 from fxflops import peaks
 from fxflops.api import collector_paused, estimate
 from fxflops.latency import (
+    BackwardTimer,
     ModuleTimer,
     StepRecord,
     join,
     make_clock,
+    mean_backward,
     mean_per_step,
     median_record,
     time_calls,
     timeline_rows,
 )
 from fxflops.capture import tensors_in
+from fxflops.capture.backward import backward_roots
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.results import Estimate, Measurements, Profile
+from fxflops.tree import forward_only
 
 
 def profile(
@@ -52,6 +56,8 @@ def profile(
     conventions: str = "deepspeed",
     rules: Any = None,
     leaf_modules: Any = None,
+    backward: bool = False,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> Profile:
     """Estimate one forward of `model` (as `estimate()` does) and time it on its device.
 
@@ -63,6 +69,11 @@ def profile(
     parallel sizes of the summary. Modules of `skip_types` are not timed. `method`, `conventions`,
     `rules` and `leaf_modules` are estimate()'s. The model is left as it was: training flags,
     buffers (BatchNorm statistics), devices, RNG state; no hooks remain, also on exceptions.
+
+    `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the sum of the
+    output's floating tensors) and times it too: the whole backward without hooks, and per module by
+    timing each autograd node and charging it to the module whose forward created it. Gradients the
+    timed backwards leave in `.grad` are put back as they were.
     """
     if steps < 1 or warm_up < 0:
         raise ValueError(f"need steps >= 1 and warm_up >= 0, got steps={steps}, warm_up={warm_up}")
@@ -70,16 +81,69 @@ def profile(
     with preserved(model, target) as writes, moved_to(model, target if device is not None else None):
         args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
         static = estimate(model, args, kwargs, method=method, conventions=conventions, rules=rules,
-                          leaf_modules=leaf_modules)
-        plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps, grad=grad,
-                                         skip_types=skip_types, watch=writes.watching())
+                          leaf_modules=leaf_modules, backward=backward, loss=loss)
+        plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
+                                         grad=grad or backward, skip_types=skip_types, watch=writes.watching())
+        plain_bwd, bwd_records = measure_backward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
+                                                  loss=loss, skip_types=skip_types) if backward else ([], [])
     measurements = build_measurements(
         model, target, plain=plain, records=records, warm_up=warm_up, peak_flops=peak_flops,
         batch_size=batch_size_of((args, kwargs)), dtype=compute_dtype(model, target),
     )
-    measurements.extra["grad"] = grad
+    measurements.extra["grad"] = grad or backward
     measurements.world_size, measurements.dp_size, measurements.mp_size = parallel_sizes(mp_size, dp_size)
-    return join(static, mean_per_step(records), measurements)
+    if backward:
+        measurements.bwd_latency = statistics.fmean(plain_bwd)
+        measurements.extra["bwd_latencies"] = list(plain_bwd)
+    return join(static, mean_per_step(records), measurements, mean_backward(bwd_records) if backward else None)
+
+
+def measure_backward(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    device: torch.device,
+    warm_up: int,
+    steps: int,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    skip_types: tuple[type, ...] = (),
+) -> tuple[list[float], list[dict[str, float]]]:
+    """(plain backward latencies, per-module backward seconds), one of each per step, interleaved.
+
+    After `warm_up` untimed forward-backward rounds, each step runs a forward, times its backward
+    without hooks, then runs a forward followed by a backward whose autograd nodes are timed.
+    `.grad` of parameters and inputs is restored."""
+    clock = make_clock(device)
+    timer = BackwardTimer(model, clock, skip_types=skip_types)
+    leaves = [*model.parameters(), *tensors_in((args, kwargs))]
+    saved = [(tensor, tensor.grad) for tensor in leaves]
+
+    def roots_and_seeds() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        roots = backward_roots(model(*args, **kwargs), loss)
+        if not roots:
+            raise ValueError("profile(backward=True): nothing in the output requires grad; unfreeze what trains")
+        return roots, [torch.ones_like(root) for root in roots]
+
+    plain: list[float] = []
+    try:
+        with torch.enable_grad(), device_context(device):
+            for _ in range(warm_up):
+                torch.autograd.backward(*roots_and_seeds())
+        with torch.enable_grad(), device_context(device), gc_paused():
+            for _ in range(steps):
+                roots, seeds = roots_and_seeds()
+                plain += time_calls(lambda: torch.autograd.backward(roots, seeds), 1, clock)  # noqa: B023
+                timer.attach()
+                try:
+                    roots, seeds = roots_and_seeds()
+                finally:
+                    timer.detach()
+                timer.backward(roots, seeds)
+    finally:
+        for tensor, grad in saved:
+            tensor.grad = grad
+    return plain, timer.records
 
 
 def measure_forward(
@@ -342,6 +406,7 @@ class EstimateCache:
         self.options = estimate_options
         # a training loop's forward (grad enabled, something trainable) is estimated with its backward
         self.backward_when_grad = backward_when_grad and estimate_options.get("method", "auto") in ("auto", "eager")
+        self.with_backward = True  # False: get() gives the forward alone, even of estimates with a backward
         self.estimates: dict[tuple, Estimate] = {}
         self.errors: dict[tuple, Exception] = {}
 
@@ -363,7 +428,8 @@ class EstimateCache:
     def get(self, key: tuple) -> Estimate:
         if key in self.errors:
             raise RuntimeError(f"estimating the profiled forward failed: {self.errors[key]}") from self.errors[key]
-        return self.estimates[key]
+        found = self.estimates[key]
+        return found if self.with_backward else forward_only(found)
 
 
 # ----------------------------------------------------------------------------------- parallelism

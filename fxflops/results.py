@@ -155,6 +155,8 @@ class ModuleStats:
     bwd_macs: int = 0  # inclusive, the backward's share of macs (0 unless the backward was counted)
     bwd_flops: int = 0
     bwd_latency: float | None = None  # seconds per backward step, when measured
+    self_bwd_macs: int = 0  # the backward's share of self_macs / self_flops
+    self_bwd_flops: int = 0
 
     @property
     def fwd_macs(self) -> int:
@@ -168,6 +170,13 @@ class ModuleStats:
     def bwd_fwd_ratio(self) -> float | None:
         """Backward FLOPs / forward FLOPs (None without forward FLOPs)."""
         return self.bwd_flops / self.fwd_flops if self.fwd_flops else None
+
+    @property
+    def achieved_bwd_flops(self) -> float | None:
+        """Backward FLOP/s achieved by this module, when its backward was timed."""
+        if not self.bwd_latency:
+            return None
+        return self.bwd_flops / self.bwd_latency
 
     @property
     def achieved_flops(self) -> float | None:

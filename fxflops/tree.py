@@ -6,6 +6,7 @@ tree, to every ancestor (inclusive). Parameters are counted per module once, sha
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -69,6 +70,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             children=list(info.children),
             bwd_macs=bwd_macs[name],
             bwd_flops=bwd_flops[name],
+            self_bwd_macs=bwd_macs[name],
+            self_bwd_flops=bwd_flops[name],
         )
         for name, info in named.items()
     }
@@ -140,3 +143,22 @@ def _parent(name: str) -> str | None:
     if name == "":
         return None
     return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def forward_only(estimate: Estimate) -> Estimate:
+    """The estimate's forward alone: what estimate(backward=False) gives (a copy; `estimate` is kept)."""
+    if not estimate.backward:
+        return estimate
+    modules = {
+        name: dataclasses.replace(
+            stats, children=list(stats.children), macs=stats.fwd_macs, flops=stats.fwd_flops,
+            self_macs=stats.self_macs - stats.self_bwd_macs, self_flops=stats.self_flops - stats.self_bwd_flops,
+            bwd_macs=0, bwd_flops=0, self_bwd_macs=0, self_bwd_flops=0, bwd_latency=None)
+        for name, stats in estimate.modules.items()
+    }
+    nodes = [node for node in estimate.nodes if not node.is_backward]
+    return dataclasses.replace(
+        estimate, total_macs=estimate.fwd_macs, total_flops=estimate.fwd_flops, modules=modules, nodes=nodes,
+        by_op=totals_by(nodes, lambda cost: cost.op), by_rule=totals_by(nodes, lambda cost: cost.rule_key),
+        unknown=unknown_ops(nodes), tree=module_tree(modules), backward=False, bwd_macs=0, bwd_flops=0,
+    )

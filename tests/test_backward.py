@@ -397,3 +397,37 @@ def test_flops_profiler_uses_the_counted_backward():
     assert profiler is not None and result.fwd_flops == counted.fwd_flops
     text = result.print(as_string=True)
     assert "bwd FLOPS per device = bwd flops per device / bwd latency:" in text
+
+
+# ----------------------------------------------------------------------------- timed backward
+
+
+def test_profile_times_the_backward_per_module_and_restores_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(16, 64), nn.GELU()), nn.Sequential(nn.Linear(64, 8)))
+    model[1][0].weight.grad = marker = torch.ones(8, 64)
+    x = torch.randn(32, 16)
+    result = fxflops.profile(model, (x,), steps=2, backward=True)
+    m = result.measurements
+    assert m.bwd_latency is not None and m.bwd_latency > 0 and len(m.extra["bwd_latencies"]) == 2
+    assert result.backward and result.bwd_flops == backward_of(model, x).bwd_flops
+    for name in ("", "0", "0.0", "0.1", "1", "1.0"):
+        assert result.modules[name].bwd_latency > 0, name
+    # autograd nodes do not nest: a parent's backward time is its children's, summed
+    children = result.modules["0"].bwd_latency + result.modules["1"].bwd_latency
+    assert result.root.bwd_latency == pytest.approx(children)
+    assert result.modules["1.0"].achieved_bwd_flops == pytest.approx(
+        result.modules["1.0"].bwd_flops / result.modules["1.0"].bwd_latency)
+    assert model[1][0].weight.grad is marker and model[0][0].weight.grad is None
+    text = result.print(as_string=True)
+    assert "bwd latency:" in text and "bwd FLOPS per device = bwd flops per device / bwd latency:" in text
+    assert " bwd, " in text  # per-module bwd latency and FLOPS in the tree
+    table = fxflops.report.module_table(result)
+    assert "bwd latency" in table.splitlines()[0]
+
+
+def test_profile_backward_of_a_frozen_model_is_refused_clearly():
+    model = nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(ValueError, match="nothing in the output requires grad"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fxflops.profile(model, (torch.randn(2, 4),), steps=1, backward=True)

@@ -84,3 +84,21 @@ def test_cuda_training_workflow_times_backward_and_step() -> None:
     assert m.bwd_latency > 0 and m.step_latency > 0
     prof.end_profile()
     assert hooks_of(net) == 0
+
+
+def test_cuda_profile_times_the_backward_per_module() -> None:
+    net = model().train()
+    x = torch.randn(32, 64, device="cuda")
+    result = profile(net, (x,), steps=3, backward=True)
+    m = result.measurements
+    assert m.timer == "cuda-event" and m.bwd_latency is not None and m.bwd_latency > 0
+    for name in ("0.0", "1.0", "1.1"):  # the linears and the norm run a backward; GELU too
+        stats = result.modules[name]
+        assert stats.bwd_latency is not None and stats.bwd_latency > 0, name
+        assert stats.achieved_bwd_flops is not None
+    inner = result.modules["0"].bwd_latency + result.modules["1"].bwd_latency
+    assert result.root.bwd_latency == pytest.approx(inner, rel=1e-6, abs=EVENT_RESOLUTION * 8)
+    assert all(p.grad is None for p in net.parameters())
+    # the backward ran on fake CUDA tensors in the estimate: the same counts as on the CPU
+    cpu = profile(model().cpu().train(), (x.cpu(),), steps=1, backward=True)
+    assert result.bwd_flops == cpu.bwd_flops

@@ -28,8 +28,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
         module = {name, type, depth, params, macs, flops, self_macs, self_flops, calls,
                   extra_repr, children: [qualified names], latency: float|null (seconds per
                   step, all calls), latency_calls: int|null, achieved_flops: float|null,
-                  bwd_macs, bwd_flops (inclusive, 0 without backward), bwd_latency: float|null,
-                  fwd_macs, fwd_flops, bwd_fwd_ratio: float|null}
+                  bwd_macs, bwd_flops (inclusive, 0 without backward), self_bwd_macs, self_bwd_flops,
+                  bwd_latency: float|null,
+                  fwd_macs, fwd_flops, bwd_fwd_ratio: float|null, achieved_bwd_flops: float|null}
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}   e.g. "aten.mm.default"
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}
     unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
@@ -86,8 +87,10 @@ MODULE_FIELDS = (
     "bwd_macs",
     "bwd_flops",
     "bwd_latency",
+    "self_bwd_macs",
+    "self_bwd_flops",
 )
-DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops")  # written, not read back
+DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops")  # written, not read back
 CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS
 
 

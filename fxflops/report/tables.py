@@ -97,6 +97,9 @@ def module_rows(
         headers += ["bwd MACs", "bwd FLOPs", "bwd/fwd"]
     if measured:
         headers += ["latency", "% latency", "FLOPS"]
+    bwd_timed = measured and any(stats.bwd_latency is not None for stats in estimate.modules.values())
+    if bwd_timed:
+        headers += ["bwd latency", "bwd FLOPS"]
     total_latency = folding.root_latency(estimate)
     display: dict[tuple[str, ...], str] = {}
     rows = []
@@ -104,7 +107,7 @@ def module_rows(
         name = display.get(group.names, ROOT_LABEL if group.depth == 0 else group.label)
         for child in children:
             display[child.names] = _display_name("" if group.depth == 0 else name, child)
-        rows.append(_module_row(estimate, group, name, measured, total_latency, raw))
+        rows.append(_module_row(estimate, group, name, measured, total_latency, raw, bwd_timed))
     return headers, rows
 
 
@@ -115,6 +118,7 @@ def _module_row(
     measured: bool,
     total_latency: float | None,
     raw: bool,
+    bwd_timed: bool = False,
 ) -> list:
     stats = folding.stats_of(estimate, group)
     row = [
@@ -142,6 +146,11 @@ def _module_row(
             percent(latency, total_latency),
             rate if raw or rate is None else flops_to_string(rate),
         ]
+    if bwd_timed:
+        bwd = stats.bwd_latency
+        bwd_rate = stats.achieved_bwd_flops
+        row += [bwd if raw or bwd is None else duration_to_string(bwd),
+                bwd_rate if raw or bwd_rate is None else flops_to_string(bwd_rate)]
     return row
 
 

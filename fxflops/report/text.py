@@ -330,8 +330,9 @@ def _bwd_latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
     if estimate.backward:
         extra = m.extra.get("recompute_fwd_factor", 0)  # what a user adds for recomputation we did not see
         bwd_flops = estimate.bwd_flops + extra * flops
-        bwd_label = f"bwd flops per {word}" + (f" + {extra:g} * fwd flops per {word}" if extra else "")
-        both_label = f"(fwd+{bwd_label})"
+        added = f" + {extra:g} * fwd flops per {word}" if extra else ""
+        bwd_label = f"(bwd flops per {word}{added})" if extra else f"bwd flops per {word}"
+        both_label = f"(fwd+bwd flops per {word}{added})"
     else:  # 2 x forward FLOPs, plus the forward recomputed under activation checkpointing
         factor = m.extra.get("bwd_flops_factor", 2)
         bwd_flops, bwd_label = factor * flops, f"{factor:g} * fwd flops per {word}"
@@ -491,6 +492,8 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
                  "bwd MACs, bwd flops / fwd flops")
     if measured:
         order += ", fwd latency, percentage of total fwd latency, fwd FLOPS"
+        if estimate.measurements is not None and estimate.measurements.bwd_latency is not None and estimate.backward:
+            order += ", bwd latency, bwd FLOPS"
     notes = [
         "Note: 1. A module's numbers include its submodules'. Ops a module calls directly "
         "(torch.nn.functional, tensor methods) count toward it, so a parent can hold more than "
@@ -545,11 +548,21 @@ def module_fields(
                 f"{percent(latency, latency_total)} latency",
                 flops_to_string(rate),
             ]
+    bwd_latency = _mean_bwd_latency(estimate, group)
+    if bwd_latency is not None:
+        fields += [f"{duration_to_string(bwd_latency)} bwd",
+                   f"{flops_to_string(stats.bwd_flops / bwd_latency if bwd_latency else 0.0)} bwd"]
     if stats.calls == 0 and not _ran(estimate, group.name):
         fields.append("not called")
     elif stats.calls > 1:
         fields.append(f"{stats.calls} calls")
     return fields
+
+
+def _mean_bwd_latency(estimate: Estimate, group: folding.Group) -> float | None:
+    timed = [estimate.modules[name].bwd_latency for name in group.names]
+    timed = [value for value in timed if value is not None]
+    return sum(timed) / len(timed) if timed else None
 
 
 def _ran(estimate: Estimate, name: str) -> bool:
