@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import fxflops
 from fxflops.results import BACKWARD, FORWARD, RECOMPUTE
-from tests.models import SharedTwice, tiny_transformers_model
+from tests.models import SharedTwice, ValueDependent, tiny_transformers_model
 from tests.oracle import oracle_training_flops
 
 
@@ -312,7 +312,7 @@ def test_a_model_on_the_meta_device_is_counted_without_weights():
 
 
 def test_backward_needs_a_method_that_records_it():
-    with pytest.raises(ValueError, match="forward only"):
+    with pytest.raises(ValueError, match="'eager', 'trace'"):
         fxflops.estimate(nn.Linear(2, 2), (torch.randn(1, 2),), method="export", backward=True)
     with pytest.raises(ValueError, match="backward=True"):
         fxflops.estimate(nn.Linear(2, 2), (torch.randn(1, 2),), loss=lambda out: out.sum())
@@ -431,3 +431,18 @@ def test_profile_backward_of_a_frozen_model_is_refused_clearly():
     with pytest.raises(ValueError, match="nothing in the output requires grad"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fxflops.profile(model, (torch.randn(2, 4),), steps=1, backward=True)
+
+
+def test_value_dependent_models_get_their_backward_from_one_real_run():
+    torch.manual_seed(0)
+    model = ValueDependent()
+    x = torch.randn(3, 4)
+    model.proj.weight.grad = marker = torch.zeros_like(model.proj.weight)
+    estimate = fxflops.estimate(model, (x,), conventions="torch", backward=True)
+    assert estimate.method == "trace" and estimate.backward
+    model.proj.weight.grad = None
+    forward, backward = oracle_training_flops(model, (x,))
+    assert (estimate.fwd_flops, estimate.bwd_flops) == (forward, backward) and backward > 0
+    model.proj.weight.grad = marker
+    fxflops.estimate(model, (x,), backward=True)
+    assert model.proj.weight.grad is marker and torch.count_nonzero(marker) == 0

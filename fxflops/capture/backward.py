@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from fxflops.capture.inputs import tensors_in
+from fxflops.capture.isolation import unique_modules
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
 __all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
-           "NothingToDifferentiateWarning", "backward_roots", "run_backward"]
+           "NothingToDifferentiateWarning", "backward_roots", "ones_like_each", "parameter_owners", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
 
 Loss = Callable[[Any], torch.Tensor]
@@ -107,3 +108,15 @@ def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[
         torch.autograd.backward(roots, grads)
     finally:
         owners.in_backward = False
+
+
+def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
+    """id(parameter) -> (path, class) of the module holding it (the tensors in place right now)."""
+    return {id(parameter): (name, type(module).__name__)
+            for name, module in unique_modules(model) for parameter in module._parameters.values()
+            if parameter is not None}
+
+
+def ones_like_each(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The default loss's gradient: ones for every root."""
+    return [torch.ones_like(root) for root in roots]

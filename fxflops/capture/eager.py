@@ -21,9 +21,9 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.backward import GradOwners, backward_roots, run_backward
+from fxflops.capture.backward import GradOwners, backward_roots, ones_like_each, parameter_owners, run_backward
 from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
-from fxflops.capture.isolation import isolated, swap_tensors, unique_modules
+from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
@@ -108,7 +108,7 @@ def capture(request: Request) -> Captured:
     with isolated(model) as modules:
         swap_tensors(modules, twins)
         args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
-        owners = GradOwners(_parameter_owners(model)) if request.backward else None
+        owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
@@ -119,19 +119,8 @@ def capture(request: Request) -> Captured:
             if owners is not None:
                 roots_of = backward_roots if request.loss is not None else recorder.unrecorded(backward_roots)
                 roots = roots_of(output, request.loss)
-                run_backward(roots, owners, recorder.unrecorded(_ones_like))
+                run_backward(roots, owners, recorder.unrecorded(ones_like_each))
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward)
-
-
-def _parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
-    """id(parameter) -> (path, class) of the module holding it, for the twins swapped in."""
-    return {id(parameter): (name, type(module).__name__)
-            for name, module in unique_modules(model) for parameter in module._parameters.values()
-            if parameter is not None}
-
-
-def _ones_like(roots: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [torch.ones_like(root) for root in roots]

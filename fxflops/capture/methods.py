@@ -33,7 +33,7 @@ EXPORT = Method("export", "the program torch.export (non-strict) traces, export-
 SYMBOLIC = Method("symbolic", "the graph torch.fx symbolic tracing records, shapes propagated on the meta device",
                   False, "fxflops.capture.symbolic")
 TRACE = Method("trace", "one real forward on the model's weights and inputs (it ran; totals may depend on input values)",
-               True, "fxflops.capture.trace")
+               True, "fxflops.capture.trace", records_backward=True)
 
 METHODS: dict[str, Method] = {method.name: method for method in (EAGER, EXPORT, SYMBOLIC, TRACE)}
 AUTO = "auto"
