@@ -166,6 +166,8 @@ def combine(estimates: list[Estimate]) -> Estimate:
             calls=sum(p.calls for p in parts),
             bwd_macs=sum(p.bwd_macs for p in parts),
             bwd_flops=sum(p.bwd_flops for p in parts),
+            self_bwd_macs=sum(p.self_bwd_macs for p in parts),
+            self_bwd_flops=sum(p.self_bwd_flops for p in parts),
         )
     methods = sorted({e.method for e in estimates})
     return Estimate(

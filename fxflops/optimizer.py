@@ -30,8 +30,10 @@ def optimizer_step(optimizer: str | torch.optim.Optimizer, model: torch.nn.Modul
         defaults = {"sgd": {}, "adam": {}, "adamw": {"weight_decay": 1e-2}}[name]
         groups = [(_trainable(model.parameters()), defaults)]
     elif isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__.lower()
-        if name not in NAMES:
+        # AdamW before Adam: a subclass of either counts as its base does
+        known = [(torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd")]
+        name = next((label for cls, label in known if isinstance(optimizer, cls)), "")
+        if not name:
             raise ValueError(f"optimizer {type(optimizer).__name__} has no FLOP formula yet; known: "
                              f"{', '.join(NAMES)}. Count it as one of those, or leave optimizer= out")
         groups = [(_trainable(group["params"]), group) for group in optimizer.param_groups]
@@ -57,7 +59,8 @@ def _trainable(parameters: Any) -> int:
 
 def _per_param(name: str, options: dict) -> tuple[int, str]:
     """(FLOPs per parameter element, the terms that make them up)."""
-    terms = _sgd_terms(options) if name == "sgd" else _adam_terms(options, decoupled=name == "adamw")
+    decoupled = bool(options.get("decoupled_weight_decay", name == "adamw"))  # Adam(decoupled_weight_decay=True)
+    terms = _sgd_terms(options) if name == "sgd" else _adam_terms(options, decoupled=decoupled)
     total = sum(flops for _, flops in terms)
     return total, f"{name}: " + " + ".join(f"{flops} {what}" for what, flops in terms) + f" = {total}"
 

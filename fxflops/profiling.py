@@ -33,7 +33,7 @@ from fxflops.latency import (
     timeline_rows,
 )
 from fxflops.capture import tensors_in
-from fxflops.capture.backward import backward_roots
+from fxflops.capture.backward import backward_roots, cleared_grads, restore_grads
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.results import Estimate, Measurements, Profile
 from fxflops.tree import forward_only
@@ -116,8 +116,7 @@ def measure_backward(
     `.grad` of parameters and inputs is restored."""
     clock = make_clock(device)
     timer = BackwardTimer(model, clock, skip_types=skip_types)
-    leaves = [*model.parameters(), *tensors_in((args, kwargs))]
-    saved = [(tensor, tensor.grad) for tensor in leaves]
+    saved = cleared_grads([*model.parameters(), *tensors_in((args, kwargs))])
 
     def roots_and_seeds() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         roots = backward_roots(model(*args, **kwargs), loss)
@@ -141,8 +140,7 @@ def measure_backward(
                     timer.detach()
                 timer.backward(roots, seeds)
     finally:
-        for tensor, grad in saved:
-            tensor.grad = grad
+        restore_grads(saved)
     return plain, timer.records
 
 

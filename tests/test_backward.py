@@ -325,6 +325,8 @@ def test_backward_needs_a_method_that_records_it():
     ("sgd", 2), ("adam", 13), ("adamw", 14),
     (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), 2 + 3 + 2 + 2),
     (lambda p: torch.optim.Adam(p, weight_decay=0.1, amsgrad=True), 2 + 13 + 1),
+    (lambda p: torch.optim.Adam(p, weight_decay=0.1, decoupled_weight_decay=True), 1 + 13),
+    (lambda p: type("MyAdamW", (torch.optim.AdamW,), {})(p), 14),
 ])
 def test_optimizer_step_flops_per_trainable_parameter(optimizer, per_param):
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
@@ -446,3 +448,47 @@ def test_value_dependent_models_get_their_backward_from_one_real_run():
     model.proj.weight.grad = marker
     fxflops.estimate(model, (x,), backward=True)
     assert model.proj.weight.grad is marker and torch.count_nonzero(marker) == 0
+
+
+def test_profile_leaves_existing_gradients_untouched_in_value_too():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    model.weight.grad = grad = torch.ones(4, 8)
+    fxflops.profile(model, (torch.randn(2, 8),), steps=1, backward=True)
+    assert model.weight.grad is grad and torch.equal(grad, torch.ones(4, 8))
+
+
+def test_trace_stops_the_backward_at_inputs_the_users_graph_computed():
+    torch.manual_seed(0)
+    weight = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(2, 8) @ weight  # an input with a grad_fn: the user's graph, outside the model
+    model = ValueDependent(8)
+    traced = fxflops.estimate(model, (x,), method="trace", backward=True)
+    eager = fxflops.estimate(model, (x.detach().requires_grad_(),), backward=True)
+    assert traced.bwd_flops == eager.bwd_flops
+    assert weight.grad is None
+    x.sum().backward()  # the user's graph is still whole
+    assert weight.grad is not None
+
+
+def test_embedding_bag_and_max_unpool_are_counted():
+    bag = nn.EmbeddingBag(10, 4, mode="sum")
+    estimate = backward_of(bag, torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2]))
+    assert estimate.by_rule["embedding_backward"].bwd_flops == 2 * 4 and not estimate.unknown
+
+    class Unpool(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool, self.unpool = nn.MaxPool2d(2, return_indices=True), nn.MaxUnpool2d(2)
+
+        def forward(self, x):
+            return self.unpool(*self.pool(x))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fxflops.estimate(Unpool(), (torch.randn(1, 1, 4, 4),))  # the forward op is not a backward rule's
+
+
+def test_json_has_no_ratio_without_a_backward():
+    data = json.loads(fxflops.estimate(nn.Linear(2, 2), (torch.randn(1, 2),)).to_json())
+    assert data["bwd_fwd_ratio"] is None and data["modules"][0]["bwd_fwd_ratio"] is None

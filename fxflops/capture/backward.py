@@ -3,9 +3,10 @@
 Every autograd node gets a sequence number when the forward op that creates it runs (torch numbers
 them per thread, in creation order, as its own tracers do: see NOTE [ Sequence Number ] in torch).
 While the forward is recorded, each recorded op claims the sequence numbers handed out since the op
-before it: its own node and those of the ops it decomposed into. While the backward runs, the node
-executing (`torch._C._current_autograd_node()`) names, through its number, the forward op it
-differentiates, and that op's module is where the backward op's cost belongs.
+before it: its own node and those of the ops it decomposed into. Before the backward, each node of
+the graph is tagged with its forward op; while the backward runs, the node executing
+(`torch._C._current_autograd_node()`) names the forward op it differentiates, and that op's module
+is where the backward op's cost belongs.
 
 Ops that run in the backward with grad mode on are a forward recomputed there (activation
 checkpointing): they count as backward work, in the module whose forward runs again.
@@ -13,6 +14,7 @@ checkpointing): they count as backward work, in the module whose forward runs ag
 
 from __future__ import annotations
 
+import bisect
 import threading
 import warnings
 from collections.abc import Callable
@@ -25,39 +27,69 @@ from fxflops.capture.isolation import unique_modules
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
 __all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
-           "NothingToDifferentiateWarning", "backward_roots", "ones_like_each", "parameter_owners", "run_backward"]
+           "NothingToDifferentiateWarning", "backward_roots", "cleared_grads", "ones_like_each", "parameter_owners",
+           "restore_grads", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
+OWNER = "fxflops_forward_node"  # autograd node.metadata key: the recorded forward node that created it
 
 Loss = Callable[[Any], torch.Tensor]
 
 
 class GradOwners:
-    """Maps autograd nodes to the recorded forward nodes that created them, and says which phase runs."""
+    """Maps autograd nodes to the recorded forward nodes that created them, and says which phase runs.
+
+    Per thread, the recorded ops cut autograd's sequence numbers into runs: the numbers handed out
+    up to (not including) the number current when an op was recorded belong to that op. Before the
+    backward starts, every node of the graph to be run is tagged (node.metadata) with its forward
+    node, so a backward on another thread (CUDA's device threads) still finds it; only nodes made
+    during the backward (a recomputed forward) are looked up by the thread that made and runs them.
+    """
 
     def __init__(self, leaf_owners: dict[int, tuple[str, str]] | None = None) -> None:
         self.in_backward = False
-        self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
         self._forward_thread = threading.get_ident()
-        self._by_seq: dict[int, torch.fx.Node] = {}  # nodes created on the forward's thread
-        self._later: dict[tuple[int, int], torch.fx.Node] = {}  # created during the backward, per thread
-        self._next: dict[int, int] = {}  # thread -> first sequence number not yet claimed
+        self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
+        self._ends: dict[int, list[int]] = {}  # thread -> ends of its runs of sequence numbers, ascending
+        self._owners: dict[int, list[torch.fx.Node | None]] = {}  # thread -> the recorded node of each run
+
+    def start(self) -> None:
+        """Called before the forward: numbers handed out earlier belong to no recorded op."""
+        self._cut(None)
 
     def claim(self, node: torch.fx.Node) -> None:
         """Give `node` the autograd nodes created on this thread since the previous recorded op."""
+        self._cut(node)
+
+    def _cut(self, node: torch.fx.Node | None) -> None:
         thread = threading.get_ident()
         now = torch.autograd._get_sequence_nr()
-        start = self._next.get(thread, now)
-        if self.in_backward:
-            for seq in range(start, now):
-                self._later[(thread, seq)] = node
-        elif thread == self._forward_thread:
-            for seq in range(start, now):
-                self._by_seq[seq] = node
-        self._next[thread] = now
+        ends = self._ends.setdefault(thread, [])
+        if ends and now <= ends[-1]:
+            return  # no autograd node since the last cut: this op owns none
+        ends.append(now)
+        self._owners.setdefault(thread, []).append(node)
 
-    def start(self) -> None:
-        """Called before the forward: sequence numbers handed out earlier belong to no recorded op."""
-        self._next[threading.get_ident()] = torch.autograd._get_sequence_nr()
+    def _recorded(self, thread: int, seq: int) -> torch.fx.Node | None:
+        ends = self._ends.get(thread)
+        if not ends:
+            return None
+        index = bisect.bisect_right(ends, seq)
+        return self._owners[thread][index] if index < len(ends) else None
+
+    def tag(self, roots: list[torch.Tensor]) -> None:
+        """Tag every autograd node reachable from `roots` with the forward node that created it."""
+        seen: set[int] = set()
+        stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+        while stack:
+            grad_fn = stack.pop()
+            if id(grad_fn) in seen:
+                continue
+            seen.add(id(grad_fn))
+            if getattr(grad_fn, "variable", None) is None:
+                forward = self._recorded(self._forward_thread, grad_fn._sequence_nr())
+                if forward is not None:
+                    grad_fn.metadata[OWNER] = forward
+            stack.extend(child for child, _ in grad_fn.next_functions if child is not None)
 
     def phase(self) -> str:
         if not self.in_backward:
@@ -73,10 +105,11 @@ class GradOwners:
         variable = getattr(grad_fn, "variable", None)  # AccumulateGrad: numbered past every forward op
         if variable is not None:
             return self._leaf_owners.get(id(variable))
-        seq = grad_fn._sequence_nr()
-        # a node created inside the backward (a recomputed forward's) runs on the thread that made it
-        found = self._later.get((threading.get_ident(), seq))
-        return found if found is not None else self._by_seq.get(seq)
+        forward = grad_fn.metadata.get(OWNER)
+        if forward is not None:
+            return forward
+        # made during the backward (a recomputed forward's), on the thread that now runs it
+        return self._recorded(threading.get_ident(), grad_fn._sequence_nr())
 
 
 def backward_roots(output: Any, loss: Loss | None) -> list[torch.Tensor]:
@@ -103,6 +136,7 @@ def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[
                       "with requires_grad=True", NothingToDifferentiateWarning, stacklevel=2)
         return
     grads = seeds(roots)
+    owners.tag(roots)
     owners.in_backward = True
     try:
         torch.autograd.backward(roots, grads)
@@ -120,3 +154,17 @@ def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
 def ones_like_each(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     """The default loss's gradient: ones for every root."""
     return [torch.ones_like(root) for root in roots]
+
+
+def cleared_grads(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Each tensor's .grad, then cleared: a real backward accumulates into fresh tensors, never into
+    a user's gradient in place. Put them back with `restore_grads`."""
+    saved = [(tensor, tensor.grad) for tensor in tensors]
+    for tensor in tensors:
+        tensor.grad = None
+    return saved
+
+
+def restore_grads(saved: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    for tensor, grad in saved:
+        tensor.grad = grad

@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.backward import GradOwners, backward_roots, ones_like_each, parameter_owners, run_backward
+from fxflops.capture.backward import (
+    GradOwners, backward_roots, cleared_grads, ones_like_each, parameter_owners, restore_grads, run_backward,
+)
 from fxflops.capture.inputs import has_meta_tensors, tensors_in, to_meta, with_twins
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
@@ -31,14 +33,17 @@ def capture(request: Request) -> Captured:
         params = [t for _, module in modules for t in module._parameters.values() if t is not None]
         buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]
         # cache objects are updated by a forward: run on copies of them (their tensors shared, not copied)
-        args, kwargs = with_twins(request.args, _same), with_twins(request.kwargs, _same)
+        # with a backward, inputs computed by the user's own graph are cut from it: the backward stops
+        # at them, as at the model's boundary, and the user's graph stays whole
+        own = _cut_from_graph if request.backward else _same
+        args, kwargs = with_twins(request.args, own), with_twins(request.kwargs, own)
         leaves = [*params, *tensors_in((args, kwargs))]
         writes = CopyOnWrite(leaves, saved_now=buffers)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, keep=to_meta,
                                 phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, keep=to_meta, before=writes.before, owners=owners)
-        grads = _cleared_grads(leaves) if request.backward else []  # a real backward fills .grad: put back after
+        grads = cleared_grads(leaves) if request.backward else []  # a real backward fills .grad: put back after
         try:
             with torch.enable_grad() if request.backward else torch.no_grad(), tracker, recorder, \
                     CompositeOps(recorder):
@@ -50,21 +55,18 @@ def capture(request: Request) -> Captured:
                     run_backward(roots_of(output, request.loss), owners, recorder.unrecorded(ones_like_each))
         finally:
             writes.restore()
-            for tensor, grad in grads:
-                tensor.grad = grad
+            restore_grads(grads)
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, TRACE.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward)
 
 
-def _cleared_grads(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Each tensor's .grad, then cleared: the backward accumulates into fresh tensors, never the user's."""
-    saved = [(tensor, tensor.grad) for tensor in tensors]
-    for tensor in tensors:
-        tensor.grad = None
-    return saved
-
-
 def _same(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def _cut_from_graph(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.grad_fn is None:
+        return tensor
+    return tensor.detach().requires_grad_(tensor.requires_grad)

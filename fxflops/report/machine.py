@@ -124,11 +124,13 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
     }
 
 
-def _module_dict(stats: ModuleStats) -> dict[str, Any]:
+def _module_dict(stats: ModuleStats, backward: bool) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
     record["children"] = list(stats.children)
     for field in DERIVED_FIELDS:
         record[field] = getattr(stats, field)
+    if not backward:  # no backward counted: no ratio, rather than 0
+        record["bwd_fwd_ratio"] = None
     return record
 
 
@@ -172,7 +174,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         bwd_fwd_ratio=estimate.bwd_fwd_ratio,
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
-        modules=[_module_dict(stats) for stats in estimate.modules.values()],
+        modules=[_module_dict(stats, estimate.backward) for stats in estimate.modules.values()],
         by_op=_totals(estimate.by_op),
         by_rule=_totals(estimate.by_rule),
         unknown=[
@@ -202,7 +204,7 @@ def to_json(
 def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
     """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
     return [
-        {column: _module_dict(stats)[column] for column in CSV_COLUMNS}
+        {column: _module_dict(stats, estimate.backward)[column] for column in CSV_COLUMNS}
         for stats in estimate.modules.values()
     ]
 

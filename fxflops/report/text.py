@@ -492,7 +492,7 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
                  "bwd MACs, bwd flops / fwd flops")
     if measured:
         order += ", fwd latency, percentage of total fwd latency, fwd FLOPS"
-        if estimate.measurements is not None and estimate.measurements.bwd_latency is not None and estimate.backward:
+        if any(stats.bwd_latency is not None for stats in estimate.modules.values()):
             order += ", bwd latency, bwd FLOPS"
     notes = [
         "Note: 1. A module's numbers include its submodules'. Ops a module calls directly "
