@@ -279,7 +279,8 @@ class Estimate:
         # one line: the dataclass default prints every node and module (100+ KB in a notebook)
         return (f"{type(self).__name__}(model={self.model_type}, method={self.method}, "
                 f"conventions={self.conventions}, macs={self.total_macs:_}, flops={self.total_flops:_}, "
-                f"params={self.total_params:_}, modules={len(self.modules)}, nodes={len(self.nodes)}, "
+                + (f"bwd_flops={self.bwd_flops:_}, " if self.backward else "")
+                + f"params={self.total_params:_}, modules={len(self.modules)}, nodes={len(self.nodes)}, "
                 f"unknown ops={sum(u.count for u in self.unknown)})")
 
     def node_status_counts(self) -> dict[str, int]:
