@@ -272,7 +272,6 @@ class FlopsProfiler:
             m.step_latency = sum(self._phases.step) / len(self._phases.step)
         if m.bwd_latency is not None and m.step_latency is not None:
             m.iter_latency = m.fwd_latency + m.bwd_latency + m.step_latency
-        m.extra["bwd_flops_factor"] = 2 + self.recompute_fwd_factor  # used when the backward was not counted
         m.extra["recompute_fwd_factor"] = self.recompute_fwd_factor
 
     def get_total_flops(self, as_string: bool = False) -> int | str:

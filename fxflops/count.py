@@ -169,8 +169,9 @@ def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conv
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = table.match(op_call)
     macs, flops = _apply(entry, op_call, conventions, call.module)
+    kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
-        name=f"{call.module or ROOT_LABEL}:{'recompute' if call.phase != FORWARD else 'call'}", op=op_call.key, status=_status(entry),
+        name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops, phase=call.phase,
     )

@@ -12,6 +12,7 @@ nesting and sums happen after the step, outside the timed region.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from fxflops.capture.backward import SequenceRuns, graph_nodes, parameter_owners
 from fxflops.results import Estimate, Measurements, ModuleStats, Profile
 
 # ---------------------------------------------------------------------------------------- clocks
@@ -299,47 +301,38 @@ class BackwardTimer:
     pre-hook to its hook) and charged to the innermost module whose forward created it.
 
     Ownership comes from autograd's sequence numbers, as in the estimate: while attached, each
-    module entry and exit of a forward notes the number autograd will hand out next, and the
-    numbers handed out in between belong to the module on top of the stack. A gradient
-    accumulated into a parameter belongs to the parameter's module. Autograd nodes do not nest,
-    so a module's time is exactly the sum of its nodes'; a parent's includes its children's.
+    module entry and exit of a forward cuts them (`SequenceRuns`), the numbers handed out in between
+    going to the module on top of the stack. A gradient accumulated into a parameter belongs to the
+    parameter's nearest timed module. Autograd nodes do not nest, so a module's time is exactly the
+    sum of its nodes'; a parent's includes its children's.
     """
 
     def __init__(self, model: nn.Module, clock: CpuClock | CudaClock, skip_types: tuple[type, ...] = ()) -> None:
         self.clock = clock
         self.records: list[dict[str, float]] = []  # per backward: module -> seconds (inclusive)
         self._modules = [(n, m) for n, m in model.named_modules() if not n or not isinstance(m, skip_types)]
-        self._param_owner = {id(p): n for n, m in self._modules for p in m.parameters(recurse=False)}
-        self._owner: dict[int, str] = {}
+        timed = {name for name, _ in self._modules}
+        self._param_owner = {key: _nearest(path, timed) for key, (path, _) in parameter_owners(model).items()}
+        self._runs = SequenceRuns()
+        self._thread = threading.get_ident()
         self._stack: list[str] = []
-        self._next_seq = 0
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-
-    def _claim(self) -> None:
-        now = torch.autograd._get_sequence_nr()
-        if self._stack:
-            owner = self._stack[-1]
-            for seq in range(self._next_seq, now):
-                self._owner[seq] = owner
-        self._next_seq = now
 
     def _enter(self, name: str) -> Callable:
         def hook(module: nn.Module, args: tuple) -> None:
-            self._claim()
+            self._runs.cut(self._stack[-1] if self._stack else None)
             self._stack.append(name)
         return hook
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self._claim()
         if self._stack:
-            self._stack.pop()
+            self._runs.cut(self._stack.pop())
 
     def attach(self) -> BackwardTimer:
         """Follow the forwards that run from now on (call before the forward to be differentiated)."""
         if not self._handles:
-            self._owner.clear()
-            self._stack.clear()
-            self._next_seq = torch.autograd._get_sequence_nr()
+            self._runs, self._stack, self._thread = SequenceRuns(), [], threading.get_ident()
+            self._runs.cut(None)
             for name, module in self._modules:
                 self._handles.append(module.register_forward_pre_hook(self._enter(name), prepend=True))
                 self._handles.append(module.register_forward_hook(self._exit, always_call=True))
@@ -354,18 +347,17 @@ class BackwardTimer:
         variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
         if variable is not None:
             return self._param_owner.get(id(variable))
-        return self._owner.get(node._sequence_nr())
+        return self._runs.owner_of(self._thread, node._sequence_nr())
 
     def backward(self, roots: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         """Run the backward from `roots`, timing each autograd node; appends one record."""
-        nodes = _graph_nodes(roots)
+        nodes = graph_nodes(roots)
         owners = [self.owner(node) for node in nodes]
         stamps: list[list[Any]] = [[] for _ in nodes]
         handles = []
-        for index, node in enumerate(nodes):
-            if owners[index] is None:
+        for node, owner, taken in zip(nodes, owners, stamps):
+            if owner is None:
                 continue
-            taken = stamps[index]
             handles.append(node.register_prehook(lambda grad_outputs, taken=taken: taken.append(self.clock.stamp())))
             handles.append(node.register_hook(lambda grad_inputs, grad_outputs, taken=taken:
                                               taken.append(self.clock.stamp())))
@@ -375,8 +367,7 @@ class BackwardTimer:
         finally:
             for handle in handles:
                 handle.remove()
-        flat = [stamp for taken in stamps for stamp in taken]
-        seconds = iter(self.clock.seconds(flat))
+        seconds = iter(self.clock.seconds([stamp for taken in stamps for stamp in taken]))
         per_module: dict[str, float] = {}
         for owner, taken in zip(owners, stamps):
             times = [next(seconds) for _ in taken]
@@ -387,19 +378,9 @@ class BackwardTimer:
         self.records.append(per_module)
 
 
-def _graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
-    """Every autograd node reachable from the roots' grad_fns, each once."""
-    seen: set[int] = set()
-    order: list[Any] = []
-    stack = [root.grad_fn for root in roots if root.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return order
+def _nearest(path: str, names: set[str]) -> str:
+    """`path` or its nearest ancestor in `names` (the root always is)."""
+    return next(name for name in _self_and_ancestors(path) if name in names or not name)
 
 
 def _self_and_ancestors(name: str) -> list[str]:

@@ -33,7 +33,7 @@ from fxflops.latency import (
     timeline_rows,
 )
 from fxflops.capture import tensors_in
-from fxflops.capture.backward import backward_roots, cleared_grads, restore_grads
+from fxflops.capture.backward import backward_roots, cleared_grads, ones_like_each, restore_grads
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.results import Estimate, Measurements, Profile
 from fxflops.tree import forward_only
@@ -122,7 +122,7 @@ def measure_backward(
         roots = backward_roots(model(*args, **kwargs), loss)
         if not roots:
             raise ValueError("profile(backward=True): nothing in the output requires grad; unfreeze what trains")
-        return roots, [torch.ones_like(root) for root in roots]
+        return roots, ones_like_each(roots)
 
     plain: list[float] = []
     try:

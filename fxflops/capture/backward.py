@@ -27,19 +27,59 @@ from fxflops.capture.isolation import unique_modules
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
 __all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
-           "NothingToDifferentiateWarning", "backward_roots", "cleared_grads", "ones_like_each", "parameter_owners",
-           "restore_grads", "run_backward"]
+           "NothingToDifferentiateWarning", "SequenceRuns", "backward_roots", "cleared_grads", "differentiate",
+           "graph_nodes", "ones_like_each", "parameter_owners", "restore_grads", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
 OWNER = "fxflops_forward_node"  # autograd node.metadata key: the recorded forward node that created it
 
 Loss = Callable[[Any], torch.Tensor]
 
 
+class SequenceRuns:
+    """Autograd's sequence numbers, per thread, cut into runs: `cut(owner)` gives `owner` every number
+    handed out on this thread since the previous cut (on a thread's first cut: from 0)."""
+
+    def __init__(self) -> None:
+        self._ends: dict[int, list[int]] = {}  # thread -> ends of its runs, ascending
+        self._owners: dict[int, list[Any]] = {}  # thread -> the owner of each run
+
+    def cut(self, owner: Any) -> None:
+        thread = threading.get_ident()
+        now = torch.autograd._get_sequence_nr()
+        ends = self._ends.setdefault(thread, [])
+        if ends and now <= ends[-1]:
+            return  # no autograd node since the last cut: `owner` has none
+        ends.append(now)
+        self._owners.setdefault(thread, []).append(owner)
+
+    def owner_of(self, thread: int, seq: int) -> Any:
+        ends = self._ends.get(thread)
+        if not ends:
+            return None
+        index = bisect.bisect_right(ends, seq)
+        return self._owners[thread][index] if index < len(ends) else None
+
+
+def graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
+    """Every autograd node reachable from the roots' grad_fns, each once."""
+    seen: set[int] = set()
+    order: list[Any] = []
+    stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return order
+
+
 class GradOwners:
     """Maps autograd nodes to the recorded forward nodes that created them, and says which phase runs.
 
-    Per thread, the recorded ops cut autograd's sequence numbers into runs: the numbers handed out
-    up to (not including) the number current when an op was recorded belong to that op. Before the
+    Each recorded op cuts the sequence numbers (`SequenceRuns`): the autograd nodes created since
+    the previous recorded op are its own and those of the ops it decomposed into. Before the
     backward starts, every node of the graph to be run is tagged (node.metadata) with its forward
     node, so a backward on another thread (CUDA's device threads) still finds it; only nodes made
     during the backward (a recomputed forward) are looked up by the thread that made and runs them.
@@ -49,47 +89,23 @@ class GradOwners:
         self.in_backward = False
         self._forward_thread = threading.get_ident()
         self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
-        self._ends: dict[int, list[int]] = {}  # thread -> ends of its runs of sequence numbers, ascending
-        self._owners: dict[int, list[torch.fx.Node | None]] = {}  # thread -> the recorded node of each run
+        self._runs = SequenceRuns()
 
     def start(self) -> None:
         """Called before the forward: numbers handed out earlier belong to no recorded op."""
-        self._cut(None)
+        self._runs.cut(None)
 
     def claim(self, node: torch.fx.Node) -> None:
         """Give `node` the autograd nodes created on this thread since the previous recorded op."""
-        self._cut(node)
-
-    def _cut(self, node: torch.fx.Node | None) -> None:
-        thread = threading.get_ident()
-        now = torch.autograd._get_sequence_nr()
-        ends = self._ends.setdefault(thread, [])
-        if ends and now <= ends[-1]:
-            return  # no autograd node since the last cut: this op owns none
-        ends.append(now)
-        self._owners.setdefault(thread, []).append(node)
-
-    def _recorded(self, thread: int, seq: int) -> torch.fx.Node | None:
-        ends = self._ends.get(thread)
-        if not ends:
-            return None
-        index = bisect.bisect_right(ends, seq)
-        return self._owners[thread][index] if index < len(ends) else None
+        self._runs.cut(node)
 
     def tag(self, roots: list[torch.Tensor]) -> None:
         """Tag every autograd node reachable from `roots` with the forward node that created it."""
-        seen: set[int] = set()
-        stack = [root.grad_fn for root in roots if root.grad_fn is not None]
-        while stack:
-            grad_fn = stack.pop()
-            if id(grad_fn) in seen:
-                continue
-            seen.add(id(grad_fn))
+        for grad_fn in graph_nodes(roots):
             if getattr(grad_fn, "variable", None) is None:
-                forward = self._recorded(self._forward_thread, grad_fn._sequence_nr())
+                forward = self._runs.owner_of(self._forward_thread, grad_fn._sequence_nr())
                 if forward is not None:
                     grad_fn.metadata[OWNER] = forward
-            stack.extend(child for child, _ in grad_fn.next_functions if child is not None)
 
     def phase(self) -> str:
         if not self.in_backward:
@@ -109,7 +125,7 @@ class GradOwners:
         if forward is not None:
             return forward
         # made during the backward (a recomputed forward's), on the thread that now runs it
-        return self._recorded(threading.get_ident(), grad_fn._sequence_nr())
+        return self._runs.owner_of(threading.get_ident(), grad_fn._sequence_nr())
 
 
 def backward_roots(output: Any, loss: Loss | None) -> list[torch.Tensor]:
@@ -142,6 +158,14 @@ def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[
         torch.autograd.backward(roots, grads)
     finally:
         owners.in_backward = False
+
+
+def differentiate(output: Any, loss: Loss | None, owners: GradOwners,
+                  unrecorded: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Record the backward of `loss(output)` (the user's loss is recorded; the default's roots and seeds,
+    being fxflops' own work, run through `unrecorded`)."""
+    roots_of = backward_roots if loss is not None else unrecorded(backward_roots)
+    run_backward(roots_of(output, loss), owners, unrecorded(ones_like_each))
 
 
 def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:

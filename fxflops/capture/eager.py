@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.backward import GradOwners, backward_roots, ones_like_each, parameter_owners, run_backward
+from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
@@ -117,9 +117,7 @@ def capture(request: Request) -> Captured:
                 owners.start()
             output = model(*args, **kwargs)
             if owners is not None:
-                roots_of = backward_roots if request.loss is not None else recorder.unrecorded(backward_roots)
-                roots = roots_of(output, request.loss)
-                run_backward(roots, owners, recorder.unrecorded(ones_like_each))
+                differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),

@@ -95,7 +95,7 @@ class OpRecorder(TorchDispatchMode):
 
     def _place_backward(self, node: torch.fx.Node) -> None:
         """A backward op belongs where the forward op it differentiates ran (the root when none)."""
-        forward = self.owners.differentiated() if self.owners is not None else None
+        forward = self.owners.differentiated()
         if not isinstance(forward, torch.fx.Node):  # a parameter's module (accumulating its grad), or none
             path, type_name = forward if forward is not None else ("", "")
             node.meta["fxflops_module"] = (path, type_name or self._root_type)

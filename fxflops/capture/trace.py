@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.backward import (
-    GradOwners, backward_roots, cleared_grads, ones_like_each, parameter_owners, restore_grads, run_backward,
-)
+from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, parameter_owners, restore_grads
 from fxflops.capture.inputs import has_meta_tensors, tensors_in, to_meta, with_twins
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
@@ -51,8 +49,7 @@ def capture(request: Request) -> Captured:
                     owners.start()
                 output = model(*args, **kwargs)
                 if owners is not None:
-                    roots_of = backward_roots if request.loss is not None else recorder.unrecorded(backward_roots)
-                    run_backward(roots_of(output, request.loss), owners, recorder.unrecorded(ones_like_each))
+                    differentiate(output, request.loss, owners, recorder.unrecorded)
         finally:
             writes.restore()
             restore_grads(grads)

@@ -127,9 +127,10 @@ def stats_of(estimate: Estimate, group: Group) -> ModuleStats:
     return estimate.modules[group.name]
 
 
-def mean_latency(estimate: Estimate, group: Group) -> float | None:
-    """Mean measured latency over the instances of `group` (None when none was timed)."""
-    latencies = [estimate.modules[name].latency for name in group.names]
+def mean_latency(estimate: Estimate, group: Group, field: str = "latency") -> float | None:
+    """Mean measured latency (or `field`, e.g. "bwd_latency") over the instances of `group` (None when
+    none was timed)."""
+    latencies = [getattr(estimate.modules[name], field) for name in group.names]
     measured = [value for value in latencies if value is not None]
     if not measured:
         return None

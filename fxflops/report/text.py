@@ -327,14 +327,14 @@ def _bwd_latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
     """bwd latency and FLOPS: from the counted backward, or DeepSpeed's factor x forward FLOPs."""
     word = _device_word(m)
     flops = estimate.fwd_flops
+    extra = m.extra.get("recompute_fwd_factor", 0)  # a recomputation the user declares (FlopsProfiler)
     if estimate.backward:
-        extra = m.extra.get("recompute_fwd_factor", 0)  # what a user adds for recomputation we did not see
         bwd_flops = estimate.bwd_flops + extra * flops
         added = f" + {extra:g} * fwd flops per {word}" if extra else ""
         bwd_label = f"(bwd flops per {word}{added})" if extra else f"bwd flops per {word}"
         both_label = f"(fwd+bwd flops per {word}{added})"
-    else:  # 2 x forward FLOPs, plus the forward recomputed under activation checkpointing
-        factor = m.extra.get("bwd_flops_factor", 2)
+    else:  # DeepSpeed's rule: 2 x forward FLOPs, plus the declared recomputation
+        factor = 2 + extra
         bwd_flops, bwd_label = factor * flops, f"{factor:g} * fwd flops per {word}"
         both_label = f"{1 + factor:g} * fwd flops per {word}"
     lines = []
@@ -548,7 +548,7 @@ def module_fields(
                 f"{percent(latency, latency_total)} latency",
                 flops_to_string(rate),
             ]
-    bwd_latency = _mean_bwd_latency(estimate, group)
+    bwd_latency = folding.mean_latency(estimate, group, "bwd_latency")
     if bwd_latency is not None:
         fields += [f"{duration_to_string(bwd_latency)} bwd",
                    f"{flops_to_string(stats.bwd_flops / bwd_latency if bwd_latency else 0.0)} bwd"]
@@ -557,12 +557,6 @@ def module_fields(
     elif stats.calls > 1:
         fields.append(f"{stats.calls} calls")
     return fields
-
-
-def _mean_bwd_latency(estimate: Estimate, group: folding.Group) -> float | None:
-    timed = [estimate.modules[name].bwd_latency for name in group.names]
-    timed = [value for value in timed if value is not None]
-    return sum(timed) / len(timed) if timed else None
 
 
 def _ran(estimate: Estimate, name: str) -> bool:
