@@ -6,6 +6,7 @@ import contextlib
 import gc
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.optimizer import optimizer_step
-from fxflops.results import ROOT_LABEL, Captured, Estimate
+from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
 from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries
 from fxflops.tree import build_estimate
 
@@ -54,23 +55,43 @@ def estimate(
     `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
     (`Estimate.optimizer`, not in total_*).
     """
-    _check_conventions(conventions)
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
-    args, kwargs = _normalize_inputs(model, args, kwargs, input_shape)
-    table = load_table(rules)
-    user_entries = load_user_entries(rules)
-    user_table = RuleTable(user_entries) if user_entries else None
-    is_whole = _whole_predicate(user_table, leaf_modules)
+    args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
+    counting = Counting.prepare(conventions, rules, leaf_modules)
     with collector_paused():
-        captured = capture(model, args, kwargs, method, is_leaf=lambda m: table.knows_module(m) or is_whole(m),
-                           is_whole=is_whole, backward=backward, loss=loss)
-        result = build_estimate(type(model).__name__, captured, count_nodes(captured, table, conventions),
-                                conventions)
+        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
+        result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
-    _warn_unknown(result)
+    warn_unknown(result.unknown)
     return result
+
+
+@dataclass(frozen=True)
+class Counting:
+    """What estimate() settles before capturing: the rule table, its conventions, and which modules
+    rules count as a whole. Prepared once, it captures and counts any number of times (sweeps do)."""
+
+    table: RuleTable
+    conventions: str
+    is_whole: Callable[[torch.nn.Module], bool]
+
+    @classmethod
+    def prepare(cls, conventions: str, rules: Iterable[RuleSpec] | RuleSpec | None,
+                leaf_modules: Iterable[type | str] | None) -> Counting:
+        _check_conventions(conventions)
+        table = load_table(rules)
+        user_entries = load_user_entries(rules)
+        user_table = RuleTable(user_entries) if user_entries else None
+        return cls(table, conventions, _whole_predicate(user_table, leaf_modules))
+
+    def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
+        return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
+                       is_whole=self.is_whole, **options)
+
+    def count(self, captured: Captured) -> list[NodeCost]:
+        return count_nodes(captured, self.table, self.conventions)
 
 
 def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conventions: str = "deepspeed",
@@ -125,7 +146,7 @@ def _check_conventions(conventions: str) -> None:
         raise ValueError(f"conventions must be one of {', '.join(CONVENTIONS)}; got {conventions!r}")
 
 
-def _normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, input_shape: Any) -> tuple[tuple, dict]:
+def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, input_shape: Any) -> tuple[tuple, dict]:
     if input_shape is not None:
         if args not in ((), [], None):
             raise ValueError("give either input_shape or args, not both")
@@ -153,13 +174,14 @@ def _whole_predicate(user_table: RuleTable | None,
     return is_whole
 
 
-def _warn_unknown(result: Estimate) -> None:
-    if result.unknown:
+def warn_unknown(unknown: list[UnknownOp], stacklevel: int = 3) -> None:
+    """One UnknownOpsWarning listing the ops that matched no rule, if any."""
+    if unknown:
         listed = ", ".join(f"{u.op} x{u.count} (in {', '.join(m or ROOT_LABEL for m in u.modules[:3])})"
-                           for u in result.unknown[:8])
+                           for u in unknown[:8])
         warnings.warn(
-            f"{sum(u.count for u in result.unknown)} op calls matched no rule and are not in the totals: {listed}. "
+            f"{sum(u.count for u in unknown)} op calls matched no rule and are not in the totals: {listed}. "
             "Add a rule for them (rules=[...]) or declare them zero-cost; see Estimate.unknown.",
             UnknownOpsWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )

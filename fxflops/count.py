@@ -27,6 +27,7 @@ class RuleEvaluationError(RuntimeError):
 def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[NodeCost]:
     """Cost every op node, then replace what runs inside whole-counted modules by one cost per call."""
     whole_paths = captured.whole_paths
+    sizes = captured.sizes
     costs = []
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     for graph_module, node in _op_nodes(captured.graph_module):
@@ -34,10 +35,10 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
         covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
         if covering is not None and not (node.op == "call_module" and node.target == covering):
-            costs.append(_covered_cost(node, covering))
+            costs.append(_covered_cost(node, covering, sizes))
         else:
-            costs.append(_node_cost(graph_module, node, table, conventions, memo))
-    costs += [_whole_call_cost(call, captured, table, conventions) for call in captured.whole_calls]
+            costs.append(_node_cost(graph_module, node, table, conventions, memo, sizes))
+    costs += [_whole_call_cost(call, table, conventions, sizes) for call in captured.whole_calls]
     return costs
 
 
@@ -99,7 +100,7 @@ def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tupl
 
 
 def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str,
-               memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]]) -> NodeCost:
+               memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]], sizes: Any) -> NodeCost:
     args = tuple(_value(graph_module, a) for a in node.args)
     kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
     out = node.meta.get("val")
@@ -109,7 +110,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     if found is None:
         call = _call_of(graph_module, node, args, kwargs, out)
         entry = table.match(call)
-        found = (call.key, entry, *_apply(entry, call, conventions, path))
+        found = (call.key, entry, *_apply(entry, call, conventions, path, sizes))
         if key is not None:
             memo[key] = found
     op, entry, macs, flops = found
@@ -120,8 +121,8 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         rule=entry.name if entry is not None else None,
         module=path,
         module_type=type_name,
-        input_shapes=_shapes(args) + _shapes(tuple(kwargs.values())),
-        output_shapes=_shapes(out),
+        input_shapes=_shapes(args, sizes) + _shapes(tuple(kwargs.values()), sizes),
+        output_shapes=_shapes(out, sizes),
         macs=macs,
         flops=flops,
         source=_source_line(node),
@@ -134,7 +135,8 @@ def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     """What a rule can read of a call: the op, and its values' shapes, dtypes and plain arguments.
 
     Calls with equal keys cost the same (the 80 identical layers of a decoder), so each key is matched
-    and evaluated once. Module calls (rules read module attributes) and symbolic sizes are not keyed."""
+    and evaluated once. Module calls (rules read module attributes) are not keyed; symbolic sizes are
+    keyed by their expressions."""
     if node.op == "call_module":
         return None
     key = (node.op, node.target, _signature(args), _signature(kwargs), _signature(out))
@@ -147,7 +149,12 @@ def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
 
 def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.dtype)
+        shape = tuple(value.shape)
+        if not all(type(size) is int for size in shape):
+            shape = tuple(_signature(size) for size in shape)
+        return (shape, value.dtype)
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return (type(value), value.node.expr)
     if isinstance(value, list | tuple):
         return (type(value), tuple(_signature(item) for item in value))
     if isinstance(value, dict):
@@ -155,29 +162,30 @@ def _signature(value: Any) -> Any:
     return (type(value), value)
 
 
-def _covered_cost(node: torch.fx.Node, covering: str) -> NodeCost:
+def _covered_cost(node: torch.fx.Node, covering: str, sizes: Any) -> NodeCost:
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     return NodeCost(
         name=node.name, op=_op_name(node), status=ZERO, rule=f"inside:{covering or ROOT_LABEL}", module=path,
-        module_type=type_name, input_shapes=(), output_shapes=_shapes(node.meta.get("val")), macs=0, flops=0,
+        module_type=type_name, input_shapes=(), output_shapes=_shapes(node.meta.get("val"), sizes), macs=0, flops=0,
         source=_source_line(node), phase=node.meta.get(PHASE, FORWARD),
     )
 
 
-def _whole_call_cost(call: WholeCall, captured: Captured, table: RuleTable, conventions: str) -> NodeCost:
+def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
     module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = table.match(op_call)
-    macs, flops = _apply(entry, op_call, conventions, call.module)
+    macs, flops = _apply(entry, op_call, conventions, call.module, sizes)
     kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
         name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
-        input_shapes=_shapes(call.args), output_shapes=_shapes(call.out), macs=macs, flops=flops, phase=call.phase,
+        input_shapes=_shapes(call.args, sizes), output_shapes=_shapes(call.out, sizes), macs=macs, flops=flops,
+        phase=call.phase,
     )
 
 
-def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: str) -> tuple[int, int]:
+def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: str, sizes: Any) -> tuple[Any, Any]:
     if not isinstance(entry, Rule):
         return 0, 0
     try:
@@ -187,10 +195,16 @@ def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: 
             f"rule '{entry.name}' ({entry.source}) failed on {call.key} in module '{path or ROOT_LABEL}': {error}. "
             "Fix the rule's formula, or override it with a rule of your own for this op."
         ) from None
-    return _to_int(macs, entry, call), _to_int(flops, entry, call)
+    return _to_count(macs, entry, call, sizes), _to_count(flops, entry, call, sizes)
 
 
-def _to_int(value: Any, entry: Rule, call: OpCall) -> int:
+def _to_count(value: Any, entry: Rule, call: OpCall, sizes: Any) -> Any:
+    """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded down, as int() does)."""
+    if sizes is not None and isinstance(value, torch.SymInt | torch.SymFloat):
+        import sympy  # only symbolic sizes need it; plain estimates never import it
+
+        expr = sizes.expression(value)
+        return expr if isinstance(value, torch.SymInt) else sympy.floor(expr)
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -211,11 +225,14 @@ def _op_name(node: torch.fx.Node) -> str:
     return str(node.target)
 
 
-def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+def _shapes(value: Any, sizes: Any = None) -> tuple[tuple[Any, ...], ...]:
+    """Shapes of the tensors in `value`: ints, or under symbolic sizes expressions where they vary."""
     if isinstance(value, torch.Tensor):
+        if sizes is not None:
+            return (tuple(sizes.expression(s) for s in value.shape),)
         return (tuple(int(s) for s in value.shape),)
     if isinstance(value, list | tuple):
-        return tuple(shape for item in value for shape in _shapes(item))
+        return tuple(shape for item in value for shape in _shapes(item, sizes))
     return ()
 
 

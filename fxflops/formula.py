@@ -107,15 +107,34 @@ def floating(value: Any) -> bool:
     return isinstance(value, float | complex)
 
 
+def _extreme(pick: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    """min or max that keeps symbolic sizes symbolic (Python's compares them, which fixes a branch)."""
+    def extreme(*values: Any) -> Any:
+        items = list(values[0]) if len(values) == 1 else list(values)
+        if not items:
+            raise FormulaError("min()/max() of nothing")
+        return functools.reduce(pick, items)
+    return extreme
+
+
+def _to_int(value: Any) -> Any:
+    """int(), keeping a symbolic size symbolic (rounded toward zero, as int() rounds)."""
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, torch.SymFloat):
+        return torch.sym_int(value)
+    return int(value)
+
+
 HELPERS: dict[str, Callable[..., Any]] = {
     "numel": numel,
     "prod": prod,
     "len": len,
-    "min": min,
-    "max": max,
+    "min": _extreme(torch.sym_min),
+    "max": _extreme(torch.sym_max),
     "sum": sum,
     "abs": abs,
-    "int": int,
+    "int": _to_int,
     "ceil": math.ceil,
     "einsum_macs": einsum_macs,
     "floating": floating,

@@ -83,6 +83,7 @@ class Captured:
     dtype: str | None = None  # the model's floating dtype as captured ("float32", "bfloat16")
     training: bool | None = None  # the model's training flag as captured (dropout, batch norm count differently)
     backward: bool = False  # the graph holds the backward too (nodes carry meta["fxflops_phase"])
+    sizes: Any = None  # capture.dynamic.SizeSymbols when named sizes were symbolic, else None
 
 
 # --- what count and tree produce ------------------------------------------------------------------

@@ -49,7 +49,7 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
     for cost in costs:
-        owner = _nearest_known(_canonical(cost.module, aliases), named)
+        owner = owning_module(cost.module, aliases, named)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
         if cost.is_backward:
@@ -119,6 +119,16 @@ def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:
             if cost.module not in modules:
                 modules.append(cost.module)
     return [UnknownOp(op, count, tuple(modules)) for op, (count, modules) in sorted(found.items())]
+
+
+def owning_module(path: str, aliases: dict[str, str], named: dict[str, ModuleInfo]) -> str:
+    """The module a node's cost is attributed to: its module by its first name, or the nearest known parent."""
+    return _nearest_known(_canonical(path, aliases), named)
+
+
+def parent_name(name: str) -> str | None:
+    """A qualified name's parent ("" for a top-level child, None for the root)."""
+    return _parent(name)
 
 
 def _canonical(path: str, aliases: dict[str, str]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.diagnosis import CaptureError, describe_failure
+from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, has_meta_tensors, inputs_from_shape, shapes_of, tensors_in
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
@@ -26,16 +27,19 @@ __all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_i
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,
             is_leaf: Callable[[torch.nn.Module], bool] = lambda m: False,
             is_whole: Callable[[torch.nn.Module], bool] = lambda m: False, backward: bool = False,
-            loss: Callable[[Any], torch.Tensor] | None = None) -> Captured:
+            loss: Callable[[Any], torch.Tensor] | None = None, sizes: SizePlan | None = None) -> Captured:
     """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail.
 
-    With `backward`, the graph also holds the backward autograd runs for `loss(output)`."""
+    With `backward`, the graph also holds the backward autograd runs for `loss(output)`; with `sizes`,
+    the planned input axes are symbolic and every shape in the graph is an expression in them."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
-    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss)
+    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
     if backward:
         methods = _with_backward(methods, method)
+    if sizes is not None:
+        methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are")
     attempts: list[Attempt] = []
     for candidate in methods:
         if method == AUTO and candidate is TRACE and has_meta_tensors(model, args, kwargs):
@@ -56,9 +60,14 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
 
 def _with_backward(methods: tuple, requested: str) -> tuple:
     """The methods that can record a backward; a method asked for by name that cannot is an error."""
-    able = tuple(m for m in methods if m.records_backward)
+    return _able(methods, requested, "records_backward",
+                 "captures the forward only; the backward is recorded as autograd runs it,")
+
+
+def _able(methods: tuple, requested: str, capability: str, refusal: str) -> tuple:
+    """The methods with `capability`; if none is left, a ValueError naming those that have it."""
+    able = tuple(m for m in methods if getattr(m, capability))
     if not able:
-        names = ", ".join(repr(m.name) for m in AUTO_ORDER if m.records_backward)
-        raise ValueError(f"method={requested!r} captures the forward only; the backward is recorded as autograd "
-                         f"runs it, by method {names} (or 'auto')")
+        names = ", ".join(repr(m.name) for m in AUTO_ORDER if getattr(m, capability))
+        raise ValueError(f"method={requested!r} {refusal} by method {names} (or 'auto')")
     return able

@@ -8,7 +8,10 @@ no data, no arithmetic), so what gets counted is the code path eager execution t
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,6 +25,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
+from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
@@ -34,14 +38,17 @@ class FakeTwins:
     """Fake twins of real or meta tensors, one per tensor; meta ones land on `device` (a model built on
     the meta device runs as if on the CPU, so code that reads values' devices takes its usual path)."""
 
-    def __init__(self, mode: FakeTensorMode, device: torch.device) -> None:
+    def __init__(self, mode: FakeTensorMode, device: torch.device, shapes: dict[int, list[Any]] | None = None) -> None:
         self.mode = mode
         self.device = device
+        self.shapes = shapes or {}  # id(tensor) -> the symbolic shape its twin gets
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
             return tensor
         device = self.device if tensor.is_meta else tensor.device
+        if id(tensor) in self.shapes:
+            return self._symbolic(tensor, self.shapes[id(tensor)], device)
         # built around a meta tensor directly: creating it through the mode's dispatch costs 10x more
         with unset_fake_temporarily():  # twins made while the forward runs (lazy modules) too
             meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
@@ -53,6 +60,12 @@ class FakeTwins:
             # (125 us per parameter): the twin is fresh, so it can carry the flag itself
             fake._is_param = True
         return fake
+
+    def _symbolic(self, tensor: torch.Tensor, sizes: list[Any], device: torch.device) -> torch.Tensor:
+        """A twin whose named axes are SymInts (made through the mode: its shape env owns them)."""
+        with self.mode:
+            fake = torch.empty(sizes, dtype=tensor.dtype, device=device)
+        return fake.requires_grad_(True) if tensor.requires_grad else fake
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run an op on fake tensors, repairing the two ways a fake kernel can fail where eager runs."""
@@ -103,9 +116,10 @@ def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.devi
 
 def capture(request: Request) -> Captured:
     model = request.model
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs))
-    with isolated(model) as modules:
+    sizes = SizeSymbols(request.sizes) if request.sizes is not None else None
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None)
+    twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
+    with isolated(model) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
         args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
@@ -121,4 +135,24 @@ def capture(request: Request) -> Captured:
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
-                    tracker.whole_calls, backward=request.backward)
+                    tracker.whole_calls, backward=request.backward, sizes=sizes)
+
+
+def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:
+    if sizes is None:
+        return {}
+    inputs = tensors_in((request.args, request.kwargs))
+    found = {id(tensor): sizes.sizes(index, tensor) for index, tensor in enumerate(inputs)}
+    return {key: shape for key, shape in found.items() if shape is not None}
+
+
+@contextlib.contextmanager
+def _quiet_about_symbolic_args(symbolic: bool) -> Iterator[None]:
+    """FX warns about every raw SymInt argument a node gets; recorded nodes keep theirs on purpose
+    (the count stage reads sizes from them)."""
+    if not symbolic:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Raw SymInt value", category=UserWarning)
+        yield

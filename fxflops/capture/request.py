@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.isolation import unique_modules
 
 
@@ -24,6 +25,7 @@ class Request:
     is_whole: Callable[[torch.nn.Module], bool] = _never  # a rule counts these modules as a whole
     backward: bool = False  # also record the backward of loss(output)
     loss: Callable[[Any], torch.Tensor] | None = None  # None: the sum of the output's floating tensors
+    sizes: SizePlan | None = None  # input axes captured as symbolic sizes (costs come out as formulas)
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

@@ -1,0 +1,177 @@
+"""Named sizes left symbolic: one capture whose shapes, and so whose costs, are formulas in them.
+
+A `SizePlan` says which axis of which input tensor carries which named size, and the value it is
+captured at. Under a ShapeEnv those axes become SymInts, so every shape the forward computes and
+every rule's cost is an expression in the names. Whatever the forward decided from a size (a branch,
+a specialization, a broadcast) is a guard; `SizeSymbols.conditions()` states them in the user's
+names, so a formula is never used where the capture that made it would have gone another way.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from fxflops.capture.inputs import tensors_in
+
+Dims = Mapping[str, int | Sequence[int]]
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """Which input axes carry which named size. Inputs are numbered in `tensors_in((args, kwargs))`
+    order, the order every capture walks them in (tensors inside cache objects included)."""
+
+    axes: Mapping[int, Mapping[int, str]]  # input index -> {axis: name}
+    hints: Mapping[str, int]  # name -> the value the capture runs at
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.hints)
+
+    def at(self, point: Mapping[str, int]) -> SizePlan:
+        """The same axes, captured at `point`."""
+        return SizePlan(self.axes, {name: int(point[name]) for name in self.hints})
+
+    def shape_of(self, index: int, shape: Sequence[int], point: Mapping[str, int]) -> tuple[int, ...]:
+        """An input's shape at `point` (its example shape with the named axes resized)."""
+        sizes = list(shape)
+        for axis, name in self.axes.get(index, {}).items():
+            sizes[axis] = point[name]
+        return tuple(sizes)
+
+
+def plan_from_dims(args: Any, kwargs: Any, dims: Dims) -> SizePlan:
+    """The plan for user-facing `dims` ({"batch": 0, "seq": 1}, {"size": (2, 3)}).
+
+    A name's example size is its first axis in the first input tensor that has that axis; it is then
+    carried by that axis of every input tensor whose size there is the same (the ids and their mask,
+    not a [1, seq] position tensor under batch 8). Several axes of one name must share one size.
+    """
+    if not dims:
+        raise ValueError("dims is empty: name at least one size, e.g. dims={'seq': 1}")
+    inputs = tensors_in((args, kwargs))
+    if not inputs:
+        raise ValueError("dims names input axes, but the example inputs hold no tensor")
+    axes: dict[int, dict[int, str]] = {}
+    hints: dict[str, int] = {}
+    for name, spec in dims.items():
+        _check_name(name)
+        wanted = (spec,) if isinstance(spec, int) else tuple(spec)
+        if not wanted or not all(isinstance(axis, int) for axis in wanted):
+            raise ValueError(f"dims[{name!r}] must be an axis (int) or a tuple of axes, got {spec!r}")
+        hint = _example_size(name, wanted, inputs)
+        hints[name] = hint
+        for index, tensor in enumerate(inputs):
+            for axis in wanted:
+                if -tensor.dim() <= axis < tensor.dim() and tensor.shape[axis] == hint:
+                    owner = axes.setdefault(index, {})
+                    axis = axis % tensor.dim()
+                    if axis in owner and owner[axis] != name:
+                        raise ValueError(f"dims {owner[axis]!r} and {name!r} both name axis {axis} of input {index}")
+                    owner[axis] = name
+    return SizePlan(axes, hints)
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"a size's name must be a Python identifier (it appears in formulas), got {name!r}")
+
+
+def _example_size(name: str, axes: tuple[int, ...], inputs: list[torch.Tensor]) -> int:
+    for tensor in inputs:
+        if all(-tensor.dim() <= axis < tensor.dim() for axis in axes):
+            sizes = {int(tensor.shape[axis]) for axis in axes}
+            if len(sizes) > 1:
+                raise ValueError(f"dims[{name!r}] names axes {axes} of an input of shape {tuple(tensor.shape)}, "
+                                 "which differ in size; one name is one size")
+            return sizes.pop()
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs[:4])
+    raise ValueError(f"dims[{name!r}] = {axes}: no input tensor has that axis (input shapes: {shapes})")
+
+
+def user_symbol(name: str) -> sympy.Symbol:
+    """The symbol a named size has in formulas."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+class SizeSymbols:
+    """The ShapeEnv of one capture, with one SymInt per named size of its plan."""
+
+    def __init__(self, plan: SizePlan) -> None:
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+        self.plan = plan
+        # duck sizing off: two names that happen to share a value are still two sizes
+        self.env = ShapeEnv(duck_shape=False)
+        self.symints: dict[str, Any] = {}
+        self._to_user: dict[sympy.Symbol, sympy.Symbol] = {}
+        self.fixed: dict[str, int] = {}  # names the ShapeEnv made constants (captured at 0 or 1)
+        for name, hint in plan.hints.items():
+            source = ConstantSource(f"fxflops_{name}")
+            symbol = self.env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+            if isinstance(symbol, sympy.Symbol):
+                self._to_user[symbol] = user_symbol(name)
+                self.symints[name] = self.env.create_symintnode(symbol, hint=hint, source=source)
+            else:
+                self.fixed[name] = hint
+                self.symints[name] = hint
+
+    def sizes(self, index: int, tensor: torch.Tensor) -> list[Any] | None:
+        """The symbolic shape of input `index`, or None when none of its axes is named."""
+        named = self.plan.axes.get(index)
+        if not named:
+            return None
+        return [self.symints[named[axis]] if axis in named else int(size) for axis, size in enumerate(tensor.shape)]
+
+    def expression(self, value: Any) -> Any:
+        """An int, or the sympy expression of a SymInt in the user's names (replacements applied)."""
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            expr = self.env.replace(value.node.expr)
+            if not expr.free_symbols:
+                return int(expr) if expr.is_integer else expr
+            return expr.xreplace(self._to_user)
+        return value
+
+    def conditions(self) -> list[sympy.Basic]:
+        """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""
+        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value) for name, value in self.fixed.items()]
+        for guard in self.env.guards:
+            condition = self.env.simplify(guard.expr).xreplace(self._to_user)
+            if condition != sympy.true and condition not in found:
+                found.append(condition)
+        for symbol, user in self._to_user.items():
+            found.extend(_range_conditions(user, self.env.var_to_range.get(symbol)))
+        return found
+
+
+def _range_conditions(symbol: sympy.Symbol, value_range: Any) -> list[sympy.Basic]:
+    if value_range is None:
+        return []
+    conditions = []
+    lower, upper = value_range.lower, value_range.upper
+    if isinstance(lower, sympy.Integer) and lower > 1:  # the infinities are not sympy Integers
+        conditions.append(sympy.Ge(symbol, int(lower)))
+    if isinstance(upper, sympy.Integer):
+        conditions.append(sympy.Le(symbol, int(upper)))
+    return conditions
+
+
+def holds(conditions: Sequence[sympy.Basic], point: Mapping[str, int]) -> bool:
+    """Whether every condition is true at `point`."""
+    values = {user_symbol(name): sympy.Integer(value) for name, value in point.items()}
+    for condition in conditions:
+        decided = condition.xreplace(values)
+        if decided is not sympy.true:
+            try:
+                if not bool(decided):
+                    return False
+            except TypeError:  # still symbolic: it names something the point does not fix
+                return False
+    return True

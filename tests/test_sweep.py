@@ -1,0 +1,271 @@
+"""Sweeps: one capture with named sizes symbolic. Every point is checked against a fresh estimate()
+there (the independent count of the same forward), at held-out and odd sizes; formulas against
+hand-derived ones."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import sympy
+import torch
+from torch import nn
+
+import fxflops
+from fxflops.capture.dynamic import plan_from_dims
+from fxflops.sweep import compile_expression, grid_points, sweep
+
+transformers = pytest.importorskip("transformers")
+
+B, S = sympy.symbols("batch seq", integer=True, positive=True)
+
+
+def tokens(batch: int, seq: int) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=2048)
+    with torch.device("meta"):
+        return transformers.GPT2LMHeadModel(config).eval()
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=176,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                      max_position_embeddings=4096)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config).eval()
+
+
+def assert_same(at: fxflops.Estimate, fresh: fxflops.Estimate) -> None:
+    assert (at.total_macs, at.total_flops, at.total_params) == (fresh.total_macs, fresh.total_flops,
+                                                                fresh.total_params)
+    assert {n: (m.macs, m.flops, m.params, m.calls) for n, m in at.modules.items()} == \
+        {n: (m.macs, m.flops, m.params, m.calls) for n, m in fresh.modules.items()}
+    assert {k: (t.macs, t.flops) for k, t in at.by_rule.items()} == {k: (t.macs, t.flops) for k, t in fresh.by_rule.items()}
+    counted = lambda e: {k: (t.count, t.macs, t.flops) for k, t in e.by_op.items() if t.macs or t.flops}  # noqa: E731
+    assert counted(at) == counted(fresh)
+    assert at.input_shapes == fresh.input_shapes
+
+
+@pytest.mark.parametrize("point", [(3, 17), (1, 1), (1, 64), (7, 1023), (16, 5)])
+def test_gpt2_points_equal_fresh_estimates(point):
+    model = gpt2()
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1})
+    batch, seq = point
+    assert_same(swept.at(batch=batch, seq=seq), fxflops.estimate(model, tokens(batch, seq)))
+
+
+def test_one_capture_serves_every_point_where_the_path_is_the_same():
+    swept = sweep(gpt2(), tokens(2, 9), dims={"batch": 0, "seq": 1})
+    for batch, seq in [(2, 9), (5, 100), (3, 2047), (9, 3)]:
+        swept.at(batch=batch, seq=seq)
+    assert len(swept.pieces) == 1
+    assert swept.holds_for == "batch >= 2, seq >= 2"
+
+
+def test_size_one_is_its_own_piece_because_torch_fixes_sizes_0_and_1():
+    swept = sweep(gpt2(), tokens(1, 9), dims={"batch": 0, "seq": 1})
+    assert swept.example == {"batch": 1, "seq": 9}
+    assert swept.pieces[0].plan.hints["batch"] == 2  # captured at 2, so the formula is in batch
+    assert B in swept.formula().free_symbols
+    swept.at(batch=1, seq=9)
+    assert len(swept.pieces) == 2
+    assert swept.pieces[1].summary() == "batch = 1, seq >= 2"
+
+
+def test_llama_formula_is_the_hand_formula():
+    model = llama()
+    swept = sweep(model, tokens(2, 33), dims={"batch": 0, "seq": 1})
+    hidden, inter, heads, kv_heads, vocab, layers = 64, 176, 4, 2, 1000, 2
+    head_dim = hidden // heads
+    matmul_params = layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter) \
+        + hidden * vocab
+    # q k^T and attention x v: heads x seq x seq x head_dim each, per layer
+    attention = layers * 2 * heads * S * S * head_dim
+    assert sympy.expand(swept.formula("macs") - B * (matmul_params * S + attention)) == 0
+    flops = swept.formula("flops")
+    # every MAC is 2 FLOPs (SDPA's rule included); the rest (norms, rotary, silu, residuals) is
+    # elementwise, linear in the tokens, and the rotary tables once per position
+    rest = sympy.Poly(sympy.expand(flops - 2 * swept.formula("macs")), B, S)
+    assert rest.degree(S) == 1 and rest.degree(B) == 1 and rest.coeff_monomial(S) > 0
+    assert swept.formula("params") == sum(p.numel() for p in model.parameters())
+
+
+def test_llama_with_a_mask_held_out_points():
+    model = llama()
+
+    def inputs(batch, seq):
+        return (tokens(batch, seq),), {"attention_mask": torch.ones(batch, seq, dtype=torch.long, device="meta")}
+
+    args, kwargs = inputs(2, 33)
+    swept = sweep(model, args, kwargs, dims={"batch": 0, "seq": 1})
+    for batch, seq in [(3, 17), (1, 64), (5, 999)]:
+        args, kwargs = inputs(batch, seq)
+        assert_same(swept.at(batch=batch, seq=seq), fxflops.estimate(model, args, kwargs))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small"])
+def test_torchvision_batch_and_image_size(name):
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = getattr(torchvision.models, name)().eval()
+
+    def image(batch, size):
+        return torch.empty(batch, 3, size, size, device="meta")
+
+    swept = sweep(model, image(2, 224), dims={"batch": 0, "size": (2, 3)})
+    for batch, size in [(3, 225), (1, 97), (5, 301), (2, 33), (20, 224)]:
+        assert_same(swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size)))
+    # strided convolutions and pooling make the formula floor divisions of the size
+    assert any(isinstance(f, sympy.floor) for f in sympy.preorder_traversal(swept.formula()))
+
+
+def test_formula_of_one_module_and_of_params():
+    swept = sweep(gpt2(), tokens(2, 9), dims={"batch": 0, "seq": 1})
+    mlp = swept.formula("macs", module="transformer.h.0.mlp")
+    assert sympy.expand(mlp - B * S * 2 * 32 * 128) == 0  # c_fc and c_proj: 32 x 128 each per token
+    assert swept.formula("macs", "lm_head") == 32 * 100 * B * S
+    with pytest.raises(KeyError, match="no module 'nope'"):
+        swept.formula(module="nope")
+    with pytest.raises(ValueError, match="quantity must be one of"):
+        swept.formula("latency")
+
+
+class Branchy(nn.Module):
+    """A forward whose path depends on a size: long inputs go through an extra layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.extra = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.proj(x)
+        if x.shape[1] > 16:
+            x = self.extra(x)
+        return x
+
+
+def test_a_branch_on_a_size_limits_the_formula_and_points_past_it_are_captured_again():
+    model = Branchy()
+    swept = sweep(model, torch.zeros(2, 10, 8), dims={"seq": 1})
+    assert swept.formula() == 2 * 64 * S
+    assert "seq <= 16" in swept.conditions
+    assert swept.holds_for == "2 <= seq <= 16"
+    for seq in (16, 17, 40):
+        assert_same(swept.at(seq=seq), fxflops.estimate(model, torch.zeros(2, seq, 8)))
+    assert len(swept.pieces) == 2
+    assert swept.formula(seq=40) == 2 * 2 * 64 * S
+    assert swept.pieces[1].summary() == "seq >= 17"
+
+
+class FixesItsSize(nn.Module):
+    """Turns a size into a Python int (a specialization): each size is a capture of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        steps = int(x.shape[1])
+        return self.proj(x) * steps
+
+
+def test_a_size_the_forward_fixes_is_never_extrapolated():
+    model = FixesItsSize()
+    swept = sweep(model, torch.zeros(2, 10, 8), dims={"seq": 1})
+    assert swept.holds_for == "seq = 10"
+    assert_same(swept.at(seq=11), fxflops.estimate(model, torch.zeros(2, 11, 8)))
+    assert len(swept.pieces) == 2
+
+
+def test_backward_sweep_points_equal_fresh_estimates():
+    model = gpt2().train()
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, backward=True)
+    for batch, seq in [(3, 17), (2, 40)]:
+        fresh = fxflops.estimate(model, tokens(batch, seq), backward=True)
+        at = swept.at(batch=batch, seq=seq)
+        assert_same(at, fresh)
+        assert (at.bwd_macs, at.bwd_flops) == (fresh.bwd_macs, fresh.bwd_flops)
+    assert swept.formula("bwd_macs") + swept.formula("fwd_macs") == swept.formula("macs")
+
+
+def test_table_over_a_grid():
+    swept = sweep(gpt2(), tokens(2, 9), dims={"batch": 0, "seq": 1})
+    rows = swept.table({"batch": [1, 2], "seq": [8, 16]})
+    assert [(r["batch"], r["seq"]) for r in rows] == [(1, 8), (1, 16), (2, 8), (2, 16)]
+    assert rows[3]["macs"] == fxflops.estimate(gpt2(), tokens(2, 16)).total_macs
+    rows = swept.table([{"seq": 5}], columns=lambda e: {"top": e.root.macs})
+    assert rows == [{"batch": 2, "seq": 5, "top": swept.at(seq=5).total_macs}]
+
+
+def test_dims_match_axes_of_equal_size_only():
+    ids, positions = tokens(4, 9), tokens(1, 9)
+    plan = plan_from_dims((ids,), {"position_ids": positions}, {"batch": 0, "seq": 1})
+    assert plan.hints == {"batch": 4, "seq": 9}
+    assert plan.axes == {0: {0: "batch", 1: "seq"}, 1: {1: "seq"}}  # [1, seq] positions keep batch 1
+
+
+@pytest.mark.parametrize("dims, message", [
+    ({}, "dims is empty"),
+    ({"seq": 5}, "no input tensor has that axis"),
+    ({"two words": 1}, "must be a Python identifier"),
+    ({"size": (0, 1)}, "which differ in size"),
+    ({"seq": "1"}, "must be an axis"),
+])
+def test_bad_dims_say_what_is_wrong(dims, message):
+    with pytest.raises(ValueError, match=message):
+        sweep(gpt2(), tokens(2, 9), dims=dims)
+
+
+def test_bad_points_say_what_is_wrong():
+    swept = sweep(gpt2(), tokens(2, 9), dims={"seq": 1})
+    with pytest.raises(ValueError, match="unknown size 'batch'; this sweep's sizes: seq"):
+        swept.at(batch=3)
+    with pytest.raises(ValueError, match="must be a non-negative int"):
+        swept.at(seq=2.5)
+
+
+def test_only_the_eager_method_captures_symbolic_sizes():
+    with pytest.raises(ValueError, match="symbolic sizes are .*'eager'"):
+        sweep(gpt2(), tokens(2, 9), dims={"seq": 1}, method="export")
+
+
+class ValueShaped(nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x).float().sum()
+
+
+def test_sizes_that_depend_on_values_are_refused_clearly():
+    with pytest.raises(ValueError, match="depends on tensor values|depend on sizes the capture could not name"):
+        sweep(ValueShaped(), torch.zeros(3, 5), dims={"n": 1})
+
+
+def test_unknown_ops_warn_once_at_capture():
+    class Unknown(nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x)
+
+    with pytest.warns(fxflops.UnknownOpsWarning):
+        swept = sweep(Unknown(), torch.zeros(2, 5), dims={"n": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swept.at(n=7)
+
+
+def test_compiled_expressions_are_exact_integer_arithmetic():
+    from torch.utils._sympy.functions import CeilDiv, FloorDiv
+
+    n = sympy.Symbol("n", integer=True, positive=True)
+    expr = 3 * FloorDiv(n + 1, 2) ** 2 + CeilDiv(n, 3) * (10**20) + n
+    compiled = compile_expression(expr)
+    for value in (1, 2, 7, 10**6 + 1):
+        assert compiled({"n": value}) == int(expr.xreplace({n: value})) == \
+            3 * ((value + 1) // 2) ** 2 + -(-value // 3) * 10**20 + value
+
+
+def test_grid_points_vary_the_last_name_fastest():
+    assert grid_points({"a": [1, 2], "b": [3]}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
+    assert grid_points([{"a": 1}]) == [{"a": 1}]
