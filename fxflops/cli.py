@@ -17,12 +17,14 @@ from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.methods import AUTO, CHOICES
 from fxflops.model_spec import (
     HF_TASKS,
+    MAX_SWEEP_POINTS,
     InputOptions,
     ModelSpecError,
     load,
     parse_dtype,
     parse_override,
     parse_shape,
+    parse_sweep,
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
 from fxflops.rules import CONVENTIONS
@@ -47,6 +49,8 @@ examples:
   fxflops torchvision:resnet50 --depth 2
   fxflops hf:gpt2 --seq-len 1024 --set n_layer=2 --format table
   fxflops my_model.py:build --input-shape 8,3,224,224 --format json --output cost.json
+  fxflops gpt2-small --sweep seq=128..4096*2 --sweep batch=1,8
+  fxflops torchvision:resnet50 --sweep size[2,3]=160..320:32
 """
 
 
@@ -80,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count the model in training mode (dropout, batch statistics); default: as built")
     counting.add_argument("--optimizer", choices=OPTIMIZERS,
                           help="add one optimizer step's FLOPs over the trainable parameters")
+    counting.add_argument("--sweep", action="append", default=[], metavar="NAME=VALUES",
+                          help="count at many sizes from one capture, with the formula: seq=128,256,1024, "
+                               "batch=1..64*2, size[2,3]=160..320:32 (several make a grid; batch, seq, "
+                               "size, height, width know their axes, others name them: n[1]=...)")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS)
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
@@ -131,17 +139,56 @@ def render(estimate, args: argparse.Namespace) -> str:
                        detailed=args.detailed, fold=args.fold)
 
 
+def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
+    names = [name for name, _, _ in sweeps]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ModelSpecError(f"--sweep {', '.join(repeated)} given twice; give each size once, with all its values")
+    points = 1
+    for _, _, values in sweeps:
+        points *= len(values)
+    if points > MAX_SWEEP_POINTS:
+        raise ModelSpecError(f"the --sweep grid has {points} points; at most {MAX_SWEEP_POINTS}")
+
+
+def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]], args: argparse.Namespace):
+    """Capture once with the swept sizes symbolic; the result at every point of the grid."""
+    from fxflops.sweep import sweep
+
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, backward=args.backward)
+    return swept.result({name: values for name, _, values in sweeps})
+
+
+def render_sweep(result, args: argparse.Namespace) -> str:
+    from fxflops.report import sweep as report
+
+    depth = args.depth if args.depth > 0 else 1
+    if args.format == "json":
+        return report.to_json(result, depth=depth, top=args.top)
+    if args.format == "csv":
+        return report.to_csv(result)
+    return report.render_text(result, depth=depth, top=args.top,
+                              tablefmt=args.tablefmt if args.format == "table" else "github")
+
+
 def run(args: argparse.Namespace) -> int:
     from fxflops.api import estimate
 
     if args.model == "examples":
         sys.stdout.write(examples_listing())
         return 0
+    sweeps = [parse_sweep(text) for text in args.sweep]
+    _check_sweeps(sweeps)
     loaded = load(args.model, input_options(args))
     model = loaded.model.train() if args.train else loaded.model
-    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      backward=args.backward, optimizer=args.optimizer)
-    report = render(result, args)
+    if sweeps:
+        result = run_sweep(model, loaded, sweeps, args)
+        report = render_sweep(result, args)
+    else:
+        result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                          backward=args.backward, optimizer=args.optimizer)
+        report = render(result, args)
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
         sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")

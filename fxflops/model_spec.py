@@ -100,6 +100,64 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+# the axes a --sweep name means when the user gives none: [batch, seq] tokens, [batch, C, H, W] images
+SWEEP_AXES: dict[str, tuple[int, ...]] = {"batch": (0,), "seq": (1,), "size": (2, 3), "height": (2,), "width": (3,)}
+MAX_SWEEP_POINTS = 10_000
+_SWEEP = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\[([\d,\s-]+)\])?\s*=\s*(.+)$")
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?:([:*])(\d+))?$")
+
+
+def parse_sweep(text: str) -> tuple[str, tuple[int, ...], list[int]]:
+    """`seq=128,256,1024` -> ("seq", (1,), [128, 256, 1024]).
+
+    Axes in brackets name what the size is (`size[2,3]=...`); batch, seq, size, height and width
+    have defaults. Values are a comma list of sizes and ranges: `A..B` (every size), `A..B:STEP`,
+    `A..B*FACTOR` (A, A*FACTOR, ... up to B)."""
+    match = _SWEEP.match(text)
+    if match is None:
+        raise ModelSpecError(f"bad --sweep {text!r}: expected NAME=VALUES such as seq=128,256,1024 or "
+                             "size[2,3]=160..320:32")
+    name, axes_text, values_text = match.groups()
+    if axes_text is not None:
+        try:
+            axes = tuple(int(axis) for axis in axes_text.split(","))
+        except ValueError:
+            raise ModelSpecError(f"bad --sweep {text!r}: axes in brackets are integers, e.g. seq[1]") from None
+    elif name in SWEEP_AXES:
+        axes = SWEEP_AXES[name]
+    else:
+        raise ModelSpecError(f"--sweep {name}: which input axis is {name}? Name it in brackets, e.g. "
+                             f"{name}[1]=... (known without: {', '.join(SWEEP_AXES)})")
+    values: list[int] = []
+    for item in values_text.split(","):
+        values += _sweep_values(item.strip(), text)
+        if len(values) > MAX_SWEEP_POINTS:
+            raise ModelSpecError(f"--sweep {name}: more than {MAX_SWEEP_POINTS} values")
+    return name, axes, values
+
+
+def _sweep_values(item: str, text: str) -> list[int]:
+    if item.isdigit():
+        return [int(item)]
+    match = _RANGE.match(item)
+    if match is None:
+        raise ModelSpecError(f"bad --sweep value {item!r} in {text!r}: use sizes and ranges such as "
+                             "128, 128..1024:128 or 128..4096*2")
+    start, stop, kind, step = int(match[1]), int(match[2]), match[3], int(match[4] or 1)
+    if stop < start or step < 1 or (kind == "*" and (step < 2 or start < 1)):
+        raise ModelSpecError(f"bad --sweep range {item!r}: it needs start <= stop and a step of at least 1 "
+                             "(a factor of at least 2, from a start of at least 1)")
+    if kind == "*":
+        found = []
+        while start <= stop and len(found) <= MAX_SWEEP_POINTS:
+            found.append(start)
+            start *= step
+        return found
+    if (stop - start) // step > MAX_SWEEP_POINTS:
+        raise ModelSpecError(f"--sweep range {item!r}: more than {MAX_SWEEP_POINTS} values")
+    return list(range(start, stop + 1, step))
+
+
 def parse_dtype(text: str | None) -> torch.dtype | None:
     if text is None:
         return None

@@ -362,3 +362,27 @@ class Profile(Estimate):
         if achieved is None or not self.measurements.peak_flops:
             return None
         return achieved / self.measurements.peak_flops
+
+
+# --- what a sweep produces ------------------------------------------------------------------------
+
+
+@dataclass
+class SweepFormula:
+    """Formulas of one or more of a sweep's captures (pieces with the same formulas are merged)."""
+
+    formulas: dict[str, str]  # "macs" | "flops" | "params" (| "bwd_macs" | "bwd_flops") -> sympy text
+    holds_for: list[str]  # where they hold, one line per piece merged
+    conditions: list[list[str]]  # each merged piece's conditions (all must hold), checked per point
+
+
+@dataclass
+class SweepResult:
+    """A sweep's formulas and its Estimates at a set of points, as the reports take them."""
+
+    model_type: str
+    names: tuple[str, ...]  # the named sizes, in the order the user gave them
+    example: dict[str, int]  # the example inputs' sizes
+    formulas: list[SweepFormula]  # the first is the formula at the example's sizes (captured first)
+    points: list[tuple[dict[str, int], Estimate]]
+    captures: int = 1  # pieces captured: more than one where a size changes the forward's path

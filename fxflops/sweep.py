@@ -22,11 +22,12 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fxflops.api import Counting, collector_paused, normalize_inputs, warn_unknown
+from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import tensors_in
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
-from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost
+from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
 from fxflops.rules import RuleSpec
 from fxflops.tree import build_estimate, owning_module, parent_name, unknown_ops
 
@@ -35,6 +36,10 @@ QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "b
 # the least value a named size is captured at: ShapeEnv fixes sizes 0 and 1 as constants, so a
 # formula captured there would be valid only there
 _LEAST_SYMBOLIC = 2
+
+
+class SweepCaptureError(RuntimeError):
+    """The model could not be captured at a point of the sweep: says which sizes, on which axes."""
 
 
 class Piece:
@@ -61,7 +66,7 @@ class Piece:
 
     def describe(self) -> list[str]:
         """The conditions as text, e.g. 'seq >= 2', 'seq <= 1024'."""
-        return [_text(condition) for condition in self.conditions]
+        return list(dict.fromkeys(_text(condition) for condition in self.conditions))
 
     def bounds(self) -> dict[str, tuple[int, int | None]]:
         """Each name's range as the conditions on that name alone state it: {name: (least, most or None)}."""
@@ -211,13 +216,36 @@ class Sweep:
             rows.append({**self.point(point), **picked})
         return rows
 
+    def result(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> SweepResult:
+        """The formulas and the Estimates at every point of `grid`, as the reports take them."""
+        points = [(self.point(point), self.at(**point)) for point in grid_points(grid)]
+        quantities = ["macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if self._options["backward"] else [])
+        merged: dict[tuple, SweepFormula] = {}
+        for piece in self.pieces:
+            formulas = {quantity: str(piece.formulas(quantity)[""]) for quantity in quantities}
+            entry = merged.setdefault(tuple(formulas.values()), SweepFormula(formulas, [], []))
+            entry.holds_for.append(piece.summary())
+            entry.conditions.append(piece.describe())
+        return SweepResult(model_type=self.model_type, names=self.names, example=dict(self.example),
+                           formulas=list(merged.values()), points=points, captures=len(self.pieces))
+
     def _capture(self, point: Mapping[str, int]) -> Piece:
         plan = self._plan.at(point)
         args, kwargs = self._inputs
         with collector_paused():
-            captured = self._counting.capture(self._model, args, kwargs, self._options["method"], sizes=plan,
-                                              backward=self._options["backward"], loss=self._options["loss"])
+            try:
+                captured = self._counting.capture(self._model, args, kwargs, self._options["method"], sizes=plan,
+                                                  backward=self._options["backward"], loss=self._options["loss"])
+            except CaptureError as error:
+                where = ", ".join(f"{name}={value}" for name, value in point.items())
+                raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()})") from error
             return Piece(plan, captured, self._counting.count(captured))
+
+    def _axes_text(self) -> str:
+        shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]
+        named = [f"{name} on axis {axis} of input {index} {list(shapes[index])}"
+                 for index, axes in self._plan.axes.items() for axis, name in axes.items()]
+        return "; ".join(named)
 
     def __repr__(self) -> str:
         return (f"Sweep({self.model_type} over {', '.join(self.names)}; captured at {self.example}; "

@@ -4,6 +4,9 @@ hand-derived ones."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import warnings
 
 import pytest
@@ -269,3 +272,79 @@ def test_compiled_expressions_are_exact_integer_arithmetic():
 def test_grid_points_vary_the_last_name_fastest():
     assert grid_points({"a": [1, 2], "b": [3]}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
     assert grid_points([{"a": 1}]) == [{"a": 1}]
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def test_cli_sweep_json_points_equal_estimates():
+    from tests.models import LeNet5
+    from tests.test_cli import LENET5_MACS_PER_SAMPLE, fxflops as run_cli
+
+    result = run_cli("lenet5", "--sweep", "batch=1,3..9:3,32", "--format", "json", "--top", "1")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["schema"] == "fxflops.sweep" and data["sizes"] == ["batch"]
+    assert [p["sizes"]["batch"] for p in data["points"]] == [1, 3, 6, 9, 32]
+    assert [p["macs"] for p in data["points"]] == [b * LENET5_MACS_PER_SAMPLE for b in (1, 3, 6, 9, 32)]
+    assert {p["params"] for p in data["points"]} == {sum(p.numel() for p in LeNet5().parameters())}
+    assert data["points"][0]["top_modules"][0]["name"] == "feature_extractor"
+    first = data["formulas"][0]
+    assert sympy.sympify(first["macs"]) == LENET5_MACS_PER_SAMPLE * sympy.Symbol("batch")
+    assert first["holds_for"][0] == "2 <= batch <= 15"  # CPU conv backend choice guards batch < 16
+
+
+def test_cli_sweep_grid_text_and_csv():
+    from tests.test_cli import fxflops as run_cli
+
+    result = run_cli("gpt2-small", "--set", "n_layer=1", "--sweep", "seq=16..64*2", "--sweep", "batch=1,2")
+    assert result.returncode == 0, result.stderr
+    assert "fxflops sweep: GPT2 over seq, batch (6 points, 2 captures)" in result.stdout
+    assert "formulas, where seq >= 2, batch >= 2:" in result.stdout
+    result = run_cli("gpt2-small", "--set", "n_layer=1", "--sweep", "seq[1]=16,32", "--format", "csv")
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [r["seq"] for r in rows] == ["16", "32"]
+    estimate_32 = fxflops.estimate(*_gpt2_small_one_layer(32))
+    assert int(rows[1]["macs"]) == estimate_32.total_macs
+
+
+def _gpt2_small_one_layer(seq):
+    from fxflops.model_spec import InputOptions, load
+
+    loaded = load("gpt2-small", InputOptions(seq_len=seq, overrides={"n_layer": 1}))
+    return loaded.model, loaded.args, loaded.kwargs
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seq", "expected NAME=VALUES"),
+    ("n=1,2", "which input axis is n?"),
+    ("seq=10..2", "needs start <= stop"),
+    ("seq=1..9*1", "a factor of at least 2"),
+    ("seq=abc", "bad --sweep value 'abc'"),
+    ("seq=1..100000000", "more than 10000 values"),
+])
+def test_cli_sweep_parse_errors(text, message):
+    from fxflops.model_spec import ModelSpecError, parse_sweep
+
+    with pytest.raises(ModelSpecError, match=message):
+        parse_sweep(text)
+
+
+def test_cli_sweep_values_and_axes():
+    from fxflops.model_spec import parse_sweep
+
+    assert parse_sweep("seq=128,256") == ("seq", (1,), [128, 256])
+    assert parse_sweep("size[2, 3]=160..224:32") == ("size", (2, 3), [160, 192, 224])
+    assert parse_sweep("n[1]=1..16*2,100") == ("n", (1,), [1, 2, 4, 8, 16, 100])
+
+
+def test_cli_sweep_usage_errors_are_one_line():
+    from tests.test_cli import assert_one_line_error, fxflops as run_cli
+
+    assert_one_line_error(run_cli("lenet5", "--sweep", "batch=1", "--sweep", "batch=2"), 2, "given twice")
+    # LeNet's [1, 1, 32, 32] input has an axis 1: its channels, which a convolution fixes
+    assert_one_line_error(run_cli("lenet5", "--sweep", "seq=8,16"), 1,
+                          "to have 1 channels, but got seq channels instead in module 'feature_extractor.0', "
+                          "with seq=8 (seq on axis 1 of input 0 [1, 1, 32, 32])")
+    assert_one_line_error(run_cli("lenet5", "--sweep", "width[4]=8"), 1, "dims['width'] = (4,): no input tensor")

@@ -10,6 +10,7 @@ names, so a formula is never used where the capture that made it would have gone
 from __future__ import annotations
 
 import keyword
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,11 @@ class SizeSymbols:
         if not named:
             return None
         return [self.symints[named[axis]] if axis in named else int(size) for axis, size in enumerate(tensor.shape)]
+
+    def translate(self, text: str) -> str:
+        """A message with the ShapeEnv's symbol names (s25) replaced by the sizes' names (seq)."""
+        names = {symbol.name: user.name for symbol, user in self._to_user.items()}
+        return re.sub(r"\b[su]\d+\b", lambda match: names.get(match[0], match[0]), text)
 
     def expression(self, value: Any) -> Any:
         """An int, or the sympy expression of a SymInt in the user's names (replacements applied)."""

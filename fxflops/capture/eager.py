@@ -126,7 +126,7 @@ def capture(request: Request) -> Captured:
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
-        with grad_mode, mode, tracker, recorder, CompositeOps(recorder):
+        with grad_mode, mode, tracker, recorder, CompositeOps(recorder), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
             output = model(*args, **kwargs)
@@ -144,6 +144,17 @@ def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, l
     inputs = tensors_in((request.args, request.kwargs))
     found = {id(tensor): sizes.sizes(index, tensor) for index, tensor in enumerate(inputs)}
     return {key: shape for key, shape in found.items() if shape is not None}
+
+
+@contextlib.contextmanager
+def _sizes_named_in_errors(sizes: SizeSymbols | None) -> Iterator[None]:
+    """A failing op's message names sizes as the user does ("got seq channels"), not as s25."""
+    try:
+        yield
+    except Exception as error:
+        if sizes is not None and error.args and isinstance(error.args[0], str):
+            error.args = (sizes.translate(error.args[0]), *error.args[1:])
+        raise
 
 
 @contextlib.contextmanager
