@@ -13,6 +13,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CaptureError", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
-    "RuleEvaluationError", "RuleFileError", "UnknownOp", "UnknownOpsWarning", "annotate", "estimate", "profile",
-    "profile_generate",
+    "RuleEvaluationError", "RuleFileError", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
+    "estimate", "profile", "profile_generate", "sweep",
 ]
+
+
+def __getattr__(name: str):
+    # sweeps need sympy, whose import costs half a second: loaded on first use, not with fxflops
+    if name in ("sweep", "Sweep", "SweepCaptureError"):
+        from fxflops import sweeps
+
+        return getattr(sweeps, name)
+    raise AttributeError(f"module 'fxflops' has no attribute {name!r}")

@@ -153,7 +153,7 @@ def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
 
 def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]], args: argparse.Namespace):
     """Capture once with the swept sizes symbolic; the result at every point of the grid."""
-    from fxflops.sweep import sweep
+    from fxflops.sweeps import sweep
 
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
                   method=args.method, conventions=args.conventions, backward=args.backward)

@@ -33,6 +33,7 @@ from fxflops.latency import (
     timeline_rows,
 )
 from fxflops.capture import tensors_in
+from fxflops.capture.inputs import signature
 from fxflops.capture.backward import backward_roots, cleared_grads, ones_like_each, restore_grads
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.results import Estimate, Measurements, Profile
@@ -371,29 +372,12 @@ def moved_to(model: nn.Module, device: torch.device | None) -> Iterator[None]:
 # ------------------------------------------------------------------ estimates from live forward calls
 
 
-def signature(value: Any) -> tuple:
-    """A hashable key for the input shapes of a call: equal keys give equal estimates.
-
-    Tensors contribute shape, dtype and device type; opaque objects such as a KV cache the shapes
-    of the tensors inside them; plain scalars (`use_cache=True`, `logits_to_keep=1`) their value.
-    """
-    leaves, spec = pytree.tree_flatten(value)
-    return str(spec), tuple(_leaf_signature(leaf) for leaf in leaves)
-
-
-def _leaf_signature(leaf: Any) -> Any:
-    if isinstance(leaf, torch.Tensor):
-        return tuple(leaf.shape), leaf.dtype, leaf.device.type
-    if leaf is None or isinstance(leaf, bool | int | float | str | torch.dtype | torch.device):
-        return leaf
-    return type(leaf).__qualname__, tuple((tuple(t.shape), t.dtype) for t in tensors_in(leaf))
-
-
 class EstimateCache:
     """Estimates the inputs of live root calls, once per input signature.
 
     Used as a ModuleTimer's `on_call`: it returns the call's signature (the record's tag), and
     estimates new signatures from a private copy of the inputs before the call's clock starts.
+    Signatures that differ only in sizes are points of one sweep (`fxflops.sweep.SizeFamilies`).
     A failed estimate is kept and raised by `get`, so the user's own loop never breaks on it.
     """
 
@@ -407,6 +391,10 @@ class EstimateCache:
         self.with_backward = True  # False: get() gives the forward alone, even of estimates with a backward
         self.estimates: dict[tuple, Estimate] = {}
         self.errors: dict[tuple, Exception] = {}
+        from fxflops.sweeps import SizeFamilies  # sympy's import is paid only where calls are profiled
+
+        # calls that differ only in sizes (decode steps with a growing cache) share one sweep's capture
+        self.families = SizeFamilies(model, **estimate_options)
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple:
         backward = self.backward_when_grad and torch.is_grad_enabled() and any(
@@ -415,9 +403,8 @@ class EstimateCache:
         if key not in self.estimates and key not in self.errors:
             try:
                 with preserved(self.model, self.device):
-                    # estimate() leaves the inputs as they were (a KV cache is not grown)
-                    self.estimates[key] = estimate(self.model, tuple(args), dict(kwargs), backward=backward,
-                                                   **self.options)
+                    # the estimate leaves the inputs as they were (a KV cache is not grown)
+                    self.estimates[key] = self.families.estimate(tuple(args), dict(kwargs), backward)
             except Exception as error:  # noqa: BLE001 - reported by get(), see the class docstring
                 self.errors[key] = error
             gc.collect()  # the trace's garbage, collected before this call's clock starts

@@ -107,3 +107,21 @@ def test_get_model_profile_generate_mode() -> None:
     model.train()  # profiled in eval mode, as DeepSpeed does, and given back in training mode
     get_model_profile(model, args=[ids], kwargs=kwargs, func_name="generate", print_profile=False)
     assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("make", [gpt2, llama])
+def test_decode_steps_are_points_of_one_sweep_not_captures_each(make) -> None:
+    model = make()
+    ids, kwargs = prompt()
+    kwargs["max_new_tokens"] = 8
+    result = profile_generate(model, (ids,), kwargs, conventions="torch", warm_up=0, steps=1)
+    info = result.measurements.extra["generate"]
+    assert info["calls"] == info["estimated_signatures"] == 8
+    # the prefill, the first decode step, then one capture with the cache length symbolic
+    assert info["captures"] == 3
+    with FlopCounterMode(display=False) as counter:
+        model.generate(ids, **kwargs)
+    assert result.total_flops == counter.get_total_flops()
+    if make is gpt2:
+        expected = [gpt2_step_flops(PROMPT, PROMPT, 1)] + [gpt2_step_flops(1, PROMPT + k, 1) for k in range(1, 8)]
+        assert [row["flops"] for row in info["steps"]] == expected

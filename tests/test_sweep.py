@@ -16,7 +16,7 @@ from torch import nn
 
 import fxflops
 from fxflops.capture.dynamic import plan_from_dims
-from fxflops.sweep import compile_expression, grid_points, sweep
+from fxflops.sweeps import compile_expression, grid_points, sweep
 
 transformers = pytest.importorskip("transformers")
 
@@ -348,3 +348,49 @@ def test_cli_sweep_usage_errors_are_one_line():
                           "to have 1 channels, but got seq channels instead in module 'feature_extractor.0', "
                           "with seq=8 (seq on axis 1 of input 0 [1, 1, 32, 32])")
     assert_one_line_error(run_cli("lenet5", "--sweep", "width[4]=8"), 1, "dims['width'] = (4,): no input tensor")
+
+
+# --------------------------------------------------------------- calls that differ only in sizes
+
+
+def test_size_families_estimate_a_stream_of_calls_from_one_sweep():
+    from fxflops.sweeps import SizeFamilies
+
+    model = Branchy()
+    families = SizeFamilies(model)
+    calls = [(2, 5), (2, 6), (2, 9), (2, 12), (3, 12), (2, 30)]
+    for batch, seq in calls:
+        x = torch.zeros(batch, seq, 8)
+        assert_same(families.estimate((x,), {}), fxflops.estimate(model, x))
+    # (2, 5) plain; (2, 6) the sweep over seq; (2, 9), (2, 12) its points; (3, 12) changes batch too:
+    # plain; (2, 30) takes the other branch (seq > 16): the sweep captures a second piece
+    assert families.captures == 4
+
+
+def test_size_families_points_equal_estimates_through_shape_arithmetic():
+    from fxflops.sweeps import SizeFamilies
+
+    class Fixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(5, 5)
+
+        def forward(self, x):  # the swept size is split by a reshape whose other factor is fixed
+            return self.proj(x.reshape(x.shape[0], 5, -1).transpose(1, 2))
+
+    model = Fixed()
+    families = SizeFamilies(model)
+    for n in (10, 15, 20):
+        x = torch.zeros(2, n)
+        assert families.estimate((x,), {}).total_macs == fxflops.estimate(model, x).total_macs
+
+
+def test_compiled_conditions_decide_as_sympy_does():
+    from torch.utils._sympy.functions import FloorDiv
+
+    n = sympy.Symbol("n", integer=True, positive=True)
+    conditions = [sympy.Ne(FloorDiv(n - 1, 2) + 1, 1), sympy.Gt(64 * n * n, 20480), sympy.Eq(n, 7) | sympy.Le(n, 3)]
+    for condition in conditions:
+        check = compile_expression(condition)
+        for value in range(1, 40):
+            assert check({"n": value}) == bool(condition.xreplace({n: value}))

@@ -13,12 +13,14 @@ import keyword
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy
 import torch
 
 from fxflops.capture.inputs import tensors_in
+
+if TYPE_CHECKING:
+    import sympy
 
 Dims = Mapping[str, int | Sequence[int]]
 
@@ -98,6 +100,8 @@ def _example_size(name: str, axes: tuple[int, ...], inputs: list[torch.Tensor]) 
 
 def user_symbol(name: str) -> sympy.Symbol:
     """The symbol a named size has in formulas."""
+    import sympy  # symbolic sizes only: estimate() never imports it
+
     return sympy.Symbol(name, integer=True, positive=True)
 
 
@@ -105,6 +109,7 @@ class SizeSymbols:
     """The ShapeEnv of one capture, with one SymInt per named size of its plan."""
 
     def __init__(self, plan: SizePlan) -> None:
+        import sympy
         from torch._dynamo.source import ConstantSource
         from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -147,6 +152,8 @@ class SizeSymbols:
 
     def conditions(self) -> list[sympy.Basic]:
         """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""
+        import sympy
+
         found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value) for name, value in self.fixed.items()]
         for guard in self.env.guards:
             condition = self.env.simplify(guard.expr).xreplace(self._to_user)
@@ -158,6 +165,8 @@ class SizeSymbols:
 
 
 def _range_conditions(symbol: sympy.Symbol, value_range: Any) -> list[sympy.Basic]:
+    import sympy
+
     if value_range is None:
         return []
     conditions = []
@@ -171,6 +180,8 @@ def _range_conditions(symbol: sympy.Symbol, value_range: Any) -> list[sympy.Basi
 
 def holds(conditions: Sequence[sympy.Basic], point: Mapping[str, int]) -> bool:
     """Whether every condition is true at `point`."""
+    import sympy
+
     values = {user_symbol(name): sympy.Integer(value) for name, value in point.items()}
     for condition in conditions:
         decided = condition.xreplace(values)

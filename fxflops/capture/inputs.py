@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map
 
 
@@ -55,6 +56,24 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if kind is dict:
         return {key: map_tensors(item, fn) for key, item in value.items()}
     return value
+
+
+def signature(value: Any) -> tuple:
+    """A hashable key for the input shapes of a call: equal keys give equal estimates.
+
+    Tensors contribute shape, dtype and device type; opaque objects such as a KV cache the shapes
+    of the tensors inside them; plain scalars (`use_cache=True`, `logits_to_keep=1`) their value.
+    """
+    leaves, spec = pytree.tree_flatten(value)
+    return str(spec), tuple(_leaf_signature(leaf) for leaf in leaves)
+
+
+def _leaf_signature(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return tuple(leaf.shape), leaf.dtype, leaf.device.type
+    if leaf is None or isinstance(leaf, bool | int | float | str | torch.dtype | torch.device):
+        return leaf
+    return type(leaf).__qualname__, tuple((tuple(t.shape), t.dtype) for t in tensors_in(leaf))
 
 
 def is_plain(value: Any) -> bool:

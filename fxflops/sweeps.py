@@ -21,10 +21,10 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from fxflops.api import Counting, collector_paused, normalize_inputs, warn_unknown
+from fxflops.api import Counting, collector_paused, estimate, normalize_inputs, warn_unknown
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
-from fxflops.capture.inputs import tensors_in
+from fxflops.capture.inputs import signature, tensors_in, to_meta
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
 from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
@@ -54,6 +54,8 @@ class Piece:
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._compiled = _compiled(costs)
+        checks = [compile_expression(condition) for condition in self.conditions]
+        self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
         if unbound:
             raise ValueError(
@@ -62,7 +64,9 @@ class Piece:
                 "Sweep over inputs whose shapes fix every size, or use estimate() at each point.")
 
     def holds(self, point: Mapping[str, int]) -> bool:
-        return holds(self.conditions, point)
+        if self._checks is None:
+            return holds(self.conditions, point)
+        return all(check(point) for check in self._checks)
 
     def describe(self) -> list[str]:
         """The conditions as text, e.g. 'seq >= 2', 'seq <= 1024'."""
@@ -333,14 +337,14 @@ class _Evaluator:
 
 
 def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] | None:
-    """A Python function computing an integer expression exactly at a point ({name: value}), or None
-    where the expression holds something other than integer arithmetic (then sympy evaluates it).
+    """A Python function computing an integer expression (or a condition on integers) exactly at a
+    point ({name: value}), or None where it holds something else (then sympy evaluates it).
 
     Evaluating through sympy costs ~100 us an expression, and a point of a large model has hundreds."""
     from torch.utils._sympy.functions import CeilDiv, FloorDiv, Mod, PythonMod
 
-    if isinstance(expr, sympy.Integer):
-        value = int(expr)
+    if isinstance(expr, sympy.Integer | sympy.logic.boolalg.BooleanAtom):
+        value = int(expr) if isinstance(expr, sympy.Integer) else bool(expr)
         return lambda point: value
     if isinstance(expr, sympy.Symbol):
         name = expr.name
@@ -355,8 +359,14 @@ def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] 
     if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp >= 0:
         base, exponent = parts[0], int(expr.exp)
         return lambda point: base(point) ** exponent
+    if isinstance(expr, sympy.And | sympy.Or):
+        combine = all if isinstance(expr, sympy.And) else any
+        return lambda point: combine(part(point) for part in parts)
+    if isinstance(expr, sympy.Not):
+        return lambda point: not parts[0](point)
     binary = {FloorDiv: operator.floordiv, CeilDiv: lambda a, b: -(-a // b), PythonMod: operator.mod,
-              Mod: operator.mod, sympy.Max: max, sympy.Min: min}
+              Mod: operator.mod, sympy.Max: max, sympy.Min: min, sympy.Eq: operator.eq, sympy.Ne: operator.ne,
+              sympy.Lt: operator.lt, sympy.Le: operator.le, sympy.Gt: operator.gt, sympy.Ge: operator.ge}
     for kind, apply in binary.items():
         if isinstance(expr, kind) and len(parts) == 2:
             left, right = parts
@@ -434,3 +444,109 @@ def _text(condition: sympy.Basic) -> str:
     if isinstance(condition, sympy.Eq | sympy.Ne):
         return f"{condition.lhs} {'==' if isinstance(condition, sympy.Eq) else '!='} {condition.rhs}"
     return str(condition)
+
+
+class SizeFamilies:
+    """Estimates of a stream of calls (decode steps, a training loop's batches) that differ only in
+    their tensors' sizes, from one capture per family instead of one per call.
+
+    Calls of the same structure (the same tensors, ranks and dtypes, the same other arguments) are a
+    family. Its first call is estimated plainly. The second names the axes that changed (axes whose
+    sizes changed alike share a name, as a KV cache's layers do) and captures a sweep over them;
+    every later call is a point of that sweep, as exact as estimate() there. A call that also changes
+    another axis, or a sweep that cannot be captured, is estimated plainly.
+    """
+
+    def __init__(self, model: torch.nn.Module, **estimate_options: Any) -> None:
+        self.model = model
+        self.options = estimate_options
+        self.captures = 0  # captures made: plain estimates plus sweep pieces
+        self._families: dict[Any, _Family] = {}
+        self._sweeps_possible = estimate_options.get("method", AUTO) in (AUTO, "eager")
+
+    def estimate(self, args: tuple, kwargs: dict, backward: bool = False) -> Estimate:
+        shapes = [tuple(t.shape) for t in tensors_in((args, kwargs))]
+        family = self._families.setdefault((_structure((args, kwargs)), backward), _Family(shapes))
+        if self._sweeps_possible and family.sweep is None and not family.failed and shapes != family.shapes:
+            plan = _changed_axes(family.shapes, shapes)
+            if plan is not None:
+                before = sum(len(s.pieces) for s in self._sweeps())
+                try:
+                    family.sweep = self._sweep(to_meta((tuple(args), dict(kwargs))), plan, backward)
+                except Exception:  # noqa: BLE001 - this family is estimated call by call instead
+                    family.failed = True
+                self.captures += sum(len(s.pieces) for s in self._sweeps()) - before
+        point = family.point(shapes) if family.sweep is not None else None
+        if point is not None:
+            before = len(family.sweep.pieces)
+            try:
+                return family.sweep.at(**point)
+            except SweepCaptureError:
+                pass  # a point whose path the sweep could not capture: estimate() tries every method
+            finally:
+                self.captures += len(family.sweep.pieces) - before
+        self.captures += 1
+        return estimate(self.model, tuple(args), dict(kwargs), backward=backward, **self.options)
+
+    def _sweeps(self) -> list[Sweep]:
+        return [family.sweep for family in self._families.values() if family.sweep is not None]
+
+    def _sweep(self, inputs: tuple[tuple, dict], plan: SizePlan, backward: bool) -> Sweep:
+        options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules")}
+        counting = Counting.prepare(options["conventions"] or "deepspeed", options["rules"], options["leaf_modules"])
+        args, kwargs = inputs
+        return Sweep(self.model, args, kwargs, plan, counting,
+                     {"method": self.options.get("method", AUTO), "backward": backward, "loss": None,
+                      "optimizer": None})
+
+
+class _Family:
+    def __init__(self, shapes: list[tuple[int, ...]]) -> None:
+        self.shapes = shapes  # the first call's input shapes
+        self.sweep: Sweep | None = None
+        self.failed = False
+
+    def point(self, shapes: list[tuple[int, ...]]) -> dict[str, int] | None:
+        """The sweep's point for these input shapes, or None if they differ from it elsewhere too."""
+        plan = self.sweep._plan
+        point: dict[str, int] = {}
+        for index, (shape, first) in enumerate(zip(shapes, self.shapes)):
+            named = plan.axes.get(index, {})
+            for axis, (size, was) in enumerate(zip(shape, first)):
+                name = named.get(axis)
+                if name is None:
+                    if size != was:
+                        return None
+                elif point.setdefault(name, size) != size:
+                    return None
+        return point
+
+
+def _structure(value: Any) -> Any:
+    """What a family shares: everything of a call's signature but its tensors' sizes."""
+    def erase(leaf: Any) -> Any:
+        if isinstance(leaf, tuple) and len(leaf) == 3 and isinstance(leaf[1], torch.dtype):
+            return len(leaf[0]), leaf[1], leaf[2]  # a tensor: rank, dtype, device type
+        if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], tuple):
+            return leaf[0], tuple((len(shape), dtype) for shape, dtype in leaf[1])  # an object of tensors
+        return leaf
+
+    spec, leaves = signature(value)
+    return spec, tuple(erase(leaf) for leaf in leaves)
+
+
+def _changed_axes(first: list[tuple[int, ...]], now: list[tuple[int, ...]]) -> SizePlan | None:
+    """A plan naming the axes whose sizes differ between two calls' input shapes (`size0`, `size1`, ...);
+    axes that changed from the same size to the same size share a name. None if ranks differ."""
+    if len(first) != len(now) or any(len(a) != len(b) for a, b in zip(first, now)):
+        return None
+    names: dict[tuple[int, int], str] = {}
+    axes: dict[int, dict[int, str]] = {}
+    for index, (before, after) in enumerate(zip(first, now)):
+        for axis, change in enumerate(zip(before, after)):
+            if change[0] != change[1]:
+                name = names.setdefault(change, f"size{len(names)}")
+                axes.setdefault(index, {})[axis] = name
+    if not names:
+        return None
+    return SizePlan(axes, {name: after for (_, after), name in names.items()})

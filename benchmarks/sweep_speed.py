@@ -1,0 +1,106 @@
+"""100 points from one sweep against 100 estimate() calls, on the same models in the same run.
+
+    python benchmarks/sweep_speed.py [--points 100] [--output benchmarks/results/sweep_speed.md]
+
+For each model, in one process: one warm-up estimate() (imports, first-use costs), then the sweep
+(its capture, then `at()` at every point), then estimate() at every point; every point's totals
+must agree exactly. The reference is measured in the same run, so the ratio is what it is on this
+machine; nothing here is asserted by the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fxflops  # noqa: E402
+from benchmarks.common import environment  # noqa: E402
+from fxflops.sweeps import sweep  # noqa: E402
+
+
+def gpt2_small():
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    return model, lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),), {"seq": 1}, \
+        lambda i: {"seq": 64 + 37 * i}
+
+
+def llama_7b_shape():
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                      num_attention_heads=32, vocab_size=32000, max_position_embeddings=8192)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).eval()
+    return model, lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),), {"seq": 1}, \
+        lambda i: {"seq": 128 + 61 * i}
+
+
+def resnet50():
+    import torchvision
+
+    with torch.device("meta"):
+        model = torchvision.models.resnet50().eval()
+    return model, lambda size: (torch.empty(1, 3, size, size, device="meta"),), {"size": (2, 3)}, \
+        lambda i: {"size": 96 + 3 * i}
+
+
+MODELS = {"gpt2 (small), seq": gpt2_small, "Llama-2-7B shape, seq": llama_7b_shape,
+          "resnet50, image size": resnet50}
+
+
+def measure(name: str, build, points: int) -> dict:
+    model, inputs, dims, point_of = build()
+    grid = [point_of(i) for i in range(points)]
+    fxflops.estimate(model, inputs(*grid[0].values()))  # warm-up: imports and first-use costs
+    start = time.perf_counter()
+    swept = sweep(model, inputs(*grid[0].values()), dims=dims)
+    captured = time.perf_counter() - start
+    swept_totals = [swept.at(**point).total_macs for point in grid]
+    swept_time = time.perf_counter() - start
+    start = time.perf_counter()
+    fresh_totals = [fxflops.estimate(model, inputs(*point.values())).total_macs for point in grid]
+    fresh_time = time.perf_counter() - start
+    if swept_totals != fresh_totals:
+        raise AssertionError(f"{name}: sweep and estimate() disagree")
+    return {"name": name, "points": points, "capture": captured, "sweep": swept_time, "estimates": fresh_time,
+            "pieces": len(swept.pieces), "first": grid[0], "last": grid[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=100)
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--output", type=Path)
+    options = parser.parse_args()
+    warnings.simplefilter("ignore")
+    rows = [measure(name, MODELS[name], options.points) for name in options.models]
+    lines = [
+        "# Sweep speed: one sweep's points against estimate() at each point", "",
+        environment(("torch", "transformers", "torchvision")), "",
+        "| model, swept size | points (first .. last) | sweep capture | sweep total (capture + points) | "
+        f"{options.points} estimate() calls | speed-up | captures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['points']} ({r['first']} .. {r['last']}) | {r['capture']:.2f} s | "
+                     f"{r['sweep']:.2f} s | {r['estimates']:.2f} s | {r['estimates'] / r['sweep']:.1f}x | "
+                     f"{r['pieces']} |")
+    lines += ["", "Every point's total MACs agreed exactly between the sweep and estimate()."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if options.output:
+        options.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
