@@ -156,7 +156,7 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
     from fxflops.sweeps import sweep
 
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, backward=args.backward)
+                  method=args.method, conventions=args.conventions, backward=args.backward, optimizer=args.optimizer)
     return swept.result({name: values for name, _, values in sweeps})
 
 

@@ -199,12 +199,10 @@ def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: 
 
 
 def _to_count(value: Any, entry: Rule, call: OpCall, sizes: Any) -> Any:
-    """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded down, as int() does)."""
+    """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded as int() rounds)."""
     if sizes is not None and isinstance(value, torch.SymInt | torch.SymFloat):
-        import sympy  # only symbolic sizes need it; plain estimates never import it
-
-        expr = sizes.expression(value)
-        return expr if isinstance(value, torch.SymInt) else sympy.floor(expr)
+        # int() rounds toward zero; torch.sym_int does so symbolically
+        return sizes.expression(value if isinstance(value, torch.SymInt) else torch.sym_int(value))
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -107,14 +107,19 @@ def floating(value: Any) -> bool:
     return isinstance(value, float | complex)
 
 
-def _extreme(pick: Callable[[Any, Any], Any]) -> Callable[..., Any]:
-    """min or max that keeps symbolic sizes symbolic (Python's compares them, which fixes a branch)."""
+def _extreme(builtin: Callable[..., Any], pick: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    """Python's min or max, but over symbolic sizes torch's, which keeps them symbolic (Python's
+    compares them, which fixes a branch)."""
     def extreme(*values: Any) -> Any:
-        items = list(values[0]) if len(values) == 1 else list(values)
-        if not items:
-            raise FormulaError("min()/max() of nothing")
+        items = list(values[0]) if len(values) == 1 and not _symbolic(values[0]) else list(values)
+        if not any(_symbolic(item) for item in items):
+            return builtin(*values)
         return functools.reduce(pick, items)
     return extreme
+
+
+def _symbolic(value: Any) -> bool:
+    return isinstance(value, torch.SymInt | torch.SymFloat)
 
 
 def _to_int(value: Any) -> Any:
@@ -130,8 +135,8 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "numel": numel,
     "prod": prod,
     "len": len,
-    "min": _extreme(torch.sym_min),
-    "max": _extreme(torch.sym_max),
+    "min": _extreme(min, torch.sym_min),
+    "max": _extreme(max, torch.sym_max),
     "sum": sum,
     "abs": abs,
     "int": _to_int,

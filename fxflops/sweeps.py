@@ -164,7 +164,7 @@ class Sweep:
         """Where `formula()` holds, in one line ("2 <= batch <= 15, size >= 64 (and 3 more conditions ...)")."""
         return self.pieces[0].summary()
 
-    def point(self, sizes: Mapping[str, int]) -> dict[str, int]:
+    def point(self, sizes: Mapping[str, int], /) -> dict[str, int]:
         """A full point: the given sizes, the example's for the rest; unknown names are an error."""
         unknown = [name for name in sizes if name not in self.names]
         if unknown:
@@ -175,7 +175,7 @@ class Sweep:
                 raise ValueError(f"size {name} must be a non-negative int, got {value!r}")
         return point
 
-    def piece(self, **sizes: int) -> Piece:
+    def piece(self, /, **sizes: int) -> Piece:
         """The piece whose conditions hold at the point, captured there if none does yet."""
         point = self.point(sizes)
         for piece in self.pieces:
@@ -185,7 +185,7 @@ class Sweep:
         self.pieces.append(piece)
         return piece
 
-    def at(self, **sizes: int) -> Estimate:
+    def at(self, /, **sizes: int) -> Estimate:
         """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
         point = self.point(sizes)
         with collector_paused():
@@ -194,7 +194,7 @@ class Sweep:
             result.optimizer = optimizer_step(self._optimizer, self._model)
         return result
 
-    def formula(self, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
+    def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
         """`quantity` (macs, flops, params, fwd_/bwd_ macs and flops) as a sympy expression in the sizes'
         names, for the whole model or one module (inclusive). It holds where `conditions` do; give
         sizes to get the formula of the piece covering that point instead."""
@@ -481,8 +481,8 @@ class SizeFamilies:
             before = len(family.sweep.pieces)
             try:
                 return family.sweep.at(**point)
-            except SweepCaptureError:
-                pass  # a point whose path the sweep could not capture: estimate() tries every method
+            except Exception:  # noqa: BLE001 - a point the sweep cannot serve: estimate() tries every method
+                pass
             finally:
                 self.captures += len(family.sweep.pieces) - before
         self.captures += 1

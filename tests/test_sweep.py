@@ -394,3 +394,44 @@ def test_compiled_conditions_decide_as_sympy_does():
         check = compile_expression(condition)
         for value in range(1, 40):
             assert check({"n": value}) == bool(condition.xreplace({n: value}))
+
+
+class Square(nn.Module):
+    """Adds an image to its transpose: only square images run, and torch records height == width."""
+
+    def forward(self, x):
+        return (x + x.transpose(2, 3)).sum()
+
+
+def test_sizes_a_forward_equates_stay_equal_in_the_conditions():
+    swept = sweep(Square(), torch.zeros(1, 3, 8, 8), dims={"height": 2, "width": 3})
+    assert any("height" in c and "width" in c for c in swept.conditions)
+    with pytest.raises(fxflops.SweepCaptureError, match="height=8, width=16"):
+        swept.at(height=8, width=16)  # not extrapolated from the square capture: captured, and it fails
+    assert swept.at(height=5, width=5).total_flops == fxflops.estimate(Square(), torch.zeros(1, 3, 5, 5)).total_flops
+
+
+def test_a_real_tensor_the_forward_meets_keeps_its_shape():
+    table = torch.ones(4, 8)  # a constant outside any module: real, not a parameter
+
+    class UsesConstant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x) @ table.T
+
+    model = UsesConstant()
+    swept = sweep(model, torch.zeros(2, 10, 8), dims={"seq": 1})
+    assert swept.formula() == 2 * (64 + 32) * S
+    assert_same(swept.at(seq=7), fxflops.estimate(model, torch.zeros(2, 7, 8)))
+
+
+def test_reserved_size_names_and_builtin_min_max_in_rules():
+    with pytest.raises(ValueError, match="may not be called 'module'"):
+        sweep(gpt2(), tokens(2, 9), dims={"module": 1})
+    from fxflops.formula import HELPERS
+
+    assert HELPERS["max"]([3, 1.5]) == 3 and type(HELPERS["max"](3, 1.5)) is int  # Python's, not torch's
+    assert HELPERS["min"](2, 1.5) == 1.5

@@ -39,7 +39,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     if backward:
         methods = _with_backward(methods, method)
     if sizes is not None:
-        methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are")
+        methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are captured")
     attempts: list[Attempt] = []
     for candidate in methods:
         if method == AUTO and candidate is TRACE and has_meta_tensors(model, args, kwargs):

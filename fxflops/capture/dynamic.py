@@ -81,9 +81,14 @@ def plan_from_dims(args: Any, kwargs: Any, dims: Dims) -> SizePlan:
     return SizePlan(axes, hints)
 
 
+RESERVED_NAMES = frozenset({"quantity", "module"})  # Sweep.formula's own arguments
+
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"a size's name must be a Python identifier (it appears in formulas), got {name!r}")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"a size may not be called {name!r} (Sweep.formula takes an argument of that name)")
 
 
 def _example_size(name: str, axes: tuple[int, ...], inputs: list[torch.Tensor]) -> int:
@@ -155,6 +160,11 @@ class SizeSymbols:
         import sympy
 
         found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value) for name, value in self.fixed.items()]
+        for symbol, user in self._to_user.items():
+            # a guard equating sizes (height == width) became a replacement, and simplifies to True below
+            replaced = self.env.replace(symbol)
+            if replaced != symbol:
+                found.append(sympy.Eq(user, replaced.xreplace(self._to_user)))
         for guard in self.env.guards:
             condition = self.env.simplify(guard.expr).xreplace(self._to_user)
             if condition != sympy.true and condition not in found:

@@ -117,7 +117,9 @@ def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.devi
 def capture(request: Request) -> Captured:
     model = request.model
     sizes = SizeSymbols(request.sizes) if request.sizes is not None else None
-    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None)
+    # static_shapes: only the planned axes are symbolic, not those of a stray real tensor the forward meets
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None,
+                          static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
     with isolated(model) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
