@@ -141,7 +141,7 @@ class Sweep:
         self.pieces: list[Piece] = []
         self._model = model
         self._inputs = (args, kwargs)
-        self._plan = plan
+        self.plan = plan  # the named axes (its hints: the example's sizes)
         self._counting = counting
         self._options = options  # method, backward, loss
         self._optimizer = options.pop("optimizer", None)
@@ -234,7 +234,7 @@ class Sweep:
                            formulas=list(merged.values()), points=points, captures=len(self.pieces))
 
     def _capture(self, point: Mapping[str, int]) -> Piece:
-        plan = self._plan.at(point)
+        plan = self.plan.at(point)
         args, kwargs = self._inputs
         with collector_paused():
             try:
@@ -248,7 +248,7 @@ class Sweep:
     def _axes_text(self) -> str:
         shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]
         named = [f"{name} on axis {axis} of input {index} {list(shapes[index])}"
-                 for index, axes in self._plan.axes.items() for axis, name in axes.items()]
+                 for index, axes in self.plan.axes.items() for axis, name in axes.items()]
         return "; ".join(named)
 
     def __repr__(self) -> str:
@@ -470,12 +470,12 @@ class SizeFamilies:
         if self._sweeps_possible and family.sweep is None and not family.failed and shapes != family.shapes:
             plan = _changed_axes(family.shapes, shapes)
             if plan is not None:
-                before = sum(len(s.pieces) for s in self._sweeps())
                 try:
                     family.sweep = self._sweep(to_meta((tuple(args), dict(kwargs))), plan, backward)
+                    self.captures += len(family.sweep.pieces)
                 except Exception:  # noqa: BLE001 - this family is estimated call by call instead
                     family.failed = True
-                self.captures += sum(len(s.pieces) for s in self._sweeps()) - before
+                    self.captures += 1
         point = family.point(shapes) if family.sweep is not None else None
         if point is not None:
             before = len(family.sweep.pieces)
@@ -487,9 +487,6 @@ class SizeFamilies:
                 self.captures += len(family.sweep.pieces) - before
         self.captures += 1
         return estimate(self.model, tuple(args), dict(kwargs), backward=backward, **self.options)
-
-    def _sweeps(self) -> list[Sweep]:
-        return [family.sweep for family in self._families.values() if family.sweep is not None]
 
     def _sweep(self, inputs: tuple[tuple, dict], plan: SizePlan, backward: bool) -> Sweep:
         options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules")}
@@ -508,7 +505,7 @@ class _Family:
 
     def point(self, shapes: list[tuple[int, ...]]) -> dict[str, int] | None:
         """The sweep's point for these input shapes, or None if they differ from it elsewhere too."""
-        plan = self.sweep._plan
+        plan = self.sweep.plan
         point: dict[str, int] = {}
         for index, (shape, first) in enumerate(zip(shapes, self.shapes)):
             named = plan.axes.get(index, {})
