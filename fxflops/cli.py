@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fxflops import examples
 from fxflops.capture.diagnosis import CaptureError
-from fxflops.capture.methods import AUTO, CHOICES
+from fxflops.capture.methods import AUTO, CHOICES, runs_model
 from fxflops.model_spec import (
     HF_TASKS,
     MAX_SWEEP_POINTS,
@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                           backward=args.backward, optimizer=args.optimizer)
+        _say_what_ran_on(result, loaded)
         report = render(result, args)
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
@@ -195,6 +196,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report)
     return 0
+
+
+def _say_what_ran_on(result, loaded) -> None:
+    """A count that ran the model on inputs fxflops made up is a count for those values: say so."""
+    if loaded.made_up is None or not runs_model(result.method):
+        return
+    result.input_values = loaded.made_up
+    sys.stderr.write(
+        f"fxflops: warning: {result.model_type} could only be counted by running it ({result.method}), on "
+        f"{loaded.made_up}; its control flow depends on tensor values, so the count holds for those values "
+        "only. For real inputs, return (model, inputs) from the factory.\n"
+    )
 
 
 def _one_line(error: BaseException) -> str:

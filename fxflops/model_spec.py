@@ -60,6 +60,9 @@ HF_TASKS = {
 _DEFAULTS_OF = re.compile(r"similar configuration to that of the.*?\[([^\]]+)\]", re.S)
 
 
+ZERO_INPUTS = "all-zero inputs made from --input-shape"
+
+
 class ModelSpecError(ValueError):
     """The MODEL string or an option describing the inputs cannot be used (one-line message)."""
 
@@ -72,6 +75,8 @@ class ModelInputs:
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    # set when the inputs are real tensors fxflops made up (their values mean nothing): what they are
+    made_up: str | None = None
 
 
 @dataclass(frozen=True)
@@ -458,13 +463,16 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
+    made_up = None
     if options.input_shapes:
-        args, kwargs = _tensors_from_shapes(options.input_shapes, _device_of(model), False, options.dtype), {}
+        device = _device_of(model)
+        args, kwargs = _tensors_from_shapes(options.input_shapes, device, False, options.dtype), {}
+        made_up = None if device.type == "meta" else ZERO_INPUTS
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
     else:
         args, kwargs = _split_inputs(inputs)
-    return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}"), options)
+    return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
 
 
 def _import_error_in(path: Path, error: ImportError) -> str:

@@ -258,6 +258,8 @@ class Estimate:
     bwd_macs: int = 0
     bwd_flops: int = 0
     optimizer: OptimizerStep | None = None  # the optimizer step, when asked for (not in total_*)
+    # what the inputs a run of the model saw were, when not the caller's own (e.g. the CLI's zeros)
+    input_values: str | None = None
 
     @property
     def root(self) -> ModuleStats:

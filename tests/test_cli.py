@@ -337,3 +337,61 @@ def test_a_set_value_the_factory_does_not_take_is_an_error(capsys, tmp_path):
     assert code == 0 and "in_features=3" in out  # the value reached the factory
     code, _, err = run_main(capsys, f"{model_file}:build", "--set", "widht=3")
     assert code == 2 and "widht" in err and "did you mean 'width'" in err
+
+
+VALUE_DEPENDENT = """
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:  # all-zero inputs take this branch's other side
+            return self.b(self.a(x))
+        return self.a(x)
+
+
+def build():
+    return Gate()
+"""
+
+
+def test_a_count_that_ran_the_model_on_made_up_inputs_says_so(capsys, tmp_path):
+    model_file = tmp_path / "gate.py"
+    model_file.write_text(VALUE_DEPENDENT)
+    code, out, err = run_main(capsys, f"{model_file}:build", "--input-shape", "2,8", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["method"] == "trace" and data["totals"]["macs"] == 2 * 8 * 8  # self.a only: zeros sum to 0
+    assert data["input_values"] == "all-zero inputs made from --input-shape"
+    assert "warning" in err and "all-zero inputs made from --input-shape" in err and "(model, inputs)" in err
+    code, out, _ = run_main(capsys, f"{model_file}:build", "--input-shape", "2,8", "--no-detailed")
+    assert "the model ran once, on all-zero inputs made from --input-shape" in out
+    assert "static, nothing run" not in out and "on its real inputs" not in out
+
+
+def test_static_counts_on_shapes_give_no_warning(capsys):
+    code, out, err = run_main(capsys, "lenet5", "--input-shape", "1,1,32,32", "--no-detailed")
+    assert code == 0 and err == "" and "static, nothing run" in out
+
+
+def test_input_shape_on_real_weights_names_the_inputs_not_the_device(tmp_path):
+    import importlib.util
+
+    import fxflops
+
+    model_file = tmp_path / "gate_api.py"
+    model_file.write_text(VALUE_DEPENDENT)
+    spec = importlib.util.spec_from_file_location("gate_api", model_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(fxflops.CaptureError) as caught:
+        fxflops.estimate(module.build(), input_shape=(2, 8))
+    message = str(caught.value)
+    assert "inputs are given as shapes (input_shape=)" in message
+    assert "weights are on the meta device" not in message

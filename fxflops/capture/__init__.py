@@ -15,10 +15,10 @@ import torch
 
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
-from fxflops.capture.inputs import floating_dtype, has_meta_tensors, inputs_from_shape, shapes_of, tensors_in
+from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
-from fxflops.capture.trace import NEEDS_REAL
+from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 
 __all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in"]
@@ -42,8 +42,9 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are captured")
     attempts: list[Attempt] = []
     for candidate in methods:
-        if method == AUTO and candidate is TRACE and has_meta_tensors(model, args, kwargs):
-            attempts.append(Attempt(TRACE.name, f"skipped: {NEEDS_REAL}"))
+        reason = nothing_to_run(model, args, kwargs) if method == AUTO and candidate is TRACE else None
+        if reason is not None:
+            attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
             captured = candidate.capture_function()(request)

@@ -120,9 +120,17 @@ def floating_dtype(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -
     return str(torch.get_default_dtype()).removeprefix("torch.")
 
 
-def has_meta_tensors(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> bool:
-    tensors = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
-    return any(t.is_meta for t in tensors)
+def nothing_to_run(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> str | None:
+    """Why the model cannot really run (its weights or its inputs are meta tensors), or None if it can."""
+    weights = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    inputs = any(t.is_meta for t in tensors_in((args, kwargs or {})))
+    if weights and inputs:
+        return "its weights and inputs are on the meta device (or the inputs given as shapes)"
+    if weights:
+        return "its weights are on the meta device"
+    if inputs:
+        return "its inputs are given as shapes (input_shape=) or meta tensors, which hold no values"
+    return None
 
 
 def values_from_tensor_meta(graph_module: torch.fx.GraphModule) -> list[str]:

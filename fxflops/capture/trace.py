@@ -12,21 +12,25 @@ import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, parameter_owners, restore_grads
-from fxflops.capture.inputs import has_meta_tensors, tensors_in, to_meta, with_twins
+from fxflops.capture.inputs import nothing_to_run, tensors_in, to_meta, with_twins
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
 from fxflops.results import Captured
 
-NEEDS_REAL = ("needs real weights and real input tensors; the model or its inputs are on the meta device "
-              "(or given as shapes), so there is nothing to run")
+
+
+def needs_real(reason: str) -> str:
+    """Why trace cannot run this model: it needs real weights and real inputs."""
+    return f"needs real weights and real input tensors to run the model, but {reason}"
 
 
 def capture(request: Request) -> Captured:
     model = request.model
-    if has_meta_tensors(model, request.args, request.kwargs):
-        raise RuntimeError(NEEDS_REAL)
+    reason = nothing_to_run(model, request.args, request.kwargs)
+    if reason is not None:
+        raise RuntimeError(needs_real(reason))
     with isolated(model) as modules:
         params = [t for _, module in modules for t in module._parameters.values() if t is not None]
         buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]

@@ -15,6 +15,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     training          bool|null  the model's training flag as counted (dropout and batch norm depend on it)
     input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
                       of ints, e.g. [[[1024, 1, 32, 32]], {}] or [[], {"input_ids": [1, 128]}]
+    input_values      str|null   what the inputs were when the model ran on inputs the caller did not
+                      give (the CLI's all-zero inputs from --input-shape); null otherwise
     attempts          [{"method": str, "error": str}]   capture methods that failed first
     totals            {"macs": int, "flops": int, "params": int}   forward + backward when the backward was counted
     backward          bool       whether the backward was counted
@@ -162,6 +164,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         dtype=estimate.dtype,
         training=estimate.training,
         input_shapes=jsonable(estimate.input_shapes),
+        input_values=estimate.input_values,
         attempts=[{"method": method, "error": error} for method, error in estimate.attempts],
         totals={
             "macs": estimate.total_macs,
@@ -292,6 +295,7 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         ],
         tree=_tree_from(modules),
         input_shapes=record.get("input_shapes", []),
+        input_values=record.get("input_values"),
         attempts=[(item["method"], item["error"]) for item in record.get("attempts", [])],
         measurements=measurements,
         dtype=record.get("dtype"),

@@ -170,7 +170,8 @@ def summary_lines(estimate: Estimate) -> list[str]:
     step = m.extra.get("profile_step") if m is not None else None
     title = (f"Profile Summary at step {step} (measured):" if step is not None else "Profile Summary (measured):") \
         if m is not None else (
-        "Estimate Summary (the model ran once, on its real inputs):" if runs_model(estimate.method)
+        f"Estimate Summary (the model ran once, on {estimate.input_values or 'its real inputs'}):"
+        if runs_model(estimate.method)
         else "Estimate Summary (static, nothing run):")
     lines = [_rule_line(TITLE), title] + _notation_lines(estimate) + [""]
     lines += _model_lines(estimate)
