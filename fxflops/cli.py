@@ -70,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--dtype", help="cast model and floating inputs: float32, float16, bfloat16, float64")
     inputs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="config field (hf:), constructor or factory argument, e.g. n_layer=2")
-    inputs.add_argument("--hf-task", default="base", choices=sorted(HF_TASKS),
-                        help="which transformers auto class builds hf: models (default base)")
+    inputs.add_argument("--hf-task", default="auto", choices=sorted(HF_TASKS),
+                        help="which transformers auto class builds hf: models (default auto: the class "
+                             "config.architectures names, else the causal or seq2seq LM for those types, "
+                             "else the base model)")
+    inputs.add_argument("--trust-remote-code", action="store_true",
+                        help="let hf:DIR run the Python its config.json's auto_map names (never by default)")
     counting = parser.add_argument_group("counting")
     counting.add_argument("--conventions", default="deepspeed", choices=CONVENTIONS)
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
@@ -120,6 +124,7 @@ def input_options(args: argparse.Namespace) -> InputOptions:
         dtype=parse_dtype(args.dtype),
         overrides=dict(parse_override(text) for text in args.overrides),
         hf_task=args.hf_task,
+        trust_remote_code=args.trust_remote_code,
     )
 
 

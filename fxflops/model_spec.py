@@ -48,6 +48,7 @@ DTYPES = {
 }
 
 HF_TASKS = {
+    "auto": "",  # the class config.architectures names, else the head a user runs (see _hf_auto_class)
     "base": "AutoModel",
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
@@ -88,7 +89,8 @@ class InputOptions:
     input_shapes: tuple[tuple[int, ...], ...] = ()
     dtype: torch.dtype | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
-    hf_task: str = "base"
+    hf_task: str = "auto"
+    trust_remote_code: bool = False  # hf: may run the Python a config's auto_map names
 
 
 # ------------------------------------------------------------------------------- small parsers
@@ -267,11 +269,22 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
         hint = f"; did you mean {', '.join(close)}?" if close else " (see torchvision.models.list_models())"
         raise ModelSpecError(f"unknown torchvision model {name!r}{hint}")
     with torch.device("meta"):
-        model = torchvision.models.get_model(name, weights=None, **options.overrides)
+        model = torchvision.models.get_model(name, **_no_weights(torchvision, name, options.overrides))
     model.eval()
     shapes = options.input_shapes or (_torchvision_input_shape(torchvision, name, model, options.batch),)
     args = _tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
     return _finish(ModelInputs(model, args, {}, f"torchvision {name}"), options)
+
+
+def _no_weights(torchvision: Any, name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The builder's arguments with every weights argument None (a detector's backbone weights
+    default to ImageNet's, which torchvision would download); fxflops never downloads anything."""
+    weighted = [key for key, value in overrides.items() if "weights" in key and value is not None]
+    if weighted:
+        raise ModelSpecError(f"--set {weighted[0]}: fxflops never downloads weights (it counts from "
+                             "shapes alone); leave the weights arguments out")
+    parameters = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    return {**{key: None for key in parameters if "weights" in key}, **overrides}
 
 
 def _torchvision_input_shape(torchvision: Any, name: str, model: nn.Module, batch: int) -> tuple[int, ...]:
@@ -295,55 +308,144 @@ def _torchvision_input_shape(torchvision: Any, name: str, model: nn.Module, batc
 
 def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     try:
-        import transformers
+        import transformers  # noqa: F401
     except ImportError:
         raise ModelSpecError("hf: models need the transformers package") from None
-    config = hf_config(name)
+    if options.hf_task not in HF_TASKS:
+        raise ModelSpecError(f"unknown --hf-task {options.hf_task!r}; use one of {', '.join(HF_TASKS)}")
+    config = hf_config(name, options.trust_remote_code)
     for key, value in options.overrides.items():
         if not hasattr(config, key):
             raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field")
         setattr(config, key, value)
-    if options.hf_task not in HF_TASKS:
-        raise ModelSpecError(f"unknown --hf-task {options.hf_task!r}; use one of {', '.join(HF_TASKS)}")
-    auto_class = getattr(transformers, HF_TASKS[options.hf_task])
+    build, what = _hf_builder(config, options)
     try:
         with torch.device("meta"):
-            model = auto_class.from_config(config)
+            model = build()
     except ValueError as error:
         first = str(error).strip().splitlines()[0]
-        raise ModelSpecError(f"{type(config).__name__} has no {options.hf_task} model: {first}") from None
+        raise ModelSpecError(f"{type(config).__name__} has no {what}: {first}") from None
     model.eval()
     args, kwargs = _hf_inputs(model, config, options)
-    return _finish(ModelInputs(model, args, kwargs, f"transformers {type(model).__name__}"), options)
+    source = f"transformers {type(model).__name__}"
+    if _custom_code(config) and not options.trust_remote_code:
+        source += " (the config's own code, auto_map, was not run: --trust-remote-code runs it)"
+    return _finish(ModelInputs(model, args, kwargs, source), options)
 
 
-def hf_config(name: str) -> Any:
+def _hf_builder(config: Any, options: InputOptions) -> tuple[Any, str]:
+    """A function building the model --hf-task asks for, and what it builds in words."""
+    import transformers
+
+    trust = options.trust_remote_code
+    task = options.hf_task
+    if task == "auto":
+        custom = _custom_auto_class(config) if trust else None
+        if custom is not None:
+            auto_class = getattr(transformers, custom)
+            return (lambda: auto_class.from_config(config, trust_remote_code=True)), f"{custom} model"
+        named = _architecture_class(config)
+        if named is not None:
+            return (lambda: named._from_config(config)), named.__name__
+        task = _hf_auto_task(config)
+    auto_class = getattr(transformers, HF_TASKS[task])
+    return (lambda: auto_class.from_config(config, trust_remote_code=trust)), f"{task} model"
+
+
+def _architecture_class(config: Any) -> Any:
+    """The transformers class config.architectures names (what the checkpoint was saved from), if any."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
+        if isinstance(cls, type) and hasattr(cls, "_from_config"):
+            return cls
+    return None
+
+
+def _custom_auto_class(config: Any) -> str | None:
+    """The auto_map key ("AutoModelForCausalLM") whose custom class config.architectures names."""
+    import transformers
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    for name in getattr(config, "architectures", None) or ():
+        for key, target in auto_map.items():
+            if key != "AutoConfig" and name in _class_names(target) and hasattr(transformers, key):
+                return key
+    return None
+
+
+def _hf_auto_task(config: Any) -> str:
+    """The head a user runs when the config names none: the LM of decoder-only and seq2seq types."""
+    from transformers.models.auto import modeling_auto as auto
+
+    model_type = getattr(config, "model_type", "")
+    custom = set(getattr(config, "auto_map", None) or ()) if _custom_code(config) else set()
+    if getattr(config, "is_encoder_decoder", False) and (
+            model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or "AutoModelForSeq2SeqLM" in custom):
+        return "seq2seq-lm"
+    decoder_only = model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
+        and model_type not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if decoder_only or (custom and "AutoModelForCausalLM" in custom):
+        return "causal-lm"
+    return "base"
+
+
+def _custom_code(config: Any) -> bool:
+    return bool(getattr(config, "auto_map", None))
+
+
+def _class_names(target: Any) -> set[str]:
+    """Class names an auto_map entry points at ("modeling_x.XForCausalLM" -> "XForCausalLM")."""
+    items = target if isinstance(target, (list, tuple)) else (target,)
+    return {item.rpartition(".")[2] for item in items if isinstance(item, str)}
+
+
+def hf_config(name: str, trust_remote_code: bool = False) -> Any:
     """A transformers config: from a local file, a model type, or a checkpoint its class defaults to."""
     path = Path(name)
     if path.is_dir() and (path / "config.json").is_file():
-        return _config_from_file(path / "config.json")
+        return _config_from_file(path / "config.json", trust_remote_code)
     if path.is_file():
-        return _config_from_file(path)
+        return _config_from_file(path, trust_remote_code)
     if name.endswith(".json"):
         raise ModelSpecError(f"hf: config file {name!r} not found")
     return _config_by_name(name)
 
 
-def _config_from_file(path: Path) -> Any:
+def _config_from_file(path: Path, trust_remote_code: bool = False) -> Any:
     from transformers import CONFIG_MAPPING
 
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelSpecError(f"hf: cannot read {path}: {error}") from None
     model_type = values.get("model_type") if isinstance(values, dict) else None
     if not model_type:
         raise ModelSpecError(f"hf: {path} has no \"model_type\" field")
+    if model_type in CONFIG_MAPPING:
+        return CONFIG_MAPPING[model_type].from_dict(values)
+    custom = (values.get("auto_map") or {}).get("AutoConfig")
+    if custom and trust_remote_code:
+        return _remote_config(path)
+    if custom:
+        raise ModelSpecError(
+            f"hf: {path}: model_type {model_type!r} is defined by Python in the model's folder "
+            f"(auto_map AutoConfig: {custom}); fxflops never runs a model repository's code "
+            "unless you pass --trust-remote-code"
+        )
+    raise ModelSpecError(f"hf: {path}: transformers does not know model_type {model_type!r}")
+
+
+def _remote_config(path: Path) -> Any:
+    """The config class the folder's own code defines; only with --trust-remote-code, never downloading."""
+    from transformers import AutoConfig
+
     try:
-        config_class = CONFIG_MAPPING[model_type]
-    except KeyError:
-        raise ModelSpecError(f"hf: {path}: transformers does not know model_type {model_type!r}") from None
-    return config_class.from_dict(values)
+        where = path.parent if path.name == "config.json" else path
+        return AutoConfig.from_pretrained(str(where), trust_remote_code=True, local_files_only=True)
+    except (OSError, ValueError, ImportError) as error:
+        raise ModelSpecError(f"hf: {path}: the folder's own config code failed: {error}") from None
 
 
 def _model_types() -> list[str]:

@@ -105,18 +105,43 @@ def test_torchvision_model_json():
 
 
 def test_hf_name_from_config_defaults():
-    from transformers import GPT2Config, GPT2Model
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     result = fxflops("hf:gpt2", "--set", "n_layer=1", "--seq-len", "8", "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     with torch.device("meta"):
-        model = GPT2Model(GPT2Config(n_layer=1))
-    d, heads, seq = 768, 12, 8  # GPT2Config() defaults
-    assert data["model_type"] == "GPT2Model"
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1))
+    d, heads, seq, vocab = 768, 12, 8, 50257  # GPT2Config() defaults
+    # the GPT-2 a user runs is the LM: the base model plus its (tied) head
+    assert data["model_type"] == "GPT2LMHeadModel"
     assert data["totals"]["params"] == sum(p.numel() for p in model.parameters())
-    # qkv (3 d^2) + proj (d^2) + MLP (8 d^2) per token, + SDPA B*H*S*S*(E+Ev)
-    assert data["totals"]["macs"] == seq * 12 * d * d + heads * seq * seq * 2 * (d // heads)
+    # qkv (3 d^2) + proj (d^2) + MLP (8 d^2) per token, + SDPA B*H*S*S*(E+Ev), + the LM head
+    assert data["totals"]["macs"] == seq * 12 * d * d + heads * seq * seq * 2 * (d // heads) + seq * d * vocab
+
+
+def test_hf_task_base_builds_the_base_model():
+    loaded = model_spec.load("hf:gpt2", InputOptions(seq_len=8, overrides={"n_layer": 1}, hf_task="base"))
+    assert type(loaded.model).__name__ == "GPT2Model"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("llama", "LlamaForCausalLM"),  # decoder-only: the causal LM
+    ("t5-small", "T5ForConditionalGeneration"),  # encoder-decoder: the seq2seq LM
+    ("bert-base-uncased", "BertModel"),  # an encoder (it has a masked LM too): the base model
+])
+def test_hf_builds_the_head_a_user_runs(name, expected):
+    loaded = model_spec.load(f"hf:{name}", InputOptions(seq_len=4))
+    assert type(loaded.model).__name__ == expected
+    assert loaded.source == f"transformers {expected}"
+
+
+def test_hf_builds_the_class_config_architectures_names(tmp_path):
+    values = dict(model_type="bert", vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64, architectures=["BertForSequenceClassification"])
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    loaded = model_spec.load(f"hf:{tmp_path}", InputOptions(seq_len=4))
+    assert type(loaded.model).__name__ == "BertForSequenceClassification"
 
 
 def test_hf_local_config_file(tmp_path):
@@ -395,3 +420,74 @@ def test_input_shape_on_real_weights_names_the_inputs_not_the_device(tmp_path):
     message = str(caught.value)
     assert "inputs are given as shapes (input_shape=)" in message
     assert "weights are on the meta device" not in message
+
+
+def _custom_code_folder(folder, marker, model_type="tinything"):
+    """A model folder whose config.json points auto_map at its own Python, which leaves `marker` when run."""
+    (folder / "configuration_tiny.py").write_text(textwrap.dedent(f"""
+        import pathlib
+        from transformers import PretrainedConfig
+        pathlib.Path({str(marker)!r}).write_text("ran")
+
+        class TinyConfig(PretrainedConfig):
+            model_type = "tinything"
+
+            def __init__(self, width=4, **kwargs):
+                self.width = width
+                super().__init__(**kwargs)
+    """))
+    (folder / "modeling_tiny.py").write_text(textwrap.dedent("""
+        import torch
+        from transformers import PreTrainedModel
+        from .configuration_tiny import TinyConfig
+
+        class TinyModel(PreTrainedModel):
+            config_class = TinyConfig
+            main_input_name = "x"
+
+            def __init__(self, config):
+                super().__init__(config)
+                self.fc = torch.nn.Linear(config.width, config.width)
+
+            def forward(self, x):
+                return self.fc(x)
+    """))
+    config = dict(model_type=model_type, width=4, architectures=["TinyModel"],
+                  auto_map={"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_hf_never_runs_a_folders_code_unless_trusted(capsys, tmp_path):
+    marker = tmp_path / "ran.txt"
+    _custom_code_folder(tmp_path, marker)
+    code, out, err = run_main(capsys, f"hf:{tmp_path}", "--input-shape", "2,4")
+    assert code == 2 and "--trust-remote-code" in err and "configuration_tiny.TinyConfig" in err
+    assert not marker.exists() and out == ""
+    code, out, err = run_main(capsys, f"hf:{tmp_path}", "--input-shape", "2,4", "--trust-remote-code",
+                              "--format", "json")
+    assert code == 0, err
+    assert marker.exists()
+    data = json.loads(out)
+    assert data["model_type"] == "TinyModel" and data["totals"]["macs"] == 2 * 4 * 4
+
+
+def test_hf_known_type_with_custom_code_builds_transformers_own_class(tmp_path):
+    marker = tmp_path / "ran.txt"
+    _custom_code_folder(tmp_path, marker, model_type="gpt2")
+    loaded = model_spec.load(f"hf:{tmp_path}", InputOptions(seq_len=4, overrides={"n_layer": 1}))
+    assert not marker.exists()
+    assert type(loaded.model).__name__ == "GPT2LMHeadModel"
+    assert "--trust-remote-code" in loaded.source
+
+
+def test_torchvision_never_downloads(monkeypatch):
+    from torchvision.models._api import WeightsEnum
+
+    def download(self, *args, **kwargs):
+        raise AssertionError(f"tried to download {self.url}")
+
+    monkeypatch.setattr(WeightsEnum, "get_state_dict", download)
+    loaded = model_spec.load("torchvision:fasterrcnn_mobilenet_v3_large_320_fpn")
+    assert type(loaded.model).__name__ == "FasterRCNN"
+    with pytest.raises(ModelSpecError, match="never downloads"):
+        model_spec.load("torchvision:resnet18", InputOptions(overrides={"weights": "DEFAULT"}))
