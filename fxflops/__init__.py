@@ -1,6 +1,6 @@
 """fxflops: MACs, FLOPs and parameters per module from a traced graph and a rule table."""
 
-from fxflops.api import UnknownOpsWarning, annotate, estimate
+from fxflops.api import CautionWarning, UnknownOpsWarning, annotate, estimate
 from fxflops.capture import CaptureError
 from fxflops.count import RuleEvaluationError
 from fxflops.formula import FormulaError
@@ -12,7 +12,7 @@ from fxflops.rules import OpCall, RuleFileError
 __version__ = "0.1.0"
 
 __all__ = [
-    "CaptureError", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
+    "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
     "RuleEvaluationError", "RuleFileError", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
     "estimate", "profile", "profile_generate", "sweep",
 ]

@@ -22,6 +22,10 @@ from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_use
 from fxflops.tree import build_estimate
 
 
+class CautionWarning(UserWarning):
+    """The count is of a forward that would not run as captured on real weights (see Estimate.cautions)."""
+
+
 class UnknownOpsWarning(UserWarning):
     """Some ops in the graph matched no rule and no zero list: their cost is not in the totals."""
 
@@ -65,6 +69,7 @@ def estimate(
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
     warn_unknown(result.unknown)
+    warn_cautions(result.cautions)
     return result
 
 
@@ -172,6 +177,12 @@ def _whole_predicate(user_table: RuleTable | None,
         return user_table is not None and user_table.knows_module(module)
 
     return is_whole
+
+
+def warn_cautions(cautions: list[str], stacklevel: int = 3) -> None:
+    """One CautionWarning per thing a real forward would do differently from the count."""
+    for caution in cautions:
+        warnings.warn(caution, CautionWarning, stacklevel=stacklevel)
 
 
 def warn_unknown(unknown: list[UnknownOp], stacklevel: int = 3) -> None:

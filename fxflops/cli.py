@@ -194,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                           backward=args.backward, optimizer=args.optimizer)
         _say_what_ran_on(result, loaded)
+        for caution in result.cautions:
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
         report = render(result, args)
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")

@@ -82,6 +82,7 @@ class Captured:
     attempts: list[Attempt] = field(default_factory=list)  # failed attempts before this one
     dtype: str | None = None  # the model's floating dtype as captured ("float32", "bfloat16")
     training: bool | None = None  # the model's training flag as captured (dropout, batch norm count differently)
+    cautions: list[str] = field(default_factory=list)  # what a real forward would do differently (lookups)
     backward: bool = False  # the graph holds the backward too (nodes carry meta["fxflops_phase"])
     sizes: Any = None  # capture.dynamic.SizeSymbols when named sizes were symbolic, else None
 
@@ -260,6 +261,7 @@ class Estimate:
     optimizer: OptimizerStep | None = None  # the optimizer step, when asked for (not in total_*)
     # what the inputs a run of the model saw were, when not the caller's own (e.g. the CLI's zeros)
     input_values: str | None = None
+    cautions: list[str] = field(default_factory=list)  # what a real forward would do differently
 
     @property
     def root(self) -> ModuleStats:

@@ -38,6 +38,7 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts],
         dtype=captured.dtype,
         training=captured.training,
+        cautions=list(captured.cautions),
     )
 
 

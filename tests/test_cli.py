@@ -491,3 +491,22 @@ def test_torchvision_never_downloads(monkeypatch):
     assert type(loaded.model).__name__ == "FasterRCNN"
     with pytest.raises(ModelSpecError, match="never downloads"):
         model_spec.load("torchvision:resnet18", InputOptions(overrides={"weights": "DEFAULT"}))
+
+
+def test_a_sequence_longer_than_the_positions_is_a_caution(capsys):
+    code, out, err = run_main(capsys, "gpt2-small", "--seq-len", "4096", "--format", "json")
+    assert code == 0
+    (caution,) = json.loads(out)["cautions"]
+    assert "'wpe'" in caution and "1024 rows" in caution and "up to 4095" in caution
+    assert err.strip() == f"fxflops: warning: {caution}"
+    code, out, err = run_main(capsys, "gpt2-small", "--seq-len", "1024", "--format", "json")
+    assert json.loads(out)["cautions"] == [] and err == ""
+
+
+def test_a_caution_names_the_hf_position_table():
+    import fxflops
+
+    loaded = model_spec.load("hf:gpt2", InputOptions(seq_len=1025, overrides={"n_layer": 1}))
+    with pytest.warns(fxflops.CautionWarning, match="'transformer.wpe' .*1024 rows.* up to 1024"):
+        result = fxflops.estimate(loaded.model, loaded.args, loaded.kwargs)
+    assert len(result.cautions) == 1

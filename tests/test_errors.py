@@ -133,3 +133,30 @@ def test_formula_failing_on_a_real_call_names_rule_op_and_module(tmp_path):
     message = str(caught.value)
     assert "broken_linear" in message and str(path) in message
     assert "aten.linear.default" in message and "module 'body.0'" in message
+
+
+class Positions(nn.Module):
+    """Looks up positions from arange, shifted and strided, or a slice of a positions buffer."""
+
+    def __init__(self, rows: int, sliced: bool = False) -> None:
+        super().__init__()
+        self.table = nn.Embedding(rows, 4)
+        self.sliced = sliced
+        self.register_buffer("ids", torch.arange(64), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sliced:  # a slice keeps some values: not followed, so never a caution
+            positions = self.ids[: x.shape[1]]
+        else:
+            positions = (torch.arange(2, 2 + 3 * x.shape[1], 3) + 1).unsqueeze(0).expand(x.shape[0], -1)
+        return x + self.table(positions)
+
+
+def test_positions_past_an_embedding_table_are_a_caution():
+    x = torch.zeros(2, 4, 4, device="meta")  # positions 3, 6, 9, 12
+    with pytest.warns(fxflops.CautionWarning, match=r"module 'table' \(Embedding of 12 rows\).*up to 12"):
+        fxflops.estimate(Positions(12).to("meta"), (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fxflops.CautionWarning)
+        assert fxflops.estimate(Positions(13).to("meta"), (x,)).cautions == []
+        assert fxflops.estimate(Positions(3, sliced=True).to("meta"), (x,)).cautions == []

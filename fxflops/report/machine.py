@@ -18,6 +18,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     input_values      str|null   what the inputs were when the model ran on inputs the caller did not
                       give (the CLI's all-zero inputs from --input-shape); null otherwise
     attempts          [{"method": str, "error": str}]   capture methods that failed first
+    cautions          [str]      what a real forward would do differently, e.g. an embedding looked
+                      up past its rows (a sequence longer than the model's positions)
     totals            {"macs": int, "flops": int, "params": int}   forward + backward when the backward was counted
     backward          bool       whether the backward was counted
     fwd / bwd         {"macs": int, "flops": int}   the forward's and the backward's shares of totals
@@ -166,6 +168,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         input_shapes=jsonable(estimate.input_shapes),
         input_values=estimate.input_values,
         attempts=[{"method": method, "error": error} for method, error in estimate.attempts],
+        cautions=list(estimate.cautions),
         totals={
             "macs": estimate.total_macs,
             "flops": estimate.total_flops,
@@ -297,6 +300,7 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         input_shapes=record.get("input_shapes", []),
         input_values=record.get("input_values"),
         attempts=[(item["method"], item["error"]) for item in record.get("attempts", [])],
+        cautions=list(record.get("cautions", [])),
         measurements=measurements,
         dtype=record.get("dtype"),
         training=record.get("training"),

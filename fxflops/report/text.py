@@ -181,6 +181,7 @@ def summary_lines(estimate: Estimate) -> list[str]:
         lines += _latency_lines(estimate, m)
     lines += _node_share_lines(estimate)
     lines += unknown_lines(estimate)
+    lines += [_row("caution:", caution) for caution in estimate.cautions]
     if m is not None and "generate" in m.extra:
         lines += generation_lines(m.extra["generate"])
     return lines
