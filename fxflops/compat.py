@@ -1,4 +1,4 @@
-"""DeepSpeed Flops Profiler API on top of fxflops: `get_model_profile` and `FlopsProfiler`.
+"""DeepSpeed Flops Profiler API on top of fxflops: `get_model_profile`, `FlopsProfiler`, `get_accelerator`.
 
 Same signatures and return values as `deepspeed.profiling.flops_profiler`, so code written for it
 runs unchanged. What differs is underneath: the numbers come from a traced graph and the rule
@@ -8,6 +8,8 @@ the model gets no attributes; every hook is removed by `stop_profile()` / `end_p
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,13 +39,19 @@ def get_model_profile(
     print_profile: bool = True,
     detailed: bool = True,
     module_depth: int = -1,
-    top_modules: int = 1,
-    warm_up: int = 1,
+    top_modules: int | None = None,
+    warm_up: int | None = None,
     as_string: bool = True,
     output_file: str | None = None,
     ignore_modules: list[type] | None = None,
     mode: str = "forward",
     func_name: str | None = None,
+    *,
+    input_res: tuple[int, ...] | None = None,
+    input_constructor: Callable[[Any], Any] | None = None,
+    print_aggregated_profile: bool | None = None,
+    as_strings: bool | None = None,
+    num_steps: int | None = None,
     **options: Any,
 ) -> tuple[Any, Any, Any]:
     """DeepSpeed's `get_model_profile`: returns (flops, macs, params), as strings when `as_string`.
@@ -54,8 +62,24 @@ def get_model_profile(
     `ignore_modules` are not timed and their own cost is reported on their parent, as in DeepSpeed.
     Like DeepSpeed, the profile runs in eval mode, but the model's training flags are restored
     afterwards. `options` go to `fxflops.profile` (steps, device, peak_flops, conventions, ...);
-    one timed step by default, as DeepSpeed measures one.
+    one timed step and one warm-up by default, and the top module per depth.
+
+    DeepSpeed's older call (0.3) is recognised by its keywords — `input_res=` (the input's whole
+    shape), `input_constructor=` (called with input_res; a dict is passed as keywords),
+    `print_aggregated_profile=`, `as_strings=`, `num_steps=` — and returns what it returned:
+    (macs, params, steps), with its defaults (5 warm-ups, 10 timed steps, top 3 modules).
     """
+    older = _older_keywords(input_res, input_constructor, print_aggregated_profile, as_strings, num_steps)
+    if older:
+        if input_shape is not None or args or kwargs:
+            raise ValueError(f"{older[0]}= is DeepSpeed's older call, which takes its inputs from input_res "
+                             "(and input_constructor); give those instead of input_shape/args/kwargs")
+        args, kwargs = _older_inputs(model, input_res, input_constructor)
+        options["steps"] = 10 if num_steps is None else num_steps
+        detailed = detailed and print_profile
+        print_profile = print_profile or print_aggregated_profile is not False
+        top_modules = (3 if top_modules is None else top_modules) if print_aggregated_profile is not False else 0
+        warm_up = 5 if warm_up is None else warm_up
     mode = func_name or mode
     if mode not in ("forward", "generate"):
         raise ValueError(f"mode must be 'forward' or 'generate', got {mode!r}")
@@ -63,6 +87,7 @@ def get_model_profile(
         args = [_input_of_shape(model, input_shape)]
     if not args and not kwargs:
         raise ValueError("give input_shape, args or kwargs")
+    warm_up = 1 if warm_up is None else warm_up
     skip = tuple(ignore_modules or ())
     options.setdefault("steps", 1)
     with preserved(model, model_device(model)):
@@ -73,12 +98,38 @@ def get_model_profile(
             result = profile(model, args, kwargs, warm_up=warm_up, skip_types=skip, **options)
     fold_ignored(result, model, skip)
     if print_profile:
-        print_profile_report(result, profile_step=warm_up, module_depth=module_depth, top_modules=top_modules,
+        print_profile_report(result, profile_step=warm_up, module_depth=module_depth,
+                             top_modules=1 if top_modules is None else top_modules,
                              detailed=detailed, output_file=output_file)
     flops, macs, params = result.total_flops, result.total_macs, result.total_params
+    if older:
+        steps = options["steps"]
+        strings = as_strings is not False
+        return (macs_to_string(macs), params_to_string(params), steps) if strings else (macs, params, steps)
     if as_string:
         return number_to_string(flops), macs_to_string(macs), params_to_string(params)
     return flops, macs, params
+
+
+def _older_keywords(input_res: Any, input_constructor: Any, print_aggregated_profile: Any, as_strings: Any,
+                    num_steps: Any) -> list[str]:
+    """The keywords of DeepSpeed's older get_model_profile that were given."""
+    given = dict(input_res=input_res, input_constructor=input_constructor,
+                 print_aggregated_profile=print_aggregated_profile, as_strings=as_strings, num_steps=num_steps)
+    return [name for name, value in given.items() if value is not None]
+
+
+def _older_inputs(model: nn.Module, input_res: Any, input_constructor: Callable[[Any], Any] | None) -> tuple:
+    """(args, kwargs) as DeepSpeed's older call made them: constructor(input_res) or a tensor of that shape."""
+    if input_res is None:
+        raise ValueError("DeepSpeed's older get_model_profile needs input_res= (the input's shape, or what "
+                         "input_constructor takes)")
+    if input_constructor is None:
+        return [_input_of_shape(model, tuple(input_res))], {}
+    made = input_constructor(input_res)
+    if isinstance(made, dict):
+        return [], made
+    return (list(made) if isinstance(made, (tuple, list)) else [made]), {}
 
 
 def _input_of_shape(model: nn.Module, input_shape: tuple[int, ...]) -> torch.Tensor:
@@ -274,24 +325,33 @@ class FlopsProfiler:
             m.iter_latency = m.fwd_latency + m.bwd_latency + m.step_latency
         m.extra["recompute_fwd_factor"] = self.recompute_fwd_factor
 
-    def get_total_flops(self, as_string: bool = False) -> int | str:
-        """Forward FLOPs per profiled step."""
+    # DeepSpeed's older getters took `in_str=` for `as_string=`; its get_total_flops then returned MACs
+    # (it counted multiply-accumulates under the name flops), and so does the older call here.
+
+    def get_total_flops(self, as_string: bool = False, *, in_str: bool | None = None) -> int | str:
+        """Forward FLOPs per profiled step (with DeepSpeed's older `in_str=`: MACs, as it returned)."""
+        if in_str is not None:
+            return self.get_total_macs(as_string=in_str)
         flops = self.profile.fwd_flops
         return number_to_string(flops) if as_string else flops
 
-    def get_total_macs(self, as_string: bool = False) -> int | str:
+    def get_total_macs(self, as_string: bool = False, *, in_str: bool | None = None) -> int | str:
         """Forward MACs per profiled step."""
         macs = self.profile.fwd_macs
-        return macs_to_string(macs) if as_string else macs
+        return macs_to_string(macs) if _as_string(as_string, in_str) else macs
 
-    def get_total_params(self, as_string: bool = False) -> int | str:
+    def get_total_params(self, as_string: bool = False, *, in_str: bool | None = None) -> int | str:
         params = self.profile.total_params
-        return params_to_string(params) if as_string else params
+        return params_to_string(params) if _as_string(as_string, in_str) else params
 
-    def get_total_duration(self, as_string: bool = False) -> float | str:
+    def get_total_duration(self, as_string: bool = False, *, in_str: bool | None = None) -> float | str:
         """Forward latency of the model per profiled step, in seconds (the top module's hooks)."""
         duration = self.profile.root.latency
-        return duration_to_string(duration) if as_string else duration
+        return duration_to_string(duration) if _as_string(as_string, in_str) else duration
+
+    def get_total_steps(self) -> int:
+        """How many forwards of the model were timed since start_profile() (DeepSpeed's older getter)."""
+        return 0 if self._timer is None else len(self._timer.records)  # one record per call of the model
 
     def print_model_profile(
         self,
@@ -311,3 +371,54 @@ class FlopsProfiler:
         """DeepSpeed's older entry point: the report without the detailed module tree."""
         self.print_model_profile(module_depth=module_depth, top_modules=top_modules, detailed=False)
 
+
+def _as_string(as_string: bool, in_str: bool | None) -> bool:
+    return as_string if in_str is None else in_str
+
+
+class Accelerator:
+    """The part of DeepSpeed's `get_accelerator()` its profiler examples use, over torch.cuda or the CPU.
+
+    `device(i)` is the context its examples open around a profile (torch.cuda.device on CUDA, a
+    no-op on the CPU); `device_name(i)` is "cuda:i" / "cpu" as DeepSpeed names devices.
+    """
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+
+    def is_available(self) -> bool:
+        return True  # the CPU always is; DeepSpeed's CPU accelerator says the same
+
+    def device_name(self, device_index: int | None = None) -> str:
+        name = "cuda" if self.cuda else "cpu"
+        return name if device_index is None or not self.cuda else f"{name}:{device_index}"
+
+    def current_device(self) -> int:
+        return torch.cuda.current_device() if self.cuda else 0
+
+    def current_device_name(self) -> str:
+        return self.device_name(self.current_device()) if self.cuda else "cpu"
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count() if self.cuda else 1
+
+    def device(self, device_index: int | None = None) -> Any:
+        return torch.cuda.device(device_index) if self.cuda else contextlib.nullcontext()
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(device_index)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def is_bf16_supported(self) -> bool:
+        return torch.cuda.is_bf16_supported() if self.cuda else True
+
+    def is_fp16_supported(self) -> bool:
+        return True
+
+
+def get_accelerator() -> Accelerator:
+    """DeepSpeed's `deepspeed.accelerator.get_accelerator()`, for its profiler examples to run unchanged."""
+    return Accelerator()

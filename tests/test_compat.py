@@ -230,3 +230,101 @@ def test_parallel_sizes_from_torch_distributed() -> None:
         prof.end_profile()
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------- DeepSpeed's older API (0.3)
+
+
+def test_older_get_model_profile_returns_macs_params_steps(capsys) -> None:
+    model = cnn().eval()
+    # the older call of DeepSpeed's docs: input_res is the input's whole shape
+    macs, params, steps = get_model_profile(model=model, input_res=(2, 3, 8, 8), input_constructor=None,
+                                            print_profile=False, print_aggregated_profile=False,
+                                            module_depth=-1, top_modules=3, warm_up=1, num_steps=2,
+                                            as_strings=True, ignore_modules=None)
+    assert (macs, params, steps) == (macs_to_string(CNN_MACS), params_to_string(CNN_PARAMS), 2)
+    assert capsys.readouterr().out == ""
+    raw = get_model_profile(model, input_res=(2, 3, 8, 8), print_profile=False,
+                            print_aggregated_profile=False, warm_up=0, num_steps=1, as_strings=False)
+    assert raw == (CNN_MACS, CNN_PARAMS, 1)
+
+
+def test_older_get_model_profile_prints_the_aggregated_profile_alone(capsys) -> None:
+    get_model_profile(cnn(), input_res=(2, 3, 8, 8), print_profile=False, print_aggregated_profile=True,
+                      warm_up=0, num_steps=1)
+    out = capsys.readouterr().out
+    assert "Top 3 modules" in out and "Detailed Profile" not in out
+
+
+def test_older_input_constructor_builds_keyword_inputs() -> None:
+    class Keyed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = cnn()
+
+        def forward(self, pixels: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+            return self.body(pixels) * scale
+
+    seen = []
+
+    def construct(input_res):
+        seen.append(input_res)
+        return {"pixels": torch.randn(*input_res), "scale": 2.0}
+
+    macs, _, _ = get_model_profile(Keyed(), input_res=(2, 3, 8, 8), input_constructor=construct,
+                                   print_profile=False, print_aggregated_profile=False, warm_up=0,
+                                   num_steps=1, as_strings=False)
+    assert macs == CNN_MACS and seen and all(res == (2, 3, 8, 8) for res in seen)
+    with pytest.raises(ValueError, match="older call"):
+        get_model_profile(cnn(), input_shape=(2, 3, 8, 8), input_res=(2, 3, 8, 8))
+
+
+def test_older_profiler_getters_take_in_str(capsys) -> None:
+    model = cnn().train()
+    prof = FlopsProfiler(model)
+    prof.start_profile()
+    model(torch.randn(2, 3, 8, 8))
+    # DeepSpeed 0.3's get_total_flops returned MACs (it counted them under that name)
+    assert prof.get_total_flops(in_str=True) == macs_to_string(CNN_MACS)
+    assert prof.get_total_flops(in_str=False) == CNN_MACS
+    assert prof.get_total_flops() == CNN_FLOPS_TRAIN  # today's call: FLOPs
+    assert prof.get_total_params(in_str=True) == params_to_string(CNN_PARAMS)
+    assert isinstance(prof.get_total_duration(in_str=True), str)
+    assert prof.get_total_steps() == 1
+    prof.print_model_aggregated_profile(module_depth=-1, top_modules=3)
+    out = capsys.readouterr().out
+    assert "Top 3 modules" in out and "Detailed Profile" not in out
+    prof.end_profile()
+    assert hooks_of(model) == 0
+
+
+def test_seed_alexnet_example_runs_with_one_import_changed(capsys) -> None:
+    # DeepSpeed's current AlexNet example, its two deepspeed imports replaced by one fxflops import
+    # (batch 2 and one warm-up instead of 256 and 10, to stay fast)
+    import torchvision.models as models
+
+    from fxflops.compat import get_accelerator, get_model_profile
+
+    with get_accelerator().device(0):
+        model = models.alexnet()
+        batch_size = 2
+        flops, macs, params = get_model_profile(model=model, input_shape=(batch_size, 3, 224, 224), args=None,
+                                                kwargs=None, print_profile=True, detailed=True, module_depth=-1,
+                                                top_modules=1, warm_up=1, as_string=True, output_file=None,
+                                                ignore_modules=None)
+    assert "AlexNet" in capsys.readouterr().out
+    static = fxflops.estimate(model, input_shape=(batch_size, 3, 224, 224))
+    assert macs == macs_to_string(static.total_macs) and params == params_to_string(static.total_params)
+
+
+def test_get_accelerator_names_the_device() -> None:
+    from fxflops.compat import get_accelerator
+
+    accelerator = get_accelerator()
+    if torch.cuda.is_available():
+        assert accelerator.device_name(0) == "cuda:0" and accelerator.device_name() == "cuda"
+    else:
+        assert accelerator.device_name(0) == "cpu" and accelerator.current_device_name() == "cpu"
+        with accelerator.device(0):
+            pass
+    assert accelerator.is_available() and accelerator.device_count() >= 1
