@@ -43,6 +43,7 @@ def estimate(
     backward: bool = False,
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | torch.optim.Optimizer | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -57,14 +58,18 @@ def estimate(
     of the output's floating tensors), op by op on fake tensors: frozen parameters get no gradient,
     activation checkpointing's recomputation counts as backward work. Then total_* = fwd_* + bwd_*.
     `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
-    (`Estimate.optimizer`, not in total_*).
+    (`Estimate.optimizer`, not in total_*). `progress` is called with "capture" and "count" as
+    each stage starts (the CLI shows them on a terminal).
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
     counting = Counting.prepare(conventions, rules, leaf_modules)
+    stage = progress or _no_progress
     with collector_paused():
+        stage("capture")
         captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
+        stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
@@ -128,6 +133,10 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
                 "module": cost.module, "op": cost.op,
             }
     return graph_module
+
+
+def _no_progress(stage: str) -> None:
+    pass
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from fxflops.model_spec import (
     parse_sweep,
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
+from fxflops.progress import StageProgress
 from fxflops.rules import CONVENTIONS
 
 FORMATS = ("text", "table", "json", "csv")
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
     report.add_argument("--nodes", action="store_true", help="include per-node costs in --format json")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress on a terminal and no note of what --output wrote (warnings stay)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and warnings")
     return parser
 
@@ -178,31 +181,49 @@ def render_sweep(result, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fxflops.api import estimate
-
     if args.model == "examples":
         sys.stdout.write(examples_listing())
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     _check_sweeps(sweeps)
-    loaded = load(args.model, input_options(args))
-    model = loaded.model.train() if args.train else loaded.model
-    if sweeps:
-        result = run_sweep(model, loaded, sweeps, args)
-        report = render_sweep(result, args)
-    else:
-        result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                          backward=args.backward, optimizer=args.optimizer)
-        _say_what_ran_on(result, loaded)
-        for caution in result.cautions:
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
-        report = render(result, args)
+    progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
+    try:
+        result, report = _estimate_and_render(args, sweeps, progress)
+    finally:
+        progress.done()
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
-        sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
+        if not args.quiet:
+            sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
         sys.stdout.write(report)
     return 0
+
+
+def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
+    from fxflops.api import estimate
+
+    progress(f"loading {args.model}")
+    loaded = load(args.model, input_options(args))
+    model = loaded.model.train() if args.train else loaded.model
+    if sweeps:
+        progress("capturing with symbolic sizes, then counting every point")
+        result = run_sweep(model, loaded, sweeps, args)
+        progress("writing the report")
+        return result, render_sweep(result, args)
+    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                      backward=args.backward, optimizer=args.optimizer,
+                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+    progress("writing the report")
+    report = render(result, args)
+    progress.done()  # warnings start on a clean line
+    _say_what_ran_on(result, loaded)
+    for caution in result.cautions:
+        sys.stderr.write(f"fxflops: warning: {caution}\n")
+    return result, report
+
+
+_STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}
 
 
 def _say_what_ran_on(result, loaded) -> None:

@@ -510,3 +510,34 @@ def test_a_caution_names_the_hf_position_table():
     with pytest.warns(fxflops.CautionWarning, match="'transformer.wpe' .*1024 rows.* up to 1024"):
         result = fxflops.estimate(loaded.model, loaded.args, loaded.kwargs)
     assert len(result.cautions) == 1
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_shows_each_stage_on_a_terminal(monkeypatch, capsys, tmp_path):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["lenet5", "--no-detailed"]) == 0
+    shown = terminal.getvalue()
+    stages = ["loading lenet5", "capturing the forward", "counting every op", "writing the report"]
+    assert all(f"fxflops: {stage}..." in shown for stage in stages), shown
+    assert [shown.index(stage) for stage in stages] == sorted(shown.index(stage) for stage in stages)
+    assert shown.endswith("\r\033[K")  # the line is cleared: the report is not interleaved with it
+    assert "Estimate Summary" in capsys.readouterr().out
+
+    quiet = Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    target = tmp_path / "lenet.json"
+    assert cli.main(["lenet5", "--quiet", "--format", "json", "--output", str(target)]) == 0
+    assert quiet.getvalue() == "" and target.exists()
+
+
+def test_progress_line_is_cleared_before_an_error(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["lenet5", "--input-shape", "1,3,32,32"]) == 1
+    shown = terminal.getvalue()
+    assert "\r\033[Kfxflops: error: could not capture LeNet5" in shown
