@@ -214,13 +214,12 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
-    progress("writing the report")
-    report = render(result, args)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
     for caution in result.cautions:
         sys.stderr.write(f"fxflops: warning: {caution}\n")
-    return result, report
+    progress("writing the report")
+    return result, render(result, args)
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}
