@@ -18,6 +18,7 @@ from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
+from fxflops.traffic import node_bytes
 
 
 class RuleEvaluationError(RuntimeError):
@@ -128,6 +129,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         source=_source_line(node),
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
+        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes),
     )
 
 
@@ -181,7 +183,7 @@ def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes:
         name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args, sizes), output_shapes=_shapes(call.out, sizes), macs=macs, flops=flops,
-        phase=call.phase,
+        phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes),
     )
 
 
@@ -209,6 +211,10 @@ def _to_count(value: Any, entry: Rule, call: OpCall, sizes: Any) -> Any:
         raise RuleEvaluationError(
             f"rule '{entry.name}' ({entry.source}) gave {value!r} for {call.key}, which is not a number"
         ) from None
+
+
+def _moves_data(entry: Rule | ZeroList | None) -> bool:
+    return not isinstance(entry, ZeroList) or entry.moves_data
 
 
 def _status(entry: Rule | ZeroList | None) -> str:

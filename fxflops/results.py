@@ -107,6 +107,7 @@ class NodeCost:
     source: str | None = None  # the user's source line that produced the op, when known
     phase: str = FORWARD  # FORWARD, BACKWARD or RECOMPUTE
     differentiates: str | None = None  # a backward op: the name of the forward node it differentiates
+    bytes: int = 0  # memory read (each distinct input once) plus written (each output), see fxflops.traffic
 
     @property
     def rule_key(self) -> str:
@@ -159,6 +160,13 @@ class ModuleStats:
     bwd_latency: float | None = None  # seconds per backward step, when measured
     self_bwd_macs: int = 0  # the backward's share of self_macs / self_flops
     self_bwd_flops: int = 0
+    bytes: int = 0  # inclusive memory traffic: bytes its ops read and write (fxflops.traffic)
+    self_bytes: int = 0
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity: FLOPs per byte moved (None when nothing is moved)."""
+        return self.flops / self.bytes if self.bytes else None
 
     @property
     def fwd_macs(self) -> int:
@@ -266,6 +274,16 @@ class Estimate:
     @property
     def root(self) -> ModuleStats:
         return self.modules[""]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes read and written by every op (each op's inputs once, its outputs once)."""
+        return self.modules[""].bytes
+
+    @property
+    def intensity(self) -> float | None:
+        """The whole model's arithmetic intensity: FLOPs per byte moved."""
+        return self.total_flops / self.total_bytes if self.total_bytes else None
 
     @property
     def fwd_macs(self) -> int:

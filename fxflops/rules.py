@@ -77,6 +77,7 @@ class ZeroList:
     name: str
     ops: tuple[str, ...]
     source: str
+    moves_data: bool = True  # False: views and plumbing, which read and write no tensor memory
 
 
 Entry = Rule | ZeroList
@@ -241,10 +242,13 @@ def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
     where = f"{path}: zero list #{index + 1}"
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise RuleFileError(f"{where}: expected a table with a 'name' and 'ops'")
-    unknown = set(raw) - {"name", "ops", "doc"}
+    unknown = set(raw) - {"name", "ops", "doc", "moves_data"}
     if unknown:
         raise RuleFileError(f"{where}: unknown keys {sorted(unknown)}")
-    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path))
+    moves_data = raw.get("moves_data", True)
+    if not isinstance(moves_data, bool):
+        raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {moves_data!r}")
+    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data)
 
 
 def _parse_ops(ops: Any, where: str) -> tuple[str, ...]:

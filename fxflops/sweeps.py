@@ -333,7 +333,7 @@ class _Evaluator:
         # NodeCost built directly: dataclasses.replace costs 5x more, and a point has thousands of nodes
         return NodeCost(c.name, c.op, c.status, c.rule, c.module, c.module_type, self.shapes(c.input_shapes),
                         self.shapes(c.output_shapes), self(c.macs), self(c.flops), c.source, c.phase,
-                        c.differentiates)
+                        c.differentiates, self(c.bytes))
 
 
 def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] | None:
@@ -375,7 +375,7 @@ def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] 
 
 
 def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], int]]:
-    distinct = {value for c in costs for value in (c.macs, c.flops, *(s for shape in (*c.input_shapes, *c.output_shapes)
+    distinct = {value for c in costs for value in (c.macs, c.flops, c.bytes, *(s for shape in (*c.input_shapes, *c.output_shapes)
                                                                      for s in shape)) if type(value) is not int}
     found = {expr: compile_expression(expr) for expr in distinct}
     return {expr: function for expr, function in found.items() if function is not None}
@@ -383,7 +383,8 @@ def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], 
 
 def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
     found: set[sympy.Symbol] = set()
-    values = [c.macs for c in costs] + [c.flops for c in costs] + [i.params for i in infos.values()]
+    values = [c.macs for c in costs] + [c.flops for c in costs] + [c.bytes for c in costs]
+    values += [i.params for i in infos.values()]
     values += [size for c in costs for shape in (*c.input_shapes, *c.output_shapes) for size in shape]
     for value in values:
         if isinstance(value, sympy.Basic):

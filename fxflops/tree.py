@@ -49,10 +49,12 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
     self_flops: dict[str, int] = defaultdict(int)
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
+    self_bytes: dict[str, int] = defaultdict(int)
     for cost in costs:
         owner = owning_module(cost.module, aliases, named)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
+        self_bytes[owner] += cost.bytes
         if cost.is_backward:
             bwd_macs[owner] += cost.macs
             bwd_flops[owner] += cost.flops
@@ -73,6 +75,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             bwd_flops=bwd_flops[name],
             self_bwd_macs=bwd_macs[name],
             self_bwd_flops=bwd_flops[name],
+            bytes=self_bytes[name],
+            self_bytes=self_bytes[name],
         )
         for name, info in named.items()
     }
@@ -83,6 +87,7 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             stats[parent].flops += stats[name].flops
             stats[parent].bwd_macs += stats[name].bwd_macs
             stats[parent].bwd_flops += stats[name].bwd_flops
+            stats[parent].bytes += stats[name].bytes
     stats[""].calls = max(stats[""].calls, 1)
     return stats
 

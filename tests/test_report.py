@@ -477,7 +477,7 @@ def assert_json_matches(estimate, data):
     assert data["fxflops_version"] == fxflops.__version__
     assert data["torch_version"] == torch.__version__
     assert data["totals"] == {"macs": estimate.total_macs, "flops": estimate.total_flops,
-                              "params": estimate.total_params}
+                              "params": estimate.total_params, "bytes": estimate.total_bytes}
     assert [item["name"] for item in data["modules"]] == list(estimate.modules)
     for item in data["modules"]:
         stats = estimate.modules[item["name"]]

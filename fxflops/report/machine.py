@@ -20,7 +20,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     attempts          [{"method": str, "error": str}]   capture methods that failed first
     cautions          [str]      what a real forward would do differently, e.g. an embedding looked
                       up past its rows (a sequence longer than the model's positions)
-    totals            {"macs": int, "flops": int, "params": int}   forward + backward when the backward was counted
+    totals            {"macs": int, "flops": int, "params": int, "bytes": int}   forward + backward when
+                      the backward was counted; bytes: memory read + written by every op
     backward          bool       whether the backward was counted
     fwd / bwd         {"macs": int, "flops": int}   the forward's and the backward's shares of totals
                       (bwd: zeros unless counted; recomputed forwards of activation checkpointing are bwd)
@@ -34,7 +35,10 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                   step, all calls), latency_calls: int|null, achieved_flops: float|null,
                   bwd_macs, bwd_flops (inclusive, 0 without backward), self_bwd_macs, self_bwd_flops,
                   bwd_latency: float|null,
-                  fwd_macs, fwd_flops, bwd_fwd_ratio: float|null, achieved_bwd_flops: float|null}
+                  fwd_macs, fwd_flops, bwd_fwd_ratio: float|null, achieved_bwd_flops: float|null,
+                  bytes, self_bytes (memory read + written by its ops, inclusive / own; see
+                  fxflops.traffic), intensity: float|null (flops per byte),
+                  predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction)}
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}   e.g. "aten.mm.default"
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}
     unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
@@ -42,7 +46,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       plus derived "achieved_flops", "utilization", "hook_overhead"
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
-                      ("forward" | "backward" | "recompute"), differentiates (forward node name)}]
+                      ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured.
@@ -93,8 +97,10 @@ MODULE_FIELDS = (
     "bwd_latency",
     "self_bwd_macs",
     "self_bwd_flops",
+    "bytes",
+    "self_bytes",
 )
-DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops")  # written, not read back
+DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops", "intensity")  # written, not read back
 CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS
 
 
@@ -173,6 +179,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
             "macs": estimate.total_macs,
             "flops": estimate.total_flops,
             "params": estimate.total_params,
+            "bytes": estimate.total_bytes,
         },
         backward=estimate.backward,
         fwd={"macs": estimate.fwd_macs, "flops": estimate.fwd_flops},
