@@ -7,6 +7,7 @@ cannot be used, 1 when the model cannot be estimated. `--debug` shows the traceb
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count at many sizes from one capture, with the formula: seq=128,256,1024, "
                                "batch=1..64*2, size[2,3]=160..320:32 (several make a grid; batch, seq, "
                                "size, height, width know their axes, others name them: n[1]=...)")
+    counting.add_argument("--device", metavar="GPU",
+                          help="predict each module's latency on this GPU from its FLOPs and bytes (a roofline): "
+                               "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4'")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS)
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
@@ -104,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
     report.add_argument("--nodes", action="store_true", help="include per-node costs in --format json")
+    report.add_argument("--roofline", metavar="FILE.svg",
+                        help="with --device: also write the roofline picture of every module as an SVG image")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress on a terminal and no note of what --output wrote (warnings stay)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and warnings")
@@ -186,11 +192,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     _check_sweeps(sweeps)
+    _check_device(args, sweeps)
     progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
     try:
         result, report = _estimate_and_render(args, sweeps, progress)
     finally:
         progress.done()
+    if args.roofline:
+        from fxflops.report.roofline import roofline_svg
+
+        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8")
+        if not args.quiet:
+            sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
         if not args.quiet:
@@ -198,6 +211,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report)
     return 0
+
+
+def _check_device(args: argparse.Namespace, sweeps: list) -> None:
+    from fxflops import peaks
+    from fxflops.roofline import known_devices
+
+    if args.roofline and not args.device:
+        raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
+    if args.device and sweeps:
+        raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
+    if args.device and peaks.lookup(args.device) is None:
+        close = difflib.get_close_matches(args.device, [row.label for row in peaks.GPU_PEAKS], n=1, cutoff=0.3)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ModelSpecError(f"--device {args.device!r} is not in the peaks table; {hint}known: {known_devices()}")
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
@@ -214,6 +241,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+    if args.device:
+        result.prediction = result.predict(args.device)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
     for caution in result.cautions:

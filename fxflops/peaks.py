@@ -1,4 +1,4 @@
-"""Peak dense FLOP/s of common GPUs per dtype, for the utilization line of a profile.
+"""Peak dense FLOP/s per dtype and memory bandwidth of common GPUs: a profile's utilization, a roofline.
 
 Numbers are the vendors' datasheet figures for dense math (the "with sparsity" figures halved
 where a sheet only gives those), in FLOP/s. fp32 means plain CUDA-core fp32; matmuls in fp32
@@ -27,43 +27,50 @@ _HOPPER_NVL = {
 }
 
 
+G = 1e9
+
+
 @dataclass(frozen=True)
 class GpuPeaks:
-    label: str  # the name used in the report's source line
+    label: str  # the device's name in reports and for `predict(device=...)`
     pattern: str  # regex matched against torch.cuda.get_device_name()
     flops: dict[str, float]  # dtype key -> dense FLOP/s
+    bandwidth: float  # memory bandwidth, bytes/s (datasheet; 1 GB/s = 1e9 bytes/s)
     source: str  # where the numbers come from
 
 
 # Most specific patterns first: "H100 NVL" must not be taken for the SXM part.
 GPU_PEAKS: tuple[GpuPeaks, ...] = (
-    GpuPeaks("V100S PCIe", r"V100S", {"fp64": 8.2 * T, "fp32": 16.4 * T, "fp16": 130 * T},
+    GpuPeaks("V100S PCIe", r"V100S", {"fp64": 8.2 * T, "fp32": 16.4 * T, "fp16": 130 * T}, 1134 * G,
              "NVIDIA V100 datasheet"),
-    GpuPeaks("V100 PCIe", r"V100.*PCI", {"fp64": 7 * T, "fp32": 14 * T, "fp16": 112 * T},
+    GpuPeaks("V100 PCIe", r"V100.*PCI", {"fp64": 7 * T, "fp32": 14 * T, "fp16": 112 * T}, 900 * G,
              "NVIDIA V100 datasheet"),
-    GpuPeaks("V100 SXM2", r"V100", {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T},
+    GpuPeaks("V100 SXM2", r"V100", {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T}, 900 * G,
              "NVIDIA V100 datasheet"),
-    GpuPeaks("A100", r"A100", _A100, "NVIDIA A100 datasheet"),
+    # A100s differ in memory only: HBM2e at 2,039 GB/s (80GB SXM), 1,935 GB/s (80GB PCIe), 1,555 GB/s (40GB)
+    GpuPeaks("A100 80GB PCIe", r"A100.*(80GB.*PCI|PCI.*80GB)", _A100, 1935 * G, "NVIDIA A100 datasheet"),
+    GpuPeaks("A100 80GB SXM", r"A100.*80GB", _A100, 2039 * G, "NVIDIA A100 datasheet"),
+    GpuPeaks("A100 40GB", r"A100", _A100, 1555 * G, "NVIDIA A100 datasheet"),
     GpuPeaks("A10", r"\bA10\b", {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T},
-             "NVIDIA A10 datasheet"),
-    GpuPeaks("H100 NVL", r"H100.*NVL", _HOPPER_NVL, "NVIDIA H100 datasheet"),
+             600 * G, "NVIDIA A10 datasheet"),
+    GpuPeaks("H100 NVL", r"H100.*NVL", _HOPPER_NVL, 3900 * G, "NVIDIA H100 datasheet"),
     GpuPeaks("H100 PCIe", r"H100.*PCI", {
         "fp64": 51 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T, "fp16": 756 * T,
-        "fp8": 1513 * T}, "NVIDIA H100 datasheet"),
-    GpuPeaks("H100 SXM", r"H100", _HOPPER_SXM, "NVIDIA H100 datasheet"),
-    GpuPeaks("H200 NVL", r"H200.*NVL", _HOPPER_NVL, "NVIDIA H200 datasheet"),
-    GpuPeaks("H200 SXM", r"H200", _HOPPER_SXM, "NVIDIA H200 datasheet"),
+        "fp8": 1513 * T}, 2000 * G, "NVIDIA H100 datasheet"),
+    GpuPeaks("H100 SXM", r"H100", _HOPPER_SXM, 3350 * G, "NVIDIA H100 datasheet"),
+    GpuPeaks("H200 NVL", r"H200.*NVL", _HOPPER_NVL, 4800 * G, "NVIDIA H200 datasheet"),
+    GpuPeaks("H200 SXM", r"H200", _HOPPER_SXM, 4800 * G, "NVIDIA H200 datasheet"),
     GpuPeaks("L40S", r"L40S", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T,
-                               "fp8": 733 * T}, "NVIDIA L40S datasheet"),
+                               "fp8": 733 * T}, 864 * G, "NVIDIA L40S datasheet"),
     GpuPeaks("L4", r"\bL4\b", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T,
-                               "fp8": 242.5 * T}, "NVIDIA L4 datasheet"),
-    GpuPeaks("T4", r"\bT4\b", {"fp32": 8.1 * T, "fp16": 65 * T}, "NVIDIA T4 datasheet"),
+                               "fp8": 242.5 * T}, 300 * G, "NVIDIA L4 datasheet"),
+    GpuPeaks("T4", r"\bT4\b", {"fp32": 8.1 * T, "fp16": 65 * T}, 320 * G, "NVIDIA T4 datasheet"),
     # GeForce tensor rates with fp32 accumulate, which is what PyTorch uses.
     GpuPeaks("RTX 4090", r"RTX 4090", {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T,
-                                       "fp16": 165.2 * T, "fp8": 330.3 * T},
+                                       "fp16": 165.2 * T, "fp8": 330.3 * T}, 1008 * G,
              "NVIDIA Ada Lovelace architecture whitepaper"),
     GpuPeaks("RTX 3090", r"RTX 3090", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
-             "NVIDIA Ampere GA102 whitepaper"),
+             936 * G, "NVIDIA Ampere GA102 whitepaper"),
 )
 
 _DTYPE_KEYS = {
@@ -88,7 +95,11 @@ def tf32_enabled() -> bool:
 
 
 def lookup(device_name: str) -> GpuPeaks | None:
-    """The table row whose pattern matches a CUDA device name, or None."""
+    """The table row named `device_name` ("H100 SXM", any case), else the first whose pattern matches
+    it (a CUDA device name such as "NVIDIA H100 80GB HBM3"), or None."""
+    for row in GPU_PEAKS:
+        if row.label.lower() == device_name.strip().lower():
+            return row
     for row in GPU_PEAKS:
         if re.search(row.pattern, device_name):
             return row

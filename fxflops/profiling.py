@@ -96,7 +96,19 @@ def profile(
     if backward:
         measurements.bwd_latency = statistics.fmean(plain_bwd)
         measurements.extra["bwd_latencies"] = list(plain_bwd)
-    return join(static, mean_per_step(records), measurements, mean_backward(bwd_records) if backward else None)
+    result = join(static, mean_per_step(records), measurements, mean_backward(bwd_records) if backward else None)
+    result.prediction = predicted_on(result, target, compute_dtype(model, target))
+    return result
+
+
+def predicted_on(result: Profile, device: torch.device, dtype: torch.dtype) -> Any:
+    """The roofline prediction on a GPU the peaks table knows, which reports set beside the measurement."""
+    if device.type != "cuda" or peaks.lookup(device_name(device)) is None:
+        return None
+    try:
+        return result.predict(device_name(device), dtype=dtype)
+    except ValueError:  # no rate for this dtype in the table: no prediction rather than a failed profile
+        return None
 
 
 def measure_backward(

@@ -270,6 +270,9 @@ class Estimate:
     # what the inputs a run of the model saw were, when not the caller's own (e.g. the CLI's zeros)
     input_values: str | None = None
     cautions: list[str] = field(default_factory=list)  # what a real forward would do differently
+    aliases: dict[str, str] = field(default_factory=dict)  # a shared module's other paths -> its first name
+    # a fxflops.roofline.Prediction the reports show (predicted latency, bound); set by whoever asks for it
+    prediction: Any = None
 
     @property
     def root(self) -> ModuleStats:
@@ -312,6 +315,15 @@ class Estimate:
         for node in self.nodes:
             counts[node.status] += 1
         return counts
+
+    def predict(self, device: str | None = None, *, dtype: Any = None, peak_flops: float | None = None,
+                bandwidth: float | None = None) -> Any:
+        """The roofline latency of every module (a fxflops.roofline.Prediction): each op takes
+        max(flops / peak, bytes / bandwidth) on `device` ("H100 SXM"; default the current GPU), in
+        `dtype` (default the model's), or on the given peak_flops (FLOP/s) and bandwidth (bytes/s)."""
+        from fxflops.roofline import predict
+
+        return predict(self, device, dtype=dtype, peak_flops=peak_flops, bandwidth=bandwidth)
 
     # Rendering lives in fxflops.report; imported lazily because report imports this module.
     def print(

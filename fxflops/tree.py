@@ -39,6 +39,7 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         dtype=captured.dtype,
         training=captured.training,
         cautions=list(captured.cautions),
+        aliases=dict(captured.aliases),
     )
 
 

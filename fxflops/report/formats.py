@@ -63,6 +63,13 @@ def number_to_string(num: float, precision: int = PRECISION) -> str:
     return _joined(num, "", precision)
 
 
+def bytes_to_string(num: float, precision: int = PRECISION) -> str:
+    """A memory amount in decimal units: `1.23 GB`, `512 B`."""
+    if abs(num) < 1000:
+        return f"{_trimmed(num, precision)} B"
+    return _joined(num, "B", precision)
+
+
 def flops_to_string(flops_per_second: float, precision: int = PRECISION) -> str:
     """A rate: `660.07 GFLOPS`, `0 FLOPS`."""
     if abs(flops_per_second) < 1000:

@@ -42,6 +42,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}   e.g. "aten.mm.default"
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}
     unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
+    prediction        null, or the roofline prediction (Estimate.predict): {"device", "dtype",
+                      "peak_flops", "vector_flops", "bandwidth" (bytes/s), "latency" (s),
+                      "memory_bound_share", "ridge" (flops per byte), "source"}
     measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
                       plus derived "achieved_flops", "utilization", "hook_overhead"
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
@@ -49,7 +52,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
-CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured.
+CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
+and bound without a prediction.
 """
 
 from __future__ import annotations
@@ -101,7 +105,8 @@ MODULE_FIELDS = (
     "self_bytes",
 )
 DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops", "intensity")  # written, not read back
-CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS
+PREDICTED_FIELDS = ("predicted_latency", "bound")  # empty without a prediction
+CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS + PREDICTED_FIELDS
 
 
 def jsonable(value: Any) -> Any:
@@ -134,14 +139,26 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
     }
 
 
-def _module_dict(stats: ModuleStats, backward: bool) -> dict[str, Any]:
+def _module_dict(stats: ModuleStats, backward: bool, prediction: Any = None) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
     record["children"] = list(stats.children)
     for field in DERIVED_FIELDS:
         record[field] = getattr(stats, field)
     if not backward:  # no backward counted: no ratio, rather than 0
         record["bwd_fwd_ratio"] = None
+    predicted = prediction.modules.get(stats.name) if prediction is not None else None
+    record["predicted_latency"] = predicted.latency if predicted is not None else None
+    record["bound"] = predicted.bound if predicted is not None else None
     return record
+
+
+def _prediction_dict(prediction: Any) -> dict[str, Any] | None:
+    if prediction is None:
+        return None
+    return {"device": prediction.device, "dtype": prediction.dtype, "peak_flops": prediction.peak_flops,
+            "vector_flops": prediction.vector_flops, "bandwidth": prediction.bandwidth,
+            "latency": prediction.latency, "memory_bound_share": prediction.memory_bound_share,
+            "ridge": prediction.ridge, "source": prediction.source}
 
 
 def _measurements_dict(estimate: Estimate) -> dict[str, Any] | None:
@@ -187,13 +204,14 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         bwd_fwd_ratio=estimate.bwd_fwd_ratio,
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
-        modules=[_module_dict(stats, estimate.backward) for stats in estimate.modules.values()],
+        modules=[_module_dict(stats, estimate.backward, estimate.prediction) for stats in estimate.modules.values()],
         by_op=_totals(estimate.by_op),
         by_rule=_totals(estimate.by_rule),
         unknown=[
             {"op": op.op, "count": op.count, "modules": list(op.modules)}
             for op in estimate.unknown
         ],
+        prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
     )
     if include_nodes:
@@ -217,7 +235,7 @@ def to_json(
 def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
     """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
     return [
-        {column: _module_dict(stats, estimate.backward)[column] for column in CSV_COLUMNS}
+        {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
         for stats in estimate.modules.values()
     ]
 

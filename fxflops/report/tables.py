@@ -10,6 +10,7 @@ from tabulate import tabulate
 
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
+    bytes_to_string,
     duration_to_string,
     flops_to_string,
     macs_to_string,
@@ -100,6 +101,9 @@ def module_rows(
     bwd_timed = measured and any(stats.bwd_latency is not None for stats in estimate.modules.values())
     if bwd_timed:
         headers += ["bwd latency", "bwd FLOPS"]
+    headers += ["bytes", "flops/byte"]
+    if estimate.prediction is not None:
+        headers += ["predicted", "bound"] + (["measured/predicted"] if measured else [])
     total_latency = folding.root_latency(estimate)
     display: dict[tuple[str, ...], str] = {}
     rows = []
@@ -151,7 +155,24 @@ def _module_row(
         bwd_rate = stats.achieved_bwd_flops
         row += [bwd if raw or bwd is None else duration_to_string(bwd),
                 bwd_rate if raw or bwd_rate is None else flops_to_string(bwd_rate)]
+    intensity = stats.intensity
+    row += [stats.bytes if raw else bytes_to_string(stats.bytes),
+            intensity if raw or intensity is None else f"{intensity:.2f}"]
+    if estimate.prediction is not None:
+        row += _predicted_cells(estimate, group, measured, raw)
     return row
+
+
+def _predicted_cells(estimate: Estimate, group: folding.Group, measured: bool, raw: bool) -> list:
+    predicted = estimate.prediction.modules.get(group.name)
+    if predicted is None:
+        return [None, None] + ([None] if measured else [])
+    cells = [predicted.latency if raw else duration_to_string(predicted.latency), predicted.bound]
+    if measured:
+        latency = folding.mean_latency(estimate, group)
+        ratio = latency / predicted.latency if latency and predicted.latency else None
+        cells.append(ratio if raw or ratio is None else f"{ratio:.2f}x")
+    return cells
 
 
 def module_table(

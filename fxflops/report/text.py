@@ -15,6 +15,7 @@ from typing import Any
 from fxflops.capture.methods import describe, runs_model
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
+    bytes_to_string,
     duration_to_string,
     flops_to_string,
     macs_to_string,
@@ -177,6 +178,7 @@ def summary_lines(estimate: Estimate) -> list[str]:
     lines += _model_lines(estimate)
     lines += _parallel_lines(m)
     lines += _count_lines(estimate)
+    lines += prediction_lines(estimate)
     if m is not None:
         lines += _latency_lines(estimate, m)
     lines += _node_share_lines(estimate)
@@ -268,10 +270,38 @@ def _count_lines(estimate: Estimate) -> list[str]:
         )
     if estimate.backward:
         lines += _backward_lines(estimate, per)
+    lines.append(_row(f"bytes read + written{per}:", f"{bytes_to_string(estimate.total_bytes)} "
+                      f"({_intensity_text(estimate.intensity)})"))
     if estimate.optimizer is not None:
         step = estimate.optimizer
         lines.append(_row(f"optimizer step flops{per} ({step.name}, {step.flops_per_param} per parameter):",
                           f"{number_to_string(step.flops)} ({params_to_string(step.params)} trainable)"))
+    return lines
+
+
+def _intensity_text(intensity: float | None) -> str:
+    return "nothing moved" if intensity is None else f"{intensity:.2f} flops per byte"
+
+
+def prediction_lines(estimate: Estimate, top: int = 3) -> list[str]:
+    """The roofline summary: predicted latency, how much of it is memory-bound, and where."""
+    p = estimate.prediction
+    if p is None:
+        return []
+    m = estimate.measurements
+    lines = [
+        _row(f"predicted latency ({p.device}, {p.dtype} roofline):", duration_to_string(p.latency)),
+        _row("  peak / bandwidth / ridge:", f"{flops_to_string(p.peak_flops)} (ops with MACs), "
+             f"{flops_to_string(p.vector_flops)} (others) / {bytes_to_string(p.bandwidth)}/s / "
+             f"{p.ridge:.1f} flops per byte"),
+        _row("  time in memory-bound ops:", f"{100 * p.memory_bound_share:.2f}%"),
+    ]
+    worst = p.top_memory_bound(top)
+    if worst:
+        lines.append(_row("  top memory-bound modules:", ", ".join(
+            f"{w.name} ({duration_to_string(w.memory_bound_latency)})" for w in worst)))
+    if m is not None and m.fwd_latency and p.latency:
+        lines.append(_row("  measured / predicted fwd latency:", f"{m.fwd_latency / p.latency:.2f}x"))
     return lines
 
 
@@ -496,6 +526,8 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
         order += ", fwd latency, percentage of total fwd latency, fwd FLOPS"
         if any(stats.bwd_latency is not None for stats in estimate.modules.values()):
             order += ", bwd latency, bwd FLOPS"
+    if estimate.prediction is not None:
+        order += ", predicted latency, compute- or memory-bound" + (", measured / predicted" if measured else "")
     notes = [
         "Note: 1. A module's numbers include its submodules'. Ops a module calls directly "
         "(torch.nn.functional, tensor methods) count toward it, so a parent can hold more than "
@@ -554,10 +586,23 @@ def module_fields(
     if bwd_latency is not None:
         fields += [f"{duration_to_string(bwd_latency)} bwd",
                    f"{flops_to_string(stats.bwd_flops / bwd_latency if bwd_latency else 0.0)} bwd"]
+    fields += _predicted_fields(estimate, group, measured)
     if stats.calls == 0 and not _ran(estimate, group.name):
         fields.append("not called")
     elif stats.calls > 1:
         fields.append(f"{stats.calls} calls")
+    return fields
+
+
+def _predicted_fields(estimate: Estimate, group: folding.Group, measured: bool) -> list[str]:
+    """`predicted latency, bound[, measured/predicted]` of one entry, when a prediction was asked for."""
+    predicted = estimate.prediction.modules.get(group.name) if estimate.prediction is not None else None
+    if predicted is None:
+        return []
+    fields = [f"{duration_to_string(predicted.latency)} predicted", f"{predicted.bound}-bound"]
+    latency = folding.mean_latency(estimate, group) if measured else None
+    if latency and predicted.latency:
+        fields.append(f"{latency / predicted.latency:.2f}x measured/predicted")
     return fields
 
 

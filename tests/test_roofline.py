@@ -1,0 +1,209 @@
+"""Bytes moved, arithmetic intensity and the roofline prediction, checked by hand.
+
+An op reads each distinct input tensor once and writes each output once; every expected number
+below is that sum of numel x element size, worked out from the shapes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxflops
+from fxflops import cli, peaks
+
+SIZES = {torch.float32: 4, torch.bfloat16: 2}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+
+
+def one_op_bytes(model: nn.Module, *inputs: torch.Tensor) -> dict[str, int]:
+    """Bytes per counted op of a model's forward (views and plumbing omitted)."""
+    result = fxflops.estimate(model, inputs)
+    return {node.op: node.bytes for node in result.nodes if node.status == "counted"}
+
+
+@DTYPES
+def test_linear_reads_input_weight_bias_and_writes_output(dtype):
+    s = SIZES[dtype]
+    model = nn.Linear(64, 32).to(dtype)
+    found = one_op_bytes(model, torch.zeros(8, 64, dtype=dtype))
+    assert found == {"aten.linear.default": (8 * 64 + 32 * 64 + 32 + 8 * 32) * s}
+
+
+@DTYPES
+def test_conv_reads_input_and_weight(dtype):
+    s = SIZES[dtype]
+    model = nn.Conv2d(3, 16, 3, padding=1).to(dtype)
+    found = one_op_bytes(model, torch.zeros(2, 3, 10, 10, dtype=dtype))
+    (key,) = found
+    assert found[key] == (2 * 3 * 10 * 10 + 16 * 3 * 3 * 3 + 16 + 2 * 16 * 10 * 10) * s
+
+
+class MatmulSdpaNormAdd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, q, k, v, x, y):
+        attention = F.scaled_dot_product_attention(q, k, v)
+        product = x @ y  # (2, 4, 8) @ (8, 3): y is broadcast, read once
+        normed = self.norm(x)
+        scaled = x * 2
+        broadcast = x[..., :1].expand(2, 4, 8) + x  # stride-0 view: 2 x 4 stored elements read
+        return attention, product, normed, scaled, broadcast, x.transpose(1, 2).reshape(2, 32)
+
+
+@DTYPES
+def test_matmul_sdpa_norm_and_elementwise_bytes(dtype):
+    s = SIZES[dtype]
+    q = torch.zeros(2, 4, 16, 8, dtype=dtype)
+    x, y = torch.zeros(2, 4, 8, dtype=dtype), torch.zeros(8, 3, dtype=dtype)
+    result = fxflops.estimate(MatmulSdpaNormAdd().to(dtype), (q, q.clone(), q.clone(), x, y))
+    by_op: dict[str, list[int]] = {}
+    for node in result.nodes:
+        by_op.setdefault(node.op, []).append(node.bytes)
+    assert by_op["aten.scaled_dot_product_attention.default"] == [4 * 2 * 4 * 16 * 8 * s]
+    assert by_op["aten.matmul.default"] == [(2 * 4 * 8 + 8 * 3 + 2 * 4 * 3) * s]
+    # layer norm reads x, weight, bias; writes the output and its per-row mean and rstd (on the CPU
+    # in the input's dtype)
+    assert by_op["aten.native_layer_norm.default"] == [(64 + 8 + 8 + 64 + 2 * 8) * s]
+    assert by_op["aten.mul.Tensor"] == [2 * 64 * s]
+    assert by_op["aten.add.Tensor"] == [(2 * 4 + 64 + 64) * s]
+    for view in ("aten.transpose.int", "aten.expand.default", "aten.slice.Tensor"):
+        assert by_op[view] == [0], view
+    # a reshape of a transposed tensor copies (clone: read once, written once), then views the copy
+    assert by_op["aten.clone.default"] == [2 * 64 * s] and by_op["aten._unsafe_view.default"] == [0]
+
+
+def test_modules_sum_their_ops_bytes_and_intensity_is_flops_per_byte():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 4))
+    result = fxflops.estimate(model, (torch.zeros(8, 64),))
+    linear0 = (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4
+    relu = (8 * 32 + 8 * 32) * 4
+    linear2 = (8 * 32 + 4 * 32 + 4 + 8 * 4) * 4
+    assert [result.modules[name].bytes for name in ("0", "1", "2")] == [linear0, relu, linear2]
+    assert result.total_bytes == linear0 + relu + linear2 == result.modules[""].bytes
+    assert result.intensity == result.total_flops / result.total_bytes
+    assert result.modules["1"].intensity == result.modules["1"].flops / relu
+
+
+def test_prediction_is_each_ops_roofline_time_summed():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
+    result = fxflops.estimate(model, (torch.zeros(8, 64),))
+    linear_flops, linear_bytes = 2 * 8 * 64 * 32 + 8 * 32, (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4
+    relu_flops, relu_bytes = 8 * 32, 2 * 8 * 32 * 4
+    peak, bandwidth = 1e6, 2e5
+    prediction = result.predict(peak_flops=peak, bandwidth=bandwidth)
+    linear = max(linear_flops / peak, linear_bytes / bandwidth)
+    relu = max(relu_flops / peak, relu_bytes / bandwidth)
+    assert prediction.modules["0"].latency == pytest.approx(linear, rel=1e-12)
+    assert prediction.modules["1"].latency == pytest.approx(relu, rel=1e-12)
+    assert prediction.latency == pytest.approx(linear + relu, rel=1e-12)
+    assert prediction.modules["0"].bound == "memory"  # 33 024 flops / 1e6 < 11 392 bytes / 2e5
+    assert prediction.modules["1"].bound == "memory"
+    compute_bound = result.predict(peak_flops=1e5, bandwidth=1e9)
+    assert compute_bound.modules["0"].bound == "compute" and compute_bound.bound == "compute"
+    assert prediction.memory_bound_share == pytest.approx(1.0)
+    assert [m.name for m in prediction.top_memory_bound(2)] == ["0", "1"]
+
+
+def test_device_peaks_come_from_the_table_for_the_dtype():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU()).to(torch.bfloat16)
+    result = fxflops.estimate(model, (torch.zeros(8, 64, dtype=torch.bfloat16),))
+    prediction = result.predict("H100 SXM")
+    assert (prediction.device, prediction.dtype) == ("H100 SXM", "bf16")
+    assert prediction.peak_flops == 989.4e12 and prediction.vector_flops == 67e12
+    assert prediction.bandwidth == 3.35e12
+    nodes = {n.op: n for n in result.nodes}
+    linear, relu = nodes["aten.linear.default"], nodes["aten.relu.default"]
+    expected = max(linear.flops / 989.4e12, linear.bytes / 3.35e12) + max(relu.flops / 67e12, relu.bytes / 3.35e12)
+    assert prediction.latency == pytest.approx(expected, rel=1e-12)
+    assert result.predict("H100 SXM", dtype=torch.float32).peak_flops == 67e12
+
+
+def test_the_table_holds_the_datasheet_bandwidths_and_names():
+    expected = {"H100 SXM": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200 SXM": 4.8e12,
+                "A100 80GB SXM": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100 40GB": 1.555e12,
+                "V100 SXM2": 0.9e12, "L4": 0.3e12, "L40S": 0.864e12, "T4": 0.32e12, "A10": 0.6e12,
+                "RTX 4090": 1.008e12, "RTX 3090": 0.936e12}
+    for label, bandwidth in expected.items():
+        assert peaks.lookup(label).bandwidth == pytest.approx(bandwidth), label
+    assert peaks.lookup("NVIDIA H100 80GB HBM3").label == "H100 SXM"
+    assert peaks.lookup("NVIDIA A100-SXM4-80GB").label == "A100 80GB SXM"
+    assert peaks.lookup("NVIDIA A100 80GB PCIe").label == "A100 80GB PCIe"
+    assert peaks.lookup("NVIDIA A100-PCIE-40GB").label == "A100 40GB"
+    assert peaks.lookup("h100 sxm").label == "H100 SXM"
+    # dense (not "with sparsity") tensor rates
+    assert peaks.lookup("H100 SXM").flops["bf16"] == 989.4e12 and peaks.lookup("A100 40GB").flops["bf16"] == 312e12
+
+
+def test_predict_without_a_device_says_what_to_give():
+    result = fxflops.estimate(nn.Linear(4, 4), (torch.zeros(1, 4),))
+    with pytest.raises(ValueError, match="unknown device 'B200'.*H100 SXM"):
+        result.predict("B200")
+    with pytest.raises(ValueError, match="peak_flops must be positive"):
+        result.predict(peak_flops=0, bandwidth=1e9)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a device"):
+            result.predict()
+
+
+def test_sweep_points_carry_bytes():
+    model = nn.Sequential(nn.Linear(16, 8), nn.GELU())
+    swept = fxflops.sweep(model, (torch.zeros(2, 16),), dims={"batch": 0})
+    for batch in (3, 7):
+        direct = fxflops.estimate(model, (torch.zeros(batch, 16),))
+        assert swept.at(batch=batch).total_bytes == direct.total_bytes
+
+
+# --------------------------------------------------------------------------------------- CLI
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_device_adds_the_prediction_everywhere(capsys, tmp_path):
+    code, out, _ = run_main(capsys, "lenet5", "--device", "A100 80GB SXM", "--depth", "1")
+    assert code == 0
+    assert "predicted latency (A100 80GB SXM, fp32 roofline):" in out and "time in memory-bound ops:" in out
+    assert "predicted latency, compute- or memory-bound" in out and "-bound" in out
+    code, out, _ = run_main(capsys, "lenet5", "--device", "A100 80GB SXM", "--format", "json")
+    data = json.loads(out)
+    assert data["prediction"]["device"] == "A100 80GB SXM" and data["prediction"]["bandwidth"] == 2.039e12
+    root = data["modules"][0]
+    assert root["predicted_latency"] == pytest.approx(data["prediction"]["latency"])
+    assert root["bound"] in ("compute", "memory") and root["bytes"] == data["totals"]["bytes"] > 0
+    code, out, _ = run_main(capsys, "lenet5", "--device", "L4", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rows[0]["bound"] in ("compute", "memory") and float(rows[0]["predicted_latency"]) > 0
+    code, out, _ = run_main(capsys, "lenet5", "--device", "L4", "--format", "table")
+    assert "predicted" in out and "flops/byte" in out
+
+
+def test_cli_roofline_writes_an_svg_with_a_point_per_leaf_module(capsys, tmp_path):
+    target = tmp_path / "roofline.svg"
+    code, _, err = run_main(capsys, "lenet5", "--device", "H100 SXM", "--roofline", str(target))
+    assert code == 0 and str(target) in err
+    root = ElementTree.parse(target).getroot()
+    circles = root.findall("{http://www.w3.org/2000/svg}circle")
+    titles = [c.find("{http://www.w3.org/2000/svg}title").text for c in circles]
+    assert any(t.startswith("feature_extractor.0 (Conv2d)") for t in titles)
+    assert all("predicted" in t for t in titles)
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2  # the two roofs
+
+
+def test_cli_device_errors(capsys):
+    code, _, err = run_main(capsys, "lenet5", "--device", "H1OO SXM")
+    assert code == 2 and "did you mean 'H100 SXM'" in err
+    code, _, err = run_main(capsys, "lenet5", "--roofline", "x.svg")
+    assert code == 2 and "--device" in err
