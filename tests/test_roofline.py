@@ -200,7 +200,10 @@ def test_cli_roofline_writes_an_svg_with_a_point_per_leaf_module(capsys, tmp_pat
               if c.find("{http://www.w3.org/2000/svg}title") is not None]  # the legend's have none
     assert any(t.startswith("feature_extractor.0 (Conv2d)") for t in titles)
     assert all("predicted" in t for t in titles)
-    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2  # the two roofs
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 1  # fp32: one roof for all ops
+    run_main(capsys, "lenet5", "--device", "H100 SXM", "--dtype", "bfloat16", "--roofline", str(target))
+    root = ElementTree.parse(target).getroot()
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2  # tensor cores and the rest
 
 
 def test_cli_device_errors(capsys):
