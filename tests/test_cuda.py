@@ -102,3 +102,48 @@ def test_cuda_profile_times_the_backward_per_module() -> None:
     # the backward ran on fake CUDA tensors in the estimate: the same counts as on the CPU
     cpu = profile(model().cpu().train(), (x.cpu(),), steps=1, backward=True)
     assert result.bwd_flops == cpu.bwd_flops
+
+
+# ---------------------------------------------------------------- roofline prediction vs measurement
+
+needs_known_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or peaks.lookup(torch.cuda.get_device_name()) is None,
+    reason="needs a CUDA device the peaks table knows (the prediction needs its peak and bandwidth)",
+)
+
+
+def measured_over_predicted(net: nn.Module, *inputs: torch.Tensor) -> float:
+    """profile() on the GPU: the whole model's measured forward over its roofline prediction."""
+    result = profile(net, inputs, steps=10, warm_up=3)
+    assert result.prediction is not None and result.prediction.device == peaks.lookup(torch.cuda.get_device_name()).label
+    ratio = result.measurements.fwd_latency / result.prediction.latency
+    print(f"{type(net).__name__}: measured {result.measurements.fwd_latency * 1e3:.3f} ms, "
+          f"predicted {result.prediction.latency * 1e3:.3f} ms, ratio {ratio:.2f}")
+    return ratio
+
+
+@needs_known_gpu
+def test_cuda_large_gemm_is_predicted_within_1_5x() -> None:
+    net = nn.Linear(8192, 8192, bias=False).cuda().to(torch.bfloat16).eval()
+    ratio = measured_over_predicted(net, torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16))
+    assert 1 / 1.5 <= ratio <= 1.5  # a compute-bound GEMM runs near the dense peak
+
+
+@needs_known_gpu
+def test_cuda_resnet50_prediction_is_within_reach() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    net = torchvision.models.resnet50().cuda().to(torch.bfloat16).eval()
+    ratio = measured_over_predicted(net, torch.randn(64, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
+    # unfused eager kernels and launches make the real model slower than its roofline, never faster
+    assert 0.9 <= ratio <= 4.0
+
+
+@needs_known_gpu
+def test_cuda_gpt2_sized_prediction_is_within_reach() -> None:
+    from fxflops.examples import get_example
+
+    example = get_example("gpt2-small")
+    net = example.build().cuda().to(torch.bfloat16).eval()
+    (ids,) = example.inputs(batch=16, seq_len=512, device="cuda")
+    ratio = measured_over_predicted(net, ids)
+    assert 0.9 <= ratio <= 4.0
