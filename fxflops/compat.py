@@ -53,7 +53,7 @@ def get_model_profile(
     as_strings: bool | None = None,
     num_steps: int | None = None,
     **options: Any,
-) -> tuple[Any, Any, Any]:
+) -> tuple[Any, ...]:
     """DeepSpeed's `get_model_profile`: returns (flops, macs, params), as strings when `as_string`.
 
     `input_shape` builds one input tensor of that shape (in the model's dtype and device);
@@ -64,22 +64,32 @@ def get_model_profile(
     afterwards. `options` go to `fxflops.profile` (steps, device, peak_flops, conventions, ...);
     one timed step and one warm-up by default, and the top module per depth.
 
-    DeepSpeed's older call (0.3) is recognised by its keywords — `input_res=` (the input's whole
-    shape), `input_constructor=` (called with input_res; a dict is passed as keywords),
-    `print_aggregated_profile=`, `as_strings=`, `num_steps=` — and returns what it returned:
-    (macs, params, steps), with its defaults (5 warm-ups, 10 timed steps, top 3 modules).
+    DeepSpeed's older calls are recognised by their keywords and return what they returned. With
+    `input_res=` (the input's whole shape, also accepted in input_shape's place) and optionally
+    `input_constructor=` (called with input_res; a dict is passed as keywords), as from 0.3.12 to 0.5.9:
+    (macs, params), top 3 modules. With any of 0.3.11's `print_aggregated_profile=`, `as_strings=`,
+    `num_steps=`: (macs, params, steps), with its defaults (5 warm-ups, 10 timed steps). DeepSpeed 0.5.10
+    returned (flops, macs, params) for the same keywords as 0.5.9; call it with input_shape= instead.
     """
-    older = _older_keywords(input_res, input_constructor, print_aggregated_profile, as_strings, num_steps)
+    v0311 = [name for name, value in (("print_aggregated_profile", print_aggregated_profile),
+                                      ("as_strings", as_strings), ("num_steps", num_steps)) if value is not None]
+    older = bool(v0311) or input_res is not None or input_constructor is not None
     if older:
+        if input_res is None and input_shape is not None and not args and not kwargs:
+            input_res, input_shape = input_shape, None  # passed positionally, as DeepSpeed's examples do
         if input_shape is not None or args or kwargs:
-            raise ValueError(f"{older[0]}= is DeepSpeed's older call, which takes its inputs from input_res "
+            raise ValueError("input_res= belongs to DeepSpeed's older call, which takes its inputs from input_res "
                              "(and input_constructor); give those instead of input_shape/args/kwargs")
         args, kwargs = _older_inputs(model, input_res, input_constructor)
-        options["steps"] = 10 if num_steps is None else num_steps
-        detailed = detailed and print_profile
-        print_profile = print_profile or print_aggregated_profile is not False
-        top_modules = (3 if top_modules is None else top_modules) if print_aggregated_profile is not False else 0
-        warm_up = 5 if warm_up is None else warm_up
+        top_modules = 3 if top_modules is None else top_modules
+        if v0311:
+            aggregated = print_aggregated_profile is not False  # 0.3.11 printed it by default
+            options["steps"] = 10 if num_steps is None else num_steps
+            warm_up = 5 if warm_up is None else warm_up
+            detailed = detailed and print_profile
+            print_profile = print_profile or aggregated
+            top_modules = top_modules if aggregated else 0
+            as_string = as_string if as_strings is None else as_strings
     mode = func_name or mode
     if mode not in ("forward", "generate"):
         raise ValueError(f"mode must be 'forward' or 'generate', got {mode!r}")
@@ -103,20 +113,11 @@ def get_model_profile(
                              detailed=detailed, output_file=output_file)
     flops, macs, params = result.total_flops, result.total_macs, result.total_params
     if older:
-        steps = options["steps"]
-        strings = as_strings is not False
-        return (macs_to_string(macs), params_to_string(params), steps) if strings else (macs, params, steps)
+        counted = (macs_to_string(macs), params_to_string(params)) if as_string else (macs, params)
+        return (*counted, options["steps"]) if v0311 else counted
     if as_string:
         return number_to_string(flops), macs_to_string(macs), params_to_string(params)
     return flops, macs, params
-
-
-def _older_keywords(input_res: Any, input_constructor: Any, print_aggregated_profile: Any, as_strings: Any,
-                    num_steps: Any) -> list[str]:
-    """The keywords of DeepSpeed's older get_model_profile that were given."""
-    given = dict(input_res=input_res, input_constructor=input_constructor,
-                 print_aggregated_profile=print_aggregated_profile, as_strings=as_strings, num_steps=num_steps)
-    return [name for name, value in given.items() if value is not None]
 
 
 def _older_inputs(model: nn.Module, input_res: Any, input_constructor: Callable[[Any], Any] | None) -> tuple:
@@ -326,7 +327,8 @@ class FlopsProfiler:
         m.extra["recompute_fwd_factor"] = self.recompute_fwd_factor
 
     # DeepSpeed's older getters took `in_str=` for `as_string=`; its get_total_flops then returned MACs
-    # (it counted multiply-accumulates under the name flops), and so does the older call here.
+    # (it counted multiply-accumulates under the name flops), and so does the older call here. A
+    # positional get_total_flops(True) is today's call (FLOPs): only the keyword tells them apart.
 
     def get_total_flops(self, as_string: bool = False, *, in_str: bool | None = None) -> int | str:
         """Forward FLOPs per profiled step (with DeepSpeed's older `in_str=`: MACs, as it returned)."""
@@ -341,7 +343,8 @@ class FlopsProfiler:
         return macs_to_string(macs) if _as_string(as_string, in_str) else macs
 
     def get_total_params(self, as_string: bool = False, *, in_str: bool | None = None) -> int | str:
-        params = self.profile.total_params
+        """Parameters of the model (with DeepSpeed's older `in_str=`: the trainable ones, as it counted)."""
+        params = self.profile.total_params if in_str is None else _trainable(self.model)
         return params_to_string(params) if _as_string(as_string, in_str) else params
 
     def get_total_duration(self, as_string: bool = False, *, in_str: bool | None = None) -> float | str:
@@ -370,6 +373,10 @@ class FlopsProfiler:
     def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
         """DeepSpeed's older entry point: the report without the detailed module tree."""
         self.print_model_profile(module_depth=module_depth, top_modules=top_modules, detailed=False)
+
+
+def _trainable(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _as_string(as_string: bool, in_str: bool | None) -> bool:

@@ -328,3 +328,31 @@ def test_get_accelerator_names_the_device() -> None:
         with accelerator.device(0):
             pass
     assert accelerator.is_available() and accelerator.device_count() >= 1
+
+
+def test_older_0_3_12_call_returns_macs_and_params(capsys) -> None:
+    # 0.3.12 to 0.5.9: input_res (here positional, as DeepSpeed's BERT example passes it) and as_string
+    model = cnn()
+    seen = []
+
+    def construct(input_res):
+        seen.append(input_res)
+        return {"input": torch.randn(*input_res)}
+
+    macs, params = get_model_profile(model, (2, 3, 8, 8), input_constructor=construct, print_profile=False,
+                                     as_string=False, warm_up=0)
+    assert (macs, params) == (CNN_MACS, CNN_PARAMS) and seen[0] == (2, 3, 8, 8)
+    assert capsys.readouterr().out == ""  # print_profile=False prints nothing
+    strings = get_model_profile(model=model, input_res=(2, 3, 8, 8), print_profile=False, detailed=False, warm_up=0)
+    assert strings == (macs_to_string(CNN_MACS), params_to_string(CNN_PARAMS))
+
+
+def test_older_get_total_params_counts_the_trainable_ones() -> None:
+    model = cnn()
+    model[0].weight.requires_grad_(False)
+    prof = FlopsProfiler(model)
+    prof.start_profile()
+    model(torch.randn(2, 3, 8, 8))
+    assert prof.get_total_params() == CNN_PARAMS
+    assert prof.get_total_params(in_str=False) == CNN_PARAMS - 8 * 27  # 0.3.11 counted requires_grad ones
+    prof.end_profile()
