@@ -7,10 +7,12 @@ cannot be used, 1 when the model cannot be estimated. `--debug` shows the traceb
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import logging
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from fxflops import examples
@@ -232,6 +234,9 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
 
     progress(f"loading {args.model}")
     loaded = load(args.model, input_options(args))
+    progress.done()
+    for note in loaded.notes:
+        sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps:
         progress("capturing with symbolic sizes, then counting every point")
@@ -245,8 +250,9 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         result.prediction = result.predict(args.device)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    for caution in result.cautions:
-        sys.stderr.write(f"fxflops: warning: {caution}\n")
+    if not args.debug:  # with --debug, the CautionWarning itself is shown
+        for caution in result.cautions:
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
     progress("writing the report")
     return result, render(result, args)
 
@@ -259,11 +265,14 @@ def _say_what_ran_on(result, loaded) -> None:
     if loaded.made_up is None or not runs_model(result.method):
         return
     result.input_values = loaded.made_up
-    sys.stderr.write(
-        f"fxflops: warning: {result.model_type} could only be counted by running it ({result.method}), on "
-        f"{loaded.made_up}; its control flow depends on tensor values, so the count holds for those values "
-        "only. For real inputs, return (model, inputs) from the factory.\n"
-    )
+    if result.attempts:  # the static methods failed: the forward most likely reads tensor values
+        how = (f"could only be counted by running it ({result.method}), on {loaded.made_up}; its control flow "
+               "or sizes likely depend on tensor values, so the count holds for those values only")
+    else:
+        how = (f"was counted by running it ({result.method}), on {loaded.made_up}; if its control flow "
+               "depends on tensor values, the count holds for those values only")
+    sys.stderr.write(f"fxflops: warning: {result.model_type} {how}. For real inputs, return (model, inputs) "
+                     "from the factory.\n")
 
 
 def _one_line(error: BaseException) -> str:
@@ -277,12 +286,27 @@ def _one_line(error: BaseException) -> str:
     return first + (" (--debug shows the details)" if used < len(lines) else "")
 
 
+@contextlib.contextmanager
+def _library_logging_quiet() -> Iterator[None]:
+    """Errors only from the libraries that build models (transformers logs its config on load), for the
+    duration of the command; --debug leaves them as they are."""
+    loggers = [logging.getLogger(name) for name in ("transformers", "torch")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         return run(args)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _library_logging_quiet():
             # The report lists unknown ops itself; library chatter would bury it.
             warnings.simplefilter("ignore")
             return run(args)

@@ -48,7 +48,7 @@ DTYPES = {
 }
 
 HF_TASKS = {
-    "auto": "",  # the class config.architectures names, else the head a user runs (see _hf_auto_class)
+    "auto": "",  # the class config.architectures names, else the head a user runs (see _hf_builder)
     "base": "AutoModel",
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
@@ -78,6 +78,7 @@ class ModelInputs:
     source: str = ""
     # set when the inputs are real tensors fxflops made up (their values mean nothing): what they are
     made_up: str | None = None
+    notes: list[str] = field(default_factory=list)  # what the user should know about how it was built
 
 
 @dataclass(frozen=True)
@@ -279,12 +280,17 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
 def _no_weights(torchvision: Any, name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The builder's arguments with every weights argument None (a detector's backbone weights
     default to ImageNet's, which torchvision would download); fxflops never downloads anything."""
-    weighted = [key for key, value in overrides.items() if "weights" in key and value is not None]
+    weighted = [key for key, value in overrides.items() if _is_weights(key) and value is not None]
     if weighted:
         raise ModelSpecError(f"--set {weighted[0]}: fxflops never downloads weights (it counts from "
                              "shapes alone); leave the weights arguments out")
     parameters = inspect.signature(torchvision.models.get_model_builder(name)).parameters
-    return {**{key: None for key in parameters if "weights" in key}, **overrides}
+    return {**{key: None for key in parameters if _is_weights(key)}, **overrides}
+
+
+def _is_weights(name: str) -> bool:
+    """torchvision's pretrained-weights arguments: `weights`, `weights_backbone` (not `init_weights`)."""
+    return name == "weights" or name.startswith("weights_")
 
 
 def _torchvision_input_shape(torchvision: Any, name: str, model: nn.Module, batch: int) -> tuple[int, ...]:
@@ -327,10 +333,11 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
         raise ModelSpecError(f"{type(config).__name__} has no {what}: {first}") from None
     model.eval()
     args, kwargs = _hf_inputs(model, config, options)
-    source = f"transformers {type(model).__name__}"
+    loaded = ModelInputs(model, args, kwargs, f"transformers {type(model).__name__}")
     if _custom_code(config) and not options.trust_remote_code:
-        source += " (the config's own code, auto_map, was not run: --trust-remote-code runs it)"
-    return _finish(ModelInputs(model, args, kwargs, source), options)
+        loaded.notes.append(f"hf:{name}'s config names its own model code (auto_map); it was not run, and "
+                            f"transformers' {type(model).__name__} was built instead (--trust-remote-code runs it)")
+    return _finish(loaded, options)
 
 
 def _hf_builder(config: Any, options: InputOptions) -> tuple[Any, str]:
@@ -381,9 +388,9 @@ def _hf_auto_task(config: Any) -> str:
 
     model_type = getattr(config, "model_type", "")
     custom = set(getattr(config, "auto_map", None) or ()) if _custom_code(config) else set()
-    if getattr(config, "is_encoder_decoder", False) and (
-            model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or "AutoModelForSeq2SeqLM" in custom):
-        return "seq2seq-lm"
+    if getattr(config, "is_encoder_decoder", False):  # never its decoder alone (whisper has a causal LM)
+        seq2seq = model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or "AutoModelForSeq2SeqLM" in custom
+        return "seq2seq-lm" if seq2seq else "base"
     decoder_only = model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
         and model_type not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     if decoder_only or (custom and "AutoModelForCausalLM" in custom):
@@ -392,7 +399,8 @@ def _hf_auto_task(config: Any) -> str:
 
 
 def _custom_code(config: Any) -> bool:
-    return bool(getattr(config, "auto_map", None))
+    auto_map = getattr(config, "auto_map", None)
+    return isinstance(auto_map, dict) and _runs_code(auto_map)
 
 
 def _class_names(target: Any) -> set[str]:
@@ -423,11 +431,14 @@ def _config_from_file(path: Path, trust_remote_code: bool = False) -> Any:
     model_type = values.get("model_type") if isinstance(values, dict) else None
     if not model_type:
         raise ModelSpecError(f"hf: {path} has no \"model_type\" field")
+    auto_map = values.get("auto_map") or {}
+    if not isinstance(auto_map, dict):
+        raise ModelSpecError(f"hf: {path}: \"auto_map\" must map auto classes to code, got {auto_map!r}")
+    if trust_remote_code and _runs_code(auto_map):
+        return _remote_config(path, auto_map)
     if model_type in CONFIG_MAPPING:
         return CONFIG_MAPPING[model_type].from_dict(values)
-    custom = (values.get("auto_map") or {}).get("AutoConfig")
-    if custom and trust_remote_code:
-        return _remote_config(path)
+    custom = auto_map.get("AutoConfig")
     if custom:
         raise ModelSpecError(
             f"hf: {path}: model_type {model_type!r} is defined by Python in the model's folder "
@@ -437,15 +448,30 @@ def _config_from_file(path: Path, trust_remote_code: bool = False) -> Any:
     raise ModelSpecError(f"hf: {path}: transformers does not know model_type {model_type!r}")
 
 
-def _remote_config(path: Path) -> Any:
-    """The config class the folder's own code defines; only with --trust-remote-code, never downloading."""
+def _runs_code(auto_map: Mapping[str, Any]) -> bool:
+    """Whether an auto_map names config or model code (tokenizer and processor code is not built here)."""
+    return any(key == "AutoConfig" or key.startswith("AutoModel") for key in auto_map)
+
+
+def _remote_config(path: Path, auto_map: Mapping[str, Any]) -> Any:
+    """The config as the folder's own code defines it; only with --trust-remote-code, never downloading:
+    code in another repository ("org/repo--module.Class") is refused, not fetched."""
     from transformers import AutoConfig
 
+    elsewhere = [ref for target in auto_map.values() for ref in (target if isinstance(target, list | tuple)
+                                                                 else (target,)) if isinstance(ref, str) and "--" in ref]
+    if elsewhere:
+        raise ModelSpecError(f"hf: {path}: auto_map names code in another repository ({elsewhere[0]}); "
+                             "fxflops never downloads anything: put that code in the folder")
+    if path.name != "config.json":
+        raise ModelSpecError(f"hf: {path}: a model whose code is in its folder is read from the folder's "
+                             f"config.json; pass hf:{path.parent}")
     try:
-        where = path.parent if path.name == "config.json" else path
-        return AutoConfig.from_pretrained(str(where), trust_remote_code=True, local_files_only=True)
+        config = AutoConfig.from_pretrained(str(path.parent), trust_remote_code=True, local_files_only=True)
     except (OSError, ValueError, ImportError) as error:
         raise ModelSpecError(f"hf: {path}: the folder's own config code failed: {error}") from None
+    config._name_or_path = str(path.parent)  # where its model code is found, whatever class the config is
+    return config
 
 
 def _model_types() -> list[str]:

@@ -136,6 +136,12 @@ def test_hf_builds_the_head_a_user_runs(name, expected):
     assert loaded.source == f"transformers {expected}"
 
 
+def test_hf_encoder_decoder_is_never_its_decoder_alone():
+    # whisper has a causal LM (its decoder) but no seq2seq-LM mapping: the whole model, not the decoder
+    loaded = model_spec.load("hf:whisper", InputOptions(input_shapes=((1, 80, 3000),)))
+    assert type(loaded.model).__name__ == "WhisperModel"
+
+
 def test_hf_builds_the_class_config_architectures_names(tmp_path):
     values = dict(model_type="bert", vocab_size=100, hidden_size=32, num_hidden_layers=1,
                   num_attention_heads=2, intermediate_size=64, architectures=["BertForSequenceClassification"])
@@ -398,6 +404,9 @@ def test_a_count_that_ran_the_model_on_made_up_inputs_says_so(capsys, tmp_path):
     code, out, _ = run_main(capsys, f"{model_file}:build", "--input-shape", "2,8", "--no-detailed")
     assert "the model ran once, on all-zero inputs made from --input-shape" in out
     assert "static, nothing run" not in out and "on its real inputs" not in out
+    # asked for by name, trace says it ran, not that the model needed it
+    code, _, err = run_main(capsys, f"{model_file}:build", "--input-shape", "2,8", "--method", "trace")
+    assert code == 0 and "was counted by running it (trace)" in err and "could only" not in err
 
 
 def test_static_counts_on_shapes_give_no_warning(capsys):
@@ -477,7 +486,51 @@ def test_hf_known_type_with_custom_code_builds_transformers_own_class(tmp_path):
     loaded = model_spec.load(f"hf:{tmp_path}", InputOptions(seq_len=4, overrides={"n_layer": 1}))
     assert not marker.exists()
     assert type(loaded.model).__name__ == "GPT2LMHeadModel"
-    assert "--trust-remote-code" in loaded.source
+    assert len(loaded.notes) == 1 and "--trust-remote-code" in loaded.notes[0]
+
+
+def test_hf_skipped_folder_code_is_a_note_on_the_cli(capsys, tmp_path):
+    marker = tmp_path / "ran.txt"
+    _custom_code_folder(tmp_path, marker, model_type="gpt2")
+    code, _, err = run_main(capsys, f"hf:{tmp_path}", "--set", "n_layer=1", "--seq-len", "4", "--no-detailed")
+    assert code == 0 and "fxflops: note:" in err and "GPT2LMHeadModel was built instead" in err
+    assert not marker.exists()
+    # a tokenizer's code alone is not the model's: no note
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_spec.load(f"hf:{tmp_path}", InputOptions(seq_len=4, overrides={"n_layer": 1})).notes == []
+
+
+def test_hf_trusted_known_type_runs_its_folder_code(capsys, tmp_path):
+    marker = tmp_path / "ran.txt"
+    _custom_code_folder(tmp_path, marker, model_type="gpt2")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_tiny.TinyModel"}  # the config class is transformers' GPT2Config
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modeling_tiny.py").write_text((tmp_path / "modeling_tiny.py").read_text().replace(
+        "from .configuration_tiny import TinyConfig", "from transformers import GPT2Config as TinyConfig").replace(
+        "config.width, config.width", "4, 4"))
+    code, out, err = run_main(capsys, f"hf:{tmp_path}", "--input-shape", "2,4", "--trust-remote-code",
+                              "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["model_type"] == "TinyModel"
+
+
+def test_hf_trusted_code_elsewhere_or_outside_config_json_is_refused(capsys, tmp_path):
+    marker = tmp_path / "ran.txt"
+    _custom_code_folder(tmp_path, marker)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "other.json").write_text(json.dumps(config))
+    code, _, err = run_main(capsys, f"hf:{tmp_path / 'other.json'}", "--trust-remote-code")
+    assert code == 2 and f"hf:{tmp_path}" in err and not marker.exists()
+    config["auto_map"]["AutoModel"] = "someone/repo--modeling_tiny.TinyModel"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = run_main(capsys, f"hf:{tmp_path}", "--trust-remote-code")
+    assert code == 2 and "another repository" in err and not marker.exists()
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "weird", "auto_map": ["x"]}))
+    code, _, err = run_main(capsys, f"hf:{tmp_path}")
+    assert code == 2 and "auto_map" in err
 
 
 def test_torchvision_never_downloads(monkeypatch):
@@ -491,13 +544,15 @@ def test_torchvision_never_downloads(monkeypatch):
     assert type(loaded.model).__name__ == "FasterRCNN"
     with pytest.raises(ModelSpecError, match="never downloads"):
         model_spec.load("torchvision:resnet18", InputOptions(overrides={"weights": "DEFAULT"}))
+    loaded = model_spec.load("torchvision:googlenet", InputOptions(overrides={"init_weights": False}))
+    assert type(loaded.model).__name__ == "GoogLeNet"  # init_weights is not a download
 
 
 def test_a_sequence_longer_than_the_positions_is_a_caution(capsys):
     code, out, err = run_main(capsys, "gpt2-small", "--seq-len", "4096", "--format", "json")
     assert code == 0
     (caution,) = json.loads(out)["cautions"]
-    assert "'wpe'" in caution and "1024 rows" in caution and "up to 4095" in caution
+    assert "'wpe'" in caution and "rows 0..4095 of a table of 1024 rows" in caution
     assert err.strip() == f"fxflops: warning: {caution}"
     code, out, err = run_main(capsys, "gpt2-small", "--seq-len", "1024", "--format", "json")
     assert json.loads(out)["cautions"] == [] and err == ""
@@ -507,7 +562,7 @@ def test_a_caution_names_the_hf_position_table():
     import fxflops
 
     loaded = model_spec.load("hf:gpt2", InputOptions(seq_len=1025, overrides={"n_layer": 1}))
-    with pytest.warns(fxflops.CautionWarning, match="'transformer.wpe' .*1024 rows.* up to 1024"):
+    with pytest.warns(fxflops.CautionWarning, match=r"'transformer.wpe' .*rows 0\.\.1024 of a table of 1024 rows"):
         result = fxflops.estimate(loaded.model, loaded.args, loaded.kwargs)
     assert len(result.cautions) == 1
 
