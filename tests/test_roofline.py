@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops import cli, peaks
+from fxflops import peaks
+from tests.test_cli import run_main
 
 SIZES = {torch.float32: 4, torch.bfloat16: 2}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -164,12 +165,6 @@ def test_sweep_points_carry_bytes():
 
 
 # --------------------------------------------------------------------------------------- CLI
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_device_adds_the_prediction_everywhere(capsys, tmp_path):
