@@ -169,6 +169,8 @@ def combine(estimates: list[Estimate]) -> Estimate:
             bwd_flops=sum(p.bwd_flops for p in parts),
             self_bwd_macs=sum(p.self_bwd_macs for p in parts),
             self_bwd_flops=sum(p.self_bwd_flops for p in parts),
+            bytes=sum(p.bytes for p in parts),
+            self_bytes=sum(p.self_bytes for p in parts),
         )
     methods = sorted({e.method for e in estimates})
     return Estimate(
@@ -191,6 +193,8 @@ def combine(estimates: list[Estimate]) -> Estimate:
         backward=any(e.backward for e in estimates),
         bwd_macs=sum(e.bwd_macs for e in estimates),
         bwd_flops=sum(e.bwd_flops for e in estimates),
+        cautions=list(dict.fromkeys(c for e in estimates for c in e.cautions)),
+        aliases=dict(first.aliases),
     )
 
 

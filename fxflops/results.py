@@ -281,12 +281,12 @@ class Estimate:
     @property
     def total_bytes(self) -> int:
         """Bytes read and written by every op (each op's inputs once, its outputs once)."""
-        return self.modules[""].bytes
+        return self.root.bytes
 
     @property
     def intensity(self) -> float | None:
         """The whole model's arithmetic intensity: FLOPs per byte moved."""
-        return self.total_flops / self.total_bytes if self.total_bytes else None
+        return self.root.intensity
 
     @property
     def fwd_macs(self) -> int:

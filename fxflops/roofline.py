@@ -13,14 +13,13 @@ and no launch overhead: fusion moves fewer bytes, tiny ops take longer than thei
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
 from fxflops import peaks
-from fxflops.results import Estimate
-from fxflops.tree import owning_module, parent_name
+from fxflops.results import Estimate, NodeCost
+from fxflops.tree import module_sums
 
 COMPUTE, MEMORY = "compute", "memory"
 
@@ -32,6 +31,7 @@ class ModulePrediction:
     name: str
     latency: float  # seconds: the sum of its ops' max(flops / peak, bytes / bandwidth)
     memory_bound_latency: float  # the part of latency spent in ops bound by memory
+    self_memory_bound_latency: float  # the part of that its own ops (not its submodules') spend
     flops: int
     bytes: int
 
@@ -89,9 +89,8 @@ class Prediction:
 
     def top_memory_bound(self, count: int = 5) -> list[ModulePrediction]:
         """The modules that own the most memory-bound time themselves, most first (leaves before parents)."""
-        own = _own_memory_time(self.modules)
-        ranked = sorted((m for m in self.modules.values() if m.name and own[m.name] > 0),
-                        key=lambda m: -own[m.name])
+        ranked = sorted((m for m in self.modules.values() if m.name and m.self_memory_bound_latency > 0),
+                        key=lambda m: -m.self_memory_bound_latency)
         return ranked[:count]
 
 
@@ -100,22 +99,22 @@ def predict(estimate: Estimate, device: str | None = None, *, dtype: torch.dtype
     """The roofline prediction of `estimate` on `device` (a name from fxflops.peaks, e.g. "H100 SXM";
     default: the current CUDA device), or on the given `peak_flops` (FLOP/s) and `bandwidth` (bytes/s)."""
     peak, vector, memory, label, key, source = _device_numbers(estimate, device, dtype, peak_flops, bandwidth)
-    latency: dict[str, float] = defaultdict(float)
-    memory_bound: dict[str, float] = defaultdict(float)
-    for node in estimate.nodes:
-        compute_time = node.flops / (peak if node.macs else vector)
-        memory_time = node.bytes / memory
-        owner = owning_module(node.module, estimate.aliases, estimate.modules)
-        latency[owner] += max(compute_time, memory_time)
-        if memory_time > compute_time:
-            memory_bound[owner] += memory_time
-    for name in reversed(list(estimate.modules)):  # pre-order: children after their parent
-        parent = parent_name(name)
-        if parent is not None and parent in estimate.modules:
-            latency[parent] += latency[name]
-            memory_bound[parent] += memory_bound[name]
+
+    def times(node: NodeCost) -> tuple[float, float]:
+        return node.flops / (peak if node.macs else vector), node.bytes / memory
+
+    def latency_of(node: NodeCost) -> float:
+        return max(times(node))
+
+    def memory_bound_of(node: NodeCost) -> float:
+        compute_time, memory_time = times(node)
+        return memory_time if memory_time > compute_time else 0.0
+
+    _, latency = module_sums(estimate.nodes, latency_of, estimate.aliases, estimate.modules)
+    own_memory_bound, memory_bound = module_sums(estimate.nodes, memory_bound_of, estimate.aliases, estimate.modules)
     modules = {
-        name: ModulePrediction(name, latency[name], memory_bound[name], stats.flops, stats.bytes)
+        name: ModulePrediction(name, latency[name], memory_bound[name], own_memory_bound[name], stats.flops,
+                               stats.bytes)
         for name, stats in estimate.modules.items()
     }
     return Prediction(label, key, peak, vector, memory, modules, source)
@@ -176,13 +175,3 @@ def _check_positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
-
-
-def _own_memory_time(modules: dict[str, ModulePrediction]) -> dict[str, float]:
-    """Each module's memory-bound time minus its children's: what its own ops spend."""
-    own = {name: m.memory_bound_latency for name, m in modules.items()}
-    for name in modules:
-        parent = parent_name(name)
-        if parent is not None and parent in own:
-            own[parent] -= modules[name].memory_bound_latency
-    return own

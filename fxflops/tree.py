@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -43,19 +44,17 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
     )
 
 
-def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: Iterable[NodeCost],
+def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: list[NodeCost],
                  calls: dict[str, int], root_type: str) -> dict[str, ModuleStats]:
     """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
     self_macs: dict[str, int] = defaultdict(int)
     self_flops: dict[str, int] = defaultdict(int)
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
-    self_bytes: dict[str, int] = defaultdict(int)
     for cost in costs:
         owner = owning_module(cost.module, aliases, named)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
-        self_bytes[owner] += cost.bytes
         if cost.is_backward:
             bwd_macs[owner] += cost.macs
             bwd_flops[owner] += cost.flops
@@ -76,8 +75,6 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             bwd_flops=bwd_flops[name],
             self_bwd_macs=bwd_macs[name],
             self_bwd_flops=bwd_flops[name],
-            bytes=self_bytes[name],
-            self_bytes=self_bytes[name],
         )
         for name, info in named.items()
     }
@@ -88,9 +85,26 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: I
             stats[parent].flops += stats[name].flops
             stats[parent].bwd_macs += stats[name].bwd_macs
             stats[parent].bwd_flops += stats[name].bwd_flops
-            stats[parent].bytes += stats[name].bytes
+    own_bytes, bytes_ = module_sums(costs, lambda cost: cost.bytes, aliases, named)
+    for name, item in stats.items():
+        item.self_bytes, item.bytes = own_bytes[name], bytes_[name]
     stats[""].calls = max(stats[""].calls, 1)
     return stats
+
+
+def module_sums(costs: Iterable[NodeCost], value: Callable[[NodeCost], float], aliases: dict[str, str],
+                modules: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(own, inclusive) sums of value(node) per module of `modules` (pre-order), nodes attributed as the
+    module stats attribute them."""
+    own: dict[str, float] = dict.fromkeys(modules, 0)
+    for cost in costs:
+        own[owning_module(cost.module, aliases, modules)] += value(cost)
+    inclusive = dict(own)
+    for name in reversed(list(modules)):  # children come after their parent in pre-order
+        parent = _parent(name)
+        if parent is not None and parent in inclusive:
+            inclusive[parent] += inclusive[name]
+    return own, inclusive
 
 
 def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
@@ -174,6 +188,9 @@ def forward_only(estimate: Estimate) -> Estimate:
         for name, stats in estimate.modules.items()
     }
     nodes = [node for node in estimate.nodes if not node.is_backward]
+    own_bytes, bytes_ = module_sums(nodes, lambda cost: cost.bytes, estimate.aliases, modules)
+    for name, stats in modules.items():
+        stats.self_bytes, stats.bytes = own_bytes[name], bytes_[name]
     return dataclasses.replace(
         estimate, total_macs=estimate.fwd_macs, total_flops=estimate.fwd_flops, modules=modules, nodes=nodes,
         by_op=totals_by(nodes, lambda cost: cost.op), by_rule=totals_by(nodes, lambda cost: cost.rule_key),

@@ -95,6 +95,21 @@ def test_modules_sum_their_ops_bytes_and_intensity_is_flops_per_byte():
     assert result.modules["1"].intensity == result.modules["1"].flops / relu
 
 
+def test_forward_only_and_combined_calls_keep_their_bytes():
+    from fxflops.generate import combine
+    from fxflops.tree import forward_only
+
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
+    forward = (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4 + 2 * 8 * 32 * 4
+    trained = fxflops.estimate(model, (torch.zeros(8, 64),), backward=True)
+    assert trained.total_bytes > forward  # the backward reads and writes too
+    assert forward_only(trained).total_bytes == forward == forward_only(trained).modules[""].self_bytes + \
+        sum(forward_only(trained).modules[name].bytes for name in ("0", "1"))
+    single = fxflops.estimate(model, (torch.zeros(8, 64),))
+    assert combine([single, single]).total_bytes == 2 * forward
+    assert combine([single, single]).modules["0"].self_bytes == 2 * (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4
+
+
 def test_prediction_is_each_ops_roofline_time_summed():
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
     result = fxflops.estimate(model, (torch.zeros(8, 64),))
@@ -122,9 +137,10 @@ def test_device_peaks_come_from_the_table_for_the_dtype():
     assert (prediction.device, prediction.dtype) == ("H100 SXM", "bf16")
     assert prediction.peak_flops == 989.4e12 and prediction.vector_flops == 67e12
     assert prediction.bandwidth == 3.35e12
-    nodes = {n.op: n for n in result.nodes}
-    linear, relu = nodes["aten.linear.default"], nodes["aten.relu.default"]
-    expected = max(linear.flops / 989.4e12, linear.bytes / 3.35e12) + max(relu.flops / 67e12, relu.bytes / 3.35e12)
+    # linear: 2*8*64*32 + 8*32 FLOPs at the bf16 tensor peak; relu: 8*32 FLOPs at the fp32 rate
+    linear_flops, linear_bytes = 2 * 8 * 64 * 32 + 8 * 32, (8 * 64 + 32 * 64 + 32 + 8 * 32) * 2
+    relu_flops, relu_bytes = 8 * 32, 2 * 8 * 32 * 2
+    expected = max(linear_flops / 989.4e12, linear_bytes / 3.35e12) + max(relu_flops / 67e12, relu_bytes / 3.35e12)
     assert prediction.latency == pytest.approx(expected, rel=1e-12)
     assert result.predict("H100 SXM", dtype=torch.float32).peak_flops == 67e12
 

@@ -3,8 +3,9 @@
 Fake tensors carry no values, so `nn.Embedding(1024, d)` looked up at positions 0..4095 captures
 without complaint, where the same forward on real weights fails with an index error (a GPT-2 asked
 for a sequence longer than its 1024 positions). Positions are the one index whose values are known
-without data: they come from `arange`, through ops that keep or shift values. Those are followed;
-anything else (data, slicing, gathers) is left alone, so a caution is never a guess.
+without data: they come from `arange`, through ops that keep or shift values. Those are followed
+into embedding lookups and `weight[positions]`; anything else (data, slicing, cumsum) is left alone,
+so a caution is never a guess.
 """
 
 from __future__ import annotations
