@@ -33,7 +33,7 @@ from fxflops.optimizer import NAMES as OPTIMIZERS
 from fxflops.progress import StageProgress
 from fxflops.rules import CONVENTIONS
 
-FORMATS = ("text", "table", "json", "csv")
+FORMATS = ("text", "table", "json", "csv", "html")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="predict each module's latency on this GPU from its FLOPs and bytes (a roofline): "
                                "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4'")
     report = parser.add_argument_group("report")
-    report.add_argument("--format", default="text", choices=FORMATS)
+    report.add_argument("--format", default="text", choices=FORMATS,
+                        help="html: one self-contained page (zoomable module icicle, sortable tables); "
+                             "give --output page.html")
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     report.add_argument("--depth", type=int, default=-1, help="deepest module level shown (-1 = all)")
     report.add_argument("--top", type=int, default=3, help="module types per depth in the aggregated profile")
@@ -149,6 +151,10 @@ def render(estimate, args: argparse.Namespace) -> str:
         return to_json(estimate, include_nodes=args.nodes)
     if args.format == "csv":
         return to_csv(estimate)
+    if args.format == "html":
+        from fxflops.report.html import to_html
+
+        return to_html(estimate)
     if args.format == "table":
         return tables(estimate, module_depth=args.depth, fold=args.fold, tablefmt=args.tablefmt)
     return render_text(estimate, module_depth=args.depth, top_modules=args.top,
@@ -221,6 +227,8 @@ def _check_device(args: argparse.Namespace, sweeps: list) -> None:
 
     if args.roofline and not args.device:
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
+    if args.format == "html" and sweeps:
+        raise ModelSpecError("--format html shows one estimate; a --sweep writes text, table, json or csv")
     if args.device and sweeps:
         raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
     if args.device and peaks.lookup(args.device) is None:

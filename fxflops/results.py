@@ -368,6 +368,13 @@ class Estimate:
 
         return to_csv(self, path)
 
+    def to_html(self, path: str | None = None) -> str:
+        """A self-contained HTML page: summary, a zoomable icicle of the modules, sortable tables
+        (also written to `path` when given; see `fxflops.report.html`)."""
+        from fxflops.report.html import to_html
+
+        return to_html(self, path)
+
 
 class Profile(Estimate):
     """An Estimate whose modules carry measured latencies (see `fxflops.profile`)."""
