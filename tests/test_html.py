@@ -46,19 +46,27 @@ class Odd(nn.Module):
         return '</script><script>document.title="pwned"</script> & <b>'
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fxflops_html_test.mystery(self.proj(x))
+        return self.proj(x)
+
+
+class Mystery(nn.Module):
+    """Nothing but an unknown op: it counts nothing, so only the marking shows it in the icicle."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fxflops_html_test.mystery(x)
 
 
 class Stack(nn.Module):
-    """Three identical Linear(8, 8) (folded into one entry) and a head with an unknown op."""
+    """Three identical Linear(8, 8) (folded into one entry), a head, and a tail with an unknown op."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layers = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
         self.head = Odd()
+        self.tail = Mystery()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.layers(x))
+        return self.tail(self.head(self.layers(x)))
 
 
 BATCH = 2
@@ -116,11 +124,11 @@ def test_icicle_data_is_the_folded_tree_with_values_summed_over_instances(stack_
     assert (folded["label"], folded["count"], folded["type"]) == ("0-2", 3, "Linear")
     assert folded["v"][macs] == 3 * LAYER_MACS and folded["v"][params] == 3 * LAYER_PARAMS
     children = [data["groups"][index]["name"] for index in root["children"]]
-    assert children == ["layers", "head"]
-    head = groups["head"]
-    assert head["v"][macs] == HEAD_MACS
-    assert head["unknown"] == ["fxflops_html_test.mystery.default"]
-    assert groups["head.proj"]["unknown"] == []
+    assert children == ["layers", "head", "tail"]
+    assert groups["head"]["v"][macs] == HEAD_MACS
+    assert groups["tail"]["unknown"] == ["fxflops_html_test.mystery.default"]
+    assert groups["tail"]["v"][macs] == 0
+    assert groups["head"]["unknown"] == [] and groups[""]["unknown"] == []
 
 
 def test_tables_mark_unknown_ops_and_carry_raw_numbers_for_sorting(stack_page):
@@ -131,7 +139,7 @@ def test_tables_mark_unknown_ops_and_carry_raw_numbers_for_sorting(stack_page):
     assert unknown_row, "the unknown op's row is marked in the ops table"
     modules = re.search(r'<table id="modules".*?</table>', page, re.S).group(0)
     assert f'<td data-v="{LAYER_MACS}">128 MACs</td>' in modules
-    assert '<tr class="unknown"><td class="name">head</td>' in modules
+    assert '<tr class="unknown"><td class="name">tail</td>' in modules
     assert 'id="unknown"' in page and "These ops match no rule" in page
 
 
@@ -214,6 +222,9 @@ DRIVER = """
   function top() { return document.querySelector("#icicle .cell.focus").getAttribute("data-name"); }
   function click(node) { node.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true})); }
   var out = {before: names(), title: document.title};
+  var tail = document.querySelector('#icicle .cell[data-name="tail"]');
+  out.tail = {width: tail.getBoundingClientRect().width, classes: tail.className,
+              root: document.querySelector('#icicle .cell[data-name=""]').className};
   click(document.querySelector('#icicle .cell[data-name="layers"]'));
   out.zoomed = {top: top(), names: names(), crumbs: document.getElementById("crumbs").textContent};
   click(document.querySelector("#icicle .cell.focus"));
@@ -245,7 +256,10 @@ def test_page_renders_and_zooms_in_chromium(stack_page, tmp_path):
     record = json.loads(html.unescape(re.search(r'data-driver="(.*?)"', body).group(1)))
     assert record["title"] == "fxflops: Stack", "no module text ran as script"
     # The live DOM holds a cell per module entry, made by the script: the folded layers are one.
-    assert record["before"] == ["", "layers", "layers.0", "head", "head.proj"]
+    assert record["before"] == ["", "layers", "layers.0", "head", "head.proj", "tail"]
+    # The tail counts nothing but ran an unknown op: it stays visible and marked, its parent flagged.
+    assert record["tail"]["width"] >= 6 and "unknown" in record["tail"]["classes"].split()
+    assert "holds-unknown" in record["tail"]["root"].split()
     assert record["zoomed"]["top"] == "layers"
     assert record["zoomed"]["names"] == ["layers", "layers.0"]
     assert "Stack" in record["zoomed"]["crumbs"]

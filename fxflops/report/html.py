@@ -229,7 +229,8 @@ def _icicle_section(metrics: list[Metric]) -> str:
     return (f'<div class="metrics" role="radiogroup" aria-label="size by">size by {buttons}</div>'
             '<div id="crumbs" class="crumbs"></div><div id="icicle" class="icicle"></div>'
             '<p class="hint">Click a module to zoom in, its bar at the top (or Escape) to zoom out. '
-            "Empty space under a module is its own work. Red marks unknown ops.</p>")
+            "Empty space under a module is its own work. Red marks unknown ops; a module that ran one is "
+            "kept visible even where it counts nothing.</p>")
 
 
 def _roofline_section(estimate: Estimate) -> str:

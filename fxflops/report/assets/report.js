@@ -16,11 +16,18 @@
   groups.forEach(function (group, index) {
     group.children.forEach(function (child) { parents[child] = index; });
   });
+  // An entry "holds" unknown ops when it or any entry below it ran one (children come after parents).
+  for (var i = groups.length - 1; i >= 0; i--) {
+    groups[i].holdsUnknown = groups[i].unknown.length > 0 ||
+      groups[i].children.some(function (child) { return groups[child].holdsUnknown; });
+  }
+  var MIN_UNKNOWN = 6;  // px: an entry with unknown ops stays visible even when it counts nothing
 
+  // A colour per module class, so repeated layers look alike; golden-angle steps keep classes apart.
   function hue(text) {
-    var h = 0;
-    for (var i = 0; i < text.length; i++) { h = (h * 31 + text.charCodeAt(i)) % 360; }
-    return h;
+    var h = 2166136261;
+    for (var i = 0; i < text.length; i++) { h = Math.imul(h ^ text.charCodeAt(i), 16777619) >>> 0; }
+    return Math.round((h % 997) * 137.508) % 360;
   }
 
   function value(index) { return groups[index].v[state.metric]; }
@@ -40,7 +47,8 @@
   function makeCell(index, left, width, depth, box) {
     var group = groups[index];
     var cell = document.createElement("div");
-    cell.className = "cell" + (index === state.focus ? " focus" : "") + (group.unknown.length ? " unknown" : "");
+    cell.className = "cell" + (index === state.focus ? " focus" : "") +
+      (group.unknown.length ? " unknown" : group.holdsUnknown ? " holds-unknown" : "");
     cell.style.left = left + "px";
     cell.style.width = Math.max(width, 1) + "px";
     cell.style.top = depth * ROW + "px";
@@ -66,10 +74,15 @@
     var sum = 0;
     children.forEach(function (child) { sum += value(child); });
     var whole = Math.max(value(index), sum);  // measured latencies of children can exceed the parent's
-    if (whole <= 0) { return deepest; }
+    // Entries that ran unknown ops but count (almost) nothing get MIN_UNKNOWN px, taken from the rest.
+    var tiny = children.filter(function (child) {
+      return groups[child].holdsUnknown && (whole > 0 ? width * value(child) / whole : 0) < MIN_UNKNOWN;
+    });
+    var reserved = Math.min(width / 2, tiny.length * MIN_UNKNOWN);
+    var scale = whole > 0 ? (width - reserved) / whole : 0;
     var x = left;
     children.forEach(function (child) {
-      var w = width * value(child) / whole;
+      var w = tiny.indexOf(child) >= 0 ? reserved / tiny.length : value(child) * scale;
       if (w >= 1) { deepest = Math.max(deepest, layout(child, x, w, depth + 1, box)); }
       x += w;
     });
