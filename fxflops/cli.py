@@ -154,7 +154,7 @@ def render(estimate, args: argparse.Namespace) -> str:
     if args.format == "html":
         from fxflops.report.html import to_html
 
-        return to_html(estimate)
+        return to_html(estimate, fold=args.fold)
     if args.format == "table":
         return tables(estimate, module_depth=args.depth, fold=args.fold, tablefmt=args.tablefmt)
     return render_text(estimate, module_depth=args.depth, top_modules=args.top,

@@ -12,6 +12,7 @@ import re
 import shutil
 import struct
 import subprocess
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -174,6 +175,20 @@ def test_prediction_adds_its_metric_and_the_roofline(stack_estimate):
     assert '<section id="roofline">' in page and "<svg" in page
 
 
+def test_backward_page_splits_forward_and_backward():
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 4, bias=False))
+    estimate = fxflops.estimate(model, (torch.randn(2, 8),), backward=True)
+    data = page_data(estimate.to_html())
+    labels = [metric["label"] for metric in data["metrics"]]
+    assert labels[:5] == ["fwd MACs", "fwd FLOPs", "params", "bwd MACs", "bwd FLOPs"]
+    groups = by_name(data["groups"])
+    # Forward by hand: 2 * 8 * 8 = 128 and 2 * 8 * 4 = 64 MACs. Backward: the last layer's input and
+    # weight gradients, (2x4)(4x8) and (4x2)(2x8): 64 + 64; the first layer's weight gradient only (its
+    # input needs none), (8x2)(2x8): 128.
+    assert [groups[name]["v"][0] for name in ("", "0", "1")] == [192, 128, 64]
+    assert [groups[name]["v"][3] for name in ("", "0", "1")] == [256, 128, 128]
+
+
 def test_cli_writes_html(tmp_path, capsys):
     out = tmp_path / "lenet.html"
     assert main(["lenet5", "--format", "html", "--output", str(out), "--quiet"]) == 0
@@ -204,9 +219,14 @@ needs_browser = pytest.mark.skipif(
 
 
 def run_chromium(*options: str, url: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    profile = tempfile.mkdtemp(prefix="fxflops-chromium-")  # never the user's own profile
     command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--disable-dev-shm-usage", f"--user-data-dir={profile}",
                "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000", *options, url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def console_lines(stderr: str) -> list[str]:
@@ -221,7 +241,17 @@ DRIVER = """
                                                       function (c) { return c.getAttribute("data-name"); }); }
   function top() { return document.querySelector("#icicle .cell.focus").getAttribute("data-name"); }
   function click(node) { node.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true})); }
-  var out = {before: names(), title: document.title};
+  function cell(name) { return document.querySelector('#icicle .cell[data-name="' + name + '"]'); }
+  function hover(name) {
+    var box = cell(name).getBoundingClientRect();
+    cell(name).dispatchEvent(new MouseEvent("mousemove", {bubbles: true, clientX: box.left + 3, clientY: box.top + 3}));
+    return document.getElementById("tooltip").textContent;
+  }
+  function widths() {
+    return {root: cell("").getBoundingClientRect().width, layers: cell("layers").getBoundingClientRect().width,
+            head: cell("head").getBoundingClientRect().width};
+  }
+  var out = {before: names(), title: document.title, macs: widths(), hover: hover("head")};
   var tail = document.querySelector('#icicle .cell[data-name="tail"]');
   out.tail = {width: tail.getBoundingClientRect().width, classes: tail.className,
               root: document.querySelector('#icicle .cell[data-name=""]').className};
@@ -229,15 +259,23 @@ DRIVER = """
   out.zoomed = {top: top(), names: names(), crumbs: document.getElementById("crumbs").textContent};
   click(document.querySelector("#icicle .cell.focus"));
   out.back = {top: top(), names: names()};
-  var width = function (name) { return document.querySelector('#icicle .cell[data-name="' + name + '"]').style.width; };
-  var macsWidth = width("head");
+  click(cell("layers"));
+  document.dispatchEvent(new KeyboardEvent("keydown", {key: "Escape", bubbles: true}));
+  out.escape = top();
   click(document.querySelector('.metrics button[data-metric="2"]'));
   out.params = {checked: document.querySelector('.metrics button[aria-checked="true"]').textContent,
-                changed: width("head") !== macsWidth};
+                widths: widths()};
+  function column(index) {
+    return Array.prototype.map.call(document.querySelectorAll("#modules tbody tr"),
+                                    function (row) { return row.cells[index].textContent; });
+  }
   var header = document.querySelectorAll("#modules thead th")[5];
   click(header);
-  out.sorted = Array.prototype.map.call(document.querySelectorAll("#modules tbody tr"),
-                                        function (row) { return row.cells[0].textContent; });
+  out.descending = column(0);
+  click(header);
+  out.ascending = column(0);
+  click(document.querySelectorAll("#modules thead th")[0]);
+  out.byName = column(0);
   document.body.setAttribute("data-driver", JSON.stringify(out));
 }());
 </script>
@@ -264,9 +302,22 @@ def test_page_renders_and_zooms_in_chromium(stack_page, tmp_path):
     assert record["zoomed"]["names"] == ["layers", "layers.0"]
     assert "Stack" in record["zoomed"]["crumbs"]
     assert record["back"] == {"top": "", "names": record["before"]}
-    assert record["params"] == {"checked": "params", "changed": True}
-    # Column 5 is MACs: the first click sorts it largest first.
-    assert record["sorted"][:3] == ["(root)", "layers", "layers.0"]
+    assert record["escape"] == "", "Escape zooms back out"
+    # Widths follow the shares worked out by hand. The tail ran an unknown op and counts nothing, so it
+    # gets 6 px and the others share the rest: head = 64 / 448 of (root - 6) under MACs, 32 / 248 under
+    # params.
+    macs, params = record["macs"], record["params"]["widths"]
+    assert record["params"]["checked"] == "params"
+    assert abs(macs["head"] - (macs["root"] - 6) * HEAD_MACS / 448) < 1.5
+    assert abs(macs["layers"] - (macs["root"] - 6) * 3 * LAYER_MACS / 448) < 1.5
+    assert abs(params["head"] - (params["root"] - 6) * HEAD_PARAMS / 248) < 1.5
+    # Hovering shows the module's numbers: 64 MACs, 64 / 448 = 14.29% of the model.
+    assert "head.proj" not in record["hover"] and "64 MACs (14.29%)" in record["hover"]
+    assert "32 (12.90%)" in record["hover"]  # its params, 32 / 248
+    # Column 5 is MACs: a click sorts it largest first, a second smallest first (ties keep table order).
+    assert record["descending"][:3] == ["(root)", "layers", "layers.0"]
+    assert record["ascending"][:3] == ["tail", "head", "head.proj"]
+    assert record["byName"] == sorted(record["byName"])
 
 
 @needs_browser
@@ -321,3 +372,19 @@ def read_png(blob: bytes) -> tuple[int, int, bytes]:
         rows.append(bytes(line if channels == 3 else b"".join(line[i:i + 3] for i in range(0, stride, 4))))
         previous = line
     return width, height, b"".join(rows)
+
+
+@needs_browser
+def test_unknown_ops_show_where_nothing_is_counted(tmp_path):
+    """A model that counts no MACs at all still draws the module that ran an unknown op."""
+    model = nn.Sequential()
+    model.add_module("a", Mystery())
+    model.add_module("b", nn.ReLU())
+    with pytest.warns(fxflops.UnknownOpsWarning):
+        estimate = fxflops.estimate(model, (torch.randn(2, 8),))
+    page = tmp_path / "nothing.html"
+    estimate.to_html(str(page))
+    done = run_chromium("--dump-dom", url=page.as_uri())
+    assert console_lines(done.stderr) == []
+    cells = re.findall(r'<div class="cell([^"]*)"[^>]*data-name="([^"]*)"', done.stdout)
+    assert [(name, "unknown" in classes.split()) for classes, name in cells] == [("", False), ("a", True)]

@@ -11,7 +11,9 @@ sorts and zooms.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.report.text import summary_lines
+from fxflops.report.text import inputs_text, summary_lines
 from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate, ModuleStats
 
 
@@ -49,11 +51,13 @@ def _predicted(estimate: Estimate, name: str) -> float:
     return predicted.latency if predicted is not None else 0.0
 
 
+# MACs and FLOPs are the forward's, as in the text report; with a counted backward it has its own.
 _METRICS = (
-    Metric("macs", "MACs", lambda e, n: e.modules[n].macs, macs_to_string),
-    Metric("flops", "FLOPs", lambda e, n: e.modules[n].flops, number_to_string),
+    Metric("macs", "MACs", lambda e, n: e.modules[n].fwd_macs, macs_to_string),
+    Metric("flops", "FLOPs", lambda e, n: e.modules[n].fwd_flops, number_to_string),
     Metric("params", "params", lambda e, n: e.modules[n].params, params_to_string),
-    Metric("bwd_flops", "backward FLOPs", lambda e, n: e.modules[n].bwd_flops, number_to_string),
+    Metric("bwd_macs", "bwd MACs", lambda e, n: e.modules[n].bwd_macs, macs_to_string),
+    Metric("bwd_flops", "bwd FLOPs", lambda e, n: e.modules[n].bwd_flops, number_to_string),
     Metric("bytes", "bytes moved", lambda e, n: e.modules[n].bytes, bytes_to_string),
     Metric("latency", "measured latency", lambda e, n: e.modules[n].latency or 0.0, duration_to_string),
     Metric("predicted", "predicted latency", _predicted, duration_to_string),
@@ -63,22 +67,28 @@ _METRICS = (
 def metrics_of(estimate: Estimate) -> list[Metric]:
     """The metrics this estimate has numbers for, in the order the page offers them."""
     present = {
+        "bwd_macs": estimate.backward,
         "bwd_flops": estimate.backward,
         "bytes": estimate.total_bytes > 0,
         "latency": any(stats.latency is not None for stats in estimate.modules.values()),
         "predicted": estimate.prediction is not None,
     }
-    return [metric for metric in _METRICS if present.get(metric.key, True)]
+    metrics = [metric for metric in _METRICS if present.get(metric.key, True)]
+    if estimate.backward:  # say which pass the plain names stand for
+        metrics = [dataclasses.replace(m, label=f"fwd {m.label}") if m.key in ("macs", "flops") else m
+                   for m in metrics]
+    return metrics
 
 
-def to_html(estimate: Estimate, path: str | Path | None = None) -> str:
-    """The page as text; also written to `path` when given."""
+def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = True) -> str:
+    """The page as text; also written to `path` when given. `fold`: identical sibling subtrees are
+    one entry of the icicle with a count, as in the text report."""
     metrics = metrics_of(estimate)
     data = {
         "model": estimate.model_type,
         "root": ROOT_LABEL,
-        "metrics": [{"key": m.key, "label": m.label, "total": m.text(m.value(estimate, ""))} for m in metrics],
-        "groups": _groups(estimate, metrics) if "" in estimate.modules else [],
+        "metrics": [{"key": m.key, "label": m.label} for m in metrics],
+        "groups": _groups(estimate, metrics, fold) if "" in estimate.modules else [],
     }
     page = _TEMPLATE.format(
         title=escape(f"fxflops: {estimate.model_type}"),
@@ -124,13 +134,13 @@ def _unknown_modules(estimate: Estimate) -> dict[str, list[str]]:
     return found
 
 
-def _groups(estimate: Estimate, metrics: list[Metric]) -> list[dict[str, Any]]:
+def _groups(estimate: Estimate, metrics: list[Metric], fold: bool) -> list[dict[str, Any]]:
     """The folded module tree, pre-order, each entry with its children's indices and its values
     summed over the instances it stands for (so a folded run is as wide as all its layers)."""
     unknown = _unknown_modules(estimate)
     groups: list[dict[str, Any]] = []
     path: list[int] = []  # indices of the entries from the root down to the last one made
-    for group, _ in folding.walk(estimate, fold=True):
+    for group, _ in folding.walk(estimate, fold=fold):
         stats = folding.stats_of(estimate, group)
         del path[group.depth:]
         if path:
@@ -142,7 +152,7 @@ def _groups(estimate: Estimate, metrics: list[Metric]) -> list[dict[str, Any]]:
             "type": stats.type,
             "count": group.count,
             "n": len(group.names),
-            "v": [sum(m.value(estimate, name) for name in group.names) for m in metrics],
+            "v": [_finite(sum(m.value(estimate, name) for name in group.names)) for m in metrics],
             "info": _info(estimate, group, stats, metrics),
             "unknown": sorted({op for name in group.names for op in unknown.get(name, [])}),
             "children": [],
@@ -155,13 +165,17 @@ def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics:
     rows = [["module", group.name or ROOT_LABEL], ["type", stats.type]]
     if len(group.names) > 1:
         rows.append(["instances", f"{len(group.names)} identical ({_span(group.names)}); numbers are per instance"])
+    fwd = "fwd " if estimate.backward else ""
     rows += [
         ["params", f"{params_to_string(stats.params)} ({percent(stats.params, estimate.total_params)})"],
-        ["MACs", f"{macs_to_string(stats.macs)} ({percent(stats.macs, estimate.total_macs)})"],
-        ["FLOPs", f"{number_to_string(stats.flops)} ({percent(stats.flops, estimate.total_flops)})"],
+        [f"{fwd}MACs", f"{macs_to_string(stats.fwd_macs)} ({percent(stats.fwd_macs, estimate.fwd_macs)})"],
+        [f"{fwd}FLOPs", f"{number_to_string(stats.fwd_flops)} ({percent(stats.fwd_flops, estimate.fwd_flops)})"],
     ]
     if estimate.backward:
-        rows.append(["backward FLOPs", number_to_string(stats.bwd_flops)])
+        ratio = stats.bwd_fwd_ratio
+        rows.append(["bwd MACs", f"{macs_to_string(stats.bwd_macs)} ({percent(stats.bwd_macs, estimate.bwd_macs)})"])
+        rows.append(["bwd FLOPs", f"{number_to_string(stats.bwd_flops)} ({percent(stats.bwd_flops, estimate.bwd_flops)})"
+                     + ("" if ratio is None else f", {ratio:.2f}x fwd")])
     if stats.bytes:
         rows.append(["bytes moved", bytes_to_string(stats.bytes)])
         rows.append(["FLOPs per byte", f"{stats.intensity:.2f}"])
@@ -175,6 +189,9 @@ def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics:
         rows.append(["predicted latency", f"{duration_to_string(predicted.latency)}, {predicted.bound}-bound"])
     if stats.calls > 1:
         rows.append(["calls", str(stats.calls)])
+    also = sorted(alias for alias, name in estimate.aliases.items() if name in group.names)
+    if also:
+        rows.append(["also called as", ", ".join(also)])
     if stats.extra_repr:
         rows.append(["config", " ".join(stats.extra_repr.split())])
     if len(group.names) > 1:
@@ -182,6 +199,11 @@ def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics:
                            for m in metrics if m.key in ("macs", "params"))
         rows.append([f"all {len(group.names)}", totals])
     return rows
+
+
+def _finite(value: float) -> float:
+    """JSON has no NaN or infinity, and the page's parser would refuse the whole data for one."""
+    return value if math.isfinite(value) else 0
 
 
 def _span(names: tuple[str, ...]) -> str:
@@ -194,20 +216,21 @@ def _span(names: tuple[str, ...]) -> str:
 
 def _header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
-    shapes = escape(str(estimate.input_shapes))
+    shapes = escape(inputs_text(estimate.input_shapes))
     return (f"<h1>{escape(estimate.model_type)}</h1>"
             f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
             f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))} · inputs {shapes}</p>")
 
 
 def _cards(estimate: Estimate) -> str:
+    fwd = "fwd " if estimate.backward else ""
     cards = [
-        ("MACs", macs_to_string(estimate.total_macs)),
-        ("FLOPs", number_to_string(estimate.total_flops)),
+        (f"{fwd}MACs", macs_to_string(estimate.fwd_macs)),
+        (f"{fwd}FLOPs", number_to_string(estimate.fwd_flops)),
         ("params", params_to_string(estimate.total_params)),
     ]
     if estimate.backward:
-        cards.append(("backward FLOPs", number_to_string(estimate.bwd_flops)))
+        cards += [("bwd MACs", macs_to_string(estimate.bwd_macs)), ("bwd FLOPs", number_to_string(estimate.bwd_flops))]
     if estimate.total_bytes:
         cards.append(("bytes moved", bytes_to_string(estimate.total_bytes)))
     if estimate.measurements is not None:
@@ -229,8 +252,8 @@ def _icicle_section(metrics: list[Metric]) -> str:
     return (f'<div class="metrics" role="radiogroup" aria-label="size by">size by {buttons}</div>'
             '<div id="crumbs" class="crumbs"></div><div id="icicle" class="icicle"></div>'
             '<p class="hint">Click a module to zoom in, its bar at the top (or Escape) to zoom out. '
-            "Empty space under a module is its own work. Red marks unknown ops; a module that ran one is "
-            "kept visible even where it counts nothing.</p>")
+            "Empty space under a module is its own work (and submodules too thin to draw). Red marks unknown "
+            "ops; a module that ran one is kept visible even where it counts nothing.</p>")
 
 
 def _roofline_section(estimate: Estimate) -> str:
@@ -270,11 +293,13 @@ def _table(table_id: str, headers: list[tuple[str, bool]], rows: list[str], capt
 def _modules_table(estimate: Estimate) -> str:
     measured = any(stats.latency is not None for stats in estimate.modules.values())
     prediction = estimate.prediction
+    fwd = "fwd " if estimate.backward else ""
     headers = [("module", False), ("type", False), ("depth", True), ("calls", True), ("params", True),
-               ("MACs", True), ("FLOPs", True), ("own MACs", True), ("own FLOPs", True)]
+               (f"{fwd}MACs", True), (f"{fwd}FLOPs", True), (f"own {fwd}MACs", True), (f"own {fwd}FLOPs", True)]
     if estimate.backward:
-        headers += [("bwd FLOPs", True), ("bwd/fwd", True)]
-    headers += [("bytes", True), ("FLOPs/byte", True)]
+        headers += [("bwd MACs", True), ("bwd FLOPs", True), ("bwd/fwd", True)]
+    moved = estimate.total_bytes > 0
+    headers += [("bytes", True), ("FLOPs/byte", True)] if moved else []
     if measured:
         headers += [("latency", True), ("achieved", True)]
     if prediction is not None:
@@ -285,20 +310,24 @@ def _modules_table(estimate: Estimate) -> str:
         cells = [
             _cell(name or ROOT_LABEL, None, "name"), _cell(stats.type), _cell(str(stats.depth), stats.depth),
             _cell(str(stats.calls), stats.calls), _cell(params_to_string(stats.params), stats.params),
-            _cell(macs_to_string(stats.macs), stats.macs), _cell(number_to_string(stats.flops), stats.flops),
-            _cell(macs_to_string(stats.self_macs), stats.self_macs),
-            _cell(number_to_string(stats.self_flops), stats.self_flops),
+            _cell(macs_to_string(stats.fwd_macs), stats.fwd_macs),
+            _cell(number_to_string(stats.fwd_flops), stats.fwd_flops),
+            _cell(macs_to_string(stats.self_macs - stats.self_bwd_macs), stats.self_macs - stats.self_bwd_macs),
+            _cell(number_to_string(stats.self_flops - stats.self_bwd_flops), stats.self_flops - stats.self_bwd_flops),
         ]
         if estimate.backward:
             ratio = stats.bwd_fwd_ratio
-            cells += [_cell(number_to_string(stats.bwd_flops), stats.bwd_flops),
+            cells += [_cell(macs_to_string(stats.bwd_macs), stats.bwd_macs),
+                      _cell(number_to_string(stats.bwd_flops), stats.bwd_flops),
                       _cell("" if ratio is None else f"{ratio:.2f}", -1 if ratio is None else ratio)]
         intensity = stats.intensity
-        cells += [_cell(bytes_to_string(stats.bytes), stats.bytes),
-                  _cell("" if intensity is None else f"{intensity:.2f}", -1 if intensity is None else intensity)]
+        if moved:
+            cells += [_cell(bytes_to_string(stats.bytes), stats.bytes),
+                      _cell("" if intensity is None else f"{intensity:.2f}", -1 if intensity is None else intensity)]
         if measured:
             rate = stats.achieved_flops
-            cells += [_cell("" if stats.latency is None else duration_to_string(stats.latency), stats.latency or -1),
+            cells += [_cell("" if stats.latency is None else duration_to_string(stats.latency),
+                            -1 if stats.latency is None else stats.latency),
                       _cell("" if rate is None else flops_to_string(rate), -1 if rate is None else rate)]
         if prediction is not None:
             predicted = prediction.modules.get(name)
@@ -322,16 +351,20 @@ def _totals_rows(totals: dict[str, Any], unknown: set[str], backward: bool) -> l
     return rows
 
 
+def _totals_headers(estimate: Estimate) -> list[tuple[str, bool]]:
+    if estimate.backward:  # an op's totals hold both passes; the backward's share beside them
+        return [("fwd+bwd MACs", True), ("fwd+bwd FLOPs", True), ("bwd FLOPs", True)]
+    return [("MACs", True), ("FLOPs", True)]
+
+
 def _ops_table(estimate: Estimate) -> str:
-    headers = [("op", False), ("nodes", True), ("MACs", True), ("FLOPs", True)]
-    headers += [("bwd FLOPs", True)] if estimate.backward else []
+    headers = [("op", False), ("nodes", True), *_totals_headers(estimate)]
     unknown = {u.op for u in estimate.unknown}
     return _table("ops", headers, _totals_rows(estimate.by_op, unknown, estimate.backward))
 
 
 def _rules_table(estimate: Estimate) -> str:
-    headers = [("rule", False), ("nodes", True), ("MACs", True), ("FLOPs", True)]
-    headers += [("bwd FLOPs", True)] if estimate.backward else []
+    headers = [("rule", False), ("nodes", True), *_totals_headers(estimate)]
     return _table("rules", headers, _totals_rows(estimate.by_rule, {UNKNOWN_RULE}, estimate.backward))
 
 

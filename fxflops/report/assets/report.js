@@ -110,7 +110,10 @@
     box.textContent = "";
     if (!groups.length) { box.innerHTML = '<div class="empty">No modules were recorded.</div>'; return; }
     renderCrumbs();
-    if (value(state.focus) <= 0 && !groups[state.focus].children.some(function (c) { return value(c) > 0; })) {
+    var focus = groups[state.focus];
+    var drawable = value(state.focus) > 0 || focus.holdsUnknown ||
+      focus.children.some(function (child) { return value(child) > 0; });
+    if (!drawable) {
       var empty = document.createElement("div");
       empty.className = "empty";
       empty.textContent = (groups[state.focus].name || data.root) + " has no " + data.metrics[state.metric].label + ".";
