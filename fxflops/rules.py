@@ -389,7 +389,7 @@ def _bind_function(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[
 
 
 def _bind_method(name: str, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    function = getattr(torch, name, None)
+    function = _method_function(name)
     names = _bind_function(function, args, kwargs) if function is not None else {}
     if args:
         names.setdefault("self", args[0])
@@ -413,6 +413,15 @@ def _bind_module(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
     if args:
         names.setdefault("input", args[0])
     return names
+
+
+def _method_function(name: str) -> Any:
+    """The torch function whose signature names a Tensor method's arguments: torch.NAME, or for an
+    in-place method with no torch function of its own (index_add_, scatter_add_) the out-of-place one."""
+    function = getattr(torch, name, None)
+    if function is None and name.endswith("_") and not name.endswith("__"):
+        function = getattr(torch, name[:-1], None)
+    return function
 
 
 def _flatten_varargs(bound: inspect.BoundArguments, signature: inspect.Signature) -> dict[str, Any]:
