@@ -7,6 +7,7 @@ are checked before the expensive operation, never after it.
 from __future__ import annotations
 
 import time
+import warnings
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 import fxflops
 from fxflops.formula import MAX_INT_BITS, MAX_LENGTH, Formula, FormulaError
-from fxflops.rules import MAX_FILE_BYTES
+from fxflops.rules import MAX_FILE_BYTES, default_rules_dir, load_rule_dir, load_table
 
 SECOND = 1.0  # the acceptance bound, far above the milliseconds these take
 
@@ -117,10 +118,15 @@ def test_a_file_that_cannot_be_read_names_the_file(tmp_path, content, problem):
          "unknown keys ['flop'] (allowed: flops, macs); did you mean 'flops' for 'flop'?"),
         (rule_text(extra="presets.torch = '2 * macs'\n"), "presets.torch", "must be a table of formulas"),
         (rule_text(extra="presets.fvcore = { flops = '0' }\n"), None, "unknown preset 'fvcore' (known: deepspeed, torch)"),
+        (rule_text(macs="numel(outt) * weight.shape[1]"), "macs",
+         "name 'outt' is not given by aten.linear; its names are args, bias, input, kwargs, out, weight; did you mean 'out'?"),
+        (rule_text(flops="2 * weigth.shape[0]"), "flops", "did you mean 'weight'?"),
+        (rule_text(macs="2 * macs"), "macs", "'macs' is defined only inside 'flops'"),
+        (rule_text(extra="when = 'transposed'\n"), "when", "name 'transposed' is not given by aten.linear"),
         (rule_text(extra="flop = '0'\n"), None, "unknown keys ['flop']"),
     ],
     ids=["3000 +", "depth", "nodes", "big constant", "complex", "preset key", "preset type", "preset name",
-         "rule key"],
+         "name typo", "name typo in flops", "macs in macs", "when name", "rule key"],
 )
 def test_a_bad_rule_names_file_rule_field_and_problem_at_load(tmp_path, text, field, problem):
     message = fails(tmp_path, text, fxflops.RuleFileError)
@@ -128,6 +134,73 @@ def test_a_bad_rule_names_file_rule_field_and_problem_at_load(tmp_path, text, fi
     if field is not None:
         assert f"'{field}'" in message
     assert problem in message
+
+
+def test_a_name_must_be_given_by_every_op_of_the_rule(tmp_path):
+    # aten.mm's operands are self and mat2, aten.bmm's too; aten.addmm's self, mat1 and mat2
+    text = rule_text(macs="numel(out) * mat2.shape[-2] + numel(mat1)", ops="['aten.addmm', 'aten.mm', 'aten.bmm']")
+    message = fails(tmp_path, text, fxflops.RuleFileError)
+    assert "name 'mat1' is not given by aten.mm (nor by 1 more of its ops)" in message
+
+
+def test_names_of_functions_methods_and_modules(tmp_path):
+    path = tmp_path / "mine.toml"
+    # a function's and a method's parameters are checked; a module's attributes cannot be known before
+    # an instance exists, so a module rule's names are not
+    path.write_text(
+        rule_text(ops="['torch.nn.functional.linear', 'Tensor.matmul']", macs="numel(input) * 0")
+        + rule_text(ops="['torch.nn.Linear']", macs="in_features * out_features").replace("'mine'", "'module'")
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxflops.rules.load_rule_file(path)
+    path.write_text(rule_text(ops="['torch.nn.functional.linear', 'Tensor.matmul']", macs="numel(weight) * 0"))
+    with pytest.raises(fxflops.RuleFileError, match="name 'weight' is not given by Tensor.matmul"):
+        fxflops.rules.load_rule_file(path)
+
+
+# --- op spellings that name nothing: a warning --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "op, guess",
+    [
+        ("aten.lineer", "aten.linear"),  # never matched, and nothing said so
+        ("aten.linear.defualt", None),
+        ("torch.nn.Lineer", "torch.nn.Linear"),
+        ("torch.nn.functional.lineer", "torch.nn.functional.linear"),
+        ("Tensor.matmull", "Tensor.matmul"),
+    ],
+)
+def test_an_op_spelling_that_names_nothing_warns_with_a_guess(tmp_path, op, guess):
+    path = tmp_path / "mine.toml"
+    path.write_text(rule_text(ops=f"['{op}']", macs="0"))
+    start = time.perf_counter()
+    with pytest.warns(fxflops.RuleFileWarning) as caught:
+        fxflops.estimate(model(), input_shape=(2, 8), rules=[path])
+    assert time.perf_counter() - start < SECOND
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"{path}: rule 'mine': op '{op}'" in message and "never matches it" in message
+    if guess:
+        assert f"did you mean '{guess}'?" in message
+
+
+def test_spellings_of_packages_not_imported_are_left_to_match_time(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(rule_text(ops="['transformers.models.nope.NopeBlock', 'mylib.Block', 'prims.nope']", macs="0"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxflops.rules.load_rule_file(path)
+
+
+def test_shipped_rules_pass_the_checks_user_files_get():
+    # at run time the shipped files skip the op and name checks (a start-up cost): they are checked here
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        entries = load_rule_dir(default_rules_dir(), check_ops=True)
+        load_table()
+    assert len(entries) > 100
 
 
 # --- Python callables: their results are checked too ----------------------------------------------
@@ -209,3 +282,8 @@ def test_bounds_leave_symbolic_sizes_alone():
     with pytest.raises(FormulaError, match="symbolic number of times"):
         Formula("'a' * batch").evaluate(names)
 
+
+def test_a_callable_for_an_op_spelling_that_names_nothing_warns():
+    with pytest.warns(fxflops.RuleFileWarning, match=rf"Python rule {__name__}\.returns_none: op 'aten\.lineer' "
+                                                     r"\(did you mean 'aten\.linear'\?\) names nothing"):
+        fxflops.estimate(model(), input_shape=(2, 8), rules={"aten.lineer": returns_none})
