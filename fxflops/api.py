@@ -18,7 +18,7 @@ from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
-from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries
+from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries, table_with
 from fxflops.tree import build_estimate
 
 
@@ -91,8 +91,8 @@ class Counting:
     def prepare(cls, conventions: str, rules: Iterable[RuleSpec] | RuleSpec | None,
                 leaf_modules: Iterable[type | str] | None) -> Counting:
         _check_conventions(conventions)
-        table = load_table(rules)
-        user_entries = load_user_entries(rules)
+        user_entries = load_user_entries(rules)  # each file read and checked once
+        table = table_with(user_entries)
         user_table = RuleTable(user_entries) if user_entries else None
         return cls(table, conventions, _whole_predicate(user_table, leaf_modules))
 

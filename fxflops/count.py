@@ -13,16 +13,13 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
-from fxflops.formula import FormulaError
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )
-from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, bind_op_call
+from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
 from fxflops.traffic import node_bytes
 
-
-class RuleEvaluationError(RuntimeError):
-    """A rule's formula failed on an actual op call: names the rule, its file, the op and the module."""
+__all__ = ["RuleEvaluationError", "count_nodes"]
 
 
 def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[NodeCost]:
@@ -110,7 +107,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     found = memo.get(key) if key is not None else None
     if found is None:
         call = _call_of(graph_module, node, args, kwargs, out)
-        entry = table.match(call)
+        entry = _match(table, call, path)
         found = (call.key, entry, *_apply(entry, call, conventions, path, sizes))
         if key is not None:
             memo[key] = found
@@ -176,7 +173,7 @@ def _covered_cost(node: torch.fx.Node, covering: str, sizes: Any) -> NodeCost:
 def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
     module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
-    entry = table.match(op_call)
+    entry = _match(table, op_call, call.module)
     macs, flops = _apply(entry, op_call, conventions, call.module, sizes)
     kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
@@ -187,30 +184,31 @@ def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes:
     )
 
 
+def _match(table: RuleTable, call: OpCall, path: str) -> Rule | ZeroList | None:
+    try:
+        return table.match(call)  # evaluates rules' `when`
+    except RuleEvaluationError as error:
+        raise error.in_module(path or ROOT_LABEL) from error.__cause__
+
+
 def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: str, sizes: Any) -> tuple[Any, Any]:
     if not isinstance(entry, Rule):
         return 0, 0
     try:
-        macs, flops = entry.cost(call, conventions)
-    except FormulaError as error:
-        raise RuleEvaluationError(
-            f"rule '{entry.name}' ({entry.source}) failed on {call.key} in module '{path or ROOT_LABEL}': {error}. "
-            "Fix the rule's formula, or override it with a rule of your own for this op."
-        ) from None
-    return _to_count(macs, entry, call, sizes), _to_count(flops, entry, call, sizes)
+        macs, flops = entry.cost(call, conventions)  # checked: non-negative ints, or symbolic sizes
+    except RuleEvaluationError as error:
+        raise error.in_module(path or ROOT_LABEL) from error.__cause__
+    return _to_count(macs, sizes), _to_count(flops, sizes)
 
 
-def _to_count(value: Any, entry: Rule, call: OpCall, sizes: Any) -> Any:
+def _to_count(value: Any, sizes: Any) -> Any:
     """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded as int() rounds)."""
-    if sizes is not None and isinstance(value, torch.SymInt | torch.SymFloat):
+    if isinstance(value, torch.SymInt | torch.SymFloat):
+        if sizes is None:  # symbolic without a sweep's sizes: its value at the example's sizes
+            return int(value)
         # int() rounds toward zero; torch.sym_int does so symbolically
         return sizes.expression(value if isinstance(value, torch.SymInt) else torch.sym_int(value))
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise RuleEvaluationError(
-            f"rule '{entry.name}' ({entry.source}) gave {value!r} for {call.key}, which is not a number"
-        ) from None
+    return value
 
 
 def _moves_data(entry: Rule | ZeroList | None) -> bool:

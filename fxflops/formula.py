@@ -21,6 +21,18 @@ class FormulaError(ValueError):
     """A formula that does not parse, uses something not allowed, or fails on its inputs."""
 
 
+# Bounds that keep a hostile or mistaken formula from stalling or exhausting the process. Each is
+# checked before the operation that could exceed it (a power's size is estimated from its operands'
+# bit lengths, a repetition's from the sequence's length), so refusing costs microseconds. The
+# shipped rules stay far inside them: at most 850 characters, 470 nodes and depth 20.
+MAX_SOURCE = 2_000  # characters of one formula
+MAX_NODES = 1_000  # syntax tree nodes of one formula
+MAX_DEPTH = 100  # syntax tree nesting (the evaluator recurses about twice per level)
+MAX_INT_BITS = 256  # bits of any integer a formula makes (2**256 ~ 1e77; a count is below 2**80)
+MAX_EXPONENT = 64  # the right operand of **
+MAX_LENGTH = 10_000  # characters of a string, items of a list or tuple a formula makes
+
+
 def numel(value: Any) -> Any:
     """Number of elements of a tensor, a shape, or 0 for None."""
     if hasattr(value, "shape"):
@@ -35,8 +47,13 @@ def numel(value: Any) -> Any:
 def prod(values: Sequence[Any]) -> Any:
     result: Any = 1
     for value in values:
-        result = result * value
+        result = _multiply(result, value)
     return result
+
+
+def _sum(values: Sequence[Any], start: Any = 0) -> Any:
+    """sum(), each step bounded (Python's would concatenate lists without limit)."""
+    return functools.reduce(_add, values, start)
 
 
 def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
@@ -94,10 +111,95 @@ def _expand_ellipsis(term: str, ndim: int, ellipsis: str) -> str:
 
 
 def _bounded_pow(base: Any, exponent: Any) -> Any:
-    # a rule file must not be able to stall the loader with 10 ** 10 ** 10
-    if isinstance(exponent, int) and abs(exponent) > 64:
-        raise FormulaError(f"exponent {exponent} is too large (at most 64)")
-    return base**exponent
+    # a rule file must not be able to stall the process with 10 ** 10 ** 10: sizes are checked first
+    _refuse_tensor(base, exponent)
+    if _plain_int(exponent):
+        if abs(exponent) > MAX_EXPONENT:
+            raise FormulaError(f"exponent {_short(exponent)} is too large (at most {MAX_EXPONENT})")
+        if _plain_int(base) and exponent > 0 and (base.bit_length() - 1) * exponent + 1 > MAX_INT_BITS:
+            raise FormulaError(
+                f"{_short(base)} ** {exponent} would have about {base.bit_length() * exponent} bits "
+                f"(at most {MAX_INT_BITS})"
+            )
+    return _bounded(base**exponent)
+
+
+def _multiply(left: Any, right: Any) -> Any:
+    _refuse_tensor(left, right)
+    for sequence, count in ((left, right), (right, left)):
+        if isinstance(sequence, _SEQUENCES):
+            if _symbolic(count):
+                raise FormulaError("repeating a sequence a symbolic number of times is not allowed")
+            if _plain_int(count) and len(sequence) * count > MAX_LENGTH:
+                raise FormulaError(
+                    f"a {type(sequence).__name__} of length {len(sequence)} repeated {count} times would have "
+                    f"length {len(sequence) * count} (at most {MAX_LENGTH})"
+                )
+    if _plain_int(left) and _plain_int(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
+        raise FormulaError(
+            f"{_short(left)} * {_short(right)} would have about {left.bit_length() + right.bit_length()} bits "
+            f"(at most {MAX_INT_BITS})"
+        )
+    return _bounded(left * right)
+
+
+def _add(left: Any, right: Any) -> Any:
+    _refuse_tensor(left, right)
+    if isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES) and len(left) + len(right) > MAX_LENGTH:
+        raise FormulaError(f"concatenating would make length {len(left) + len(right)} (at most {MAX_LENGTH})")
+    return _bounded(left + right)
+
+
+def _modulo(left: Any, right: Any) -> Any:
+    if isinstance(left, str | bytes):
+        raise FormulaError("string formatting with % is not allowed")
+    return _arithmetic(operator.mod)(left, right)
+
+
+def _arithmetic(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def checked(left: Any, right: Any) -> Any:
+        _refuse_tensor(left, right)
+        return _bounded(op(left, right))
+    return checked
+
+
+def _plain_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SEQUENCES = (str, bytes, list, tuple)
+
+
+def _bounded(value: Any) -> Any:
+    """The value, if within the bounds every value a formula makes must keep."""
+    kind = type(value)
+    if kind is int:
+        if value.bit_length() > MAX_INT_BITS:
+            raise FormulaError(f"an integer of {value.bit_length()} bits (at most {MAX_INT_BITS})")
+    elif kind is float:
+        if not math.isfinite(value):
+            raise FormulaError(f"float overflow ({value})")
+    elif kind is complex:
+        raise FormulaError(f"complex result {_short(value)}")
+    elif kind in _SEQUENCES and len(value) > MAX_LENGTH:
+        raise FormulaError(f"a {kind.__name__} of length {len(value)} (at most {MAX_LENGTH})")
+    return value
+
+
+def _refuse_tensor(*values: Any) -> None:
+    # arithmetic on a tensor would compute on it (real weights under annotate()): formulas take sizes
+    if any(isinstance(value, torch.Tensor) for value in values):
+        raise FormulaError("arithmetic on a tensor is not allowed: use its .shape, .ndim or numel()")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr() cut to a readable length: error messages quote values and formulas."""
+    return clip(repr(value), limit)
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """Text cut to a readable length for a one-line message."""
+    return text if len(text) <= limit else f"{text[: limit - 30]}...{text[-10:]} ({len(text)} characters)"
 
 
 def floating(value: Any) -> bool:
@@ -137,7 +239,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "len": len,
     "min": _extreme(min, torch.sym_min),
     "max": _extreme(max, torch.sym_max),
-    "sum": sum,
+    "sum": _sum,
     "abs": abs,
     "int": _to_int,
     "ceil": math.ceil,
@@ -148,15 +250,16 @@ HELPERS: dict[str, Callable[..., Any]] = {
 _ATTRIBUTES = {"shape", "ndim"}
 
 _BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Div: operator.truediv,
-    ast.Mod: operator.mod,
-    ast.Pow: lambda base, exponent: _bounded_pow(base, exponent),
+    ast.Add: _add,
+    ast.Sub: _arithmetic(operator.sub),
+    ast.Mult: _multiply,
+    ast.FloorDiv: _arithmetic(operator.floordiv),
+    ast.Div: _arithmetic(operator.truediv),
+    ast.Mod: _modulo,
+    ast.Pow: _bounded_pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+_CONSTANTS = (int, float, str, bool, type(None))
 _COMPARE = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
@@ -174,6 +277,8 @@ _ALLOWED_NODES = (
     ast.Attribute, ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.And, ast.Or,
     *_BINARY, *_UNARY, *_COMPARE,
 )
+# allowed nodes with nothing more to check (Attribute, Constant and Call are checked further)
+_PLAIN_NODES = frozenset(_ALLOWED_NODES) - {ast.Attribute, ast.Constant, ast.Call}
 
 
 class Formula:
@@ -181,17 +286,19 @@ class Formula:
 
     def __init__(self, source: str) -> None:
         if not isinstance(source, str):
-            raise FormulaError(f"a formula must be a string, got {type(source).__name__}: {source!r}")
+            raise FormulaError(f"a formula must be a string, got {type(source).__name__}: {_short(source)}")
         self.source = source
         self._tree, self.names = _parse(source)
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
         try:
             return _Evaluator(names).visit(self._tree.body)
-        except FormulaError:
-            raise
+        except FormulaError as error:
+            raise FormulaError(f"formula {_short(self.source, 200)}: {error}") from None
         except Exception as error:  # a formula failing on odd inputs must say which formula
-            raise FormulaError(f"formula {self.source!r} failed: {type(error).__name__}: {error}") from None
+            raise FormulaError(
+                f"formula {_short(self.source, 200)} failed: {type(error).__name__}: {clip(str(error))}"
+            ) from None
 
     def __repr__(self) -> str:
         return f"Formula({self.source!r})"
@@ -200,32 +307,60 @@ class Formula:
 @functools.lru_cache(maxsize=4096)
 def _parse(source: str) -> tuple[ast.Expression, frozenset[str]]:
     """The checked syntax tree and free names of a formula (a rule and its presets share formulas)."""
+    if len(source) > MAX_SOURCE:
+        raise FormulaError(f"formula of {len(source)} characters is too long (at most {MAX_SOURCE})")
     try:
         # parenthesized so a formula may span lines in a TOML multi-line string
         tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
     except SyntaxError as error:
-        raise FormulaError(f"formula {source!r} does not parse: {error.msg}") from None
+        raise FormulaError(f"formula {_short(source, 200)} does not parse: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        raise FormulaError(f"formula {_short(source, 200)} is nested too deeply to parse") from None
     names = set()
-    for node in ast.walk(tree):
-        _check_allowed(node, source)
-        if isinstance(node, ast.Name) and node.id not in HELPERS:
-            names.add(node.id)
+    nodes = 0
+    stack: list[tuple[ast.AST, int]] = [(tree.body, 1)]
+    while stack:  # iterative: a formula nested deeper than Python's recursion limit must not crash the check
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise FormulaError(f"formula {_short(source, 200)} has more than {MAX_NODES} syntax nodes")
+        if depth > MAX_DEPTH:
+            raise FormulaError(f"formula {_short(source, 200)} is nested more than {MAX_DEPTH} deep")
+        kind = type(node)
+        if kind is ast.Name:
+            if node.id not in HELPERS:
+                names.add(node.id)
+        elif kind not in _PLAIN_NODES:
+            _check_allowed(node, source)
+        for field_name in node._fields:
+            child = getattr(node, field_name)
+            if type(child) is list:
+                stack.extend((item, depth + 1) for item in child if isinstance(item, ast.AST))
+            elif isinstance(child, ast.AST) and not isinstance(child, ast.expr_context):
+                stack.append((child, depth + 1))
     return tree, frozenset(names)
 
 
 def _check_allowed(node: ast.AST, source: str) -> None:
     if not isinstance(node, _ALLOWED_NODES):
-        raise FormulaError(f"formula {source!r}: {type(node).__name__} is not allowed in a formula")
+        raise FormulaError(f"formula {_short(source, 200)}: {type(node).__name__} is not allowed in a formula")
     if isinstance(node, ast.Attribute) and node.attr not in _ATTRIBUTES:
-        raise FormulaError(f"formula {source!r}: attribute '.{node.attr}' is not allowed (only .shape, .ndim)")
+        raise FormulaError(f"formula {_short(source, 200)}: attribute '.{node.attr}' is not allowed (only .shape, .ndim)")
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, _CONSTANTS):
+            raise FormulaError(f"formula {_short(source, 200)}: a {type(node.value).__name__} constant is not allowed")
+        try:
+            _bounded(node.value)
+        except FormulaError as error:
+            raise FormulaError(f"formula {_short(source, 200)}: constant {error}") from None
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in HELPERS:
             raise FormulaError(
-                f"formula {source!r}: call to '{ast.unparse(node.func)}' is not allowed "
+                f"formula {_short(source, 200)}: call to '{clip(ast.unparse(node.func), 60)}' is not allowed "
                 f"(helpers: {', '.join(sorted(HELPERS))})"
             )
         if node.keywords:
-            raise FormulaError(f"formula {source!r}: keyword arguments are not allowed")
+            raise FormulaError(f"formula {_short(source, 200)}: keyword arguments are not allowed")
 
 
 class _Evaluator:
@@ -258,7 +393,10 @@ class _Evaluator:
         return _BINARY[type(node.op)](self.visit(node.left), self.visit(node.right))
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        return _UNARY[type(node.op)](self.visit(node.operand))
+        operand = self.visit(node.operand)
+        if not isinstance(node.op, ast.Not):
+            _refuse_tensor(operand)
+        return _UNARY[type(node.op)](operand)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
         is_and = isinstance(node.op, ast.And)
@@ -295,4 +433,4 @@ class _Evaluator:
         return [self.visit(element) for element in node.elts]
 
     def visit_Call(self, node: ast.Call) -> Any:
-        return HELPERS[node.func.id](*(self.visit(arg) for arg in node.args))
+        return _bounded(HELPERS[node.func.id](*(self.visit(arg) for arg in node.args)))

@@ -8,12 +8,16 @@ Zero lists declare ops that are known to cost nothing, so they are never reporte
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import importlib.util
 import inspect
 import operator
 import sys
 import tomllib
+import types
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +25,43 @@ from typing import Any
 
 import torch
 
-from fxflops.formula import Formula, FormulaError
+from fxflops.formula import Formula, FormulaError, clip
 
 CONVENTIONS = ("deepspeed", "torch")
 
 RuleSpec = str | Path | Mapping[Any, Callable[["OpCall"], tuple[int, int]]]
 
+MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; one at the limit loads in ~0.3 s); read no further
+MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
+
+# names a formula has besides the op's own: the output, the positional and keyword arguments as given
+CALL_NAMES = frozenset({"out", "args", "kwargs"})
+
 
 class RuleFileError(ValueError):
     """A rule file that cannot be used: names the file, the rule and the problem."""
+
+
+class RuleFileWarning(UserWarning):
+    """A rule file that loads but looks mistaken: an op spelling that names no op, so it never matches."""
+
+
+class RuleEvaluationError(RuntimeError):
+    """A rule failed on an actual op call: names the rule (file and rule, or the Python callable), the
+    field (macs, flops, when, presets.torch.flops, ...), the op and the module."""
+
+    def __init__(self, rule: str, field: str | None, op: str, problem: str, module: str | None = None) -> None:
+        self.rule, self.field, self.op, self.problem, self.module = rule, field, op, problem, module
+        where = f"{rule}: '{field}'" if field else rule
+        in_module = f" in module '{module}'" if module is not None else ""
+        super().__init__(
+            f"{where} failed on {op}{in_module}: {problem}. "
+            "Fix the rule, or override it with a rule of your own for this op."
+        )
+
+    def in_module(self, module: str) -> RuleEvaluationError:
+        """The same error, naming the module whose op call it failed on."""
+        return RuleEvaluationError(self.rule, self.field, self.op, self.problem, module)
 
 
 @dataclass(frozen=True)
@@ -48,26 +80,91 @@ class OpCall:
 class Rule:
     name: str
     ops: tuple[str, ...]
-    source: str
+    source: str  # the rule file, or for a Python callable its module.qualname
     macs: Formula | None = None
     flops: Formula | None = None
     when: Formula | None = None
     presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)
     function: Callable[[OpCall], tuple[int, int]] | None = None
 
+    @property
+    def label(self) -> str:
+        """Where the rule is, as error messages name it."""
+        return f"Python rule {self.source}" if self.function is not None else f"{self.source}: rule '{self.name}'"
+
     def applies(self, call: OpCall) -> bool:
-        return self.when is None or bool(self.when.evaluate(_formula_names(call)))
+        if self.when is None:
+            return True
+        return self._evaluate(self.when, "when", _formula_names(call), call, _truth)
 
     def cost(self, call: OpCall, conventions: str) -> tuple[Any, Any]:
-        """(MACs, FLOPs) of this call under the given conventions."""
+        """(MACs, FLOPs) of this call under the given conventions: non-negative ints, or symbolic sizes.
+
+        Raises RuleEvaluationError naming the rule, the field and the op when a formula fails or gives
+        something that is not a count."""
         if self.function is not None:
-            macs, flops = self.function(call)
-            return macs, flops
+            return self._call_function(call)
         macs_formula, flops_formula = self.presets.get(conventions, (self.macs, self.flops))
         names = dict(_formula_names(call))
-        macs = macs_formula.evaluate(names)
+        macs = self._evaluate(macs_formula, self._field("macs", macs_formula, conventions), names, call, check_count)
         names["macs"] = macs
-        return macs, flops_formula.evaluate(names)
+        flops = self._evaluate(flops_formula, self._field("flops", flops_formula, conventions), names, call, check_count)
+        return macs, flops
+
+    def _field(self, key: str, formula: Formula, conventions: str) -> str:
+        # a preset's formula is the rule's own unless the preset gives its own
+        return key if formula is getattr(self, key) else f"presets.{conventions}.{key}"
+
+    def _evaluate(self, formula: Formula, field_name: str, names: Mapping[str, Any], call: OpCall,
+                  check: Callable[[Any], Any]) -> Any:
+        try:
+            value = formula.evaluate(names)
+            try:
+                return check(value)
+            except Exception as error:  # noqa: BLE001 - whatever the check met, said as the formula's result
+                raise FormulaError(f"formula {clip(repr(formula.source))} gave {error}") from None
+        except FormulaError as error:
+            raise RuleEvaluationError(self.label, field_name, call.key, str(error)) from None
+
+    def _call_function(self, call: OpCall) -> tuple[Any, Any]:
+        try:
+            result = self.function(call)  # type: ignore[misc]
+        except Exception as error:  # the user's code: keep its traceback as the cause
+            raise RuleEvaluationError(self.label, None, call.key, f"{type(error).__name__}: {clip(str(error))}") from error
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            raise RuleEvaluationError(self.label, None, call.key,
+                                      f"it returned {clip(repr(result), 60)}, not a (macs, flops) pair")
+        counts = []
+        for field_name, value in zip(("macs", "flops"), result):
+            try:
+                counts.append(check_count(value))
+            except (ValueError, TypeError) as error:
+                raise RuleEvaluationError(self.label, field_name, call.key, f"it returned {error}") from None
+        return counts[0], counts[1]
+
+
+def _truth(value: Any) -> bool:
+    try:
+        return bool(value)
+    except Exception as error:  # noqa: BLE001 - a tensor's or an undecidable size's truth
+        raise ValueError(f"{clip(repr(value), 60)}, which is neither true nor false ({type(error).__name__})") from None
+
+
+def check_count(value: Any) -> Any:
+    """A MAC or FLOP count as an int, if `value` is one: a non-negative integer (or a float holding
+    one), or a symbolic size, whose sign cannot be known here. Raises ValueError saying what it is."""
+    if isinstance(value, torch.SymInt | torch.SymFloat):
+        return value
+    if isinstance(value, float) and value.is_integer():  # finite: inf and nan are not integers
+        value = int(value)
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or isinstance(value, torch.Tensor):
+        hint = " (use // or int() for a division)" if isinstance(value, float) else ""
+        raise ValueError(f"{clip(repr(value), 60)} (a {type(value).__name__}), not a count: "
+                         f"MACs and FLOPs must be non-negative integers{hint}")
+    count = operator.index(value)
+    if count < 0:
+        raise ValueError(f"{count}, a negative count: MACs and FLOPs must be non-negative integers")
+    return count
 
 
 @dataclass(frozen=True)
@@ -78,6 +175,10 @@ class ZeroList:
     ops: tuple[str, ...]
     source: str
     moves_data: bool = True  # False: views and plumbing, which read and write no tensor memory
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}: zero list '{self.name}'"
 
 
 Entry = Rule | ZeroList
@@ -146,11 +247,17 @@ def default_rules_dir() -> Path:
 
 def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
     """Our rules plus the user's (TOML files, folders of them, or {op: callable} maps)."""
-    return RuleTable([*_shipped_entries(), *load_user_entries(extra)])
+    return table_with(load_user_entries(extra))
+
+
+def table_with(user_entries: Iterable[Entry]) -> RuleTable:
+    """Our rules plus entries already loaded (so each user file is read once per call)."""
+    return RuleTable([*_shipped_entries(), *user_entries])
 
 
 def load_user_entries(extra: Iterable[RuleSpec] | RuleSpec | None) -> list[Entry]:
-    """The entries of the user's rule specs alone, in the order given."""
+    """The entries of the user's rule specs alone, in the order given, each file read once and checked:
+    structure and formulas (RuleFileError), op spellings that name nothing (RuleFileWarning)."""
     if extra is None:
         return []
     if isinstance(extra, str | Path | Mapping):
@@ -160,104 +267,186 @@ def load_user_entries(extra: Iterable[RuleSpec] | RuleSpec | None) -> list[Entry
 
 @functools.cache
 def _shipped_entries() -> tuple[Entry, ...]:
-    # parsed once per process: the shipped files do not change while it runs, and entries are frozen
-    return tuple(load_rule_dir(default_rules_dir()))
+    # parsed once per process: the shipped files do not change while it runs, and entries are frozen.
+    # Their op spellings and formula names are checked by the test suite (check_ops=True), not here:
+    # that costs ~100 ms of signature lookups at every start, and could only warn users about our files.
+    return tuple(load_rule_dir(default_rules_dir(), check_ops=False))
 
 
-def load_rule_dir(directory: Path) -> list[Entry]:
+def load_rule_dir(directory: Path, check_ops: bool = True) -> list[Entry]:
     files = sorted(directory.glob("*.toml"))
     if not files:
         raise RuleFileError(f"no rule files (*.toml) found in {directory}")
-    return [entry for path in files for entry in load_rule_file(path)]
+    return [entry for path in files for entry in load_rule_file(path, check_ops)]
 
 
-def load_rule_file(path: str | Path) -> list[Entry]:
+def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
+    """A rule file's entries. With `check_ops`, each op spelling is looked up (one that names no op is a
+    RuleFileWarning) and each formula's names are checked against the names its ops give (RuleFileError)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RuleFileError(f"rule file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as error:
-        raise RuleFileError(f"{path}: not valid TOML: {error}") from None
+    data = _read_toml(path)
     unknown_sections = set(data) - {"rule", "zero"}
     if unknown_sections:
-        raise RuleFileError(f"{path}: unknown top-level keys {sorted(unknown_sections)} (expected [[rule]] and [[zero]])")
+        raise RuleFileError(
+            f"{path}: unknown top-level keys {_listed(unknown_sections)} (expected [[rule]] and [[zero]])"
+        )
+    for section in ("rule", "zero"):
+        if not isinstance(data.get(section, []), list):
+            raise RuleFileError(f"{path}: '{section}' must be an array of tables, written [[{section}]]")
     entries: list[Entry] = [_parse_rule(raw, path, i) for i, raw in enumerate(data.get("rule", []))]
     entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
+    if check_ops:
+        _check_entries(entries, path)
     return entries
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused, not read
+    except FileNotFoundError:
+        raise RuleFileError(f"rule file {path} does not exist") from None
+    except OSError as error:
+        raise RuleFileError(f"rule file {path} cannot be read: {error.strerror or error}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise RuleFileError(
+            f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a rule file "
+            "(split it, or check it is the file you meant)"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RuleFileError(
+            f"{path}: not UTF-8 text (byte {raw[error.start]:#04x} at offset {error.start}); TOML files are UTF-8"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise RuleFileError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    except ValueError as error:  # TOMLDecodeError, or an integer too long to convert
+        raise RuleFileError(f"{path}: not valid TOML: {clip(str(error))}") from None
 
 
 def _load_spec(spec: RuleSpec) -> list[Entry]:
     if isinstance(spec, Mapping):
-        return [_callable_rule(op, function) for op, function in spec.items()]
+        rules = [_callable_rule(op, function) for op, function in spec.items()]
+        _check_entries(rules, "Python rules")  # their spellings only: a callable has no formula names
+        return rules
+    if not isinstance(spec, str | Path):
+        raise RuleFileError(
+            f"a rule spec must be a path to a TOML file or folder, or an {{op: callable}} map; got {clip(repr(spec), 60)}"
+        )
     path = Path(spec)
     return load_rule_dir(path) if path.is_dir() else load_rule_file(path)
 
 
 def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Rule:
     if not callable(function):
-        raise RuleFileError(f"the rule given for {op!r} is not callable: {function!r}")
+        raise RuleFileError(f"the rule given for {clip(repr(op), 60)} is not callable: {clip(repr(function), 60)}")
     spelling = op if isinstance(op, str) else _object_spelling(op)
-    name = getattr(function, "__name__", "user rule")
-    return Rule(name=f"user:{name}", ops=(spelling,), source="<python>", function=function)
+    name = getattr(function, "__name__", type(function).__name__)
+    qualname = getattr(function, "__qualname__", type(function).__qualname__)
+    source = f"{getattr(function, '__module__', None) or type(function).__module__}.{qualname}"
+    return Rule(name=f"user:{name}", ops=(spelling,), source=source, function=function)
 
 
-_RULE_KEYS = {"name", "ops", "macs", "flops", "when", "presets", "doc"}
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc"})
+_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
+_PRESET_KEYS = frozenset({"macs", "flops"})
 
 
 def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
     where = f"{path}: rule #{index + 1}"
     if not isinstance(raw, dict):
-        raise RuleFileError(f"{where}: expected a table, got {raw!r}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise RuleFileError(f"{where}: missing 'name'")
+        raise RuleFileError(f"{where}: expected a table, got {clip(repr(raw), 60)}")
+    name = _parse_name(raw, where)
     where = f"{path}: rule '{name}'"
-    unknown = set(raw) - _RULE_KEYS
-    if unknown:
-        raise RuleFileError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_RULE_KEYS)})")
+    _refuse_unknown_keys(raw, _RULE_KEYS, where)
     ops = _parse_ops(raw.get("ops"), where)
     for key in ("macs", "flops"):
         if key not in raw:
             raise RuleFileError(f"{where}: missing '{key}' formula")
-    presets = {}
-    for preset, formulas in raw.get("presets", {}).items():
-        if preset not in CONVENTIONS:
-            raise RuleFileError(f"{where}: unknown preset '{preset}' (known: {', '.join(CONVENTIONS)})")
-        merged = {"macs": raw["macs"], "flops": raw["flops"], **formulas}
-        presets[preset] = (_formula(merged["macs"], where, "macs"), _formula(merged["flops"], where, "flops"))
+    if not isinstance(raw.get("doc", ""), str):
+        raise RuleFileError(f"{where}: 'doc' must be a string")
+    macs, flops = _formula(raw["macs"], where, "macs"), _formula(raw["flops"], where, "flops")
     when = raw.get("when")
     return Rule(
         name=name,
         ops=ops,
         source=str(path),
-        macs=_formula(raw["macs"], where, "macs"),
-        flops=_formula(raw["flops"], where, "flops"),
+        macs=macs,
+        flops=flops,
         when=_formula(when, where, "when") if when is not None else None,
-        presets=presets,
+        presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
     )
+
+
+def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
+    """Each preset's (macs, flops): its own formula where it gives one, else the rule's (the same object)."""
+    if not isinstance(presets, dict):
+        raise RuleFileError(f"{where}: 'presets' must be a table of presets, e.g. presets.torch = {{ flops = \"0\" }}")
+    parsed = {}
+    for preset, formulas in presets.items():
+        if preset not in CONVENTIONS:
+            raise RuleFileError(f"{where}: unknown preset {_quoted(preset)} (known: {', '.join(CONVENTIONS)})")
+        field_name = f"presets.{preset}"
+        if not isinstance(formulas, dict):
+            raise RuleFileError(f"{where}: '{field_name}' must be a table of formulas, e.g. {{ flops = \"0\" }}")
+        _refuse_unknown_keys(formulas, _PRESET_KEYS, f"{where}: '{field_name}'")
+        merged = {key: _formula(formulas[key], where, f"{field_name}.{key}") if key in formulas else own[key]
+                  for key in ("macs", "flops")}
+        parsed[preset] = (merged["macs"], merged["flops"])
+    return parsed
 
 
 def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
     where = f"{path}: zero list #{index + 1}"
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise RuleFileError(f"{where}: expected a table with a 'name' and 'ops'")
-    unknown = set(raw) - {"name", "ops", "doc", "moves_data"}
-    if unknown:
-        raise RuleFileError(f"{where}: unknown keys {sorted(unknown)}")
+    where = f"{path}: zero list '{_parse_name(raw, where)}'"
+    _refuse_unknown_keys(raw, _ZERO_KEYS, where)
     moves_data = raw.get("moves_data", True)
     if not isinstance(moves_data, bool):
-        raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {moves_data!r}")
+        raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {clip(repr(moves_data), 60)}")
     return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data)
+
+
+def _parse_name(raw: dict, where: str) -> str:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise RuleFileError(f"{where}: missing 'name'")
+    if len(name) > MAX_NAME or not name.isprintable():
+        raise RuleFileError(f"{where}: 'name' must be printable and at most {MAX_NAME} characters, got {clip(repr(name), 60)}")
+    return name
+
+
+def _refuse_unknown_keys(table: dict, allowed: frozenset[str], where: str) -> None:
+    unknown = set(table) - allowed
+    if unknown:
+        guesses = [f"'{close[0]}' for {_quoted(key)}" for key in sorted(unknown)[:5]
+                   if (close := difflib.get_close_matches(key, allowed, n=1))]
+        hint = f"; did you mean {', '.join(guesses)}?" if guesses else ""
+        raise RuleFileError(f"{where}: unknown keys {_listed(unknown)} (allowed: {', '.join(sorted(allowed))}){hint}")
+
+
+def _quoted(text: str) -> str:
+    return clip(repr(text), 60)
+
+
+def _listed(keys: Iterable[str]) -> str:
+    keys = sorted(keys)
+    return "[" + ", ".join(_quoted(key) for key in keys[:5]) + (f", ... {len(keys) - 5} more" if len(keys) > 5 else "") + "]"
 
 
 def _parse_ops(ops: Any, where: str) -> tuple[str, ...]:
     if not isinstance(ops, list) or not ops or not all(isinstance(op, str) and op for op in ops):
         raise RuleFileError(f"{where}: 'ops' must be a non-empty list of op names")
     for op in ops:
+        if len(op) > MAX_NAME or not op.isprintable():
+            raise RuleFileError(f"{where}: op {_quoted(op)} is not an op name (printable, at most {MAX_NAME} characters)")
         if "." not in op:
             raise RuleFileError(
-                f"{where}: op '{op}' is not a qualified name "
+                f"{where}: op {_quoted(op)} is not a qualified name "
                 "(write aten.NAME, Tensor.NAME, operator.NAME, torch.nn.functional.NAME or module.Class)"
             )
     return tuple(ops)
@@ -268,6 +457,187 @@ def _formula(source: Any, where: str, field_name: str) -> Formula:
         return Formula(source)
     except FormulaError as error:
         raise RuleFileError(f"{where}: '{field_name}': {error}") from None
+
+
+# --- load-time checks of op spellings and formula names -----------------------------------------
+#
+# Only what can be looked up cheaply and without importing anything: aten ops (torch.ops.aten), Tensor
+# methods, and objects under torch, operator and builtins that are already loaded. Other packages'
+# spellings (transformers.X, a user's own module) resolve lazily when their package is imported (see
+# RuleTable._resolve_pending), and are not looked at here. The names a module class gives (its
+# attributes, set in __init__) are not knowable before an instance exists, so module rules are not
+# name-checked.
+
+MAX_SPELLING_WARNINGS = 10  # per file; past it, one warning counts the rest
+MAX_SUGGESTIONS = 20  # "did you mean" lookups per file (each compares with ~2,500 names)
+
+
+def _check_entries(entries: list[Entry], where: Path | str) -> None:
+    """RuleFileError for a formula name no op of its rule gives; a RuleFileWarning per entry with op
+    spellings that name nothing (so it could never match). `where`: the file, or what gave the entries."""
+    unresolved = []
+    for entry in entries:
+        if isinstance(entry, Rule) and entry.function is None:
+            _check_names(entry)
+        missing = [op for op in entry.ops if _lookup(op)[0] is False]
+        if missing:
+            unresolved.append((entry, missing))
+    suggestions = MAX_SUGGESTIONS
+    for number, (entry, missing) in enumerate(unresolved):
+        if number == MAX_SPELLING_WARNINGS:
+            warnings.warn(f"{where}: {len(unresolved) - number} more rules or zero lists name ops that do not exist",
+                          RuleFileWarning, stacklevel=2)
+            break
+        shown = []
+        for op in missing[:5]:
+            shown.append(_did_you_mean(op) if suggestions > 0 else _quoted(op))
+            suggestions -= 1
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        kind = "rule" if isinstance(entry, Rule) else "zero list"
+        ops = f"op {shown[0]} names" if len(missing) == 1 else f"ops {', '.join(shown)}{more} name"
+        warnings.warn(
+            f"{entry.label}: {ops} nothing in this torch, so the {kind} never matches "
+            f"{'it' if len(missing) == 1 else 'them'}",
+            RuleFileWarning, stacklevel=2,
+        )
+
+
+def _check_names(rule: Rule) -> None:
+    given = [(op, names) for op in rule.ops if (names := _lookup(op)[1]) is not None]
+    if not given:
+        return
+    fields: list[tuple[str, Formula | None, frozenset[str]]] = [
+        ("when", rule.when, CALL_NAMES), ("macs", rule.macs, CALL_NAMES), ("flops", rule.flops, CALL_NAMES | {"macs"}),
+    ]
+    for preset, (macs, flops) in rule.presets.items():
+        fields += [(f"presets.{preset}.macs", macs, CALL_NAMES), (f"presets.{preset}.flops", flops, CALL_NAMES | {"macs"})]
+    for field_name, formula, extra in fields:
+        if formula is None:
+            continue
+        for name in sorted(formula.names - extra):
+            lacking = [(op, names) for op, names in given if name not in names]
+            if not lacking:
+                continue
+            op, names = lacking[0]
+            where = f"{rule.label}: '{field_name}'"
+            if name == "macs":
+                raise RuleFileError(f"{where}: 'macs' is defined only inside 'flops' (it is the rule's MACs)")
+            known = sorted(names | extra)
+            close = difflib.get_close_matches(name, known, n=1)
+            others = f" (nor by {len(lacking) - 1} more of its ops)" if len(lacking) > 1 else ""
+            listed = ", ".join(known[:25]) + (", ..." if len(known) > 25 else "")
+            raise RuleFileError(
+                f"{where}: name '{name}' is not given by {op}{others}; its names are {listed}"
+                + (f"; did you mean '{close[0]}'?" if close else "")
+            )
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(op: str) -> tuple[bool | None, frozenset[str] | None]:
+    """(whether the spelling names something, the names a formula gets for it); None where not knowable."""
+    head, _, rest = op.partition(".")
+    if head == "aten":
+        name, _, overload = rest.partition(".")
+        packet = _aten_packet(name)
+        if packet is None or "." in overload or (overload and overload not in packet.overloads()):
+            return False, None
+        return True, _schema_names(getattr(packet, overload) if overload else packet)
+    if head == "Tensor":
+        if "." in rest or not hasattr(torch.Tensor, rest):
+            return False, None
+        function = _method_function(rest)
+        names = _parameter_names(function) if function is not None else frozenset()
+        return True, names | {"self", "input"} if names is not None else None
+    if head not in ("torch", "operator", "builtins") or op.startswith("torch.ops."):
+        return None, None
+    found, obj = _find_loaded(op)
+    if not found:
+        return found, None
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        return True, None  # its attributes exist only once an instance does
+    if isinstance(obj, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return True, _schema_names(obj)
+    return True, _parameter_names(obj) if callable(obj) else None
+
+
+def _aten_packet(name: str) -> Any:
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+def _schema_names(op: Any) -> frozenset[str]:
+    overloads = [op] if isinstance(op, torch._ops.OpOverload) else [getattr(op, name) for name in op.overloads()]
+    return frozenset(argument.name for overload in overloads for argument in overload._schema.arguments)
+
+
+def _parameter_names(function: Any) -> frozenset[str] | None:
+    """Every name some signature of `function` binds (as _bind_function does); None if not knowable."""
+    signatures = _signatures(function)
+    if not signatures:
+        return None
+    names = set()
+    for signature in signatures:
+        for parameter in signature.parameters.values():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                return None  # its keywords are flattened into names: any name may come
+            names.add(parameter.name)
+    return frozenset(names)
+
+
+def _find_loaded(spelling: str) -> tuple[bool | None, Any]:
+    """(True, the object) for a dotted name found among loaded modules without importing anything;
+    (False, None) where it names nothing; (None, None) where only an import could tell."""
+    parts = spelling.split(".")
+    obj: Any = sys.modules.get(parts[0])
+    if obj is None:
+        return None, None
+    for index in range(1, len(parts)):
+        prefix = ".".join(parts[: index + 1])
+        if prefix in sys.modules:
+            obj = sys.modules[prefix]
+        elif isinstance(obj, types.ModuleType):
+            if parts[index] in vars(obj):
+                obj = vars(obj)[parts[index]]
+                continue
+            if hasattr(obj, "__path__"):  # a package: the name may be a submodule not imported yet
+                try:
+                    if importlib.util.find_spec(prefix) is not None:
+                        return None, None
+                except (ImportError, ValueError):
+                    pass
+            return False, None
+        else:
+            try:
+                obj = getattr(obj, parts[index])
+            except Exception:
+                return False, None
+    return True, obj
+
+
+def _did_you_mean(op: str) -> str:
+    head, _, rest = op.partition(".")
+    if head == "aten":
+        prefix, word, candidates = "aten.", rest.partition(".")[0], _aten_names()
+    elif head == "Tensor":
+        prefix, word, candidates = "Tensor.", rest, [name for name in dir(torch.Tensor) if not name.startswith("__")]
+    else:
+        parent, _, word = op.rpartition(".")
+        found, obj = _find_loaded(parent)
+        if not found:
+            return _quoted(op)
+        prefix, candidates = parent + ".", [name for name in dir(obj) if not name.startswith("_")]
+    close = difflib.get_close_matches(word, candidates, n=1)
+    return f"{_quoted(op)} (did you mean '{prefix}{close[0]}'?)" if close else _quoted(op)
+
+
+@functools.cache
+def _aten_names() -> tuple[str, ...]:
+    names = {name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
+             if name.startswith("aten::")}
+    return tuple(sorted(names))
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -389,7 +759,7 @@ def _bind_function(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[
 
 
 def _bind_method(name: str, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    function = getattr(torch, name, None)
+    function = _method_function(name)
     names = _bind_function(function, args, kwargs) if function is not None else {}
     if args:
         names.setdefault("self", args[0])
@@ -413,6 +783,15 @@ def _bind_module(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
     if args:
         names.setdefault("input", args[0])
     return names
+
+
+def _method_function(name: str) -> Any:
+    """The torch function whose signature names a Tensor method's arguments: torch.NAME, or for an
+    in-place method with no torch function of its own (index_add_, scatter_add_) the out-of-place one."""
+    function = getattr(torch, name, None)
+    if function is None and name.endswith("_") and not name.endswith("__"):
+        function = getattr(torch, name[:-1], None)
+    return function
 
 
 def _flatten_varargs(bound: inspect.BoundArguments, signature: inspect.Signature) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -86,3 +88,32 @@ def test_symbolic_sizes_give_an_expression():
 )
 def test_einsum_macs(equation, shapes, expected):
     assert einsum_macs(equation, [torch.empty(s, device="meta") for s in shapes]) == expected
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("(9 ** 64) ** 64", "would have about 12992 bits (at most 256)"),
+        ("2 ** 200 * 2 ** 60", "exponent 200 is too large"),
+        ("(2 ** 64) ** 3 * (2 ** 64) ** 2", "would have about 322 bits"),
+        ("'ab' * 10 ** 9", "a str of length 2 repeated 1000000000 times"),
+        ("(1, 2) * 6000", "a tuple of length 2 repeated 6000 times"),
+        ("sum([[0] * 10000] * 10000, [])", "concatenating would make length 20000"),
+        ("'%0999999999d' % 1", "string formatting with % is not allowed"),
+        ("int(1e300)", "an integer of 997 bits"),
+        ("1e308 + 1e308", "float overflow"),
+        ("(-1) ** 0.5", "complex result"),
+        ("x * 2", "arithmetic on a tensor is not allowed"),
+        ("-x", "arithmetic on a tensor is not allowed"),
+    ],
+)
+def test_bounds_refuse_before_computing(source, problem):
+    with pytest.raises(FormulaError, match=re.escape(problem)):
+        Formula(source).evaluate({"x": torch.empty(3, device="meta")})
+
+
+def test_bounds_leave_room_for_real_counts():
+    # 2**80 MACs is far beyond any model; products of sizes up to 256 bits are fine
+    assert Formula("prod((2 ** 40, 2 ** 40, 2 ** 40))").evaluate({}) == 2**120
+    assert Formula("sum([1] * 10000)").evaluate({}) == 10000
+    assert Formula("12 ** 64").evaluate({}) == 12**64

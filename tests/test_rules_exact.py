@@ -463,3 +463,17 @@ def test_weight_norm_counts_three_flops_per_weight_element():
     assert est.total_macs == macs
     assert est.by_rule["weight_norm"].flops == 3 * 6 * 4 * 3
     assert est.total_flops == 2 * macs + 2 * 6 * 8 + 3 * 6 * 4 * 3
+
+
+def test_in_place_scatters_bind_their_arguments_as_methods():
+    # Tensor.index_add_ has no torch.index_add_: torch.index_add's signature names its arguments
+    def combine(out, index, src):
+        out = out.clone()
+        out.index_add_(0, index, src)
+        return out.scatter_add_(0, index[:, None].expand(-1, 4), src)
+
+    inputs = (rand(5, 4), torch.tensor([0, 2, 2]), rand(3, 4))
+    for method in ("eager", "symbolic"):
+        est = fxflops.estimate(Fn(combine, 3), inputs, method=method)
+        assert est.total_flops == 3 * 4 + 3 * 4, method  # one add per source element, twice
+        assert est.by_rule["scatter_add"].count == 2, method
