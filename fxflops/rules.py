@@ -4,10 +4,16 @@ A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.for
 spelled as aten ops (`aten.convolution`), torch functions (`torch.nn.functional.conv2d`), tensor
 methods (`Tensor.matmul`), operators (`operator.matmul`) or module classes (`torch.nn.Conv2d`).
 Zero lists declare ops that are known to cost nothing, so they are never reported as unknown.
+
+Every rule belongs to an op family (its own `family`, else its file's top-level `family`); the
+counting presets of rules/presets.toml (`fxflops.presets`) say which families each counts and how
+its MACs and FLOPs follow from the rule's. A user rule that names no family takes the family of the
+rule it replaces for that call, or "other".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -22,8 +28,7 @@ from typing import Any
 import torch
 
 from fxflops.formula import Formula, FormulaError
-
-CONVENTIONS = ("deepspeed", "torch")
+from fxflops.presets import OTHER, PRESETS_FILE, Preset, PresetTable, load_presets
 
 RuleSpec = str | Path | Mapping[Any, Callable[["OpCall"], tuple[int, int]]]
 
@@ -42,6 +47,7 @@ class OpCall:
     names: Mapping[str, Any]  # argument (or module attribute) name -> value
     out: Any
     module: torch.nn.Module | None = None
+    conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,22 +58,37 @@ class Rule:
     macs: Formula | None = None
     flops: Formula | None = None
     when: Formula | None = None
-    presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)
+    presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)  # preset -> its own formulas
     function: Callable[[OpCall], tuple[int, int]] | None = None
+    family: str | None = None  # None: a user rule's, resolved per call by RuleTable.family
 
     def applies(self, call: OpCall) -> bool:
         return self.when is None or bool(self.when.evaluate(_formula_names(call)))
 
-    def cost(self, call: OpCall, conventions: str) -> tuple[Any, Any]:
-        """(MACs, FLOPs) of this call under the given conventions."""
+    def cost(self, call: OpCall, preset: Preset, family: str) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of this call under `preset`, for an op of `family`.
+
+        The rule's own `presets.NAME` formulas, where it has them, are its count under that preset;
+        otherwise the preset keeps or drops the rule's counts by family and derives its MACs and FLOPs
+        from them. A callable gives the rule's counts (it may read call.conventions)."""
+        override = self.presets.get(preset.name)
+        if override is not None:
+            return _evaluate(override, call)
+        if not preset.counts(family):
+            return 0, 0
         if self.function is not None:
-            macs, flops = self.function(call)
-            return macs, flops
-        macs_formula, flops_formula = self.presets.get(conventions, (self.macs, self.flops))
-        names = dict(_formula_names(call))
-        macs = macs_formula.evaluate(names)
-        names["macs"] = macs
-        return macs, flops_formula.evaluate(names)
+            macs, flops = self.function(dataclasses.replace(call, conventions=preset.name))
+        else:
+            macs, flops = _evaluate((self.macs, self.flops), call)
+        return preset.apply(family, macs, flops)
+
+
+def _evaluate(formulas: tuple[Formula, Formula], call: OpCall) -> tuple[Any, Any]:
+    macs_formula, flops_formula = formulas
+    names = dict(_formula_names(call))
+    macs = macs_formula.evaluate(names)
+    names["macs"] = macs
+    return macs, flops_formula.evaluate(names)
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,26 @@ class RuleTable:
                     return entry
         return None
 
+    def family(self, rule: Rule, call: OpCall) -> str:
+        """The rule's family; for a user rule that names none, the family of the rule it replaces for
+        this call (the next that would have counted it), else "other"."""
+        if rule.family is not None:
+            return rule.family
+        below = False
+        for key in _match_keys_for_call(call):
+            for _, entry in self._by_key.get(key, ()):
+                if entry is rule:
+                    below = True
+                elif below and isinstance(entry, ZeroList):
+                    return OTHER
+                elif below and entry.family is not None and entry.applies(call):
+                    return entry.family
+        return OTHER
+
+    def cost(self, rule: Rule, call: OpCall, conventions: str) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
+        return rule.cost(call, preset(conventions), self.family(rule, call))
+
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
         self._resolve_pending()
@@ -142,6 +183,16 @@ def default_rules_dir() -> Path:
     here = Path(__file__).resolve().parent
     installed = here / "_rules"
     return installed if any(installed.glob("*.toml")) else here.parent / "rules"
+
+
+PRESET_TABLE: PresetTable = load_presets(default_rules_dir() / PRESETS_FILE)
+CONVENTIONS: tuple[str, ...] = tuple(PRESET_TABLE.presets)  # the preset names, as rules/presets.toml lists them
+FAMILIES: tuple[str, ...] = tuple(PRESET_TABLE.families)
+
+
+def preset(conventions: str) -> Preset:
+    """The preset called `conventions`; a ValueError listing the valid ones for any other name."""
+    return PRESET_TABLE.get(conventions)
 
 
 def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
@@ -161,11 +212,11 @@ def load_user_entries(extra: Iterable[RuleSpec] | RuleSpec | None) -> list[Entry
 @functools.cache
 def _shipped_entries() -> tuple[Entry, ...]:
     # parsed once per process: the shipped files do not change while it runs, and entries are frozen
-    return tuple(load_rule_dir(default_rules_dir()))
+    return tuple(load_rule_dir(default_rules_dir(), skip=PRESETS_FILE))
 
 
-def load_rule_dir(directory: Path) -> list[Entry]:
-    files = sorted(directory.glob("*.toml"))
+def load_rule_dir(directory: Path, skip: str | None = None) -> list[Entry]:
+    files = sorted(path for path in directory.glob("*.toml") if path.name != skip)
     if not files:
         raise RuleFileError(f"no rule files (*.toml) found in {directory}")
     return [entry for path in files for entry in load_rule_file(path)]
@@ -179,10 +230,12 @@ def load_rule_file(path: str | Path) -> list[Entry]:
         raise RuleFileError(f"rule file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise RuleFileError(f"{path}: not valid TOML: {error}") from None
-    unknown_sections = set(data) - {"rule", "zero"}
+    unknown_sections = set(data) - {"rule", "zero", "family"}
     if unknown_sections:
-        raise RuleFileError(f"{path}: unknown top-level keys {sorted(unknown_sections)} (expected [[rule]] and [[zero]])")
-    entries: list[Entry] = [_parse_rule(raw, path, i) for i, raw in enumerate(data.get("rule", []))]
+        raise RuleFileError(f"{path}: unknown top-level keys {sorted(unknown_sections)} "
+                            "(expected [[rule]], [[zero]] and a default family = \"...\")")
+    family = _family(data["family"], f"{path}: top-level 'family'") if "family" in data else None
+    entries: list[Entry] = [_parse_rule(raw, path, i, family) for i, raw in enumerate(data.get("rule", []))]
     entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
     return entries
 
@@ -199,13 +252,23 @@ def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Ru
         raise RuleFileError(f"the rule given for {op!r} is not callable: {function!r}")
     spelling = op if isinstance(op, str) else _object_spelling(op)
     name = getattr(function, "__name__", "user rule")
-    return Rule(name=f"user:{name}", ops=(spelling,), source="<python>", function=function)
+    family = getattr(function, "family", None)
+    if family is not None:
+        family = _family(family, f"the rule given for {op!r}: its 'family' attribute")
+    return Rule(name=f"user:{name}", ops=(spelling,), source="<python>", function=function, family=family)
 
 
-_RULE_KEYS = {"name", "ops", "macs", "flops", "when", "presets", "doc"}
+def _family(family: Any, where: str) -> str:
+    try:
+        return PRESET_TABLE.check_family(family, where)
+    except ValueError as error:
+        raise RuleFileError(str(error)) from None
 
 
-def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
+_RULE_KEYS = {"name", "ops", "macs", "flops", "when", "presets", "doc", "family"}
+
+
+def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
     where = f"{path}: rule #{index + 1}"
     if not isinstance(raw, dict):
         raise RuleFileError(f"{where}: expected a table, got {raw!r}")
@@ -216,6 +279,8 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
     unknown = set(raw) - _RULE_KEYS
     if unknown:
         raise RuleFileError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_RULE_KEYS)})")
+    if "family" in raw:
+        family = _family(raw["family"], where)
     ops = _parse_ops(raw.get("ops"), where)
     for key in ("macs", "flops"):
         if key not in raw:
@@ -235,6 +300,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         flops=_formula(raw["flops"], where, "flops"),
         when=_formula(when, where, "when") if when is not None else None,
         presets=presets,
+        family=family,
     )
 
 
