@@ -7,12 +7,12 @@ from fxflops.formula import FormulaError
 from fxflops.generate import profile_generate
 from fxflops.profiling import profile
 from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
-from fxflops.rules import OpCall, RuleFileError, RuleFileWarning
+from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
+    "CONVENTIONS", "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
     "RuleEvaluationError", "RuleFileError", "RuleFileWarning", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
     "estimate", "profile", "profile_generate", "sweep",
 ]

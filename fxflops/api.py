@@ -18,7 +18,7 @@ from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
-from fxflops.rules import CONVENTIONS, RuleSpec, RuleTable, load_table, load_user_entries, table_with
+from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
 
 
@@ -50,9 +50,11 @@ def estimate(
     `args`/`kwargs` may be real or meta tensors (only their shapes and dtypes are used), or give
     `input_shape=(1, 3, 224, 224)`. `method` is "eager" (the model's own forward on fake tensors),
     "export", "symbolic", "trace" (one real forward, for control flow that depends on tensor values)
-    or "auto" (each in that order). The model is left exactly as it was. `conventions` is "deepspeed"
-    or "torch" (FlopCounterMode's counting). `rules` adds TOML rule files or {op: callable} maps;
-    `leaf_modules` lists module classes (or qualified class names) to count as a whole by their rule.
+    or "auto" (each in that order). The model is left exactly as it was. `conventions` names a counting
+    preset of rules/presets.toml (one of fxflops.CONVENTIONS: "deepspeed" by default; "torch" counts
+    as FlopCounterMode does; others reproduce other tools). `rules` adds TOML rule files or
+    {op: callable} maps; `leaf_modules` lists module classes (or qualified class names) to count as a
+    whole by their rule.
 
     `backward=True` also counts the backward autograd would run for `loss(output)` (default: the sum
     of the output's floating tensors), op by op on fake tensors: frozen parameters get no gradient,
@@ -156,8 +158,7 @@ def collector_paused() -> Iterator[None]:
 
 
 def _check_conventions(conventions: str) -> None:
-    if conventions not in CONVENTIONS:
-        raise ValueError(f"conventions must be one of {', '.join(CONVENTIONS)}; got {conventions!r}")
+    preset(conventions)  # a ValueError naming the valid presets for any other name
 
 
 def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, input_shape: Any) -> tuple[tuple, dict]:

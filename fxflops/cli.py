@@ -31,7 +31,7 @@ from fxflops.model_spec import (
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
 from fxflops.progress import StageProgress
-from fxflops.rules import CONVENTIONS
+from fxflops.rules import CONVENTIONS, PRESET_TABLE
 
 FORMATS = ("text", "table", "json", "csv", "html")
 EXIT_FAILED = 1
@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--trust-remote-code", action="store_true",
                         help="let hf:DIR run the Python its config.json's auto_map names (never by default)")
     counting = parser.add_argument_group("counting")
-    counting.add_argument("--conventions", default="deepspeed", choices=CONVENTIONS)
+    counting.add_argument("--conventions", default="deepspeed", choices=CONVENTIONS,
+                          help="counting preset (rules/presets.toml): "
+                               + "; ".join(f"{name}: {PRESET_TABLE.presets[name].doc}" for name in CONVENTIONS))
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")

@@ -108,7 +108,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     if found is None:
         call = _call_of(graph_module, node, args, kwargs, out)
         entry = _match(table, call, path)
-        found = (call.key, entry, *_apply(entry, call, conventions, path, sizes))
+        found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes))
         if key is not None:
             memo[key] = found
     op, entry, macs, flops = found
@@ -174,7 +174,7 @@ def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes:
     module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = _match(table, op_call, call.module)
-    macs, flops = _apply(entry, op_call, conventions, call.module, sizes)
+    macs, flops = _apply(entry, op_call, table, conventions, call.module, sizes)
     kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
         name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
@@ -191,11 +191,12 @@ def _match(table: RuleTable, call: OpCall, path: str) -> Rule | ZeroList | None:
         raise error.in_module(path or ROOT_LABEL) from error.__cause__
 
 
-def _apply(entry: Rule | ZeroList | None, call: OpCall, conventions: str, path: str, sizes: Any) -> tuple[Any, Any]:
+def _apply(entry: Rule | ZeroList | None, call: OpCall, table: RuleTable, conventions: str, path: str,
+           sizes: Any) -> tuple[Any, Any]:
     if not isinstance(entry, Rule):
         return 0, 0
     try:
-        macs, flops = entry.cost(call, conventions)  # checked: non-negative ints, or symbolic sizes
+        macs, flops = table.cost(entry, call, conventions)  # checked: non-negative ints, or symbolic sizes
     except RuleEvaluationError as error:
         raise error.in_module(path or ROOT_LABEL) from error.__cause__
     return _to_count(macs, sizes), _to_count(flops, sizes)

@@ -248,7 +248,7 @@ class Estimate:
 
     model_type: str
     method: str  # a name from fxflops.capture.methods.METHODS: "eager" | "export" | "symbolic" | "trace"
-    conventions: str  # "deepspeed" | "torch"
+    conventions: str  # the counting preset: a name of fxflops.CONVENTIONS (rules/presets.toml)
     total_macs: int
     total_flops: int
     total_params: int

@@ -4,10 +4,16 @@ A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.for
 spelled as aten ops (`aten.convolution`), torch functions (`torch.nn.functional.conv2d`), tensor
 methods (`Tensor.matmul`), operators (`operator.matmul`) or module classes (`torch.nn.Conv2d`).
 Zero lists declare ops that are known to cost nothing, so they are never reported as unknown.
+
+Every rule belongs to an op family (its own `family`, else its file's top-level `family`); the
+counting presets of rules/presets.toml (`fxflops.presets`) say which families each counts and how
+its MACs and FLOPs follow from the rule's. A user rule that names no family takes the family of the
+rule it replaces for that call, or "other".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -26,8 +32,7 @@ from typing import Any
 import torch
 
 from fxflops.formula import Formula, FormulaError, clip
-
-CONVENTIONS = ("deepspeed", "torch")
+from fxflops.presets import OTHER, PRESETS_FILE, Preset, PresetTable, load_presets
 
 RuleSpec = str | Path | Mapping[Any, Callable[["OpCall"], tuple[int, int]]]
 
@@ -74,6 +79,7 @@ class OpCall:
     names: Mapping[str, Any]  # argument (or module attribute) name -> value
     out: Any
     module: torch.nn.Module | None = None
+    conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,8 +90,9 @@ class Rule:
     macs: Formula | None = None
     flops: Formula | None = None
     when: Formula | None = None
-    presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)
+    presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)  # preset -> its own formulas
     function: Callable[[OpCall], tuple[int, int]] | None = None
+    family: str | None = None  # None: a user rule's, resolved per call by RuleTable.family
 
     @property
     def label(self) -> str:
@@ -97,14 +104,28 @@ class Rule:
             return True
         return self._evaluate(self.when, "when", _formula_names(call), call, _truth)
 
-    def cost(self, call: OpCall, conventions: str) -> tuple[Any, Any]:
-        """(MACs, FLOPs) of this call under the given conventions: non-negative ints, or symbolic sizes.
+    def cost(self, call: OpCall, preset: Preset, family: str) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of this call under `preset`, for an op of `family`: non-negative ints, or
+        symbolic sizes.
 
-        Raises RuleEvaluationError naming the rule, the field and the op when a formula fails or gives
+        The rule's own `presets.NAME` formulas, where it has them, are its count under that preset;
+        otherwise the preset keeps or drops the rule's counts by family and derives its MACs and FLOPs
+        from them. A callable gives the rule's counts (it may read call.conventions). Raises
+        RuleEvaluationError naming the rule, the field and the op when a formula fails or gives
         something that is not a count."""
+        override = self.presets.get(preset.name)
+        if override is not None:
+            return self._counts(override, call, preset.name)
+        if not preset.counts(family):
+            return 0, 0
         if self.function is not None:
-            return self._call_function(call)
-        macs_formula, flops_formula = self.presets.get(conventions, (self.macs, self.flops))
+            macs, flops = self._call_function(dataclasses.replace(call, conventions=preset.name))
+        else:
+            macs, flops = self._counts((self.macs, self.flops), call, preset.name)
+        return preset.apply(family, macs, flops)
+
+    def _counts(self, formulas: tuple[Formula, Formula], call: OpCall, conventions: str) -> tuple[Any, Any]:
+        macs_formula, flops_formula = formulas
         names = dict(_formula_names(call))
         macs = self._evaluate(macs_formula, self._field("macs", macs_formula, conventions), names, call, check_count)
         names["macs"] = macs
@@ -232,6 +253,26 @@ class RuleTable:
                     return entry
         return None
 
+    def family(self, rule: Rule, call: OpCall) -> str:
+        """The rule's family; for a user rule that names none, the family of the rule it replaces for
+        this call (the next that would have counted it), else "other"."""
+        if rule.family is not None:
+            return rule.family
+        below = False
+        for key in _match_keys_for_call(call):
+            for _, entry in self._by_key.get(key, ()):
+                if entry is rule:
+                    below = True
+                elif below and isinstance(entry, ZeroList):
+                    return OTHER
+                elif below and entry.family is not None and entry.applies(call):
+                    return entry.family
+        return OTHER
+
+    def cost(self, rule: Rule, call: OpCall, conventions: str) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
+        return rule.cost(call, preset(conventions), self.family(rule, call))
+
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
         self._resolve_pending()
@@ -243,6 +284,16 @@ def default_rules_dir() -> Path:
     here = Path(__file__).resolve().parent
     installed = here / "_rules"
     return installed if any(installed.glob("*.toml")) else here.parent / "rules"
+
+
+PRESET_TABLE: PresetTable = load_presets(default_rules_dir() / PRESETS_FILE)
+CONVENTIONS: tuple[str, ...] = tuple(PRESET_TABLE.presets)  # the preset names, as rules/presets.toml lists them
+FAMILIES: tuple[str, ...] = tuple(PRESET_TABLE.families)
+
+
+def preset(conventions: str) -> Preset:
+    """The preset called `conventions`; a ValueError listing the valid ones for any other name."""
+    return PRESET_TABLE.get(conventions)
 
 
 def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
@@ -270,11 +321,11 @@ def _shipped_entries() -> tuple[Entry, ...]:
     # parsed once per process: the shipped files do not change while it runs, and entries are frozen.
     # Their op spellings and formula names are checked by the test suite (check_ops=True), not here:
     # that costs ~100 ms of signature lookups at every start, and could only warn users about our files.
-    return tuple(load_rule_dir(default_rules_dir(), check_ops=False))
+    return tuple(load_rule_dir(default_rules_dir(), check_ops=False, skip=PRESETS_FILE))
 
 
-def load_rule_dir(directory: Path, check_ops: bool = True) -> list[Entry]:
-    files = sorted(directory.glob("*.toml"))
+def load_rule_dir(directory: Path, check_ops: bool = True, skip: str | None = None) -> list[Entry]:
+    files = sorted(path for path in directory.glob("*.toml") if path.name != skip)
     if not files:
         raise RuleFileError(f"no rule files (*.toml) found in {directory}")
     return [entry for path in files for entry in load_rule_file(path, check_ops)]
@@ -285,15 +336,17 @@ def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
     RuleFileWarning) and each formula's names are checked against the names its ops give (RuleFileError)."""
     path = Path(path)
     data = _read_toml(path)
-    unknown_sections = set(data) - {"rule", "zero"}
+    unknown_sections = set(data) - {"rule", "zero", "family"}
     if unknown_sections:
         raise RuleFileError(
-            f"{path}: unknown top-level keys {_listed(unknown_sections)} (expected [[rule]] and [[zero]])"
+            f"{path}: unknown top-level keys {_listed(unknown_sections)} "
+            "(expected [[rule]], [[zero]] and a default family = \"...\")"
         )
     for section in ("rule", "zero"):
         if not isinstance(data.get(section, []), list):
             raise RuleFileError(f"{path}: '{section}' must be an array of tables, written [[{section}]]")
-    entries: list[Entry] = [_parse_rule(raw, path, i) for i, raw in enumerate(data.get("rule", []))]
+    family = _family(data["family"], f"{path}: top-level 'family'") if "family" in data else None
+    entries: list[Entry] = [_parse_rule(raw, path, i, family) for i, raw in enumerate(data.get("rule", []))]
     entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
     if check_ops:
         _check_entries(entries, path)
@@ -347,21 +400,35 @@ def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Ru
     name = getattr(function, "__name__", type(function).__name__)
     qualname = getattr(function, "__qualname__", type(function).__qualname__)
     source = f"{getattr(function, '__module__', None) or type(function).__module__}.{qualname}"
-    return Rule(name=f"user:{name}", ops=(spelling,), source=source, function=function)
+    family = getattr(function, "family", None)
+    if family is not None:
+        family = _family(family, f"the rule given for {clip(repr(op), 60)}: its 'family' attribute")
+    return Rule(name=f"user:{name}", ops=(spelling,), source=source, function=function, family=family)
 
 
-_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc"})
+def _family(family: Any, where: str) -> str:
+    try:
+        return PRESET_TABLE.check_family(family, where)
+    except ValueError as error:
+        raise RuleFileError(str(error)) from None
+
+
 _ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
 _PRESET_KEYS = frozenset({"macs", "flops"})
 
 
-def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family"})
+
+
+def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
     where = f"{path}: rule #{index + 1}"
     if not isinstance(raw, dict):
         raise RuleFileError(f"{where}: expected a table, got {clip(repr(raw), 60)}")
     name = _parse_name(raw, where)
     where = f"{path}: rule '{name}'"
     _refuse_unknown_keys(raw, _RULE_KEYS, where)
+    if "family" in raw:
+        family = _family(raw["family"], where)
     ops = _parse_ops(raw.get("ops"), where)
     for key in ("macs", "flops"):
         if key not in raw:
@@ -378,6 +445,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         flops=flops,
         when=_formula(when, where, "when") if when is not None else None,
         presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
+        family=family,
     )
 
 

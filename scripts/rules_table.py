@@ -1,6 +1,8 @@
-"""Print the README's rule table (markdown) from rules/*.toml, so the two never drift apart.
+"""Print the README's rule table and preset table (markdown) from rules/*.toml, so they never drift.
 
-Usage: python scripts/rules_table.py   (tests/test_readme.py checks the README holds its output)
+Usage: python scripts/rules_table.py            the rule table
+       python scripts/rules_table.py presets    the preset table
+(tests/test_readme.py checks the README holds their output)
 """
 
 from __future__ import annotations
@@ -10,41 +12,76 @@ import tomllib
 from pathlib import Path
 
 RULES = Path(__file__).resolve().parent.parent / "rules"
+PRESETS = RULES / "presets.toml"
 
 
 def _code(text: str) -> str:
     return "`" + " ".join(text.split()).replace("|", "\\|") + "`"
 
 
-def _torch_column(rule: dict) -> str:
-    override = rule.get("presets", {}).get("torch", {})
-    if not override:
-        return "same"
-    parts = [f"{key} {_code(override[key])}" for key in ("macs", "flops") if key in override]
-    return "; ".join(parts).replace("macs ", "MACs ").replace("flops ", "FLOPs ")
+def _own_presets(rule: dict) -> str:
+    own = rule.get("presets", {})
+    if not own:
+        return ""
+    parts = []
+    for preset, formulas in own.items():
+        shown = "; ".join(f"{'MACs' if key == 'macs' else 'FLOPs'} {_code(formulas[key])}"
+                          for key in ("macs", "flops") if key in formulas)
+        parts.append(f"{preset}: {shown}")
+    return "; ".join(parts)
 
 
 def rows() -> list[str]:
     lines = []
     for path in sorted(RULES.glob("*.toml")):
-        for rule in tomllib.loads(path.read_text()).get("rule", []):
+        if path == PRESETS:
+            continue
+        data = tomllib.loads(path.read_text())
+        for rule in data.get("rule", []):
             ops = rule["ops"]
             shown = ", ".join(f"`{op}`" for op in ops[:3]) + (f" (+{len(ops) - 3})" if len(ops) > 3 else "")
             when = f" when {_code(rule['when'])}" if "when" in rule else ""
+            family = rule.get("family", data.get("family", ""))
             lines.append(
-                f"| `{rule['name']}`{when} | {path.name} | {shown} | {_code(rule['macs'])} | "
-                f"{_code(rule['flops'])} | {_torch_column(rule)} |"
+                f"| `{rule['name']}`{when} | {path.name} | {family} | {shown} | {_code(rule['macs'])} | "
+                f"{_code(rule['flops'])} | {_own_presets(rule)} |"
             )
     return lines
 
 
 def table() -> str:
     header = [
-        "| rule | file | matches (first ops) | MACs | FLOPs (deepspeed) | torch preset |",
-        "|---|---|---|---|---|---|",
+        "| rule | file | family | matches (first ops) | MACs | FLOPs (deepspeed) | own formulas under a preset |",
+        "|---|---|---|---|---|---|---|",
     ]
     return "\n".join(header + rows())
 
 
+def _column(groups: dict[tuple[str, str], list[str]], index: int) -> str:
+    """One formula column: the formula, or where families differ each with the families it applies to."""
+    formulas: dict[str, list[str]] = {}
+    for treatment, families in groups.items():
+        formulas.setdefault(treatment[index], []).extend(families)
+    if len(formulas) == 1:
+        return _code(next(iter(formulas)))
+    return "; ".join(f"{_code(formula)} ({', '.join(families)})" for formula, families in formulas.items())
+
+
+def presets_table() -> str:
+    data = tomllib.loads(PRESETS.read_text())
+    lines = [
+        "| preset | counts (families) | MACs | FLOPs | reproduces |",
+        "|---|---|---|---|---|",
+    ]
+    for name, preset in data["preset"].items():
+        groups: dict[tuple[str, str], list[str]] = {}  # (MACs, FLOPs) formulas -> the families counted so
+        for family, own in preset["count"].items():
+            treatment = (own.get("macs", preset.get("macs", "macs")), own.get("flops", preset.get("flops", "flops")))
+            groups.setdefault(treatment, []).append("every family" if family == "*" else family)
+        families = ", ".join(family for group in groups.values() for family in group)
+        lines.append(f"| `{name}` | {families} | {_column(groups, 0)} | {_column(groups, 1)} | {preset.get('tool', '')} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(table() + "\n")
+    sys.stdout.write((presets_table() if sys.argv[1:] == ["presets"] else table()) + "\n")

@@ -85,7 +85,7 @@ def test_bad_method_and_conventions():
     with pytest.raises(ValueError, match="method must be one of"):
         fxflops.estimate(TwoLayer(), input_shape=(2, 8), method="jit")
     with pytest.raises(ValueError, match="conventions must be one of"):
-        fxflops.estimate(TwoLayer(), input_shape=(2, 8), conventions="fvcore")
+        fxflops.estimate(TwoLayer(), input_shape=(2, 8), conventions="mlperf")
 
 
 def test_bad_input_shape():
@@ -105,7 +105,7 @@ def test_bad_input_shape():
         ("[[rule]]\nname = 'x'\nops = 'aten.mm'\nmacs = '1'\nflops = '1'\n", "'ops' must be a non-empty list"),
         ("[[rule]]\nname = 'x'\nops = ['mm']\nmacs = '1'\nflops = '1'\n", "not a qualified name"),
         ("[[rule]]\nname = 'x'\nops = ['aten.mm']\nmacs = '1'\nflops = '1'\ncost = 3\n", "unknown keys ['cost']"),
-        ("[[rule]]\nname = 'x'\nops = ['aten.mm']\nmacs = '1'\nflops = '1'\npresets.fvcore = { flops = '0' }\n", "unknown preset 'fvcore'"),
+        ("[[rule]]\nname = 'x'\nops = ['aten.mm']\nmacs = '1'\nflops = '1'\npresets.mlperf = { flops = '0' }\n", "unknown preset 'mlperf'"),
         ("[[rule]\nname = 'x'\n", "not valid TOML"),
     ],
 )

@@ -225,13 +225,20 @@ class CompositeOps(TorchFunctionMode):
 
 _BUILTIN_TYPES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
 
+# Python wrappers recorded as the composite they call all the same, because it decomposes into an op of
+# another kind: adaptive average pooling to size 1 becomes a mean (a reduction), which a counting
+# preset that counts pooling but not reductions (fvcore's) would then miss. Their arguments are the
+# aten schema's (input, output_size), and torch.export records them as this one op too.
+_WRAPPERS_RECORDED_WHOLE = (torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_avg_pool3d)
+
 
 def composite_overloads(func: Any) -> tuple[Any, ...]:
     """The CompositeImplicitAutograd overloads of the aten op a builtin torch function binds, if any.
 
     Only builtins (torch.*, torch.nn.functional's C bindings, Tensor methods) are taken: their
-    arguments are the aten schema's; Python wrappers' are not, and their inner ops are recorded."""
-    if not isinstance(func, _BUILTIN_TYPES):
+    arguments are the aten schema's; Python wrappers' are not, and their inner ops are recorded
+    (except _WRAPPERS_RECORDED_WHOLE's)."""
+    if not isinstance(func, _BUILTIN_TYPES) and func not in _WRAPPERS_RECORDED_WHOLE:
         return ()
     packet = getattr(torch.ops.aten, getattr(func, "__name__", "").strip("_"), None)
     if packet is None:

@@ -10,7 +10,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     model_type        str        class name of the model
     method            str        capture method that succeeded: "eager" | "export" | "symbolic" | "trace"
     counted           str        what that method counted, in words (the eager path on fake tensors, ...)
-    conventions       str        counting preset: "deepspeed" | "torch"
+    conventions       str        counting preset: a name of fxflops.CONVENTIONS (rules/presets.toml)
     dtype             str|null   the model's floating dtype as counted, e.g. "float32", "bfloat16"
     training          bool|null  the model's training flag as counted (dropout and batch norm depend on it)
     input_shapes      the captured inputs' shapes as [args, kwargs], each tensor's shape a list
