@@ -94,6 +94,36 @@ def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
     return total
 
 
+def fft_flops(shape: Sequence[Any], dims: Any, real: bool, lengths: Sequence[Any] | None = None) -> Any:
+    """FLOPs of an FFT over `dims` of a signal of `shape`, summed over the dims: each 1-D transform of
+    length N costs 5 N log2 N (radix-2 Cooley-Tukey's count; rounded down when N is not a power of two),
+    half that when the signal is real on one side (rfft, irfft, hfft, ihfft), times the transforms
+    along that dim. `lengths` replaces the sizes of `dims` (torch's n= and s=; -1 keeps one); `dims`
+    None means the last len(lengths) dims, or all of them, as in torch.fft.fftn."""
+    shape = list(shape)
+    if dims is None:
+        dims = range(len(shape) - len(lengths), len(shape)) if lengths is not None else range(len(shape))
+    dims = [dim % len(shape) for dim in ([dims] if isinstance(dims, int) else dims)]
+    for dim, length in zip(dims, lengths or ()):
+        if length is not None and not (isinstance(length, int) and length == -1):
+            shape[dim] = length
+    total: Any = 0
+    for dim in dims:
+        total = total + prod(shape) // shape[dim] * _fft_line_flops(shape[dim], real)
+    return total
+
+
+def _fft_line_flops(length: Any, real: bool) -> Any:
+    if _symbolic(length):  # log2(1) is 0: no branch, which would fix the size
+        return torch.sym_int(5 * length * torch._sym_log2(torch.sym_float(length)) / (2 if real else 1))
+    return int(5 * length * math.log2(length) / (2 if real else 1)) if length > 1 else 0
+
+
+def is_complex(value: Any) -> bool:
+    """Whether a value holds complex numbers (a complex FFT input, as against a real one)."""
+    return value.is_complex() if isinstance(value, torch.Tensor) else isinstance(value, complex)
+
+
 def _flatten_operands(operands: Sequence[Any]) -> list[Any]:
     # torch.einsum takes operands as varargs or as one list
     flat: list[Any] = []
@@ -244,7 +274,9 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "int": _to_int,
     "ceil": math.ceil,
     "einsum_macs": einsum_macs,
+    "fft_flops": fft_flops,
     "floating": floating,
+    "is_complex": is_complex,
 }
 
 _ATTRIBUTES = {"shape", "ndim"}

@@ -43,18 +43,18 @@ def test_user_toml_rule_overrides_ours(tmp_path):
 
 
 def test_user_rule_for_an_unknown_op_counts_it(tmp_path):
-    class Dist(nn.Module):
+    class Exp(nn.Module):
         def forward(self, x):
-            return torch.cdist(x, x)
+            return torch.linalg.matrix_exp(x)
 
-    path = tmp_path / "cdist.toml"
+    path = tmp_path / "matrix_exp.toml"
     path.write_text(
-        "[[rule]]\nname = 'cdist'\nops = ['aten.cdist', 'aten._cdist_forward']\n"
-        "macs = 'numel(out) * x1.shape[-1]'\nflops = '3 * macs'\n"
+        "[[rule]]\nname = 'matrix_exp'\nops = ['aten.linalg_matrix_exp']\n"
+        "macs = '6 * numel(out) * self.shape[-1]'\nflops = '2 * macs'\n"
     )
-    result = fxflops.estimate(Dist(), input_shape=(5, 3), rules=path)
+    result = fxflops.estimate(Exp(), input_shape=(5, 5), rules=path)
     assert result.unknown == []
-    assert result.total_macs == 5 * 5 * 3
+    assert result.total_macs == 6 * 25 * 5
 
 
 def test_python_callable_rule():

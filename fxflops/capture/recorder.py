@@ -271,8 +271,12 @@ def _matching_overload(overloads: tuple[Any, ...], args: tuple, kwargs: dict) ->
 
 
 def _fits(value: Any, type_name: str) -> bool:
+    # a tensor never fills a list argument, nor a list a single one: lstm.input and lstm.data (packed
+    # sequences) take as many arguments, and only this tells batch_sizes from hx apart
     if isinstance(value, torch.Tensor):
-        return "Tensor" in type_name
+        return "Tensor" in type_name and "List" not in type_name
+    if isinstance(value, list | tuple):
+        return "List" in type_name
     if isinstance(value, str):
         return "str" in type_name or "Dimname" in type_name
     return value is None or ("Dimname" not in type_name and type_name not in ("Tensor", "str"))
