@@ -596,3 +596,23 @@ def test_progress_line_is_cleared_before_an_error(monkeypatch):
     assert cli.main(["lenet5", "--input-shape", "1,3,32,32"]) == 1
     shown = terminal.getvalue()
     assert "\r\033[Kfxflops: error: could not capture LeNet5" in shown
+
+
+def test_rules_option_counts_with_the_users_rule_file(capsys, tmp_path):
+    rules = tmp_path / "mine.toml"
+    rules.write_text('[[rule]]\nname = "my_linear"\nops = ["aten.linear", "aten.lineer"]\n'
+                     'macs = "numel(out) * weight.shape[1]"\nflops = "3 * macs"\n')
+    code, out, err = run_main(capsys, "lenet5", "--rules", str(rules), "--format", "json", "-q")
+    assert code == 0
+    modules = {module["name"]: module for module in json.loads(out)["modules"]}
+    # LeNet5's first classifier layer, Linear(120, 84) on one image: 120 x 84 MACs, three FLOPs each by the rule
+    assert (modules["classifier.0"]["macs"], modules["classifier.0"]["flops"]) == (120 * 84, 3 * 120 * 84)
+    assert "op 'aten.lineer' (did you mean 'aten.linear'?) names nothing" in err  # shown despite the quiet CLI
+
+
+def test_rules_option_refuses_a_bad_file_before_building_the_model(capsys, tmp_path):
+    rules = tmp_path / "bad.toml"
+    rules.write_text('[[rule]]\nname = "x"\nops = ["aten.linear"]\nmacs = "numel(outt)"\nflops = "macs"\n')
+    code, _, err = run_main(capsys, "lenet5", "--rules", str(rules))
+    assert code == 2
+    assert f"{rules}: rule 'x': 'macs'" in err and "did you mean 'out'?" in err
