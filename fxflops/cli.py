@@ -183,7 +183,7 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
     from fxflops.sweeps import sweep
 
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules or None, backward=args.backward,
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
                   optimizer=args.optimizer)
     return swept.result({name: values for name, _, values in sweeps})
 
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     sweeps = [parse_sweep(text) for text in args.sweep]
     _check_sweeps(sweeps)
     _check_device(args, sweeps)
-    _check_rules(args.rules)
+    args.rules = _load_rules(args.rules)
     progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
     try:
         result, report = _estimate_and_render(args, sweeps, progress)
@@ -228,21 +228,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_rules(paths: list[str]) -> None:
-    """Load the user's rule files once before the model, so a bad file fails fast (as a usage error) and
-    a warning about it (an op that names nothing) reaches stderr past the CLI's quiet warnings."""
+def _load_rules(paths: list[str]) -> list | None:
+    """The user's rule files, loaded once before the model, so a bad file fails fast (as a usage error)
+    and a warning about one (an op that names nothing) reaches stderr past the CLI's quiet warnings."""
     if not paths:
-        return
+        return None
     from fxflops.rules import RuleFileError, load_user_entries
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            load_user_entries(paths)
+            entries = load_user_entries(paths)
         except RuleFileError as error:
             raise ModelSpecError(str(error)) from None
     for warning in caught:
         sys.stderr.write(f"fxflops: warning: {warning.message}\n")
+    return entries
 
 
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
@@ -276,7 +277,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         progress("writing the report")
         return result, render_sweep(result, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules or None, backward=args.backward, optimizer=args.optimizer,
+                      rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     if args.device:
         result.prediction = result.predict(args.device)

@@ -75,7 +75,7 @@ class PresetTable:
             raise ValueError(f"conventions must be one of {', '.join(self.presets)}; got {name!r}") from None
 
     def check_family(self, family: Any, where: str) -> str:
-        if family not in self.families:
+        if not isinstance(family, str) or family not in self.families:
             raise ValueError(f"{where}: unknown family {family!r} (known: {', '.join(self.families)})")
         return family
 

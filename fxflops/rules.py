@@ -34,7 +34,6 @@ import torch
 from fxflops.formula import Formula, FormulaError, clip
 from fxflops.presets import OTHER, PRESETS_FILE, Preset, PresetTable, load_presets
 
-RuleSpec = str | Path | Mapping[Any, Callable[["OpCall"], tuple[int, int]]]
 
 MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; one at the limit loads in ~0.3 s); read no further
 MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
@@ -122,7 +121,19 @@ class Rule:
             macs, flops = self._call_function(dataclasses.replace(call, conventions=preset.name))
         else:
             macs, flops = self._counts((self.macs, self.flops), call, preset.name)
-        return preset.apply(family, macs, flops)
+        return self._preset_counts(preset, family, macs, flops, call)
+
+    def _preset_counts(self, preset: Preset, family: str, macs: Any, flops: Any, call: OpCall) -> tuple[Any, Any]:
+        """The preset's counts from the rule's, checked like the rule's own (ptflops' macs + extra goes
+        negative for a rule whose FLOPs are fewer than its MACs)."""
+        counts = preset.apply(family, macs, flops)
+        for field_name, value in zip(("macs", "flops"), counts):
+            try:
+                check_count(value)
+            except (ValueError, TypeError) as error:
+                raise RuleEvaluationError(self.label, f"{field_name} under preset {preset.name} (family {family})",
+                                          call.key, f"the preset's formula gave {error}") from None
+        return counts
 
     def _counts(self, formulas: tuple[Formula, Formula], call: OpCall, conventions: str) -> tuple[Any, Any]:
         macs_formula, flops_formula = formulas
@@ -203,17 +214,21 @@ class ZeroList:
 
 
 Entry = Rule | ZeroList
+# a rule file or folder, an {op: callable} map, or an entry already loaded (load_rule_file's)
+RuleSpec = str | Path | Mapping[Any, Callable[[OpCall], tuple[int, int]]] | Rule | ZeroList
 
 
 class RuleTable:
-    """Rules indexed by what they match. Later tables take precedence over earlier ones.
+    """Rules indexed by what they match. The user's entries (from `user_from` on) come before ours, the
+    latest first; within ours, an exact overload's entry before its packet's, then the latest file's.
 
     Spellings of Python objects (torch.nn.Linear, transformers.X) are resolved to the objects only
     once their top-level package has been imported: until then no such object can be in a graph, and
     resolving them would import it (transformers costs a second).
     """
 
-    def __init__(self, entries: Iterable[Entry]) -> None:
+    def __init__(self, entries: Iterable[Entry], user_from: int | None = None) -> None:
+        self._user_from = user_from  # the order of the first user entry (None: no tier split)
         self._by_key: dict[Any, list[tuple[int, Entry]]] = {}
         self._pending: list[tuple[int, str, Entry]] = []  # object spellings not resolved yet
         self._modules_seen = 0
@@ -243,14 +258,23 @@ class RuleTable:
                 self._add(("object", resolved), order, entry)
         self._pending = still
 
-    def match(self, call: OpCall) -> Entry | None:
-        """The first entry whose ops include this call's op and whose `when` holds."""
+    def _candidates(self, call: OpCall) -> list[Entry]:
+        """The entries naming this call's op, in the order they are tried: a user's rule for the packet
+        (aten.index_put) overrides our rule for one overload (aten.index_put.default)."""
         if call.kind in ("function", "module"):
             self._resolve_pending()
-        for key in _match_keys_for_call(call):
-            for _, entry in self._by_key.get(key, ()):
-                if isinstance(entry, ZeroList) or entry.applies(call):
-                    return entry
+        ranked: dict[int, tuple[bool, int, int, Entry]] = {}
+        for rank, key in enumerate(_match_keys_for_call(call)):
+            for order, entry in self._by_key.get(key, ()):
+                user = self._user_from is not None and order >= self._user_from
+                ranked.setdefault(id(entry), (not user, rank, -order, entry))
+        return [item[3] for item in sorted(ranked.values(), key=lambda item: item[:3])]
+
+    def match(self, call: OpCall) -> Entry | None:
+        """The first entry whose ops include this call's op and whose `when` holds."""
+        for entry in self._candidates(call):
+            if isinstance(entry, ZeroList) or entry.applies(call):
+                return entry
         return None
 
     def family(self, rule: Rule, call: OpCall) -> str:
@@ -259,14 +283,13 @@ class RuleTable:
         if rule.family is not None:
             return rule.family
         below = False
-        for key in _match_keys_for_call(call):
-            for _, entry in self._by_key.get(key, ()):
-                if entry is rule:
-                    below = True
-                elif below and isinstance(entry, ZeroList):
-                    return OTHER
-                elif below and entry.family is not None and entry.applies(call):
-                    return entry.family
+        for entry in self._candidates(call):
+            if entry is rule:
+                below = True
+            elif below and isinstance(entry, ZeroList):
+                return OTHER
+            elif below and entry.family is not None and entry.applies(call):
+                return entry.family
         return OTHER
 
     def cost(self, rule: Rule, call: OpCall, conventions: str) -> tuple[Any, Any]:
@@ -303,7 +326,8 @@ def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
 
 def table_with(user_entries: Iterable[Entry]) -> RuleTable:
     """Our rules plus entries already loaded (so each user file is read once per call)."""
-    return RuleTable([*_shipped_entries(), *user_entries])
+    shipped = _shipped_entries()
+    return RuleTable([*shipped, *user_entries], user_from=len(shipped))
 
 
 def load_user_entries(extra: Iterable[RuleSpec] | RuleSpec | None) -> list[Entry]:
@@ -381,13 +405,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _load_spec(spec: RuleSpec) -> list[Entry]:
+    if isinstance(spec, Rule | ZeroList):
+        return [spec]  # loaded and checked already
     if isinstance(spec, Mapping):
         rules = [_callable_rule(op, function) for op, function in spec.items()]
         _check_entries(rules, "Python rules")  # their spellings only: a callable has no formula names
         return rules
     if not isinstance(spec, str | Path):
         raise RuleFileError(
-            f"a rule spec must be a path to a TOML file or folder, or an {{op: callable}} map; got {clip(repr(spec), 60)}"
+            "a rule spec must be a path to a TOML file or folder, an {op: callable} map or a loaded rule; "
+            f"got {clip(repr(spec), 60)}"
         )
     path = Path(spec)
     return load_rule_dir(path) if path.is_dir() else load_rule_file(path)
@@ -396,7 +423,7 @@ def _load_spec(spec: RuleSpec) -> list[Entry]:
 def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Rule:
     if not callable(function):
         raise RuleFileError(f"the rule given for {clip(repr(op), 60)} is not callable: {clip(repr(function), 60)}")
-    spelling = op if isinstance(op, str) else _object_spelling(op)
+    spelling = _parse_ops([op if isinstance(op, str) else _spelling_of(op)], "Python rules")[0]
     name = getattr(function, "__name__", type(function).__name__)
     qualname = getattr(function, "__qualname__", type(function).__qualname__)
     source = f"{getattr(function, '__module__', None) or type(function).__module__}.{qualname}"
@@ -404,6 +431,17 @@ def _callable_rule(op: Any, function: Callable[[OpCall], tuple[int, int]]) -> Ru
     if family is not None:
         family = _family(family, f"the rule given for {clip(repr(op), 60)}: its 'family' attribute")
     return Rule(name=f"user:{name}", ops=(spelling,), source=source, function=function, family=family)
+
+
+def _spelling_of(op: Any) -> str:
+    """A Python rule's key (an op overload, a function, a module class) as a rule file spells it."""
+    try:
+        return _object_spelling(op)
+    except AttributeError:
+        raise RuleFileError(
+            f"Python rules: a key must be an op name (\"aten.linear\"), an aten op, a function or a module class; "
+            f"got {clip(repr(op), 60)}"
+        ) from None
 
 
 def _family(family: Any, where: str) -> str:

@@ -314,3 +314,21 @@ def test_ptflops_preset_equals_get_model_complexity_info(name):
     if macs is None:  # ptflops prints its exception and returns None
         pytest.skip(f"ptflops cannot count {name}: {' '.join(printed.getvalue().split())[-300:]}")
     assert ours == macs
+
+
+@pytest.mark.parametrize("method", ["eager", "symbolic"])
+def test_fvcore_grid_sample_and_interpolate_under_every_method(method):
+    fvcore = pytest.importorskip("fvcore.nn", reason="fvcore is not installed (pip install fvcore)")
+
+    class Sampler(nn.Module):
+        def forward(self, x, grid):
+            up = nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+            return nn.functional.grid_sample(up, grid, align_corners=False)
+
+    x, grid = torch.randn(1, 3, 4, 4), torch.rand(1, 5, 5, 2) * 2 - 1
+    analysis = fvcore.FlopCountAnalysis(Sampler(), (x, grid))
+    analysis.unsupported_ops_warnings(False)
+    # fvcore: bilinear upsampling 4 per output element (3 x 8 x 8), grid_sampler 4 per output element (3 x 5 x 5)
+    assert analysis.total() == 4 * 3 * 8 * 8 + 4 * 3 * 5 * 5
+    ours = fxflops.estimate(Sampler(), (x, grid), method=method, conventions="fvcore")
+    assert ours.total_flops == analysis.total()

@@ -12,7 +12,9 @@ import contextlib
 import warnings
 
 import pytest
+import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
@@ -339,7 +341,18 @@ def test_fft_flops_helper():
     assert fft_flops((4, 1), [1], False) == 0
 
 
-def test_fft_along_a_symbolic_size():
+def test_fft_formula_on_a_symbolic_size():
+    """fft_flops on a SymInt gives an expression that is the integer count at every size."""
+    symbol = sympy.Symbol("s0", positive=True, integer=True)
+    length = ShapeEnv().create_symintnode(symbol, hint=16)
+    flops = fft_flops([length, 2], 0, real=True)
+    # 2 real transforms of N points: 2 x floor(2.5 N log2 N): N = 8: 2 x 60; 16: 2 x 160; 13: 2 x floor(120.27)
+    assert [int(flops.node.expr.subs(symbol, n)) for n in (8, 16, 13)] == [120, 320, 240]
+
+
+def test_fft_in_a_sweep_equals_a_fresh_count():
+    # torch fixes an FFT's length when it is captured, so the sweep captures each point again: the
+    # totals must still be exact
     model = Function(lambda t: torch.fft.rfft(t, dim=0).abs())
     swept = sweep(model, torch.randn(6, 2), dims={"seq": 0})
     for seq in (6, 8, 5, 13):

@@ -128,3 +128,51 @@ def test_annotate_refuses_a_graph_without_shapes():
     graph_module = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 5)))
     with pytest.raises(ValueError, match="ShapeProp"):
         fxflops.annotate(graph_module)
+
+
+class IndexPutAccumulate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_put((torch.tensor([0, 1]),), torch.ones(2, 8), accumulate=True)
+
+
+def test_user_rule_for_a_packet_overrides_our_rule_for_one_overload(tmp_path):
+    # ours names aten.index_put.default (so it goes before the zero list's aten.index_put); a user's rule
+    # for aten.index_put must still win: a user's rule always goes before ours
+    path = tmp_path / "mine.toml"
+    path.write_text('[[rule]]\nname = "mine"\nops = ["aten.index_put"]\nmacs = "0"\nflops = "1000"\n')
+    ours = fxflops.estimate(IndexPutAccumulate(), (torch.randn(4, 8),))
+    assert ours.total_flops == 2 * 8  # one add per accumulated value, by hand
+    assert fxflops.estimate(IndexPutAccumulate(), (torch.randn(4, 8),), rules=[path]).total_flops == 1000
+
+
+def test_a_preset_that_makes_a_count_negative_names_the_rule_and_preset():
+    # ptflops counts macs + extra = macs + (flops - 2 macs): a rule with fewer FLOPs than MACs goes negative
+    def fewer_flops(call):
+        return 8, 2
+
+    with pytest.raises(fxflops.RuleEvaluationError, match=r"fewer_flops: 'macs under preset ptflops \(family matmul\)'"):
+        fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4), rules={"aten.linear": fewer_flops}, conventions="ptflops")
+
+
+@pytest.mark.parametrize("rules, problem", [
+    ({"linear": lambda call: (1, 1)}, "op 'linear' is not a qualified name"),
+    ({5: lambda call: (1, 1)}, "a key must be an op name"),
+])
+def test_python_rule_keys_are_checked(rules, problem):
+    with pytest.raises(fxflops.RuleFileError, match=problem):
+        fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4), rules=rules)
+
+
+def test_a_family_that_is_not_a_name_is_a_rule_file_error(tmp_path):
+    path = tmp_path / "family.toml"
+    path.write_text('[[rule]]\nname = "x"\nfamily = ["matmul"]\nops = ["aten.linear"]\nmacs = "1"\nflops = "1"\n')
+    with pytest.raises(fxflops.RuleFileError, match=r"rule 'x': unknown family \['matmul'\]"):
+        fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4), rules=[path])
+
+
+def test_loaded_entries_are_rule_specs(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('[[rule]]\nname = "mine"\nops = ["aten.linear"]\nmacs = "7"\nflops = "9"\n')
+    entries = fxflops.rules.load_rule_file(path)
+    result = fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4), rules=entries)
+    assert (result.total_macs, result.total_flops) == (7, 9)
