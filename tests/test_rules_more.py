@@ -552,3 +552,38 @@ def test_argsort_counts_as_sort():
     model = Function(lambda x: torch.argsort(x, dim=-1))
     result = fxflops.estimate(model, (torch.randn(4, 16),))
     assert (result.total_flops, result.unknown) == (64, [])
+
+
+# --- math functions, cross, renorm, trapezoid, equal -----------------------------------------------
+
+X43 = torch.rand(4, 3) + 0.5
+Y43 = torch.rand(4, 3)
+
+
+@pytest.mark.parametrize("function", [torch.lgamma, torch.digamma, torch.special.i0, torch.asinh, torch.sinc,
+                                      lambda x: torch.logaddexp(x, x), lambda x: torch.polygamma(1, x)])
+def test_math_functions_count_one_flop_per_element(function):
+    result = fxflops.estimate(Function(function), (X43,))
+    assert (result.total_flops, result.unknown) == (12, [])  # 4 x 3 elements
+
+
+def test_cross_counts_two_products_and_a_difference_per_component():
+    # 4 cross products of 3-vectors: 4 x 3 components x (2 products + 1 difference)
+    result = fxflops.estimate(Function(lambda x, y: torch.linalg.cross(x, y)), (X43, Y43))
+    assert (result.total_flops, result.unknown) == (4 * 3 * 3, [])
+
+
+def test_renorm_counts_three_per_element():
+    result = fxflops.estimate(Function(lambda x: torch.renorm(x, 2, 0, 1.0)), (X43,))
+    assert (result.total_flops, result.unknown) == (3 * 12, [])
+
+
+def test_trapezoid_counts_three_per_interval():
+    # rows of 3 samples along dim 1: 2 intervals per row, 4 rows
+    result = fxflops.estimate(Function(lambda x: torch.trapezoid(x, dim=1)), (X43,))
+    assert (result.total_flops, result.unknown) == (3 * 2 * 4, [])
+
+
+def test_equal_compares_every_element():
+    result = fxflops.estimate(Function(lambda x, y: x * float(torch.equal(x, y))), (X43, Y43))
+    assert (result.total_flops, result.unknown) == (12 + 12, [])  # the comparison, then the multiply
