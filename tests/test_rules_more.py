@@ -587,3 +587,24 @@ def test_trapezoid_counts_three_per_interval():
 def test_equal_compares_every_element():
     result = fxflops.estimate(Function(lambda x, y: x * float(torch.equal(x, y))), (X43, Y43))
     assert (result.total_flops, result.unknown) == (12 + 12, [])  # the comparison, then the multiply
+
+
+def test_outer_counts_one_multiply_per_element():
+    result = fxflops.estimate(Function(lambda x, y: torch.outer(x, y)), (torch.randn(4), torch.randn(3)))
+    assert (result.total_macs, result.total_flops, result.unknown) == (0, 4 * 3, [])
+
+
+def test_polar_counts_a_cosine_a_sine_and_two_products_per_element():
+    result = fxflops.estimate(Function(lambda r, theta: torch.polar(r, theta)), (X43, Y43))
+    assert (result.total_flops, result.unknown) == (4 * 12, [])
+
+
+def test_fold_adds_every_column_element_into_the_image():
+    # 2 channels x 2 x 2 kernel = 8 rows of 9 sliding positions (a 4 x 4 image, stride 1): 72 adds
+    result = fxflops.estimate(Function(lambda cols: F.fold(cols, (4, 4), 2)), (torch.randn(1, 8, 9),))
+    assert (result.total_flops, result.unknown) == (72, [])
+
+
+def test_vector_norm_through_linalg_norm_reads_every_element():
+    result = fxflops.estimate(Function(lambda x: torch.linalg.norm(x, dim=1)), (X43,))
+    assert (result.total_flops, result.unknown) == (12, [])
