@@ -608,3 +608,36 @@ def test_fold_adds_every_column_element_into_the_image():
 def test_vector_norm_through_linalg_norm_reads_every_element():
     result = fxflops.estimate(Function(lambda x: torch.linalg.norm(x, dim=1)), (X43,))
     assert (result.total_flops, result.unknown) == (12, [])
+
+
+@pytest.mark.parametrize("function", [
+    lambda x: torch.greater(x, 0.5), lambda x: torch.less_equal(x, x), lambda x: torch.not_equal(x, 0.5),
+    torch.absolute, torch.negative, torch.fix, torch.arcsinh, torch.arctan, lambda x: torch.arctan2(x, x),
+])
+def test_alias_names_count_as_the_ops_they_alias(function):
+    result = fxflops.estimate(Function(function), (X43,))
+    assert (result.total_flops, result.unknown) == (12, [])  # one per element of 4 x 3
+
+
+def test_moveaxis_is_a_view():
+    result = fxflops.estimate(Function(lambda x: torch.moveaxis(x, 0, 1).contiguous()), (X43,))
+    assert (result.total_flops, result.unknown) == (0, [])
+
+
+def test_torchvision_roi_align_by_hand():
+    torchvision = pytest.importorskip("torchvision")
+    rois = torch.tensor([[0, 0, 0, 4, 4.0], [0, 1, 1, 6, 6]])
+    model = Function(lambda x, boxes: torchvision.ops.roi_align(x, boxes, (2, 2), 1.0, 2))
+    result = fxflops.estimate(model, (torch.randn(1, 3, 8, 8), rois))
+    # out 2 boxes x 3 channels x 2 x 2 = 24 bins of 2 x 2 samples: 24 x 4 x 8 per sample and channel, a divide
+    # per bin (24), and the weights of 2 x 2 x 4 sample points (8 bins without channels x 4 samples) x 8
+    assert (result.total_flops, result.unknown) == (24 * 4 * 8 + 24 + 8 * 4 * 8, [])
+
+
+def test_torchvision_nms_at_its_worst_case():
+    torchvision = pytest.importorskip("torchvision")
+    boxes = torch.rand(6, 4) * 10
+    boxes[:, 2:] += boxes[:, :2]
+    result = fxflops.estimate(Function(lambda b, s: torchvision.ops.nms(b, s, 0.5)), (boxes, torch.rand(6)))
+    # 6 boxes: 4 each (area and order), and 15 pairs x 13 (IoU and the threshold comparison)
+    assert (result.total_flops, result.unknown) == (6 * 4 + 15 * 13, [])
