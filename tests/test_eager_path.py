@@ -9,6 +9,7 @@ triangular solve's count, which it has no formula for.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -110,3 +111,35 @@ def test_reports_show_the_dtype_and_train_or_eval_mode_that_were_counted():
     # batch norm over 2 x 4 elements: batch statistics and affine in training (5 per element), affine
     # with running statistics in eval (2 per element)
     assert trained.total_flops - evaluated.total_flops == (5 - 2) * 2 * 4
+
+
+def _with_defaults(forward):
+    """A functools.wraps decorator whose wrapper takes (*args, **kwargs), as transformers' do."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs.setdefault("scale", 2.0)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+        self.extra = nn.Linear(8, 4)
+
+    @_with_defaults
+    def forward(self, x, mask=None, scale=None, **kwargs):
+        out = self.proj(x) * scale
+        return out if mask is None else out + self.extra(mask)
+
+
+@pytest.mark.parametrize("method", ["eager", "export", "symbolic"])
+def test_a_decorated_forward_gets_its_arguments_in_place(method):
+    # torch.fx reads the inner signature but used to call the (*args, **kwargs) wrapper positionally,
+    # so `mask` (None) landed in the wrapper's kwargs. By hand: one Linear(8, 4) on 2 rows, 64 MACs;
+    # FLOPs 2 x 64 + 8 (bias) + 8 (the scale's multiply)
+    result = fxflops.estimate(Decorated(), (torch.randn(2, 8),), method=method)
+    assert (result.total_macs, result.total_flops) == (64, 2 * 64 + 8 + 8)

@@ -30,6 +30,41 @@ class _RuleAwareTracer(torch.fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return self._is_leaf(m)
 
+    def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
+                             concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
+        # A forward under a functools.wraps decorator (transformers' merge_with_config_defaults,
+        # check_model_inputs): torch.fx makes placeholders from the inner signature but calls the
+        # outer wrapper with them positionally, where its (*args, **kwargs) take them out of place
+        # (kwargs became the attention mask). Call the wrapper by keyword, as a user would.
+        inner = inspect.unwrap(root_fn)
+        if inner is root_fn:
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        _, args = super().create_args_for_root(inner, is_module, concrete_args)
+        return _keyword_caller(root_fn, inspect.signature(inner)), args
+
+
+def _keyword_caller(wrapper: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
+    """`wrapper` called with one value per parameter of `signature`, in order, passed as a user would:
+    positional-only ones (and self) by position, the rest by keyword (defaults left out), *args and
+    **kwargs spread."""
+    parameters = list(signature.parameters.values())
+
+    def call(*values: Any) -> Any:
+        positional: list[Any] = []
+        keywords: dict[str, Any] = {}
+        for index, (parameter, value) in enumerate(zip(parameters, values)):
+            if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                positional.extend(value if isinstance(value, tuple | list) else ())
+            elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                keywords.update(value if isinstance(value, dict) else {})  # a proxy: nothing extra given
+            elif index == 0 or parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(value)
+            elif value is not parameter.default:  # a default the caller left: the wrapper may set its own
+                keywords[parameter.name] = value
+        return wrapper(*positional, **keywords)
+
+    return call
+
 
 class _MetaShapeProp(torch.fx.Interpreter):
     """Runs the graph on meta tensors and records each node's output as meta["val"]."""
@@ -93,6 +128,8 @@ def _bind_placeholders(placeholders: list[torch.fx.Node], args: tuple, kwargs: d
             values.append(kwargs.get(node.target, kwargs.get(node.name)))
         elif node.args:
             values.append(node.args[0])  # the parameter's default
+        elif node.target.startswith("*"):  # *args / **kwargs the caller left empty
+            values.append({} if node.target.startswith("**") else ())
         else:
             raise TypeError(f"forward() is missing an input for '{node.target}'")
     return values
