@@ -70,14 +70,24 @@ def metrics_of(estimate: Estimate) -> list[Metric]:
         "bwd_macs": estimate.backward,
         "bwd_flops": estimate.backward,
         "bytes": estimate.total_bytes > 0,
-        "latency": any(stats.latency is not None for stats in estimate.modules.values()),
+        "latency": _timed(estimate),
         "predicted": estimate.prediction is not None,
     }
     metrics = [metric for metric in _METRICS if present.get(metric.key, True)]
     if estimate.backward:  # say which pass the plain names stand for
-        metrics = [dataclasses.replace(m, label=f"fwd {m.label}") if m.key in ("macs", "flops") else m
-                   for m in metrics]
+        metrics = [dataclasses.replace(m, label=_forward_prefix(estimate) + m.label) if m.key in ("macs", "flops")
+                   else m for m in metrics]
     return metrics
+
+
+def _timed(estimate: Estimate) -> bool:
+    """Whether any module carries a measured latency (a profile)."""
+    return any(stats.latency is not None for stats in estimate.modules.values())
+
+
+def _forward_prefix(estimate: Estimate) -> str:
+    """MACs and FLOPs are the forward's; with a counted backward the labels say so."""
+    return "fwd " if estimate.backward else ""
 
 
 def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = True) -> str:
@@ -165,7 +175,7 @@ def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics:
     rows = [["module", group.name or ROOT_LABEL], ["type", stats.type]]
     if len(group.names) > 1:
         rows.append(["instances", f"{len(group.names)} identical ({_span(group.names)}); numbers are per instance"])
-    fwd = "fwd " if estimate.backward else ""
+    fwd = _forward_prefix(estimate)
     rows += [
         ["params", f"{params_to_string(stats.params)} ({percent(stats.params, estimate.total_params)})"],
         [f"{fwd}MACs", f"{macs_to_string(stats.fwd_macs)} ({percent(stats.fwd_macs, estimate.fwd_macs)})"],
@@ -223,7 +233,7 @@ def _header(estimate: Estimate) -> str:
 
 
 def _cards(estimate: Estimate) -> str:
-    fwd = "fwd " if estimate.backward else ""
+    fwd = _forward_prefix(estimate)
     cards = [
         (f"{fwd}MACs", macs_to_string(estimate.fwd_macs)),
         (f"{fwd}FLOPs", number_to_string(estimate.fwd_flops)),
@@ -282,18 +292,17 @@ def _cell(text: str, value: float | str | None = None, cls: str = "") -> str:
     return f"<td{sort}{klass}>{escape(text)}</td>"
 
 
-def _table(table_id: str, headers: list[tuple[str, bool]], rows: list[str], caption: str = "") -> str:
+def _table(table_id: str, headers: list[tuple[str, bool]], rows: list[str]) -> str:
     heads = "".join(f'<th scope="col" class="{"num" if numeric else "text"}" aria-sort="none">{escape(label)}</th>'
                     for label, numeric in headers)
-    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
-    return (f'<table id="{table_id}" class="sortable">{cap}<thead><tr>{heads}</tr></thead>'
+    return (f'<table id="{table_id}" class="sortable"><thead><tr>{heads}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
 def _modules_table(estimate: Estimate) -> str:
-    measured = any(stats.latency is not None for stats in estimate.modules.values())
+    measured = _timed(estimate)
     prediction = estimate.prediction
-    fwd = "fwd " if estimate.backward else ""
+    fwd = _forward_prefix(estimate)
     headers = [("module", False), ("type", False), ("depth", True), ("calls", True), ("params", True),
                (f"{fwd}MACs", True), (f"{fwd}FLOPs", True), (f"own {fwd}MACs", True), (f"own {fwd}FLOPs", True)]
     if estimate.backward:
