@@ -100,7 +100,7 @@ class Counting:
 
     def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
         return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
-                       is_whole=self.is_whole, **options)
+                       is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
 
     def count(self, captured: Captured) -> list[NodeCost]:
         return count_nodes(captured, self.table, self.conventions)

@@ -94,6 +94,44 @@ def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
     return total
 
 
+def trilinear_counts(i1: Any, i2: Any, i3: Any, expand1: Sequence[int], expand2: Sequence[int],
+                     expand3: Sequence[int], sumdim: Sequence[int], unroll_dim: int = 1) -> tuple[Any, Any]:
+    """(MACs, other FLOPs) of aten._trilinear (nn.Bilinear's kernel, and its gradients) as torch runs it:
+    for each index of `unroll_dim`, i1 times i2 summed over the summed dims i3 lacks, then that times
+    i3 summed over the rest. A step that sums is a MAC per product term; one that sums nothing is plain
+    multiplies (other FLOPs), as are the adds of each slice into the zeroed output."""
+    total_dim = len(i1.shape) + len(expand1)
+    shapes = [_unsqueezed(list(t.shape), expand, total_dim) for t, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    summed = {dim % total_dim for dim in sumdim} - {unroll_dim}
+    summed_first = {dim for dim in summed if shapes[2][dim] == 1}
+    first = [max_size(a, b) for a, b in zip(shapes[0], shapes[1])]
+    kept = [1 if dim in summed_first else size for dim, size in enumerate(first)]
+    second = [max_size(a, b) for a, b in zip(kept, shapes[2])]
+    unrolled = max_size(max_size(shapes[0][unroll_dim], shapes[1][unroll_dim]), shapes[2][unroll_dim])
+    macs: Any = 0
+    products: Any = 0
+    for step, sums in ((first, summed_first), (second, summed - summed_first)):
+        terms = _multiply(unrolled, prod(step[:unroll_dim] + step[unroll_dim + 1:]))
+        if sums:
+            macs = _add(macs, terms)
+        else:
+            products = _add(products, terms)
+    out_slice = prod(size for dim, size in enumerate(second) if dim not in summed and dim != unroll_dim)
+    adds = _multiply(unrolled, out_slice)  # every slice is added into the output once
+    return macs, _add(products, adds)
+
+
+def _unsqueezed(shape: list[Any], expand: Sequence[int], total_dim: int) -> list[Any]:
+    for dim in sorted(d % total_dim for d in expand):
+        shape.insert(dim, 1)
+    return shape
+
+
+def max_size(a: Any, b: Any) -> Any:
+    """The broadcast of two sizes (one of them 1, or both equal), kept symbolic where either is."""
+    return torch.sym_max(a, b) if _symbolic(a) or _symbolic(b) else max(a, b)
+
+
 def fft_flops(shape: Sequence[Any], dims: Any, real: bool, lengths: Sequence[Any] | None = None) -> Any:
     """FLOPs of an FFT over `dims` of a signal of `shape`, summed over the dims: each 1-D transform of
     length N costs 5 N log2 N (radix-2 Cooley-Tukey's count; rounded down when N is not a power of two),
@@ -275,6 +313,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "ceil": math.ceil,
     "einsum_macs": einsum_macs,
     "fft_flops": fft_flops,
+    "trilinear_counts": trilinear_counts,
     "floating": floating,
     "is_complex": is_complex,
 }

@@ -296,6 +296,11 @@ class RuleTable:
         """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
         return rule.cost(call, preset(conventions), self.family(rule, call))
 
+    def knows_op(self, op: Any) -> bool:
+        """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet."""
+        key = aten_key(op)
+        return ("aten", key) in self._by_key or ("aten", key.rsplit(".", 1)[0]) in self._by_key
+
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
         self._resolve_pending()

@@ -128,7 +128,7 @@ def capture(request: Request) -> Captured:
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
-        with grad_mode, mode, tracker, recorder, CompositeOps(recorder), _sizes_named_in_errors(sizes):
+        with grad_mode, mode, tracker, recorder, CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
             output = model(*args, **kwargs)

@@ -198,19 +198,22 @@ class CompositeOps(TorchFunctionMode):
     A dispatch-level recorder would otherwise see linear as t + addmm and attention as whichever
     kernel or math fallback the device picks; one node per composite call keeps the graph at the level
     torch.export records (so a rule for aten.linear counts linear under every method), and the count
-    the same whatever kernel runs underneath.
+    the same whatever kernel runs underneath. Only composites `knows_op` accepts (those a rule names) are
+    kept whole: one no rule names (linalg.multi_dot, cov, nn.Bilinear's bilinear) is recorded as the
+    ops it runs, which rules count, rather than as one unknown op.
     """
 
-    def __init__(self, recorder: OpRecorder) -> None:
+    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any], bool] = lambda op: True) -> None:
         super().__init__()
         self._recorder = recorder
+        self._knows_op = knows_op
         self._composites: dict[Any, tuple[Any, ...]] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         overloads = self._composites.get(func)
         if overloads is None:
-            overloads = self._composites[func] = composite_overloads(func)
+            overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op))
         op = _matching_overload(overloads, args, kwargs) if overloads and not self._recorder.inside_opaque else None
         if op is None:
             return func(*args, **kwargs)

@@ -16,6 +16,10 @@ def _never(module: torch.nn.Module) -> bool:
     return False
 
 
+def _every_op(op: Any) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Request:
     model: torch.nn.Module
@@ -26,6 +30,8 @@ class Request:
     backward: bool = False  # also record the backward of loss(output)
     loss: Callable[[Any], torch.Tensor] | None = None  # None: the sum of the output's floating tensors
     sizes: SizePlan | None = None  # input axes captured as symbolic sizes (costs come out as formulas)
+    # composite aten ops a rule names are recorded whole; the others as the ops they decompose into
+    knows_op: Callable[[Any], bool] = _every_op
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

@@ -48,7 +48,7 @@ def capture(request: Request) -> Captured:
         grads = cleared_grads(leaves) if request.backward else []  # a real backward fills .grad: put back after
         try:
             with torch.enable_grad() if request.backward else torch.no_grad(), tracker, recorder, \
-                    CompositeOps(recorder):
+                    CompositeOps(recorder, request.knows_op):
                 if owners is not None:
                     owners.start()
                 output = model(*args, **kwargs)
