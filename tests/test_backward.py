@@ -16,6 +16,7 @@ import torchvision
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 import fxflops
 from fxflops.results import BACKWARD, FORWARD, RECOMPUTE
@@ -492,3 +493,102 @@ def test_embedding_bag_and_max_unpool_are_counted():
 def test_json_has_no_ratio_without_a_backward():
     data = json.loads(fxflops.estimate(nn.Linear(2, 2), (torch.randn(1, 2),)).to_json())
     assert data["bwd_fwd_ratio"] is None and data["modules"][0]["bwd_fwd_ratio"] is None
+
+
+# ------------------------------------------------------------------ mixture-of-experts, weight norm
+
+
+class GroupedExperts(nn.Module):
+    """Rows sorted by expert through torch._grouped_mm (or transformers' fallback op), or as a loop of mm."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.weight = nn.Parameter(torch.randn(4, 64, 32))
+
+    def forward(self, x, offs):
+        if self.how == "grouped_mm":
+            return torch._grouped_mm(x, self.weight, offs=offs)
+        if self.how == "fallback":
+            return torch.ops.transformers.grouped_mm_fallback(x, self.weight, offs)
+        starts = [0] + offs.tolist()[:-1]
+        return torch.cat([x[a:b] @ self.weight[i] for i, (a, b) in enumerate(zip(starts, offs.tolist()))])
+
+
+@pytest.mark.parametrize("how", ["grouped_mm", "fallback"])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_grouped_mm_backward_by_hand_and_as_the_loop_of_mm_it_stands_for(how, input_grad):
+    pytest.importorskip("transformers.integrations.moe")  # registers transformers::grouped_mm_fallback
+    torch.manual_seed(0)
+    x, offs = torch.randn(48, 64, requires_grad=input_grad), torch.tensor([10, 20, 40, 48], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimate = fxflops.estimate(GroupedExperts(how), (x, offs), conventions="torch", backward=True)
+    assert not estimate.unknown
+    # 48 rows x 64 in x 32 out, each row through one expert; the weight gradient (64, 48) x (48, 32) ->
+    # (4, 64, 32) contracts each row once too, not once per expert. transformers' fallback op always
+    # runs both gradients
+    rows = 48 * 64 * 32
+    assert estimate.fwd_macs == rows
+    assert estimate.bwd_macs == rows * (2 if input_grad or how == "fallback" else 1)
+    if how == "grouped_mm":
+        # FlopCounterMode sees the loop's mm (it has no formula for _grouped_mm): the same products
+        loop = GroupedExperts("loop")
+        loop.load_state_dict(GroupedExperts(how).state_dict())
+        with FlopCounterMode(display=False) as counter:
+            y = loop(x, offs)
+            forward = counter.get_total_flops()
+            y.backward(torch.randn_like(y))
+        assert (estimate.fwd_flops, estimate.bwd_flops) == (forward, counter.get_total_flops() - forward)
+
+
+def test_mixture_of_experts_training_equals_the_oracle_on_eager_experts():
+    # torch._grouped_mm's backward is a _grouped_mm for the input's gradient and one with two 2-D
+    # operands for the weights' (the rows split among the experts): counted as the oracle counts the
+    # eager experts' plain mm on the same weights
+    import copy
+
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.MixtralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                              intermediate_size=128, vocab_size=1000, num_local_experts=4, num_experts_per_tok=2)
+    model = tf.MixtralForCausalLM(config)
+    inputs = {"input_ids": torch.randint(0, 1000, (2, 16)), "use_cache": False}
+    estimate = estimate_like_the_oracle(model, kwargs=inputs)
+    assert not estimate.unknown
+    # 32 tokens x 2 experts x (gate, up, down: 3 x 64 x 128) per layer; the backward twice that
+    assert estimate.by_rule["grouped_mm"].macs - estimate.by_rule["grouped_mm"].bwd_macs == 2 * (32 * 2 * 3 * 64 * 128)
+    assert estimate.by_rule["grouped_mm"].bwd_macs == 2 * 2 * (32 * 2 * 3 * 64 * 128)
+    eager = copy.deepcopy(model)
+    eager.set_experts_implementation("eager")
+    assert (estimate.fwd_flops, estimate.bwd_flops) == oracle_training_flops(eager, kwargs=inputs)
+
+
+def test_weight_norm_backward_by_hand():
+    torch.manual_seed(0)
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 8, 3, bias=False), dim=2)
+    estimate = backward_of(conv, torch.randn(2, 4, 10))
+    assert not estimate.unknown
+    # v is 8 x 4 x 3: forward 3 per element (square, sum, scale); gradient 5 (grad_w . v summed,
+    # then a grad_w - b v)
+    assert estimate.by_rule["weight_norm"].flops == 3 * 96
+    assert estimate.by_rule["weight_norm_backward"].bwd_flops == 5 * 96
+
+
+def test_soft_margin_loss_masked_scatter_and_antialiased_upsampling_have_a_backward():
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = nn.functional.interpolate(self.conv(x), scale_factor=0.5, mode="bilinear", antialias=True)
+            y = y.masked_scatter(y > 0, y * 2)
+            return nn.functional.soft_margin_loss(y, torch.ones_like(y))
+
+    estimate = backward_of(Model(), torch.randn(2, 3, 10, 10))
+    assert not estimate.unknown
+    # y is 2 x 4 x 4 x 4: the loss 4 per element each way; the upsampling's gradient one per grad element
+    assert estimate.by_rule["loss"].flops == 4 * 128
+    assert estimate.by_rule["loss_backward"].bwd_flops == 4 * 128
+    assert estimate.by_rule["upsample_backward"].bwd_flops == 128
