@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
-from fxflops.capture import capture, inputs_from_shape
+from fxflops.capture import capture, inputs_from_shape, tensors_in
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
+from fxflops.formula import clip
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
 
@@ -99,8 +100,10 @@ class Counting:
         return cls(table, conventions, _whole_predicate(user_table, leaf_modules))
 
     def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
-        return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
-                       is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
+        # a backward is recorded as autograd runs it, which torch.inference_mode() around the call would stop
+        with torch.inference_mode(False) if options.get("backward") else contextlib.nullcontext():
+            return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
+                           is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
 
     def count(self, captured: Captured) -> list[NodeCost]:
         return count_nodes(captured, self.table, self.conventions)
@@ -162,6 +165,9 @@ def _check_conventions(conventions: str) -> None:
 
 
 def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, input_shape: Any) -> tuple[tuple, dict]:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fxflops counts a torch.nn.Module; got {type(model).__name__} {clip(repr(model), 60)}. "
+                        "Wrap a function in a module whose forward calls it")
     if input_shape is not None:
         if args not in ((), [], None):
             raise ValueError("give either input_shape or args, not both")
@@ -170,7 +176,12 @@ def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, inp
         args = ()
     elif not isinstance(args, tuple | list):
         args = (args,)
-    return tuple(args), dict(kwargs or {})
+    args, kwargs = tuple(args), dict(kwargs or {})
+    if any(tensor.is_nested for tensor in tensors_in((args, kwargs))):
+        raise ValueError("nested tensors (torch.nested) have ragged sizes, which fxflops cannot count as one "
+                         "shape: pass x.to_padded_tensor(0) for the padded batch's cost, or estimate each "
+                         "sequence on its own and add the counts")
+    return args, kwargs
 
 
 def _whole_predicate(user_table: RuleTable | None,

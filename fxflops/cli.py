@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import logging
 import sys
 import warnings
@@ -248,7 +247,6 @@ def _load_rules(paths: list[str]) -> list | None:
 
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops import peaks
-    from fxflops.roofline import known_devices
 
     if args.roofline and not args.device:
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
@@ -256,10 +254,11 @@ def _check_device(args: argparse.Namespace, sweeps: list) -> None:
         raise ModelSpecError("--format html shows one estimate; a --sweep writes text, table, json or csv")
     if args.device and sweeps:
         raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
-    if args.device and peaks.lookup(args.device) is None:
-        close = difflib.get_close_matches(args.device, [row.label for row in peaks.GPU_PEAKS], n=1, cutoff=0.3)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ModelSpecError(f"--device {args.device!r} is not in the peaks table; {hint}known: {known_devices()}")
+    if args.device:
+        try:
+            peaks.named(args.device)
+        except ValueError as error:
+            raise ModelSpecError(f"--{error}") from None
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:

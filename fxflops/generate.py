@@ -200,8 +200,10 @@ def combine(estimates: list[Estimate]) -> Estimate:
 
 def _summed_totals(tables: list[dict[str, OpTotals]]) -> dict[str, OpTotals]:
     sums: dict[str, list[int]] = {}
+    statuses: dict[str, set[str]] = {}
     for table in tables:
         for key, t in table.items():
+            statuses.setdefault(key, set()).update(t.statuses)
             acc = sums.setdefault(key, [0, 0, 0, 0, 0])
             acc[0] += t.count
             acc[1] += t.macs
@@ -209,7 +211,7 @@ def _summed_totals(tables: list[dict[str, OpTotals]]) -> dict[str, OpTotals]:
             acc[3] += t.bwd_macs
             acc[4] += t.bwd_flops
     ordered = sorted(sums.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
-    return {key: OpTotals(*values) for key, values in ordered}
+    return {key: OpTotals(*values, statuses=tuple(sorted(statuses[key]))) for key, values in ordered}
 
 
 def _merged_unknown(unknown: list[UnknownOp]) -> list[UnknownOp]:

@@ -9,6 +9,7 @@ gets a table value (peaks there depend on cores, clocks and vector width).
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -101,9 +102,34 @@ def lookup(device_name: str) -> GpuPeaks | None:
         if row.label.lower() == device_name.strip().lower():
             return row
     for row in GPU_PEAKS:
-        if re.search(row.pattern, device_name):
+        if re.search(row.pattern, device_name, re.IGNORECASE):
             return row
     return None
+
+
+def named(name: str) -> GpuPeaks:
+    """The row a user names: its label in any case and spacing ("h100-sxm"), a part only one label
+    has ("4090"), or a CUDA device name ("NVIDIA H100 80GB HBM3"). A part several labels share
+    ("A100", "H100") is refused, listing them: the parts differ in bandwidth and peaks."""
+    wanted = _squashed(name)
+    for row in GPU_PEAKS:
+        if _squashed(row.label) == wanted:
+            return row
+    partial = [row for row in GPU_PEAKS if wanted and wanted in _squashed(row.label)]
+    if len(partial) > 1:
+        raise ValueError(f"device {name!r} could be any of {', '.join(row.label for row in partial)}, "
+                         "whose peaks or bandwidth differ: name one")
+    row = partial[0] if partial else lookup(name)
+    if row is None:
+        close = difflib.get_close_matches(name, [row.label for row in GPU_PEAKS], n=1, cutoff=0.3)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"device {name!r} is not in the peaks table; {hint}known: "
+                         f"{', '.join(row.label for row in GPU_PEAKS)}")
+    return row
+
+
+def _squashed(name: str) -> str:
+    return re.sub(r"[\s_-]+", "", name.lower())
 
 
 def peak_for(device_name: str, dtype: torch.dtype, *, tf32: bool = False) -> tuple[float, str] | None:

@@ -127,6 +127,7 @@ class OpTotals:
     flops: int
     bwd_macs: int = 0  # the backward's share (recomputed forwards included)
     bwd_flops: int = 0
+    statuses: tuple[str, ...] = ()  # how its nodes were counted: "counted", "zero", "unknown", sorted
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ class Estimate:
     aliases: dict[str, str] = field(default_factory=dict)  # a shared module's other paths -> its first name
     # a fxflops.roofline.Prediction the reports show (predicted latency, bound); set by whoever asks for it
     prediction: Any = None
+    # node_status_counts() of an estimate read back without its per-node costs (JSON without nodes)
+    saved_node_status: dict[str, int] | None = None
 
     @property
     def root(self) -> ModuleStats:
@@ -309,8 +312,21 @@ class Estimate:
                 + f"params={self.total_params:_}, modules={len(self.modules)}, nodes={len(self.nodes)}, "
                 f"unknown ops={sum(u.count for u in self.unknown)})")
 
+    def statuses(self, by: str = "op") -> dict[str, str]:
+        """"counted", "zero" or "unknown" ("/"-joined when mixed) per op key (`by="op"`) or rule name
+        (`by="rule"`): from the per-node costs, or as recorded for an estimate read back without them."""
+        if not self.nodes:
+            totals = self.by_op if by == "op" else self.by_rule
+            return {key: "/".join(value.statuses) for key, value in totals.items()}
+        seen: dict[str, set[str]] = {}
+        for node in self.nodes:
+            seen.setdefault(node.op if by == "op" else node.rule_key, set()).add(node.status)
+        return {key: "/".join(sorted(values)) for key, values in seen.items()}
+
     def node_status_counts(self) -> dict[str, int]:
         """How many graph nodes were counted by a rule, declared zero, or unknown."""
+        if not self.nodes and self.saved_node_status is not None:
+            return dict(self.saved_node_status)
         counts = {COUNTED: 0, ZERO: 0, UNKNOWN: 0}
         for node in self.nodes:
             counts[node.status] += 1

@@ -128,6 +128,10 @@ def _device_numbers(estimate: Estimate, device: str | None, dtype: torch.dtype |
         _check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
         key = peaks.dtype_key(compute_dtype) or str(compute_dtype)
         return peak_flops, peak_flops, bandwidth, "given", key, "given: peak_flops and bandwidth"
+    if device is None and (peak_flops is None) != (bandwidth is None) and not torch.cuda.is_available():
+        missing = "bandwidth= (bytes/s)" if bandwidth is None else "peak_flops= (FLOP/s)"
+        raise ValueError(f"predict() without a device needs both peak_flops= and bandwidth=: give {missing} "
+                         "too, or name a device to take it from (device=\"H100 SXM\")")
     row = _row(device)
     key = peaks.dtype_key(compute_dtype, tf32=peaks.tf32_enabled())
     if key == "tf32" and key not in row.flops:
@@ -144,15 +148,15 @@ def _device_numbers(estimate: Estimate, device: str | None, dtype: torch.dtype |
 
 
 def _row(device: str | None) -> peaks.GpuPeaks:
-    if device is None:
-        if not torch.cuda.is_available():
-            raise ValueError("predict() needs a device: name one from the peaks table (device=\"H100 SXM\"; "
-                             f"known: {known_devices()}), or give peak_flops= and bandwidth=")
-        device = torch.cuda.get_device_name()
-    row = peaks.lookup(device)
+    if device is not None:
+        return peaks.named(device)
+    if not torch.cuda.is_available():
+        raise ValueError("predict() needs a device: name one from the peaks table (device=\"H100 SXM\"; "
+                         f"known: {known_devices()}), or give peak_flops= and bandwidth=")
+    row = peaks.lookup(torch.cuda.get_device_name())
     if row is None:
-        raise ValueError(f"unknown device {device!r}: known are {known_devices()}; "
-                         "or give peak_flops= and bandwidth=")
+        raise ValueError(f"the peaks table does not know this GPU ({torch.cuda.get_device_name()!r}): "
+                         f"name a device (known: {known_devices()}), or give peak_flops= and bandwidth=")
     return row
 
 

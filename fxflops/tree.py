@@ -119,7 +119,9 @@ def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
 
 def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    statuses: dict[str, set[str]] = defaultdict(set)
     for cost in costs:
+        statuses[key(cost)].add(cost.status)
         entry = counts[key(cost)]
         entry[0] += 1
         entry[1] += cost.macs
@@ -128,7 +130,7 @@ def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
             entry[3] += cost.macs
             entry[4] += cost.flops
     ordered = sorted(counts.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
-    return {name: OpTotals(*values) for name, values in ordered}
+    return {name: OpTotals(*values, statuses=tuple(sorted(statuses[name]))) for name, values in ordered}
 
 
 def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:

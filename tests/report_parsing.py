@@ -206,12 +206,14 @@ def estimate_by_hand(
 
 def _totals(nodes, key) -> dict[str, OpTotals]:
     sums: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    statuses: dict[str, set[str]] = defaultdict(set)
     for node in nodes:
         entry = sums[key(node)]
         entry[0] += 1
         entry[1] += node.macs
         entry[2] += node.flops
-    return {name: OpTotals(*values) for name, values in sums.items()}
+        statuses[key(node)].add(node.status)
+    return {name: OpTotals(*values, statuses=tuple(sorted(statuses[name]))) for name, values in sums.items()}
 
 
 def _unknown(nodes) -> list[UnknownOp]:

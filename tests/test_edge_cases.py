@@ -95,3 +95,92 @@ def test_transformer_encoder_padding_mask_check_is_not_unknown():
     per_layer = 12 * 16 * 48 + 12 * 16 * 16 + 2 * 12 * 16 * 32 + 2 * (2 * 4 * 6 * 6 * 4)
     assert result.total_flops == 2 * 2 * per_layer == 107520
     assert result.total_flops == oracle_flops(encoder, (x,), {"src_key_padding_mask": mask})
+
+
+def test_a_forward_returning_a_generator_is_refused_not_counted_as_zero():
+    class Lazy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            for _ in range(3):
+                yield self.linear(x)
+
+    with pytest.raises(fxflops.CaptureError, match="returned a generator.*list"):
+        fxflops.estimate(Lazy(), (torch.randn(2, 4),))
+
+
+def test_backward_under_inference_mode_is_counted_as_outside_it():
+    model, x = nn.Linear(8, 4), torch.randn(2, 8)
+    # weight gradient g^T x: 4 * 8 * 2 = 64 MACs (128 FLOPs); bias gradient sums g over the batch: 8
+    for method in ("auto", "eager", "trace"):
+        with torch.inference_mode():
+            inside = fxflops.estimate(model, (torch.randn(2, 8),), backward=True, method=method)
+        assert (inside.bwd_macs, inside.bwd_flops) == (64, 136), method
+    assert fxflops.estimate(model, (x,), backward=True).bwd_flops == 136
+
+
+def test_json_without_nodes_keeps_node_counts_and_statuses():
+    from fxflops import report
+
+    class WithUnknown(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.linalg.matrix_exp(self.linear(x).reshape(2, 2, 2))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimate = fxflops.estimate(WithUnknown(), (torch.randn(2, 4),))
+    back = report.from_json(estimate.to_json())  # the CLI's --format json: no per-node costs
+    assert not back.nodes
+    assert back.node_status_counts() == estimate.node_status_counts() == {"counted": 1, "zero": 1, "unknown": 1}
+    assert back.statuses("op") == estimate.statuses("op")
+    assert back.statuses("rule")["linear"] == "counted"
+    assert back.print(as_string=True) == estimate.print(as_string=True)
+    assert report.from_json(back.to_json()).to_json() == back.to_json()
+
+
+@pytest.mark.parametrize(("name", "label"), [
+    ("h100 sxm", "H100 SXM"), ("H100-SXM", "H100 SXM"), ("4090", "RTX 4090"), ("a10", "A10"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("nvidia a100-sxm4-80gb", "A100 80GB SXM"),
+])
+def test_device_names_in_any_case_and_spacing(name, label):
+    assert count(nn.Linear(4, 4), (torch.randn(2, 4),)).predict(name).device == label
+
+
+@pytest.mark.parametrize("name", ["A100", "H100", "v100"])
+def test_a_device_name_several_parts_share_is_refused_listing_them(name):
+    estimate = count(nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match=f"device '{name}' could be any of .*: name one"):
+        estimate.predict(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU there is no current device to read")
+def test_predict_with_half_the_given_numbers_names_the_missing_one():
+    estimate = count(nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match=r"give bandwidth= \(bytes/s\) too"):
+        estimate.predict(peak_flops=1e12)
+    with pytest.raises(ValueError, match=r"give peak_flops= \(FLOP/s\) too"):
+        estimate.predict(bandwidth=1e12)
+
+
+@pytest.mark.parametrize("shape", [4, "1,3", [], [(1, 4), 4]])
+def test_a_malformed_input_shape_says_what_to_give(shape):
+    with pytest.raises(ValueError, match="input_shape must be a tuple of"):
+        fxflops.estimate(nn.Linear(4, 4), input_shape=shape)
+
+
+def test_a_function_instead_of_a_module_says_to_wrap_it():
+    with pytest.raises(TypeError, match="counts a torch.nn.Module; got function"):
+        fxflops.estimate(lambda x: x @ x, (torch.randn(3, 3),))
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tensor_inputs_are_refused_with_what_to_do(layout):
+    x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)], layout=layout)
+    with pytest.raises(ValueError, match="nested tensors.*to_padded_tensor"):
+        fxflops.estimate(nn.Linear(8, 4), (x,))

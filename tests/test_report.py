@@ -485,11 +485,13 @@ def assert_json_matches(estimate, data):
                     "extra_repr", "children", "latency", "latency_calls"):
             assert item[key] == getattr(stats, key), (item["name"], key)
     assert data["by_op"] == {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bwd_macs": t.bwd_macs,
-                                  "bwd_flops": t.bwd_flops}
+                                  "bwd_flops": t.bwd_flops, "status": estimate.statuses("op")[op]}
                              for op, t in estimate.by_op.items()}
     assert data["by_rule"] == {rule: {"count": t.count, "macs": t.macs, "flops": t.flops, "bwd_macs": t.bwd_macs,
-                                      "bwd_flops": t.bwd_flops}
+                                      "bwd_flops": t.bwd_flops, "status": estimate.statuses("rule")[rule]}
                                for rule, t in estimate.by_rule.items()}
+    for op, t in estimate.by_op.items():  # the status column the text report shows, from the nodes
+        assert data["by_op"][op]["status"] == "/".join(sorted({n.status for n in estimate.nodes if n.op == op}))
     assert data["unknown"] == [{"op": u.op, "count": u.count, "modules": list(u.modules)}
                                for u in estimate.unknown]
     assert data["node_status"] == estimate.node_status_counts()

@@ -26,7 +26,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
-from fxflops.capture.inputs import map_tensors, tensors_in, with_twins
+from fxflops.capture.inputs import map_tensors, refuse_lazy_output, tensors_in, with_twins
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -131,7 +131,7 @@ def capture(request: Request) -> Captured:
         with grad_mode, mode, tracker, recorder, CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
-            output = model(*args, **kwargs)
+            output = refuse_lazy_output(model(*args, **kwargs))
             if owners is not None:
                 differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos, tag_names
-from fxflops.capture.inputs import is_plain, meta_twin, tensors_in, to_meta, with_twins
+from fxflops.capture.inputs import is_plain, meta_twin, refuse_lazy_output, tensors_in, to_meta, with_twins
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EXPORT
 from fxflops.capture.request import Request
@@ -43,7 +43,7 @@ class FlatOutputs(torch.nn.Module):
         merged = list(args)
         for index in sorted(self._held_args):
             merged.insert(index, self._held_args[index])
-        output = getattr(self, WRAPPED)(*merged, **kwargs, **self._held_kwargs)
+        output = refuse_lazy_output(getattr(self, WRAPPED)(*merged, **kwargs, **self._held_kwargs))
         return tuple(tensors_in(output))
 
 

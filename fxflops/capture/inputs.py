@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,12 +16,25 @@ from torch.utils._pytree import tree_map
 
 def inputs_from_shape(model: torch.nn.Module, input_shape: Any) -> tuple[torch.Tensor, ...]:
     """Meta tensors for DeepSpeed's `input_shape=` convenience: one shape, or a list of shapes."""
-    shapes = [input_shape] if input_shape and isinstance(input_shape[0], int) else list(input_shape)
+    if not isinstance(input_shape, tuple | list | torch.Size) or not input_shape:
+        raise ValueError(f"input_shape must be a tuple of ints such as (1, 3, 224, 224), or a list of them "
+                         f"(one per input), got {input_shape!r}")
+    shapes = [input_shape] if isinstance(input_shape[0], int) else list(input_shape)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
     for shape in shapes:
-        if not all(isinstance(size, int) and size >= 0 for size in shape):
+        if not isinstance(shape, tuple | list | torch.Size) or not all(isinstance(size, int) and size >= 0 for size in shape):
             raise ValueError(f"input_shape must be a tuple of non-negative ints (or a list of them), got {shape!r}")
     return tuple(torch.empty(tuple(shape), dtype=dtype, device="meta") for shape in shapes)
+
+
+def refuse_lazy_output(output: Any) -> Any:
+    """The forward's output, unless it is a generator: its ops run only as it is iterated, after the
+    forward returns, so there would be nothing to count (and an empty count is not an answer)."""
+    if isinstance(output, types.GeneratorType | types.AsyncGeneratorType):
+        raise TypeError("the forward returned a generator, whose ops run only as it is iterated: there is "
+                        "nothing to count. Return a list or tuple, or wrap the model in a module whose "
+                        "forward returns list(model(...))")
+    return output
 
 
 def tensors_in(value: Any, seen: set[int] | None = None) -> list[torch.Tensor]:

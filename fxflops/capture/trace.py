@@ -12,7 +12,7 @@ import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, parameter_owners, restore_grads
-from fxflops.capture.inputs import nothing_to_run, tensors_in, to_meta, with_twins
+from fxflops.capture.inputs import nothing_to_run, refuse_lazy_output, tensors_in, to_meta, with_twins
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -51,7 +51,7 @@ def capture(request: Request) -> Captured:
                     CompositeOps(recorder, request.knows_op):
                 if owners is not None:
                     owners.start()
-                output = model(*args, **kwargs)
+                output = refuse_lazy_output(model(*args, **kwargs))
                 if owners is not None:
                     differentiate(output, request.loss, owners, recorder.unrecorded)
         finally:
@@ -68,6 +68,8 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _cut_from_graph(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_inference():  # made under torch.inference_mode(): autograd cannot save it, a copy it can
+        return tensor.clone()
     if tensor.grad_fn is None:
         return tensor
     return tensor.detach().requires_grad_(tensor.requires_grad)

@@ -39,8 +39,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                   bytes, self_bytes (memory read + written by its ops, inclusive / own; see
                   fxflops.traffic), intensity: float|null (flops per byte),
                   predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction)}
-    by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}   e.g. "aten.mm.default"
-    by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops"}}
+    by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}   e.g.
+                      "aten.mm.default"; status: "counted", "zero" or "unknown" ("/"-joined when mixed)
+    by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}
     unknown           [{"op": str, "count": int, "modules": [str]}]   ops no rule counts
     prediction        null, or the roofline prediction (Estimate.predict): {"device", "dtype",
                       "peak_flops", "vector_flops", "bandwidth" (bytes/s), "latency" (s),
@@ -131,10 +132,10 @@ def _versions() -> dict[str, str]:
     return {"fxflops_version": fxflops.__version__, "torch_version": torch.__version__}
 
 
-def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, int]]:
+def _totals(values: dict[str, OpTotals], statuses: dict[str, str]) -> dict[str, dict[str, Any]]:
     return {
         key: {"count": item.count, "macs": item.macs, "flops": item.flops, "bwd_macs": item.bwd_macs,
-              "bwd_flops": item.bwd_flops}
+              "bwd_flops": item.bwd_flops, "status": statuses.get(key, "")}
         for key, item in values.items()
     }
 
@@ -205,8 +206,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
         modules=[_module_dict(stats, estimate.backward, estimate.prediction) for stats in estimate.modules.values()],
-        by_op=_totals(estimate.by_op),
-        by_rule=_totals(estimate.by_rule),
+        by_op=_totals(estimate.by_op, estimate.statuses("op")),
+        by_rule=_totals(estimate.by_rule, estimate.statuses("rule")),
         unknown=[
             {"op": op.op, "count": op.count, "modules": list(op.modules)}
             for op in estimate.unknown
@@ -315,8 +316,8 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         total_params=record["totals"]["params"],
         modules=modules,
         nodes=[_node_from(item) for item in record.get("nodes", [])],
-        by_op={key: OpTotals(**value) for key, value in record["by_op"].items()},
-        by_rule={key: OpTotals(**value) for key, value in record["by_rule"].items()},
+        by_op={key: _op_totals_from(value) for key, value in record["by_op"].items()},
+        by_rule={key: _op_totals_from(value) for key, value in record["by_rule"].items()},
         unknown=[
             UnknownOp(op=item["op"], count=item["count"], modules=tuple(item["modules"]))
             for item in record["unknown"]
@@ -333,7 +334,14 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         bwd_macs=record.get("bwd", {}).get("macs", 0),
         bwd_flops=record.get("bwd", {}).get("flops", 0),
         optimizer=OptimizerStep(**record["optimizer"]) if record.get("optimizer") else None,
+        saved_node_status=record.get("node_status"),
     )
+
+
+def _op_totals_from(record: dict[str, Any]) -> OpTotals:
+    values = dict(record)
+    status = values.pop("status", "")
+    return OpTotals(**values, statuses=tuple(status.split("/")) if status else ())
 
 
 def from_json(source: str | Path) -> Estimate:

@@ -21,15 +21,6 @@ from fxflops.report.formats import (
 from fxflops.results import ROOT_LABEL, Estimate, OpTotals
 
 
-def _statuses(estimate: Estimate, by: str) -> dict[str, str]:
-    """counted / zero / unknown per op or rule key, read from the per-node costs."""
-    seen: dict[str, set[str]] = {}
-    for node in estimate.nodes:
-        key = node.op if by == "op" else node.rule_key
-        seen.setdefault(key, set()).add(node.status)
-    return {key: "/".join(sorted(values)) for key, values in seen.items()}
-
-
 def _op_totals(estimate: Estimate, by: str) -> dict[str, OpTotals]:
     if by not in ("op", "rule"):
         raise ValueError(f"op_table: by must be 'op' or 'rule', not {by!r}")
@@ -40,7 +31,7 @@ def _op_totals(estimate: Estimate, by: str) -> dict[str, OpTotals]:
 def op_rows(estimate: Estimate, by: str = "op", raw: bool = False) -> tuple[list[str], list[list]]:
     """(headers, rows) of the per-op (or per-rule) table, heaviest first, with a total row."""
     totals = _op_totals(estimate, by)
-    statuses = _statuses(estimate, by)
+    statuses = estimate.statuses(by)
     ordered = sorted(totals.items(), key=lambda item: (-item[1].macs, -item[1].flops, item[0]))
     headers = [by, "status", "count", "MACs", "% MACs", "FLOPs", "% FLOPs"]
     if estimate.backward:  # MACs and FLOPs are forward + backward; these say how much is backward

@@ -421,10 +421,10 @@ def _throughput_lines(m: Measurements) -> list[str]:
 
 def _node_share_lines(estimate: Estimate) -> list[str]:
     """What share of the graph's nodes a rule counted, the zero list declared, or nobody knew."""
-    if not estimate.nodes:
-        return []
     counts = estimate.node_status_counts()
     total = sum(counts.values())
+    if not total:
+        return []
     parts = ", ".join(
         f"{label} {counts[status]} = {percent(counts[status], total)}"
         for label, status in (("counted", COUNTED), ("zero", ZERO), ("unknown", UNKNOWN))
