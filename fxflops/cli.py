@@ -11,7 +11,8 @@ import contextlib
 import logging
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 from pathlib import Path
 
 from fxflops import examples
@@ -57,8 +58,25 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake costs one line (the whole usage block would bury it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (fxflops --help lists the options)\n")
+
+
+def _at_least(lowest: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be {lowest} or more, got {value}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its message: "invalid int value"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fxflops",
         description="Estimate MACs, FLOPs and parameters per module of a PyTorch model.",
         epilog=EPILOG,
@@ -108,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="html: one self-contained page (zoomable module icicle, sortable tables); "
                              "give --output page.html")
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
-    report.add_argument("--depth", type=int, default=-1, help="deepest module level shown (-1 = all)")
-    report.add_argument("--top", type=int, default=3, help="module types per depth in the aggregated profile")
+    report.add_argument("--depth", type=_at_least(-1), default=-1, help="deepest module level shown (-1 = all)")
+    report.add_argument("--top", type=_at_least(1), default=3, help="module types per depth in the aggregated profile")
     report.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
                         help="fold identical sibling subtrees into one entry with a count")
     report.add_argument("--detailed", action=argparse.BooleanOptionalAction, default=True,
@@ -206,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
     sweeps = [parse_sweep(text) for text in args.sweep]
     _check_sweeps(sweeps)
     _check_device(args, sweeps)
+    _check_writable(args.output, "--output")
+    _check_writable(args.roofline, "--roofline")
     args.rules = _load_rules(args.rules)
     progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
     try:
@@ -243,6 +263,17 @@ def _load_rules(paths: list[str]) -> list | None:
     for warning in caught:
         sys.stderr.write(f"fxflops: warning: {warning.message}\n")
     return entries
+
+
+def _check_writable(path: str | None, option: str) -> None:
+    """Before the model is built: a report that cannot be written should not cost the estimate first."""
+    if path is None:
+        return
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise ModelSpecError(f"{option} {path!r}: the folder {str(folder)!r} does not exist")
+    if Path(path).is_dir():
+        raise ModelSpecError(f"{option} {path!r} is a folder: give a file name")
 
 
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:

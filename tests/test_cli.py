@@ -616,3 +616,26 @@ def test_rules_option_refuses_a_bad_file_before_building_the_model(capsys, tmp_p
     code, _, err = run_main(capsys, "lenet5", "--rules", str(rules))
     assert code == 2
     assert f"{rules}: rule 'x': 'macs'" in err and "did you mean 'out'?" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["lenet5", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
+    (["lenet5", "--top", "-1"], "argument --top: must be 1 or more, got -1"),
+    (["lenet5", "--depth", "-5"], "argument --depth: must be -1 or more, got -5"),
+    (["lenet5", "--device", "A100"], "--device 'A100' could be any of A100 80GB PCIe, A100 80GB SXM, A100 40GB"),
+])
+def test_argument_mistakes_cost_one_line(capsys, argv, message):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exited:  # argparse's own checks exit from parse_args
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_argument_mistakes_exit_2_before_estimating(capsys, tmp_path):
+    code, out, err = run_main(capsys, "lenet5", "--output", str(tmp_path / "missing" / "report.txt"))
+    assert code == 2 and out == "" and "the folder" in err and "does not exist" in err
+    code, out, err = run_main(capsys, "lenet5", "--output", str(tmp_path))
+    assert code == 2 and "is a folder" in err
