@@ -435,3 +435,15 @@ def test_reserved_size_names_and_builtin_min_max_in_rules():
 
     assert HELPERS["max"]([3, 1.5]) == 3 and type(HELPERS["max"](3, 1.5)) is int  # Python's, not torch's
     assert HELPERS["min"](2, 1.5) == 1.5
+
+
+def test_text_report_states_a_merged_formula_region_once():
+    from fxflops.report.sweep import render_text
+    from fxflops.results import SweepFormula, SweepResult
+
+    # three pieces with one formula, each summarised alike (as resnet18 over size gives)
+    region = "size >= 2 (and 14 more conditions, each checked per point)"
+    result = SweepResult(model_type="M", names=("size",), example={"size": 64},
+                         formulas=[SweepFormula({"macs": "size**2"}, [region] * 3, [[], [], []])],
+                         points=[], captures=3)
+    assert f"formulas, where {region}:\n" in render_text(result)

@@ -65,7 +65,8 @@ def render_text(result: SweepResult, depth: int = 1, top: int = 3, tablefmt: str
              f"{result.captures} capture{'s' if result.captures != 1 else ''})", ""]
     lines.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
     for entry in result.formulas:
-        lines += ["", f"formulas, where {' or '.join(entry.holds_for)}:"]
+        # pieces merged for one formula often state their regions alike: say each once
+        lines += ["", f"formulas, where {' or '.join(dict.fromkeys(entry.holds_for))}:"]
         width = max(len(name) for name in entry.formulas)
         lines += [f"  {name:<{width}} = {formula}" for name, formula in entry.formulas.items()]
     return "\n".join(lines) + "\n"
