@@ -100,8 +100,9 @@ class Counting:
         return cls(table, conventions, _whole_predicate(user_table, leaf_modules))
 
     def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
-        # a backward is recorded as autograd runs it, which torch.inference_mode() around the call would stop
-        with torch.inference_mode(False) if options.get("backward") else contextlib.nullcontext():
+        # a backward is recorded as autograd runs it, and a real forward guards its writes with version
+        # counters: torch.inference_mode() around the call would stop both
+        with torch.inference_mode(False):
             return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
                            is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
 

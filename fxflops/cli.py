@@ -269,7 +269,7 @@ def _check_writable(path: str | None, option: str) -> None:
     """Before the model is built: a report that cannot be written should not cost the estimate first."""
     if path is None:
         return
-    folder = Path(path).expanduser().resolve().parent
+    folder = Path(path).absolute().parent  # the path as it will be written, not expanded
     if not folder.is_dir():
         raise ModelSpecError(f"{option} {path!r}: the folder {str(folder)!r} does not exist")
     if Path(path).is_dir():

@@ -97,32 +97,45 @@ def einsum_macs(equation: str, operands: Sequence[Any]) -> Any:
 def trilinear_counts(i1: Any, i2: Any, i3: Any, expand1: Sequence[int], expand2: Sequence[int],
                      expand3: Sequence[int], sumdim: Sequence[int], unroll_dim: int = 1) -> tuple[Any, Any]:
     """(MACs, other FLOPs) of aten._trilinear (nn.Bilinear's kernel, and its gradients) as torch runs it:
-    for each index of `unroll_dim`, i1 times i2 summed over the summed dims i3 lacks, then that times
-    i3 summed over the rest. A step that sums is a MAC per product term; one that sums nothing is plain
-    multiplies (other FLOPs), as are the adds of each slice into the zeroed output."""
+    for each index of `unroll_dim`, i1 times i2 summed over the summed dims i3 is expanded in, then that
+    times i3 summed over the rest (sumproduct_pair each time). A step that sums is a MAC per product
+    term, one that sums nothing plain multiplies; a summed dim only one side has is summed on that side
+    first (adds); each slice is added into the zeroed output."""
     total_dim = len(i1.shape) + len(expand1)
-    shapes = [_unsqueezed(list(t.shape), expand, total_dim) for t, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    expands = [{dim % total_dim for dim in expand} for expand in (expand1, expand2, expand3)]
+    if all(unroll_dim in expand for expand in expands):
+        return 0, 0  # torch's loop over the unrolled dim runs zero times
+    shapes = [_unsqueezed(list(t.shape), sorted(expand)) for t, expand in zip((i1, i2, i3), expands)]
+    unrolled = max(shape[unroll_dim] for shape, expand in zip(shapes, expands) if unroll_dim not in expand)
+    for shape in shapes:
+        shape[unroll_dim] = 1  # each step works on one slice (narrow)
     summed = {dim % total_dim for dim in sumdim} - {unroll_dim}
-    summed_first = {dim for dim in summed if shapes[2][dim] == 1}
-    first = [max_size(a, b) for a, b in zip(shapes[0], shapes[1])]
-    kept = [1 if dim in summed_first else size for dim, size in enumerate(first)]
-    second = [max_size(a, b) for a, b in zip(kept, shapes[2])]
-    unrolled = max_size(max_size(shapes[0][unroll_dim], shapes[1][unroll_dim]), shapes[2][unroll_dim])
-    macs: Any = 0
-    products: Any = 0
-    for step, sums in ((first, summed_first), (second, summed - summed_first)):
-        terms = _multiply(unrolled, prod(step[:unroll_dim] + step[unroll_dim + 1:]))
-        if sums:
-            macs = _add(macs, terms)
-        else:
-            products = _add(products, terms)
-    out_slice = prod(size for dim, size in enumerate(second) if dim not in summed and dim != unroll_dim)
-    adds = _multiply(unrolled, out_slice)  # every slice is added into the output once
-    return macs, _add(products, adds)
+    first_sums = {dim for dim in summed if dim in expands[2]}
+    macs1, other1, buffer = _sumproduct_pair(shapes[0], shapes[1], first_sums)
+    macs2, other2, out_slice = _sumproduct_pair(buffer, shapes[2], summed - first_sums)
+    adds = prod(size for dim, size in enumerate(out_slice) if dim not in summed)
+    return _multiply(unrolled, _add(macs1, macs2)), _multiply(unrolled, _add(_add(other1, other2), adds))
 
 
-def _unsqueezed(shape: list[Any], expand: Sequence[int], total_dim: int) -> list[Any]:
-    for dim in sorted(d % total_dim for d in expand):
+def _sumproduct_pair(left: list[Any], right: list[Any], sums: set[int]) -> tuple[Any, Any, list[Any]]:
+    """(MACs, other FLOPs, result shape with the summed dims kept as 1) of aten's sumproduct_pair."""
+    left, right = list(left), list(right)
+    pre_sums: Any = 0
+    for dim in sums:  # a summed dim only one side has is summed there first
+        if left[dim] != 1 and right[dim] == 1:
+            pre_sums = _add(pre_sums, prod(left) - prod(left) // left[dim])
+            left[dim] = 1
+        elif right[dim] != 1 and left[dim] == 1:
+            pre_sums = _add(pre_sums, prod(right) - prod(right) // right[dim])
+            right[dim] = 1
+    terms = prod(max_size(a, b) for a, b in zip(left, right))
+    contracted = any(left[dim] != 1 for dim in sums)
+    result = [1 if dim in sums else max_size(a, b) for dim, (a, b) in enumerate(zip(left, right))]
+    return (terms, pre_sums, result) if contracted else (0, _add(terms, pre_sums), result)
+
+
+def _unsqueezed(shape: list[Any], expand: Sequence[int]) -> list[Any]:
+    for dim in expand:  # ascending, as aten unsqueezes
         shape.insert(dim, 1)
     return shape
 

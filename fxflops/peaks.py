@@ -108,14 +108,15 @@ def lookup(device_name: str) -> GpuPeaks | None:
 
 
 def named(name: str) -> GpuPeaks:
-    """The row a user names: its label in any case and spacing ("h100-sxm"), a part only one label
-    has ("4090"), or a CUDA device name ("NVIDIA H100 80GB HBM3"). A part several labels share
-    ("A100", "H100") is refused, listing them: the parts differ in bandwidth and peaks."""
-    wanted = _squashed(name)
+    """The row a user names: its label in any case and spacing ("h100-sxm"), words of it only one label
+    has ("4090"), or a CUDA device name ("NVIDIA H100 80GB HBM3"). Words several labels share ("A100",
+    "H100") are refused, listing them: the parts differ in bandwidth and peaks. Words match whole, so
+    "L40" is not taken for the L40S."""
     for row in GPU_PEAKS:
-        if _squashed(row.label) == wanted:
+        if _squashed(row.label) == _squashed(name):
             return row
-    partial = [row for row in GPU_PEAKS if wanted and wanted in _squashed(row.label)]
+    words = set(_words(name))
+    partial = [row for row in GPU_PEAKS if words and words <= set(_words(row.label))]
     if len(partial) > 1:
         raise ValueError(f"device {name!r} could be any of {', '.join(row.label for row in partial)}, "
                          "whose peaks or bandwidth differ: name one")
@@ -130,6 +131,10 @@ def named(name: str) -> GpuPeaks:
 
 def _squashed(name: str) -> str:
     return re.sub(r"[\s_-]+", "", name.lower())
+
+
+def _words(name: str) -> list[str]:
+    return [word for word in re.split(r"[\s_-]+", name.lower()) if word]
 
 
 def peak_for(device_name: str, dtype: torch.dtype, *, tf32: bool = False) -> tuple[float, str] | None:

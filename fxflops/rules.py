@@ -296,10 +296,17 @@ class RuleTable:
         """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
         return rule.cost(call, preset(conventions), self.family(rule, call))
 
-    def knows_op(self, op: Any) -> bool:
-        """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet."""
+    def knows_op(self, op: Any, function: Any = None) -> bool:
+        """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet, or
+        the Python builtin that called it (`function`: torch.linalg.multi_dot, Tensor.inner)."""
         key = aten_key(op)
-        return ("aten", key) in self._by_key or ("aten", key.rsplit(".", 1)[0]) in self._by_key
+        if ("aten", key) in self._by_key or ("aten", key.rsplit(".", 1)[0]) in self._by_key:
+            return True
+        if function is None:
+            return False
+        self._resolve_pending()
+        return (("object", function) in self._by_key or ("name", function_key(function)) in self._by_key
+                or ("method", getattr(function, "__name__", "")) in self._by_key)
 
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""

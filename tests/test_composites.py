@@ -69,6 +69,27 @@ def test_a_user_rule_for_a_composite_keeps_it_whole():
     assert [node.op for node in result.nodes if node.macs] == ["aten.linalg_multi_dot.default"]
 
 
+def test_a_user_rule_naming_the_python_function_keeps_it_whole_and_says_it_missed():
+    # the eager graph holds aten.cosine_similarity: a rule spelled as the Python function does not
+    # match it, and the op is reported unknown (not silently counted through its decomposition)
+    args = (torch.randn(4, 10), torch.randn(4, 10))
+    model = Call(lambda a, b: nn.functional.cosine_similarity(a, b))
+    with pytest.warns(fxflops.UnknownOpsWarning, match="aten.cosine_similarity"):
+        result = fxflops.estimate(model, args, rules={"torch.nn.functional.cosine_similarity": lambda call: (1, 2)})
+    assert [u.op for u in result.unknown] == ["aten.cosine_similarity.default"]
+
+
+def test_trilinear_by_hand_where_a_summed_dim_is_on_one_side_only():
+    from fxflops.formula import trilinear_counts
+
+    i1, i2, i3 = torch.empty(3, 4), torch.empty(3, 5), torch.empty(3, 5)
+    # dims (a=3, u, k=4, j=5); unrolled over a: per slice, i1's k (only i1 has it) is summed first
+    # (3 adds), times i2 plain (5 products), times i3 summed over j (5 MACs), one add into the output
+    assert trilinear_counts(i1, i2, i3, [1, 3], [1, 2], [1, 2], [2, 3], 0) == (3 * 5, 3 * (3 + 5 + 1))
+    # every input expanded at the unrolled dim: torch's loop runs zero times
+    assert trilinear_counts(i1, i2, i3, [1, 3], [1, 2], [1, 2], [2, 3], 1) == (0, 0)
+
+
 # nn.Bilinear(5, 6, 7) on a batch of 3: torch runs x1 times A summed over in1 (3*7 outputs x 5*6 MACs),
 # then times x2 summed over in2 (3*7 x 6 MACs); FLOPs 2 x MACs, an add of each output into the zeroed
 # output (21) and the bias (21)

@@ -119,6 +119,9 @@ def test_backward_under_inference_mode_is_counted_as_outside_it():
             inside = fxflops.estimate(model, (torch.randn(2, 8),), backward=True, method=method)
         assert (inside.bwd_macs, inside.bwd_flops) == (64, 136), method
     assert fxflops.estimate(model, (x,), backward=True).bwd_flops == 136
+    for method in ("eager", "export", "symbolic", "trace"):  # forward only: 64 MACs, 128 + 8 bias FLOPs
+        with torch.inference_mode():
+            assert fxflops.estimate(model, (torch.randn(2, 8),), method=method).total_flops == 136, method
 
 
 def test_json_without_nodes_keeps_node_counts_and_statuses():
@@ -150,6 +153,13 @@ def test_json_without_nodes_keeps_node_counts_and_statuses():
 ])
 def test_device_names_in_any_case_and_spacing(name, label):
     assert count(nn.Linear(4, 4), (torch.randn(2, 4),)).predict(name).device == label
+
+
+@pytest.mark.parametrize("name", ["L40", "H20"])  # other GPUs, not the L40S or the H200
+def test_device_name_words_match_whole(name):
+    estimate = count(nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match=f"device '{name}' is not in the peaks table"):
+        estimate.predict(name)
 
 
 @pytest.mark.parametrize("name", ["A100", "H100", "v100"])

@@ -29,12 +29,13 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             is_leaf: Callable[[torch.nn.Module], bool] = lambda m: False,
             is_whole: Callable[[torch.nn.Module], bool] = lambda m: False, backward: bool = False,
             loss: Callable[[Any], torch.Tensor] | None = None, sizes: SizePlan | None = None,
-            knows_op: Callable[[Any], bool] = lambda op: True) -> Captured:
+            knows_op: Callable[[Any, Any], bool] = lambda op, function: True) -> Captured:
     """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail.
 
     With `backward`, the graph also holds the backward autograd runs for `loss(output)`; with `sizes`,
     the planned input axes are symbolic and every shape in the graph is an expression in them.
-    `knows_op(op)` says whether the rule table names a composite aten op (linear, einsum, multi_dot):
+    `knows_op(op, function)` says whether the rule table names a composite aten op (linear, einsum) or
+    the builtin that called it:
     the eager and trace methods record those whole, and the rest as the ops they decompose into."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")

@@ -203,7 +203,7 @@ class CompositeOps(TorchFunctionMode):
     ops it runs, which rules count, rather than as one unknown op.
     """
 
-    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any], bool] = lambda op: True) -> None:
+    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any, Any], bool] = lambda op, function: True) -> None:
         super().__init__()
         self._recorder = recorder
         self._knows_op = knows_op
@@ -213,7 +213,7 @@ class CompositeOps(TorchFunctionMode):
         kwargs = kwargs or {}
         overloads = self._composites.get(func)
         if overloads is None:
-            overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op))
+            overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
         op = _matching_overload(overloads, args, kwargs) if overloads and not self._recorder.inside_opaque else None
         if op is None:
             return func(*args, **kwargs)

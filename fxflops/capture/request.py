@@ -16,7 +16,7 @@ def _never(module: torch.nn.Module) -> bool:
     return False
 
 
-def _every_op(op: Any) -> bool:
+def _every_op(op: Any, function: Any) -> bool:
     return True
 
 
@@ -30,8 +30,9 @@ class Request:
     backward: bool = False  # also record the backward of loss(output)
     loss: Callable[[Any], torch.Tensor] | None = None  # None: the sum of the output's floating tensors
     sizes: SizePlan | None = None  # input axes captured as symbolic sizes (costs come out as formulas)
-    # composite aten ops a rule names are recorded whole; the others as the ops they decompose into
-    knows_op: Callable[[Any], bool] = _every_op
+    # composite aten ops a rule names (by op, or by the builtin that called it: knows_op(op, function))
+    # are recorded whole; the others as the ops they decompose into
+    knows_op: Callable[[Any, Any], bool] = _every_op
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

@@ -37,7 +37,7 @@ def capture(request: Request) -> Captured:
         # cache objects are updated by a forward: run on copies of them (their tensors shared, not copied)
         # with a backward, inputs computed by the user's own graph are cut from it: the backward stops
         # at them, as at the model's boundary, and the user's graph stays whole
-        own = _cut_from_graph if request.backward else _same
+        own = _cut_from_graph if request.backward else _usable
         args, kwargs = with_twins(request.args, own), with_twins(request.kwargs, own)
         leaves = [*params, *tensors_in((args, kwargs))]
         writes = CopyOnWrite(leaves, saved_now=buffers)
@@ -63,13 +63,15 @@ def capture(request: Request) -> Captured:
                     tracker.whole_calls, backward=request.backward)
 
 
-def _same(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+def _usable(tensor: torch.Tensor) -> torch.Tensor:
+    # made under torch.inference_mode(): it keeps no version counter (the copy-on-write guard reads one)
+    # and autograd cannot save it; a copy made outside inference mode has both
+    return tensor.clone() if tensor.is_inference() else tensor
 
 
 def _cut_from_graph(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.is_inference():  # made under torch.inference_mode(): autograd cannot save it, a copy it can
-        return tensor.clone()
+    if tensor.is_inference():
+        return _usable(tensor)
     if tensor.grad_fn is None:
         return tensor
     return tensor.detach().requires_grad_(tensor.requires_grad)
