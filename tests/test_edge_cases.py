@@ -194,3 +194,9 @@ def test_nested_tensor_inputs_are_refused_with_what_to_do(layout):
     x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)], layout=layout)
     with pytest.raises(ValueError, match="nested tensors.*to_padded_tensor"):
         fxflops.estimate(nn.Linear(8, 4), (x,))
+
+
+def test_a_parametrized_module_kept_whole_by_symbolic_tracing_binds_its_computed_weight():
+    model = nn.Sequential(torch.nn.utils.parametrizations.weight_norm(nn.Linear(4, 4)))
+    result = fxflops.estimate(model, (torch.randn(2, 4),), method="symbolic")
+    assert result.total_macs == 2 * 4 * 4  # nn.Linear's rule reads `weight`, a parametrization's output
