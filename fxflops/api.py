@@ -16,9 +16,9 @@ from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
+from fxflops.formula import clip
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
-from fxflops.formula import clip
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
 

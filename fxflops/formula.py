@@ -106,7 +106,7 @@ def trilinear_counts(i1: Any, i2: Any, i3: Any, expand1: Sequence[int], expand2:
     if all(unroll_dim in expand for expand in expands):
         return 0, 0  # torch's loop over the unrolled dim runs zero times
     shapes = [_unsqueezed(list(t.shape), sorted(expand)) for t, expand in zip((i1, i2, i3), expands)]
-    unrolled = max(shape[unroll_dim] for shape, expand in zip(shapes, expands) if unroll_dim not in expand)
+    unrolled = _max([shape[unroll_dim] for shape, expand in zip(shapes, expands) if unroll_dim not in expand])
     for shape in shapes:
         shape[unroll_dim] = 1  # each step works on one slice (narrow)
     summed = {dim % total_dim for dim in sumdim} - {unroll_dim}
@@ -128,9 +128,9 @@ def _sumproduct_pair(left: list[Any], right: list[Any], sums: set[int]) -> tuple
         elif right[dim] != 1 and left[dim] == 1:
             pre_sums = _add(pre_sums, prod(right) - prod(right) // right[dim])
             right[dim] = 1
-    terms = prod(max_size(a, b) for a, b in zip(left, right))
+    terms = prod(_max(a, b) for a, b in zip(left, right))
     contracted = any(left[dim] != 1 for dim in sums)
-    result = [1 if dim in sums else max_size(a, b) for dim, (a, b) in enumerate(zip(left, right))]
+    result = [1 if dim in sums else _max(a, b) for dim, (a, b) in enumerate(zip(left, right))]
     return (terms, pre_sums, result) if contracted else (0, _add(terms, pre_sums), result)
 
 
@@ -138,11 +138,6 @@ def _unsqueezed(shape: list[Any], expand: Sequence[int]) -> list[Any]:
     for dim in expand:  # ascending, as aten unsqueezes
         shape.insert(dim, 1)
     return shape
-
-
-def max_size(a: Any, b: Any) -> Any:
-    """The broadcast of two sizes (one of them 1, or both equal), kept symbolic where either is."""
-    return torch.sym_max(a, b) if _symbolic(a) or _symbolic(b) else max(a, b)
 
 
 def fft_flops(shape: Sequence[Any], dims: Any, real: bool, lengths: Sequence[Any] | None = None) -> Any:
@@ -314,12 +309,14 @@ def _to_int(value: Any) -> Any:
     return int(value)
 
 
+_max = _extreme(max, torch.sym_max)  # a broadcast size (one side 1, or both equal), kept symbolic
+
 HELPERS: dict[str, Callable[..., Any]] = {
     "numel": numel,
     "prod": prod,
     "len": len,
     "min": _extreme(min, torch.sym_min),
-    "max": _extreme(max, torch.sym_max),
+    "max": _max,
     "sum": _sum,
     "abs": abs,
     "int": _to_int,

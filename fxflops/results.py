@@ -314,14 +314,9 @@ class Estimate:
 
     def statuses(self, by: str = "op") -> dict[str, str]:
         """"counted", "zero" or "unknown" ("/"-joined when mixed) per op key (`by="op"`) or rule name
-        (`by="rule"`): from the per-node costs, or as recorded for an estimate read back without them."""
-        if not self.nodes:
-            totals = self.by_op if by == "op" else self.by_rule
-            return {key: "/".join(value.statuses) for key, value in totals.items()}
-        seen: dict[str, set[str]] = {}
-        for node in self.nodes:
-            seen.setdefault(node.op if by == "op" else node.rule_key, set()).add(node.status)
-        return {key: "/".join(sorted(values)) for key, values in seen.items()}
+        (`by="rule"`)."""
+        totals = self.by_op if by == "op" else self.by_rule
+        return {key: "/".join(value.statuses) for key, value in totals.items()}
 
     def node_status_counts(self) -> dict[str, int]:
         """How many graph nodes were counted by a rule, declared zero, or unknown."""

@@ -889,9 +889,6 @@ def _bind_module(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
     names = {key: value for key, value in vars(module).items() if not key.startswith("_")}
     names.update(module._parameters)
     names.update(module._buffers)
-    if torch.nn.utils.parametrize.is_parametrized(module):  # weight_norm & co.: `weight` is computed
-        with torch.no_grad():
-            names.update((name, getattr(module, name)) for name in module.parametrizations)
     names["training"] = module.training
     signature = _find_signatures(module.forward)  # not cached: the cache would keep the module alive
     if signature:

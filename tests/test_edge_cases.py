@@ -28,10 +28,10 @@ class InnerMethod(nn.Module):
         return a.inner(b)
 
 
-def count(model, args, kwargs=None, conventions="deepspeed"):
+def count(model, args, kwargs=None, conventions="deepspeed", method="auto"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = fxflops.estimate(model, args, kwargs, conventions=conventions)
+        result = fxflops.estimate(model, args, kwargs, conventions=conventions, method=method)
     assert not result.unknown, [u.op for u in result.unknown]
     return result
 
@@ -169,7 +169,7 @@ def test_a_device_name_several_parts_share_is_refused_listing_them(name):
         estimate.predict(name)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU there is no current device to read")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, predict() takes what is missing from the current device")
 def test_predict_with_half_the_given_numbers_names_the_missing_one():
     estimate = count(nn.Linear(4, 4), (torch.randn(2, 4),))
     with pytest.raises(ValueError, match=r"give bandwidth= \(bytes/s\) too"):
@@ -196,7 +196,19 @@ def test_nested_tensor_inputs_are_refused_with_what_to_do(layout):
         fxflops.estimate(nn.Linear(8, 4), (x,))
 
 
-def test_a_parametrized_module_kept_whole_by_symbolic_tracing_binds_its_computed_weight():
+@pytest.mark.parametrize("method", ["symbolic", "eager", "export"])
+def test_a_parametrized_module_counts_its_parametrization_under_every_method(method):
     model = nn.Sequential(torch.nn.utils.parametrizations.weight_norm(nn.Linear(4, 4)))
-    result = fxflops.estimate(model, (torch.randn(2, 4),), method="symbolic")
-    assert result.total_macs == 2 * 4 * 4  # nn.Linear's rule reads `weight`, a parametrization's output
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    result = count(model, (torch.randn(2, 4),), method=method)
+    # Linear: 2 * 4 * 4 = 32 MACs, 64 + 8 bias FLOPs; weight norm: square, sum, scale per element of v (16)
+    assert (result.total_macs, result.total_flops) == (32, 64 + 8 + 3 * 16)
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())
+
+
+def test_symbolic_tracing_of_spectral_norm_fails_clearly_and_leaves_its_vectors_alone():
+    model = nn.Sequential(torch.nn.utils.parametrizations.spectral_norm(nn.Linear(4, 4))).train()
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(fxflops.CaptureError, match="symbolic"):
+        fxflops.estimate(model, (torch.randn(2, 4),), method="symbolic")
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())  # u, v unmoved

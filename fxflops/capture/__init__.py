@@ -35,8 +35,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     With `backward`, the graph also holds the backward autograd runs for `loss(output)`; with `sizes`,
     the planned input axes are symbolic and every shape in the graph is an expression in them.
     `knows_op(op, function)` says whether the rule table names a composite aten op (linear, einsum) or
-    the builtin that called it:
-    the eager and trace methods record those whole, and the rest as the ops they decompose into."""
+    the builtin that called it: the eager and trace methods record those whole, and the rest as the
+    ops they decompose into."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
     request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op)

@@ -203,7 +203,7 @@ class CompositeOps(TorchFunctionMode):
     ops it runs, which rules count, rather than as one unknown op.
     """
 
-    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any, Any], bool] = lambda op, function: True) -> None:
+    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any, Any], bool]) -> None:
         super().__init__()
         self._recorder = recorder
         self._knows_op = knows_op

@@ -28,7 +28,9 @@ class _RuleAwareTracer(torch.fx.Tracer):
         self._is_leaf = is_leaf
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
-        return self._is_leaf(m)
+        # a parametrized module's weight is computed by its parametrization (weight_norm, spectral_norm):
+        # traced through, that work is counted and its rule-free ops see the computed weight
+        return self._is_leaf(m) and not torch.nn.utils.parametrize.is_parametrized(m)
 
     def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
                              concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:

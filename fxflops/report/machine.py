@@ -132,10 +132,10 @@ def _versions() -> dict[str, str]:
     return {"fxflops_version": fxflops.__version__, "torch_version": torch.__version__}
 
 
-def _totals(values: dict[str, OpTotals], statuses: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, Any]]:
     return {
         key: {"count": item.count, "macs": item.macs, "flops": item.flops, "bwd_macs": item.bwd_macs,
-              "bwd_flops": item.bwd_flops, "status": statuses.get(key, "")}
+              "bwd_flops": item.bwd_flops, "status": "/".join(item.statuses)}
         for key, item in values.items()
     }
 
@@ -206,8 +206,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
         modules=[_module_dict(stats, estimate.backward, estimate.prediction) for stats in estimate.modules.values()],
-        by_op=_totals(estimate.by_op, estimate.statuses("op")),
-        by_rule=_totals(estimate.by_rule, estimate.statuses("rule")),
+        by_op=_totals(estimate.by_op),
+        by_rule=_totals(estimate.by_rule),
         unknown=[
             {"op": op.op, "count": op.count, "modules": list(op.modules)}
             for op in estimate.unknown
