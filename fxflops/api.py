@@ -18,7 +18,7 @@ from fxflops.capture.methods import AUTO
 from fxflops.count import count_nodes
 from fxflops.formula import clip
 from fxflops.optimizer import optimizer_step
-from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
+from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
 
@@ -74,6 +74,7 @@ def estimate(
         captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions)
+        result.source = CountSource(captured, counting.table)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
     warn_unknown(result.unknown)

@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
     report.add_argument("--nodes", action="store_true", help="include per-node costs in --format json")
+    report.add_argument("--explain", metavar="PATH",
+                        help="print why module PATH (or op node PATH) costs what it does: each op's rule, formula, "
+                             "bound values and result; '' for the whole model (json with --format json)")
+    report.add_argument("--compare", action="store_true",
+                        help="count the same capture under every preset side by side, each difference attributed "
+                             "to the convention that causes it (json with --format json)")
+    report.add_argument("--run-tools", action="store_true",
+                        help="with --compare: also run FlopCounterMode, fvcore, ptflops and DeepSpeed where "
+                             "installed, and show their own numbers beside ours")
     report.add_argument("--roofline", metavar="FILE.svg",
                         help="with --device: also write the roofline picture of every module as an SVG image")
     parser.add_argument("--quiet", "-q", action="store_true",
@@ -283,6 +292,12 @@ def _check_device(args: argparse.Namespace, sweeps: list) -> None:
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
     if args.format == "html" and sweeps:
         raise ModelSpecError("--format html shows one estimate; a --sweep writes text, table, json or csv")
+    if args.run_tools and not args.compare:
+        raise ModelSpecError("--run-tools runs the other counters for --compare: give --compare too")
+    if (args.explain is not None or args.compare) and args.format not in ("text", "json"):
+        raise ModelSpecError("--explain and --compare print text or json (--format text|json)")
+    if args.compare and sweeps:
+        raise ModelSpecError("--compare counts one estimate under every preset; it does not combine with --sweep")
     if args.device and sweeps:
         raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
     if args.device:
@@ -301,6 +316,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     for note in loaded.notes:
         sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
+    if sweeps and args.explain is not None:
+        return _explain_sweep(model, loaded, sweeps, args, progress)
     if sweeps:
         progress("capturing with symbolic sizes, then counting every point")
         result = run_sweep(model, loaded, sweeps, args)
@@ -317,7 +334,50 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         for caution in result.cautions:
             sys.stderr.write(f"fxflops: warning: {caution}\n")
     progress("writing the report")
+    if args.explain is not None or args.compare:
+        return result, _views(result, loaded, model, args)
     return result, render(result, args)
+
+
+def _views(result, loaded, model, args: argparse.Namespace) -> str:
+    """--explain and --compare: views of the estimate instead of the report."""
+    parts = []
+    if args.explain is not None:
+        try:
+            explanation = result.explain(args.explain)
+        except KeyError as error:
+            raise ModelSpecError(f"--explain: {error.args[0]}") from None
+        parts.append(explanation)
+    if args.compare:
+        comparison = result.compare()
+        if args.run_tools:
+            comparison.run_tools(model, loaded.args, loaded.kwargs)
+        parts.append(comparison)
+    if args.format == "json":
+        import json
+
+        data = [part.to_dict() for part in parts]
+        return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
+    return "\n\n".join(str(part) for part in parts) + "\n"
+
+
+def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progress: StageProgress) -> tuple:
+    """--explain with --sweep: the explanation with sizes as formulas in the swept names."""
+    from fxflops.sweeps import sweep
+
+    progress("capturing with symbolic sizes")
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward)
+    progress.done()
+    try:
+        explanation = swept.explain(args.explain)
+    except KeyError as error:
+        raise ModelSpecError(f"--explain: {error.args[0]}") from None
+    if args.format == "json":
+        import json
+
+        return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
+    return swept, str(explanation) + "\n"
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}

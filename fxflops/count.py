@@ -252,3 +252,22 @@ def _source_line(node: torch.fx.Node) -> str | None:
             code = lines[index + 1] if index + 1 < len(lines) else ""
             return f"{lines[index]}: {code}"
     return None
+
+
+def node_calls(captured: Captured) -> Iterator[tuple[str, OpCall | None]]:
+    """Each op node's name with its op call bound as count_nodes binds it (None for a node inside a
+    module a rule counts whole), then each whole-counted module call: what `explain` re-reads."""
+    whole_paths = captured.whole_paths
+    for graph_module, node in _op_nodes(captured.graph_module):
+        path, _ = node.meta.get("fxflops_module", ("", ""))
+        covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
+        if covering is not None and not (node.op == "call_module" and node.target == covering):
+            yield node.name, None
+            continue
+        args = tuple(_value(graph_module, a) for a in node.args)
+        kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
+        yield node.name, _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
+    for call in captured.whole_calls:
+        kind = "call" if call.phase == FORWARD else "recompute"
+        yield (f"{call.module or ROOT_LABEL}:{kind}",
+               bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target))

@@ -87,6 +87,14 @@ class Captured:
     sizes: Any = None  # capture.dynamic.SizeSymbols when named sizes were symbolic, else None
 
 
+@dataclass(frozen=True)
+class CountSource:
+    """What an Estimate was counted from: its capture and the rule table (ours plus the user's)."""
+
+    captured: Captured
+    table: Any  # fxflops.rules.RuleTable
+
+
 # --- what count and tree produce ------------------------------------------------------------------
 
 
@@ -276,6 +284,9 @@ class Estimate:
     prediction: Any = None
     # node_status_counts() of an estimate read back without its per-node costs (JSON without nodes)
     saved_node_status: dict[str, int] | None = None
+    # the capture and rule table it was counted from (a CountSource), which explain() and compare()
+    # count again; None for an estimate read back from JSON or evaluated at a sweep point
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def root(self) -> ModuleStats:
@@ -360,6 +371,23 @@ class Estimate:
             fold=fold,
             by_rule=by_rule,
         )
+
+    def explain(self, name: str = "") -> Any:
+        """Why module `name` (or the op node called `name`) costs what it does: for each op, the rule,
+        its formulas as written, the values their names took and the result; zero-cost ops by the list
+        that declared them; unknown ops with a rule stub that counts them (a fxflops.explain.Explanation,
+        whose str() reads as a report)."""
+        from fxflops.explain import explain
+
+        return explain(self, name)
+
+    def compare(self, presets: Any = None) -> Any:
+        """The same capture counted under every preset (or those named), side by side per module and per
+        op, each difference from this estimate's conventions attributed to the convention that causes it
+        (a fxflops.compare.Comparison, whose str() reads as a report)."""
+        from fxflops.compare import compare
+
+        return compare(self, presets)
 
     def to_dict(self, include_nodes: bool = False) -> dict[str, Any]:
         """JSON-ready data, schema in `fxflops.report.machine`."""

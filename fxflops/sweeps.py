@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import math
 import operator
+import types
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -27,9 +28,9 @@ from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_
 from fxflops.capture.inputs import signature, tensors_in, to_meta
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
-from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
+from fxflops.results import Captured, CountSource, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
 from fxflops.rules import RuleSpec
-from fxflops.tree import build_estimate, owning_module, parent_name, unknown_ops
+from fxflops.tree import build_estimate, module_stats, owning_module, parent_name, unknown_ops
 
 QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "bwd_flops")
 
@@ -206,6 +207,19 @@ class Sweep:
         if name not in formulas:
             raise KeyError(f"no module {name!r} in {self.model_type}; modules are named as in named_modules()")
         return formulas[name]
+
+    def explain(self, name: str = "", /, **sizes: int) -> Any:
+        """Estimate.explain(name) with every size, bound value and count a formula in the sweep's named
+        sizes (of the piece holding at `sizes`; default the first capture's, at the example)."""
+        from fxflops.explain import explain
+
+        piece = self.piece(**sizes) if sizes else self.pieces[0]
+        captured = piece.captured
+        modules = module_stats(piece.infos, captured.aliases, piece.costs, captured.module_calls, self.model_type)
+        symbolic = types.SimpleNamespace(  # what explain() reads of an Estimate; totals stay formulas
+            model_type=self.model_type, conventions=self._counting.conventions, nodes=piece.costs,
+            modules=modules, aliases=captured.aliases, source=CountSource(captured, self._counting.table))
+        return explain(symbolic, name)
 
     def table(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]],
               columns: Callable[[Estimate], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
