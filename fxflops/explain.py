@@ -21,7 +21,7 @@ from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_st
 from fxflops.results import BACKWARD, COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, Estimate, NodeCost
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, default_rules_dir, preset
 
-__all__ = ["Explanation", "OpExplanation", "ZeroGroup", "explain", "rule_stub"]
+__all__ = ["Explanation", "OpExplanation", "ZeroGroup", "explain", "explain_own", "rule_stub"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class Explanation:
     ops: list[OpExplanation]  # counted and unknown ops, heaviest first
     zero: list[ZeroGroup]
     sizes: tuple[str, ...] = ()  # a sweep's named sizes, when the values and counts are formulas in them
+    own: bool = False  # only the ops the module ran itself, not its submodules'
 
     @property
     def unknown(self) -> list[OpExplanation]:
@@ -100,17 +101,39 @@ class Explanation:
 
 def explain(estimate: Estimate, name: str) -> Explanation:
     """The explanation of module `name` (qualified name, "" or "(root)" for the model, or a shared
-    module's other name) or of the op node called `name`, from the estimate's own capture."""
+    module's other name; its submodules' ops included) or of the op node called `name`, from the
+    estimate's own capture."""
+    target, kind, chosen = _select(estimate, name)
+    bound = [item for item in _bound(estimate) if chosen(item[0])]
+    return _explanation(estimate, target, kind, bound)
+
+
+def explain_own(estimate: Estimate) -> dict[str, Explanation]:
+    """Module name -> the explanation of the ops it ran itself (not its submodules'), every module at
+    once from one re-binding of the graph (the HTML report shows one per module)."""
+    by_module: dict[str, list[Bound]] = {name: [] for name in estimate.modules}
+    for item in _bound(estimate):
+        owner = _owner(_canonical(item[0].module, estimate.aliases), estimate.modules)
+        by_module[owner].append(item)
+    return {name: _explanation(estimate, name, "module", items, own=True) for name, items in by_module.items()}
+
+
+Bound = tuple[NodeCost, "OpCall | None", "Rule | ZeroList | None"]
+
+
+def _bound(estimate: Estimate) -> list[Bound]:
     source = estimate.source
     if source is None:
         raise ValueError("this Estimate carries no capture to explain (it was read back from JSON or evaluated "
                          "at a sweep point): explain an estimate() result, or use Sweep.explain(name)")
-    captured, table = source.captured, source.table
-    costs = {cost.name: cost for cost in estimate.nodes}
-    target, kind, chosen = _select(estimate, name)
-    groups: dict[Any, list[tuple[NodeCost, OpCall | None, Rule | ZeroList | None]]] = {}
+    return list(_calls(source.captured, source.table, {cost.name: cost for cost in estimate.nodes}))
+
+
+def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound], own: bool = False) -> Explanation:
+    captured, table = estimate.source.captured, estimate.source.table
+    groups: dict[Any, list[Bound]] = {}
     zero: dict[tuple[str, str], dict[str, int]] = {}
-    for cost, call, entry in _calls(captured, table, costs, chosen):
+    for cost, call, entry in bound:
         if cost.status == ZERO:
             label = (entry.name, entry.source) if isinstance(entry, ZeroList) else (cost.rule or "zero", "")
             zero.setdefault(label, {}).setdefault(cost.op, 0)
@@ -121,18 +144,26 @@ def explain(estimate: Estimate, name: str) -> Explanation:
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]
     ops.sort(key=lambda op: (op.status != UNKNOWN, -_sortable(op.total_flops), op.modules, op.op))
-    chosen_costs = [cost for cost in estimate.nodes if chosen(cost)]
-    stats = estimate.modules.get(target) if kind == "module" else None
+    costs = [item[0] for item in bound]
+    stats = estimate.modules.get(target) if kind == "module" and not own else None
+    module_type = estimate.modules[target].type if kind == "module" else (costs[0].module_type if costs else "")
     return Explanation(
-        target=target if kind == "node" else (target or ROOT_LABEL), kind=kind,
-        module_type=stats.type if stats is not None else (chosen_costs[0].module_type if chosen_costs else ""),
+        target=target if kind == "node" else (target or ROOT_LABEL), kind=kind, module_type=module_type,
         conventions=estimate.conventions,
-        macs=stats.macs if stats is not None else sum(c.macs for c in chosen_costs),
-        flops=stats.flops if stats is not None else sum(c.flops for c in chosen_costs),
-        bytes=stats.bytes if stats is not None else sum(c.bytes for c in chosen_costs),
+        macs=stats.macs if stats is not None else sum(c.macs for c in costs),
+        flops=stats.flops if stats is not None else sum(c.flops for c in costs),
+        bytes=stats.bytes if stats is not None else sum(c.bytes for c in costs),
         ops=ops, zero=[ZeroGroup(name, where, ops) for (name, where), ops in zero.items()],
         sizes=tuple(captured.sizes.plan.names) if captured.sizes is not None else (),
+        own=own,
     )
+
+
+def _owner(path: str, modules: Any) -> str:
+    """The nearest module of the estimate that contains `path` (a node may name an unrecorded child)."""
+    while path and path not in modules:
+        path = path.rpartition(".")[0]
+    return path
 
 
 def rule_stub(op: str, call: OpCall | None, module: str = "") -> str:
@@ -207,12 +238,12 @@ def _not_found(estimate: Estimate, name: str) -> str:
             f"(module names are qualified, e.g. {next(iter(candidates), 'layer.0')!r}; '' or {ROOT_LABEL!r} is the model)")
 
 
-def _calls(captured: Captured, table: RuleTable, costs: dict[str, NodeCost],
-           chosen: Any) -> Iterator[tuple[NodeCost, OpCall | None, Rule | ZeroList | None]]:
-    """Each chosen node's cost with its op call bound again, and the entry that matched it."""
+def _calls(captured: Captured, table: RuleTable,
+           costs: dict[str, NodeCost]) -> Iterator[tuple[NodeCost, OpCall | None, Rule | ZeroList | None]]:
+    """Each node's cost with its op call bound again, and the entry that matched it."""
     for name, call in node_calls(captured):
         cost = costs.get(name)
-        if cost is None or not chosen(cost):
+        if cost is None:
             continue
         if cost.rule is not None and cost.rule.startswith("inside:"):
             yield cost, None, None  # counted as part of a module a rule counts whole
@@ -342,7 +373,8 @@ def _count(value: Any, sizes: Any) -> Any:
 def _lines(explanation: Explanation) -> Iterable[str]:
     what = (f"module {explanation.target} ({explanation.module_type})" if explanation.kind == "module"
             else f"op node {explanation.target} (in {explanation.module_type or 'the model'})")
-    yield f"{what}, counted under the {explanation.conventions} conventions"
+    own = ": the ops it ran itself (its submodules have their own)" if explanation.own else ""
+    yield f"{what}, counted under the {explanation.conventions} conventions{own}"
     if explanation.sizes:
         yield f"  as formulas in the sweep's sizes: {', '.join(explanation.sizes)}"
     yield (f"  total: {_amount(explanation.macs, 'MACs', macs_to_string)}, "

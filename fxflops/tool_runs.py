@@ -156,14 +156,22 @@ def _deepspeed(name: str, comparison: Any, model: torch.nn.Module, args: tuple, 
     if why:
         return ToolRun(tool, name, why)
     try:
-        from deepspeed.profiling.flops_profiler import get_model_profile
-
         with _quiet():
-            flops, _macs, _params = get_model_profile(model, args=list(args), kwargs=kwargs, print_profile=False,
-                                                      detailed=False, as_string=False)
+            from deepspeed.profiling.flops_profiler import FlopsProfiler, get_module_flops
+
+            profiler = FlopsProfiler(model)
+            profiler.start_profile()
+            try:
+                with torch.no_grad():
+                    model(*args, **kwargs)
+                total = int(profiler.get_total_flops())
+                per_module = {path: int(get_module_flops(module)) for path, module in model.named_modules()}
+            finally:
+                profiler.end_profile()
     except Exception as error:  # noqa: BLE001
         return ToolRun(tool, name, f"failed: {type(error).__name__}: {str(error)[:120]}")
-    return ToolRun(tool, name, "ran", "FLOPs", int(flops), comparison.totals[name][1])
+    return ToolRun(tool, name, "ran", "FLOPs", total, comparison.totals[name][1],
+                   blind_spots(comparison, name, per_module, total))
 
 
 # --- helpers --------------------------------------------------------------------------------------

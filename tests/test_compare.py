@@ -164,3 +164,21 @@ def test_json_and_cli(tmp_path):
     assert set(cli["totals"]) == set(CONVENTIONS) and all(
         not (cli["totals"][p]["flops"] - cli["totals"]["deepspeed"]["flops"]
              - sum(c["flops"] for c in cli["causes"][p])) for p in CONVENTIONS)
+
+
+def test_deepspeeds_own_number_and_its_blind_spots():
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (it is not in the test extra: its sdist "
+                                            "builds against torch); the other tools are checked above")
+    model = torchvision.models.resnet18().eval()
+    inputs = (torch.randn(1, 3, 64, 64),)
+    comparison = quiet(fxflops.estimate, model, inputs).compare(["deepspeed"])
+    [run] = quiet(comparison.run_tools, model, inputs)
+    assert run.tool == "DeepSpeed" and run.status == "ran"
+    # DeepSpeed patches torch functions, not Python's operators, and counts no bias in linear: it misses
+    # each block's residual `out += identity` (one FLOP per element, by hand: 2 blocks x 64x16x16 in
+    # layer1, 2 x 128x8x8, 2 x 256x4x4, 2 x 512x2x2) and fc's 1000 bias adds
+    residual = 2 * (64 * 16 * 16 + 128 * 8 * 8 + 256 * 4 * 4 + 512 * 2 * 2)
+    assert run.total == comparison.totals["deepspeed"][1] - residual - 1000
+    spots = {spot.module: spot for spot in run.blind_spots}
+    assert set(spots) == {f"layer{i}.{j}" for i in range(1, 5) for j in range(2)} | {"fc"}
+    assert spots["layer1.0"].ops == ("aten.add_.Tensor",) and spots["fc"].ops == ("aten.linear.default",)

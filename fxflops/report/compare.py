@@ -14,7 +14,7 @@ MODULE_DEPTH = 2  # modules this deep or shallower get a row; `Comparison.module
 MODULE_ROWS = 40
 
 
-def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH) -> str:
+def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH, tables: bool = True) -> str:
     from fxflops.rules import preset
 
     ref = comparison.reference
@@ -44,6 +44,8 @@ def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH) -> str:
         macs, flops = comparison.residue(name)
         if macs or flops:
             lines.append(f"    unexplained: {_delta(macs)} MACs, {_delta(flops)} FLOPs")
+    if not tables:
+        return "\n".join(lines)
     lines += ["", f"FLOPs per module (depth <= {module_depth}):"]
     lines += _table(_module_rows(comparison, module_depth), comparison.presets, "module")
     lines += ["", "FLOPs per op:"]
@@ -65,11 +67,13 @@ def tool_lines(runs: list[Any]) -> list[str]:
         predicted = run.predicted
         verdict = "equal" if predicted == run.total else f"differs by {_delta(run.total - predicted)}"
         rows.append([run.tool, run.preset, f"{run.total:,} {run.unit}", f"{_exact(predicted)}", verdict])
+        alike: dict[tuple, list[str]] = {}  # the same miss in identical layers is one line
         for spot in run.blind_spots:
-            ops = ", ".join(spot.ops) or "no op of its own"
-            notes.append(f"  {run.tool} counts {spot.module or ROOT_LABEL} as {spot.tool_flops:,} FLOPs where the "
-                         f"{run.preset} convention gives {_exact(spot.convention_flops)}: a blind spot of the tool "
-                         f"(ops there: {ops})")
+            alike.setdefault((spot.ops, spot.tool_flops, spot.convention_flops), []).append(spot.module or ROOT_LABEL)
+        for (ops, theirs, ours), modules in alike.items():
+            where = modules[0] + (f" and {len(modules) - 1} more like it" if len(modules) > 1 else "")
+            notes.append(f"  {run.tool} counts {where} as {theirs:,} FLOPs where the {run.preset} convention "
+                         f"gives {_exact(ours)}: a blind spot of the tool (ops there: {', '.join(ops) or 'none of its own'})")
     lines = tabulate(rows, headers=["tool", "preset", "its number", "our preset's", ""], tablefmt="simple",
                      disable_numparse=True).splitlines()
     return lines + notes
