@@ -214,7 +214,8 @@ class CompositeOps(TorchFunctionMode):
         overloads = self._composites.get(func)
         if overloads is None:
             overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
-        op = _matching_overload(overloads, args, kwargs) if overloads and not self._recorder.inside_opaque else None
+        whole = overloads and not self._recorder.inside_opaque and not _under_function_transform()
+        op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             return func(*args, **kwargs)
         self._recorder.inside_opaque += 1
@@ -224,6 +225,14 @@ class CompositeOps(TorchFunctionMode):
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)
         return out
+
+
+def _under_function_transform() -> bool:
+    """Whether a torch.func transform (vmap, jvp, grad, ...) is active. A function-level call then sees
+    logical values (one vector of a vmapped batch, a primal without its tangent), while the dispatcher
+    sees the physical ops the transform runs (the batched matmul, the tangent's too): those are the
+    work, and what FlopCounterMode counts, so the composite is recorded as the ops it runs."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 _BUILTIN_TYPES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
