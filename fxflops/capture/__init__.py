@@ -60,7 +60,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.input_shapes = shapes_of((args, kwargs))
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
-        captured.cautions = out_of_range_lookups(captured.graph_module)
+        captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 

@@ -1,0 +1,63 @@
+"""Captures of unusual models: hook-based parametrizations under symbolic tracing, torch.cond,
+profilers' hooks during a capture, torch.compile'd models. Counts are worked out by hand."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fxflops
+
+
+def _quiet_estimate(model: nn.Module, args: tuple, **options) -> fxflops.Estimate:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fxflops.CautionWarning)
+        warnings.simplefilter("error", fxflops.UnknownOpsWarning)
+        return fxflops.estimate(model, args, **options)
+
+
+# Linear(4, 4) on a (3, 4) input: 3 * 4 * 4 = 48 MACs, 96 + 12 (bias) FLOPs.
+# weight_norm: square, sum and scale per element of v: 3 * 16 FLOPs.
+# spectral_norm, eval: sigma = dot(u, mv(W, v)): 16 + 4 MACs, then W / sigma: 16 FLOPs.
+# spectral_norm, training: one power iteration first: two mv (32 MACs) and two normalize of 4
+# (norm 4 + clamp 1 + divide 4 = 9 FLOPs each).
+HOOKED = [
+    ("weight_norm", False, 48, 108 + 48),
+    ("spectral_norm", False, 48 + 20, 108 + 40 + 16),
+    ("spectral_norm", True, 48 + 20 + 32, 108 + 40 + 16 + 64 + 18),
+]
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["inside", "root"])
+@pytest.mark.parametrize(("kind", "training", "macs", "flops"), HOOKED)
+@pytest.mark.parametrize("method", ["symbolic", "eager"])
+def test_hook_based_parametrizations_are_counted_under_every_method(method, kind, training, macs, flops, root):
+    layer = getattr(nn.utils, kind)(nn.Linear(4, 4))
+    model = (layer if root else nn.Sequential(layer)).train(training)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    result = _quiet_estimate(model, (torch.randn(3, 4),), method=method)
+    assert (result.total_macs, result.total_flops) == (macs, flops)
+    assert result.cautions == []
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())  # u, v unmoved
+
+
+def test_normalize_kept_whole_counts_as_its_aten_ops():
+    class Normalize(nn.Module):
+        def forward(self, x):
+            return nn.functional.normalize(x, dim=-1)
+
+    # (3, 5) input: norm 15, clamp of 3 norms, divide 15
+    for method in ("symbolic", "eager"):
+        assert _quiet_estimate(Normalize(), (torch.randn(3, 5),), method=method).total_flops == 15 + 3 + 15
+
+
+def test_symbolic_tracing_cautions_about_the_hooks_it_does_not_run():
+    model = nn.Sequential(nn.Linear(4, 4))
+    model[0].register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.warns(fxflops.CautionWarning, match=r"symbolic tracing does not run module forward hooks.*\b0 \(<lambda>\)"):
+        result = fxflops.estimate(model, (torch.randn(3, 4),), method="symbolic")
+    assert result.total_flops == 108  # the hook's 12 multiplications ran in no capture
+    assert len(model[0]._forward_hooks) == 1
