@@ -61,3 +61,55 @@ def test_symbolic_tracing_cautions_about_the_hooks_it_does_not_run():
         result = fxflops.estimate(model, (torch.randn(3, 4),), method="symbolic")
     assert result.total_flops == 108  # the hook's 12 multiplications ran in no capture
     assert len(model[0]._forward_hooks) == 1
+
+
+# --- torch.compile'd models --------------------------------------------------------------------------
+
+_COMPILED = r'''
+import sys, warnings
+import torch
+from torch import nn
+import fxflops
+
+warnings.simplefilter("ignore")
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+def torch_state():
+    return dict(vars(nn.Module))
+
+x = torch.randn(3, 4)
+for where in ("root", "submodule"):
+    before = torch_state()
+    if where == "root":
+        model = torch.compile(Net())
+    else:
+        model = Net()
+        model.b = torch.compile(model.b)
+    result = fxflops.estimate(model, (x,))
+    after = torch_state()
+    assert after.keys() == before.keys(), (where, set(after) ^ set(before))
+    assert all(after[key] is before[key] for key in before), (where, [k for k in before if after[k] is not before[k]])
+    # a: 3 * 4 * 8 = 96 MACs, 192 + 24 (bias) FLOPs; relu 24; b: 3 * 8 * 2 = 48 MACs, 96 + 6
+    assert (result.total_macs, result.total_flops) == (96 + 48, 192 + 24 + 24 + 96 + 6), (where, result)
+    print(result.model_type, sorted(result.modules))
+'''
+
+
+def test_a_compiled_model_is_counted_as_its_original_and_torch_is_left_unpatched():
+    # a fresh interpreter: dynamo patches nn.Module once per process, so an earlier compile would hide it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _COMPILED], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the compiled root counted as its original module, under its own names
+    assert done.stdout.split("\n")[:2] == ["Net ['', 'a', 'b']", "Net ['', 'a', 'b', 'b._orig_mod']"]

@@ -8,6 +8,7 @@ hands the count stage a `fxflops.results.Captured`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,18 @@ from fxflops.capture.request import Request
 from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 
-__all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in"]
+__all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in", "uncompiled"]
+
+
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a torch.compile'd model wraps (its `_orig_mod`), or the model itself.
+
+    Calling the compiled model would run dynamo (which compiles, and installs its hooks into torch);
+    its original module runs the same forward eagerly, which is what a capture records."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing can have been compiled
+    while dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+        model = model._orig_mod
+    return model
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,
@@ -39,6 +51,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     ops they decompose into."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
+    model = uncompiled(model)
     request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
     if backward:
