@@ -113,3 +113,43 @@ def test_a_compiled_model_is_counted_as_its_original_and_torch_is_left_unpatched
     assert done.returncode == 0, done.stderr[-2000:]
     # the compiled root counted as its original module, under its own names
     assert done.stdout.split("\n")[:2] == ["Net ['', 'a', 'b']", "Net ['', 'a', 'b', 'b._orig_mod']"]
+
+
+# --- hooks during a capture ---------------------------------------------------------------------------
+
+# Linear(8, 16) on (5, 8): 640 MACs, 1280 + 80 (bias) FLOPs; ReLU 80; Linear(16, 4): 320 MACs, 640 + 20
+PROFILED_FLOPS = 1280 + 80 + 80 + 640 + 20
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_two_flops_profilers_on_one_model_count_only_the_real_forwards(grad):
+    from fxflops.compat import FlopsProfiler
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    first, second = FlopsProfiler(model), FlopsProfiler(model)
+    first.start_profile()
+    second.start_profile()
+    try:
+        with torch.set_grad_enabled(grad), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                model(torch.randn(5, 8))
+        for profiler in (first, second):
+            assert profiler.get_total_steps() == 3
+            assert profiler.get_total_flops() == PROFILED_FLOPS
+            assert profiler.get_total_macs() == 640 + 320
+    finally:
+        first.end_profile()
+        second.end_profile()
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_a_users_hook_can_tell_a_capture_from_a_real_forward():
+    model = nn.Sequential(nn.Linear(8, 4))
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append((fxflops.capturing(), type(out).__name__)))
+    for method in ("eager", "trace"):
+        fxflops.estimate(model, (torch.randn(2, 8),), method=method)
+    model(torch.randn(2, 8))
+    assert seen == [(True, "FakeTensor"), (True, "Tensor"), (False, "Tensor")]
+    assert not fxflops.capturing()

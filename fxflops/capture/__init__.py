@@ -20,6 +20,7 @@ from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
+from fxflops.capture.running import capture_running
 from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 
@@ -65,7 +66,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
-            captured = candidate.capture_function()(request)
+            with capture_running():
+                captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
             continue
