@@ -153,3 +153,43 @@ def test_a_users_hook_can_tell_a_capture_from_a_real_forward():
     model(torch.randn(2, 8))
     assert seen == [(True, "FakeTensor"), (True, "Tensor"), (False, "Tensor")]
     assert not fxflops.capturing()
+
+
+# --- torch.cond ---------------------------------------------------------------------------------------
+
+
+class Branches(nn.Module):
+    """x (3, 4): the true branch multiplies by a 4x4 (48 MACs), the false one by an 8x4 (96 MACs);
+    either then sums 12 values. The predicate: a sum of 12 and a comparison (13 FLOPs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda v: (v @ self.a.t()).sum(0), lambda v: (v @ self.b.t())[:, :4].sum(0), (x,))
+
+
+@pytest.mark.parametrize("method", ["eager", "export", "auto"])
+def test_torch_cond_counts_both_branches_and_says_the_total_is_an_upper_bound(method):
+    with pytest.warns(fxflops.CautionWarning, match=r"torch.cond in the model \(Branches\): both branches are counted.*upper bound"):
+        result = fxflops.estimate(Branches(), (torch.ones(3, 4),), method=method)
+    assert (result.total_macs, result.total_flops) == (48 + 96, 2 * (48 + 96) + 12 + 12 + 13)
+    assert len(result.cautions) == 1
+
+
+@pytest.mark.parametrize(("sign", "macs"), [(1, 48), (-1, 96)])
+def test_torch_cond_under_trace_counts_the_branch_the_inputs_take(sign, macs):
+    from tests.oracle import oracle_flops
+
+    model, x = Branches(), sign * torch.ones(3, 4)
+    result = _quiet_estimate(model, (x,), method="trace")
+    assert (result.total_macs, result.total_flops, result.cautions) == (macs, 2 * macs + 12 + 13, [])
+    if sign < 0:  # the larger branch: FlopCounterMode's upper bound
+        assert _quiet_estimate(model, (x,), method="trace", conventions="torch").total_flops == oracle_flops(model, (x,))
+
+
+def test_torch_cond_with_a_backward_is_refused_rather_than_missing_its_gradients():
+    with pytest.raises(fxflops.CaptureError, match="the backward of torch.cond is not recorded op by op"):
+        fxflops.estimate(Branches(), (torch.ones(3, 4),), method="eager", backward=True)

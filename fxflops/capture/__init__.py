@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
@@ -75,7 +76,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.input_shapes = shapes_of((args, kwargs))
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
-        captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module)]
+        captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
+                             *control_flow_cautions(captured.graph_module)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 
