@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
+from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op

@@ -22,6 +22,7 @@ def capturing() -> bool:
 
 @contextlib.contextmanager
 def capture_running() -> Iterator[None]:
+    """Mark the body as a capture (for this thread / task only)."""
     token = _CAPTURING.set(True)
     try:
         yield
