@@ -2,6 +2,7 @@
 
 from fxflops.api import CautionWarning, UnknownOpsWarning, annotate, estimate
 from fxflops.capture import CaptureError
+from fxflops.capture.running import capturing
 from fxflops.count import RuleEvaluationError
 from fxflops.formula import FormulaError
 from fxflops.generate import profile_generate
@@ -14,7 +15,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONVENTIONS", "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
     "RuleEvaluationError", "RuleFileError", "RuleFileWarning", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
-    "estimate", "profile", "profile_generate", "sweep",
+    "capturing", "estimate", "profile", "profile_generate", "sweep",
 ]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fxflops.capture import capture, inputs_from_shape, tensors_in
+from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
@@ -67,6 +67,7 @@ def estimate(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
+    model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
     counting = Counting.prepare(conventions, rules, leaf_modules)
     stage = progress or _no_progress
     with collector_paused():
