@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
@@ -23,6 +24,7 @@ from fxflops.model_spec import (
     MAX_SWEEP_POINTS,
     InputOptions,
     ModelSpecError,
+    known_checkpoints,
     load,
     parse_dtype,
     parse_override,
@@ -41,8 +43,9 @@ EPILOG = """\
 MODEL is one of:
   NAME                    a built-in example: fxflops examples
   torchvision:NAME        e.g. torchvision:resnet50 (weights are never downloaded)
-  hf:NAME                 a transformers config class with its defaults, e.g. hf:gpt2,
-                          hf:bert-base-uncased, hf:llama
+  hf:NAME                 a checkpoint fxflops knows the config of (fxflops examples lists them),
+                          e.g. hf:gpt2, hf:facebook/opt-350m; or a model type with its config
+                          class's defaults (hf:llama, said in the report); nothing is downloaded
   hf:PATH                 a local config.json (or a folder holding one)
   FILE.py:FACTORY         FACTORY() returns a model, or (model, inputs)
   package.module:FACTORY  likewise, from an importable module
@@ -146,6 +149,9 @@ def examples_listing() -> str:
     width = max(len(name) for name in examples.EXAMPLES)
     lines = ["Built-in examples (fxflops NAME [--batch N] [--seq-len N] [--set key=value]):"]
     lines += [f"  {name:<{width}}  {example.description}" for name, example in examples.EXAMPLES.items()]
+    lines += ["", "Checkpoints hf:NAME builds from their published configs (nothing is downloaded):"]
+    lines += textwrap.wrap(", ".join(known_checkpoints()), width=100, initial_indent="  ", subsequent_indent="  ",
+                           break_on_hyphens=False)
     return "\n".join(lines) + "\n"
 
 
@@ -302,6 +308,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps:
+        for caution in loaded.cautions:  # a sweep's report has no cautions yet: stderr at least
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
         progress("capturing with symbolic sizes, then counting every point")
         result = run_sweep(model, loaded, sweeps, args)
         progress("writing the report")
@@ -309,6 +317,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+    result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device:
         result.prediction = result.predict(args.device)
     progress.done()  # warnings start on a clean line

@@ -2,8 +2,9 @@
 
 Forms (checked in this order):
     torchvision:NAME          torchvision.models.get_model(NAME, weights=None); never downloads
-    hf:NAME                   a transformers config class whose defaults are NAME ("hf:gpt2",
-                              "hf:bert-base-uncased", or a model type such as "hf:llama")
+    hf:NAME                   a checkpoint whose published config fxflops knows (fxflops/checkpoints.toml:
+                              "hf:gpt2", "hf:facebook/opt-350m"), or a model type with its config
+                              class's defaults ("hf:llama"; the report says so); never downloads
     hf:PATH                   a local config.json (or a folder holding one)
     FILE.py:FACTORY           FACTORY() from that file
     package.module:FACTORY    FACTORY() from an importable module
@@ -23,9 +24,11 @@ import inspect
 import json
 import re
 import sys
+import tomllib
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +60,6 @@ HF_TASKS = {
     "image-classification": "AutoModelForImageClassification",
 }
 
-# Transformers config docstrings say which checkpoint their defaults reproduce.
-_DEFAULTS_OF = re.compile(r"similar configuration to that of the.*?\[([^\]]+)\]", re.S)
-
-
 ZERO_INPUTS = "all-zero inputs made from --input-shape"
 
 
@@ -79,6 +78,7 @@ class ModelInputs:
     # set when the inputs are real tensors fxflops made up (their values mean nothing): what they are
     made_up: str | None = None
     notes: list[str] = field(default_factory=list)  # what the user should know about how it was built
+    cautions: list[str] = field(default_factory=list)  # what the report must carry (a model of class defaults)
 
 
 @dataclass(frozen=True)
@@ -316,13 +316,13 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise ModelSpecError("hf: models need the transformers package") from None
+        raise ModelSpecError('hf: models need the transformers package: pip install "fxflops[hf]"') from None
     if options.hf_task not in HF_TASKS:
         raise ModelSpecError(f"unknown --hf-task {options.hf_task!r}; use one of {', '.join(HF_TASKS)}")
-    config = hf_config(name, options.trust_remote_code)
+    config, from_defaults = resolve_hf_config(name, options.trust_remote_code)
     for key, value in options.overrides.items():
         if not hasattr(config, key):
-            raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field")
+            raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field{_close_field(config, key)}")
         setattr(config, key, value)
     build, what = _hf_builder(config, options)
     try:
@@ -334,10 +334,25 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     model.eval()
     args, kwargs = _hf_inputs(model, config, options)
     loaded = ModelInputs(model, args, kwargs, f"transformers {type(model).__name__}")
+    if from_defaults:
+        loaded.cautions.append(_defaults_caution(name, config, options.overrides))
     if _custom_code(config) and not options.trust_remote_code:
         loaded.notes.append(f"hf:{name}'s config names its own model code (auto_map); it was not run, and "
                             f"transformers' {type(model).__name__} was built instead (--trust-remote-code runs it)")
     return _finish(loaded, options)
+
+
+def _defaults_caution(name: str, config: Any, overrides: Mapping[str, Any]) -> str:
+    given = f" but for --set {', '.join(overrides)}" if overrides else ""
+    return (f"built from {type(config).__name__}'s defaults{given} (hf:{name} is a model type, not a published "
+            "checkpoint): for a real checkpoint's sizes give hf:path/to/config.json")
+
+
+def _close_field(config: Any, key: str) -> str:
+    """"; did you mean 'n_layer'?" for a misspelt config field, else ""."""
+    fields = [*config.to_dict(), *getattr(config, "attribute_map", {})]
+    close = difflib.get_close_matches(key, fields, n=2)
+    return f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
 
 
 def _hf_builder(config: Any, options: InputOptions) -> tuple[Any, str]:
@@ -410,12 +425,17 @@ def _class_names(target: Any) -> set[str]:
 
 
 def hf_config(name: str, trust_remote_code: bool = False) -> Any:
-    """A transformers config: from a local file, a model type, or a checkpoint its class defaults to."""
+    """A transformers config: from a local file, a known checkpoint, or a model type's defaults."""
+    return resolve_hf_config(name, trust_remote_code)[0]
+
+
+def resolve_hf_config(name: str, trust_remote_code: bool = False) -> tuple[Any, bool]:
+    """(config, from_defaults): whether the config is a class's defaults rather than a checkpoint's."""
     path = Path(name)
     if path.is_dir() and (path / "config.json").is_file():
-        return _config_from_file(path / "config.json", trust_remote_code)
+        return _config_from_file(path / "config.json", trust_remote_code), False
     if path.is_file():
-        return _config_from_file(path, trust_remote_code)
+        return _config_from_file(path, trust_remote_code), False
     if name.endswith(".json"):
         raise ModelSpecError(f"hf: config file {name!r} not found")
     return _config_by_name(name)
@@ -480,27 +500,29 @@ def _model_types() -> list[str]:
     return list(CONFIG_MAPPING_NAMES)
 
 
-def _defaults_checkpoint(model_type: str) -> str | None:
-    """The checkpoint `model_type`'s config defaults reproduce, as its docstring names it."""
-    from transformers import CONFIG_MAPPING
-
-    try:
-        config_class = CONFIG_MAPPING[model_type]
-    except Exception:  # a config module that fails to import is simply not a candidate
-        return None
-    match = _DEFAULTS_OF.search(config_class.__doc__ or "")
-    return match.group(1) if match else None
+def known_checkpoints() -> dict[str, dict[str, Any]]:
+    """The published configs fxflops knows (fxflops/checkpoints.toml): name -> config.json fields
+    (with "aliases", the other names the Hub serves the checkpoint under)."""
+    text = resources.files("fxflops").joinpath("checkpoints.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["checkpoint"]
 
 
-def _names_checkpoint(name: str, checkpoint: str | None) -> bool:
-    if checkpoint is None:
-        return False
-    wanted = name.lower()
-    return wanted in (checkpoint.lower(), checkpoint.lower().rsplit("/", 1)[-1])
+def _checkpoint_values(name: str) -> dict[str, Any] | None:
+    """config.json fields of the known checkpoint called `name` (or an alias of it), any case."""
+    wanted = name.strip().lower()
+    for checkpoint, values in known_checkpoints().items():
+        if wanted in (n.lower() for n in [checkpoint, *values.get("aliases", ())]):
+            return {key: value for key, value in values.items() if key != "aliases"}
+    return None
+
+
+def _checkpoint_names() -> list[str]:
+    return [name for checkpoint, values in known_checkpoints().items()
+            for name in [checkpoint, *values.get("aliases", ())]]
 
 
 def _candidate_types(name: str, model_types: list[str]) -> list[str]:
-    """Model types the name starts with, longest first (`bert-base-uncased` -> `bert`)."""
+    """Model types the name starts with, longest first (`opt-2.7b` -> `opt`)."""
     base = name.lower().rsplit("/", 1)[-1]
     pieces = re.split(r"[-_.]", base)
     prefixes = ["-".join(pieces[:end]) for end in range(len(pieces), 0, -1)]
@@ -513,42 +535,30 @@ def _candidate_types(name: str, model_types: list[str]) -> list[str]:
     return found
 
 
-def _source_mentions(model_type: str, name: str) -> bool:
-    """Whether the config module's source names `name` (True when the file cannot be found).
-
-    Reading ~500 small files takes milliseconds; importing them all takes seconds.
-    """
-    import transformers
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
-
-    module = model_type_to_module_name(model_type)
-    path = Path(transformers.__file__).parent / "models" / module / f"configuration_{module}.py"
-    try:
-        return name.lower() in path.read_text(encoding="utf-8").lower()
-    except OSError:
-        return True
-
-
-def _config_by_name(name: str) -> Any:
+def _config_by_name(name: str) -> tuple[Any, bool]:
+    """A known checkpoint's published config, or a model type's defaults (flagged True); anything else
+    is refused: a config class's defaults are never passed off as a checkpoint."""
     from transformers import CONFIG_MAPPING
 
+    values = _checkpoint_values(name)
+    if values is not None:
+        return CONFIG_MAPPING[values["model_type"]].from_dict(values), False
     model_types = _model_types()
     if name in model_types:
-        return CONFIG_MAPPING[name]()
-    candidates = _candidate_types(name, model_types)
-    # Likely classes first, then any whose source mentions the name at all.
-    others = [t for t in model_types if t not in candidates and _source_mentions(t, name)]
-    for model_type in candidates + others:
-        if _names_checkpoint(name, _defaults_checkpoint(model_type)):
-            return CONFIG_MAPPING[model_type]()
-    close = difflib.get_close_matches(name, model_types, n=3)
+        return CONFIG_MAPPING[name](), True
+    raise ModelSpecError(_unknown_hf_name(name, model_types))
+
+
+def _unknown_hf_name(name: str, model_types: list[str]) -> str:
+    checkpoints = {checkpoint.lower(): checkpoint for checkpoint in _checkpoint_names()}
+    close = [checkpoints[c] for c in difflib.get_close_matches(name.lower(), list(checkpoints), n=2, cutoff=0.7)]
+    close = list(dict.fromkeys(close + difflib.get_close_matches(name, model_types, n=3)))[:3]
     guess = f"did you mean {' or '.join('hf:' + t for t in close)}? " if close else ""
-    hint = (f"hf:{candidates[0]} (defaults: {_defaults_checkpoint(candidates[0])}) with --set"
-            if candidates else "a model type such as hf:llama, hf:gpt2 or hf:bert")
-    raise ModelSpecError(
-        f"hf: no transformers config class defaults to {name!r} and it is not a model type; "
-        f"{guess}use {hint}, or hf:path/to/config.json (nothing is downloaded)"
-    )
+    candidates = _candidate_types(name, model_types)
+    example = candidates[0] if candidates else "MODEL_TYPE"
+    return (f"hf: {name!r} is neither a checkpoint fxflops knows (fxflops examples lists them) nor a "
+            f"transformers model type, and fxflops never downloads; {guess}give its config.json "
+            f"(hf:path/to/config.json), or a model type with its sizes (hf:{example} --set key=value ...)")
 
 
 def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tuple, dict]:

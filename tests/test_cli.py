@@ -128,7 +128,8 @@ def test_hf_task_base_builds_the_base_model():
 @pytest.mark.parametrize("name, expected", [
     ("llama", "LlamaForCausalLM"),  # decoder-only: the causal LM
     ("t5-small", "T5ForConditionalGeneration"),  # encoder-decoder: the seq2seq LM
-    ("bert-base-uncased", "BertModel"),  # an encoder (it has a masked LM too): the base model
+    ("bert", "BertModel"),  # an encoder (it has a masked LM too): the base model
+    ("bert-base-uncased", "BertForMaskedLM"),  # the class its published config.json names
 ])
 def test_hf_builds_the_head_a_user_runs(name, expected):
     loaded = model_spec.load(f"hf:{name}", InputOptions(seq_len=4))
@@ -264,7 +265,7 @@ def test_conventions_and_dtype(capsys):
         (["lenet5", "--set", "oops"], "bad --set"),
         (["lenet5", "--set", "depth=3"], "--set does not fit example lenet5"),
         (["hf:no/such/config.json"], "not found"),
-        (["hf:bert-large-uncased"], "no transformers config class defaults to"),
+        (["hf:facebook/opt-2.7b"], "neither a checkpoint fxflops knows"),
         (["nowhere_module_xyz:build"], "cannot import"),
         (["lenet5", "--batch", "0"], "must be positive"),
     ],
