@@ -27,8 +27,8 @@ from fxflops.model_spec import (
     known_checkpoints,
     load,
     parse_dtype,
+    parse_input_shape,
     parse_override,
-    parse_shape,
     parse_sweep,
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
@@ -87,10 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL", help="what to estimate (see below), or 'examples'")
     inputs = parser.add_argument_group("inputs")
-    inputs.add_argument("--input-shape", action="append", default=[], metavar="SHAPE",
-                        help="shape of one positional input, e.g. 1,3,224,224 (repeat for more inputs)")
+    inputs.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE",
+                        help="shape of one positional input, e.g. 1,3,224,224, or of a keyword input by "
+                             "name, e.g. input_ids=2,16 (repeat for more inputs)")
     inputs.add_argument("--batch", type=int, default=1, help="batch size of the default inputs (default 1)")
-    inputs.add_argument("--seq-len", type=int, default=128, help="sequence length for token models (default 128)")
+    inputs.add_argument("--seq-len", type=int, help="sequence length for token models (default 128; refused for "
+                                                   "models that take no token sequence)")
     inputs.add_argument("--dtype", help="cast model and floating inputs: float32, float16, bfloat16, float64")
     inputs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="config field (hf:), constructor or factory argument, e.g. n_layer=2")
@@ -156,12 +158,18 @@ def examples_listing() -> str:
 
 
 def input_options(args: argparse.Namespace) -> InputOptions:
-    if args.batch < 1 or args.seq_len < 1:
+    if args.batch < 1 or (args.seq_len is not None and args.seq_len < 1):
         raise ModelSpecError("--batch and --seq-len must be positive")
+    shapes = [parse_input_shape(text) for text in args.input_shape]
+    named = [name for name, _ in shapes if name is not None]
+    if len(set(named)) < len(named):
+        raise ModelSpecError(f"--input-shape names {sorted({n for n in named if named.count(n) > 1})[0]} twice")
     return InputOptions(
         batch=args.batch,
-        seq_len=args.seq_len,
-        input_shapes=tuple(parse_shape(text) for text in args.input_shape),
+        seq_len=128 if args.seq_len is None else args.seq_len,
+        seq_len_given=args.seq_len is not None,
+        input_shapes=tuple(shape for name, shape in shapes if name is None),
+        named_shapes=tuple((name, shape) for name, shape in shapes if name is not None),
         dtype=parse_dtype(args.dtype),
         overrides=dict(parse_override(text) for text in args.overrides),
         hf_task=args.hf_task,

@@ -87,7 +87,9 @@ class InputOptions:
 
     batch: int = 1
     seq_len: int = 128
-    input_shapes: tuple[tuple[int, ...], ...] = ()
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # positional inputs
+    named_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # keyword inputs: (name, shape)
+    seq_len_given: bool = False  # the user set seq_len (the CLI's --seq-len): refused where it means nothing
     dtype: torch.dtype | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
     hf_task: str = "auto"
@@ -97,13 +99,23 @@ class InputOptions:
 # ------------------------------------------------------------------------------- small parsers
 
 
+def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
+    """`2,16` -> (None, (2, 16)), a positional input; `input_ids=2,16` -> ("input_ids", (2, 16)), a keyword one."""
+    name, sep, shape = text.rpartition("=")
+    if not sep:
+        return None, parse_shape(text)
+    if not name.strip().isidentifier():
+        raise ModelSpecError(f"bad input shape {text!r}: a named shape is NAME=SHAPE such as input_ids=2,16")
+    return name.strip(), parse_shape(shape)
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """`1,3,224,224` (or `1x3x224x224`) -> (1, 3, 224, 224)."""
     parts = [part.strip() for part in re.split(r"[,x]", text.strip())]
     if not text.strip() or not all(part.isdigit() and int(part) > 0 for part in parts):
         raise ModelSpecError(
             f"bad input shape {text!r}: expected positive integers separated by commas, "
-            "such as 1,3,224,224"
+            "such as 1,3,224,224, or NAME=SHAPE for a keyword input (input_ids=2,16)"
         )
     return tuple(int(part) for part in parts)
 
@@ -203,7 +215,9 @@ def load(spec: str, options: InputOptions | None = None) -> ModelInputs:
 
 
 def _finish(loaded: ModelInputs, options: InputOptions) -> ModelInputs:
-    """Apply --dtype to the model and its floating-point inputs."""
+    """Apply --dtype to the model and its floating-point inputs; check inputs made from shapes fit forward."""
+    if options.input_shapes or options.named_shapes:
+        _check_forward_takes(loaded.model, loaded.args, loaded.kwargs)
     if options.dtype is not None:
         loaded.model.to(options.dtype)
         loaded.args = tuple(_cast(value, options.dtype) for value in loaded.args)
@@ -222,6 +236,60 @@ def _device_of(model: nn.Module) -> torch.device:
     if tensor is None:
         tensor = next(iter(model.buffers()), None)
     return tensor.device if tensor is not None else torch.device("meta")
+
+
+def _check_forward_takes(model: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """Inputs made from --input-shape must bind to forward's signature: a keyword-only input given by
+    position (or a name forward does not take) would fail deep inside the capture instead."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return
+    kinds = {p.kind for p in parameters.values()}
+    positional = [name for name, p in parameters.items()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    keywords = [name for name, p in parameters.items()
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    forward = f"{type(model).__name__}.forward"
+    takes = f"{forward} takes ({', '.join(parameters) or 'nothing'})"
+    if len(args) > len(positional) and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        named = [name for name in keywords if name not in positional[:len(args)] and name not in kwargs]
+        example = f"--input-shape {named[0]}=2,16" if named else "fewer --input-shape"
+        raise ModelSpecError(f"{takes}: {len(args)} positional shapes given, it takes {len(positional)}; "
+                             f"give keyword inputs by name, e.g. {example}")
+    if inspect.Parameter.VAR_KEYWORD in kinds:
+        return
+    for name in kwargs:
+        if name not in keywords:
+            close = difflib.get_close_matches(name, keywords, n=1)
+            hint = f"; did you mean {close[0]}=...?" if close else ""
+            raise ModelSpecError(f"--input-shape {name}=...: {takes}, no input {name!r}{hint}")
+
+
+def _token_name(name: str) -> bool:
+    """Integer index inputs by the names transformers gives them (input_ids, token_type_ids, ...)."""
+    return name.endswith("_ids") or name.endswith("attention_mask")
+
+
+def _named_tensors(options: InputOptions, device: torch.device) -> dict[str, torch.Tensor]:
+    """--input-shape NAME=SHAPE inputs: long for token ids and masks, else floating."""
+    return {name: torch.zeros(shape, dtype=torch.long if _token_name(name) else (options.dtype or torch.float32),
+                              device=device)
+            for name, shape in options.named_shapes}
+
+
+def _check_token_ranks(model_name: str, inputs: Mapping[str, tuple[int, ...]]) -> None:
+    """Token ids are (batch, seq): any other rank counts a model that can never run (a 4-d input_ids)."""
+    for name, shape in inputs.items():
+        if name.endswith("_ids") and len(shape) != 2:
+            raise ModelSpecError(f"{model_name} takes {name} of shape (batch, seq), e.g. --input-shape 1,128 or "
+                                 f"--batch 1 --seq-len 128; got {','.join(map(str, shape))}")
+
+
+def _refuse_seq_len(options: InputOptions, why: str) -> None:
+    """--seq-len where it would change nothing is an error, not silently ignored."""
+    if options.seq_len_given:
+        raise ModelSpecError(f"--seq-len: {why}")
 
 
 def _tensors_from_shapes(
@@ -248,11 +316,18 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
             model = example.build(**options.overrides)
     except TypeError as error:
         raise ModelSpecError(f"--set does not fit example {example.name}: {error}") from None
-    if options.input_shapes:
+    if not example.takes_tokens:
+        _refuse_seq_len(options, f"{example.name} takes images, not token sequences; give the input size with "
+                                 "--input-shape, e.g. 1,1,32,32")
+    elif options.input_shapes or options.named_shapes:
+        _refuse_seq_len(options, "--input-shape gives the sequence length already; give one of the two")
+    if options.input_shapes and example.takes_tokens:
+        _check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
+    if options.input_shapes or options.named_shapes:
         args = _tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
     else:
         args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
-    loaded = ModelInputs(model, args, {}, f"built-in example {example.name}")
+    loaded = ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
     return _finish(loaded, options)
 
 
@@ -272,9 +347,14 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
     with torch.device("meta"):
         model = torchvision.models.get_model(name, **_no_weights(torchvision, name, options.overrides))
     model.eval()
-    shapes = options.input_shapes or (_torchvision_input_shape(torchvision, name, model, options.batch),)
+    _refuse_seq_len(options, f"torchvision {name} takes images, not token sequences; give the image size with "
+                             "--input-shape, e.g. 1,3,224,224 (or --sweep size=...)")
+    shapes = options.input_shapes
+    if not shapes and not options.named_shapes:
+        shapes = (_torchvision_input_shape(torchvision, name, model, options.batch),)
     args = _tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
-    return _finish(ModelInputs(model, args, {}, f"torchvision {name}"), options)
+    return _finish(ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"torchvision {name}"),
+                   options)
 
 
 def _no_weights(torchvision: Any, name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -565,11 +645,18 @@ def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tu
     """Keyword inputs named after the model's main input; token ids unless it takes pixels."""
     main = getattr(model, "main_input_name", "input_ids")
     device = torch.device("meta")
-    if options.input_shapes:
-        tokens = main == "input_ids"
-        tensors = _tensors_from_shapes(options.input_shapes, device, tokens, options.dtype)
-        kwargs = {main: tensors[0]}
-        return tuple(tensors[1:]), kwargs
+    if options.input_shapes or options.named_shapes:
+        _refuse_seq_len(options, "--input-shape gives the input sizes already; give one of the two")
+        given = dict(options.named_shapes)
+        if options.input_shapes:
+            given = {main: options.input_shapes[0], **given}
+        _check_token_ranks(type(model).__name__, given)
+        tensors = _tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype)
+        kwargs = {main: tensors[0]} if tensors else {}
+        return tuple(tensors[1:]), {**kwargs, **_named_tensors(options, device)}
+    if main != "input_ids":
+        _refuse_seq_len(options, f"{type(model).__name__} takes {main}, not token sequences; give its shape "
+                                 f"with --input-shape")
     if main == "input_ids":
         ids = torch.zeros(options.batch, options.seq_len, dtype=torch.long, device=device)
         kwargs = {"input_ids": ids}
@@ -602,9 +689,10 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
     made_up = None
-    if options.input_shapes:
+    if options.input_shapes or options.named_shapes:
         device = _device_of(model)
-        args, kwargs = _tensors_from_shapes(options.input_shapes, device, False, options.dtype), {}
+        args = _tensors_from_shapes(options.input_shapes, device, False, options.dtype)
+        kwargs = _named_tensors(options, device)
         made_up = None if device.type == "meta" else ZERO_INPUTS
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
@@ -651,6 +739,9 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
     except (TypeError, ValueError):
         return dict(options.overrides)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if not takes_any and "seq_len" not in parameters:
+        _refuse_seq_len(options, f"{getattr(factory, '__name__', 'the factory')}() takes no seq_len argument; "
+                                 "give its inputs' sizes with --input-shape, or add seq_len to its signature")
     unknown = [key for key in options.overrides if not takes_any and key not in parameters]
     if unknown:  # batch, seq_len and dtype are offered; --set values are asked for, and must be taken
         name = getattr(factory, "__name__", "the factory")
