@@ -78,6 +78,25 @@ def _at_least(lowest: int) -> Callable[[str], int]:
     return parse
 
 
+_SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _rate(text: str) -> float:
+    """`989.4T`, `9.894e14` or `3350G` -> a positive number per second."""
+    scale = _SI.get(text.strip()[-1:], 1.0)
+    number = text.strip()[:-1] if scale != 1.0 else text.strip()
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number such as 989.4T or 9.894e14") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+_rate.__name__ = "rate"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fxflops",
@@ -125,7 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "size, height, width know their axes, others name them: n[1]=...)")
     counting.add_argument("--device", metavar="GPU",
                           help="predict each module's latency on this GPU from its FLOPs and bytes (a roofline): "
-                               "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4'")
+                               "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4', 'MI300X', "
+                               "'TPU v5e'")
+    counting.add_argument("--peak-flops", type=_rate, metavar="FLOP/S",
+                          help="the dense peak to predict with, e.g. 989.4T or 9.894e14: with --bandwidth for a "
+                               "device the table lacks, or with --device to override its peak")
+    counting.add_argument("--bandwidth", type=_rate, metavar="BYTES/S",
+                          help="the memory bandwidth to predict with, e.g. 3.35T (bytes/s): with --peak-flops, or "
+                               "with --device to override its bandwidth")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS,
                         help="html: one self-contained page (zoomable module icicle, sortable tables); "
@@ -293,17 +319,22 @@ def _check_writable(path: str | None, option: str) -> None:
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops import peaks
 
-    if args.roofline and not args.device:
+    given = args.peak_flops is not None or args.bandwidth is not None
+    if args.roofline and not (args.device or given):
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
     if args.format == "html" and sweeps:
         raise ModelSpecError("--format html shows one estimate; a --sweep writes text, table, json or csv")
-    if args.device and sweeps:
+    if (args.device or given) and sweeps:
         raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
+    if not args.device and given and (args.peak_flops is None or args.bandwidth is None):
+        missing = "--bandwidth" if args.bandwidth is None else "--peak-flops"
+        raise ModelSpecError(f"without --device, a prediction needs both --peak-flops and --bandwidth: give {missing} "
+                             "too, or --device to take it from")
     if args.device:
         try:
             peaks.named(args.device)
         except ValueError as error:
-            raise ModelSpecError(f"--{error}") from None
+            raise ModelSpecError(f"--{error}; for another device give --peak-flops and --bandwidth") from None
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
@@ -326,8 +357,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
-    if args.device:
-        result.prediction = result.predict(args.device)
+    if args.device or args.peak_flops is not None:
+        result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
     if not args.debug:  # with --debug, the CautionWarning itself is shown

@@ -306,9 +306,11 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
     try:
         example = examples.get_example(name)
     except KeyError:
+        close = _other_forms_of(name)
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
         raise ModelSpecError(
-            f"unknown model {name!r}: not a built-in example (`fxflops examples` lists them); "
-            "other forms: torchvision:NAME, hf:NAME, hf:path/config.json, file.py:factory, "
+            f"unknown model {name!r}: not a built-in example (`fxflops examples` lists them); {guess}"
+            "MODEL forms: torchvision:NAME, hf:NAME, hf:path/config.json, file.py:factory, "
             "package.module:factory"
         ) from None
     try:
@@ -329,6 +331,24 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
         args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
     loaded = ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
     return _finish(loaded, options)
+
+
+def _other_forms_of(name: str) -> list[str]:
+    """What a bare NAME most likely meant: hf:gpt2, torchvision:resnet50, or a built-in example close to it."""
+    found = []
+    lowered = name.lower()
+    if lowered in (checkpoint.lower() for checkpoint in _checkpoint_names()):
+        found.append(f"hf:{name}")
+    elif importlib.util.find_spec("transformers") is not None and lowered in _model_types():
+        found.append(f"hf:{lowered}")
+    if importlib.util.find_spec("torchvision") is not None:
+        import torchvision
+
+        if lowered in torchvision.models.list_models():
+            found.append(f"torchvision:{lowered}")
+    names = list(examples.EXAMPLES)
+    found += [example for example in names if example.startswith(lowered)]
+    return found[:3] or difflib.get_close_matches(lowered, names, n=2)
 
 
 # --------------------------------------------------------------------------------- torchvision
