@@ -703,7 +703,7 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     factory = getattr(module, attribute, None)
     if factory is None or not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attribute!r}")
-    produced = factory(**_factory_arguments(factory, options))
+    produced = _call_factory(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
     model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
@@ -719,6 +719,29 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     else:
         args, kwargs = _split_inputs(inputs)
     return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
+
+
+def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
+    """FACTORY(**arguments); one that moves its model to CUDA on a machine without a GPU gets a line
+    saying what to change, not torch's driver message from deep inside `.cuda()`."""
+    try:
+        return factory(**arguments)
+    except (RuntimeError, AssertionError) as error:
+        if torch.cuda.is_available() or not _cuda_missing(error):
+            raise
+        torch_dir = str(Path(torch.__file__).parent)
+        frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(torch_dir)]
+        where = f" ({frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
+        raise ModelSpecError(
+            f"{name} puts the model on CUDA{where}, and this machine has no GPU: fxflops needs none. Have the "
+            "factory build it on the CPU or under torch.device('meta') (no .cuda() / device='cuda'), and count that"
+        ) from None
+
+
+def _cuda_missing(error: BaseException) -> bool:
+    """torch's ways of saying there is no GPU: a CPU-only build, no driver, no device."""
+    text = str(error)
+    return any(words in text for words in ("not compiled with CUDA", "NVIDIA driver", "No CUDA GPUs", "CUDA driver"))
 
 
 def _import_error_in(path: Path, error: ImportError) -> str:

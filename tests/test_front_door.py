@@ -5,7 +5,12 @@ call .cuda() without a GPU, and the CPU-only install in the README."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,90 @@ def test_peak_flops_and_bandwidth_flags_match_predict(capsys):
     assert code == 2 and "give --bandwidth too" in err
     code, _, err = run_main(capsys, "lenet5", "--device", "B300")
     assert code == 2 and "give --peak-flops and --bandwidth" in err
+
+
+# ------------------------------------------------------------------------------- the [hf] extra
+
+
+def test_hf_extra_brings_transformers_and_the_error_names_it(capsys, monkeypatch):
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("transformers") for requirement in extras["hf"])
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: its import fails
+    code, _, err = run_main(capsys, "hf:gpt2")
+    assert code == 2 and 'pip install "fxflops[hf]"' in err
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install "fxflops[hf]"' in readme or '".[hf]"' in readme
+
+
+# ------------------------------------------------------------------ Ctrl-C while importing, .cuda()
+
+
+def test_the_console_entry_point_imports_nothing_heavy():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["fxflops"] == "fxflops.console:main"
+    code = "import sys, fxflops.console; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_ctrl_c_while_importing_exits_130_quietly(capsys, monkeypatch):
+    from fxflops import console
+
+    class Interrupted(types.ModuleType):
+        def __getattr__(self, name):
+            raise KeyboardInterrupt  # what Ctrl-C raises inside `from fxflops.cli import main`
+
+    monkeypatch.setitem(sys.modules, "fxflops.cli", Interrupted("fxflops.cli"))
+    assert console.main() == 130
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches the child's loaded libraries in /proc")
+def test_ctrl_c_during_the_real_import_prints_no_traceback():
+    # the console script's own code, interrupted once torch's library is loading
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from fxflops.console import main; sys.exit(main())",
+                              "lenet5"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps = Path(f"/proc/{child.pid}/maps")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if "libtorch" in maps.read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130 and "Traceback" not in err, err
+
+
+FACTORY_ON_CUDA = """
+import torch
+from torch import nn
+
+
+def build():
+    model = nn.Linear(8, 4).cuda()
+    return model, torch.zeros(2, 8, device="cuda")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_factory_calling_cuda_without_a_gpu_says_what_to_change(capsys, tmp_path):
+    (tmp_path / "gpu.py").write_text(FACTORY_ON_CUDA)
+    code, _, err = run_main(capsys, f"{tmp_path}/gpu.py:build")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{tmp_path}/gpu.py:build puts the model on CUDA ({tmp_path}/gpu.py:7: model = nn.Linear(8, 4).cuda())" in err
+    assert "torch.device('meta')" in err and "no GPU" in err
+
+
+# ------------------------------------------------------------------------------------- README
+
+
+def test_readme_shows_the_cpu_only_torch_install_beside_the_unchanged_quick_start():
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):]
+    quick_start = quick_start[:quick_start.index("\n## ", 1)]
+    assert 'pip install "torch==2.14.1" "torchvision==0.29.1" . && fxflops gpt2-small --seq-len 128' in quick_start
+    assert 'pip install "torch==2.14.1" "torchvision==0.29.1" ".[test]" && python -m pytest -q' in quick_start
+    assert "--index-url https://download.pytorch.org/whl/cpu" in quick_start
