@@ -56,6 +56,7 @@ examples:
   fxflops torchvision:resnet50 --depth 2
   fxflops hf:gpt2 --seq-len 1024 --set n_layer=2 --format table
   fxflops my_model.py:build --input-shape 8,3,224,224 --format json --output cost.json
+  fxflops my_model.py:build --input-shape input_ids=2,16 --peak-flops 989.4T --bandwidth 3.35T
   fxflops gpt2-small --sweep seq=128..4096*2 --sweep batch=1,8
   fxflops torchvision:resnet50 --sweep size[2,3]=160..320:32
 """

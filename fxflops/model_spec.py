@@ -253,10 +253,10 @@ def _check_forward_takes(model: nn.Module, args: tuple, kwargs: Mapping[str, Any
     forward = f"{type(model).__name__}.forward"
     takes = f"{forward} takes ({', '.join(parameters) or 'nothing'})"
     if len(args) > len(positional) and inspect.Parameter.VAR_POSITIONAL not in kinds:
-        named = [name for name in keywords if name not in positional[:len(args)] and name not in kwargs]
-        example = f"--input-shape {named[0]}=2,16" if named else "fewer --input-shape"
-        raise ModelSpecError(f"{takes}: {len(args)} positional shapes given, it takes {len(positional)}; "
-                             f"give keyword inputs by name, e.g. {example}")
+        named = [name for name in keywords if name not in positional and name not in kwargs]
+        what = (f"give keyword inputs by name, e.g. --input-shape {named[0]}=2,16" if named
+                else f"give at most {len(positional)}")
+        raise ModelSpecError(f"{takes}: {len(args)} positional shapes given, it takes {len(positional)}; {what}")
     if inspect.Parameter.VAR_KEYWORD in kinds:
         return
     for name in kwargs:
