@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
-_EXPORTS = {
+_EXPORTS = MappingProxyType({
     **dict.fromkeys(("CautionWarning", "UnknownOpsWarning", "annotate", "estimate"), "fxflops.api"),
     "CaptureError": "fxflops.capture",
     "RuleEvaluationError": "fxflops.count",
@@ -24,7 +25,7 @@ _EXPORTS = {
     **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
     **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
     **dict.fromkeys(("sweep", "Sweep", "SweepCaptureError"), "fxflops.sweeps"),
-}
+})
 
 __all__ = sorted(_EXPORTS, key=lambda name: (name[0].islower(), name))
 
