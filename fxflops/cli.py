@@ -348,10 +348,13 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps:
-        for caution in loaded.cautions:  # a sweep's report has no cautions yet: stderr at least
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
         progress("capturing with symbolic sizes, then counting every point")
         result = run_sweep(model, loaded, sweeps, args)
+        progress.done()
+        for _, point in result.points:  # how the model was built holds at every point
+            point.cautions[:0] = loaded.cautions
+        for caution in loaded.cautions:  # the sweep report does not show cautions: stderr at least
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
         progress("writing the report")
         return result, render_sweep(result, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,

@@ -135,3 +135,5 @@ def test_a_model_type_built_from_class_defaults_says_so(capsys):
     summary = [line for line in captured.out.splitlines() if line.startswith("caution:")]
     assert summary and "LlamaConfig's defaults" in summary[0]
     assert "LlamaConfig's defaults" in captured.err  # and as a warning
+    assert cli.main([*args, "--sweep", "seq=4,8"]) == 0  # a sweep says so too (on stderr)
+    assert "LlamaConfig's defaults" in capsys.readouterr().err
