@@ -55,8 +55,21 @@ def band_pairs(lq: Any, lk: Any, lo: Any, hi: Any) -> Any:
     """(query i, key j) pairs with lo <= j - i <= hi, 0 <= i < Lq, 0 <= j < Lk; None = unbounded.
 
     Ints or SymInts (then a symbolic count, exact at every size)."""
+    if hi == 0 and (lo is None or isinstance(lo, int) and lo <= 0) and _same(lq, lk):
+        # square causal or sliding-window (W = 1 - lo keys): the short forms, readable as sweep formulas
+        if lo is None:
+            return lq * (lq + 1) // 2
+        window = 1 - lo
+        short = torch.sym_min(lq, window)  # rows before the window fills
+        return short * (short + 1) // 2 + (lq - short) * window
     upper = _pairs_at_most(lq, lk, hi) if hi is not None else lq * lk
     return upper - (_pairs_at_most(lq, lk, lo - 1) if lo is not None else 0)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and str(a.node.expr) == str(b.node.expr)
 
 
 def _pairs_at_most(n: Any, m: Any, h: Any) -> Any:
@@ -245,6 +258,8 @@ def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         return _Pred(ndim, ())
     if target is aten.unsqueeze.default:
         return _unsqueeze(_abstract(args[0], memo), args[1])
+    if target is aten.slice.Tensor:
+        return _slice(_abstract(args[0], memo), *args[1:])
     if target is aten.expand.default:
         return _widen(_abstract(args[0], memo), ndim)
     if target in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar):
@@ -283,6 +298,29 @@ def _unsqueeze(value: Any, dim: int) -> Any:
     if isinstance(value, _Affine):
         return move(value)
     return _Pred(new, tuple(move(atom) for atom in value.atoms))
+
+
+def _slice(value: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """x[start::step] along `dim`: index k there reads position start + step * k."""
+    del end  # where it stops is the output's shape, not its values
+    if not isinstance(value, _Affine | _Pred):
+        raise _NotAffine(value)
+    axis = (dim if dim < 0 else dim - value.ndim)
+    start = start or 0
+    if isinstance(start, int) and start < 0:
+        raise _NotAffine(start)  # counted from the end: needs the size
+
+    def moved(form: _Affine) -> _Affine:
+        coefs = dict(form.coefs)
+        coef = coefs.get(axis, 0)
+        if isinstance(coef, int) and coef == 0:
+            return form
+        coefs[axis] = coef * step
+        return _Affine(form.ndim, tuple(sorted(coefs.items())), form.const + coef * start)
+
+    if isinstance(value, _Affine):
+        return moved(value)
+    return _Pred(value.ndim, tuple(moved(atom) for atom in value.atoms))
 
 
 def _widen(value: Any, ndim: int) -> Any:
