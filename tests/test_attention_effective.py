@@ -187,3 +187,50 @@ def test_effective_formulas_come_in_pairs(tmp_path):
                     'effective_macs = "kept_pair"\neffective_flops = "macs"\n')
     with pytest.raises(RuleFileError, match="'effective_macs': name 'kept_pair' .*did you mean 'kept_pairs'"):
         load_rule_file(path)
+
+
+# ---------------------------------------------------------------- transformers' sliding-window models
+
+WINDOW, HEADS, HEAD_DIM = 4, 4, 8
+PROJECTION_MACS = 32 * 32 + 2 * 32 * 16 + 32 * 32  # per token: q, k, v (2 key/value heads), o
+
+
+def _sliding_model(kind):
+    import transformers as tf
+
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=HEADS,
+                  num_key_value_heads=2, head_dim=HEAD_DIM, max_position_embeddings=128, sliding_window=WINDOW)
+    cls, config = {
+        "mistral": (tf.MistralForCausalLM, lambda: tf.MistralConfig(num_hidden_layers=1, **common)),
+        "gemma3": (tf.Gemma3ForCausalLM, lambda: tf.Gemma3TextConfig(
+            num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], **common)),
+        "qwen2": (tf.Qwen2ForCausalLM, lambda: tf.Qwen2Config(
+            num_hidden_layers=2, use_sliding_window=True, layer_types=["full_attention", "sliding_attention"],
+            **common)),
+    }[kind]
+    config = config()
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return cls(config).eval(), config.layer_types if kind != "mistral" else ["sliding_attention"]
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen2"])
+def test_transformers_sliding_window_layers_by_hand(kind):
+    from fxflops.capture.dynamic import user_symbol
+    from fxflops.sweeps import sweep
+
+    model, layer_types = _sliding_model(kind)
+    swept = sweep(model, (torch.zeros(1, 8, dtype=torch.long),), dims={"seq": 1}, attention="effective")
+    for seq in (3, 4, 12):  # shorter than the window, equal, longer
+        estimate = swept.at(seq=seq)
+        for layer, layer_type in enumerate(layer_types):
+            window = WINDOW if layer_type == "sliding_attention" else seq
+            pairs = HEADS * sum(min(i + 1, window) for i in range(seq))
+            path = f"model.layers.{layer}.self_attn"
+            (node,) = [node for node in estimate.nodes if node.attention is not None and node.module == path]
+            assert (node.dense_macs, node.effective_macs) == (HEADS * seq * seq * 2 * HEAD_DIM, pairs * 2 * HEAD_DIM)
+            formula = swept.formula("macs", module=path, seq=seq)
+            assert formula.subs(user_symbol("seq"), seq) == PROJECTION_MACS * seq + pairs * 2 * HEAD_DIM
+    dense = fxflops.estimate(model, (torch.zeros(1, 12, dtype=torch.long),))  # the default reading
+    assert dense.total_macs == estimate.total_macs + sum(
+        n.dense_macs - n.effective_macs for n in estimate.nodes if n.attention is not None)
