@@ -98,6 +98,25 @@ def mask_kept_pairs(mask: torch.Tensor, shape: tuple[int, ...] | None = None) ->
     return int(kept.sum()) * repeat
 
 
+def block_mask_kept_pairs(block_mask: Any, shape: tuple[int, ...] | None = None) -> int:
+    """The (query, key) pairs flex_attention computes under a BlockMask: its kept blocks (partial and
+    full, as the mask's own kv_num_blocks and full_kv_num_blocks count them) x the block size, each
+    block whole, as the kernels compute it; broadcast to `shape` (B, H, Lq, Lk) where the mask's batch
+    or heads are 1. The counts are the mask function's at the mask's sizes, not data."""
+    blocks = block_mask.kv_num_blocks.sum(dtype=torch.int64)
+    if block_mask.full_kv_num_blocks is not None:
+        blocks = blocks + block_mask.full_kv_num_blocks.sum(dtype=torch.int64)
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    batch, heads = tuple(block_mask.kv_num_blocks.shape[:2])
+    repeat = 1
+    if shape is not None:
+        for own, wanted in ((batch, shape[0]), (heads, shape[1])):
+            if own not in (1, wanted):
+                raise ValueError(f"a BlockMask of batch x heads {batch} x {heads} does not broadcast to {shape}")
+            repeat *= wanted if own == 1 else 1
+    return int(blocks) * q_block * kv_block * repeat
+
+
 def _kept(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask

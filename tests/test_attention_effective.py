@@ -234,3 +234,35 @@ def test_transformers_sliding_window_layers_by_hand(kind):
     dense = fxflops.estimate(model, (torch.zeros(1, 12, dtype=torch.long),))  # the default reading
     assert dense.total_macs == estimate.total_macs + sum(
         n.dense_macs - n.effective_macs for n in estimate.nodes if n.attention is not None)
+
+
+# ------------------------------------------------------------------------- flex_attention BlockMask
+
+
+def test_flex_block_masks_keep_their_blocks_by_hand():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from fxflops.kept_pairs import block_mask_kept_pairs
+
+    length, block = 512, 128  # 4 x 4 blocks
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    doc = torch.tensor([0] * 128 + [1] * 256 + [2] * 128)  # three documents, block-aligned
+
+    def document(b, h, q, kv):
+        return doc[q] == doc[kv]
+
+    causal_mask = create_block_mask(causal, None, None, length, length, device="cpu")
+    document_mask = create_block_mask(document, None, None, length, length, device="cpu")
+    # by hand: causal keeps 1 + 2 + 3 + 4 blocks (the diagonal partial, the rest full); the documents
+    # keep 1 + 2 x 2 + 1 (all full)
+    for mask, blocks, partial in ((causal_mask, 10, 4), (document_mask, 6, 0)):
+        assert int(mask.kv_num_blocks.sum()) == partial  # the mask's own block counts
+        assert int(mask.kv_num_blocks.sum() + mask.full_kv_num_blocks.sum()) == blocks
+        assert mask.BLOCK_SIZE == (block, block)
+        assert block_mask_kept_pairs(mask) == blocks * block * block
+        assert block_mask_kept_pairs(mask, (B, H, length, length)) == B * H * blocks * block * block
+    with pytest.raises(ValueError, match="does not broadcast"):
+        block_mask_kept_pairs(create_block_mask(causal, 2, None, length, length, device="cpu"), (3, H, length, length))
