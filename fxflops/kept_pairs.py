@@ -29,7 +29,7 @@ import torch
 
 aten = torch.ops.aten
 
-MAX_MASK_ELEMENTS = 1 << 26  # a mask evaluated on real index tensors: at most this many entries (64 Mi)
+MAX_MASK_ELEMENTS = 1 << 24  # a mask evaluated on real index tensors: at most this many entries per value (16 Mi)
 
 FULL = "full"  # no mask: every pair kept
 CAUSAL = "causal"
@@ -167,6 +167,8 @@ def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> K
         return KeptPairs(None, f"{MASK} (not a band of diagonals: counted at concrete sizes only)")
     try:
         mask = _evaluate(node, {})
+    except _TooLarge:
+        return KeptPairs(None, f"{MASK} (too large to evaluate: over {MAX_MASK_ELEMENTS} entries)")
     except _NotKnowable:
         return KeptPairs(None, DATA)
     return KeptPairs(mask_kept_pairs(mask, tuple(int(size) for size in grid)), MASK)
@@ -385,6 +387,10 @@ class _NotKnowable(Exception):
     pass
 
 
+class _TooLarge(_NotKnowable):
+    pass
+
+
 # ops whose result reads only their inputs' shapes and dtypes, never their values
 _SHAPE_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.ones_like.default,
                aten.zeros_like.default, aten.full_like.default, aten.new_empty.default}
@@ -414,7 +420,7 @@ def _evaluate_node(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
     if node.op != "call_function" or not callable(node.target):
         raise _NotKnowable(node)
     if isinstance(val, torch.Tensor) and math.prod(int(s) for s in val.shape) > MAX_MASK_ELEMENTS:
-        raise _NotKnowable(node)
+        raise _TooLarge(node)
     if node.target in _UNDEFINED or node.target is operator.getitem:
         raise _NotKnowable(node)
     if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:

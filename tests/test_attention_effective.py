@@ -110,6 +110,18 @@ def test_packed_documents_built_from_positions_by_hand():
     assert estimate.attention_totals().patterns == ("mask",)
 
 
+def test_a_mask_too_large_to_evaluate_is_unknown_and_says_so(monkeypatch):
+    import fxflops.kept_pairs
+
+    monkeypatch.setattr(fxflops.kept_pairs, "MAX_MASK_ELEMENTS", 63)  # the 8 x 8 mask has 64
+    estimate = fxflops.estimate(PackedFromPositions(), qkv(), attention="effective")
+    totals = estimate.attention_totals()
+    assert (totals.unknown, totals.patterns) == (1, ("mask (too large to evaluate: over 63 entries)",))
+    assert estimate.total_macs == totals.dense_macs
+    assert "1 of 1 attention ops keep pairs not known without data, counted dense in both" in estimate.print(
+        as_string=True, detailed=False)
+
+
 def test_a_mask_given_as_input_is_unknown_then_counted_from_the_real_mask():
     doc = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
     mask = doc[:, None] == doc[None, :]

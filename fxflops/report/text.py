@@ -291,7 +291,7 @@ def attention_text(estimate: Estimate) -> str | None:
     text = (f"{number_to_string(totals.dense_flops)} dense, {number_to_string(totals.effective_flops)} "
             f"effective ({patterns}); totals count {estimate.attention}")
     if totals.unknown:
-        text += (f"; {totals.unknown} of {totals.nodes} attention ops have a mask from data, "
+        text += (f"; {totals.unknown} of {totals.nodes} attention ops keep pairs not known without data, "
                  "counted dense in both")
     return text
 
