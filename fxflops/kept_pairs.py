@@ -63,7 +63,10 @@ def band_pairs(lq: Any, lk: Any, lo: Any, hi: Any) -> Any:
         short = torch.sym_min(lq, window)  # rows before the window fills
         return short * (short + 1) // 2 + (lq - short) * window
     upper = _pairs_at_most(lq, lk, hi) if hi is not None else lq * lk
-    return upper - (_pairs_at_most(lq, lk, lo - 1) if lo is not None else 0)
+    if lo is None:
+        return upper
+    # an empty band (lo > hi) would come out negative
+    return torch.sym_max(upper - _pairs_at_most(lq, lk, lo - 1), 0) if hi is not None else upper - _pairs_at_most(lq, lk, lo - 1)
 
 
 def _same(a: Any, b: Any) -> bool:

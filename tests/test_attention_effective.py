@@ -148,8 +148,6 @@ def test_band_pairs_match_counting_the_band():
                         keep &= j - i >= lo
                     if hi is not None:
                         keep &= j - i <= hi
-                    if lo is not None and hi is not None and lo > hi:
-                        continue
                     assert band_pairs(lq, lk, lo, hi) == int(keep.sum()), (lq, lk, lo, hi)
 
 
@@ -278,3 +276,22 @@ def test_flex_block_masks_keep_their_blocks_by_hand():
         assert block_mask_kept_pairs(mask, (B, H, length, length)) == B * H * blocks * block * block
     with pytest.raises(ValueError, match="does not broadcast"):
         block_mask_kept_pairs(create_block_mask(causal, 2, None, length, length, device="cpu"), (3, H, length, length))
+
+
+def test_cli_attention_option(tmp_path, capsys):
+    from fxflops import cli
+
+    (tmp_path / "causal.py").write_text(
+        "import torch\n"
+        "class Causal(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)\n"
+        "def build():\n"
+        "    return Causal()\n")
+    spec = [f"{tmp_path}/causal.py:build", "--input-shape", "2,4,8,16", "--quiet", "--format", "json"]
+    assert cli.main(spec + ["--attention", "effective"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["attention"]["reading"] == "effective"
+    assert record["totals"]["macs"] == B * H * 36 * 32
+    assert cli.main(spec) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["macs"] == B * H * 64 * 32
