@@ -14,10 +14,10 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )
-from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
 from fxflops.traffic import node_bytes
 
