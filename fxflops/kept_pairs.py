@@ -163,17 +163,19 @@ def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
 
 def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> KeptPairs:
     band = _band(node, grid)
-    if band is not None:
-        lo, hi = band
+    if band is not None and not band[2]:
+        lo, hi, _ = band
         return KeptPairs(math.prod(grid[:-2]) * band_pairs(grid[-2], grid[-1], lo, hi), _band_name(lo, hi))
+    # a band and'ed with something else: the band's name says what is known of it
+    within = f"{_band_name(*band[:2])} & " if band is not None else ""
     if symbolic:
-        return KeptPairs(None, f"{MASK} (not a band of diagonals: counted at concrete sizes only)")
+        return KeptPairs(None, f"{within}{MASK} (not a band of diagonals: counted at concrete sizes only)")
     try:
         mask = _evaluate(node, {})
     except _TooLarge:
-        return KeptPairs(None, f"{MASK} (too large to evaluate: over {MAX_MASK_ELEMENTS} entries)")
+        return KeptPairs(None, f"{within}{MASK} (too large to evaluate: over {MAX_MASK_ELEMENTS} entries)")
     except _NotKnowable:
-        return KeptPairs(None, DATA)
+        return KeptPairs(None, f"{within}{DATA}")
     return KeptPairs(mask_kept_pairs(mask, tuple(int(size) for size in grid)), MASK)
 
 
@@ -209,10 +211,12 @@ class _Affine:
 class _Pred:
     ndim: int
     atoms: tuple[_Affine, ...]  # all hold: each form >= 0 (True when empty)
+    partial: bool = False  # and'ed with something not read here (a mask from data): the atoms bound it
 
 
-def _band(node: torch.fx.Node, grid: tuple[Any, ...]) -> tuple[Any, Any] | None:
-    """(lo, hi) with the mask keeping exactly lo <= key - query <= hi, or None when it is not read so."""
+def _band(node: torch.fx.Node, grid: tuple[Any, ...]) -> tuple[Any, Any, bool] | None:
+    """(lo, hi, partial) with the mask keeping exactly lo <= key - query <= hi (partial: only pairs
+    within it, and'ed with a mask from data), or None when it is not read so."""
     try:
         value = _abstract(node, {})
     except (_NotAffine, TypeError, ValueError, IndexError):
@@ -235,7 +239,7 @@ def _band(node: torch.fx.Node, grid: tuple[Any, ...]) -> tuple[Any, Any] | None:
             lo = -atom.const if lo is None else torch.sym_max(lo, -atom.const)
         else:  # c - (j - i) >= 0: j - i <= c
             hi = atom.const if hi is None else torch.sym_min(hi, atom.const)
-    return lo, hi
+    return lo, hi, value.partial
 
 
 def _abstract(node: Any, memo: dict[Any, Any]) -> Any:
@@ -293,11 +297,23 @@ def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
     if target in _COMPARE:
         return _compare(_COMPARE[target], _abstract(args[0], memo), _abstract(args[1], memo), ndim)
     if target in _AND:
-        left, right = _abstract(args[0], memo), _abstract(args[1], memo)
+        left, right = _readable(args[0], memo), _readable(args[1], memo)
+        if not (isinstance(left, _Pred) or isinstance(right, _Pred)):
+            raise _NotAffine(node)
+        if left is None or right is None:  # one side is data: what the other keeps bounds the mask
+            return _Pred(ndim, (left or right).atoms, partial=True)
         if not (isinstance(left, _Pred) and isinstance(right, _Pred)):
             raise _NotAffine(node)
-        return _Pred(ndim, left.atoms + right.atoms)
+        return _Pred(ndim, left.atoms + right.atoms, left.partial or right.partial)
     raise _NotAffine(node)
+
+
+def _readable(node: Any, memo: dict[Any, Any]) -> Any:
+    """The node's abstract value, or None where it is not read (data, or ops this reading lacks)."""
+    try:
+        return _abstract(node, memo)
+    except _NotAffine:
+        return None
 
 
 def _arange_args(args: tuple) -> tuple[Any, Any, Any]:
@@ -321,7 +337,7 @@ def _unsqueeze(value: Any, dim: int) -> Any:
 
     if isinstance(value, _Affine):
         return move(value)
-    return _Pred(new, tuple(move(atom) for atom in value.atoms))
+    return _Pred(new, tuple(move(atom) for atom in value.atoms), value.partial)
 
 
 def _slice(value: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
@@ -344,14 +360,14 @@ def _slice(value: Any, dim: int = 0, start: Any = None, end: Any = None, step: i
 
     if isinstance(value, _Affine):
         return moved(value)
-    return _Pred(value.ndim, tuple(moved(atom) for atom in value.atoms))
+    return _Pred(value.ndim, tuple(moved(atom) for atom in value.atoms), value.partial)
 
 
 def _widen(value: Any, ndim: int) -> Any:
     if isinstance(value, _Affine):
         return _Affine(max(ndim, value.ndim), value.coefs, value.const)
     if isinstance(value, _Pred):
-        return _Pred(max(ndim, value.ndim), value.atoms)
+        return _Pred(max(ndim, value.ndim), value.atoms, value.partial)
     raise _NotAffine(value)
 
 

@@ -295,3 +295,26 @@ def test_cli_attention_option(tmp_path, capsys):
     assert record["totals"]["macs"] == B * H * 36 * 32
     assert cli.main(spec) == 0
     assert json.loads(capsys.readouterr().out)["totals"]["macs"] == B * H * 64 * 32
+
+
+class CausalAndGiven(nn.Module):
+    def forward(self, q, k, v, mask):
+        i = torch.arange(q.shape[-2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(i[:, None] >= i[None, :]) & mask)
+
+
+class CausalDocumentsFromPositions(nn.Module):
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[-2])
+        doc = (i >= 3).long() + (i >= 6).long()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(doc[:, None] == doc[None, :]) & (i[:, None] >= i[None, :]))
+
+
+def test_a_band_and_data_is_named_and_unknown_a_band_and_positions_is_counted():
+    given = fxflops.estimate(CausalAndGiven(), (*qkv(), torch.ones(8, 8, dtype=torch.bool)), attention="effective")
+    assert given.attention_totals().patterns == ("causal & mask from data",)
+    assert given.attention_totals().unknown == 1
+    counts, estimate = attention_counts(CausalDocumentsFromPositions(), qkv())
+    per_head = 6 + 6 + 3  # causal inside documents of 3, 3 and 2
+    assert counts[2:] == (B * H * per_head * 32, B * H * per_head * 80)
+    assert estimate.attention_totals().patterns == ("mask",)
