@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--rules", action="append", default=[], metavar="FILE",
                           help="your own rule file (TOML, the format of rules/*.toml) or a folder of them; "
                                "its rules take precedence over ours (repeatable)")
+    counting.add_argument("--attention", default="dense", choices=("dense", "effective"),
+                          help="how attention ops count in the totals: dense (every (query, key) pair, as "
+                               "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "
+                               "keep); the summary shows both when they differ")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")
@@ -251,7 +255,7 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
 
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
                   method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  optimizer=args.optimizer)
+                  optimizer=args.optimizer, attention=args.attention)
     return swept.result({name: values for name, _, values in sweeps})
 
 
@@ -375,7 +379,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         progress("writing the report")
         return result, render_sweep(result, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=args.backward, optimizer=args.optimizer,
+                      rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:

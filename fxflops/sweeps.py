@@ -119,7 +119,8 @@ class Piece:
                 totals[parent] = totals[parent] + totals[name]
         return {name: plain_sympy(expr) for name, expr in totals.items()}
 
-    def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any) -> Estimate:
+    def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
+                 attention: str = "dense") -> Estimate:
         """The Estimate at `point`: every expression evaluated there."""
         value = _Evaluator(point, self._compiled)
         costs = [value.cost(cost) for cost in self.costs]
@@ -127,7 +128,7 @@ class Piece:
                  else info for name, info in self.infos.items()}
         captured = dataclasses.replace(self.captured, modules=infos, sizes=None,
                                        input_shapes=shapes_at(inputs, self.plan, point))
-        return build_estimate(model_type, captured, costs, conventions)
+        return build_estimate(model_type, captured, costs, conventions, attention)
 
 
 class Sweep:
@@ -190,7 +191,8 @@ class Sweep:
         """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
         point = self.point(sizes)
         with collector_paused():
-            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs)
+            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
+                                                  self._counting.attention)
         if self._optimizer is not None:
             result.optimizer = optimizer_step(self._optimizer, self._model)
         return result
@@ -284,6 +286,7 @@ def sweep(
     backward: bool = False,
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | torch.optim.Optimizer | None = None,
+    attention: str = "dense",
 ) -> Sweep:
     """Capture `model` once with the input sizes named in `dims` symbolic; see `Sweep`.
 
@@ -296,7 +299,7 @@ def sweep(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
-    counting = Counting.prepare(conventions, rules, leaf_modules)
+    counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     plan = plan_from_dims(args, kwargs, dims)
     options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}
     return Sweep(model, args, kwargs, plan, counting, options)
@@ -347,7 +350,13 @@ class _Evaluator:
         # NodeCost built directly: dataclasses.replace costs 5x more, and a point has thousands of nodes
         return NodeCost(c.name, c.op, c.status, c.rule, c.module, c.module_type, self.shapes(c.input_shapes),
                         self.shapes(c.output_shapes), self(c.macs), self(c.flops), c.source, c.phase,
-                        c.differentiates, self(c.bytes))
+                        c.differentiates, self(c.bytes), *self._attention(c))
+
+    def _attention(self, c: NodeCost) -> tuple[Any, ...]:
+        if c.attention is None:
+            return ()
+        return (c.attention, *(None if value is None else self(value)
+                               for value in (c.dense_macs, c.dense_flops, c.effective_macs, c.effective_flops)))
 
 
 def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] | None:
@@ -504,8 +513,9 @@ class SizeFamilies:
         return estimate(self.model, tuple(args), dict(kwargs), backward=backward, **self.options)
 
     def _sweep(self, inputs: tuple[tuple, dict], plan: SizePlan, backward: bool) -> Sweep:
-        options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules")}
-        counting = Counting.prepare(options["conventions"] or "deepspeed", options["rules"], options["leaf_modules"])
+        options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules", "attention")}
+        counting = Counting.prepare(options["conventions"] or "deepspeed", options["rules"], options["leaf_modules"],
+                                    options["attention"] or "dense")
         args, kwargs = inputs
         return Sweep(self.model, args, kwargs, plan, counting,
                      {"method": self.options.get("method", AUTO), "backward": backward, "loss": None,

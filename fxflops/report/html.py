@@ -32,7 +32,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.report.text import inputs_text, summary_lines
+from fxflops.report.text import attention_text, inputs_text, summary_lines
 from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate, ModuleStats
 
 
@@ -264,6 +264,10 @@ def _cards(estimate: Estimate) -> str:
     ]
     if estimate.backward:
         cards += [("bwd MACs", macs_to_string(estimate.bwd_macs)), ("bwd FLOPs", number_to_string(estimate.bwd_flops))]
+    totals = estimate.attention_totals()
+    if totals is not None and totals.differ:
+        cards.append((f"attention FLOPs, dense / effective ({', '.join(totals.patterns)})",
+                       f"{number_to_string(totals.dense_flops)} / {number_to_string(totals.effective_flops)}"))
     if estimate.total_bytes:
         cards.append(("bytes moved", bytes_to_string(estimate.total_bytes)))
     if estimate.measurements is not None:
@@ -302,6 +306,9 @@ def _roofline_section(estimate: Estimate) -> str:
 
 def _cautions_section(estimate: Estimate) -> str:
     notes = list(estimate.cautions)
+    attention = attention_text(estimate)
+    if attention is not None:
+        notes.append(f"attention FLOPs: {attention}")
     if estimate.input_values:
         notes.insert(0, f"the model ran once, on {estimate.input_values}")
     if not notes:
