@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fxflops.count import count_nodes, node_calls
+from fxflops.count import DENSE, EFFECTIVE, count_nodes, node_calls
 from fxflops.results import ROOT_LABEL, Estimate, NodeCost
 from fxflops.rules import CONVENTIONS, PRESET_TABLE, Rule, RuleTable, preset
 from fxflops.tree import build_estimate, owning_module
@@ -51,6 +51,7 @@ class Comparison:
     tools: list[Any] = field(default_factory=list)  # fxflops.tool_runs.ToolRun: the real tools, when run
     module_types: dict[str, str] = field(default_factory=dict)
     module_ops: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # module -> op -> preset -> its own FLOPs
+    readings: dict[str, tuple[str, str]] = field(default_factory=dict)  # column -> (preset, attention reading)
 
     def run_tools(self, model: Any, args: Any = (), kwargs: dict | None = None) -> list[Any]:
         """Run the tools the presets reproduce (FlopCounterMode, fvcore, ptflops, DeepSpeed, where
@@ -93,13 +94,19 @@ def compare(estimate: Estimate, presets: Iterable[str] | str | None = None) -> C
     if source is None:
         raise ValueError("this Estimate carries no capture to count again (read back from JSON, or a sweep "
                          "point): compare an estimate() result")
-    names = _preset_names(presets, estimate.conventions)
     reference = estimate.conventions
+    reading = estimate.attention
+    columns = {name: (name, reading) for name in _preset_names(presets, reference)}
+    both = estimate.attention_totals()
+    if both is not None and both.differ:  # the other reading of attention, under the reference preset
+        other = DENSE if reading == EFFECTIVE else EFFECTIVE
+        columns[f"{reference} ({other} attention)"] = (reference, other)
+    names = list(columns)
     counted = {reference: estimate.nodes}
-    for name in names:
+    for name, (preset_name, attention) in columns.items():
         if name not in counted:
-            counted[name] = count_nodes(source.captured, source.table, name)
-    estimates = {name: build_estimate(estimate.model_type, source.captured, costs, name)
+            counted[name] = count_nodes(source.captured, source.table, preset_name, attention)
+    estimates = {name: build_estimate(estimate.model_type, source.captured, costs, columns[name][0])
                  for name, costs in counted.items()}
     families = _families(source, estimate.nodes)
     return Comparison(
@@ -108,7 +115,9 @@ def compare(estimate: Estimate, presets: Iterable[str] | str | None = None) -> C
         modules={module: {name: (estimates[name].modules[module].macs, estimates[name].modules[module].flops)
                           for name in names} for module in estimate.modules},
         ops=_by_op(counted, names),
-        causes={name: _causes(counted[reference], counted[name], reference, name, families) for name in names},
+        causes={name: _causes(counted[reference], counted[name], reference, columns[name], families, both)
+                for name in names},
+        readings=columns,
         module_types={module: stats.type for module, stats in estimate.modules.items()},
         module_ops=_own_ops(counted, names, source.captured),
     )
@@ -158,25 +167,36 @@ def _by_op(counted: dict[str, list[NodeCost]], names: Sequence[str]) -> dict[str
     return {op: {name: (v[0], v[1]) for name, v in values.items()} for op, values in ops.items()}
 
 
-def _causes(reference_costs: Sequence[NodeCost], costs: Sequence[NodeCost], reference: str, name: str,
-            families: dict[str, tuple[str | None, Rule | None]]) -> list[Cause]:
-    if name == reference:
+def _causes(reference_costs: Sequence[NodeCost], costs: Sequence[NodeCost], reference: str,
+            column: tuple[str, str], families: dict[str, tuple[str | None, Rule | None]], both: Any) -> list[Cause]:
+    name, attention = column
+    if costs is reference_costs:
         return []
+    # the other reading of attention under the same preset: only attention ops differ, by their masks
+    note = _attention_note(attention, both) if name == reference else None
     grouped: dict[tuple[str, str | None], dict[str, Any]] = {}
     for before, after in zip(reference_costs, costs, strict=True):
         macs, flops = after.macs - before.macs, after.flops - before.flops
         if macs == 0 and flops == 0:
             continue
         family, rule = families.get(after.name, (None, None))
-        key = (convention(rule, family, reference, name), family)
+        key = (note or convention(rule, family, reference, name), family)
         slot = grouped.setdefault(key, {"macs": 0, "flops": 0, "ops": {}, "calls": 0})
         slot["macs"] += macs
         slot["flops"] += flops
         slot["ops"][after.op] = None
         slot["calls"] += 1
-    causes = [Cause(name, text, family, slot["macs"], slot["flops"], tuple(slot["ops"]), slot["calls"])
+    causes = [Cause(name if note is None else f"{name} ({attention} attention)", text, family, slot["macs"], slot["flops"], tuple(slot["ops"]), slot["calls"])
               for (text, family), slot in grouped.items()]
     return sorted(causes, key=lambda c: -abs(_number(c.flops)) - abs(_number(c.macs)))
+
+
+def _attention_note(attention: str, both: Any) -> str:
+    kept = ", ".join(both.patterns) if both is not None else "masks"
+    if attention == EFFECTIVE:
+        return (f"attention counted effective: only the (query, key) pairs each mask keeps ({kept}), as fused "
+                "kernels skip the rest, instead of every pair")
+    return f"attention counted dense: every (query, key) pair, instead of only those the masks keep ({kept})"
 
 
 def convention(rule: Rule | None, family: str | None, reference: str, name: str) -> str:

@@ -46,6 +46,7 @@ class OpExplanation:
     bytes: Any = 0
     source: str | None = None  # the user's line that ran it
     stub: str | None = None  # unknown ops: a rule that counts it, to edit and pass back with rules=
+    attention: str | None = None  # attention ops: what the mask keeps, and both readings per call
 
     @property
     def total_macs(self) -> Any:
@@ -268,7 +269,17 @@ def _op_explanation(members: list[tuple[NodeCost, OpCall | None, Rule | ZeroList
     family = table.family(entry, call)
     return OpExplanation(**common, rule=entry.name, where=entry.source, family=family,
                          formulas=_formulas(entry, conventions), rule_counts=_rule_counts(entry, call, sizes),
-                         preset=_preset_treatment(entry, conventions, family))
+                         preset=_preset_treatment(entry, conventions, family), attention=_attention(cost))
+
+
+def _attention(cost: NodeCost) -> str | None:
+    """An attention op's two readings, per call: every (query, key) pair, and the pairs its mask keeps."""
+    if getattr(cost, "attention", None) is None:
+        return None
+    effective = ("unknown: the mask is data, so the dense count stands" if cost.effective_macs is None
+                 else f"{_exact(cost.effective_macs)} MACs, {_exact(cost.effective_flops)} FLOPs")
+    return (f"attention ({cost.attention}): dense {_exact(cost.dense_macs)} MACs, {_exact(cost.dense_flops)} FLOPs; "
+            f"effective {effective}")
 
 
 def _formulas(rule: Rule, conventions: str) -> dict[str, str]:
@@ -280,6 +291,8 @@ def _formulas(rule: Rule, conventions: str) -> dict[str, str]:
         formulas[f"presets.{conventions}.macs"], formulas[f"presets.{conventions}.flops"] = (
             override[0].source, override[1].source)
     formulas["macs"], formulas["flops"] = rule.macs.source, rule.flops.source
+    if getattr(rule, "effective", None) is not None:
+        formulas["effective_macs"], formulas["effective_flops"] = rule.effective[0].source, rule.effective[1].source
     return formulas
 
 
@@ -411,6 +424,8 @@ def _op_lines(op: OpExplanation) -> Iterable[str]:
         yield f"    rule gives {_exact(op.rule_counts[0])} MACs, {_exact(op.rule_counts[1])} FLOPs per call"
     if op.preset:
         yield f"    {op.preset}"
+    if op.attention:
+        yield f"    {op.attention}"
     per_call = f"{_exact(op.macs)} MACs, {_exact(op.flops)} FLOPs, {_exact(op.bytes)} bytes per call"
     times = f"; x{op.calls} = {_exact(op.total_macs)} MACs, {_exact(op.total_flops)} FLOPs" if op.calls > 1 else ""
     yield f"    = {per_call}{times}"

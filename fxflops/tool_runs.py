@@ -65,6 +65,9 @@ def run_tools(comparison: Any, model: torch.nn.Module, args: tuple = (), kwargs:
     args, kwargs = _positional(model, tuple(args), dict(kwargs or {}))
     runs = []
     for name in comparison.presets:
+        preset_name, attention = comparison.readings.get(name, (name, "dense"))
+        if preset_name != name or attention != "dense":
+            continue  # the tools count attention densely
         runner = _runner_for(PRESET_TABLE.presets[name].tool or "")
         if runner is not None:
             runs.append(runner(name, comparison, model, tuple(args), kwargs))

@@ -182,3 +182,23 @@ def test_deepspeeds_own_number_and_its_blind_spots():
     spots = {spot.module: spot for spot in run.blind_spots}
     assert set(spots) == {f"layer{i}.{j}" for i in range(1, 5) for j in range(2)} | {"fc"}
     assert spots["layer1.0"].ops == ("aten.add_.Tensor",) and spots["fc"].ops == ("aten.linear.default",)
+
+
+def test_attention_dense_and_effective_is_a_named_difference():
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q = torch.randn(2, 4, 8, 16)
+    estimate = quiet(fxflops.estimate, Causal(), (q, q, q))
+    comparison = estimate.compare(["deepspeed", "torch"])
+    column = "deepspeed (effective attention)"
+    # by hand: causal over 8 positions keeps 1 + 2 + ... + 8 = 36 pairs per head; x B*H = 8, x (E + Ev) = 32
+    assert comparison.totals[column] == (8 * 36 * 32, 2 * 8 * 36 * 32)
+    [cause] = comparison.causes[column]
+    assert "attention counted effective" in cause.convention and "causal" in cause.convention
+    assert cause.macs == 8 * 36 * 32 - 8 * 8 * 8 * 32 and comparison.residue(column) == (0, 0)
+    entry = estimate.explain("").ops[0]
+    assert entry.formulas["effective_macs"] == "kept_pairs * (query.shape[-1] + value.shape[-1])"
+    assert entry.attention == ("attention (causal): dense 16,384 MACs, 32,768 FLOPs; "
+                               "effective 9,216 MACs, 18,432 FLOPs")

@@ -23,7 +23,8 @@ def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH, tables: b
     rows = []
     for name in comparison.presets:
         macs, flops = comparison.totals[name]
-        tool = (preset(name).tool or "").split(":")[0].split(" (")[0]
+        preset_name = comparison.readings.get(name, (name, ""))[0]
+        tool = (preset(preset_name).tool or "").split(":")[0].split(" (")[0] if preset_name == name else ""
         rows.append([name, f"{_exact(macs)} ({macs_to_string(_num(macs))})", f"{_exact(flops)} ({number_to_string(_num(flops))})",
                      _delta(flops - comparison.totals[ref][1]) if name != ref else "", tool])
     lines += tabulate(rows, headers=["preset", "MACs", "FLOPs", "FLOPs vs " + ref, "reproduces"],
