@@ -1,27 +1,55 @@
-"""fxflops: MACs, FLOPs and parameters per module from a traced graph and a rule table."""
+"""fxflops: MACs, FLOPs and parameters per module from a traced graph and a rule table.
 
-from fxflops.api import CautionWarning, UnknownOpsWarning, annotate, estimate
-from fxflops.capture import CaptureError
-from fxflops.count import RuleEvaluationError
-from fxflops.formula import FormulaError
-from fxflops.generate import profile_generate
-from fxflops.profiling import profile
-from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
-from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
+Every public name is imported on first use: `import fxflops` itself loads nothing heavy, so the
+`fxflops` command can take Ctrl-C quietly while torch is still loading (fxflops.console), and sweeps
+need sympy only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CONVENTIONS", "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
-    "RuleEvaluationError", "RuleFileError", "RuleFileWarning", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
-    "estimate", "profile", "profile_generate", "sweep",
-]
+# public name -> the module that defines it
+_EXPORTS = MappingProxyType({
+    **dict.fromkeys(("CautionWarning", "UnknownOpsWarning", "annotate", "estimate"), "fxflops.api"),
+    "CaptureError": "fxflops.capture",
+    "capturing": "fxflops.capture.running",
+    "RuleEvaluationError": "fxflops.count",
+    "FormulaError": "fxflops.formula",
+    "profile_generate": "fxflops.generate",
+    "profile": "fxflops.profiling",
+    **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
+    **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
+    **dict.fromkeys(("sweep", "Sweep", "SweepCaptureError"), "fxflops.sweeps"),
+})
+
+__all__ = sorted(_EXPORTS, key=lambda name: (name[0].islower(), name))
+
+if TYPE_CHECKING:
+    from fxflops.api import CautionWarning, UnknownOpsWarning, annotate, estimate
+    from fxflops.capture import CaptureError
+    from fxflops.capture.running import capturing
+    from fxflops.count import RuleEvaluationError
+    from fxflops.formula import FormulaError
+    from fxflops.generate import profile_generate
+    from fxflops.profiling import profile
+    from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
+    from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
+    from fxflops.sweeps import Sweep, SweepCaptureError, sweep
 
 
-def __getattr__(name: str):
-    # sweeps need sympy, whose import costs half a second: loaded on first use, not with fxflops
-    if name in ("sweep", "Sweep", "SweepCaptureError"):
-        from fxflops import sweeps
-
-        return getattr(sweeps, name)
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # `import fxflops; fxflops.rules...`
     raise AttributeError(f"module 'fxflops' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from fxflops.capture import capture, inputs_from_shape, tensors_in
+from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
-from fxflops.count import count_nodes
+from fxflops.count import DENSE, check_attention, count_nodes
 from fxflops.formula import clip
 from fxflops.optimizer import optimizer_step
-from fxflops.results import ROOT_LABEL, Captured, Estimate, NodeCost, UnknownOp
+from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
 
@@ -45,6 +45,7 @@ def estimate(
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | torch.optim.Optimizer | None = None,
     progress: Callable[[str], None] | None = None,
+    attention: str = "dense",
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -63,17 +64,24 @@ def estimate(
     `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
     (`Estimate.optimizer`, not in total_*). `progress` is called with "capture" and "count" as
     each stage starts (the CLI shows them on a terminal).
+
+    `attention` says how attention ops count: "dense" (every (query, key) pair, as FlopCounterMode)
+    or "effective" (only the pairs the mask keeps: is_causal, sliding windows and other masks the
+    model builds from positions; a mask that is data stays dense, and says so). Both readings are in
+    every attention node and `Estimate.attention_totals()`.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
-    counting = Counting.prepare(conventions, rules, leaf_modules)
+    model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
+    counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     stage = progress or _no_progress
     with collector_paused():
         stage("capture")
         captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
         stage("count")
-        result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions)
+        result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
+        result.source = CountSource(captured, counting.table)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
     warn_unknown(result.unknown)
@@ -89,15 +97,17 @@ class Counting:
     table: RuleTable
     conventions: str
     is_whole: Callable[[torch.nn.Module], bool]
+    attention: str = DENSE  # how attention ops count: fxflops.count.ATTENTION_READINGS
 
     @classmethod
     def prepare(cls, conventions: str, rules: Iterable[RuleSpec] | RuleSpec | None,
-                leaf_modules: Iterable[type | str] | None) -> Counting:
+                leaf_modules: Iterable[type | str] | None, attention: str = DENSE) -> Counting:
         _check_conventions(conventions)
+        check_attention(attention)
         user_entries = load_user_entries(rules)  # each file read and checked once
         table = table_with(user_entries)
         user_table = RuleTable(user_entries) if user_entries else None
-        return cls(table, conventions, _whole_predicate(user_table, leaf_modules))
+        return cls(table, conventions, _whole_predicate(user_table, leaf_modules), attention)
 
     def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
         # a backward is recorded as autograd runs it, and a real forward guards its writes with version
@@ -107,7 +117,7 @@ class Counting:
                            is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
 
     def count(self, captured: Captured) -> list[NodeCost]:
-        return count_nodes(captured, self.table, self.conventions)
+        return count_nodes(captured, self.table, self.conventions, self.attention)
 
 
 def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conventions: str = "deepspeed",

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
@@ -23,10 +24,11 @@ from fxflops.model_spec import (
     MAX_SWEEP_POINTS,
     InputOptions,
     ModelSpecError,
+    known_checkpoints,
     load,
     parse_dtype,
+    parse_input_shape,
     parse_override,
-    parse_shape,
     parse_sweep,
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
@@ -41,8 +43,9 @@ EPILOG = """\
 MODEL is one of:
   NAME                    a built-in example: fxflops examples
   torchvision:NAME        e.g. torchvision:resnet50 (weights are never downloaded)
-  hf:NAME                 a transformers config class with its defaults, e.g. hf:gpt2,
-                          hf:bert-base-uncased, hf:llama
+  hf:NAME                 a checkpoint fxflops knows the config of (fxflops examples lists them),
+                          e.g. hf:gpt2, hf:facebook/opt-350m; or a model type with its config
+                          class's defaults (hf:llama, said in the report); nothing is downloaded
   hf:PATH                 a local config.json (or a folder holding one)
   FILE.py:FACTORY         FACTORY() returns a model, or (model, inputs)
   package.module:FACTORY  likewise, from an importable module
@@ -53,6 +56,7 @@ examples:
   fxflops torchvision:resnet50 --depth 2
   fxflops hf:gpt2 --seq-len 1024 --set n_layer=2 --format table
   fxflops my_model.py:build --input-shape 8,3,224,224 --format json --output cost.json
+  fxflops my_model.py:build --input-shape input_ids=2,16 --peak-flops 989.4T --bandwidth 3.35T
   fxflops gpt2-small --sweep seq=128..4096*2 --sweep batch=1,8
   fxflops torchvision:resnet50 --sweep size[2,3]=160..320:32
 """
@@ -75,6 +79,25 @@ def _at_least(lowest: int) -> Callable[[str], int]:
     return parse
 
 
+_SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _rate(text: str) -> float:
+    """`989.4T`, `9.894e14` or `3350G` -> a positive number per second."""
+    scale = _SI.get(text.strip()[-1:], 1.0)
+    number = text.strip()[:-1] if scale != 1.0 else text.strip()
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number such as 989.4T or 9.894e14") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+_rate.__name__ = "rate"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fxflops",
@@ -84,10 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL", help="what to estimate (see below), or 'examples'")
     inputs = parser.add_argument_group("inputs")
-    inputs.add_argument("--input-shape", action="append", default=[], metavar="SHAPE",
-                        help="shape of one positional input, e.g. 1,3,224,224 (repeat for more inputs)")
+    inputs.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE",
+                        help="shape of one positional input, e.g. 1,3,224,224, or of a keyword input by "
+                             "name, e.g. input_ids=2,16 (repeat for more inputs)")
     inputs.add_argument("--batch", type=int, default=1, help="batch size of the default inputs (default 1)")
-    inputs.add_argument("--seq-len", type=int, default=128, help="sequence length for token models (default 128)")
+    inputs.add_argument("--seq-len", type=int, help="sequence length for token models (default 128; refused for "
+                                                   "models that take no token sequence)")
     inputs.add_argument("--dtype", help="cast model and floating inputs: float32, float16, bfloat16, float64")
     inputs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="config field (hf:), constructor or factory argument, e.g. n_layer=2")
@@ -104,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--rules", action="append", default=[], metavar="FILE",
                           help="your own rule file (TOML, the format of rules/*.toml) or a folder of them; "
                                "its rules take precedence over ours (repeatable)")
+    counting.add_argument("--attention", default="dense", choices=("dense", "effective"),
+                          help="how attention ops count in the totals: dense (every (query, key) pair, as "
+                               "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "
+                               "keep); the summary shows both when they differ")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")
@@ -120,7 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "size, height, width know their axes, others name them: n[1]=...)")
     counting.add_argument("--device", metavar="GPU",
                           help="predict each module's latency on this GPU from its FLOPs and bytes (a roofline): "
-                               "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4'")
+                               "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4', 'MI300X', "
+                               "'TPU v5e'")
+    counting.add_argument("--peak-flops", type=_rate, metavar="FLOP/S",
+                          help="the dense peak to predict with, e.g. 989.4T or 9.894e14: with --bandwidth for a "
+                               "device the table lacks, or with --device to override its peak")
+    counting.add_argument("--bandwidth", type=_rate, metavar="BYTES/S",
+                          help="the memory bandwidth to predict with, e.g. 3.35T (bytes/s): with --peak-flops, or "
+                               "with --device to override its bandwidth")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS,
                         help="html: one self-contained page (zoomable module icicle, sortable tables); "
@@ -134,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
     report.add_argument("--nodes", action="store_true", help="include per-node costs in --format json")
+    report.add_argument("--explain", metavar="PATH",
+                        help="print why module PATH (or op node PATH) costs what it does: each op's rule, formula, "
+                             "bound values and result; '' for the whole model (json with --format json)")
+    report.add_argument("--compare", action="store_true",
+                        help="count the same capture under every preset side by side, each difference attributed "
+                             "to the convention that causes it (json with --format json)")
+    report.add_argument("--run-tools", action="store_true",
+                        help="with --compare: also run FlopCounterMode, fvcore, ptflops and DeepSpeed where "
+                             "installed, and show their own numbers beside ours")
     report.add_argument("--roofline", metavar="FILE.svg",
                         help="with --device: also write the roofline picture of every module as an SVG image")
     parser.add_argument("--quiet", "-q", action="store_true",
@@ -146,16 +191,25 @@ def examples_listing() -> str:
     width = max(len(name) for name in examples.EXAMPLES)
     lines = ["Built-in examples (fxflops NAME [--batch N] [--seq-len N] [--set key=value]):"]
     lines += [f"  {name:<{width}}  {example.description}" for name, example in examples.EXAMPLES.items()]
+    lines += ["", "Checkpoints hf:NAME builds from their published configs (nothing is downloaded):"]
+    lines += textwrap.wrap(", ".join(known_checkpoints()), width=100, initial_indent="  ", subsequent_indent="  ",
+                           break_on_hyphens=False)
     return "\n".join(lines) + "\n"
 
 
 def input_options(args: argparse.Namespace) -> InputOptions:
-    if args.batch < 1 or args.seq_len < 1:
+    if args.batch < 1 or (args.seq_len is not None and args.seq_len < 1):
         raise ModelSpecError("--batch and --seq-len must be positive")
+    shapes = [parse_input_shape(text) for text in args.input_shape]
+    named = [name for name, _ in shapes if name is not None]
+    if len(set(named)) < len(named):
+        raise ModelSpecError(f"--input-shape names {sorted({n for n in named if named.count(n) > 1})[0]} twice")
     return InputOptions(
         batch=args.batch,
-        seq_len=args.seq_len,
-        input_shapes=tuple(parse_shape(text) for text in args.input_shape),
+        seq_len=128 if args.seq_len is None else args.seq_len,
+        seq_len_given=args.seq_len is not None,
+        input_shapes=tuple(shape for name, shape in shapes if name is None),
+        named_shapes=tuple((name, shape) for name, shape in shapes if name is not None),
         dtype=parse_dtype(args.dtype),
         overrides=dict(parse_override(text) for text in args.overrides),
         hf_task=args.hf_task,
@@ -201,7 +255,7 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
 
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
                   method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  optimizer=args.optimizer)
+                  optimizer=args.optimizer, attention=args.attention)
     return swept.result({name: values for name, _, values in sweeps})
 
 
@@ -279,17 +333,28 @@ def _check_writable(path: str | None, option: str) -> None:
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops import peaks
 
-    if args.roofline and not args.device:
+    given = args.peak_flops is not None or args.bandwidth is not None
+    if args.roofline and not (args.device or given):
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
     if args.format == "html" and sweeps:
         raise ModelSpecError("--format html shows one estimate; a --sweep writes text, table, json or csv")
-    if args.device and sweeps:
+    if args.run_tools and not args.compare:
+        raise ModelSpecError("--run-tools runs the other counters for --compare: give --compare too")
+    if (args.explain is not None or args.compare) and args.format not in ("text", "json"):
+        raise ModelSpecError("--explain and --compare print text or json (--format text|json)")
+    if args.compare and sweeps:
+        raise ModelSpecError("--compare counts one estimate under every preset; it does not combine with --sweep")
+    if (args.device or given) and sweeps:
         raise ModelSpecError("--device predicts one estimate's latency; it does not combine with --sweep")
+    if not args.device and given and (args.peak_flops is None or args.bandwidth is None):
+        missing = "--bandwidth" if args.bandwidth is None else "--peak-flops"
+        raise ModelSpecError(f"without --device, a prediction needs both --peak-flops and --bandwidth: give {missing} "
+                             "too, or --device to take it from")
     if args.device:
         try:
             peaks.named(args.device)
         except ValueError as error:
-            raise ModelSpecError(f"--{error}") from None
+            raise ModelSpecError(f"--{error}; for another device give --peak-flops and --bandwidth") from None
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
@@ -301,23 +366,74 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     for note in loaded.notes:
         sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
+    if sweeps and args.explain is not None:
+        return _explain_sweep(model, loaded, sweeps, args, progress)
     if sweeps:
         progress("capturing with symbolic sizes, then counting every point")
         result = run_sweep(model, loaded, sweeps, args)
+        progress.done()
+        for _, point in result.points:  # how the model was built holds at every point
+            point.cautions[:0] = loaded.cautions
+        for caution in loaded.cautions:  # the sweep report does not show cautions: stderr at least
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
         progress("writing the report")
         return result, render_sweep(result, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=args.backward, optimizer=args.optimizer,
+                      rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
-    if args.device:
-        result.prediction = result.predict(args.device)
+    result.cautions[:0] = loaded.cautions  # how the model was built comes first
+    if args.device or args.peak_flops is not None:
+        result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
     if not args.debug:  # with --debug, the CautionWarning itself is shown
         for caution in result.cautions:
             sys.stderr.write(f"fxflops: warning: {caution}\n")
     progress("writing the report")
+    if args.explain is not None or args.compare:
+        return result, _views(result, loaded, model, args)
     return result, render(result, args)
+
+
+def _views(result, loaded, model, args: argparse.Namespace) -> str:
+    """--explain and --compare: views of the estimate instead of the report."""
+    parts = []
+    if args.explain is not None:
+        try:
+            explanation = result.explain(args.explain)
+        except KeyError as error:
+            raise ModelSpecError(f"--explain: {error.args[0]}") from None
+        parts.append(explanation)
+    if args.compare:
+        comparison = result.compare()
+        if args.run_tools:
+            comparison.run_tools(model, loaded.args, loaded.kwargs)
+        parts.append(comparison)
+    if args.format == "json":
+        import json
+
+        data = [part.to_dict() for part in parts]
+        return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
+    return "\n\n".join(str(part) for part in parts) + "\n"
+
+
+def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progress: StageProgress) -> tuple:
+    """--explain with --sweep: the explanation with sizes as formulas in the swept names."""
+    from fxflops.sweeps import sweep
+
+    progress("capturing with symbolic sizes")
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward)
+    progress.done()
+    try:
+        explanation = swept.explain(args.explain)
+    except KeyError as error:
+        raise ModelSpecError(f"--explain: {error.args[0]}") from None
+    if args.format == "json":
+        import json
+
+        return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
+    return swept, str(explanation) + "\n"
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}

@@ -6,6 +6,7 @@ but are kept, so the estimate can report them by op, count and module.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )
@@ -22,12 +24,21 @@ from fxflops.traffic import node_bytes
 __all__ = ["RuleEvaluationError", "count_nodes"]
 
 
-def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[NodeCost]:
-    """Cost every op node, then replace what runs inside whole-counted modules by one cost per call."""
+DENSE = "dense"
+EFFECTIVE = "effective"
+ATTENTION_READINGS = (DENSE, EFFECTIVE)  # how attention ops count: every pair, or the pairs the mask keeps
+
+
+def count_nodes(captured: Captured, table: RuleTable, conventions: str, attention: str = DENSE) -> list[NodeCost]:
+    """Cost every op node, then replace what runs inside whole-counted modules by one cost per call.
+
+    Attention ops carry both readings; `attention` says which one their macs/flops are."""
+    check_attention(attention)
     whole_paths = captured.whole_paths
     sizes = captured.sizes
     costs = []
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
+    kept_memo: dict[Any, KeptPairs] = {}
     for graph_module, node in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
@@ -35,9 +46,51 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str) -> list[
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(_covered_cost(node, covering, sizes))
         else:
-            costs.append(_node_cost(graph_module, node, table, conventions, memo, sizes))
+            cost, rule = _node_cost(graph_module, node, table, conventions, memo, sizes)
+            if isinstance(rule, Rule) and rule.effective is not None:
+                cost = _with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
+            costs.append(cost)
     costs += [_whole_call_cost(call, table, conventions, sizes) for call in captured.whole_calls]
     return costs
+
+
+def check_attention(attention: str) -> None:
+    """A ValueError naming the readings for anything but "dense" or "effective"."""
+    if attention not in ATTENTION_READINGS:
+        raise ValueError(f"attention={attention!r}: say 'dense' (every (query, key) pair, as FlopCounterMode "
+                         "counts) or 'effective' (only the pairs the mask keeps)")
+
+
+def _with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: torch.fx.Node, rule: Rule,
+                    table: RuleTable, conventions: str, sizes: Any, kept_memo: dict[Any, KeptPairs],
+                    attention: str) -> NodeCost:
+    """The node's cost with both readings of its attention: effective over the pairs its mask keeps."""
+    args = tuple(_value(graph_module, a) for a in node.args)
+    kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
+    call = _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
+    given = _call_of(graph_module, node, node.args, node.kwargs, None).names  # the same names, bound to nodes
+    kept = call_kept_pairs(call.key, call.names, given, kept_memo, symbolic=sizes is not None)
+    forward = node.meta.get(DIFFERENTIATES)
+    if kept is not None and kept.pairs is None and ("node", forward) in kept_memo:
+        # a backward kernel reads the mask the autograd graph saved; the forward it differentiates read it
+        # as the model built it (same query and key sizes: the same pairs)
+        kept = kept_memo[("node", forward)]
+    kept_memo[("node", node.name)] = kept
+    if kept is None:  # no mask: every pair is kept
+        kept, macs, flops = KeptPairs(None, FULL), cost.macs, cost.flops
+    elif kept.pairs is None:
+        macs = flops = None
+    else:
+        try:
+            macs, flops = table.effective_cost(rule, call, conventions, kept.pairs)
+        except RuleEvaluationError as error:
+            raise error.in_module(cost.module or ROOT_LABEL) from error.__cause__
+        macs, flops = _to_count(macs, sizes), _to_count(flops, sizes)
+    use = attention == EFFECTIVE and macs is not None
+    return dataclasses.replace(
+        cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
+        dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
+    )
 
 
 def _op_nodes(graph_module: torch.fx.GraphModule) -> Iterator[tuple[torch.fx.GraphModule, torch.fx.Node]]:
@@ -98,7 +151,8 @@ def _call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tupl
 
 
 def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str,
-               memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]], sizes: Any) -> NodeCost:
+               memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]],
+               sizes: Any) -> tuple[NodeCost, Rule | ZeroList | None]:
     args = tuple(_value(graph_module, a) for a in node.args)
     kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
     out = node.meta.get("val")
@@ -127,7 +181,7 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
         bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes),
-    )
+    ), entry
 
 
 def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
@@ -252,3 +306,22 @@ def _source_line(node: torch.fx.Node) -> str | None:
             code = lines[index + 1] if index + 1 < len(lines) else ""
             return f"{lines[index]}: {code}"
     return None
+
+
+def node_calls(captured: Captured) -> Iterator[tuple[str, OpCall | None]]:
+    """Each op node's name with its op call bound as count_nodes binds it (None for a node inside a
+    module a rule counts whole), then each whole-counted module call: what `explain` re-reads."""
+    whole_paths = captured.whole_paths
+    for graph_module, node in _op_nodes(captured.graph_module):
+        path, _ = node.meta.get("fxflops_module", ("", ""))
+        covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
+        if covering is not None and not (node.op == "call_module" and node.target == covering):
+            yield node.name, None
+            continue
+        args = tuple(_value(graph_module, a) for a in node.args)
+        kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
+        yield node.name, _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
+    for call in captured.whole_calls:
+        kind = "call" if call.phase == FORWARD else "recompute"
+        yield (f"{call.module or ROOT_LABEL}:{kind}",
+               bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target))

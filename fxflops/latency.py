@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fxflops.capture.backward import SequenceRuns, graph_nodes, parameter_owners
+from fxflops.capture.running import capturing
 from fxflops.results import Estimate, Measurements, ModuleStats, Profile
 
 # ---------------------------------------------------------------------------------------- clocks
@@ -158,12 +159,14 @@ class ModuleTimer:
         self._tag: Any = None
         self._in_on_call = False
 
-    # The hot path: one list append and one clock read per hook, nothing else.
+    # The hot path: one list append and one clock read per hook, nothing else. Forwards a capture runs
+    # (this timer's on_call estimating, or another profiler's) are fxflops' own, not steps: not recorded.
     def _pre_hook(self, index: int) -> Callable:
         events, stamp = self._events, self.clock.stamp
 
         def hook(module: nn.Module, args: tuple) -> None:
-            events.append((index, stamp()))
+            if not capturing():
+                events.append((index, stamp()))
 
         return hook
 
@@ -171,12 +174,13 @@ class ModuleTimer:
         events, stamp, code = self._events, self.clock.stamp, ~index
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            events.append((code, stamp()))
+            if not capturing():
+                events.append((code, stamp()))
 
         return hook
 
     def _root_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._in_on_call:
+        if self._in_on_call or capturing():
             return
         if self._depth == 0:
             if self.on_call is not None:
@@ -191,7 +195,7 @@ class ModuleTimer:
         self._events.append((0, self.clock.stamp()))
 
     def _root_exit(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._in_on_call or not self._depth:  # not self._depth: a pre-hook raised before ours ran
+        if self._in_on_call or not self._depth or capturing():  # not self._depth: a pre-hook raised before ours ran
             return
         self._depth -= 1
         if self._depth:
@@ -320,12 +324,13 @@ class BackwardTimer:
 
     def _enter(self, name: str) -> Callable:
         def hook(module: nn.Module, args: tuple) -> None:
-            self._runs.cut(self._stack[-1] if self._stack else None)
-            self._stack.append(name)
+            if not capturing():  # a capture's forward is not the one being differentiated
+                self._runs.cut(self._stack[-1] if self._stack else None)
+                self._stack.append(name)
         return hook
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._stack:
+        if self._stack and not capturing():
             self._runs.cut(self._stack.pop())
 
     def attach(self) -> BackwardTimer:

@@ -2,8 +2,9 @@
 
 Forms (checked in this order):
     torchvision:NAME          torchvision.models.get_model(NAME, weights=None); never downloads
-    hf:NAME                   a transformers config class whose defaults are NAME ("hf:gpt2",
-                              "hf:bert-base-uncased", or a model type such as "hf:llama")
+    hf:NAME                   a checkpoint whose published config fxflops knows (fxflops/checkpoints.toml:
+                              "hf:gpt2", "hf:facebook/opt-350m"), or a model type with its config
+                              class's defaults ("hf:llama"; the report says so); never downloads
     hf:PATH                   a local config.json (or a folder holding one)
     FILE.py:FACTORY           FACTORY() from that file
     package.module:FACTORY    FACTORY() from an importable module
@@ -23,9 +24,11 @@ import inspect
 import json
 import re
 import sys
+import tomllib
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +60,6 @@ HF_TASKS = {
     "image-classification": "AutoModelForImageClassification",
 }
 
-# Transformers config docstrings say which checkpoint their defaults reproduce.
-_DEFAULTS_OF = re.compile(r"similar configuration to that of the.*?\[([^\]]+)\]", re.S)
-
-
 ZERO_INPUTS = "all-zero inputs made from --input-shape"
 
 
@@ -79,6 +78,7 @@ class ModelInputs:
     # set when the inputs are real tensors fxflops made up (their values mean nothing): what they are
     made_up: str | None = None
     notes: list[str] = field(default_factory=list)  # what the user should know about how it was built
+    cautions: list[str] = field(default_factory=list)  # what the report must carry (a model of class defaults)
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,9 @@ class InputOptions:
 
     batch: int = 1
     seq_len: int = 128
-    input_shapes: tuple[tuple[int, ...], ...] = ()
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # positional inputs
+    named_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # keyword inputs: (name, shape)
+    seq_len_given: bool = False  # the user set seq_len (the CLI's --seq-len): refused where it means nothing
     dtype: torch.dtype | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
     hf_task: str = "auto"
@@ -97,13 +99,23 @@ class InputOptions:
 # ------------------------------------------------------------------------------- small parsers
 
 
+def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
+    """`2,16` -> (None, (2, 16)), a positional input; `input_ids=2,16` -> ("input_ids", (2, 16)), a keyword one."""
+    name, sep, shape = text.rpartition("=")
+    if not sep:
+        return None, parse_shape(text)
+    if not name.strip().isidentifier():
+        raise ModelSpecError(f"bad input shape {text!r}: a named shape is NAME=SHAPE such as input_ids=2,16")
+    return name.strip(), parse_shape(shape)
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """`1,3,224,224` (or `1x3x224x224`) -> (1, 3, 224, 224)."""
     parts = [part.strip() for part in re.split(r"[,x]", text.strip())]
     if not text.strip() or not all(part.isdigit() and int(part) > 0 for part in parts):
         raise ModelSpecError(
             f"bad input shape {text!r}: expected positive integers separated by commas, "
-            "such as 1,3,224,224"
+            "such as 1,3,224,224, or NAME=SHAPE for a keyword input (input_ids=2,16)"
         )
     return tuple(int(part) for part in parts)
 
@@ -203,7 +215,9 @@ def load(spec: str, options: InputOptions | None = None) -> ModelInputs:
 
 
 def _finish(loaded: ModelInputs, options: InputOptions) -> ModelInputs:
-    """Apply --dtype to the model and its floating-point inputs."""
+    """Apply --dtype to the model and its floating-point inputs; check inputs made from shapes fit forward."""
+    if options.input_shapes or options.named_shapes:
+        _check_forward_takes(loaded.model, loaded.args, loaded.kwargs)
     if options.dtype is not None:
         loaded.model.to(options.dtype)
         loaded.args = tuple(_cast(value, options.dtype) for value in loaded.args)
@@ -224,6 +238,60 @@ def _device_of(model: nn.Module) -> torch.device:
     return tensor.device if tensor is not None else torch.device("meta")
 
 
+def _check_forward_takes(model: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """Inputs made from --input-shape must bind to forward's signature: a keyword-only input given by
+    position (or a name forward does not take) would fail deep inside the capture instead."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return
+    kinds = {p.kind for p in parameters.values()}
+    positional = [name for name, p in parameters.items()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    keywords = [name for name, p in parameters.items()
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    forward = f"{type(model).__name__}.forward"
+    takes = f"{forward} takes ({', '.join(parameters) or 'nothing'})"
+    if len(args) > len(positional) and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        named = [name for name in keywords if name not in positional and name not in kwargs]
+        what = (f"give keyword inputs by name, e.g. --input-shape {named[0]}=2,16" if named
+                else f"give at most {len(positional)}")
+        raise ModelSpecError(f"{takes}: {len(args)} positional shapes given, it takes {len(positional)}; {what}")
+    if inspect.Parameter.VAR_KEYWORD in kinds:
+        return
+    for name in kwargs:
+        if name not in keywords:
+            close = difflib.get_close_matches(name, keywords, n=1)
+            hint = f"; did you mean {close[0]}=...?" if close else ""
+            raise ModelSpecError(f"--input-shape {name}=...: {takes}, no input {name!r}{hint}")
+
+
+def _token_name(name: str) -> bool:
+    """Integer index inputs by the names transformers gives them (input_ids, token_type_ids, ...)."""
+    return name.endswith("_ids") or name.endswith("attention_mask")
+
+
+def _named_tensors(options: InputOptions, device: torch.device) -> dict[str, torch.Tensor]:
+    """--input-shape NAME=SHAPE inputs: long for token ids and masks, else floating."""
+    return {name: torch.zeros(shape, dtype=torch.long if _token_name(name) else (options.dtype or torch.float32),
+                              device=device)
+            for name, shape in options.named_shapes}
+
+
+def _check_token_ranks(model_name: str, inputs: Mapping[str, tuple[int, ...]]) -> None:
+    """Token ids are (batch, seq): any other rank counts a model that can never run (a 4-d input_ids)."""
+    for name, shape in inputs.items():
+        if name.endswith("_ids") and len(shape) != 2:
+            raise ModelSpecError(f"{model_name} takes {name} of shape (batch, seq), e.g. --input-shape 1,128 or "
+                                 f"--batch 1 --seq-len 128; got {','.join(map(str, shape))}")
+
+
+def _refuse_seq_len(options: InputOptions, why: str) -> None:
+    """--seq-len where it would change nothing is an error, not silently ignored."""
+    if options.seq_len_given:
+        raise ModelSpecError(f"--seq-len: {why}")
+
+
 def _tensors_from_shapes(
     shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, ...]:
@@ -238,9 +306,11 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
     try:
         example = examples.get_example(name)
     except KeyError:
+        close = _other_forms_of(name)
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
         raise ModelSpecError(
-            f"unknown model {name!r}: not a built-in example (`fxflops examples` lists them); "
-            "other forms: torchvision:NAME, hf:NAME, hf:path/config.json, file.py:factory, "
+            f"unknown model {name!r}: not a built-in example (`fxflops examples` lists them); {guess}"
+            "MODEL forms: torchvision:NAME, hf:NAME, hf:path/config.json, file.py:factory, "
             "package.module:factory"
         ) from None
     try:
@@ -248,12 +318,37 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
             model = example.build(**options.overrides)
     except TypeError as error:
         raise ModelSpecError(f"--set does not fit example {example.name}: {error}") from None
-    if options.input_shapes:
+    if not example.takes_tokens:
+        _refuse_seq_len(options, f"{example.name} takes images, not token sequences; give the input size with "
+                                 "--input-shape, e.g. 1,1,32,32")
+    elif options.input_shapes or options.named_shapes:
+        _refuse_seq_len(options, "--input-shape gives the sequence length already; give one of the two")
+    if options.input_shapes and example.takes_tokens:
+        _check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
+    if options.input_shapes or options.named_shapes:
         args = _tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
     else:
         args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
-    loaded = ModelInputs(model, args, {}, f"built-in example {example.name}")
+    loaded = ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
     return _finish(loaded, options)
+
+
+def _other_forms_of(name: str) -> list[str]:
+    """What a bare NAME most likely meant: hf:gpt2, torchvision:resnet50, or a built-in example close to it."""
+    found = []
+    lowered = name.lower()
+    if lowered in (checkpoint.lower() for checkpoint in _checkpoint_names()):
+        found.append(f"hf:{name}")
+    elif importlib.util.find_spec("transformers") is not None and lowered in _model_types():
+        found.append(f"hf:{lowered}")
+    if importlib.util.find_spec("torchvision") is not None:
+        import torchvision
+
+        if lowered in torchvision.models.list_models():
+            found.append(f"torchvision:{lowered}")
+    names = list(examples.EXAMPLES)
+    found += [example for example in names if example.startswith(lowered)]
+    return found[:3] or difflib.get_close_matches(lowered, names, n=2)
 
 
 # --------------------------------------------------------------------------------- torchvision
@@ -272,9 +367,14 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
     with torch.device("meta"):
         model = torchvision.models.get_model(name, **_no_weights(torchvision, name, options.overrides))
     model.eval()
-    shapes = options.input_shapes or (_torchvision_input_shape(torchvision, name, model, options.batch),)
+    _refuse_seq_len(options, f"torchvision {name} takes images, not token sequences; give the image size with "
+                             "--input-shape, e.g. 1,3,224,224 (or --sweep size=...)")
+    shapes = options.input_shapes
+    if not shapes and not options.named_shapes:
+        shapes = (_torchvision_input_shape(torchvision, name, model, options.batch),)
     args = _tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
-    return _finish(ModelInputs(model, args, {}, f"torchvision {name}"), options)
+    return _finish(ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"torchvision {name}"),
+                   options)
 
 
 def _no_weights(torchvision: Any, name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -316,13 +416,13 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise ModelSpecError("hf: models need the transformers package") from None
+        raise ModelSpecError('hf: models need the transformers package: pip install "fxflops[hf]"') from None
     if options.hf_task not in HF_TASKS:
         raise ModelSpecError(f"unknown --hf-task {options.hf_task!r}; use one of {', '.join(HF_TASKS)}")
-    config = hf_config(name, options.trust_remote_code)
+    config, from_defaults = resolve_hf_config(name, options.trust_remote_code)
     for key, value in options.overrides.items():
         if not hasattr(config, key):
-            raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field")
+            raise ModelSpecError(f"--set {key}: {type(config).__name__} has no such field{_close_field(config, key)}")
         setattr(config, key, value)
     build, what = _hf_builder(config, options)
     try:
@@ -334,10 +434,25 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     model.eval()
     args, kwargs = _hf_inputs(model, config, options)
     loaded = ModelInputs(model, args, kwargs, f"transformers {type(model).__name__}")
+    if from_defaults:
+        loaded.cautions.append(_defaults_caution(name, config, options.overrides))
     if _custom_code(config) and not options.trust_remote_code:
         loaded.notes.append(f"hf:{name}'s config names its own model code (auto_map); it was not run, and "
                             f"transformers' {type(model).__name__} was built instead (--trust-remote-code runs it)")
     return _finish(loaded, options)
+
+
+def _defaults_caution(name: str, config: Any, overrides: Mapping[str, Any]) -> str:
+    given = f" but for --set {', '.join(overrides)}" if overrides else ""
+    return (f"built from {type(config).__name__}'s defaults{given} (hf:{name} is a model type, not a published "
+            "checkpoint): for a real checkpoint's sizes give hf:path/to/config.json")
+
+
+def _close_field(config: Any, key: str) -> str:
+    """"; did you mean 'n_layer'?" for a misspelt config field, else ""."""
+    fields = [*config.to_dict(), *getattr(config, "attribute_map", {})]
+    close = difflib.get_close_matches(key, fields, n=2)
+    return f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
 
 
 def _hf_builder(config: Any, options: InputOptions) -> tuple[Any, str]:
@@ -410,12 +525,17 @@ def _class_names(target: Any) -> set[str]:
 
 
 def hf_config(name: str, trust_remote_code: bool = False) -> Any:
-    """A transformers config: from a local file, a model type, or a checkpoint its class defaults to."""
+    """A transformers config: from a local file, a known checkpoint, or a model type's defaults."""
+    return resolve_hf_config(name, trust_remote_code)[0]
+
+
+def resolve_hf_config(name: str, trust_remote_code: bool = False) -> tuple[Any, bool]:
+    """(config, from_defaults): whether the config is a class's defaults rather than a checkpoint's."""
     path = Path(name)
     if path.is_dir() and (path / "config.json").is_file():
-        return _config_from_file(path / "config.json", trust_remote_code)
+        return _config_from_file(path / "config.json", trust_remote_code), False
     if path.is_file():
-        return _config_from_file(path, trust_remote_code)
+        return _config_from_file(path, trust_remote_code), False
     if name.endswith(".json"):
         raise ModelSpecError(f"hf: config file {name!r} not found")
     return _config_by_name(name)
@@ -480,27 +600,29 @@ def _model_types() -> list[str]:
     return list(CONFIG_MAPPING_NAMES)
 
 
-def _defaults_checkpoint(model_type: str) -> str | None:
-    """The checkpoint `model_type`'s config defaults reproduce, as its docstring names it."""
-    from transformers import CONFIG_MAPPING
-
-    try:
-        config_class = CONFIG_MAPPING[model_type]
-    except Exception:  # a config module that fails to import is simply not a candidate
-        return None
-    match = _DEFAULTS_OF.search(config_class.__doc__ or "")
-    return match.group(1) if match else None
+def known_checkpoints() -> dict[str, dict[str, Any]]:
+    """The published configs fxflops knows (fxflops/checkpoints.toml): name -> config.json fields
+    (with "aliases", the other names the Hub serves the checkpoint under)."""
+    text = resources.files("fxflops").joinpath("checkpoints.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["checkpoint"]
 
 
-def _names_checkpoint(name: str, checkpoint: str | None) -> bool:
-    if checkpoint is None:
-        return False
-    wanted = name.lower()
-    return wanted in (checkpoint.lower(), checkpoint.lower().rsplit("/", 1)[-1])
+def _checkpoint_values(name: str) -> dict[str, Any] | None:
+    """config.json fields of the known checkpoint called `name` (or an alias of it), any case."""
+    wanted = name.strip().lower()
+    for checkpoint, values in known_checkpoints().items():
+        if wanted in (n.lower() for n in [checkpoint, *values.get("aliases", ())]):
+            return {key: value for key, value in values.items() if key != "aliases"}
+    return None
+
+
+def _checkpoint_names() -> list[str]:
+    return [name for checkpoint, values in known_checkpoints().items()
+            for name in [checkpoint, *values.get("aliases", ())]]
 
 
 def _candidate_types(name: str, model_types: list[str]) -> list[str]:
-    """Model types the name starts with, longest first (`bert-base-uncased` -> `bert`)."""
+    """Model types the name starts with, longest first (`opt-2.7b` -> `opt`)."""
     base = name.lower().rsplit("/", 1)[-1]
     pieces = re.split(r"[-_.]", base)
     prefixes = ["-".join(pieces[:end]) for end in range(len(pieces), 0, -1)]
@@ -513,53 +635,48 @@ def _candidate_types(name: str, model_types: list[str]) -> list[str]:
     return found
 
 
-def _source_mentions(model_type: str, name: str) -> bool:
-    """Whether the config module's source names `name` (True when the file cannot be found).
-
-    Reading ~500 small files takes milliseconds; importing them all takes seconds.
-    """
-    import transformers
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
-
-    module = model_type_to_module_name(model_type)
-    path = Path(transformers.__file__).parent / "models" / module / f"configuration_{module}.py"
-    try:
-        return name.lower() in path.read_text(encoding="utf-8").lower()
-    except OSError:
-        return True
-
-
-def _config_by_name(name: str) -> Any:
+def _config_by_name(name: str) -> tuple[Any, bool]:
+    """A known checkpoint's published config, or a model type's defaults (flagged True); anything else
+    is refused: a config class's defaults are never passed off as a checkpoint."""
     from transformers import CONFIG_MAPPING
 
+    values = _checkpoint_values(name)
+    if values is not None:
+        return CONFIG_MAPPING[values["model_type"]].from_dict(values), False
     model_types = _model_types()
     if name in model_types:
-        return CONFIG_MAPPING[name]()
-    candidates = _candidate_types(name, model_types)
-    # Likely classes first, then any whose source mentions the name at all.
-    others = [t for t in model_types if t not in candidates and _source_mentions(t, name)]
-    for model_type in candidates + others:
-        if _names_checkpoint(name, _defaults_checkpoint(model_type)):
-            return CONFIG_MAPPING[model_type]()
-    close = difflib.get_close_matches(name, model_types, n=3)
+        return CONFIG_MAPPING[name](), True
+    raise ModelSpecError(_unknown_hf_name(name, model_types))
+
+
+def _unknown_hf_name(name: str, model_types: list[str]) -> str:
+    checkpoints = {checkpoint.lower(): checkpoint for checkpoint in _checkpoint_names()}
+    close = [checkpoints[c] for c in difflib.get_close_matches(name.lower(), list(checkpoints), n=2, cutoff=0.7)]
+    close = list(dict.fromkeys(close + difflib.get_close_matches(name, model_types, n=3)))[:3]
     guess = f"did you mean {' or '.join('hf:' + t for t in close)}? " if close else ""
-    hint = (f"hf:{candidates[0]} (defaults: {_defaults_checkpoint(candidates[0])}) with --set"
-            if candidates else "a model type such as hf:llama, hf:gpt2 or hf:bert")
-    raise ModelSpecError(
-        f"hf: no transformers config class defaults to {name!r} and it is not a model type; "
-        f"{guess}use {hint}, or hf:path/to/config.json (nothing is downloaded)"
-    )
+    candidates = _candidate_types(name, model_types)
+    example = candidates[0] if candidates else "MODEL_TYPE"
+    return (f"hf: {name!r} is neither a checkpoint fxflops knows (fxflops examples lists them) nor a "
+            f"transformers model type, and fxflops never downloads; {guess}give its config.json "
+            f"(hf:path/to/config.json), or a model type with its sizes (hf:{example} --set key=value ...)")
 
 
 def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tuple, dict]:
     """Keyword inputs named after the model's main input; token ids unless it takes pixels."""
     main = getattr(model, "main_input_name", "input_ids")
     device = torch.device("meta")
-    if options.input_shapes:
-        tokens = main == "input_ids"
-        tensors = _tensors_from_shapes(options.input_shapes, device, tokens, options.dtype)
-        kwargs = {main: tensors[0]}
-        return tuple(tensors[1:]), kwargs
+    if options.input_shapes or options.named_shapes:
+        _refuse_seq_len(options, "--input-shape gives the input sizes already; give one of the two")
+        given = dict(options.named_shapes)
+        if options.input_shapes:
+            given = {main: options.input_shapes[0], **given}
+        _check_token_ranks(type(model).__name__, given)
+        tensors = _tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype)
+        kwargs = {main: tensors[0]} if tensors else {}
+        return tuple(tensors[1:]), {**kwargs, **_named_tensors(options, device)}
+    if main != "input_ids":
+        _refuse_seq_len(options, f"{type(model).__name__} takes {main}, not token sequences; give its shape "
+                                 f"with --input-shape")
     if main == "input_ids":
         ids = torch.zeros(options.batch, options.seq_len, dtype=torch.long, device=device)
         kwargs = {"input_ids": ids}
@@ -586,21 +703,45 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     factory = getattr(module, attribute, None)
     if factory is None or not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attribute!r}")
-    produced = factory(**_factory_arguments(factory, options))
+    produced = _call_factory(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
     model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
     made_up = None
-    if options.input_shapes:
+    if options.input_shapes or options.named_shapes:
         device = _device_of(model)
-        args, kwargs = _tensors_from_shapes(options.input_shapes, device, False, options.dtype), {}
+        args = _tensors_from_shapes(options.input_shapes, device, False, options.dtype)
+        kwargs = _named_tensors(options, device)
         made_up = None if device.type == "meta" else ZERO_INPUTS
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
     else:
         args, kwargs = _split_inputs(inputs)
     return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
+
+
+def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
+    """FACTORY(**arguments); one that moves its model to CUDA on a machine without a GPU gets a line
+    saying what to change, not torch's driver message from deep inside `.cuda()`."""
+    try:
+        return factory(**arguments)
+    except (RuntimeError, AssertionError) as error:
+        if torch.cuda.is_available() or not _cuda_missing(error):
+            raise
+        torch_dir = str(Path(torch.__file__).parent)
+        frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(torch_dir)]
+        where = f" ({frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
+        raise ModelSpecError(
+            f"{name} puts the model on CUDA{where}, and this machine has no GPU: fxflops needs none. Have the "
+            "factory build it on the CPU or under torch.device('meta') (no .cuda() / device='cuda'), and count that"
+        ) from None
+
+
+def _cuda_missing(error: BaseException) -> bool:
+    """torch's ways of saying there is no GPU: a CPU-only build, no driver, no device."""
+    text = str(error)
+    return any(words in text for words in ("not compiled with CUDA", "NVIDIA driver", "No CUDA GPUs", "CUDA driver"))
 
 
 def _import_error_in(path: Path, error: ImportError) -> str:
@@ -641,6 +782,9 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
     except (TypeError, ValueError):
         return dict(options.overrides)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if not takes_any and "seq_len" not in parameters:
+        _refuse_seq_len(options, f"{getattr(factory, '__name__', 'the factory')}() takes no seq_len argument; "
+                                 "give its inputs' sizes with --input-shape, or add seq_len to its signature")
     unknown = [key for key in options.overrides if not takes_any and key not in parameters]
     if unknown:  # batch, seq_len and dtype are offered; --set values are asked for, and must be taken
         name = getattr(factory, "__name__", "the factory")

@@ -1,10 +1,13 @@
-"""Peak dense FLOP/s per dtype and memory bandwidth of common GPUs: a profile's utilization, a roofline.
+"""Peak dense FLOP/s per dtype and memory bandwidth of common GPUs and TPUs: a profile's utilization, a roofline.
 
 Numbers are the vendors' datasheet figures for dense math (the "with sparsity" figures halved
 where a sheet only gives those), in FLOP/s. fp32 means plain CUDA-core fp32; matmuls in fp32
 run at the tf32 rate when PyTorch allows tf32, and `peak_for` picks that entry then. A device
 that is not in the table gets no utilization unless the user passes `peak_flops=`; a CPU never
-gets a table value (peaks there depend on cores, clocks and vector width).
+gets a table value (peaks there depend on cores, clocks and vector width). AMD Instinct parts give
+their matrix-core rates (what GEMMs run at; CDNA's fp32 and fp64 GEMMs use matrix cores too); TPUs
+give their MXU's bf16 rate only, the one rate Google publishes per chip (fp32 matmuls run as
+several bf16 passes), so an fp32 model needs --dtype bfloat16 or a given peak there.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ _HOPPER_NVL = {
     "fp64": 60 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
     "fp8": 1670.5 * T,
 }
-
+# AMD CDNA 3 (MI300X and MI325X share the compute die; they differ in memory). AMD Instinct MI300X and
+# MI325X datasheets: FP64 matrix 163.4, FP32 matrix 163.4, TF32 653.7, FP16/BF16 1307.4, FP8 2614.9 TFLOPS
+# dense (the sheets' "with sparsity" figures are twice these).
+_CDNA3 = {"fp64": 163.4 * T, "fp32": 163.4 * T, "tf32": 653.7 * T, "bf16": 1307.4 * T, "fp16": 1307.4 * T,
+          "fp8": 2614.9 * T}
 
 G = 1e9
 
@@ -72,6 +79,22 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
              "NVIDIA Ada Lovelace architecture whitepaper"),
     GpuPeaks("RTX 3090", r"RTX 3090", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
              936 * G, "NVIDIA Ampere GA102 whitepaper"),
+    # AMD Instinct MI250X datasheet: FP64/FP32 matrix 95.7, FP16/BF16 383 TFLOPS (CDNA 2 has no tf32 or
+    # fp8); 128 GB HBM2e on an 8192-bit bus at 3.2 Gbps: 3276.8 GB/s.
+    GpuPeaks("MI250X", r"MI250X", {"fp64": 95.7 * T, "fp32": 95.7 * T, "bf16": 383 * T, "fp16": 383 * T},
+             3276.8 * G, "AMD Instinct MI250X datasheet"),
+    GpuPeaks("MI300X", r"MI300X", _CDNA3, 5300 * G, "AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s)"),
+    GpuPeaks("MI325X", r"MI325X", _CDNA3, 6000 * G, "AMD Instinct MI325X datasheet (256 GB HBM3E, 6 TB/s)"),
+    # AMD Instinct MI355X datasheet: FP64 78.6, FP32 157.3, FP16/BF16 2.5 PF (2516.6 TF), FP8 5 PF (5033.2 TF)
+    # dense; CDNA 4 drops tf32. 288 GB HBM3E, 8 TB/s.
+    GpuPeaks("MI355X", r"MI355X", {"fp64": 78.6 * T, "fp32": 157.3 * T, "bf16": 2516.6 * T, "fp16": 2516.6 * T,
+                                   "fp8": 5033.2 * T}, 8000 * G, "AMD Instinct MI355X datasheet"),
+    # Google Cloud TPU documentation, per chip: peak bf16 compute and HBM bandwidth.
+    GpuPeaks("TPU v4", r"TPU\s*v4", {"bf16": 275 * T}, 1200 * G, "Google Cloud TPU v4 documentation"),
+    GpuPeaks("TPU v5e", r"TPU\s*v5\s*(e|lite)", {"bf16": 197 * T}, 819 * G, "Google Cloud TPU v5e documentation"),
+    GpuPeaks("TPU v5p", r"TPU\s*v5p", {"bf16": 459 * T}, 2765 * G, "Google Cloud TPU v5p documentation"),
+    GpuPeaks("TPU v6e Trillium", r"TPU\s*v6|Trillium", {"bf16": 918 * T}, 1640 * G,
+             "Google Cloud TPU v6e (Trillium) documentation"),
 )
 
 _DTYPE_KEYS = {

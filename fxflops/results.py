@@ -87,6 +87,14 @@ class Captured:
     sizes: Any = None  # capture.dynamic.SizeSymbols when named sizes were symbolic, else None
 
 
+@dataclass(frozen=True)
+class CountSource:
+    """What an Estimate was counted from: its capture and the rule table (ours plus the user's)."""
+
+    captured: Captured
+    table: Any  # fxflops.rules.RuleTable
+
+
 # --- what count and tree produce ------------------------------------------------------------------
 
 
@@ -108,6 +116,13 @@ class NodeCost:
     phase: str = FORWARD  # FORWARD, BACKWARD or RECOMPUTE
     differentiates: str | None = None  # a backward op: the name of the forward node it differentiates
     bytes: int = 0  # memory read (each distinct input once) plus written (each output), see fxflops.traffic
+    # attention ops (rules with effective formulas): macs/flops above are the estimate's reading of
+    # them; both readings and what the mask keeps ("causal", "sliding window 4096", "mask from data")
+    attention: str | None = None
+    dense_macs: int | None = None
+    dense_flops: int | None = None
+    effective_macs: int | None = None  # None: the kept pairs depend on data (macs/flops are dense)
+    effective_flops: int | None = None
 
     @property
     def rule_key(self) -> str:
@@ -128,6 +143,43 @@ class OpTotals:
     bwd_macs: int = 0  # the backward's share (recomputed forwards included)
     bwd_flops: int = 0
     statuses: tuple[str, ...] = ()  # how its nodes were counted: "counted", "zero", "unknown", sorted
+
+
+@dataclass(frozen=True)
+class AttentionTotals:
+    """Attention ops read both ways, summed from their nodes (forward + backward): dense counts every
+    (query, key) pair, effective only those the masks keep; where a mask is data (`unknown` nodes) its
+    dense count stands in the effective total."""
+
+    dense_macs: int
+    dense_flops: int
+    effective_macs: int
+    effective_flops: int
+    nodes: int  # attention op nodes
+    unknown: int  # of them, nodes whose kept pairs depend on data
+    patterns: tuple[str, ...]  # what their masks keep, distinct, first seen first ("causal", ...)
+
+    @property
+    def differ(self) -> bool:
+        """Whether the two readings give different totals (or one is not known)."""
+        return self.dense_flops != self.effective_flops or self.dense_macs != self.effective_macs or self.unknown > 0
+
+
+def attention_totals(nodes: list[NodeCost]) -> AttentionTotals | None:
+    """Both readings of the attention ops among `nodes`; None when there are none."""
+    found = [node for node in nodes if node.attention is not None]
+    if not found:
+        return None
+    unknown = [node for node in found if node.effective_macs is None]
+    return AttentionTotals(
+        dense_macs=sum(node.dense_macs for node in found),
+        dense_flops=sum(node.dense_flops for node in found),
+        effective_macs=sum(node.dense_macs if node.effective_macs is None else node.effective_macs for node in found),
+        effective_flops=sum(node.dense_flops if node.effective_flops is None else node.effective_flops for node in found),
+        nodes=len(found),
+        unknown=len(unknown),
+        patterns=tuple(dict.fromkeys(node.attention for node in found)),
+    )
 
 
 @dataclass(frozen=True)
@@ -276,6 +328,17 @@ class Estimate:
     prediction: Any = None
     # node_status_counts() of an estimate read back without its per-node costs (JSON without nodes)
     saved_node_status: dict[str, int] | None = None
+    # the capture and rule table it was counted from (a CountSource), which explain() and compare()
+    # count again; None for an estimate read back from JSON or evaluated at a sweep point
+    source: Any = field(default=None, repr=False, compare=False)
+    attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
+    saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
+
+    def attention_totals(self) -> AttentionTotals | None:
+        """Attention's dense and effective MACs/FLOPs side by side (None without attention ops)."""
+        if not self.nodes and self.saved_attention is not None:
+            return self.saved_attention
+        return attention_totals(self.nodes)
 
     @property
     def root(self) -> ModuleStats:
@@ -360,6 +423,23 @@ class Estimate:
             fold=fold,
             by_rule=by_rule,
         )
+
+    def explain(self, name: str = "") -> Any:
+        """Why module `name` (or the op node called `name`) costs what it does: for each op, the rule,
+        its formulas as written, the values their names took and the result; zero-cost ops by the list
+        that declared them; unknown ops with a rule stub that counts them (a fxflops.explain.Explanation,
+        whose str() reads as a report)."""
+        from fxflops.explain import explain
+
+        return explain(self, name)
+
+    def compare(self, presets: Any = None) -> Any:
+        """The same capture counted under every preset (or those named), side by side per module and per
+        op, each difference from this estimate's conventions attributed to the convention that causes it
+        (a fxflops.compare.Comparison, whose str() reads as a report)."""
+        from fxflops.compare import compare
+
+        return compare(self, presets)
 
     def to_dict(self, include_nodes: bool = False) -> dict[str, Any]:
         """JSON-ready data, schema in `fxflops.report.machine`."""

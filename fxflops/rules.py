@@ -40,6 +40,7 @@ MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are q
 
 # names a formula has besides the op's own: the output, the positional and keyword arguments as given
 CALL_NAMES = frozenset({"out", "args", "kwargs"})
+KEPT_PAIRS = "kept_pairs"  # the name effective_* formulas read: (query, key) pairs the mask keeps
 
 
 class RuleFileError(ValueError):
@@ -92,6 +93,9 @@ class Rule:
     presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)  # preset -> its own formulas
     function: Callable[[OpCall], tuple[int, int]] | None = None
     family: str | None = None  # None: a user rule's, resolved per call by RuleTable.family
+    # attention's effective reading: (macs, flops) over the (query, key) pairs a mask keeps, which the
+    # formulas read as `kept_pairs` (fxflops.kept_pairs); None: the rule has one reading
+    effective: tuple[Formula, Formula] | None = None
 
     @property
     def label(self) -> str:
@@ -123,6 +127,17 @@ class Rule:
             macs, flops = self._counts((self.macs, self.flops), call, preset.name)
         return self._preset_counts(preset, family, macs, flops, call)
 
+    def effective_cost(self, call: OpCall, preset: Preset, family: str, kept_pairs: Any) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of this call counting only the `kept_pairs` (query, key) pairs its mask keeps,
+        under `preset` as `cost` counts the dense reading (the rule's `effective_*` formulas)."""
+        if self.effective is None:
+            raise ValueError(f"{self.label} has no effective formulas")
+        if not preset.counts(family):
+            return 0, 0
+        call = dataclasses.replace(call, names={**call.names, KEPT_PAIRS: kept_pairs})
+        macs, flops = self._counts(self.effective, call, preset.name)
+        return self._preset_counts(preset, family, macs, flops, call)
+
     def _preset_counts(self, preset: Preset, family: str, macs: Any, flops: Any, call: OpCall) -> tuple[Any, Any]:
         """The preset's counts from the rule's, checked like the rule's own (ptflops' macs + extra goes
         negative for a rule whose FLOPs are fewer than its MACs)."""
@@ -145,6 +160,8 @@ class Rule:
 
     def _field(self, key: str, formula: Formula, conventions: str) -> str:
         # a preset's formula is the rule's own unless the preset gives its own
+        if self.effective is not None and formula is self.effective[key == "flops"]:
+            return f"effective_{key}"
         return key if formula is getattr(self, key) else f"presets.{conventions}.{key}"
 
     def _evaluate(self, formula: Formula, field_name: str, names: Mapping[str, Any], call: OpCall,
@@ -295,6 +312,10 @@ class RuleTable:
     def cost(self, rule: Rule, call: OpCall, conventions: str) -> tuple[Any, Any]:
         """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
         return rule.cost(call, preset(conventions), self.family(rule, call))
+
+    def effective_cost(self, rule: Rule, call: OpCall, conventions: str, kept_pairs: Any) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of an attention call over the `kept_pairs` pairs its mask keeps (see Rule.effective_cost)."""
+        return rule.effective_cost(call, preset(conventions), self.family(rule, call), kept_pairs)
 
     def knows_op(self, op: Any, function: Any = None) -> bool:
         """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet, or
@@ -467,7 +488,8 @@ _ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
 _PRESET_KEYS = frozenset({"macs", "flops"})
 
 
-_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family"})
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family",
+                        "effective_macs", "effective_flops"})
 
 
 def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
@@ -496,7 +518,19 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
         when=_formula(when, where, "when") if when is not None else None,
         presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
         family=family,
+        effective=_parse_effective(raw, where),
     )
+
+
+def _parse_effective(raw: dict, where: str) -> tuple[Formula, Formula] | None:
+    """The rule's effective (macs, flops), both or neither."""
+    given = [key for key in ("effective_macs", "effective_flops") if key in raw]
+    if not given:
+        return None
+    if len(given) == 1:
+        missing = "effective_flops" if given == ["effective_macs"] else "effective_macs"
+        raise RuleFileError(f"{where}: '{given[0]}' without '{missing}': give both or neither")
+    return _formula(raw["effective_macs"], where, "effective_macs"), _formula(raw["effective_flops"], where, "effective_flops")
 
 
 def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
@@ -629,6 +663,9 @@ def _check_names(rule: Rule) -> None:
     ]
     for preset, (macs, flops) in rule.presets.items():
         fields += [(f"presets.{preset}.macs", macs, CALL_NAMES), (f"presets.{preset}.flops", flops, CALL_NAMES | {"macs"})]
+    if rule.effective is not None:
+        fields += [("effective_macs", rule.effective[0], CALL_NAMES | {KEPT_PAIRS}),
+                   ("effective_flops", rule.effective[1], CALL_NAMES | {KEPT_PAIRS, "macs"})]
     for field_name, formula, extra in fields:
         if formula is None:
             continue

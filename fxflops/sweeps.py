@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import math
 import operator
+import types
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -27,9 +28,9 @@ from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_
 from fxflops.capture.inputs import signature, tensors_in, to_meta
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
-from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
+from fxflops.results import Captured, CountSource, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
 from fxflops.rules import RuleSpec
-from fxflops.tree import build_estimate, owning_module, parent_name, unknown_ops
+from fxflops.tree import build_estimate, module_stats, owning_module, parent_name, unknown_ops
 
 QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "bwd_flops")
 
@@ -118,7 +119,8 @@ class Piece:
                 totals[parent] = totals[parent] + totals[name]
         return {name: plain_sympy(expr) for name, expr in totals.items()}
 
-    def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any) -> Estimate:
+    def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
+                 attention: str = "dense") -> Estimate:
         """The Estimate at `point`: every expression evaluated there."""
         value = _Evaluator(point, self._compiled)
         costs = [value.cost(cost) for cost in self.costs]
@@ -126,7 +128,7 @@ class Piece:
                  else info for name, info in self.infos.items()}
         captured = dataclasses.replace(self.captured, modules=infos, sizes=None,
                                        input_shapes=shapes_at(inputs, self.plan, point))
-        return build_estimate(model_type, captured, costs, conventions)
+        return build_estimate(model_type, captured, costs, conventions, attention)
 
 
 class Sweep:
@@ -189,7 +191,8 @@ class Sweep:
         """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
         point = self.point(sizes)
         with collector_paused():
-            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs)
+            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
+                                                  self._counting.attention)
         if self._optimizer is not None:
             result.optimizer = optimizer_step(self._optimizer, self._model)
         return result
@@ -206,6 +209,19 @@ class Sweep:
         if name not in formulas:
             raise KeyError(f"no module {name!r} in {self.model_type}; modules are named as in named_modules()")
         return formulas[name]
+
+    def explain(self, name: str = "", /, **sizes: int) -> Any:
+        """Estimate.explain(name) with every size, bound value and count a formula in the sweep's named
+        sizes (of the piece holding at `sizes`; default the first capture's, at the example)."""
+        from fxflops.explain import explain
+
+        piece = self.piece(**sizes) if sizes else self.pieces[0]
+        captured = piece.captured
+        modules = module_stats(piece.infos, captured.aliases, piece.costs, captured.module_calls, self.model_type)
+        symbolic = types.SimpleNamespace(  # what explain() reads of an Estimate; totals stay formulas
+            model_type=self.model_type, conventions=self._counting.conventions, nodes=piece.costs,
+            modules=modules, aliases=captured.aliases, source=CountSource(captured, self._counting.table))
+        return explain(symbolic, name)
 
     def table(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]],
               columns: Callable[[Estimate], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -270,6 +286,7 @@ def sweep(
     backward: bool = False,
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | torch.optim.Optimizer | None = None,
+    attention: str = "dense",
 ) -> Sweep:
     """Capture `model` once with the input sizes named in `dims` symbolic; see `Sweep`.
 
@@ -282,7 +299,7 @@ def sweep(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
-    counting = Counting.prepare(conventions, rules, leaf_modules)
+    counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     plan = plan_from_dims(args, kwargs, dims)
     options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}
     return Sweep(model, args, kwargs, plan, counting, options)
@@ -333,7 +350,13 @@ class _Evaluator:
         # NodeCost built directly: dataclasses.replace costs 5x more, and a point has thousands of nodes
         return NodeCost(c.name, c.op, c.status, c.rule, c.module, c.module_type, self.shapes(c.input_shapes),
                         self.shapes(c.output_shapes), self(c.macs), self(c.flops), c.source, c.phase,
-                        c.differentiates, self(c.bytes))
+                        c.differentiates, self(c.bytes), *self._attention(c))
+
+    def _attention(self, c: NodeCost) -> tuple[Any, ...]:
+        if c.attention is None:
+            return ()
+        return (c.attention, *(None if value is None else self(value)
+                               for value in (c.dense_macs, c.dense_flops, c.effective_macs, c.effective_flops)))
 
 
 def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] | None:
@@ -490,8 +513,9 @@ class SizeFamilies:
         return estimate(self.model, tuple(args), dict(kwargs), backward=backward, **self.options)
 
     def _sweep(self, inputs: tuple[tuple, dict], plan: SizePlan, backward: bool) -> Sweep:
-        options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules")}
-        counting = Counting.prepare(options["conventions"] or "deepspeed", options["rules"], options["leaf_modules"])
+        options = {key: self.options.get(key) for key in ("conventions", "rules", "leaf_modules", "attention")}
+        counting = Counting.prepare(options["conventions"] or "deepspeed", options["rules"], options["leaf_modules"],
+                                    options["attention"] or "dense")
         args, kwargs = inputs
         return Sweep(self.model, args, kwargs, plan, counting,
                      {"method": self.options.get("method", AUTO), "backward": backward, "loss": None,

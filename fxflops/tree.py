@@ -16,13 +16,15 @@ import networkx as nx
 from fxflops.results import UNKNOWN, Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, OpTotals, UnknownOp
 
 
-def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], conventions: str) -> Estimate:
+def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], conventions: str,
+                   attention: str = "dense") -> Estimate:
     modules = module_stats(captured.modules, captured.aliases, costs, captured.module_calls, root_type=model_type)
     root = modules[""]
     return Estimate(
         model_type=model_type,
         method=captured.method,
         conventions=conventions,
+        attention=attention,
         total_macs=root.macs,
         total_flops=root.flops,
         backward=captured.backward,

@@ -21,13 +21,13 @@ def _code(text: str) -> str:
 
 def _own_presets(rule: dict) -> str:
     own = rule.get("presets", {})
-    if not own:
-        return ""
     parts = []
     for preset, formulas in own.items():
         shown = "; ".join(f"{'MACs' if key == 'macs' else 'FLOPs'} {_code(formulas[key])}"
                           for key in ("macs", "flops") if key in formulas)
         parts.append(f"{preset}: {shown}")
+    if "effective_macs" in rule:  # attention's effective reading (estimate(attention="effective"))
+        parts.append(f"effective: MACs {_code(rule['effective_macs'])}; FLOPs {_code(rule['effective_flops'])}")
     return "; ".join(parts)
 
 
@@ -51,7 +51,7 @@ def rows() -> list[str]:
 
 def table() -> str:
     header = [
-        "| rule | file | family | matches (first ops) | MACs | FLOPs (deepspeed) | own formulas under a preset |",
+        "| rule | file | family | matches (first ops) | MACs | FLOPs (deepspeed) | own formulas under a preset, effective attention |",
         "|---|---|---|---|---|---|---|",
     ]
     return "\n".join(header + rows())

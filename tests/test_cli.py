@@ -128,7 +128,8 @@ def test_hf_task_base_builds_the_base_model():
 @pytest.mark.parametrize("name, expected", [
     ("llama", "LlamaForCausalLM"),  # decoder-only: the causal LM
     ("t5-small", "T5ForConditionalGeneration"),  # encoder-decoder: the seq2seq LM
-    ("bert-base-uncased", "BertModel"),  # an encoder (it has a masked LM too): the base model
+    ("bert", "BertModel"),  # an encoder (it has a masked LM too): the base model
+    ("bert-base-uncased", "BertForMaskedLM"),  # the class its published config.json names
 ])
 def test_hf_builds_the_head_a_user_runs(name, expected):
     loaded = model_spec.load(f"hf:{name}", InputOptions(seq_len=4))
@@ -264,7 +265,7 @@ def test_conventions_and_dtype(capsys):
         (["lenet5", "--set", "oops"], "bad --set"),
         (["lenet5", "--set", "depth=3"], "--set does not fit example lenet5"),
         (["hf:no/such/config.json"], "not found"),
-        (["hf:bert-large-uncased"], "no transformers config class defaults to"),
+        (["hf:facebook/opt-2.7b"], "neither a checkpoint fxflops knows"),
         (["nowhere_module_xyz:build"], "cannot import"),
         (["lenet5", "--batch", "0"], "must be positive"),
     ],
@@ -639,3 +640,69 @@ def test_argument_mistakes_exit_2_before_estimating(capsys, tmp_path):
     assert code == 2 and out == "" and "the folder" in err and "does not exist" in err
     code, out, err = run_main(capsys, "lenet5", "--output", str(tmp_path))
     assert code == 2 and "is a folder" in err
+
+
+# ------------------------------------------------------- input shapes: ranks, names, --seq-len (issue 21)
+
+KEYWORD_ONLY = """
+import torch
+from torch import nn
+
+
+class KeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, *, input_ids, scale=None):
+        return self.fc(self.embed(input_ids))
+
+
+def build():
+    return KeywordOnly()
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ["hf:gpt2", "--input-shape", "1,3,224,224"],  # counted 19.22 TMACs for a 4-d input_ids before
+    ["hf:gpt2", "--input-shape", "input_ids=16"],
+    ["gpt2-small", "--input-shape", "1,3,224,224"],
+])
+def test_token_ids_of_the_wrong_rank_are_refused(capsys, args):
+    code, out, err = run_main(capsys, *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "input_ids of shape (batch, seq)" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["torchvision:resnet18", "--seq-len", "64"], "takes images, not token sequences"),
+    (["lenet5", "--seq-len", "64"], "takes images, not token sequences"),
+    (["hf:gpt2", "--input-shape", "1,16", "--seq-len", "64"], "give one of the two"),
+])
+def test_seq_len_that_would_be_ignored_is_refused(capsys, args, words):
+    code, _, err = run_main(capsys, *args)
+    assert code == 2 and err.startswith("fxflops: error: --seq-len: ") and words in err
+
+
+def test_named_input_shapes_feed_keyword_inputs(capsys, tmp_path):
+    (tmp_path / "kw.py").write_text(KEYWORD_ONLY)
+    code, out, err = run_main(capsys, f"{tmp_path}/kw.py:build", "--input-shape", "input_ids=2,16", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["input_shapes"] == [[], {"input_ids": [2, 16]}]
+    assert data["totals"]["macs"] == 2 * 16 * 8 * 4  # the Linear on every token; the lookup is free
+    # a positional shape for a keyword-only input: the error says how to name it, before any capture
+    code, _, err = run_main(capsys, f"{tmp_path}/kw.py:build", "--input-shape", "2,16")
+    assert code == 2 and "--input-shape input_ids=2,16" in err and "KeywordOnly.forward takes (input_ids, scale)" in err
+    code, _, err = run_main(capsys, f"{tmp_path}/kw.py:build", "--input-shape", "input_idz=2,16")
+    assert code == 2 and "did you mean input_ids=...?" in err
+
+
+def test_named_input_shapes_of_an_hf_model():
+    loaded = model_spec.load("hf:gpt2", InputOptions(named_shapes=(("input_ids", (2, 16)), ("attention_mask", (2, 16))),
+                                                    overrides={"n_layer": 1}))
+    assert {name: (tuple(t.shape), t.dtype) for name, t in loaded.kwargs.items()} == {
+        "input_ids": ((2, 16), torch.long), "attention_mask": ((2, 16), torch.long)}
+    assert model_spec.parse_input_shape("input_ids=2x16") == ("input_ids", (2, 16))
+    assert model_spec.parse_input_shape("2,16") == (None, (2, 16))

@@ -104,6 +104,15 @@ def by_name(groups: list[dict]) -> dict[str, dict]:
 # --- the page as data ----------------------------------------------------------------------------
 
 
+def test_page_compares_the_presets(stack_estimate, stack_page):
+    page = stack_page.read_text(encoding="utf-8")
+    section = html.unescape(re.search(r'<section id="compare">(.*?)</section>', page, re.S).group(1))
+    comparison = stack_estimate.compare()
+    assert f"{comparison.totals['fvcore'][1]:,}" in section  # the fvcore total, FMA = 1: 3 x 128 + 64 MACs
+    assert comparison.totals["fvcore"] == (3 * LAYER_MACS + HEAD_MACS,) * 2
+    assert "one FLOP per multiply-accumulate" in section
+
+
 def test_page_is_self_contained(stack_page):
     page = stack_page.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>")
@@ -276,6 +285,9 @@ DRIVER = """
   out.ascending = column(0);
   click(document.querySelectorAll("#modules thead th")[0]);
   out.byName = column(0);
+  out.rootExplain = document.getElementById("explain").textContent;
+  click(cell("layers.0"));
+  out.explain = document.getElementById("explain").textContent;
   document.body.setAttribute("data-driver", JSON.stringify(out));
 }());
 </script>
@@ -318,6 +330,11 @@ def test_page_renders_and_zooms_in_chromium(stack_page, tmp_path):
     assert record["descending"][:3] == ["(root)", "layers", "layers.0"]
     assert record["ascending"][:3] == ["tail", "head", "head.proj"]
     assert record["byName"] == sorted(record["byName"])
+    # Clicking a module shows why its own ops cost what they do: Linear(8, 8) on 2 rows, by hand above.
+    assert "module layers.0 (Linear)" in record["explain"]
+    assert "macs  = numel(out) * weight.shape[-1]" in record["explain"]
+    assert f"= {LAYER_MACS} MACs, {LAYER_FLOPS} FLOPs" in record["explain"]
+    assert record["rootExplain"].startswith("module (root) (Stack)")
 
 
 @needs_browser

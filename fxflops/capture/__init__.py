@@ -8,21 +8,35 @@ hands the count stage a `fxflops.results.Captured`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
+from fxflops.capture.running import capture_running
 from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 
-__all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in"]
+__all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in", "uncompiled"]
+
+
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a torch.compile'd model wraps (its `_orig_mod`), or the model itself.
+
+    Calling the compiled model would run dynamo (which compiles, and installs its hooks into torch);
+    its original module runs the same forward eagerly, which is what a capture records."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing can have been compiled
+    while dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+        model = model._orig_mod
+    return model
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,
@@ -39,6 +53,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     ops they decompose into."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
+    model = uncompiled(model)
     request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
     if backward:
@@ -52,7 +67,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
-            captured = candidate.capture_function()(request)
+            with capture_running():
+                captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
             continue
@@ -60,7 +76,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.input_shapes = shapes_of((args, kwargs))
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
-        captured.cautions = out_of_range_lookups(captured.graph_module)
+        captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
+                             *control_flow_cautions(captured.graph_module)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 

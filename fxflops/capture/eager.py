@@ -137,7 +137,7 @@ def capture(request: Request) -> Captured:
         graph_module = recorder.finish(output)
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
-                    tracker.whole_calls, backward=request.backward, sizes=sizes)
+                    tracker.whole_calls, backward=request.backward, sizes=sizes, cautions=recorder.cautions)
 
 
 def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:

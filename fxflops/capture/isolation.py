@@ -126,10 +126,13 @@ def _global_hook_tables() -> list[dict]:
 
 
 class _GlobalSnapshot:
-    """Global hook tables, the random number generators and the recursion limit."""
+    """Global hook tables, nn.Module's class attributes, the random number generators and the recursion limit."""
 
     def __init__(self, needed_depth: int) -> None:
         self.tables = [(table, dict(table)) for table in _global_hook_tables()]
+        # torch.compile (a compiled submodule, torch.cond's eager path) installs its generation tagging
+        # as nn.Module.__init__ / __setstate__ the first time it runs: the capture must not leave it there
+        self.module_class = dict(vars(torch.nn.Module))
         self.torch_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.python_rng = random.getstate()
@@ -142,6 +145,7 @@ class _GlobalSnapshot:
     def restore(self) -> None:
         for table, contents in self.tables:
             _refill(table, list(contents.items()))
+        _restore_class(torch.nn.Module, self.module_class)
         torch.random.set_rng_state(self.torch_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
@@ -149,6 +153,16 @@ class _GlobalSnapshot:
         if self.numpy_rng is not None:
             sys.modules["numpy"].random.set_state(self.numpy_rng)
         sys.setrecursionlimit(self.recursion_limit)
+
+
+def _restore_class(cls: type, saved: dict[str, Any]) -> None:
+    """Put a class's attributes back as `saved` holds them (added ones removed, replaced ones restored)."""
+    current = vars(cls)
+    for key in [key for key in current if key not in saved]:
+        delattr(cls, key)
+    for key, value in saved.items():
+        if current.get(key, _MISSING) is not value:
+            setattr(cls, key, value)
 
 
 @contextlib.contextmanager

@@ -15,12 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
+from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
@@ -54,9 +57,14 @@ class OpRecorder(TorchDispatchMode):
         self._names: dict[Any, str] = {}
         self._inputs = 0
         self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
+        self.cautions: list[str] = []  # what the recorded ops do differently from one run (torch.cond)
+
+    supports_higher_order_operators = True  # torch.cond reaches __torch_dispatch__ (the others are refused)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
         if self._before is not None:
             self._before(func, args, kwargs)
         out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
@@ -64,6 +72,25 @@ class OpRecorder(TorchDispatchMode):
         # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
         if not self.inside_opaque and func.namespace != "prim":
             self.record(func, args, kwargs, out)
+        return out
+
+    def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+        """torch.cond runs its branches under this recorder (called with it popped off the mode stack):
+        the one a concrete predicate takes, or both (a caution says so) when it is a fake tensor."""
+        if func is not getattr(torch.ops.higher_order, "cond", None) or kwargs:
+            raise NotImplementedError(f"the higher-order operator {func.name()} is not recorded op by op; "
+                                      "method='export' captures it")
+        if self.owners is not None:  # its autograd runs branch graphs of its own, which would go uncounted
+            raise NotImplementedError("the backward of torch.cond is not recorded op by op: estimate its forward "
+                                      "(backward=False)")
+        pred, true_fn, false_fn, operands = args
+        with self:
+            if not isinstance(pred, torch.Tensor) or not (isinstance(pred, FakeTensor) or pred.is_meta):
+                return (true_fn if bool(pred) else false_fn)(*operands)
+            out = true_fn(*operands)
+            false_fn(*operands)
+        path, type_name = self.tracker.current()
+        self.cautions.append(both_branches_caution(where(path, type_name or self._root_type)))
         return out
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -214,7 +241,8 @@ class CompositeOps(TorchFunctionMode):
         overloads = self._composites.get(func)
         if overloads is None:
             overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
-        op = _matching_overload(overloads, args, kwargs) if overloads and not self._recorder.inside_opaque else None
+        whole = overloads and not self._recorder.inside_opaque and not _under_function_transform()
+        op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             return func(*args, **kwargs)
         self._recorder.inside_opaque += 1
@@ -224,6 +252,14 @@ class CompositeOps(TorchFunctionMode):
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)
         return out
+
+
+def _under_function_transform() -> bool:
+    """Whether a torch.func transform (vmap, jvp, grad, ...) is active. A function-level call then sees
+    logical values (one vector of a vmapped batch, a primal without its tangent), while the dispatcher
+    sees the physical ops the transform runs (the batched matmul, the tangent's too): those are the
+    work, and what FlopCounterMode counts, so the composite is recorded as the ops it runs."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 _BUILTIN_TYPES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)

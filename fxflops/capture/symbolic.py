@@ -11,13 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos
 from fxflops.capture.inputs import meta_twin, to_meta
-from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.isolation import isolated, swap_tensors, unique_modules
 from fxflops.capture.methods import SYMBOLIC
 from fxflops.capture.request import Request
-from fxflops.results import Captured
+from fxflops.results import ROOT_LABEL, Captured
 
 
 class _RuleAwareTracer(torch.fx.Tracer):
@@ -28,12 +30,28 @@ class _RuleAwareTracer(torch.fx.Tracer):
         self._is_leaf = is_leaf
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
-        # a parametrized module's weight is computed by its parametrization (weight_norm, spectral_norm):
-        # traced through, that work is counted and its rule-free ops see the computed weight
-        return self._is_leaf(m) and not torch.nn.utils.parametrize.is_parametrized(m)
+        # a parametrized module's weight is computed by its parametrization (weight_norm, spectral_norm;
+        # the hook-based ones in a forward pre-hook, which torch.fx runs only for modules it traces
+        # through): traced through, that work is counted and its rule-free ops see the computed weight
+        return self._is_leaf(m) and not torch.nn.utils.parametrize.is_parametrized(m) and not _weight_hooks(m)
 
     def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
                              concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
+        root_fn, args = self._create_args_for_root(root_fn, is_module, concrete_args)
+        root = self.root
+        if not _weight_hooks(root):
+            return root_fn, args
+
+        def with_hooks(*values: Any) -> Any:
+            # torch.fx calls the root's forward without its hooks: run the weight-computing ones
+            for hook in _weight_hooks(root):
+                hook(root, ())  # sets the root's weight attribute (a proxy; isolation restores it)
+            return root_fn(*values)
+
+        return with_hooks, args
+
+    def _create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
+                              concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
         # A forward under a functools.wraps decorator (transformers' merge_with_config_defaults,
         # check_model_inputs): torch.fx makes placeholders from the inner signature but calls the
         # outer wrapper with them positionally, where its (*args, **kwargs) take them out of place
@@ -43,6 +61,35 @@ class _RuleAwareTracer(torch.fx.Tracer):
             return super().create_args_for_root(root_fn, is_module, concrete_args)
         _, args = super().create_args_for_root(inner, is_module, concrete_args)
         return _keyword_caller(root_fn, inspect.signature(inner)), args
+
+
+_WEIGHT_HOOKS = (WeightNorm, SpectralNorm)  # torch.nn.utils' hook-based parametrizations
+
+
+def _weight_hooks(module: torch.nn.Module) -> list[Any]:
+    return [hook for hook in module._forward_pre_hooks.values() if isinstance(hook, _WEIGHT_HOOKS)]
+
+
+def _skipped_hooks(model: torch.nn.Module, graph_module: torch.fx.GraphModule) -> list[str]:
+    """A caution naming the modules whose forward hooks symbolic tracing did not run (the root's, and
+    those of modules kept whole as graph leaves), if any."""
+    leaves = {node.target for node in graph_module.graph.nodes if node.op == "call_module"}
+    hooked = []
+    for name, module in unique_modules(model):
+        if name and name not in leaves:
+            continue
+        others = [hook for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values())
+                  if not isinstance(hook, _WEIGHT_HOOKS)]
+        if others:
+            hooked.append(f"{name or ROOT_LABEL} ({', '.join(_hook_name(h) for h in others[:3])})")
+    if not hooked:
+        return []
+    return [f"symbolic tracing does not run module forward hooks, so what the hooks of {', '.join(hooked[:5])}"
+            f"{' ...' if len(hooked) > 5 else ''} compute is not counted (method='eager' runs them)"]
+
+
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__name__", None) or type(hook).__name__
 
 
 def _keyword_caller(wrapper: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
@@ -88,12 +135,12 @@ def capture(request: Request) -> Captured:
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         bound = _bind_placeholders(placeholders, to_meta(args), to_meta(kwargs))
         tracker = ModuleTracker(model)  # whole-counted modules are graph leaves here, counted as nodes
-        with tracker:
+        with tracker, torch.no_grad():  # shapes only (and spectral_norm's power iteration writes with out=)
             _MetaShapeProp(graph_module).run(*bound)
         infos, aliases = module_infos(model)
     label_modules(graph_module, prefix="", root_type=root_type)
     return Captured(graph_module, SYMBOLIC.name, infos, aliases, _symbolic_calls(graph_module, tracker.calls),
-                    request.whole_paths(), tracker.whole_calls)
+                    request.whole_paths(), tracker.whole_calls, cautions=_skipped_hooks(model, graph_module))
 
 
 def _defaults_not_given(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:

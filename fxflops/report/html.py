@@ -32,7 +32,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.report.text import inputs_text, summary_lines
+from fxflops.report.text import attention_text, inputs_text, summary_lines
 from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate, ModuleStats
 
 
@@ -114,6 +114,7 @@ def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = Tru
         ops=_ops_table(estimate),
         rules=_rules_table(estimate),
         unknown=_unknown_section(estimate),
+        compare=_compare_section(estimate),
         data=_script_json(data),
     )
     if path is not None:
@@ -148,6 +149,7 @@ def _groups(estimate: Estimate, metrics: list[Metric], fold: bool) -> list[dict[
     """The folded module tree, pre-order, each entry with its children's indices and its values
     summed over the instances it stands for (so a folded run is as wide as all its layers)."""
     unknown = _unknown_modules(estimate)
+    explained = _explanations(estimate)
     groups: list[dict[str, Any]] = []
     path: list[int] = []  # indices of the entries from the root down to the last one made
     for group, _ in folding.walk(estimate, fold=fold):
@@ -165,9 +167,30 @@ def _groups(estimate: Estimate, metrics: list[Metric], fold: bool) -> list[dict[
             "v": [_finite(sum(m.value(estimate, name) for name in group.names)) for m in metrics],
             "info": _info(estimate, group, stats, metrics),
             "unknown": sorted({op for name in group.names for op in unknown.get(name, [])}),
+            "explain": explained.get(group.names[0], ""),
             "children": [],
         })
     return groups
+
+
+def _compare_section(estimate: Estimate) -> str:
+    """The same capture under every preset, each difference named (empty without a capture)."""
+    if getattr(estimate, "source", None) is None:
+        return ""
+    from fxflops.report.compare import comparison_text
+
+    text = comparison_text(estimate.compare(), tables=False)
+    return (f'<section id="compare"><h2>The same count under other conventions</h2>'
+            f'<pre>{escape(text)}</pre></section>')
+
+
+def _explanations(estimate: Estimate) -> dict[str, str]:
+    """Module -> the explanation of its own ops, shown when it is clicked ({} without a capture)."""
+    if getattr(estimate, "source", None) is None:
+        return {}
+    from fxflops.explain import explain_own
+
+    return {name: str(explanation) for name, explanation in explain_own(estimate).items()}
 
 
 def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics: list[Metric]) -> list[list[str]]:
@@ -241,6 +264,10 @@ def _cards(estimate: Estimate) -> str:
     ]
     if estimate.backward:
         cards += [("bwd MACs", macs_to_string(estimate.bwd_macs)), ("bwd FLOPs", number_to_string(estimate.bwd_flops))]
+    totals = estimate.attention_totals()
+    if totals is not None and totals.differ:
+        cards.append((f"attention FLOPs, dense / effective ({', '.join(totals.patterns)})",
+                       f"{number_to_string(totals.dense_flops)} / {number_to_string(totals.effective_flops)}"))
     if estimate.total_bytes:
         cards.append(("bytes moved", bytes_to_string(estimate.total_bytes)))
     if estimate.measurements is not None:
@@ -261,7 +288,8 @@ def _icicle_section(metrics: list[Metric]) -> str:
         f"{escape(m.label)}</button>" for i, m in enumerate(metrics))
     return (f'<div class="metrics" role="radiogroup" aria-label="size by">size by {buttons}</div>'
             '<div id="crumbs" class="crumbs"></div><div id="icicle" class="icicle"></div>'
-            '<p class="hint">Click a module to zoom in, its bar at the top (or Escape) to zoom out. '
+            '<p class="hint">Click a module to zoom in (and see below why its own ops cost what they do), its '
+            'bar at the top (or Escape) to zoom out. '
             "Empty space under a module is its own work (and submodules too thin to draw). Red marks unknown "
             "ops; a module that ran one is kept visible even where it counts nothing.</p>")
 
@@ -278,6 +306,9 @@ def _roofline_section(estimate: Estimate) -> str:
 
 def _cautions_section(estimate: Estimate) -> str:
     notes = list(estimate.cautions)
+    attention = attention_text(estimate)
+    if attention is not None:
+        notes.append(f"attention FLOPs: {attention}")
     if estimate.input_values:
         notes.insert(0, f"the model ran once, on {estimate.input_values}")
     if not notes:
@@ -402,7 +433,8 @@ _TEMPLATE = """<!DOCTYPE html>
 <header>{header}</header>
 <div class="cards">{cards}</div>
 {cautions}
-<section id="hierarchy"><h2>Where the compute goes</h2>{icicle}<div id="tooltip" class="tooltip" hidden></div></section>
+<section id="hierarchy"><h2>Where the compute goes</h2>{icicle}<div id="tooltip" class="tooltip" hidden></div>
+<details id="explain-box" open><summary>Why it costs what it does</summary><pre id="explain"></pre></details></section>
 {roofline}
 <section id="module-table"><h2>Modules</h2>
 <input id="filter" type="search" placeholder="filter modules by name or type" aria-label="filter modules">
@@ -410,6 +442,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <section id="op-table"><h2>Ops</h2><div class="scroll">{ops}</div></section>
 <section id="rule-table"><h2>Rules</h2><div class="scroll">{rules}</div></section>
 <section id="unknown-ops"><h2>Unknown ops</h2>{unknown}</section>
+{compare}
 <section id="summary"><h2>Summary</h2><pre>{summary}</pre></section>
 <script type="application/json" id="fxflops-data">{data}</script>
 <script>

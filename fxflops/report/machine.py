@@ -29,6 +29,10 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
     optimizer         null, or {"name", "params", "flops_per_param", "flops", "formula"}: one
                       optimizer step over the trainable parameters (not in totals)
     node_status       {"counted": int, "zero": int, "unknown": int}   graph nodes per outcome
+    attention         {"reading": "dense"|"effective" (which one totals count), "totals": null or
+                      {dense_macs, dense_flops, effective_macs, effective_flops, nodes, unknown,
+                      patterns: [str]}}   attention ops read both ways (fwd + bwd); unknown: nodes
+                      whose mask is data (their dense count stands in the effective total)
     modules           [module], pre-order (parents first); the root has name ""
         module = {name, type, depth, params, macs, flops, self_macs, self_flops, calls,
                   extra_repr, children: [qualified names], latency: float|null (seconds per
@@ -50,7 +54,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       plus derived "achieved_flops", "utilization", "hook_overhead"
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
-                      ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes}]
+                      ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
+                      attention (what its mask keeps, attention ops only), dense_macs, dense_flops,
+                      effective_macs, effective_flops (null: not knowable without data)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
@@ -70,6 +76,7 @@ import networkx as nx
 
 from fxflops.capture.methods import describe
 from fxflops.results import (
+    AttentionTotals,
     Estimate,
     Measurements,
     ModuleStats,
@@ -174,6 +181,18 @@ def _measurements_dict(estimate: Estimate) -> dict[str, Any] | None:
     return record
 
 
+def _attention_dict(estimate: Estimate) -> dict[str, Any]:
+    totals = estimate.attention_totals()
+    return {"reading": estimate.attention, "totals": jsonable(dataclasses.asdict(totals)) if totals else None}
+
+
+def _attention_from(record: dict[str, Any] | None) -> AttentionTotals | None:
+    totals = (record or {}).get("totals")
+    if not totals:
+        return None
+    return AttentionTotals(**{**totals, "patterns": tuple(totals.get("patterns", ()))})
+
+
 def _node_dict(node: NodeCost) -> dict[str, Any]:
     return jsonable(dataclasses.asdict(node))
 
@@ -205,6 +224,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         bwd_fwd_ratio=estimate.bwd_fwd_ratio,
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
+        attention=_attention_dict(estimate),
         modules=[_module_dict(stats, estimate.backward, estimate.prediction) for stats in estimate.modules.values()],
         by_op=_totals(estimate.by_op),
         by_rule=_totals(estimate.by_rule),
@@ -335,6 +355,8 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         bwd_flops=record.get("bwd", {}).get("flops", 0),
         optimizer=OptimizerStep(**record["optimizer"]) if record.get("optimizer") else None,
         saved_node_status=record.get("node_status"),
+        attention=(record.get("attention") or {}).get("reading", "dense"),
+        saved_attention=_attention_from(record.get("attention")),
     )
 
 

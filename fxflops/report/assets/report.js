@@ -129,6 +129,13 @@
     state.focus = index;
     document.body.setAttribute("data-focus", groups[index].name);
     render();
+    explain(index);
+  }
+
+  function explain(index) {
+    // the module's own ops, as Estimate.explain prints them (text, never markup)
+    var box = document.getElementById("explain");
+    if (box) { box.textContent = groups[index].explain || "No explanation was recorded for this estimate."; }
   }
 
   function indexOf(target) {
@@ -245,5 +252,6 @@
   setUpIcicle();
   setUpTables();
   render();
+  if (groups.length) { explain(state.focus); }
   document.body.setAttribute("data-ready", "true");
 }());
