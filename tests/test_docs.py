@@ -38,6 +38,7 @@ def _run_python(page: Path, blocks: list[Example], folder: Path) -> None:
             test = doctest.DocTestParser().get_doctest(body, namespace, where, where, 0)
             runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
             runner.run(test, clear_globs=False)
+            namespace.update(test.globs)  # DocTest runs in a copy: later blocks see what this one made
             if runner.failures:
                 sys.exit(f"{where}: {runner.failures} doctest lines printed something else (see above)")
     """)
