@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import NoReturn, TextIO
 from pathlib import Path
 
 from fxflops import examples
@@ -196,25 +196,33 @@ def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
 
 
 def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]], args: argparse.Namespace):
-    """Capture once with the swept sizes symbolic; the result at every point of the grid."""
+    """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
     from fxflops.sweeps import sweep
 
-    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  optimizer=args.optimizer)
-    return swept.result({name: values for name, _, values in sweeps})
+    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                 optimizer=args.optimizer)
 
 
-def render_sweep(result, args: argparse.Namespace) -> str:
+def render_sweep(swept, sweeps: list, args: argparse.Namespace) -> str | Callable[[TextIO], None]:
+    """The text report, or a writer that streams the JSON / CSV one point at a time."""
     from fxflops.report import sweep as report
 
+    grid = {name: values for name, _, values in sweeps}
     depth = args.depth if args.depth > 0 else 1
     if args.format == "json":
-        return report.to_json(result, depth=depth, top=args.top)
+        return lambda stream: report.write_json(swept, grid, stream, depth=depth, top=args.top)
     if args.format == "csv":
-        return report.to_csv(result)
-    return report.render_text(result, depth=depth, top=args.top,
+        return lambda stream: report.write_csv(swept, grid, stream)
+    return report.render_text(swept.result(grid, depth=depth, top=args.top),
                               tablefmt=args.tablefmt if args.format == "table" else "github")
+
+
+def _write_report(report: str | Callable[[TextIO], None], stream: TextIO) -> None:
+    if callable(report):
+        report(stream)
+    else:
+        stream.write(report)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,11 +247,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
     if args.output:
-        Path(args.output).write_text(report, encoding="utf-8")
+        with open(args.output, "w", encoding="utf-8") as stream:
+            _write_report(report, stream)
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
-        sys.stdout.write(report)
+        _write_report(report, sys.stdout)
     return 0
 
 
@@ -302,10 +311,10 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         sys.stderr.write(f"fxflops: note: {note}\n")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps:
-        progress("capturing with symbolic sizes, then counting every point")
-        result = run_sweep(model, loaded, sweeps, args)
-        progress("writing the report")
-        return result, render_sweep(result, args)
+        progress("capturing with symbolic sizes")
+        swept = run_sweep(model, loaded, sweeps, args)
+        progress("counting every point")
+        return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
