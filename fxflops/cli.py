@@ -288,6 +288,11 @@ def _check_writable(path: str | None, option: str) -> None:
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops import peaks
 
+    if args.device is not None and not args.device.strip():  # "" would otherwise mean: no --device
+        raise ModelSpecError("--device is empty: name a GPU from the peaks table, e.g. --device 'H100 SXM'")
+    if args.roofline is not None and Path(args.roofline).suffix.lower() != ".svg":
+        raise ModelSpecError(f"--roofline {args.roofline!r}: the roofline is an SVG image; give a file name ending "
+                             "in .svg")
     if args.roofline and not args.device:
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
     if args.format == "html" and sweeps:

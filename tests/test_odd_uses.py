@@ -53,3 +53,50 @@ def test_get_model_profile_works_on_a_model_with_a_sparse_buffer():
                                                 as_string=False)
     assert (macs, params) == (LINEAR_4x4_ON_4_ROWS, 4 * 4 + 4)
     assert flops == 2 * LINEAR_4x4_ON_4_ROWS + 4 * 4  # the bias adds one FLOP per output
+
+
+# ------------------------------------------------------------------ predict() and --device / --roofline
+
+
+@pytest.mark.parametrize("peak, bandwidth, named, shown", [
+    (float("inf"), 1e12, "peak_flops", "inf"),  # before: a latency of 0 s
+    (True, 1e12, "peak_flops", "True"),  # before: accepted as 1 FLOP/s
+    (1e15, True, "bandwidth", "True"),
+    (1e15, float("nan"), "bandwidth", "nan"),
+    (1e15, "1e12", "bandwidth", "'1e12'"),
+    (1e15, -1.0, "bandwidth", "-1.0"),
+])
+def test_predict_wants_finite_positive_rates(peak, bandwidth, named, shown):
+    result = fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4))
+    unit = "FLOP/s" if named == "peak_flops" else "bytes/s"
+    with pytest.raises(ValueError) as raised:
+        result.predict(peak_flops=peak, bandwidth=bandwidth)
+    assert str(raised.value) == f"{named} must be positive and finite ({unit}), got {shown}"
+    with pytest.raises(ValueError, match=f"{named} must be positive and finite"):
+        result.predict("H100 SXM", **{named: peak if named == "peak_flops" else bandwidth})
+
+
+def test_predict_takes_numpy_and_int_rates():
+    np = pytest.importorskip("numpy")
+    result = fxflops.estimate(nn.Linear(4, 4), input_shape=(2, 4))
+    # 2*4*4 MACs -> 64 FLOPs + 8 bias FLOPs at 72 FLOP/s: compute-bound ops of one second at most
+    prediction = result.predict(peak_flops=np.float64(72.0), bandwidth=10**15)
+    assert prediction.modules[""].latency == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", ""], "--device is empty: name a GPU from the peaks table, e.g. --device 'H100 SXM'"),
+    (["--device", "  "], "--device is empty: name a GPU from the peaks table, e.g. --device 'H100 SXM'"),
+    (["--device", "H100 SXM", "--roofline", "{folder}/r.png"],
+     "--roofline '{folder}/r.png': the roofline is an SVG image; give a file name ending in .svg"),
+    (["--device", "H100 SXM", "--roofline", "{folder}/r"],
+     "--roofline '{folder}/r': the roofline is an SVG image; give a file name ending in .svg"),
+])
+def test_cli_device_and_roofline_mistakes_are_one_line(capsys, tmp_path, argv, message):
+    from fxflops.cli import main
+
+    code = main(["lenet5", *(a.format(folder=tmp_path) for a in argv)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == f"fxflops: error: {message.format(folder=tmp_path)}\n"
+    assert not list(tmp_path.iterdir())  # nothing written (before: SVG text in r.png)
