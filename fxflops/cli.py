@@ -218,6 +218,18 @@ def render_sweep(swept, sweeps: list, args: argparse.Namespace) -> str | Callabl
                               tablefmt=args.tablefmt if args.format == "table" else "github")
 
 
+class _Encodable:
+    """A stream whose write() escapes what its encoding cannot hold (a lone surrogate in a module name)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from fxflops.report.formats import encodable
+
+        return self._stream.write(encodable(text, getattr(self._stream, "encoding", None)))
+
+
 def _write_report(report: str | Callable[[TextIO], None], stream: TextIO) -> None:
     if callable(report):
         report(stream)
@@ -240,19 +252,22 @@ def run(args: argparse.Namespace) -> int:
         result, report = _estimate_and_render(args, sweeps, progress)
     finally:
         progress.done()
+    from fxflops.report.formats import ENCODING_ERRORS
+
     if args.roofline:
         from fxflops.report.roofline import roofline_svg
 
-        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8")
+        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8",
+                                       errors=ENCODING_ERRORS)
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as stream:
+        with open(args.output, "w", encoding="utf-8", errors=ENCODING_ERRORS) as stream:
             _write_report(report, stream)
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
-        _write_report(report, sys.stdout)
+        _write_report(report, _Encodable(sys.stdout))
     return 0
 
 

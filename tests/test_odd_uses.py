@@ -100,3 +100,64 @@ def test_cli_device_and_roofline_mistakes_are_one_line(capsys, tmp_path, argv, m
     assert code == 2 and out == ""
     assert err == f"fxflops: error: {message.format(folder=tmp_path)}\n"
     assert not list(tmp_path.iterdir())  # nothing written (before: SVG text in r.png)
+
+
+# ------------------------------------------------------------------ a module named with a lone surrogate
+
+
+def surrogate_named() -> nn.Module:
+    model = nn.Sequential()
+    setattr(model, "a\udcff", nn.Linear(4, 4))  # Python allows it; UTF-8 cannot encode it
+    return model
+
+
+ESCAPED = "a\\udcff"  # how every writer writes the name: a backslash escape
+
+
+def test_every_writer_escapes_a_lone_surrogate(tmp_path, monkeypatch):
+    import csv
+    import io
+    import json
+
+    result = fxflops.estimate(surrogate_named(), input_shape=(2, 4))
+    result.to_csv(tmp_path / "m.csv")  # before: UnicodeEncodeError
+    rows = list(csv.DictReader(open(tmp_path / "m.csv", encoding="utf-8")))
+    assert [row["name"] for row in rows] == ["", ESCAPED]
+    result.to_html(tmp_path / "m.html")  # before: UnicodeEncodeError
+    assert ESCAPED in (tmp_path / "m.html").read_text(encoding="utf-8")
+    result.print(output_file=str(tmp_path / "m.txt"))  # before: UnicodeEncodeError
+    assert ESCAPED in (tmp_path / "m.txt").read_text(encoding="utf-8")
+    result.to_json(tmp_path / "m.json")
+    assert [m["name"] for m in json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["modules"]] == ["", "a\udcff"]
+    strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdout", strict)
+    result.print()  # before: UnicodeEncodeError on a strict UTF-8 stdout
+    strict.flush()
+    assert ESCAPED in strict.buffer.getvalue().decode("utf-8")
+
+
+def test_compat_output_file_escapes_a_lone_surrogate(tmp_path):
+    from fxflops.compat import get_model_profile
+
+    get_model_profile(surrogate_named(), input_shape=(2, 4), output_file=str(tmp_path / "p.txt"))
+    assert ESCAPED in (tmp_path / "p.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("form", ["text", "csv", "html", "json"])
+def test_cli_escapes_a_lone_surrogate(tmp_path, monkeypatch, form):
+    import io
+
+    from fxflops.cli import main
+
+    factory = tmp_path / "odd.py"
+    factory.write_text("from torch import nn\n\ndef build():\n    model = nn.Sequential()\n"
+                       "    setattr(model, 'a\\udcff', nn.Linear(4, 4))\n    return model\n")
+    model = [f"{factory}:build", "--input-shape", "2,4", "--format", form, "--quiet"]
+    assert main([*model, "--output", str(tmp_path / "out")]) == 0  # before: 1, UnicodeEncodeError
+    written = (tmp_path / "out").read_text(encoding="utf-8")
+    assert ESCAPED in written  # JSON: its own escape, the same text
+    strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdout", strict)
+    assert main(model) == 0
+    strict.flush()
+    assert strict.buffer.getvalue().decode("utf-8") == written
