@@ -16,6 +16,7 @@ inputs, a dict of keyword inputs, or an (args, kwargs) pair. It receives whichev
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -24,7 +25,7 @@ import json
 import re
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -586,7 +587,8 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     factory = getattr(module, attribute, None)
     if factory is None or not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attribute!r}")
-    produced = factory(**_factory_arguments(factory, options))
+    with _no_exit(f"the factory {target}:{attribute}"):
+        produced = factory(**_factory_arguments(factory, options))
     model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
@@ -618,22 +620,38 @@ def _import_target(target: str) -> Any:
             raise ModelSpecError(f"file {target!r} not found")
         module_name = f"_fxflops_user_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:  # a file Python does not import (no .py)
+            raise ModelSpecError(f"{target!r} is not a Python file: give FILE.py:FACTORY or package.module:FACTORY")
         module = importlib.util.module_from_spec(spec)
         # Registered so dataclasses / pickling inside the user's file can find their module.
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            with _no_exit(f"importing {target}"):
+                spec.loader.exec_module(module)
         except ImportError as error:
             raise ModelSpecError(_import_error_in(path, error)) from None
         return module
     try:
-        return importlib.import_module(target)
+        with _no_exit(f"importing {target}"):
+            return importlib.import_module(target)
     except ModuleNotFoundError as error:
         raise ModelSpecError(f"cannot import {target!r}: {error}") from None
 
 
+@contextlib.contextmanager
+def _no_exit(what: str) -> Iterator[None]:
+    """A SystemExit from the user's code (sys.exit, argparse at import) is an error naming that code,
+    not fxflops exiting with its status and no report."""
+    try:
+        yield
+    except SystemExit as error:
+        raise ModelSpecError(f"{what} raised SystemExit({error.code!r}) instead of returning; a factory returns "
+                             "a model or (model, inputs), and a model file runs no script at import") from None
+
+
 def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
-    """batch / seq_len / dtype, for the factories that ask for them, plus --set values."""
+    """batch / seq_len / dtype, for the factories whose signature names them (not to a **kwargs, which is
+    often a builder's options: torchvision.models.resnet18(**kwargs) passes them to ResNet), plus --set values."""
     offered = {"batch": options.batch, "seq_len": options.seq_len, "dtype": options.dtype}
     offered.update(options.overrides)
     try:
@@ -650,7 +668,8 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
             + (f"; did you mean {close[0]!r}?" if close else "")
             + f" ({name} takes: {', '.join(parameters) or 'no arguments'})"
         )
-    return {key: value for key, value in offered.items() if takes_any or key in parameters}
+    named = {name for name, p in parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {key: value for key, value in offered.items() if key in named or key in options.overrides}
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple, dict]:

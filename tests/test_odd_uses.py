@@ -161,3 +161,52 @@ def test_cli_escapes_a_lone_surrogate(tmp_path, monkeypatch, form):
     assert main(model) == 0
     strict.flush()
     assert strict.buffer.getvalue().decode("utf-8") == written
+
+
+# ------------------------------------------------------------------ factories (MODULE:FACTORY)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from fxflops.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("where", ["factory", "import"])
+def test_a_factory_that_exits_is_an_error_naming_it(capsys, tmp_path, where):
+    factory = tmp_path / "exits.py"
+    body = "def build():\n    raise SystemExit(0)\n" if where == "factory" else "import sys\nsys.exit(0)\n"
+    factory.write_text(body)
+    code, out, err = run_cli(capsys, f"{factory}:build", "--input-shape", "2,4")  # before: 0, and nothing
+    what = f"the factory {factory}:build" if where == "factory" else f"importing {factory}"
+    assert (code, out) == (2, "")
+    assert err == (f"fxflops: error: {what} raised SystemExit(0) instead of returning; a factory returns a model or "
+                   "(model, inputs), and a model file runs no script at import\n")
+
+
+def test_batch_and_seq_len_go_only_to_factories_that_name_them(capsys, tmp_path):
+    # torchvision's builders take **kwargs and pass them to the model's class: batch= broke resnet18
+    pytest.importorskip("torchvision")
+    code, out, err = run_cli(capsys, "torchvision.models:resnet18", "--input-shape", "2,3,32,32", "--format", "csv")
+    assert code == 0, err
+    import csv
+    import io
+
+    rows = {row["name"]: row for row in csv.DictReader(io.StringIO(out))}
+    # the first conv by hand: batch 2 x 64 out channels x 16 x 16 outputs x 3 x 7 x 7 kernel
+    assert int(rows["conv1"]["macs"]) == 2 * 64 * 16 * 16 * 3 * 7 * 7
+    factory = tmp_path / "f.py"
+    factory.write_text("from torch import nn\n\ndef build(batch, **options):\n    assert 'seq_len' not in options\n"
+                       "    return nn.Linear(options.get('width', 4), 4), ((), {'input': __import__('torch')"
+                       ".zeros(batch, options.get('width', 4))})\n")
+    code, out, err = run_cli(capsys, f"{factory}:build", "--batch", "3", "--set", "width=5", "--format", "csv")
+    assert code == 0, err
+    assert int(next(csv.DictReader(io.StringIO(out)))["macs"]) == 3 * 5 * 4  # --set still reaches **options
+
+
+def test_a_file_that_is_not_python_is_one_line(capsys):
+    code, out, err = run_cli(capsys, "/etc/passwd:f")  # before: 'NoneType' object has no attribute 'loader'
+    assert (code, out) == (2, "")
+    assert err == "fxflops: error: '/etc/passwd' is not a Python file: give FILE.py:FACTORY or package.module:FACTORY\n"
