@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxflops.api import deep_models
 from fxflops.generate import generation_profile, profile_generate, split_runs
 from fxflops.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
 from fxflops.profiling import (
@@ -31,6 +32,7 @@ from fxflops.report.formats import ENCODING_ERRORS, duration_to_string, macs_to_
 from fxflops.results import Profile
 
 
+@deep_models
 def get_model_profile(
     model: nn.Module,
     input_shape: tuple[int, ...] | None = None,

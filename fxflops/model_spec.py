@@ -229,7 +229,13 @@ def _tensors_from_shapes(
     shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, ...]:
     kind = torch.long if tokens else (dtype or torch.float32)
-    return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
+    try:
+        return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
+    except RuntimeError as error:
+        if "overflow" not in str(error):
+            raise
+        raise ModelSpecError(f"--input-shape {' '.join(','.join(map(str, s)) for s in shapes)} is too large for a "
+                             "tensor, even a fake one: more than torch's 2**63 - 1 bytes") from None
 
 
 # ------------------------------------------------------------------------------------ examples

@@ -21,7 +21,7 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from fxflops.api import Counting, collector_paused, estimate, normalize_inputs, warn_unknown
+from fxflops.api import Counting, collector_paused, deep_enough, deep_models, estimate, normalize_inputs, warn_unknown
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import signature, tensors_in, to_meta
@@ -240,7 +240,8 @@ class Sweep:
         with collector_paused():
             result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs)
         if self._optimizer is not None:
-            result.optimizer = optimizer_step(self._optimizer, self._model)
+            with deep_enough(self._model):
+                result.optimizer = optimizer_step(self._optimizer, self._model)
         return result
 
     def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
@@ -304,7 +305,7 @@ class Sweep:
     def _capture(self, point: Mapping[str, int]) -> Piece:
         plan = self.plan.at(point)
         args, kwargs = self._inputs
-        with collector_paused():
+        with collector_paused(), deep_enough(self._model):
             try:
                 captured = self._counting.capture(self._model, args, kwargs, self._options["method"], sizes=plan,
                                                   backward=self._options["backward"], loss=self._options["loss"])
@@ -324,6 +325,7 @@ class Sweep:
                 f"{len(self.pieces)} piece{'s' if len(self.pieces) != 1 else ''})")
 
 
+@deep_models
 def sweep(
     model: torch.nn.Module,
     args: Any = (),

@@ -210,3 +210,59 @@ def test_a_file_that_is_not_python_is_one_line(capsys):
     code, out, err = run_cli(capsys, "/etc/passwd:f")  # before: 'NoneType' object has no attribute 'loader'
     assert (code, out) == (2, "")
     assert err == "fxflops: error: '/etc/passwd' is not a Python file: give FILE.py:FACTORY or package.module:FACTORY\n"
+
+
+# ------------------------------------------------------------------ odd shapes, deep models, float dims
+
+
+def test_input_shape_of_bools_is_one_line():
+    with pytest.raises(ValueError) as raised:  # before: TypeError from torch.empty
+        fxflops.estimate(nn.Linear(4, 4), input_shape=(True, 4))
+    assert str(raised.value) == "input_shape must be a tuple of non-negative ints (or a list of them), got (True, 4)"
+
+
+def test_input_shape_too_large_even_for_a_fake_tensor_says_so(capsys):
+    with pytest.raises(ValueError) as raised:  # before: RuntimeError "Storage size calculation overflowed"
+        fxflops.estimate(nn.Linear(10**6, 4), input_shape=(10**13, 10**6))
+    assert str(raised.value) == ("input_shape (10000000000000, 1000000) is too large for a tensor, even a fake one: "
+                                 "1e+19 elements of torch.float32 exceed torch's 2**63 - 1 bytes")
+    code, out, err = run_cli(capsys, "lenet5", "--input-shape", "10000000000000,1000000")
+    assert (code, out) == (2, "")
+    assert err == ("fxflops: error: --input-shape 10000000000000,1000000 is too large for a tensor, even a fake "
+                   "one: more than torch's 2**63 - 1 bytes\n")
+
+
+def nested(depth: int) -> nn.Module:
+    model: nn.Module = nn.Linear(4, 4)
+    for _ in range(depth):
+        model = nn.Sequential(model)
+    return model
+
+
+def test_a_1000_deep_sequential_is_counted_and_the_limit_put_back():
+    import sys
+
+    limit = sys.getrecursionlimit()
+    model = nested(1000)  # before: RecursionError in torch's named_modules()
+    assert fxflops.estimate(model, input_shape=(2, 4)).total_macs == 2 * 4 * 4
+    assert fxflops.sweep(model, input_shape=(2, 4), dims={"batch": 0}).at(batch=7).total_macs == 7 * 4 * 4
+    assert sys.getrecursionlimit() == limit
+
+
+def test_a_model_deeper_than_the_limit_is_one_line():
+    from fxflops.api import MAX_MODULE_DEPTH
+
+    model = nested(MAX_MODULE_DEPTH + 1)
+    for call in (lambda: fxflops.estimate(model, input_shape=(2, 4)),
+                 lambda: fxflops.profile(model, (torch.zeros(2, 4),))):
+        with pytest.raises(ValueError) as raised:
+            call()
+        assert str(raised.value) == (f"Sequential nests modules {MAX_MODULE_DEPTH + 1} deep; fxflops counts models "
+                                     f"up to {MAX_MODULE_DEPTH:,} deep (deeper, a forward can overflow the C stack)")
+
+
+@pytest.mark.parametrize("spec", [1.0, True, "1", None, (1, 2.0)])
+def test_a_sweep_axis_that_is_not_an_int_is_one_line(spec):
+    with pytest.raises(ValueError) as raised:  # before: TypeError 'float' object is not iterable
+        fxflops.sweep(nn.Linear(4, 4), input_shape=(2, 4), dims={"seq": spec})
+    assert str(raised.value) == f"dims['seq'] must be an axis (int) or a tuple of axes, got {spec!r}"
