@@ -28,7 +28,13 @@ from fxflops.profiling import (
     preserved,
     profile,
 )
-from fxflops.report.formats import ENCODING_ERRORS, duration_to_string, macs_to_string, number_to_string, params_to_string
+from fxflops.report.formats import (
+    ENCODING_ERRORS,
+    duration_to_string,
+    macs_to_string,
+    number_to_string,
+    params_to_string,
+)
 from fxflops.results import Profile
 
 

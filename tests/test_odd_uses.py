@@ -128,7 +128,8 @@ def test_every_writer_escapes_a_lone_surrogate(tmp_path, monkeypatch):
     result.print(output_file=str(tmp_path / "m.txt"))  # before: UnicodeEncodeError
     assert ESCAPED in (tmp_path / "m.txt").read_text(encoding="utf-8")
     result.to_json(tmp_path / "m.json")
-    assert [m["name"] for m in json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["modules"]] == ["", "a\udcff"]
+    modules = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["modules"]
+    assert [m["name"] for m in modules] == ["", "a\udcff"]  # JSON's own escape, read back as the name
     strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     monkeypatch.setattr("sys.stdout", strict)
     result.print()  # before: UnicodeEncodeError on a strict UTF-8 stdout
