@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ import torch
 from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
+from fxflops.capture.isolation import walk_modules
 from fxflops.capture.methods import AUTO
 from fxflops.count import DENSE, check_attention, count_nodes
 from fxflops.formula import clip
@@ -31,6 +34,43 @@ class UnknownOpsWarning(UserWarning):
     """Some ops in the graph matched no rule and no zero list: their cost is not in the totals."""
 
 
+# The deepest module nesting counted: Python's recursion limit is raised as far as a model needs (torch
+# walks modules recursively), but the C stack is not Python's to raise, and a forward through ~4,500
+# nested modules overflowed 8 MiB of it (a crash, not an exception).
+MAX_MODULE_DEPTH = 2_000
+
+
+@contextlib.contextmanager
+def deep_enough(model: Any) -> Iterator[None]:
+    """Python's recursion limit raised for the duration as far as the model's nesting needs (each level
+    takes a few frames of torch's named_modules() and of a forward), then as it was; a model nested
+    deeper than MAX_MODULE_DEPTH is one clear error instead of a RecursionError or a crash."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    depth = max((name.count(".") + 1 for name, _, _ in walk_modules(model) if name), default=0)
+    if depth > MAX_MODULE_DEPTH:
+        raise ValueError(f"{type(model).__name__} nests modules {depth} deep; fxflops counts models up to "
+                         f"{MAX_MODULE_DEPTH:,} deep (deeper, a forward can overflow the C stack)")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 1000 + 8 * depth))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def deep_models(function: Callable) -> Callable:
+    """An entry point whose first argument is the model, run under `deep_enough(model)`."""
+    @functools.wraps(function)
+    def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
+        with deep_enough(model):
+            return function(model, *args, **kwargs)
+
+    return entry
+
+
+@deep_models
 def estimate(
     model: torch.nn.Module,
     args: Any = (),

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import NoReturn, TextIO
 from pathlib import Path
 
 from fxflops import examples
@@ -250,25 +250,45 @@ def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
 
 
 def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]], args: argparse.Namespace):
-    """Capture once with the swept sizes symbolic; the result at every point of the grid."""
+    """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
     from fxflops.sweeps import sweep
 
-    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  optimizer=args.optimizer, attention=args.attention)
-    return swept.result({name: values for name, _, values in sweeps})
+    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                 optimizer=args.optimizer, attention=args.attention)
 
 
-def render_sweep(result, args: argparse.Namespace) -> str:
+def render_sweep(swept, sweeps: list, args: argparse.Namespace) -> str | Callable[[TextIO], None]:
+    """The text report, or a writer that streams the JSON / CSV one point at a time."""
     from fxflops.report import sweep as report
 
+    grid = {name: values for name, _, values in sweeps}
     depth = args.depth if args.depth > 0 else 1
     if args.format == "json":
-        return report.to_json(result, depth=depth, top=args.top)
+        return lambda stream: report.write_json(swept, grid, stream, depth=depth, top=args.top)
     if args.format == "csv":
-        return report.to_csv(result)
-    return report.render_text(result, depth=depth, top=args.top,
+        return lambda stream: report.write_csv(swept, grid, stream)
+    return report.render_text(swept.result(grid, depth=depth, top=args.top),
                               tablefmt=args.tablefmt if args.format == "table" else "github")
+
+
+class _Encodable:
+    """A stream whose write() escapes what its encoding cannot hold (a lone surrogate in a module name)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from fxflops.report.formats import encodable
+
+        return self._stream.write(encodable(text, getattr(self._stream, "encoding", None)))
+
+
+def _write_report(report: str | Callable[[TextIO], None], stream: TextIO) -> None:
+    if callable(report):
+        report(stream)
+    else:
+        stream.write(report)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -286,18 +306,22 @@ def run(args: argparse.Namespace) -> int:
         result, report = _estimate_and_render(args, sweeps, progress)
     finally:
         progress.done()
+    from fxflops.report.formats import ENCODING_ERRORS
+
     if args.roofline:
         from fxflops.report.roofline import roofline_svg
 
-        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8")
+        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8",
+                                       errors=ENCODING_ERRORS)
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
     if args.output:
-        Path(args.output).write_text(report, encoding="utf-8")
+        with open(args.output, "w", encoding="utf-8", errors=ENCODING_ERRORS) as stream:
+            _write_report(report, stream)
         if not args.quiet:
             sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
-        sys.stdout.write(report)
+        _write_report(report, _Encodable(sys.stdout))
     return 0
 
 
@@ -334,6 +358,11 @@ def _check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops import peaks
 
     given = args.peak_flops is not None or args.bandwidth is not None
+    if args.device is not None and not args.device.strip():  # "" would otherwise mean: no --device
+        raise ModelSpecError("--device is empty: name a GPU from the peaks table, e.g. --device 'H100 SXM'")
+    if args.roofline is not None and Path(args.roofline).suffix.lower() != ".svg":
+        raise ModelSpecError(f"--roofline {args.roofline!r}: the roofline is an SVG image; give a file name ending "
+                             "in .svg")
     if args.roofline and not (args.device or given):
         raise ModelSpecError("--roofline draws a device's roofs: give --device too, e.g. --device 'H100 SXM'")
     if args.format == "html" and sweeps:
@@ -369,15 +398,13 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     if sweeps and args.explain is not None:
         return _explain_sweep(model, loaded, sweeps, args, progress)
     if sweeps:
-        progress("capturing with symbolic sizes, then counting every point")
-        result = run_sweep(model, loaded, sweeps, args)
+        progress("capturing with symbolic sizes")
+        swept = run_sweep(model, loaded, sweeps, args)
         progress.done()
-        for _, point in result.points:  # how the model was built holds at every point
-            point.cautions[:0] = loaded.cautions
-        for caution in loaded.cautions:  # the sweep report does not show cautions: stderr at least
+        for caution in loaded.cautions:  # the sweep report does not show how the model was built: stderr
             sys.stderr.write(f"fxflops: warning: {caution}\n")
-        progress("writing the report")
-        return result, render_sweep(result, args)
+        progress("counting every point")
+        return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
                       progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxflops.api import deep_models
 from fxflops.generate import generation_profile, profile_generate, split_runs
 from fxflops.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
 from fxflops.profiling import (
@@ -27,10 +28,17 @@ from fxflops.profiling import (
     preserved,
     profile,
 )
-from fxflops.report.formats import duration_to_string, macs_to_string, number_to_string, params_to_string
+from fxflops.report.formats import (
+    ENCODING_ERRORS,
+    duration_to_string,
+    macs_to_string,
+    number_to_string,
+    params_to_string,
+)
 from fxflops.results import Profile
 
 
+@deep_models
 def get_model_profile(
     model: nn.Module,
     input_shape: tuple[int, ...] | None = None,
@@ -158,7 +166,7 @@ def print_profile_report(
     result.measurements.extra["profile_step"] = profile_step
     text = result.print(module_depth=module_depth, top_modules=top_modules, detailed=detailed, as_string=True)
     if output_file:
-        with open(output_file, "w", encoding="utf-8") as out:
+        with open(output_file, "w", encoding="utf-8", errors=ENCODING_ERRORS) as out:
             out.write(text)
     else:
         print(text, end="")

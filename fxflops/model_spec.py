@@ -17,6 +17,7 @@ inputs, a dict of keyword inputs, or an (args, kwargs) pair. It receives whichev
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -26,7 +27,7 @@ import re
 import sys
 import tomllib
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -296,7 +297,13 @@ def _tensors_from_shapes(
     shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, ...]:
     kind = torch.long if tokens else (dtype or torch.float32)
-    return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
+    try:
+        return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
+    except RuntimeError as error:
+        if "overflow" not in str(error):
+            raise
+        raise ModelSpecError(f"--input-shape {' '.join(','.join(map(str, s)) for s in shapes)} is too large for a "
+                             "tensor, even a fake one: more than torch's 2**63 - 1 bytes") from None
 
 
 # ------------------------------------------------------------------------------------ examples
@@ -703,7 +710,8 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     factory = getattr(module, attribute, None)
     if factory is None or not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attribute!r}")
-    produced = _call_factory(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
+    with _no_exit(f"the factory {target}:{attribute}"):
+        produced = _call_factory(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
     model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
@@ -759,22 +767,38 @@ def _import_target(target: str) -> Any:
             raise ModelSpecError(f"file {target!r} not found")
         module_name = f"_fxflops_user_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:  # a file Python does not import (no .py)
+            raise ModelSpecError(f"{target!r} is not a Python file: give FILE.py:FACTORY or package.module:FACTORY")
         module = importlib.util.module_from_spec(spec)
         # Registered so dataclasses / pickling inside the user's file can find their module.
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            with _no_exit(f"importing {target}"):
+                spec.loader.exec_module(module)
         except ImportError as error:
             raise ModelSpecError(_import_error_in(path, error)) from None
         return module
     try:
-        return importlib.import_module(target)
+        with _no_exit(f"importing {target}"):
+            return importlib.import_module(target)
     except ModuleNotFoundError as error:
         raise ModelSpecError(f"cannot import {target!r}: {error}") from None
 
 
+@contextlib.contextmanager
+def _no_exit(what: str) -> Iterator[None]:
+    """A SystemExit from the user's code (sys.exit, argparse at import) is an error naming that code,
+    not fxflops exiting with its status and no report."""
+    try:
+        yield
+    except SystemExit as error:
+        raise ModelSpecError(f"{what} raised SystemExit({error.code!r}) instead of returning; a factory returns "
+                             "a model or (model, inputs), and a model file runs no script at import") from None
+
+
 def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
-    """batch / seq_len / dtype, for the factories that ask for them, plus --set values."""
+    """batch / seq_len / dtype, for the factories whose signature names them (not to a **kwargs, which is
+    often a builder's options: torchvision.models.resnet18(**kwargs) passes them to ResNet), plus --set values."""
     offered = {"batch": options.batch, "seq_len": options.seq_len, "dtype": options.dtype}
     offered.update(options.overrides)
     try:
@@ -782,7 +806,7 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
     except (TypeError, ValueError):
         return dict(options.overrides)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    if not takes_any and "seq_len" not in parameters:
+    if "seq_len" not in parameters:  # only a factory that names it gets it (a **kwargs may be a builder's)
         _refuse_seq_len(options, f"{getattr(factory, '__name__', 'the factory')}() takes no seq_len argument; "
                                  "give its inputs' sizes with --input-shape, or add seq_len to its signature")
     unknown = [key for key in options.overrides if not takes_any and key not in parameters]
@@ -794,7 +818,8 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
             + (f"; did you mean {close[0]!r}?" if close else "")
             + f" ({name} takes: {', '.join(parameters) or 'no arguments'})"
         )
-    return {key: value for key, value in offered.items() if takes_any or key in parameters}
+    named = {name for name, p in parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {key: value for key, value in offered.items() if key in named or key in options.overrides}
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple, dict]:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fxflops import peaks
-from fxflops.api import collector_paused, estimate
+from fxflops.api import collector_paused, deep_models, estimate
 from fxflops.latency import (
     BackwardTimer,
     ModuleTimer,
@@ -40,6 +40,7 @@ from fxflops.results import Estimate, Measurements, Profile
 from fxflops.tree import forward_only
 
 
+@deep_models
 def profile(
     model: nn.Module,
     args: Any = (),

@@ -13,6 +13,8 @@ and no launch overhead: fusion moves fewer bytes, tiny ops take longer than thei
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -177,5 +179,7 @@ def _dtype(value: torch.dtype | str | None) -> torch.dtype:
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
+        # True is an int to Python and inf compares > 0: neither is a rate (inf predicts 0 s)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            unit = "FLOP/s" if name == "peak_flops" else "bytes/s"
+            raise ValueError(f"{name} must be positive and finite ({unit}), got {value!r}")

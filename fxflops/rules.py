@@ -20,6 +20,8 @@ import importlib
 import importlib.util
 import inspect
 import operator
+import os
+import stat
 import sys
 import tomllib
 import types
@@ -410,8 +412,17 @@ def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
     return entries
 
 
+_NOT_FILES = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISCHR: "a character device",
+              stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
+        # checked before opening: opening a FIFO waits for a writer, and /dev/zero never ends
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _NOT_FILES.items() if test(mode)), "a special file")
+            raise RuleFileError(f"rule file {path} is {kind}, not a file: give a .toml file, or a folder of them")
         with open(path, "rb") as handle:
             raw = handle.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused, not read
     except FileNotFoundError:

@@ -14,21 +14,31 @@ import itertools
 import math
 import operator
 import types
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from fxflops.api import Counting, collector_paused, estimate, normalize_inputs, warn_unknown
+from fxflops.api import Counting, collector_paused, deep_enough, deep_models, estimate, normalize_inputs, warn_unknown
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import signature, tensors_in, to_meta
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
-from fxflops.results import Captured, CountSource, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
+from fxflops.results import (
+    Captured,
+    CountSource,
+    Estimate,
+    ModuleInfo,
+    NodeCost,
+    SweepFormula,
+    SweepModule,
+    SweepPoint,
+    SweepResult,
+)
 from fxflops.rules import RuleSpec
 from fxflops.tree import build_estimate, module_stats, owning_module, parent_name, unknown_ops
 
@@ -55,6 +65,8 @@ class Piece:
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._compiled = _compiled(costs)
+        self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
+        self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
         checks = [compile_expression(condition) for condition in self.conditions]
         self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
@@ -130,6 +142,44 @@ class Piece:
                                        input_shapes=shapes_at(inputs, self.plan, point))
         return build_estimate(model_type, captured, costs, conventions, attention)
 
+    def totals(self, point: Mapping[str, int], model_type: str, depth: int, top: int) -> SweepPoint:
+        """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it:
+        each distinct cost expression evaluated once, times how many nodes of a module carry it."""
+        value = _Evaluator(point, self._compiled)
+        terms = self._inclusive_terms()
+
+        def total(counter: Counter) -> int:
+            return sum(count * value(expr) for expr, count in counter.items())
+
+        macs, flops, bwd_macs, bwd_flops = (total(counter) for counter in terms[""])
+        named = self._at_depth.get(depth)
+        if named is None:
+            named = self._at_depth[depth] = _at_depth(list(self.infos), depth)
+        ranked = sorted(((total(terms[name][0]), name) for name in named), key=lambda item: (-item[0], item[1]))
+        tops = tuple(SweepModule(name, model_type if name == "" else self.infos[name].type, module_macs,
+                                 total(terms[name][1])) for module_macs, name in ranked[:max(top, 0)])
+        return SweepPoint(dict(point), macs, flops, value(self.infos[""].params), bwd_macs, bwd_flops, tops)
+
+    def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
+        """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
+        module's subtree as `tree.module_stats` sums them. Made once per piece, on first use."""
+        if self._terms is None:
+            own = {name: (Counter(), Counter(), Counter(), Counter()) for name in self.infos}
+            for cost in self.costs:
+                macs, flops, bwd_macs, bwd_flops = own[owning_module(cost.module, self.captured.aliases, self.infos)]
+                macs[cost.macs] += 1
+                flops[cost.flops] += 1
+                if cost.is_backward:
+                    bwd_macs[cost.macs] += 1
+                    bwd_flops[cost.flops] += 1
+            for name in reversed(list(own)):  # children come after their parents in pre-order
+                parent = parent_name(name)
+                if parent is not None and parent in own:
+                    for mine, child in zip(own[parent], own[name]):
+                        mine.update(child)
+            self._terms = own
+        return self._terms
+
 
 class Sweep:
     """Costs of one model over named input sizes, from one capture (more only where the model's path
@@ -194,7 +244,8 @@ class Sweep:
             result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
                                                   self._counting.attention)
         if self._optimizer is not None:
-            result.optimizer = optimizer_step(self._optimizer, self._model)
+            with deep_enough(self._model):
+                result.optimizer = optimizer_step(self._optimizer, self._model)
         return result
 
     def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
@@ -223,36 +274,55 @@ class Sweep:
             modules=modules, aliases=captured.aliases, source=CountSource(captured, self._counting.table))
         return explain(symbolic, name)
 
+    @property
+    def backward(self) -> bool:
+        """Whether the points count the backward too."""
+        return bool(self._options["backward"])
+
     def table(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]],
               columns: Callable[[Estimate], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """One row per point: the sizes, then total MACs, FLOPs and params (or what `columns` picks).
+        """One row per point: the sizes, then total MACs, FLOPs and params (or what `columns` picks
+        from the point's Estimate).
 
         `grid` is {name: values} (every combination) or a list of points."""
-        rows = []
-        for point in grid_points(grid):
-            result = self.at(**point)
-            picked = columns(result) if columns is not None else {
-                "macs": result.total_macs, "flops": result.total_flops, "params": result.total_params}
-            rows.append({**self.point(point), **picked})
-        return rows
+        if columns is None:
+            return [{**point.sizes, "macs": point.macs, "flops": point.flops, "params": point.params}
+                    for point in self.points(grid, top=0)]
+        return [{**self.point(point), **columns(self.at(**point))} for point in _each_point(grid)]
 
-    def result(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> SweepResult:
-        """The formulas and the Estimates at every point of `grid`, as the reports take them."""
-        points = [(self.point(point), self.at(**point)) for point in grid_points(grid)]
-        quantities = ["macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if self._options["backward"] else [])
+    def points(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]], depth: int = 1,
+               top: int = 3) -> Iterator[SweepPoint]:
+        """The totals at each point of `grid`, one at a time (what `at()` gives there, and its `top`
+        modules at `depth`): a grid of any size streams in constant memory."""
+        for sizes in _each_point(grid):
+            point = self.point(sizes)
+            with collector_paused():
+                found = self.piece(**point).totals(point, self.model_type, depth, top)
+            yield found
+
+    def result(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]], depth: int = 1,
+               top: int = 3) -> SweepResult:
+        """The formulas and the totals at every point of `grid` (see `points`), as the reports take them."""
+        points = list(self.points(grid, depth, top))
+        return SweepResult(model_type=self.model_type, names=self.names, example=dict(self.example),
+                           formulas=self.merged_formulas(), points=points, captures=len(self.pieces),
+                           backward=self.backward, depth=depth)
+
+    def merged_formulas(self) -> list[SweepFormula]:
+        """The whole model's formulas of every piece captured so far, pieces with equal formulas merged."""
+        quantities = ["macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if self.backward else [])
         merged: dict[tuple, SweepFormula] = {}
         for piece in self.pieces:
             formulas = {quantity: str(piece.formulas(quantity)[""]) for quantity in quantities}
             entry = merged.setdefault(tuple(formulas.values()), SweepFormula(formulas, [], []))
             entry.holds_for.append(piece.summary())
             entry.conditions.append(piece.describe())
-        return SweepResult(model_type=self.model_type, names=self.names, example=dict(self.example),
-                           formulas=list(merged.values()), points=points, captures=len(self.pieces))
+        return list(merged.values())
 
     def _capture(self, point: Mapping[str, int]) -> Piece:
         plan = self.plan.at(point)
         args, kwargs = self._inputs
-        with collector_paused():
+        with collector_paused(), deep_enough(self._model):
             try:
                 captured = self._counting.capture(self._model, args, kwargs, self._options["method"], sizes=plan,
                                                   backward=self._options["backward"], loss=self._options["loss"])
@@ -272,6 +342,7 @@ class Sweep:
                 f"{len(self.pieces)} piece{'s' if len(self.pieces) != 1 else ''})")
 
 
+@deep_models
 def sweep(
     model: torch.nn.Module,
     args: Any = (),
@@ -307,10 +378,25 @@ def sweep(
 
 def grid_points(grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> list[dict[str, int]]:
     """Every combination of a {name: values} grid (the first name varies slowest), or a list of points."""
+    return list(_each_point(grid))
+
+
+def _each_point(grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> Iterator[dict[str, int]]:
     if isinstance(grid, Mapping):
         names = list(grid)
-        return [dict(zip(names, values)) for values in itertools.product(*(list(grid[n]) for n in names))]
-    return [dict(point) for point in grid]
+        for values in itertools.product(*(list(grid[n]) for n in names)):
+            yield dict(zip(names, values))
+    else:
+        for point in grid:
+            yield dict(point)
+
+
+def _at_depth(names: list[str], depth: int) -> list[str]:
+    """The modules `report.sweep.top_modules` ranks: those at `depth`, or the deepest there are."""
+    depths = {name: 0 if name == "" else name.count(".") + 1 for name in names}
+    deepest = max(depths.values())
+    level = min(max(depth, 1), deepest) if deepest else 0
+    return [name for name in names if depths[name] == level]
 
 
 def shapes_at(inputs: Any, plan: SizePlan, point: Mapping[str, int]) -> Any:

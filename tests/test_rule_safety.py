@@ -289,3 +289,61 @@ def test_a_callable_for_an_op_spelling_that_names_nothing_warns():
     with pytest.warns(fxflops.RuleFileWarning, match=rf"Python rule {__name__}\.returns_none: op 'aten\.lineer' "
                                                      r"\(did you mean 'aten\.linear'\?\) names nothing"):
         fxflops.estimate(model(), input_shape=(2, 8), rules={"aten.lineer": returns_none})
+
+
+def _load_or_release(target, fifo=None) -> str:
+    """load_table([target])'s RuleFileError message; the call must return within a second (a FIFO
+    opened for reading waits for a writer: if it hangs, a writer is opened so the thread ends)."""
+    import os
+    import threading
+
+    from fxflops.rules import RuleFileError
+
+    found: list[str] = []
+
+    def load() -> None:
+        try:
+            load_table([target])
+        except RuleFileError as error:
+            found.append(str(error))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(SECOND)
+    if thread.is_alive() and fifo is not None:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open() return
+        thread.join(SECOND)
+        pytest.fail(f"loading {target} blocked")
+    assert found, f"{target} was loaded"
+    return found[0]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_a_fifo_or_device_as_rule_file_is_refused_before_opening(tmp_path):
+    import os
+
+    fifo = tmp_path / "rules.toml"
+    os.mkfifo(fifo)
+    message = _load_or_release(fifo, fifo)
+    assert message == f"rule file {fifo} is a named pipe (FIFO), not a file: give a .toml file, or a folder of them"
+    assert "named pipe (FIFO)" in _load_or_release(tmp_path, fifo)  # a folder holding one
+    if os.path.exists("/dev/zero"):
+        assert "/dev/zero is a character device, not a file" in _load_or_release("/dev/zero")
+    from fxflops.rules import RuleFileError, load_rule_file
+
+    with pytest.raises(RuleFileError, match=r"is a folder, not a file"):
+        load_rule_file(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_cli_refuses_a_fifo_rule_path(tmp_path):
+    import os
+
+    from tests.test_cli import fxflops as run_cli
+
+    fifo = tmp_path / "r.toml"
+    os.mkfifo(fifo)
+    result = run_cli("lenet5", "--rules", str(fifo))  # before: blocked until killed
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"fxflops: error: rule file {fifo} is a named pipe (FIFO), not a file: give a .toml " \
+        "file, or a folder of them\n"

@@ -447,3 +447,77 @@ def test_text_report_states_a_merged_formula_region_once():
                          formulas=[SweepFormula({"macs": "size**2"}, [region] * 3, [[], [], []])],
                          points=[], captures=3)
     assert f"formulas, where {region}:\n" in render_text(result)
+
+
+# ------------------------------------------------------------------------------ streamed grids
+
+
+def _expected_point(swept, sizes: dict, depth: int, top: int) -> dict:
+    """A point as the JSON report should write it, from the full Estimate at() gives there."""
+    from fxflops.report.sweep import top_modules
+
+    at = swept.at(**sizes)
+    return {"sizes": {**swept.example, **sizes}, "macs": at.total_macs, "flops": at.total_flops,
+            "params": at.total_params, "bwd_macs": at.bwd_macs, "bwd_flops": at.bwd_flops,
+            "top_modules": [{"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
+                             "share": m.macs / at.total_macs} for m in top_modules(at, depth, top)]}
+
+
+def test_streamed_json_and_csv_equal_at_every_sampled_point():
+    from fxflops.report.sweep import to_csv, to_json, write_csv, write_json
+
+    # LeNet-5 over batch 1 (its own capture), 3 and 9 (the first), 17 and 33 (CPU conv backend: another)
+    from tests.models import LeNet5
+
+    with torch.device("meta"):
+        model = LeNet5()
+    grid = {"batch": [1, 3, 9, 17, 33]}
+    swept = sweep(model, torch.empty(2, 1, 32, 32, device="meta"), dims={"batch": 0})
+    stream = io.StringIO()
+    write_json(swept, grid, stream, depth=2, top=2)
+    data = json.loads(stream.getvalue())
+    assert data["points"] == [_expected_point(swept, {"batch": b}, 2, 2) for b in grid["batch"]]
+    assert data["captures"] == len(swept.pieces) == 3  # the pieces the points added are in the tail
+    assert stream.getvalue() == to_json(swept.result(grid, depth=2, top=2))
+    stream = io.StringIO()
+    write_csv(swept, grid, stream)
+    rows = list(csv.reader(io.StringIO(stream.getvalue())))
+    assert rows[0] == ["batch", "macs", "flops", "params"]  # no backward: no bwd columns
+    for row, batch in zip(rows[1:], grid["batch"], strict=True):
+        at = swept.at(batch=batch)
+        assert row == [str(batch), str(at.total_macs), str(at.total_flops), str(at.total_params)]
+    assert stream.getvalue() == to_csv(swept.result(grid))
+
+
+def test_streamed_backward_grid_has_bwd_columns_equal_at():
+    from fxflops.report.sweep import write_csv, write_json
+
+    model = llama()
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, backward=True)
+    grid = [{"batch": 3, "seq": 17}, {"batch": 1, "seq": 40}, {"batch": 5, "seq": 2}]
+    stream = io.StringIO()
+    write_csv(swept, grid, stream)
+    rows = list(csv.DictReader(io.StringIO(stream.getvalue())))
+    assert list(rows[0]) == ["batch", "seq", "macs", "flops", "params", "bwd_macs", "bwd_flops"]
+    for row, sizes in zip(rows, grid, strict=True):
+        at = swept.at(**sizes)
+        assert at.bwd_flops > 0
+        assert {k: int(v) for k, v in row.items()} == {**sizes, "macs": at.total_macs, "flops": at.total_flops,
+                                                       "params": at.total_params, "bwd_macs": at.bwd_macs,
+                                                       "bwd_flops": at.bwd_flops}
+    stream = io.StringIO()
+    write_json(swept, grid, stream)
+    points = json.loads(stream.getvalue())["points"]
+    assert points == [_expected_point(swept, sizes, 1, 3) for sizes in grid]
+    result = swept.result(grid, top=0)
+    assert [(p.fwd_macs, p.fwd_flops) for p in result.points] == \
+        [(swept.at(**s).fwd_macs, swept.at(**s).fwd_flops) for s in grid]
+    assert swept.table(grid) == [{**s, "macs": swept.at(**s).total_macs, "flops": swept.at(**s).total_flops,
+                                  "params": swept.at(**s).total_params} for s in grid]
+
+
+def test_a_grid_result_holds_totals_not_estimates():
+    swept = sweep(gpt2(), tokens(2, 9), dims={"batch": 0, "seq": 1})
+    result = swept.result({"batch": [2, 3], "seq": [5, 9]})
+    assert all(type(point).__name__ == "SweepPoint" for point in result.points)
+    assert not any(isinstance(value, fxflops.Estimate) for point in result.points for value in vars(point).values())

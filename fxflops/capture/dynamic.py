@@ -65,8 +65,8 @@ def plan_from_dims(args: Any, kwargs: Any, dims: Dims) -> SizePlan:
     hints: dict[str, int] = {}
     for name, spec in dims.items():
         _check_name(name)
-        wanted = (spec,) if isinstance(spec, int) else tuple(spec)
-        if not wanted or not all(isinstance(axis, int) for axis in wanted):
+        wanted = (spec,) if isinstance(spec, int | float) else tuple(spec) if isinstance(spec, tuple | list) else ()
+        if not wanted or not all(isinstance(axis, int) and not isinstance(axis, bool) for axis in wanted):
             raise ValueError(f"dims[{name!r}] must be an axis (int) or a tuple of axes, got {spec!r}")
         hint = _example_size(name, wanted, inputs)
         hints[name] = hint

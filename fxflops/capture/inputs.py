@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -22,9 +23,18 @@ def inputs_from_shape(model: torch.nn.Module, input_shape: Any) -> tuple[torch.T
     shapes = [input_shape] if isinstance(input_shape[0], int) else list(input_shape)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
     for shape in shapes:
-        if not isinstance(shape, tuple | list | torch.Size) or not all(isinstance(size, int) and size >= 0 for size in shape):
+        if not isinstance(shape, tuple | list | torch.Size) or not all(
+                isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape):
             raise ValueError(f"input_shape must be a tuple of non-negative ints (or a list of them), got {shape!r}")
-    return tuple(torch.empty(tuple(shape), dtype=dtype, device="meta") for shape in shapes)
+    return tuple(_meta_tensor(tuple(shape), dtype) for shape in shapes)
+
+
+def _meta_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    try:
+        return torch.empty(shape, dtype=dtype, device="meta")
+    except RuntimeError:  # "Storage size calculation overflowed": torch sizes its storage even on meta
+        raise ValueError(f"input_shape {shape} is too large for a tensor, even a fake one: "
+                         f"{math.prod(shape):.3g} elements of {dtype} exceed torch's 2**63 - 1 bytes") from None
 
 
 def refuse_lazy_output(output: Any) -> Any:

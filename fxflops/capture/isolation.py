@@ -233,8 +233,11 @@ class _WriteWatch(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+def _storage_key(tensor: torch.Tensor) -> Any:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):  # sparse, nested: no one storage (and no views into it)
+        return ("tensor", id(tensor))
 
 
 def swap_tensors(modules: list[tuple[str, torch.nn.Module]], twin: Twin) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from fxflops.report.formats import ENCODING_ERRORS
 from fxflops.results import ROOT_LABEL, Profile
 
 
@@ -50,5 +51,5 @@ def trace_events(profile: Profile) -> dict[str, Any]:
 
 def write_chrome_trace(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write the trace to `path` (open it in chrome://tracing or ui.perfetto.dev)."""
-    with open(path, "w", encoding="utf-8") as out:
+    with open(path, "w", encoding="utf-8", errors=ENCODING_ERRORS) as out:
         json.dump(trace_events(profile), out)

@@ -9,6 +9,21 @@ from __future__ import annotations
 
 PRECISION = 2
 
+# How every writer of ours encodes what the encoding cannot hold (a module named with a lone surrogate,
+# "a\udcff", which Python allows): as a backslash escape, never an error.
+ENCODING_ERRORS = "backslashreplace"
+
+
+def encodable(text: str, encoding: str | None) -> str:
+    """`text` as a stream of `encoding` (a stream we did not open, such as stdout) can take it: what it
+    cannot hold becomes a backslash escape, as files we write get it."""
+    encoding = encoding or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, ENCODING_ERRORS).decode(encoding)
+    return text
+
 # Decimal prefixes from the largest down; the first whose magnitude fits the value is used.
 _LARGE = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
 _SMALL = ((1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n"))

@@ -24,6 +24,7 @@ from typing import Any
 
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
+    ENCODING_ERRORS,
     bytes_to_string,
     duration_to_string,
     flops_to_string,
@@ -118,7 +119,7 @@ def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = Tru
         data=_script_json(data),
     )
     if path is not None:
-        Path(path).write_text(page, encoding="utf-8")
+        Path(path).write_text(page, encoding="utf-8", errors=ENCODING_ERRORS)
     return page
 
 

@@ -75,6 +75,7 @@ from typing import Any
 import networkx as nx
 
 from fxflops.capture.methods import describe
+from fxflops.report.formats import ENCODING_ERRORS
 from fxflops.results import (
     AttentionTotals,
     Estimate,
@@ -249,7 +250,7 @@ def to_json(
     """The estimate as JSON text; also written to `path` when given."""
     document = json.dumps(to_dict(estimate, include_nodes), indent=indent) + "\n"
     if path is not None:
-        Path(path).write_text(document, encoding="utf-8")
+        Path(path).write_text(document, encoding="utf-8", errors=ENCODING_ERRORS)
     return document
 
 
@@ -270,7 +271,7 @@ def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
     document = buffer.getvalue()
     if path is not None:
-        Path(path).write_text(document, encoding="utf-8", newline="")
+        Path(path).write_text(document, encoding="utf-8", errors=ENCODING_ERRORS, newline="")
     return document
 
 

@@ -15,7 +15,10 @@ JSON schema `fxflops.sweep`, version 1 — top-level object:
     points            [{"sizes": {name: int}, "macs", "flops", "params", "bwd_macs", "bwd_flops",
                         "top_modules": [{"name", "type", "macs", "flops", "share"}]}]
 
-CSV: one row per point: the sizes, then macs, flops, params, bwd_macs, bwd_flops.
+The points come before the formulas and captures, one a line: a grid is written as its points are
+counted (`write_json`, `write_csv`), so its size costs no memory.
+
+CSV: one row per point: the sizes, then macs, flops, params, and bwd_macs, bwd_flops with a backward.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TextIO
 
 from tabulate import tabulate
 
 from fxflops.report.formats import macs_to_string, number_to_string, params_to_string
-from fxflops.results import Estimate, ModuleStats, SweepResult
+from fxflops.results import Estimate, ModuleStats, SweepFormula, SweepPoint, SweepResult
 
 SCHEMA = "fxflops.sweep"
 SCHEMA_VERSION = 1
+
+Grid = Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]
 
 
 def top_modules(estimate: Estimate, depth: int, top: int) -> list[ModuleStats]:
@@ -46,19 +52,18 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-def render_text(result: SweepResult, depth: int = 1, top: int = 3, tablefmt: str = "github") -> str:
-    backward = any(estimate.backward for _, estimate in result.points)
-    headers = [*result.names, "MACs", "FLOPs", "params"] + (["bwd FLOPs"] if backward else [])
-    headers += [f"top modules (depth {depth})"] if top > 0 else []
+def render_text(result: SweepResult, tablefmt: str = "github") -> str:
+    """The points as a table (with their top modules, at the depth `Sweep.result` was given), then the formulas."""
+    shown = any(point.top_modules for point in result.points)
+    headers = [*result.names, "MACs", "FLOPs", "params"] + (["bwd FLOPs"] if result.backward else [])
+    headers += [f"top modules (depth {result.depth})"] if shown else []
     rows = []
-    for sizes, estimate in result.points:
-        row = [sizes[name] for name in result.names]
-        row += [macs_to_string(estimate.total_macs), number_to_string(estimate.total_flops),
-                params_to_string(estimate.total_params)]
-        row += [number_to_string(estimate.bwd_flops)] if backward else []
-        if top > 0:
-            row.append(", ".join(f"{m.name} {_share(m.macs, estimate.total_macs):.0%}"
-                                 for m in top_modules(estimate, depth, top)))
+    for point in result.points:
+        row = [point.sizes[name] for name in result.names]
+        row += [macs_to_string(point.macs), number_to_string(point.flops), params_to_string(point.params)]
+        row += [number_to_string(point.bwd_flops)] if result.backward else []
+        if shown:
+            row.append(", ".join(f"{m.name} {_share(m.macs, point.macs):.0%}" for m in point.top_modules))
         rows.append(row)
     lines = [f"fxflops sweep: {result.model_type} over {', '.join(result.names)} "
              f"({len(result.points)} point{'s' if len(result.points) != 1 else ''}, "
@@ -72,51 +77,86 @@ def render_text(result: SweepResult, depth: int = 1, top: int = 3, tablefmt: str
     return "\n".join(lines) + "\n"
 
 
-def to_dict(result: SweepResult, depth: int = 1, top: int = 3) -> dict[str, Any]:
+def to_dict(result: SweepResult) -> dict[str, Any]:
+    return {**_head(result.model_type, result.names, result.example),
+            "points": [point_record(point) for point in result.points],
+            **_tail(result.formulas, result.captures)}
+
+
+def point_record(point: SweepPoint) -> dict[str, Any]:
+    """One point as the JSON report writes it."""
+    return {
+        "sizes": dict(point.sizes),
+        "macs": point.macs,
+        "flops": point.flops,
+        "params": point.params,
+        "bwd_macs": point.bwd_macs,
+        "bwd_flops": point.bwd_flops,
+        "top_modules": [{"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
+                         "share": _share(m.macs, point.macs)} for m in point.top_modules],
+    }
+
+
+def _head(model_type: str, names: Iterable[str], example: Mapping[str, int]) -> dict[str, Any]:
     import torch
 
     import fxflops
 
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "fxflops_version": fxflops.__version__,
-        "torch_version": torch.__version__,
-        "model_type": result.model_type,
-        "sizes": list(result.names),
-        "example": dict(result.example),
-        "formulas": [{**entry.formulas, "holds_for": list(entry.holds_for), "conditions": list(entry.conditions)}
-                     for entry in result.formulas],
-        "captures": result.captures,
-        "points": [_point(sizes, estimate, depth, top) for sizes, estimate in result.points],
-    }
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "fxflops_version": fxflops.__version__,
+            "torch_version": torch.__version__, "model_type": model_type, "sizes": list(names),
+            "example": dict(example)}
 
 
-def _point(sizes: dict[str, int], estimate: Estimate, depth: int, top: int) -> dict[str, Any]:
-    return {
-        "sizes": dict(sizes),
-        "macs": estimate.total_macs,
-        "flops": estimate.total_flops,
-        "params": estimate.total_params,
-        "bwd_macs": estimate.bwd_macs,
-        "bwd_flops": estimate.bwd_flops,
-        "top_modules": [
-            {"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
-             "share": _share(m.macs, estimate.total_macs)}
-            for m in top_modules(estimate, depth, top)
-        ],
-    }
+def _tail(formulas: list[SweepFormula], captures: int) -> dict[str, Any]:
+    return {"formulas": [{**entry.formulas, "holds_for": list(entry.holds_for),
+                          "conditions": list(entry.conditions)} for entry in formulas],
+            "captures": captures}
 
 
-def to_json(result: SweepResult, depth: int = 1, top: int = 3) -> str:
-    return json.dumps(to_dict(result, depth, top), indent=2) + "\n"
+def _json_stream(stream: TextIO, head: dict[str, Any], points: Iterable[SweepPoint],
+                 tail: Callable[[], dict[str, Any]]) -> None:
+    """One JSON object: `head`'s entries, the points one a line as they come, then `tail()`'s entries
+    (called after the last point: a point may add a capture)."""
+    stream.write("{\n")
+    for key, value in head.items():
+        stream.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
+    stream.write('  "points": [')
+    for index, point in enumerate(points):
+        stream.write(("," if index else "") + "\n    " + json.dumps(point_record(point)))
+    stream.write("\n  ]")
+    for key, value in tail().items():
+        stream.write(f",\n  {json.dumps(key)}: {json.dumps(value)}")
+    stream.write("\n}\n")
+
+
+def to_json(result: SweepResult) -> str:
+    buffer = io.StringIO()
+    _json_stream(buffer, _head(result.model_type, result.names, result.example), result.points,
+                 lambda: _tail(result.formulas, result.captures))
+    return buffer.getvalue()
+
+
+def write_json(swept: Any, grid: Grid, stream: TextIO, depth: int = 1, top: int = 3) -> None:
+    """`to_json(swept.result(grid, depth, top))`, each point written as it is counted (`swept`: a Sweep)."""
+    _json_stream(stream, _head(swept.model_type, swept.names, swept.example), swept.points(grid, depth, top),
+                 lambda: _tail(swept.merged_formulas(), len(swept.pieces)))
+
+
+def _csv_stream(stream: TextIO, names: Iterable[str], backward: bool, points: Iterable[SweepPoint]) -> None:
+    names = list(names)
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow([*names, "macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if backward else []))
+    for point in points:
+        writer.writerow([*(point.sizes[name] for name in names), point.macs, point.flops, point.params]
+                        + ([point.bwd_macs, point.bwd_flops] if backward else []))
 
 
 def to_csv(result: SweepResult) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([*result.names, "macs", "flops", "params", "bwd_macs", "bwd_flops"])
-    for sizes, estimate in result.points:
-        writer.writerow([*(sizes[name] for name in result.names), estimate.total_macs, estimate.total_flops,
-                         estimate.total_params, estimate.bwd_macs, estimate.bwd_flops])
+    _csv_stream(buffer, result.names, result.backward, result.points)
     return buffer.getvalue()
+
+
+def write_csv(swept: Any, grid: Grid, stream: TextIO) -> None:
+    """`to_csv(swept.result(grid))`, each row written as its point is counted (`swept`: a Sweep)."""
+    _csv_stream(stream, swept.names, swept.backward, swept.points(grid, top=0))

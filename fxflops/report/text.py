@@ -15,8 +15,10 @@ from typing import Any
 from fxflops.capture.methods import describe, runs_model
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
+    ENCODING_ERRORS,
     bytes_to_string,
     duration_to_string,
+    encodable,
     flops_to_string,
     macs_to_string,
     number_to_string,
@@ -57,9 +59,9 @@ def text(
         by_rule=by_rule,
     )
     if output_file is not None:
-        Path(output_file).write_text(report, encoding="utf-8")
+        Path(output_file).write_text(report, encoding="utf-8", errors=ENCODING_ERRORS)
     elif not as_string:
-        sys.stdout.write(report)
+        sys.stdout.write(encodable(report, getattr(sys.stdout, "encoding", None)))
     return report if as_string else None
 
 
