@@ -4,6 +4,7 @@ A page marks a generated part with an HTML comment on a line of its own:
   <!-- generate: cli-help -->          the `fxflops --help` text, from the argument parser
   <!-- generate: rules-table -->       the rule table, from rules/*.toml (scripts/rules_table.py)
   <!-- generate: presets-table -->     the presets, from rules/presets.toml
+  <!-- generate: peaks-table -->       the devices predict()/--device know, from fxflops/peaks.py
   <!-- generate: benchmark NAME -->    benchmarks/results/NAME.md
 """
 
@@ -25,6 +26,19 @@ def _rules_table():
     return module
 
 
+def _peaks_table() -> str:
+    sys.path.insert(0, str(ROOT))
+    from fxflops.peaks import GPU_PEAKS
+
+    keys = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+    rows = ["| device | " + " | ".join(f"{key} TFLOP/s" for key in keys) + " | bandwidth TB/s | source |",
+            "|---|" + "---:|" * (len(keys) + 1) + "---|"]
+    for device in GPU_PEAKS:
+        rates = " | ".join(f"{device.flops[key] / 1e12:g}" if key in device.flops else "—" for key in keys)
+        rows.append(f"| {device.label} | {rates} | {device.bandwidth / 1e12:g} | {device.source} |")
+    return "\n".join(rows)
+
+
 def generated(kind: str, argument: str | None) -> str:
     if kind == "cli-help":
         sys.path.insert(0, str(ROOT))
@@ -37,8 +51,12 @@ def generated(kind: str, argument: str | None) -> str:
         return _rules_table().table()
     if kind == "presets-table":
         return _rules_table().presets_table()
+    if kind == "peaks-table":
+        return _peaks_table()
     if kind == "benchmark":
-        return (ROOT / "benchmarks" / "results" / f"{argument}.md").read_text(encoding="utf-8")
+        text = (ROOT / "benchmarks" / "results" / f"{argument}.md").read_text(encoding="utf-8")
+        # a results file's own headings sit under the page's section heading: two levels down
+        return re.sub(r"^(#+) ", lambda match: "#" * min(len(match.group(1)) + 2, 6) + " ", text, flags=re.M)
     raise ValueError(f"unknown generated part {kind!r}")
 
 

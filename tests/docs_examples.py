@@ -4,7 +4,7 @@ A page is read as markdown. Its fenced blocks are examples:
 
 - ```python   run in order, one Python session per page (a block may use what an earlier one made);
 - ```pycon    doctest: `>>> ` lines run in the page's session, their output checked (ELLIPSIS, whitespace
-              normalized);
+              normalized; a blank line inside an output is part of it, no <BLANKLINE> needed);
 - ```console  `$ command` lines run in a shell, the lines after each command (up to the next `$ `) its
               expected output; `...` on a line of its own stands for any number of lines, and within a line
               for any text;

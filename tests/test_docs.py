@@ -30,12 +30,23 @@ def _run_python(page: Path, blocks: list[Example], folder: Path) -> None:
         import doctest, json, sys, warnings
         warnings.simplefilter("ignore")
         blocks = json.load(open(sys.argv[1]))
+
+        def blank_lines_kept(body):
+            # a printed report has blank lines, which end a doctest's output: mark those inside one
+            lines = body.split("\\n")
+            kept = []
+            for i, line in enumerate(lines):
+                later = [rest for rest in lines[i + 1:] if rest.strip()]
+                inside = line.strip() == "" and later and not later[0].lstrip().startswith(">>>")
+                kept.append("<BLANKLINE>" if inside else line)
+            return "\\n".join(kept)
+
         namespace = {"__name__": "__main__"}
         for where, language, body in blocks:
             if language == "python":
                 exec(compile(body, where, "exec"), namespace)
                 continue
-            test = doctest.DocTestParser().get_doctest(body, namespace, where, where, 0)
+            test = doctest.DocTestParser().get_doctest(blank_lines_kept(body), namespace, where, where, 0)
             runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
             runner.run(test, clear_globs=False)
             namespace.update(test.globs)  # DocTest runs in a copy: later blocks see what this one made
