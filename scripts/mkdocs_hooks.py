@@ -5,11 +5,14 @@ A page marks a generated part with an HTML comment on a line of its own:
   <!-- generate: rules-table -->       the rule table, from rules/*.toml (scripts/rules_table.py)
   <!-- generate: presets-table -->     the presets, from rules/presets.toml
   <!-- generate: peaks-table -->       the devices predict()/--device know, from fxflops/peaks.py
+  <!-- generate: docstring MODULE -->  a module's docstring (e.g. a JSON schema), as text
+  <!-- generate: package-layout -->    every module of fxflops/ with the first line of its docstring
   <!-- generate: benchmark NAME -->    benchmarks/results/NAME.md
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
@@ -24,6 +27,17 @@ def _rules_table():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _package_layout() -> str:
+    """A table of fxflops' modules, read with ast (nothing imported), so it follows the code's layout."""
+    rows = ["| module | what it does |", "|---|---|"]
+    package = ROOT / "fxflops"
+    for path in sorted(package.rglob("*.py"), key=lambda path: (path.parent != package, str(path))):
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        first = " ".join(docstring.split("\n\n", 1)[0].split()).replace("|", "\\|")
+        rows.append(f"| `{path.relative_to(ROOT).as_posix()}` | {first} |")
+    return "\n".join(rows)
 
 
 def _peaks_table() -> str:
@@ -51,6 +65,11 @@ def generated(kind: str, argument: str | None) -> str:
         return _rules_table().table()
     if kind == "presets-table":
         return _rules_table().presets_table()
+    if kind == "docstring":
+        sys.path.insert(0, str(ROOT))
+        return "```text\n" + importlib.import_module(argument).__doc__.strip() + "\n```"
+    if kind == "package-layout":
+        return _package_layout()
     if kind == "peaks-table":
         return _peaks_table()
     if kind == "benchmark":
