@@ -1,8 +1,8 @@
-"""Print the README's rule table and preset table (markdown) from rules/*.toml, so they never drift.
+"""Print the rule table and preset table (markdown) from rules/*.toml, so they never drift.
 
 Usage: python scripts/rules_table.py            the rule table
        python scripts/rules_table.py presets    the preset table
-(tests/test_readme.py checks the README holds their output)
+(the manual shows them, generated at build time: scripts/mkdocs_hooks.py; tests/test_readme.py)
 """
 
 from __future__ import annotations

@@ -415,7 +415,7 @@ def _unknown_section(estimate: Estimate) -> str:
     rows = [f'<tr class="unknown">{_cell(u.op, None, "name")}{_cell(str(u.count), u.count)}'
             f"{_cell(', '.join(m or ROOT_LABEL for m in u.modules))}</tr>" for u in estimate.unknown]
     return ('<p class="bad">These ops match no rule: their MACs and FLOPs are not in the totals. '
-            "Add a rule (see the README's user rules) or report them.</p>"
+            "Add a rule (see the manual's Writing rules, docs/guide/rules.md) or report them.</p>"
             + _table("unknown", [("op", False), ("nodes", True), ("modules", False)], rows))
 
 
