@@ -5,6 +5,7 @@ from fxflops.capture import CaptureError
 from fxflops.count import RuleEvaluationError
 from fxflops.formula import FormulaError
 from fxflops.generate import profile_generate
+from fxflops.meter import FlopsMeter, FlopsMeterWarning
 from fxflops.profiling import profile
 from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
 from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
@@ -12,7 +13,7 @@ from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
 __version__ = "0.1.0"
 
 __all__ = [
-    "CONVENTIONS", "CaptureError", "CautionWarning", "Estimate", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
+    "CONVENTIONS", "CaptureError", "CautionWarning", "Estimate", "FlopsMeter", "FlopsMeterWarning", "FormulaError", "Measurements", "ModuleStats", "NodeCost", "OpCall", "Profile",
     "RuleEvaluationError", "RuleFileError", "RuleFileWarning", "Sweep", "SweepCaptureError", "UnknownOp", "UnknownOpsWarning", "annotate",
     "estimate", "profile", "profile_generate", "sweep",
 ]

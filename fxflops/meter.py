@@ -66,7 +66,7 @@ class StepStats:
     optimizer_flops: int | None  # the optimizer step's FLOPs, not in `flops`
     peak_flops: float | None  # per device, for the compute dtype
     _real_tokens: list[Any] = field(default_factory=list, repr=False)
-    _time: Any = field(default=None, repr=False)  # seconds, or a (start, end) pair of CUDA events
+    _time: Any = field(default=None, repr=False)  # seconds, or (start event, end event, capture seconds)
 
     @property
     def flops(self) -> int | None:
@@ -84,9 +84,9 @@ class StepStats:
     def time(self) -> float | None:
         """The step's seconds (CUDA events are read, and so synchronized, here: only when asked)."""
         if isinstance(self._time, tuple):
-            start, end = self._time
+            start, end, capturing = self._time
             end.synchronize()
-            self._time = start.elapsed_time(end) / 1e3
+            self._time = start.elapsed_time(end) / 1e3 - capturing
         return self._time
 
     @property
@@ -129,6 +129,10 @@ class WindowStats:
     six_n_flops: int | None
     peak_flops: float | None  # of all the devices the FLOPs ran on together
     world_size: int = 1
+
+    @property
+    def flops_per_step(self) -> float | None:
+        return _ratio(self.flops, self.steps)
 
     @property
     def flops_per_sec(self) -> float | None:
@@ -212,6 +216,7 @@ class FlopsMeter:
         self._started: Any = None
         self._last_mark: Any = None
         self._count = 0
+        self._capturing = 0.0  # seconds the current step spent capturing: not the step's own time
         self._totals = _Totals()
         self._peaks: dict[torch.dtype, float | None] = {}
         self._optimizer_flops: int | None | bool = False  # False: not counted yet
@@ -236,14 +241,16 @@ class FlopsMeter:
     def step(self, batch: Any = None, *, time: float | None = None) -> StepStats:
         """Close one optimizer step (its micro-batches, plus `batch` if given) and record it.
 
-        `time` is the step's seconds; without it, from start() if called, else since the last step()."""
+        `time` is the step's seconds; without it, from start() if called, else since the last step(),
+        less the time this step spent capturing a new shape family."""
         if batch is not None:
             self.micro_batch(batch)
         end = self._mark()
         if time is None:
             begin = self._started if self._started is not None else self._last_mark
-            time = self._elapsed(begin, end)
+            time = self._elapsed(begin, end, self._capturing)
         self._started = None
+        self._capturing = 0.0
         self._last_mark = end
         stats = self._close(self._pending, time)
         self._pending = []
@@ -287,7 +294,11 @@ class FlopsMeter:
             if family is not None:
                 return family
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
-        family = _Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs))
+        begin = time.perf_counter()
+        try:
+            family = _Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs))
+        finally:
+            self._capturing += time.perf_counter() - begin
         self.captures += family.captures
         self._families[key] = family
         return family
@@ -309,14 +320,18 @@ class FlopsMeter:
         return self._totals.stats()
 
     def metrics(self, stats: StepStats | WindowStats | None = None, prefix: str = "") -> dict[str, float]:
-        """A step's (default: the last one's) numbers as a flat dict for a logger; those not known are left out."""
+        """A step's (default: the last one's) numbers as a flat dict for a logger; those not known are left out.
+        Of several steps (WindowStats), `flops` and `6n_flops` are per step, the rates over their whole time."""
         stats = stats if stats is not None else (self.steps[-1] if self.steps else None)
         if stats is None:
             return {}
+        per_step = stats.flops if isinstance(stats, StepStats) else stats.flops_per_step
         values = {
-            "flops": stats.flops, "flops_per_sec": stats.flops_per_sec, "tflops": stats.tflops, "mfu": stats.mfu,
+            "flops": per_step, "flops_per_sec": stats.flops_per_sec, "tflops": stats.tflops, "mfu": stats.mfu,
+            "step_time": stats.time if isinstance(stats, StepStats) else _ratio(stats.time, stats.steps),
             "samples_per_sec": stats.samples_per_sec, "tokens_per_sec": stats.tokens_per_sec,
-            "6n_flops": stats.six_n_flops, "6n_over_counted": stats.six_n_ratio,
+            "6n_flops": stats.six_n_flops if isinstance(stats, StepStats) else _ratio(stats.six_n_flops, stats.steps),
+            "6n_over_counted": stats.six_n_ratio,
         }
         if isinstance(stats, WindowStats):
             values["world_size"] = stats.world_size
@@ -387,12 +402,12 @@ class FlopsMeter:
         return time.perf_counter()
 
     @staticmethod
-    def _elapsed(begin: Any, end: Any) -> Any:
+    def _elapsed(begin: Any, end: Any, capturing: float) -> Any:
         if begin is None:
             return None
         if isinstance(begin, float):
-            return end - begin
-        return (begin, end)  # read when the step's time is asked for: no synchronization per step
+            return end - begin - capturing
+        return (begin, end, capturing)  # read when the step's time is asked for: no synchronization per step
 
     def _peak(self) -> float | None:
         if self.peak_flops is not None:
@@ -485,9 +500,11 @@ class _Family:
         key = tuple(point.values())
         found = self._known.get(key)
         if found is None:
-            before = len(self.sweep.pieces)
+            before, begin = len(self.sweep.pieces), time.perf_counter()
             piece = self.sweep.piece(**point)
-            meter.captures += len(self.sweep.pieces) - before
+            if len(self.sweep.pieces) > before:
+                meter.captures += len(self.sweep.pieces) - before
+                meter._capturing += time.perf_counter() - begin
             compiled = self._totals.get(id(piece))
             if compiled is None:
                 compiled = self._totals[id(piece)] = _compiled_totals(piece)
