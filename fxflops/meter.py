@@ -196,6 +196,8 @@ class FlopsMeter:
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be 1 or more steps, got {window}")
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module  # the same arithmetic; the wrapper's forward would synchronize buffers
         self.model = model
         self.dims = dict(dims) if dims is not None else None
         self.loss = loss
@@ -223,12 +225,14 @@ class FlopsMeter:
         self._parameters: tuple[int, int] | None = None
         if example_batch is not None:
             self.count(example_batch)  # the first family captured now, not inside the first step
+            self._capturing = 0.0
 
     # ------------------------------------------------------------------------------ the loop's calls
 
     def start(self) -> None:
         """Mark the start of a step; the next step() measures from here (CUDA events on a GPU)."""
         self._started = self._mark()
+        self._capturing = 0.0
 
     def micro_batch(self, batch: Any) -> BatchCount | None:
         """Count one forward + backward of `batch` into the current step (call once per micro-batch)."""

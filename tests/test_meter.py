@@ -295,3 +295,39 @@ def test_six_n_is_far_off_where_attention_dominates(gpt2):
     stats = meter.step(lm_batch(1, 64), time=1.0)
     assert stats.six_n_flops < stats.flops  # 6N leaves the attention out
     assert math.isclose(meter.metrics()["6n_over_counted"], stats.six_n_flops / stats.flops)
+
+
+# ------------------------------------------------------------------------------------------ distributed
+
+
+def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
+    """DDP, then FSDP2's fully_shard where this torch has it, in one torchrun job of 2 CPU processes."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    import json
+    import os
+    import socket
+
+    from torch.distributed import fsdp
+
+    kinds = ["ddp", "fsdp"] if hasattr(fsdp, "fully_shard") else ["ddp"]
+    with socket.socket() as probe:  # a free port on 127.0.0.1
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), os.path.join(root, "tests", "distributed_meter.py"), ",".join(kinds),
+               str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for kind in kinds:
+        ranks = [json.loads((tmp_path / f"{kind}-rank{rank}.json").read_text()) for rank in range(2)]
+        for seen in ranks:
+            assert seen["local"] == seen["estimates"]  # each rank: its own steps, as estimate() counts them
+            assert seen["captures"] == 1
+            assert seen["world"] == 2 and seen["peak"] == 2 * 1e12
+        assert ranks[0]["logged"] == ranks[1]["logged"] == [ranks[0]["local"][1] + ranks[1]["local"][1]]
+        assert ranks[0]["total"] == ranks[1]["total"] == sum(ranks[0]["local"]) + sum(ranks[1]["local"])
+        assert ranks[0]["time"] == ranks[1]["time"] > 0  # the slowest rank's
+        assert ranks[0]["mfu"] == pytest.approx(ranks[0]["total"] / ranks[0]["time"] / 2e12, rel=1e-9)
