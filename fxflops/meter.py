@@ -222,7 +222,7 @@ class FlopsMeter:
         self._totals = _Totals()
         self._peaks: dict[torch.dtype, float | None] = {}
         self._optimizer_flops: int | None | bool = False  # False: not counted yet
-        self._parameters: tuple[int, int] | None = None
+        self._parameters: int | None = None
         if example_batch is not None:
             self.count(example_batch)  # the first family captured now, not inside the first step
             self._capturing = 0.0
@@ -439,19 +439,14 @@ class FlopsMeter:
 
     def _non_embedding_params(self) -> int:
         if self._parameters is None:
-            embedding = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
-            unique = {id(p): p for p in self.model.parameters()}
-            self._parameters = (sum(p.numel() for i, p in unique.items() if i not in embedding),
-                                sum(p.numel() for p in unique.values()))
-        return self._parameters[0]
+            self._parameters = non_embedding_params(self.model)
+        return self._parameters
 
     def _attention_flops(self, counted: list[BatchCount]) -> int | None:
-        """12·L·H·Q·T per token (the attention matmuls' fwd+bwd, as nanoGPT and torchtitan add to 6N)."""
-        shape = attention_shape(self.model)
-        if shape is None or not counted or any(c.tokens is None for c in counted):
+        if not counted or any(c.tokens is None for c in counted):
             return None
-        layers, heads, head_dim = shape
-        return sum(12 * layers * heads * head_dim * (c.tokens // c.samples) * c.tokens for c in counted)
+        terms = [attention_flops(self.model, c.samples, c.tokens // c.samples) for c in counted]
+        return None if None in terms else sum(terms)
 
 
 class _Family:
@@ -577,6 +572,23 @@ def infer_dims(args: tuple, kwargs: dict) -> dict[str, Any]:
     if first.dim() == 0:
         raise ValueError("the first input is a scalar: give dims= naming the batch axis")
     return {"batch": 0}
+
+
+def non_embedding_params(model: torch.nn.Module) -> int:
+    """Parameters outside embedding tables: the N of transformers' 6·N·tokens (a lookup is no matmul)."""
+    embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    unique = {id(p): p for p in model.parameters()}
+    return sum(p.numel() for i, p in unique.items() if i not in embedding)
+
+
+def attention_flops(model: torch.nn.Module, batch: int, seq: int) -> int | None:
+    """12·L·H·Q·T per token, for batch x seq tokens: the attention matmuls' fwd+bwd that nanoGPT and
+    torchtitan add to 6N (no causal halving, no GQA saving). None without a transformers-style config."""
+    shape = attention_shape(model)
+    if shape is None:
+        return None
+    layers, heads, head_dim = shape
+    return 12 * layers * heads * head_dim * seq * batch * seq
 
 
 def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
