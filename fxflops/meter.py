@@ -236,8 +236,7 @@ class FlopsMeter:
 
     def micro_batch(self, batch: Any) -> BatchCount | None:
         """Count one forward + backward of `batch` into the current step (call once per micro-batch)."""
-        if torch.is_autocast_enabled(self.device.type):
-            self._autocast_dtype = torch.get_autocast_dtype(self.device.type)
+        self._autocast_dtype = _autocast_dtype(self.device) or self._autocast_dtype
         counted = self.count(batch)
         self._pending.append(counted)
         return counted
@@ -684,6 +683,14 @@ def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
 
     found = peaks.peak_for(torch.cuda.get_device_name(device), dtype, tf32=peaks.tf32_enabled())
     return found[0] if found else None
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on this device now, or None (off, or a device autocast has no notion of)."""
+    try:
+        return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    except RuntimeError:  # the meta device, say
+        return None
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
