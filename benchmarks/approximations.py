@@ -83,11 +83,17 @@ def row(name: str, build) -> tuple[dict[str, str], str]:
     n = non_embedding_params(model)
     six_n = 6 * n
     attention = 12 * layers * heads * head_dim * seq
-    sdpa = sum(t.flops for key, t in result.by_rule.items() if "sdpa" in key or "attention" in key) / tokens
-    linear = sum(t.flops for key, t in result.by_rule.items() if key in ("linear", "matmul", "mm", "bmm")) / tokens
-    notes = (f"{name}: N = {n / 1e6:.1f} M non-embedding params; counted per token {counted / 1e9:.3f} GFLOPs, "
-             f"of which matmuls by rule linear/matmul {linear / 1e9:.3f} G, attention (SDPA) {sdpa / 1e9:.3f} G, "
-             f"the rest (norms, activations, softmax, loss) {(counted - linear - sdpa) / 1e9:.3f} G")
+    notes = f"{name}: N = {n / 1e6:.1f} M non-embedding params"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    if head is not None and id(head.weight) in embedded:
+        notes += (f"; the LM head shares the embedding's weight, so N leaves out its matmul: "
+                  f"6·d·V = {6 * head.weight.numel() / 1e9:.3f} GFLOPs/token")
+    experts = getattr(getattr(model, "config", None), "num_local_experts", None)
+    if experts:
+        k = model.config.num_experts_per_tok
+        notes += f"; N holds all {experts} experts of each layer, a token runs {k} of them"
+    notes += f"; 12·L·H·Q·T = {attention / 1e9:.3f} GFLOPs/token at T = {seq}"
     return {
         "model": name,
         "counted GFLOPs/token": f"{counted / 1e9:.3f}",

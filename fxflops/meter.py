@@ -412,10 +412,16 @@ class FlopsMeter:
             return end - begin - capturing
         return (begin, end, capturing)  # read when the step's time is asked for: no synchronization per step
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype MFU is taken against: `dtype=`, else autocast's as last seen counting a micro-batch,
+        else the parameters' (bf16 weights train in bf16)."""
+        return self.dtype or self._autocast_dtype or _parameter_dtype(self.model)
+
     def _peak(self) -> float | None:
         if self.peak_flops is not None:
             return float(self.peak_flops)
-        dtype = self.dtype or self._autocast_dtype or _parameter_dtype(self.model)
+        dtype = self.compute_dtype
         if dtype not in self._peaks:
             self._peaks[dtype] = _table_peak(self.device, dtype)
             if self._peaks[dtype] is None:

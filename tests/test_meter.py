@@ -331,3 +331,15 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
         assert ranks[0]["total"] == ranks[1]["total"] == sum(ranks[0]["local"]) + sum(ranks[1]["local"])
         assert ranks[0]["time"] == ranks[1]["time"] > 0  # the slowest rank's
         assert ranks[0]["mfu"] == pytest.approx(ranks[0]["total"] / ranks[0]["time"] / 2e12, rel=1e-9)
+
+
+def test_the_compute_dtype_is_autocasts_or_the_weights():
+    model = nn.Linear(4, 4)
+    meter = FlopsMeter(model, torch.randn(2, 4), peak_flops=PEAK)
+    assert meter.compute_dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        meter.micro_batch(torch.randn(2, 4))
+    meter.step(time=0.1)
+    assert meter.compute_dtype == torch.bfloat16
+    assert FlopsMeter(nn.Linear(4, 4).to(torch.bfloat16)).compute_dtype == torch.bfloat16
+    assert FlopsMeter(model, dtype=torch.float16).compute_dtype == torch.float16
