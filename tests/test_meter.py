@@ -199,12 +199,12 @@ def test_trainer_logs_exact_step_flops_and_mfu_from_one_capture(tmp_path):
     from fxflops.integrations.transformers import FlopsCallback
 
     model = tiny_gpt2()
-    lengths = [5, 9, 7, 12, 6, 3]  # batches of 2: longest 9, 12, 6
+    lengths = [5, 9, 7, 12, 6, 3, 4, 10, 8, 2, 11, 6]  # micro-batches of 2, 2 per step: 3 steps
     data = [{"input_ids": list(range(1, n + 1))} for n in lengths]
     collator = _RecordingCollator()
     args = tf.TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2,
-                                logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-                                dataloader_num_workers=0, disable_tqdm=True)
+                                gradient_accumulation_steps=2, logging_steps=1, report_to=[], use_cpu=True,
+                                save_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
     callback = FlopsCallback(peak_flops=PEAK, replace_total_flos=True)
     trainer = tf.Trainer(model=model, args=args, train_dataset=data, data_collator=collator, callbacks=[callback])
     hooks_before = dict(model._forward_pre_hooks)
@@ -212,18 +212,22 @@ def test_trainer_logs_exact_step_flops_and_mfu_from_one_capture(tmp_path):
     assert dict(model._forward_pre_hooks) == hooks_before  # the callback's hook is gone
     logged = [entry for entry in trainer.state.log_history if "mfu" in entry]
     assert len(logged) == 3
-    # the Trainer passes the loss's denominator too: the count is of the call it makes
-    counts = [expected(model, {**batch, "num_items_in_batch": (batch["labels"][:, 1:] != -100).sum()})
-              for batch in collator.batches[:3]]
-    assert len({tuple(b["input_ids"].shape) for b in collator.batches[:3]}) > 1  # the shapes did vary
-    for entry, count, batch in zip(logged, counts, collator.batches):
-        assert entry["flops"] == count.total_flops
+    micro = collator.batches[:6]
+    assert len({tuple(b["input_ids"].shape) for b in micro}) > 1  # the shapes did vary
+    # the Trainer passes the step's loss denominator too: the count is of the call it makes
+    counts = []
+    for step in range(3):
+        pair = micro[2 * step:2 * step + 2]
+        items = sum((b["labels"][:, 1:] != -100).sum() for b in pair)
+        counts.append(sum(expected(model, {**b, "num_items_in_batch": items}).total_flops for b in pair))
+    for entry, count in zip(logged, counts):
+        assert entry["flops"] == count
         assert entry["mfu"] == pytest.approx(entry["flops"] / entry["step_time"] / PEAK, rel=1e-9)
         assert entry["tflops"] == pytest.approx(entry["flops"] / entry["step_time"] / 1e12, rel=1e-9)
         assert entry["world_size"] == 1
     assert callback.meter.captures == 1
     final = trainer.state.log_history[-1]
-    assert final["total_flos"] == sum(count.total_flops for count in counts)
+    assert final["total_flos"] == sum(counts)
 
 
 # -------------------------------------------------------------------------------------------- lightning
@@ -343,3 +347,40 @@ def test_the_compute_dtype_is_autocasts_or_the_weights():
     assert meter.compute_dtype == torch.bfloat16
     assert FlopsMeter(nn.Linear(4, 4).to(torch.bfloat16)).compute_dtype == torch.bfloat16
     assert FlopsMeter(model, dtype=torch.float16).compute_dtype == torch.float16
+
+
+def test_frozen_parameters_are_counted_as_estimate_counts_them():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[0].requires_grad_(False)  # a frozen first layer: no weight gradient, and no input gradient below it
+    meter = FlopsMeter(model, torch.randn(2, 8))
+    stats = meter.step(torch.randn(5, 8), time=1.0)
+    # forward: 2 matmuls + biases + relu; backward: the second layer's weight and input gradients,
+    # its bias gradient (a sum over the batch), relu's gradient; nothing for the frozen first layer
+    forward = 2 * 5 * 8 * 16 + 5 * 16 + 5 * 16 + 2 * 5 * 16 * 4 + 5 * 4
+    assert stats.fwd_flops == forward
+    assert stats.flops == expected_plain(model, torch.randn(5, 8))
+
+
+def test_a_padded_sequence_sweeps_over_every_length_from_one_capture():
+    # F.pad (aten.constant_pad_nd, as in transformers' causal-LM loss) once pinned a sweep to its example sizes
+    from fxflops.sweeps import sweep
+
+    class Shifted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.pad(self.linear(x), (0, 0, 0, 1), value=0.0)
+
+    swept = sweep(Shifted(), (torch.randn(2, 8, 4),), dims={"batch": 0, "seq": 1})
+    assert swept.holds_for == "batch >= 2, seq >= 2"
+    at = swept.at(batch=3, seq=20)
+    assert at.total_flops == expected_plain_forward(Shifted(), torch.randn(3, 20, 4))
+    assert len(swept.pieces) == 1
+
+
+def expected_plain_forward(model: nn.Module, x: torch.Tensor) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxflops.estimate(model, (x,)).total_flops
