@@ -209,10 +209,11 @@ class FlopsMeter:
         self.captures = 0  # sweep captures made (one per shape family, more where a model's path changes)
         self._options = {"conventions": conventions, "rules": rules}
         if attention is not None:
-            # effective attention (issue 25) is a sweep option once sweep() takes it: passed through here
+            # how attention is read (issue 25's effective attention) is a sweep option: passed through
+            _check_sweep_takes("attention", attention)
             self._options["attention"] = attention
-        self._families: dict[Any, _Family] = {}
-        self._warned: set[str] = set()
+        self._families: dict[Any, _Family | None] = {}  # None: a family that could not be captured
+        self._warned: set[Any] = set()
         self._pending: list[BatchCount | None] = []
         self._autocast_dtype: torch.dtype | None = None
         self._started: Any = None
@@ -275,7 +276,7 @@ class FlopsMeter:
             fwd, bwd = family.flops(point, self)
         except Exception as error:  # noqa: BLE001 - the meter never stops training
             self.warn_once(f"fxflops.FlopsMeter: could not count a batch of {_describe(batch)}: "
-                           f"{_first_line(error)}; the step is logged without FLOPs")
+                           f"{_first_line(error)}; the step is logged without FLOPs", key=type(error))
             return None
         samples = point.get("batch", tensors[0].shape[0] if tensors and tensors[0].dim() else 1)
         tokens = samples * point["seq"] if "seq" in point else None
@@ -286,16 +287,16 @@ class FlopsMeter:
     def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> _Family | None:
         key = _structure(args, kwargs, tensors, self.model.training)
         family = self._families.get(key)
-        if family is not None:
-            if family.fits(tensors):
-                return family
+        if family is not None and not family.fits(tensors):
             # an axis the dims do not name changed size: that shape is a family of its own
             self.warn_once(f"fxflops.FlopsMeter: {family.misfit(tensors)}, an axis dims= does not name: each new "
-                           "size there costs a capture; name it in dims= (e.g. dims={'batch': 0, 'seq': 1})")
+                           "size there costs a capture; name it in dims= (e.g. dims={'batch': 0, 'seq': 1})",
+                           key=("misfit", key))
             key = (key, tuple(tuple(t.shape) for t in tensors))
             family = self._families.get(key)
-            if family is not None:
-                return family
+        if key in self._families:
+            return family  # None: this family could not be captured, and was warned about
+        self._families[key] = None  # until captured: a failure is not tried again every step
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
@@ -374,10 +375,11 @@ class FlopsMeter:
             lines.append(f"  optimizer step (apart): {_si(optimizer)}")
         return "\n".join(lines)
 
-    def warn_once(self, message: str) -> None:
-        """Warn with `message` the first time this meter sees it."""
-        if message not in self._warned:
-            self._warned.add(message)
+    def warn_once(self, message: str, key: Any = None) -> None:
+        """Warn with `message` the first time this meter sees it (or its `key`: one kind of failure)."""
+        key = message if key is None else key
+        if key not in self._warned:
+            self._warned.add(key)
             warnings.warn(message, FlopsMeterWarning, stacklevel=3)
 
     # ----------------------------------------------------------------------------------- helpers
@@ -503,10 +505,16 @@ class _Family:
         """(forward, backward) FLOPs at `point`."""
         key = tuple(point.values())
         found = self._known.get(key)
+        if isinstance(found, Exception):
+            raise found  # a point that could not be captured: not tried again every step
         if found is None:
             before, begin = len(self.sweep.pieces), time.perf_counter()
-            piece = self.sweep.piece(**point)
-            if len(self.sweep.pieces) > before:
+            try:
+                piece = self.sweep.piece(**point)
+            except Exception as error:
+                self._known[key] = error
+                raise
+            finally:
                 meter.captures += len(self.sweep.pieces) - before
                 meter._capturing += time.perf_counter() - begin
             compiled = self._totals.get(id(piece))
@@ -689,6 +697,15 @@ def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
 
     found = peaks.peak_for(torch.cuda.get_device_name(device), dtype, tf32=peaks.tf32_enabled())
     return found[0] if found else None
+
+
+def _check_sweep_takes(option: str, value: Any) -> None:
+    import inspect
+
+    from fxflops.sweeps import sweep
+
+    if option not in inspect.signature(sweep).parameters:
+        raise ValueError(f"{option}={value!r}: this fxflops' sweep() has no {option} option yet; leave it out")
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype | None:
