@@ -212,7 +212,15 @@ def test_trainer_logs_exact_step_flops_and_mfu_from_one_capture(tmp_path):
                                 gradient_accumulation_steps=2, logging_steps=1, report_to=[], use_cpu=True,
                                 save_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
     callback = FlopsCallback(peak_flops=PEAK, replace_total_flos=True)
-    trainer = tf.Trainer(model=model, args=args, train_dataset=data, data_collator=collator, callbacks=[callback])
+
+    class Logger(tf.TrainerCallback):  # a reporting callback the Trainer calls before the user's
+        seen: list[dict] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen.append(dict(logs))
+
+    trainer = tf.Trainer(model=model, args=args, train_dataset=data, data_collator=collator,
+                         callbacks=[Logger(), callback])
     hooks_before = dict(model._forward_pre_hooks)
     trainer.train()
     assert dict(model._forward_pre_hooks) == hooks_before  # the callback's hook is gone
@@ -232,6 +240,7 @@ def test_trainer_logs_exact_step_flops_and_mfu_from_one_capture(tmp_path):
         assert entry["tflops"] == pytest.approx(entry["flops"] / entry["step_time"] / 1e12, rel=1e-9)
         assert entry["world_size"] == 1
     assert callback.meter.captures == 1
+    assert [entry["flops"] for entry in Logger.seen if "flops" in entry] == counts  # the loggers got them too
     final = trainer.state.log_history[-1]
     assert final["total_flos"] == sum(counts)
 
