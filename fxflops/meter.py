@@ -545,6 +545,9 @@ def _compiled_totals(piece: Any) -> tuple[Callable[[Mapping[str, int]], int], Ca
     return compiled(forward), compiled(backward)
 
 
+_FOLD = 512  # steps folded into the totals at a time
+
+
 class _Totals:
     """Sums over every step (the deque keeps only the window): steps are folded in when read, so a
     step's CUDA events are read then, not as it closes."""
@@ -555,6 +558,9 @@ class _Totals:
 
     def add(self, stats: StepStats) -> None:
         self._unread.append(stats)
+        if len(self._unread) >= 2 * _FOLD:  # bounded memory: the oldest steps' events are long recorded
+            oldest, self._unread = _summed(self._unread[:_FOLD]), self._unread[_FOLD:]
+            self._sums = _combined(self._sums, oldest) if self._sums else oldest
 
     def stats(self) -> WindowStats:
         if self._unread or self._sums is None:

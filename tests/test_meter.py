@@ -410,3 +410,14 @@ def test_attention_is_refused_in_one_line_until_sweeps_take_it():
         pytest.skip("sweep() takes attention= here: the meter passes it through")
     with pytest.raises(ValueError, match=r"^attention='effective': this fxflops' sweep\(\) has no attention option yet"):
         FlopsMeter(nn.Linear(4, 4), attention="effective")
+
+
+def test_totals_over_many_steps_stay_exact_and_bounded():
+    meter = FlopsMeter(nn.Linear(4, 4), torch.randn(2, 4), peak_flops=PEAK, window=10)
+    per_step = meter.step(torch.randn(3, 4), time=0.5).flops
+    for _ in range(1500):
+        meter.step(torch.randn(3, 4), time=0.5)
+    total = meter.total()
+    assert total.steps == 1501 and total.flops == 1501 * per_step and total.time == pytest.approx(750.5)
+    assert len(meter._totals._unread) < 1024 and len(meter.steps) == 10
+    assert meter.window().steps == 10 and meter.window().flops == 10 * per_step
