@@ -317,7 +317,7 @@ class FlopsMeter:
 
     def window(self) -> WindowStats:
         """The last `window` steps together (FLOPs over seconds, not a mean of rates)."""
-        return _summed(list(self.steps))
+        return summed(list(self.steps))
 
     def total(self) -> WindowStats:
         """Every step so far together."""
@@ -348,9 +348,9 @@ class FlopsMeter:
         A collective: every rank must call it at the same step (a callback's logging step does). Outside
         torch.distributed, or in a world of one, it is the local figure and communicates nothing."""
         stats = stats if stats is not None else (self.steps[-1] if self.steps else None)
-        local = _summed([stats]) if isinstance(stats, StepStats) else stats
+        local = summed([stats]) if isinstance(stats, StepStats) else stats
         if local is None:
-            local = _summed([])
+            local = summed([])
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return local
         return _all_reduced(local, group)
@@ -559,12 +559,12 @@ class _Totals:
     def add(self, stats: StepStats) -> None:
         self._unread.append(stats)
         if len(self._unread) >= 2 * _FOLD:  # bounded memory: the oldest steps' events are long recorded
-            oldest, self._unread = _summed(self._unread[:_FOLD]), self._unread[_FOLD:]
-            self._sums = _combined(self._sums, oldest) if self._sums else oldest
+            oldest, self._unread = summed(self._unread[:_FOLD]), self._unread[_FOLD:]
+            self._sums = combined(self._sums, oldest) if self._sums else oldest
 
     def stats(self) -> WindowStats:
         if self._unread or self._sums is None:
-            self._sums = _combined(self._sums, _summed(self._unread)) if self._sums else _summed(self._unread)
+            self._sums = combined(self._sums, summed(self._unread)) if self._sums else summed(self._unread)
             self._unread = []
         return self._sums
 
@@ -646,7 +646,8 @@ def _structure(args: tuple, kwargs: dict, tensors: list[torch.Tensor], training:
     return (len(args), tuple(kwargs), plain, tuple((t.dim(), t.dtype) for t in tensors), training)
 
 
-def _summed(steps: Iterable[StepStats]) -> WindowStats:
+def summed(steps: Iterable[StepStats]) -> WindowStats:
+    """Steps together: sums of FLOPs, samples, tokens, seconds (None where any step lacks one)."""
     steps = list(steps)
     flops = [s.flops for s in steps]
     times = [s.time for s in steps]
@@ -663,7 +664,8 @@ def _summed(steps: Iterable[StepStats]) -> WindowStats:
         peak_flops=peaks.pop() if len(peaks) == 1 else None)
 
 
-def _combined(a: WindowStats, b: WindowStats) -> WindowStats:
+def combined(a: WindowStats, b: WindowStats) -> WindowStats:
+    """Two spans of steps together."""
     def both(x: Any, y: Any) -> Any:
         return None if x is None or y is None else x + y
 

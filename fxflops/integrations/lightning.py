@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.meter import FlopsMeter, _summed
+from fxflops.meter import FlopsMeter, summed
 
 
 class FlopsMonitor(Callback):
@@ -81,7 +81,7 @@ class FlopsMonitor(Callback):
     def _log(self, trainer: Any) -> None:
         """Every rank reduces (a collective, at the same step on all of them); the loggers write on rank 0."""
         steps, self._since = self._since, []
-        local = _summed(steps)
+        local = summed(steps)
         reduced = self.meter.reduce(local)
         s = self.separator
         metrics = {f"train{s}device{s}{key}": value for key, value in self.meter.metrics(local).items()}

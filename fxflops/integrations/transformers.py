@@ -25,7 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.meter import FlopsMeter, WindowStats, _combined, _summed
+from fxflops.meter import FlopsMeter, WindowStats, combined, summed
 
 
 class FlopsCallback(TrainerCallback):
@@ -96,8 +96,8 @@ class FlopsCallback(TrainerCallback):
         """The steps since the last reduction, summed over every rank (a collective: every rank is here
         at the same step, since logging steps and epoch ends are global)."""
         steps, self._since = self._since, []
-        reduced = self.meter.reduce(_summed(steps))
-        self.total = reduced if self.total is None else _combined(self.total, reduced)
+        reduced = self.meter.reduce(summed(steps))
+        self.total = reduced if self.total is None else combined(self.total, reduced)
         return self.meter.metrics(reduced, prefix=self.prefix)
 
     def _move_ahead_of_loggers(self) -> None:
