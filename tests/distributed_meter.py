@@ -1,5 +1,8 @@
 """Run by tests/test_meter.py under `torchrun --nproc_per_node 2` (gloo, CPU): each rank trains its own
-batch shapes, counts them with a FlopsMeter, and writes what it saw to OUT/<kind>-rank<k>.json."""
+batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2) or a FlopsCallback (the Trainer's DDP),
+and writes what it saw to OUT/<kind>-rank<k>.json.
+
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer OUT"""
 
 from __future__ import annotations
 
@@ -23,7 +26,10 @@ def build() -> nn.Module:
 def main(kinds: list[str], out: str) -> None:
     dist.init_process_group("gloo")
     for kind in kinds:
-        train(kind, out)
+        if kind == "trainer":
+            trainer(out)
+        else:
+            train(kind, out)
     dist.destroy_process_group()
 
 
@@ -62,6 +68,46 @@ def train(kind: str, out: str) -> None:
         json.dump({"local": local, "estimates": estimates, "logged": logged, "total": total.flops,
                    "world": total.world_size, "captures": meter.captures, "mfu": total.mfu,
                    "time": total.time, "peak": total.peak_flops}, file)
+
+
+def trainer(out: str) -> None:
+    """transformers' Trainer in this job (its own DDP, gloo on CPU) with a FlopsCallback."""
+    import transformers as tf
+
+    from fxflops.integrations.transformers import FlopsCallback
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0,
+                           eos_token_id=0)
+    model = tf.GPT2LMHeadModel(config)
+    fed: list[dict] = []
+
+    def collate(features: list[dict]) -> dict:
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        for row, feature in enumerate(features):
+            ids[row, :len(feature["input_ids"])] = torch.tensor(feature["input_ids"])
+        fed.append({"input_ids": ids, "labels": ids.clone()})
+        return fed[-1]
+
+    data = [{"input_ids": list(range(1, n + 1))} for n in (3, 9, 5, 12, 7, 4, 10, 6)]
+    args = tf.TrainingArguments(output_dir=f"{out}/trainer", max_steps=2, per_device_train_batch_size=2,
+                                logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                                ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
+    callback = FlopsCallback(peak_flops=1e12)
+    job = tf.Trainer(model=model, args=args, train_dataset=data, data_collator=collate, callbacks=[callback])
+    job.train()
+    logs = [entry for entry in job.state.log_history if "mfu" in entry]
+    inner = model.module if hasattr(model, "module") else model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimates = [fxflops.estimate(inner, kwargs={**batch, "num_items_in_batch": torch.tensor(1)}, backward=True,
+                                      loss=lambda output: output.loss).total_flops for batch in fed[:2]]
+    with open(f"{out}/trainer-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in callback.meter.steps], "estimates": estimates,
+                   "logged": [entry["flops"] for entry in logs], "world": [entry["world_size"] for entry in logs],
+                   "captures": callback.meter.captures}, file)
 
 
 if __name__ == "__main__":

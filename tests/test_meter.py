@@ -320,7 +320,8 @@ def test_six_n_is_far_off_where_attention_dominates(gpt2):
 
 
 def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
-    """DDP, then FSDP2's fully_shard where this torch has it, in one torchrun job of 2 CPU processes."""
+    """DDP, FSDP2's fully_shard where this torch has it, and transformers' Trainer (its own DDP) with a
+    FlopsCallback, in one torchrun job of 2 CPU processes (gloo)."""
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
     import json
@@ -330,6 +331,12 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
     from torch.distributed import fsdp
 
     kinds = ["ddp", "fsdp"] if hasattr(fsdp, "fully_shard") else ["ddp"]
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        kinds.append("trainer")  # the Trainer's own DDP, with a FlopsCallback
     with socket.socket() as probe:  # a free port on 127.0.0.1
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -340,6 +347,12 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
                str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
+    if "trainer" in kinds:
+        ranks = [json.loads((tmp_path / f"trainer-rank{rank}.json").read_text()) for rank in range(2)]
+        for seen in ranks:
+            assert seen["local"] == seen["estimates"] and seen["captures"] == 1 and seen["world"] == [2, 2]
+        assert ranks[0]["logged"] == ranks[1]["logged"] == [a + b for a, b in zip(ranks[0]["local"], ranks[1]["local"])]
+        kinds.remove("trainer")
     for kind in kinds:
         ranks = [json.loads((tmp_path / f"{kind}-rank{rank}.json").read_text()) for rank in range(2)]
         for seen in ranks:
