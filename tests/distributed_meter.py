@@ -1,8 +1,8 @@
 """Run by tests/test_meter.py under `torchrun --nproc_per_node 2` (gloo, CPU): each rank trains its own
-batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2) or a FlopsCallback (the Trainer's DDP),
-and writes what it saw to OUT/<kind>-rank<k>.json.
+batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2), a FlopsCallback (the Trainer's DDP)
+or a FlopsMonitor (Lightning's DDP), and writes what it saw to OUT/<kind>-rank<k>.json.
 
-    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer OUT"""
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning OUT"""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def main(kinds: list[str], out: str) -> None:
     for kind in kinds:
         if kind == "trainer":
             trainer(out)
+        elif kind == "lightning":
+            lightning_fit(out)
         else:
             train(kind, out)
     dist.destroy_process_group()
@@ -108,6 +110,59 @@ def trainer(out: str) -> None:
         json.dump({"local": [s.flops for s in callback.meter.steps], "estimates": estimates,
                    "logged": [entry["flops"] for entry in logs], "world": [entry["world_size"] for entry in logs],
                    "captures": callback.meter.captures}, file)
+
+
+def lightning_fit(out: str) -> None:
+    """Lightning's own DDP strategy in this job, with a FlopsMonitor logging to memory on rank 0."""
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+
+    from fxflops.integrations.lightning import FlopsMonitor
+
+    class Memory(Logger):
+        name, version = "memory", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            return self(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rank = dist.get_rank()
+    sizes = [3 + rank, 6 + rank]  # each rank its own batches: a loader per rank, no sampler
+    loader = torch.utils.data.DataLoader([torch.randn(n, 8) for n in sizes], batch_size=None)
+    logger, monitor = Memory(), FlopsMonitor(peak_flops=1e12)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
+                        log_every_n_steps=1, callbacks=[monitor], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
+    trainer.fit(Module(), train_dataloaders=loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimates = [fxflops.estimate(build(), (torch.randn(n, 8),), backward=True).total_flops for n in sizes]
+    rows = [row for row in logger.rows if "train/flops" in row]
+    with open(f"{out}/lightning-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in monitor.meter.steps], "estimates": estimates,
+                   "logged": [row["train/flops"] for row in rows],
+                   "device": [row["train/device/flops"] for row in rows],
+                   "world": [row["train/world_size"] for row in rows]}, file)
 
 
 if __name__ == "__main__":

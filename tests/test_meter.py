@@ -320,8 +320,9 @@ def test_six_n_is_far_off_where_attention_dominates(gpt2):
 
 
 def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
-    """DDP, FSDP2's fully_shard where this torch has it, and transformers' Trainer (its own DDP) with a
-    FlopsCallback, in one torchrun job of 2 CPU processes (gloo)."""
+    """DDP, FSDP2's fully_shard where this torch has it, transformers' Trainer (its own DDP) with a
+    FlopsCallback and Lightning's DDP strategy with a FlopsMonitor, in one torchrun job of 2 CPU
+    processes (gloo)."""
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
     import json
@@ -337,6 +338,12 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
         pass
     else:
         kinds.append("trainer")  # the Trainer's own DDP, with a FlopsCallback
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        kinds.append("lightning")  # Lightning's own DDP strategy, with a FlopsMonitor
     with socket.socket() as probe:  # a free port on 127.0.0.1
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -353,6 +360,14 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
             assert seen["local"] == seen["estimates"] and seen["captures"] == 1 and seen["world"] == [2, 2]
         assert ranks[0]["logged"] == ranks[1]["logged"] == [a + b for a, b in zip(ranks[0]["local"], ranks[1]["local"])]
         kinds.remove("trainer")
+    if "lightning" in kinds:
+        ranks = [json.loads((tmp_path / f"lightning-rank{rank}.json").read_text()) for rank in range(2)]
+        for seen in ranks:
+            assert seen["local"] == seen["estimates"]
+        sums = [a + b for a, b in zip(ranks[0]["local"], ranks[1]["local"])]
+        assert ranks[0]["logged"] == sums and ranks[0]["device"] == ranks[0]["local"] and ranks[0]["world"] == [2, 2]
+        assert ranks[1]["logged"] == []  # only rank 0's loggers write; the reduction ran on both
+        kinds.remove("lightning")
     for kind in kinds:
         ranks = [json.loads((tmp_path / f"{kind}-rank{rank}.json").read_text()) for rank in range(2)]
         for seen in ranks:

@@ -49,5 +49,13 @@ class ForwardInputs:
             self._paused = False
 
     def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if module.training and not self._paused:
+        if module.training and not self._paused and not _redirected(module):
             self.calls.append((tuple(args), dict(kwargs)))  # the batch's own tensors: no copy, no sync
+
+
+def _redirected(module: torch.nn.Module) -> bool:
+    """Whether this call of the module runs another method through its __call__: Lightning's DDP and FSDP
+    strategies set an instance `forward` that calls training_step, so the wrapper's hooks fire; the real
+    forward is then called inside it (and recorded)."""
+    forward = module.__dict__.get("forward")
+    return forward is not None and getattr(forward, "__func__", None) is not type(module).forward
