@@ -121,9 +121,9 @@ def capture(request: Request) -> Captured:
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None,
                           static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
-    with isolated(model) as modules, _quiet_about_symbolic_args(sizes is not None):
+    with isolated(model, (request.args, request.kwargs)) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
-        args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
+        args, kwargs = with_twins((request.args, request.kwargs), twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)

@@ -31,14 +31,14 @@ def capture(request: Request) -> Captured:
     reason = nothing_to_run(model, request.args, request.kwargs)
     if reason is not None:
         raise RuntimeError(needs_real(reason))
-    with isolated(model) as modules:
+    with isolated(model, (request.args, request.kwargs)) as modules:
         params = [t for _, module in modules for t in module._parameters.values() if t is not None]
         buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]
-        # cache objects are updated by a forward: run on copies of them (their tensors shared, not copied)
+        # cache objects are updated by a forward: run on rebuilt ones (their tensors and the rest shared)
         # with a backward, inputs computed by the user's own graph are cut from it: the backward stops
         # at them, as at the model's boundary, and the user's graph stays whole
         own = _cut_from_graph if request.backward else _usable
-        args, kwargs = with_twins(request.args, own), with_twins(request.kwargs, own)
+        args, kwargs = with_twins((request.args, request.kwargs), own)
         leaves = [*params, *tensors_in((args, kwargs))]
         writes = CopyOnWrite(leaves, saved_now=buffers)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
