@@ -265,7 +265,8 @@ _CAPTURES = threading.RLock()
 
 @contextlib.contextmanager
 def isolated(model: torch.nn.Module, inputs: Any = None) -> Iterator[list[tuple[str, torch.nn.Module]]]:
-    """Run the body, then put the model, the objects in `inputs` (their own state, by reference),
+    """Run the body, then put the model, the objects in `inputs` (a value or its `Reach`; their own
+    state, by reference),
     torch's global hook tables and the RNGs back as they were.
 
     Yields the model's modules (qualified name, module), each once, in pre-order. Captures run one at
@@ -275,7 +276,8 @@ def isolated(model: torch.nn.Module, inputs: Any = None) -> Iterator[list[tuple[
         modules = unique_modules(model)
         depth = max((name.count(".") + 1 for name, _ in modules if name), default=0)
         snapshots = [_ModuleSnapshot(module) for _, module in modules]
-        objects = [_SavedObject(obj) for obj in Reach(inputs).objects()] if inputs is not None else []
+        reach = inputs if isinstance(inputs, Reach) or inputs is None else Reach(inputs)
+        objects = [_SavedObject(obj) for obj in reach.objects()] if reach is not None else []
         global_state = _GlobalSnapshot(depth)
         guard = torch.nn.modules.module.register_module_forward_pre_hook(_refusing_other_threads(modules))
         lost: list[str] = []
