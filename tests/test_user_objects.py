@@ -6,7 +6,10 @@ Expected MACs are worked out by hand (a Linear(i, o) on n rows: n * i * o).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import tempfile
+import typing
 import threading
 import tracemalloc
 import warnings
@@ -16,6 +19,7 @@ import torch
 from torch import nn
 
 import fxflops
+from fxflops.capture.inputs import meta_twin, with_twins
 from fxflops.capture.isolation import SAVED_WHOLE
 
 
@@ -292,3 +296,39 @@ def test_concurrent_estimates_take_turns():
     assert all(isinstance(r, tuple) and r[1] == expected[r[0]] for r in results), results
     assert _global_tables() == tables
     assert all(not isinstance(p, torch._subclasses.FakeTensor) for p in shared.parameters())
+
+
+class Pair(typing.NamedTuple):
+    first: torch.Tensor
+    second: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frozen:
+    x: torch.Tensor
+    tag: str
+
+
+def test_with_twins_rebuilds_only_the_way_to_each_tensor():
+    from transformers.modeling_outputs import BaseModelOutput
+
+    t, u = torch.randn(2), torch.randn(3)
+    payload, untouched = NeverCopy(), [1, "a", NeverCopy()]
+    cycle: dict = {"t": t}
+    cycle["self"] = cycle
+    value = {
+        "pair": Pair(t, 1), "frozen": Frozen(u, "tag"), "out": BaseModelOutput(last_hidden_state=t),
+        "max": torch.randn(2, 3).max(dim=1), "dd": collections.defaultdict(list, {"k": [u]}),
+        "set": frozenset({t, 1}), "cycle": cycle, "payload": payload, "untouched": untouched,
+    }
+    new = with_twins(value, meta_twin)
+    assert new is not value and new["payload"] is payload and new["untouched"] is untouched
+    assert type(new["pair"]) is Pair and new["pair"].first.is_meta and new["pair"].second == 1
+    assert type(new["frozen"]) is Frozen and new["frozen"].x.is_meta and value["frozen"].x is u
+    out = new["out"]
+    assert type(out) is BaseModelOutput and out.last_hidden_state.is_meta and out["last_hidden_state"] is out[0]
+    assert type(new["max"]) is type(value["max"]) and new["max"].values.is_meta
+    assert new["dd"].default_factory is list and new["dd"]["k"][0].is_meta and value["dd"]["k"][0] is u
+    assert {x.is_meta for x in new["set"] if isinstance(x, torch.Tensor)} == {True} and 1 in new["set"]
+    assert new["cycle"]["self"] is new["cycle"] and new["cycle"]["t"] is new["pair"].first  # one twin per tensor
+    assert value["cycle"]["t"] is t and not t.is_meta

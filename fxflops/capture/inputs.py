@@ -235,11 +235,11 @@ def _children(node: Any) -> list[tuple[Any, Any]]:
     found: list[tuple[Any, Any]] = []
     if isinstance(node, dict) and not _only_scalars(dict.values(node)):
         found += [(("item", key), item) for key, item in _dict_items(node) if not _is_scalar(item)]
-    state = getattr(node, "__dict__", None)
+    state = own_attribute(node, "__dict__", None)
     if isinstance(state, dict) and not isinstance(node, type) and not _only_scalars(state.values()):
         found += [(("attr", key), item) for key, item in state.items() if not _is_scalar(item)]
     for name in slot_names(node):
-        item = getattr(node, name, _ABSENT)
+        item = own_attribute(node, name, _ABSENT)
         if item is not _ABSENT and not _is_scalar(item):
             found.append((("slot", name), item))
     return found
@@ -251,6 +251,14 @@ _ABSENT = object()
 def _dict_items(node: dict) -> Any:
     """A dict's own items, read past any override of items() in its class."""
     return (OrderedDict if isinstance(node, OrderedDict) else dict).items(node)
+
+
+def own_attribute(obj: Any, name: str, default: Any) -> Any:
+    """An attribute as the object stores it, past any __getattr__ / __getattribute__ of its class."""
+    try:
+        return object.__getattribute__(obj, name)
+    except Exception:  # noqa: BLE001 - a slot never set, or an object with no such attribute
+        return default
 
 
 def _is_scalar(value: Any) -> bool:
@@ -281,8 +289,8 @@ def _shell(node: Any) -> Any:
         return None
     if cls is list or cls is dict or cls is set:
         return cls()
-    if isinstance(node, type) or not (isinstance(node, list | dict | set) or hasattr(node, "__dict__")
-                                      or slot_names(node)):
+    if isinstance(node, type) or not (isinstance(node, list | dict | set)
+                                      or own_attribute(node, "__dict__", None) is not None or slot_names(node)):
         return None
     try:
         shell = cls.__new__(cls)
@@ -308,11 +316,11 @@ def _fill(shell: Any, node: Any, children: list[tuple[Any, Any]]) -> None:
         new_items = {where[1]: item for where, item in children if isinstance(where, tuple) and where[0] == "item"}
         for key, item in _dict_items(node):
             setitem(shell, key, new_items.get(key, item))
-    state = getattr(node, "__dict__", None)
+    state = own_attribute(node, "__dict__", None)
     if isinstance(state, dict):
         shell.__dict__.update(state)
     for name in slot_names(node):
-        item = getattr(node, name, _ABSENT)
+        item = own_attribute(node, name, _ABSENT)
         if item is not _ABSENT:
             object.__setattr__(shell, name, item)
     for where, item in children:

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxflops.capture.inputs import Reach, slot_names, tensors_in
+from fxflops.capture.inputs import Reach, own_attribute, slot_names, tensors_in
 
 Twin = Callable[[torch.Tensor], torch.Tensor]
 
@@ -194,7 +194,8 @@ def _undo_growth(container: Any, size: int, sample: Any) -> bool:
         for key in list(islice(reversed(kind.keys(container)), extra)):  # added keys come last
             kind.__delitem__(container, key)
         return True
-    return extra == 0 and list(islice(set.__iter__(container), 2 * _SAMPLE)) == sample
+    members = list(islice(set.__iter__(container), 2 * _SAMPLE))
+    return extra == 0 and len(members) == len(sample) and all(map(operator.is_, members, sample))
 
 
 class _SavedObject:
@@ -206,15 +207,15 @@ class _SavedObject:
         self.obj = obj
         label = f"a {type(obj).__name__} in the inputs"
         self.saved = [_Saved(obj, label)] if isinstance(obj, list | dict | set) else []
-        state = getattr(obj, "__dict__", None)
+        state = own_attribute(obj, "__dict__", None)
         if type(state) is dict:
             self.saved.append(_Saved(state, f"the attributes of {label}"))
-        self.slots = [(name, getattr(obj, name, _MISSING)) for name in slot_names(obj)]
+        self.slots = [(name, own_attribute(obj, name, _MISSING)) for name in slot_names(obj)]
 
     def restore(self) -> list[str]:
         lost = [message for saved in self.saved if (message := saved.restore()) is not None]
         for name, value in self.slots:
-            if getattr(self.obj, name, _MISSING) is not value:
+            if own_attribute(self.obj, name, _MISSING) is not value:
                 if value is _MISSING:
                     object.__delattr__(self.obj, name)
                 else:
