@@ -264,6 +264,11 @@ class _GlobalSnapshot:
 _CAPTURES = threading.RLock()
 
 
+def in_turn() -> contextlib.AbstractContextManager:
+    """Hold the captures' turn (re-entrant): for what reads the model while deciding how to capture it."""
+    return _CAPTURES
+
+
 @contextlib.contextmanager
 def isolated(model: torch.nn.Module, inputs: Any = None) -> Iterator[list[tuple[str, torch.nn.Module]]]:
     """Run the body, then put the model, the objects in `inputs` (a value or its `Reach`; their own
