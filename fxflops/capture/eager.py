@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
-from fxflops.capture.inputs import Reach, map_tensors, refuse_lazy_output, tensors_in
+from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, refuse_lazy_output, tensors_in
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -108,7 +109,7 @@ def _is_meta(value: Any) -> bool:
 
 
 def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
-    for tensor in [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]:
+    for tensor in itertools.chain(iter_tensors((args, kwargs)), model.parameters(), model.buffers()):
         if not isinstance(tensor, UninitializedTensorMixin) and not tensor.is_meta:
             return tensor.device
     return torch.device("cpu")

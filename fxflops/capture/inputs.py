@@ -7,9 +7,10 @@ skip large runs of plain scalars at C speed, and rebuild only the containers on 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -43,17 +44,20 @@ def refuse_lazy_output(output: Any) -> Any:
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
     """Every tensor reachable from a value: tuples, dicts, dataclasses, cache objects (depth-first, in order)."""
-    found: list[torch.Tensor] = []
+    return list(iter_tensors(value))
+
+
+def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of `tensors_in`, one at a time: what wants the first one walks no further."""
     seen: dict[int, Any] = {}  # id -> object, held so that an id is not reused while walking
     stack = [value]
     while stack:
         value = stack.pop()
         if isinstance(value, torch.Tensor):
-            found.append(value)
+            yield value
         elif not isinstance(value, _SCALARS) and value is not None and id(value) not in seen:
             seen[id(value)] = value
             stack.extend(reversed(_not_scalars(_items(value))))
-    return found
 
 
 # values that hold no tensor; a container of nothing else is skipped without a Python-level loop
@@ -370,8 +374,7 @@ def shapes_of(value: Any) -> Any:
 
 def floating_dtype(model: torch.nn.Module, args: Any = (), kwargs: Any = None) -> str:
     """The model's floating dtype: its first floating parameter or buffer's, else its inputs', else torch's default."""
-    candidates = [*model.parameters(), *model.buffers(), *tensors_in((args, kwargs or {}))]
-    for tensor in candidates:
+    for tensor in itertools.chain(model.parameters(), model.buffers(), iter_tensors((args, kwargs or {}))):
         if not isinstance(tensor, UninitializedTensorMixin) and tensor.is_floating_point():
             return str(tensor.dtype).removeprefix("torch.")
     return str(torch.get_default_dtype()).removeprefix("torch.")
