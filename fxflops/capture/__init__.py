@@ -18,6 +18,7 @@ from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
+from fxflops.capture.isolation import in_turn
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
@@ -60,6 +61,12 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         methods = _with_backward(methods, method)
     if sizes is not None:
         methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are captured")
+    with in_turn():  # another thread's capture swaps the weights for twins meanwhile: wait for it
+        return _first_capture(request, methods, method, args, kwargs)
+
+
+def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwargs: Any) -> Captured:
+    model = request.model
     attempts: list[Attempt] = []
     for candidate in methods:
         reason = nothing_to_run(model, args, kwargs) if method == AUTO and candidate is TRACE else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
-from fxflops.capture.inputs import map_tensors, refuse_lazy_output, tensors_in, with_twins
+from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, refuse_lazy_output, tensors_in
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -120,7 +121,7 @@ def _is_meta(value: Any) -> bool:
 
 
 def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
-    for tensor in [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]:
+    for tensor in itertools.chain(iter_tensors((args, kwargs)), model.parameters(), model.buffers()):
         if not isinstance(tensor, UninitializedTensorMixin) and not tensor.is_meta:
             return tensor.device
     return torch.device("cpu")
@@ -133,9 +134,10 @@ def capture(request: Request) -> Captured:
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None,
                           static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
-    with isolated(model) as modules, _quiet_about_symbolic_args(sizes is not None):
+    inputs = Reach((request.args, request.kwargs))
+    with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
-        args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
+        args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
