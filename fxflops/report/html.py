@@ -191,7 +191,8 @@ def _explanations(estimate: Estimate) -> dict[str, str]:
         return {}
     from fxflops.explain import explain_own
 
-    return {name: str(explanation) for name, explanation in explain_own(estimate).items()}
+    # without source lines: the page is a function of the model, not of where estimate() was called
+    return {name: explanation.text(sources=False) for name, explanation in explain_own(estimate).items()}
 
 
 def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics: list[Metric]) -> list[list[str]]:
