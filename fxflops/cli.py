@@ -460,7 +460,8 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 
     progress("capturing with symbolic sizes")
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward)
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  attention=args.attention)
     progress.done()
     try:
         explanation = swept.explain(args.explain)

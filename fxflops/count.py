@@ -50,7 +50,8 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
             if isinstance(rule, Rule) and rule.effective is not None:
                 cost = _with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
             costs.append(cost)
-    costs += [_whole_call_cost(call, table, conventions, sizes) for call in captured.whole_calls]
+    costs += [_whole_call_cost(call, name, table, conventions, sizes)
+              for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls))]
     return costs
 
 
@@ -90,6 +91,7 @@ def _with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: to
     return dataclasses.replace(
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
         dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
+        kept_pairs=_to_count(kept.pairs, sizes) if kept.pairs is not None else None,
     )
 
 
@@ -224,14 +226,24 @@ def _covered_cost(node: torch.fx.Node, covering: str, sizes: Any) -> NodeCost:
     )
 
 
-def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
+def whole_call_names(calls: list[WholeCall]) -> list[str]:
+    """A name per call of a module counted whole: "lin:call", then "lin:call#2", ... for its later calls."""
+    seen: dict[str, int] = {}
+    names = []
+    for call in calls:
+        base = f"{call.module or ROOT_LABEL}:{'call' if call.phase == FORWARD else 'recompute'}"
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return names
+
+
+def _whole_call_cost(call: WholeCall, name: str, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
     module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = _match(table, op_call, call.module)
     macs, flops = _apply(entry, op_call, table, conventions, call.module, sizes)
-    kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
-        name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
+        name=name, op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args, sizes), output_shapes=_shapes(call.out, sizes), macs=macs, flops=flops,
         phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes),
@@ -321,7 +333,5 @@ def node_calls(captured: Captured) -> Iterator[tuple[str, OpCall | None]]:
         args = tuple(_value(graph_module, a) for a in node.args)
         kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
         yield node.name, _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
-    for call in captured.whole_calls:
-        kind = "call" if call.phase == FORWARD else "recompute"
-        yield (f"{call.module or ROOT_LABEL}:{kind}",
-               bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target))
+    for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls)):
+        yield name, bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target)

@@ -145,6 +145,8 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
             zero[label][cost.op] += 1
             continue
         values = _values(entry, call, captured.sizes)
+        if getattr(cost, "kept_pairs", None) is not None:  # what the effective formulas read
+            values["kept_pairs"] = _exact(cost.kept_pairs)
         key = (cost.op, cost.rule, cost.phase, tuple(values.items()), cost.macs, cost.flops)
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]

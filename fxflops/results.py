@@ -123,6 +123,7 @@ class NodeCost:
     dense_flops: int | None = None
     effective_macs: int | None = None  # None: the kept pairs depend on data (macs/flops are dense)
     effective_flops: int | None = None
+    kept_pairs: Any = None  # the (query, key) pairs its mask keeps over B·Hq·Lq·Lk (None: every pair, or data)
 
     @property
     def rule_key(self) -> str:
@@ -333,6 +334,13 @@ class Estimate:
     source: Any = field(default=None, repr=False, compare=False)
     attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
     saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the capture behind explain()/compare() holds graph modules (and, under symbolic tracing, the
+        # model's own parameters): a pickled or copied Estimate is its numbers, without them
+        state = dict(self.__dict__)
+        state["source"] = None
+        return state
 
     def attention_totals(self) -> AttentionTotals | None:
         """Attention's dense and effective MACs/FLOPs side by side (None without attention ops)."""

@@ -179,8 +179,12 @@ def _compare_section(estimate: Estimate) -> str:
     if getattr(estimate, "source", None) is None:
         return ""
     from fxflops.report.compare import comparison_text
+    from fxflops.rules import RuleEvaluationError
 
-    text = comparison_text(estimate.compare(), tables=False)
+    try:
+        text = comparison_text(estimate.compare(), tables=False)
+    except (RuleEvaluationError, ValueError) as error:  # e.g. a user rule that only holds under its own preset
+        text = f"The other presets could not count this capture: {error}"
     return (f'<section id="compare"><h2>The same count under other conventions</h2>'
             f'<pre>{escape(text)}</pre></section>')
 
@@ -190,9 +194,14 @@ def _explanations(estimate: Estimate) -> dict[str, str]:
     if getattr(estimate, "source", None) is None:
         return {}
     from fxflops.explain import explain_own
+    from fxflops.rules import RuleEvaluationError
 
+    try:
+        explained = explain_own(estimate)
+    except (RuleEvaluationError, ValueError):  # the page shows the numbers; only the explanations are lost
+        return {}
     # without source lines: the page is a function of the model, not of where estimate() was called
-    return {name: explanation.text(sources=False) for name, explanation in explain_own(estimate).items()}
+    return {name: explanation.text(sources=False) for name, explanation in explained.items()}
 
 
 def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics: list[Metric]) -> list[list[str]]:
