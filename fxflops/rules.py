@@ -81,6 +81,26 @@ class OpCall:
     conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
 
 
+@dataclass(frozen=True)
+class Gather:
+    """A lookup's reads of its table: `elements` (a formula) of the argument named `source`, not all of it.
+
+    An embedding of 128 tokens reads 128 rows of its table; the bytes it moves count those rows."""
+
+    source: str
+    elements: Formula
+
+    def read(self, call: OpCall, label: str) -> tuple[Any, Any] | None:
+        """(the table's value, the elements read from it), or None when the argument is not a tensor."""
+        table = call.names.get(self.source)
+        if not isinstance(table, torch.Tensor):
+            return None
+        try:
+            return table, check_count(self.elements.evaluate(_formula_names(call)))
+        except (FormulaError, ValueError, TypeError) as error:
+            raise RuleEvaluationError(label, "gathers.elements", call.key, str(error)) from None
+
+
 @dataclass(frozen=True, eq=False)
 class Rule:
     name: str
@@ -92,6 +112,7 @@ class Rule:
     presets: Mapping[str, tuple[Formula, Formula]] = field(default_factory=dict)  # preset -> its own formulas
     function: Callable[[OpCall], tuple[int, int]] | None = None
     family: str | None = None  # None: a user rule's, resolved per call by RuleTable.family
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -207,6 +228,7 @@ class ZeroList:
     ops: tuple[str, ...]
     source: str
     moves_data: bool = True  # False: views and plumbing, which read and write no tensor memory
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -463,11 +485,12 @@ def _family(family: Any, where: str) -> str:
         raise RuleFileError(str(error)) from None
 
 
-_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
+_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data", "gathers"})
+_GATHER_KEYS = frozenset({"from", "elements"})
 _PRESET_KEYS = frozenset({"macs", "flops"})
 
 
-_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family"})
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family", "gathers"})
 
 
 def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
@@ -496,7 +519,20 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
         when=_formula(when, where, "when") if when is not None else None,
         presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
         family=family,
+        gathers=_parse_gathers(raw.get("gathers"), where),
     )
+
+
+def _parse_gathers(raw: Any, where: str) -> Gather | None:
+    """`gathers = { from = "weight", elements = "numel(out)" }`: the argument a lookup reads rows of, and
+    how many of its elements it reads (default: one per output element)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("from"), str):
+        raise RuleFileError(f"{where}: 'gathers' must be a table naming the argument read, "
+                            f"e.g. {{ from = \"weight\", elements = \"numel(out)\" }}")
+    _refuse_unknown_keys(raw, _GATHER_KEYS, f"{where}: 'gathers'")
+    return Gather(source=raw["from"], elements=_formula(raw.get("elements", "numel(out)"), where, "gathers.elements"))
 
 
 def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
@@ -526,7 +562,8 @@ def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
     moves_data = raw.get("moves_data", True)
     if not isinstance(moves_data, bool):
         raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {clip(repr(moves_data), 60)}")
-    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data)
+    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data,
+                    gathers=_parse_gathers(raw.get("gathers"), where))
 
 
 def _parse_name(raw: dict, where: str) -> str:

@@ -222,3 +222,53 @@ def test_cli_device_errors(capsys):
     assert code == 2 and "did you mean 'H100 SXM'" in err
     code, _, err = run_main(capsys, "lenet5", "--roofline", "x.svg")
     assert code == 2 and "--device" in err
+
+
+# ------------------------------------------------------------------------- lookups (issue 21, item 3)
+
+
+def test_embedding_reads_the_rows_it_gathers_not_the_table():
+    # GPT-2-small's wte at 128 tokens: 128 rows of 768 fp32 read, the 128 int64 indices, the rows written
+    from fxflops.examples import gpt2_small, token_inputs
+
+    result = fxflops.estimate(gpt2_small(), token_inputs(seq_len=128))
+    rows, indices = 128 * 768 * 4, 128 * 8
+    assert result.modules["wte"].bytes == rows + indices + rows  # was 50257 * 768 * 4 + ...: 154.78 MB
+    assert result.modules["wpe"].bytes == rows + indices + rows
+    top = result.predict("H100 SXM").top_memory_bound(8)
+    assert "wte" not in [m.name for m in top] and "wpe" not in [m.name for m in top]
+
+
+class Lookups(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(1000, 16))
+        self.bag = nn.EmbeddingBag(1000, 16, mode="sum")
+
+    def forward(self, ids, index2d):
+        a = self.table.index_select(0, ids)  # (5, 16)
+        b = torch.gather(self.table, 0, index2d)  # (3, 16)
+        c = self.table[ids]  # aten.index: (5, 16)
+        d = self.bag(ids.view(1, 5))  # one bag of 5 rows: (1, 16)
+        return a, b, c, d
+
+
+def test_index_select_gather_indexing_and_embedding_bag_read_their_rows():
+    ids, index2d = torch.zeros(5, dtype=torch.long), torch.zeros(3, 16, dtype=torch.long)
+    result = fxflops.estimate(Lookups(), (ids, index2d))
+    by_op = {n.op: n.bytes for n in result.nodes if n.bytes}
+    assert by_op["aten.index_select.default"] == 5 * 16 * 4 + 5 * 8 + 5 * 16 * 4
+    assert by_op["aten.gather.default"] == 3 * 16 * 4 + 3 * 16 * 8 + 3 * 16 * 4
+    assert by_op["aten.index.Tensor"] == 5 * 16 * 4 + 5 * 8 + 5 * 16 * 4
+    bag = result.modules["bag"].bytes
+    assert bag < 1000 * 16 * 4  # 5 rows of the table, not its 1000
+    assert [n.rule for n in result.nodes if n.op == "aten.index_select.default"] == ["lookup"]
+
+
+def test_a_gathers_entry_must_name_its_argument(tmp_path):
+    from fxflops.rules import RuleFileError, load_rule_file
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[[zero]]\nname = "x"\nops = ["aten.take"]\ngathers = "self"\n')
+    with pytest.raises(RuleFileError, match="'gathers' must be a table naming the argument read"):
+        load_rule_file(path)
