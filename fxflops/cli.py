@@ -304,6 +304,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     if sweeps:
         progress("capturing with symbolic sizes, then counting every point")
         result = run_sweep(model, loaded, sweeps, args)
+        progress.done()
+        _say_cautions(result.cautions, args)
         progress("writing the report")
         return result, render_sweep(result, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
@@ -313,11 +315,15 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         result.prediction = result.predict(args.device)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    if not args.debug:  # with --debug, the CautionWarning itself is shown
-        for caution in result.cautions:
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+    _say_cautions(result.cautions, args)
     progress("writing the report")
     return result, render(result, args)
+
+
+def _say_cautions(cautions: list[str], args: argparse.Namespace) -> None:
+    if not args.debug:  # with --debug, the CautionWarning itself is shown
+        for caution in cautions:
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}

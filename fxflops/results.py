@@ -438,3 +438,8 @@ class SweepResult:
     formulas: list[SweepFormula]  # the first is the formula at the example's sizes (captured first)
     points: list[tuple[dict[str, int], Estimate]]
     captures: int = 1  # pieces captured: more than one where a size changes the forward's path
+
+    @property
+    def cautions(self) -> list[str]:
+        """Each distinct caution of any point (a lookup past a position table states its region)."""
+        return list(dict.fromkeys(caution for _, estimate in self.points for caution in estimate.cautions))

@@ -21,10 +21,11 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from fxflops.api import Counting, collector_paused, estimate, normalize_inputs, warn_unknown
+from fxflops.api import Counting, collector_paused, estimate, normalize_inputs, warn_cautions, warn_unknown
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import signature, tensors_in, to_meta
+from fxflops.capture.lookups import position_lookups
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
 from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepFormula, SweepResult
@@ -54,6 +55,7 @@ class Piece:
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._compiled = _compiled(costs)
+        self._lookups = _symbolic_lookups(captured)
         checks = [compile_expression(condition) for condition in self.conditions]
         self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
@@ -124,7 +126,9 @@ class Piece:
         costs = [value.cost(cost) for cost in self.costs]
         infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
                  else info for name, info in self.infos.items()}
-        captured = dataclasses.replace(self.captured, modules=infos, sizes=None,
+        cautions = self.captured.cautions + [caution for region, caution in self._lookups
+                                             if holds([region], point)]
+        captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=cautions,
                                        input_shapes=shapes_at(inputs, self.plan, point))
         return build_estimate(model_type, captured, costs, conventions)
 
@@ -192,6 +196,7 @@ class Sweep:
             result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs)
         if self._optimizer is not None:
             result.optimizer = optimizer_step(self._optimizer, self._model)
+        warn_cautions(result.cautions)
         return result
 
     def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
@@ -372,6 +377,21 @@ def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] 
             left, right = parts
             return lambda point: apply(left(point), right(point))
     return None
+
+
+def _symbolic_lookups(captured: Captured) -> list[tuple[sympy.Basic, str]]:
+    """Lookups at positions that depend on the sizes: (the region past the table, its caution),
+    the caution stating that region (seq > 1024), so a point past a model's positions says so."""
+    found = []
+    for lookup in position_lookups(captured.graph_module):
+        low, high = (plain_sympy(captured.sizes.expression(value)) for value in (lookup.low, lookup.high))
+        if not (low.free_symbols or high.free_symbols):
+            continue  # a fixed range: the capture's own caution, if any
+        region = sympy.simplify(sympy.Or(sympy.Gt(high, lookup.rows - 1), sympy.Lt(low, lookup.least)))
+        if region == sympy.false:
+            continue
+        found.append((region, lookup.caution(low, high, _text(region))))
+    return found
 
 
 def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], int]]:

@@ -447,3 +447,49 @@ def test_text_report_states_a_merged_formula_region_once():
                          formulas=[SweepFormula({"macs": "size**2"}, [region] * 3, [[], [], []])],
                          points=[], captures=3)
     assert f"formulas, where {region}:\n" in render_text(result)
+
+
+# ------------------------------------------------- a sweep past the position table (issue 21, item 4)
+
+
+def test_sweep_points_past_the_position_table_carry_the_caution_with_its_region():
+    from fxflops.examples import GPT2
+
+    model = GPT2(vocab_size=100, n_positions=64, d_model=16, n_layer=1, n_head=2)
+    swept = sweep(model, (tokens(1, 16),), dims={"seq": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert swept.at(seq=64).cautions == []  # rows 0..63 of 64: a forward real weights can run
+    with pytest.warns(fxflops.CautionWarning, match=r"module 'wpe' \(Embedding\) looks up rows 0\.\.seq - 1 of a "
+                                                    r"table of 64 rows \(positions from arange\), where seq > 64"):
+        past = swept.at(seq=65)
+    # the same caution the fixed-size estimate gives at that point, with the region stated
+    with pytest.warns(fxflops.CautionWarning):
+        direct = fxflops.estimate(model, (tokens(1, 65),))
+    assert direct.cautions[0].split(":")[1] == past.cautions[0].split(":")[1]
+    assert "rows 0..64 of a table of 64 rows" in direct.cautions[0]
+
+
+def test_hf_sweep_past_n_positions_is_cautioned():
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = sweep(model, (tokens(1, 16),), dims={"seq": 1}).result({"seq": [32, 64, 128]})
+    assert [bool(estimate.cautions) for _, estimate in result.points] == [False, False, True]
+    assert "where seq > 64" in result.cautions[0] and len(result.cautions) == 1
+
+
+def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
+    from tests.test_cli import run_main
+
+    code, out, err = run_main(capsys, "gpt2-small", "--set", "n_layer=1", "--set", "n_positions=64",
+                              "--sweep", "seq=32..128*2")
+    assert code == 0
+    assert "fxflops: warning: module 'wpe' (Embedding) looks up rows 0..seq - 1 of a table of 64 rows" in err
+    assert "caution: module 'wpe' (Embedding)" in out and "where seq > 64" in out
+    code, out, err = run_main(capsys, "gpt2-small", "--set", "n_layer=1", "--set", "n_positions=64",
+                              "--sweep", "seq=32..128*2", "--format", "json")
+    points = json.loads(out)["points"]
+    assert [bool(p["cautions"]) for p in points] == [False, False, True]
