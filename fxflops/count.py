@@ -6,6 +6,7 @@ but are kept, so the estimate can report them by op, count and module.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,9 +105,10 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     out = node.meta.get("val")
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     key = _memo_key(node, args, kwargs, out)
+    key = (key, type_name) if key is not None else None  # a rule may read the module it ran in (`within`)
     found = memo.get(key) if key is not None else None
     if found is None:
-        call = _call_of(graph_module, node, args, kwargs, out)
+        call = dataclasses.replace(_call_of(graph_module, node, args, kwargs, out), within=type_name)
         entry = _match(table, call, path)
         found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes))
         if key is not None:

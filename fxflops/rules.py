@@ -39,7 +39,9 @@ MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; o
 MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
 
 # names a formula has besides the op's own: the output, the positional and keyword arguments as given
-CALL_NAMES = frozenset({"out", "args", "kwargs"})
+# `within`: the class name of the innermost module the call ran in ("" at the top), for conventions
+# that count a module's hook and a function it calls separately (ptflops' pytorch backend)
+CALL_NAMES = frozenset({"out", "args", "kwargs", "within"})
 
 
 class RuleFileError(ValueError):
@@ -79,6 +81,7 @@ class OpCall:
     out: Any
     module: torch.nn.Module | None = None
     conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
+    within: str = ""  # the class name of the innermost module the call ran in (a module call: its own)
 
 
 @dataclass(frozen=True)
@@ -981,4 +984,4 @@ def _find_signatures(target: Any) -> tuple[inspect.Signature, ...]:
 
 
 def _formula_names(call: OpCall) -> Mapping[str, Any]:
-    return {**call.names, "out": call.out}
+    return {**call.names, "out": call.out, "within": call.within}
