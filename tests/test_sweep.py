@@ -455,7 +455,7 @@ def test_text_report_states_a_merged_formula_region_once():
 def test_sweep_points_past_the_position_table_carry_the_caution_with_its_region():
     from fxflops.examples import GPT2
 
-    model = GPT2(vocab_size=100, n_positions=64, d_model=16, n_layer=1, n_head=2)
+    model = GPT2(vocab_size=100, n_positions=64, d_model=16, n_layer=1, n_head=2).eval()
     swept = sweep(model, (tokens(1, 16),), dims={"seq": 1})
     with warnings.catch_warnings():
         warnings.simplefilter("error")

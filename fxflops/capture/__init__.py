@@ -17,6 +17,7 @@ from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
 from fxflops.capture.lookups import out_of_range_lookups
+from fxflops.capture.mode import training_mode_cautions
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.trace import needs_real
@@ -60,7 +61,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.input_shapes = shapes_of((args, kwargs))
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
-        captured.cautions = out_of_range_lookups(captured.graph_module)
+        captured.cautions = out_of_range_lookups(captured.graph_module) + training_mode_cautions(model, backward)
         return captured
     raise CaptureError(type(model).__name__, attempts)
 
