@@ -74,3 +74,70 @@ def test_readme_api_example_counts_what_the_cli_counts(capsys):
     # the difference: batch norm in training costs 5 per element of its input, in eval 2
     bn_inputs = sum(math.prod(n.input_shapes[0]) for n in api.nodes if n.rule == "batch_norm")
     assert trained.total_flops - api.total_flops == 3 * bn_inputs
+
+
+# ------------------------------------------------------------------ torch's logging (item 7)
+
+MOE_FACTORY = """
+import torch
+import transformers
+
+
+def build(batch=1):
+    config = transformers.MixtralConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, vocab_size=100)
+    with torch.device("meta"):
+        model = transformers.MixtralForCausalLM(config).eval()  # float32: _grouped_mm has no fp32 meta kernel
+    return model, (torch.zeros(batch, 16, dtype=torch.long, device="meta"),)
+"""
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _torch_levels() -> dict[str, int]:
+    return {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+            if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger)}
+
+
+def test_a_float32_moe_captures_without_torch_tracebacks(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    namespace: dict = {}
+    exec(MOE_FACTORY, namespace)
+    model, args = namespace["build"]()
+    fake_tensor = logging.getLogger("torch._subclasses.fake_tensor")
+    records = Records()
+    fake_tensor.addHandler(records)
+    levels = _torch_levels()
+    try:
+        result = fxflops.estimate(model, args)  # the API
+    finally:
+        fake_tensor.removeHandler(records)
+    assert result.total_macs > 0 and not result.unknown
+    assert records.records == []  # was one traceback per _grouped_mm call ("failed while attempting to run meta")
+    assert capsys.readouterr().err == ""
+    assert _torch_levels() == levels  # every level as it was
+    # the CLI: nothing on stderr but fxflops' own lines
+    (tmp_path / "moe.py").write_text(MOE_FACTORY)
+    code, out, err = run_main(capsys, f"{tmp_path / 'moe.py'}:build")
+    assert code == 0 and "MixtralForCausalLM" in out
+    assert "fake_tensor" not in err and "Traceback" not in err
+
+
+def test_a_failed_capture_leaks_no_torch_traceback_and_restores_levels(capsys):
+    class Expands(nn.Module):
+        def forward(self, x):
+            return torch.zeros(1, 4).expand(1, x.shape[1])  # fails on fake tensors past 4 columns
+
+    levels = _torch_levels()
+    with pytest.raises(fxflops.CaptureError):
+        fxflops.estimate(Expands(), (torch.zeros(1, 8),), method="eager")
+    assert "fake_tensor.py" not in capsys.readouterr().err
+    assert _torch_levels() == levels

@@ -18,6 +18,7 @@ from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
+from fxflops.capture.quiet import torch_logging_quiet
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.trace import needs_real
@@ -53,7 +54,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
-            captured = candidate.capture_function()(request)
+            with torch_logging_quiet():  # fake tensors make torch log tracebacks a real run never would
+                captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
             continue
