@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--depth", type=_at_least(-1), default=-1, help="deepest module level shown (-1 = all)")
     report.add_argument("--top", type=_at_least(1), default=3, help="module types per depth in the aggregated profile")
     report.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
-                        help="fold identical sibling subtrees into one entry with a count")
+                        help="fold identical numbered repeats (layers 0-23) into one entry with a count")
     report.add_argument("--detailed", action=argparse.BooleanOptionalAction, default=True,
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")

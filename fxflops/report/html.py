@@ -91,7 +91,7 @@ def _forward_prefix(estimate: Estimate) -> str:
 
 
 def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = True) -> str:
-    """The page as text; also written to `path` when given. `fold`: identical sibling subtrees are
+    """The page as text; also written to `path` when given. `fold`: identical numbered repeats are
     one entry of the icicle with a count, as in the text report."""
     metrics = metrics_of(estimate)
     data = {
