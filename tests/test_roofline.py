@@ -272,3 +272,51 @@ def test_a_gathers_entry_must_name_its_argument(tmp_path):
     path.write_text('[[zero]]\nname = "x"\nops = ["aten.take"]\ngathers = "self"\n')
     with pytest.raises(RuleFileError, match="'gathers' must be a table naming the argument read"):
         load_rule_file(path)
+
+
+# ------------------------------------------------------------ the roofline's labels (issue 21, item 13)
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _text_boxes(root, char_width=6.2, height=13):
+    """(text, box) of every text in the plot, its box from its anchor and an estimated width."""
+    found = []
+    for element in root.iter(f"{SVG}text"):
+        text, x, y = element.text or "", float(element.get("x")), float(element.get("y"))
+        width = len(text) * char_width
+        anchor = element.get("text-anchor", "start")
+        left = x if anchor == "start" else x - width if anchor == "end" else x - width / 2
+        found.append((text, (left, y - height + 3, left + width, y + 3)))
+    return found
+
+
+def _overlap(a, b):
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def test_roofline_names_its_top_modules_off_the_points_and_each_other(capsys, tmp_path):
+    target = tmp_path / "gpt2.svg"
+    code, _, _ = run_main(capsys, "gpt2-small", "--device", "H100 SXM", "--roofline", str(target))
+    assert code == 0
+    root = ElementTree.parse(target).getroot()
+    circles = []
+    for circle in root.iter(f"{SVG}circle"):
+        if circle.find(f"{SVG}title") is None:
+            continue  # the legend's
+        x, y, r = (float(circle.get(k)) for k in ("cx", "cy", "r"))
+        circles.append((x - r, y - r, x + r, y + r))
+    texts = _text_boxes(root)
+    labels = [(text, box) for text, box in texts if text and any(
+        element.text == text and element.get("font-size") == "11" for element in root.iter(f"{SVG}text"))]
+    names = [text for text, _ in labels]
+    # GPT-2's 12 identical layers sit on one spot each: named once, with how many
+    assert "lm_head" in names and "h.*.attn.c_attn x12" in names and "h.*.mlp.c_fc, h.*.mlp.c_proj x24" in names
+    assert 5 <= len(labels) <= 8
+    assert len(root.findall(f"{SVG}line")) >= len(labels)  # each on a leader line
+    for text, box in labels:
+        assert not any(_overlap(box, c) for c in circles), text
+        assert not any(_overlap(box, other) for other_text, other in labels if other_text != text), text
+    (roof_label, roof_box), = [(t, b) for t, b in texts if t.startswith("all ops")]
+    assert not any(_overlap(roof_box, c) for c in circles)  # it sat on the cluster
+    assert not any(_overlap(roof_box, box) for _, box in labels)
