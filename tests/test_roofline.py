@@ -265,6 +265,17 @@ def test_index_select_gather_indexing_and_embedding_bag_read_their_rows():
     assert [n.rule for n in result.nodes if n.op == "aten.index_select.default"] == ["lookup"]
 
 
+def test_a_sweeps_lookup_bytes_are_symbolic_rows():
+    from fxflops.examples import GPT2
+
+    model = GPT2(vocab_size=100, n_positions=256, d_model=16, n_layer=1, n_head=2).eval()
+    tokens = lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),)  # noqa: E731
+    swept = fxflops.sweep(model, tokens(16), dims={"seq": 1})
+    for seq in (16, 100):
+        assert swept.at(seq=seq).modules["wte"].bytes == seq * 16 * 4 * 2 + seq * 8
+        assert swept.at(seq=seq).total_bytes == fxflops.estimate(model, tokens(seq)).total_bytes
+
+
 def test_a_gathers_entry_must_name_its_argument(tmp_path):
     from fxflops.rules import RuleFileError, load_rule_file
 
