@@ -56,6 +56,10 @@ def test_the_api_report_and_json_state_the_mode(capsys):
     assert "caution:" in out and "training mode" in out
     data = to_dict(result)
     assert data["training"] is True and any("training mode" in c for c in data["cautions"])
+    from fxflops.report.html import to_html
+
+    page = to_html(result)
+    assert "mode train" in page and "training mode" in page  # the header and the cautions section
 
 
 def test_readme_api_example_counts_what_the_cli_counts(capsys):

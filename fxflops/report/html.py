@@ -227,9 +227,10 @@ def _span(names: tuple[str, ...]) -> str:
 def _header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
     shapes = escape(inputs_text(estimate.input_shapes))
+    mode = "" if estimate.training is None else f" · mode {'train' if estimate.training else 'eval'}"
     return (f"<h1>{escape(estimate.model_type)}</h1>"
             f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
-            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))} · inputs {shapes}</p>")
+            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))}{mode} · inputs {shapes}</p>")
 
 
 def _cards(estimate: Estimate) -> str:
