@@ -160,9 +160,10 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     out = node.meta.get("val")
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     key = _memo_key(node, args, kwargs, out)
+    key = (key, type_name) if key is not None else None  # a rule may read the module it ran in (`within`)
     found = memo.get(key) if key is not None else None
     if found is None:
-        call = _call_of(graph_module, node, args, kwargs, out)
+        call = dataclasses.replace(_call_of(graph_module, node, args, kwargs, out), within=type_name)
         entry = _match(table, call, path)
         found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes))
         if key is not None:
@@ -182,8 +183,17 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         source=_source_line(node),
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
-        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes),
+        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes,
+                         _gathered(entry, graph_module, node, args, kwargs, out, path, sizes)),
     ), entry
+
+
+def _gathered(entry: Rule | ZeroList | None, graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple,
+              kwargs: dict, out: Any, path: str, sizes: Any) -> tuple[torch.Tensor, Any] | None:
+    """A lookup's table and the elements it reads of it (bound per node: the table is this node's value)."""
+    if entry is None or entry.gathers is None:
+        return None
+    return _table_read(entry, _call_of(graph_module, node, args, kwargs, out), path, sizes)
 
 
 def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
@@ -246,8 +256,20 @@ def _whole_call_cost(call: WholeCall, name: str, table: RuleTable, conventions: 
         name=name, op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args, sizes), output_shapes=_shapes(call.out, sizes), macs=macs, flops=flops,
-        phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes),
+        phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes,
+                                           _table_read(entry, op_call, call.module, sizes)),
     )
+
+
+def _table_read(entry: Rule | ZeroList | None, op_call: OpCall, path: str, sizes: Any) -> Any:
+    """(table, elements read of it) for an entry that gathers, else None."""
+    if entry is None or entry.gathers is None:
+        return None
+    try:
+        found = entry.gathers.read(op_call, entry.label)
+    except RuleEvaluationError as error:
+        raise error.in_module(path or ROOT_LABEL) from None
+    return None if found is None else (found[0], _to_count(found[1], sizes))
 
 
 def _match(table: RuleTable, call: OpCall, path: str) -> Rule | ZeroList | None:

@@ -538,6 +538,7 @@ class SweepPoint:
     bwd_macs: int = 0
     bwd_flops: int = 0
     top_modules: tuple[SweepModule, ...] = ()  # the top modules at the depth asked for, by MACs
+    cautions: tuple[str, ...] = ()  # what a real forward would do differently there (a lookup past a table)
 
     @property
     def fwd_macs(self) -> int:
@@ -560,3 +561,8 @@ class SweepResult:
     captures: int = 1  # pieces captured: more than one where a size changes the forward's path
     backward: bool = False  # the points count the backward too (bwd_macs, bwd_flops)
     depth: int = 1  # the depth of the points' top modules
+
+    @property
+    def cautions(self) -> list[str]:
+        """Each distinct caution of any point (a lookup past a position table states its region)."""
+        return list(dict.fromkeys(caution for point in self.points for caution in point.cautions))

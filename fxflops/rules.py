@@ -41,7 +41,9 @@ MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; o
 MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
 
 # names a formula has besides the op's own: the output, the positional and keyword arguments as given
-CALL_NAMES = frozenset({"out", "args", "kwargs"})
+# `within`: the class name of the innermost module the call ran in ("" at the top), for conventions
+# that count a module's hook and a function it calls separately (ptflops' pytorch backend)
+CALL_NAMES = frozenset({"out", "args", "kwargs", "within"})
 KEPT_PAIRS = "kept_pairs"  # the name effective_* formulas read: (query, key) pairs the mask keeps
 
 
@@ -82,6 +84,27 @@ class OpCall:
     out: Any
     module: torch.nn.Module | None = None
     conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
+    within: str = ""  # the class name of the innermost module the call ran in (a module call: its own)
+
+
+@dataclass(frozen=True)
+class Gather:
+    """A lookup's reads of its table: `elements` (a formula) of the argument named `source`, not all of it.
+
+    An embedding of 128 tokens reads 128 rows of its table; the bytes it moves count those rows."""
+
+    source: str
+    elements: Formula
+
+    def read(self, call: OpCall, label: str) -> tuple[Any, Any] | None:
+        """(the table's value, the elements read from it), or None when the argument is not a tensor."""
+        table = call.names.get(self.source)
+        if not isinstance(table, torch.Tensor):
+            return None
+        try:
+            return table, check_count(self.elements.evaluate(_formula_names(call)))
+        except (FormulaError, ValueError, TypeError) as error:
+            raise RuleEvaluationError(label, "gathers.elements", call.key, str(error)) from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +121,7 @@ class Rule:
     # attention's effective reading: (macs, flops) over the (query, key) pairs a mask keeps, which the
     # formulas read as `kept_pairs` (fxflops.kept_pairs); None: the rule has one reading
     effective: tuple[Formula, Formula] | None = None
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -226,6 +250,7 @@ class ZeroList:
     ops: tuple[str, ...]
     source: str
     moves_data: bool = True  # False: views and plumbing, which read and write no tensor memory
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -495,11 +520,12 @@ def _family(family: Any, where: str) -> str:
         raise RuleFileError(str(error)) from None
 
 
-_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
+_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data", "gathers"})
+_GATHER_KEYS = frozenset({"from", "elements"})
 _PRESET_KEYS = frozenset({"macs", "flops"})
 
 
-_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family",
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family", "gathers",
                         "effective_macs", "effective_flops"})
 
 
@@ -530,6 +556,7 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
         presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
         family=family,
         effective=_parse_effective(raw, where),
+        gathers=_parse_gathers(raw.get("gathers"), where),
     )
 
 
@@ -542,6 +569,18 @@ def _parse_effective(raw: dict, where: str) -> tuple[Formula, Formula] | None:
         missing = "effective_flops" if given == ["effective_macs"] else "effective_macs"
         raise RuleFileError(f"{where}: '{given[0]}' without '{missing}': give both or neither")
     return _formula(raw["effective_macs"], where, "effective_macs"), _formula(raw["effective_flops"], where, "effective_flops")
+
+
+def _parse_gathers(raw: Any, where: str) -> Gather | None:
+    """`gathers = { from = "weight", elements = "numel(out)" }`: the argument a lookup reads rows of, and
+    how many of its elements it reads (default: one per output element)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("from"), str):
+        raise RuleFileError(f"{where}: 'gathers' must be a table naming the argument read, "
+                            f"e.g. {{ from = \"weight\", elements = \"numel(out)\" }}")
+    _refuse_unknown_keys(raw, _GATHER_KEYS, f"{where}: 'gathers'")
+    return Gather(source=raw["from"], elements=_formula(raw.get("elements", "numel(out)"), where, "gathers.elements"))
 
 
 def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
@@ -571,7 +610,8 @@ def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
     moves_data = raw.get("moves_data", True)
     if not isinstance(moves_data, bool):
         raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {clip(repr(moves_data), 60)}")
-    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data)
+    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data,
+                    gathers=_parse_gathers(raw.get("gathers"), where))
 
 
 def _parse_name(raw: dict, where: str) -> str:
@@ -992,4 +1032,4 @@ def _find_signatures(target: Any) -> tuple[inspect.Signature, ...]:
 
 
 def _formula_names(call: OpCall) -> Mapping[str, Any]:
-    return {**call.names, "out": call.out}
+    return {**call.names, "out": call.out, "within": call.within}

@@ -92,7 +92,7 @@ def _forward_prefix(estimate: Estimate) -> str:
 
 
 def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = True) -> str:
-    """The page as text; also written to `path` when given. `fold`: identical sibling subtrees are
+    """The page as text; also written to `path` when given. `fold`: identical numbered repeats are
     one entry of the icicle with a count, as in the text report."""
     metrics = metrics_of(estimate)
     data = {
@@ -261,9 +261,10 @@ def _span(names: tuple[str, ...]) -> str:
 def _header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
     shapes = escape(inputs_text(estimate.input_shapes))
+    mode = "" if estimate.training is None else f" · mode {'train' if estimate.training else 'eval'}"
     return (f"<h1>{escape(estimate.model_type)}</h1>"
             f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
-            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))} · inputs {shapes}</p>")
+            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))}{mode} · inputs {shapes}</p>")
 
 
 def _cards(estimate: Estimate) -> str:
