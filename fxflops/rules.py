@@ -382,7 +382,9 @@ def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
         if not isinstance(data.get(section, []), list):
             raise RuleFileError(f"{path}: '{section}' must be an array of tables, written [[{section}]]")
     family = _family(data["family"], f"{path}: top-level 'family'") if "family" in data else None
-    entries: list[Entry] = [_parse_rule(raw, path, i, family) for i, raw in enumerate(data.get("rule", []))]
+    # unchecked (our own files) formulas parse on first use: most ops of a model need few of them
+    entries: list[Entry] = [_parse_rule(raw, path, i, family, lazy=not check_ops)
+                            for i, raw in enumerate(data.get("rule", []))]
     entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
     if check_ops:
         _check_entries(entries, path)
@@ -470,7 +472,7 @@ _PRESET_KEYS = frozenset({"macs", "flops"})
 _RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family"})
 
 
-def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
+def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None, lazy: bool = False) -> Rule:
     where = f"{path}: rule #{index + 1}"
     if not isinstance(raw, dict):
         raise RuleFileError(f"{where}: expected a table, got {clip(repr(raw), 60)}")
@@ -485,7 +487,7 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
             raise RuleFileError(f"{where}: missing '{key}' formula")
     if not isinstance(raw.get("doc", ""), str):
         raise RuleFileError(f"{where}: 'doc' must be a string")
-    macs, flops = _formula(raw["macs"], where, "macs"), _formula(raw["flops"], where, "flops")
+    macs, flops = _formula(raw["macs"], where, "macs", lazy), _formula(raw["flops"], where, "flops", lazy)
     when = raw.get("when")
     return Rule(
         name=name,
@@ -493,13 +495,14 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
         source=str(path),
         macs=macs,
         flops=flops,
-        when=_formula(when, where, "when") if when is not None else None,
-        presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
+        when=_formula(when, where, "when", lazy) if when is not None else None,
+        presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}, lazy),
         family=family,
     )
 
 
-def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
+def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula],
+                   lazy: bool = False) -> dict[str, tuple[Formula, Formula]]:
     """Each preset's (macs, flops): its own formula where it gives one, else the rule's (the same object)."""
     if not isinstance(presets, dict):
         raise RuleFileError(f"{where}: 'presets' must be a table of presets, e.g. presets.torch = {{ flops = \"0\" }}")
@@ -511,7 +514,7 @@ def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict
         if not isinstance(formulas, dict):
             raise RuleFileError(f"{where}: '{field_name}' must be a table of formulas, e.g. {{ flops = \"0\" }}")
         _refuse_unknown_keys(formulas, _PRESET_KEYS, f"{where}: '{field_name}'")
-        merged = {key: _formula(formulas[key], where, f"{field_name}.{key}") if key in formulas else own[key]
+        merged = {key: _formula(formulas[key], where, f"{field_name}.{key}", lazy) if key in formulas else own[key]
                   for key in ("macs", "flops")}
         parsed[preset] = (merged["macs"], merged["flops"])
     return parsed
@@ -570,9 +573,9 @@ def _parse_ops(ops: Any, where: str) -> tuple[str, ...]:
     return tuple(ops)
 
 
-def _formula(source: Any, where: str, field_name: str) -> Formula:
+def _formula(source: Any, where: str, field_name: str, lazy: bool = False) -> Formula:
     try:
-        return Formula(source)
+        return Formula(source, lazy=lazy)
     except FormulaError as error:
         raise RuleFileError(f"{where}: '{field_name}': {error}") from None
 

@@ -289,3 +289,12 @@ def test_a_callable_for_an_op_spelling_that_names_nothing_warns():
     with pytest.warns(fxflops.RuleFileWarning, match=rf"Python rule {__name__}\.returns_none: op 'aten\.lineer' "
                                                      r"\(did you mean 'aten\.linear'\?\) names nothing"):
         fxflops.estimate(model(), input_shape=(2, 8), rules={"aten.lineer": returns_none})
+
+
+def test_the_shipped_tables_formulas_are_parsed_only_when_used():
+    # what a process pays at its first estimate: the formulas of the ops its model runs, not all ~400
+    entries = load_rule_dir(default_rules_dir(), check_ops=False, skip=PRESETS_FILE)
+    formulas = [f for entry in entries if isinstance(entry, fxflops.rules.Rule) for f in (entry.macs, entry.flops, entry.when) if f]
+    assert formulas and all(formula._parsed is None for formula in formulas)
+    checked = load_rule_dir(default_rules_dir(), check_ops=True, skip=PRESETS_FILE)
+    assert all(entry.macs._parsed is not None for entry in checked if isinstance(entry, fxflops.rules.Rule))
