@@ -215,7 +215,7 @@ def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
 def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
-        if not all(type(size) is int for size in shape):
+        if torch.SymInt in map(type, shape):  # (the test runs in C: this is per argument of every node)
             shape = tuple(_signature(size) for size in shape)
         return (shape, value.dtype)
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -321,7 +321,8 @@ def _shapes(value: Any, sizes: Any = None) -> tuple[tuple[Any, ...], ...]:
     if isinstance(value, torch.Tensor):
         if sizes is not None:
             return (tuple(sizes.expression(s) for s in value.shape),)
-        return (tuple(int(s) for s in value.shape),)
+        shape = tuple(value.shape)
+        return (shape if torch.SymInt not in map(type, shape) else tuple(int(s) for s in shape),)
     if isinstance(value, list | tuple):
         return tuple(shape for item in value for shape in _shapes(item, sizes))
     return ()

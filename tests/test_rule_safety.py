@@ -347,3 +347,12 @@ def test_cli_refuses_a_fifo_rule_path(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"fxflops: error: rule file {fifo} is a named pipe (FIFO), not a file: give a .toml " \
         "file, or a folder of them\n"
+
+
+def test_the_shipped_tables_formulas_are_parsed_only_when_used():
+    # what a process pays at its first estimate: the formulas of the ops its model runs, not all ~400
+    entries = load_rule_dir(default_rules_dir(), check_ops=False, skip=PRESETS_FILE)
+    formulas = [f for entry in entries if isinstance(entry, fxflops.rules.Rule) for f in (entry.macs, entry.flops, entry.when) if f]
+    assert formulas and all(formula._parsed is None for formula in formulas)
+    checked = load_rule_dir(default_rules_dir(), check_ops=True, skip=PRESETS_FILE)
+    assert all(entry.macs._parsed is not None for entry in checked if isinstance(entry, fxflops.rules.Rule))

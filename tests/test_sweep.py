@@ -291,7 +291,7 @@ def test_cli_sweep_json_points_equal_estimates():
     assert data["points"][0]["top_modules"][0]["name"] == "feature_extractor"
     first = data["formulas"][0]
     assert sympy.sympify(first["macs"]) == LENET5_MACS_PER_SAMPLE * sympy.Symbol("batch")
-    assert first["holds_for"][0] == "2 <= batch <= 15"  # CPU conv backend choice guards batch < 16
+    assert first["holds_for"][0] == "batch >= 2"  # the CPU conv kernel's choice (batch < 16) no longer splits it
 
 
 def test_cli_sweep_grid_text_and_csv():
@@ -567,3 +567,24 @@ def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
                               "--sweep", "seq=32..128*2", "--format", "json")
     points = json.loads(out)["points"]
     assert [bool(p["cautions"]) for p in points] == [False, False, True]
+
+
+def test_conv_kernel_choice_does_not_split_a_convnet_sweep():
+    # which CPU kernel a convolution would use (oneDNN below channels x area thresholds, NNPACK from
+    # batch 16) was a guard each, splitting a sweep over batch and image size into many pieces; it only
+    # picks a memory layout, so the sweep keeps one piece for batch >= 2 (batch 1 is torch's constant)
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.resnet18().eval()
+
+    def image(batch, size):
+        return torch.empty(batch, 3, size, size, device="meta")
+
+    swept = sweep(model, image(2, 224), dims={"batch": 0, "size": (2, 3)})
+    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
+        assert_same(at, fresh)
+        assert at.total_bytes == fresh.total_bytes
+    assert len(swept.pieces) == 2
+    assert not any("batch < 16" in condition or "20480" in condition for condition in swept.conditions)
+    assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored
