@@ -22,6 +22,7 @@ _EXPORTS = MappingProxyType({
     "RuleEvaluationError": "fxflops.count",
     "FormulaError": "fxflops.formula",
     "profile_generate": "fxflops.generate",
+    **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.meter"),
     "profile": "fxflops.profiling",
     **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
     **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from fxflops.count import RuleEvaluationError
     from fxflops.formula import FormulaError
     from fxflops.generate import profile_generate
+    from fxflops.meter import FlopsMeter, FlopsMeterWarning
     from fxflops.profiling import profile
     from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
     from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning

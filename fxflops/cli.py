@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count at many sizes from one capture, with the formula: seq=128,256,1024, "
                                "batch=1..64*2, size[2,3]=160..320:32 (several make a grid; batch, seq, "
                                "size, height, width know their axes, others name them: n[1]=...)")
+    counting.add_argument("--step-time", type=float, metavar="SECONDS",
+                          help="your measured time of one training step: prints the step's forward + backward "
+                               "FLOPs, tokens/s, TFLOP/s, MFU (with --device and --dtype) and the 6N approximation")
     counting.add_argument("--device", metavar="GPU",
                           help="predict each module's latency on this GPU from its FLOPs and bytes (a roofline): "
                                "a name from the peaks table, e.g. 'H100 SXM', 'A100 80GB SXM', 'L4', 'MI300X', "
@@ -165,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--depth", type=_at_least(-1), default=-1, help="deepest module level shown (-1 = all)")
     report.add_argument("--top", type=_at_least(1), default=3, help="module types per depth in the aggregated profile")
     report.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
-                        help="fold identical sibling subtrees into one entry with a count")
+                        help="fold identical numbered repeats (layers 0-23) into one entry with a count")
     report.add_argument("--detailed", action=argparse.BooleanOptionalAction, default=True,
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
@@ -302,6 +305,13 @@ def run(args: argparse.Namespace) -> int:
     _check_writable(args.roofline, "--roofline")
     args.rules = _load_rules(args.rules)
     progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
+    if args.step_time is not None:
+        _check_step_time(args, sweeps)
+        try:
+            sys.stdout.write(_training_step(args, progress))
+        finally:
+            progress.done()
+        return 0
     try:
         result, report = _estimate_and_render(args, sweeps, progress)
     finally:
@@ -322,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
         _write_report(report, _Encodable(sys.stdout))
+    if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
+        _say_cautions(list(getattr(result, "cautions", ())), args)
     return 0
 
 
@@ -401,8 +413,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         progress("capturing with symbolic sizes")
         swept = run_sweep(model, loaded, sweeps, args)
         progress.done()
-        for caution in loaded.cautions:  # the sweep report does not show how the model was built: stderr
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+        _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
         progress("counting every point")
         return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
@@ -413,9 +424,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    if not args.debug:  # with --debug, the CautionWarning itself is shown
-        for caution in result.cautions:
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+    _say_cautions(result.cautions, args)
     progress("writing the report")
     if args.explain is not None or args.compare:
         return result, _views(result, loaded, model, args)
@@ -450,7 +459,8 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 
     progress("capturing with symbolic sizes")
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward)
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  attention=args.attention)
     progress.done()
     try:
         explanation = swept.explain(args.explain)
@@ -461,6 +471,54 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 
         return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
     return swept, str(explanation) + "\n"
+
+
+def _check_step_time(args: argparse.Namespace, sweeps: list) -> None:
+    if args.step_time <= 0:
+        raise ModelSpecError(f"--step-time is a step's seconds, more than 0; got {args.step_time:g}")
+    if sweeps or args.output or args.roofline or args.format != "text":
+        raise ModelSpecError("--step-time prints one step's FLOPs and MFU as text; it does not combine with "
+                             "--sweep, --output, --roofline or --format")
+
+
+def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
+    """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
+    from fxflops import peaks
+    from fxflops.api import estimate
+    from fxflops.meter import StepStats, attention_flops, non_embedding_params
+    from fxflops.capture.inputs import tensors_in
+    from fxflops.report.mfu import render_step
+
+    progress(f"loading {args.model}")
+    loaded = load(args.model, input_options(args))
+    model = loaded.model.train() if args.train else loaded.model
+    progress("capturing the forward and the backward")
+    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                      rules=args.rules, backward=True, optimizer=args.optimizer)
+    progress.done()
+    first = next(iter(tensors_in((loaded.args, loaded.kwargs))), None)
+    samples = int(first.shape[0]) if first is not None and first.dim() else 1
+    tokens = int(first.numel()) if first is not None and first.dim() == 2 and not first.is_floating_point() else None
+    seq = tokens // samples if tokens is not None else None
+    peak, source = getattr(args, "peak_flops", None), "--peak-flops"  # i21a's flag, where it exists
+    if peak is None and args.device:
+        row = peaks.named(args.device)
+        key = peaks.dtype_key(parse_dtype(args.dtype) or parse_dtype("float32"))
+        peak = row.flops.get(key) if key else None
+        source = f"{row.label} {key} dense, {row.source}" if peak else None
+    stats = StepStats(step=1, micro_batches=1, fwd_flops=result.fwd_flops, bwd_flops=result.bwd_flops, samples=samples,
+                      tokens=tokens, six_n_flops=6 * non_embedding_params(model) * tokens if tokens else None,
+                      attention_flops=attention_flops(model, samples, seq) if tokens else None,
+                      optimizer_flops=result.optimizer.flops if result.optimizer else None, peak_flops=peak,
+                      _time=args.step_time)
+    shape = f"batch {samples}" + (f" x seq {seq}" if seq else "")
+    return render_step(result.model_type, shape, stats, source)
+
+
+def _say_cautions(cautions: list[str], args: argparse.Namespace) -> None:
+    if not args.debug:  # with --debug, the CautionWarning itself is shown
+        for caution in cautions:
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}

@@ -97,7 +97,11 @@ class Explanation:
         return data
 
     def __str__(self) -> str:
-        return "\n".join(_lines(self))
+        return self.text()
+
+    def text(self, sources: bool = True) -> str:
+        """The explanation as a report; `sources=False` leaves out the user's source lines."""
+        return "\n".join(_lines(self, sources))
 
 
 def explain(estimate: Estimate, name: str) -> Explanation:
@@ -141,6 +145,8 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
             zero[label][cost.op] += 1
             continue
         values = _values(entry, call, captured.sizes)
+        if getattr(cost, "kept_pairs", None) is not None:  # what the effective formulas read
+            values["kept_pairs"] = _exact(cost.kept_pairs)
         key = (cost.op, cost.rule, cost.phase, tuple(values.items()), cost.macs, cost.flops)
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]
@@ -383,7 +389,7 @@ def _count(value: Any, sizes: Any) -> Any:
 # --- text -----------------------------------------------------------------------------------------
 
 
-def _lines(explanation: Explanation) -> Iterable[str]:
+def _lines(explanation: Explanation, sources: bool = True) -> Iterable[str]:
     what = (f"module {explanation.target} ({explanation.module_type})" if explanation.kind == "module"
             else f"op node {explanation.target} (in {explanation.module_type or 'the model'})")
     own = ": the ops it ran itself (its submodules have their own)" if explanation.own else ""
@@ -397,7 +403,7 @@ def _lines(explanation: Explanation) -> Iterable[str]:
         yield ""
         yield "counted ops:"
     for op in counted:
-        yield from _op_lines(op)
+        yield from _op_lines(op, sources)
     if explanation.unknown:
         yield ""
         yield "unknown ops (not in the totals; a rule that counts each, to edit and pass back with --rules):"
@@ -413,7 +419,7 @@ def _lines(explanation: Explanation) -> Iterable[str]:
         yield f"  {group.name}{where}: {listed}"
 
 
-def _op_lines(op: OpExplanation) -> Iterable[str]:
+def _op_lines(op: OpExplanation, sources: bool = True) -> Iterable[str]:
     phase = "" if op.phase == "forward" else f" [{op.phase}]"
     yield f"  {op.op} x{op.calls} in {_modules_text(op.modules)}{phase}: rule '{op.rule}' ({_file(op.where)}, family {op.family})"
     for key, text in op.formulas.items():
@@ -429,7 +435,7 @@ def _op_lines(op: OpExplanation) -> Iterable[str]:
     per_call = f"{_exact(op.macs)} MACs, {_exact(op.flops)} FLOPs, {_exact(op.bytes)} bytes per call"
     times = f"; x{op.calls} = {_exact(op.total_macs)} MACs, {_exact(op.total_flops)} FLOPs" if op.calls > 1 else ""
     yield f"    = {per_call}{times}"
-    if op.source:
+    if op.source and sources:
         yield f"    at {op.source}"
 
 

@@ -706,3 +706,29 @@ def test_named_input_shapes_of_an_hf_model():
         "input_ids": ((2, 16), torch.long), "attention_mask": ((2, 16), torch.long)}
     assert model_spec.parse_input_shape("input_ids=2x16") == ("input_ids", (2, 16))
     assert model_spec.parse_input_shape("2,16") == (None, (2, 16))
+
+
+def test_step_time_prints_the_steps_flops_and_mfu_against_the_device_peak(capsys, tmp_path):
+    from fxflops.cli import main
+
+    factory = tmp_path / "one_linear.py"
+    factory.write_text("import torch\ndef build():\n    return torch.nn.Linear(16, 8, bias=False)\n")
+    code = main([f"{factory}:build", "--input-shape", "4,16", "--step-time", "0.5", "--device", "H100 SXM",
+                 "--dtype", "bf16", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # forward 4x16x8 MACs; backward only the weight's gradient (the input needs none): as many again
+    flops = 2 * (2 * 4 * 16 * 8)
+    assert f"step FLOPs      {flops / 1e3:.2f} kFLOPs" in out
+    assert f"achieved        {flops / 0.5 / 1e12:.2f} TFLOP/s" in out
+    assert f"MFU             {flops / 0.5 / 989.4e12:.2%} of 989.40 TFLOP/s (H100 SXM bf16 dense" in out
+    assert "samples/s       8.00" in out
+
+
+def test_step_time_must_be_positive_and_alone(capsys):
+    from fxflops.cli import main
+
+    assert main(["lenet5", "--step-time", "0"]) == 2
+    assert "--step-time is a step's seconds, more than 0; got 0" in capsys.readouterr().err
+    assert main(["lenet5", "--step-time", "1", "--format", "json"]) == 2
+    assert "does not combine with" in capsys.readouterr().err

@@ -18,7 +18,10 @@ from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
+from fxflops.capture.isolation import in_turn
 from fxflops.capture.lookups import out_of_range_lookups
+from fxflops.capture.mode import training_mode_cautions
+from fxflops.capture.quiet import torch_logging_quiet
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.running import capture_running
@@ -60,6 +63,12 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         methods = _with_backward(methods, method)
     if sizes is not None:
         methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are captured")
+    with in_turn():  # another thread's capture swaps the weights for twins meanwhile: wait for it
+        return _first_capture(request, methods, method, args, kwargs)
+
+
+def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwargs: Any) -> Captured:
+    model = request.model
     attempts: list[Attempt] = []
     for candidate in methods:
         reason = nothing_to_run(model, args, kwargs) if method == AUTO and candidate is TRACE else None
@@ -67,7 +76,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
-            with capture_running():
+            with capture_running(), torch_logging_quiet():  # fake tensors make torch log tracebacks a real run never would
                 captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
@@ -77,7 +86,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
         captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
-                             *control_flow_cautions(captured.graph_module)]
+                             *control_flow_cautions(captured.graph_module), *training_mode_cautions(model, backward)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
-from fxflops.capture.inputs import map_tensors, refuse_lazy_output, tensors_in, with_twins
+from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, refuse_lazy_output, tensors_in
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -89,7 +90,7 @@ def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
     get the dtype the real kernel gives them back.
     """
     try:
-        return func(*args, **kwargs)
+        return _shape_kernel(func, args)(*args, **kwargs)
     except RuntimeError as error:
         floating = [t for t in tensors_in((args, kwargs)) if t.is_floating_point() and t.dtype != torch.bfloat16]
         if not floating or "Float16" not in str(error) and "BFloat16" not in str(error):
@@ -103,12 +104,24 @@ def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
         return map_tensors(out, lambda t: t.to(dtype) if t.dtype == torch.bfloat16 else t)
 
 
+def _shape_kernel(func: Any, args: tuple) -> Any:
+    """The kernel that shapes `func` on fake tensors: aten's, but torch's Python reference for ops whose
+    C++ kernel pins every symbolic size to its example value (constant_pad_nd: the F.pad in
+    transformers' causal-LM loss), which would make a sweep hold at its example point only."""
+    if func is torch.ops.aten.constant_pad_nd.default and any(
+            isinstance(size, torch.SymInt) for size in getattr(args[0], "shape", ())):
+        from torch import _refs
+
+        return _refs.constant_pad_nd
+    return func
+
+
 def _is_meta(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, UninitializedTensorMixin)
 
 
 def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
-    for tensor in [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]:
+    for tensor in itertools.chain(iter_tensors((args, kwargs)), model.parameters(), model.buffers()):
         if not isinstance(tensor, UninitializedTensorMixin) and not tensor.is_meta:
             return tensor.device
     return torch.device("cpu")
@@ -121,14 +134,16 @@ def capture(request: Request) -> Captured:
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=sizes.env if sizes else None,
                           static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
-    with isolated(model) as modules, _quiet_about_symbolic_args(sizes is not None):
+    inputs = Reach((request.args, request.kwargs))
+    with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
-        args, kwargs = with_twins(request.args, twins), with_twins(request.kwargs, twins)
+        args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
-        with grad_mode, mode, tracker, recorder, CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
+        with grad_mode, _conv_kernel_choice_fixed(sizes is not None), mode, tracker, recorder, \
+                CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
             output = refuse_lazy_output(model(*args, **kwargs))
@@ -146,6 +161,32 @@ def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, l
     inputs = tensors_in((request.args, request.kwargs))
     found = {id(tensor): sizes.sizes(index, tensor) for index, tensor in enumerate(inputs)}
     return {key: shape for key, shape in found.items() if shape is not None}
+
+
+@contextlib.contextmanager
+def _conv_kernel_choice_fixed(symbolic: bool) -> Iterator[None]:
+    """Under named sizes, CPU convolutions keep to their native kernel (oneDNN and NNPACK off).
+
+    A fake convolution asks torch which CPU kernel would run (torch._C._select_conv_backend) to give its
+    output that kernel's memory format. The choice reads sizes: NNPACK needs batch >= 16, oneDNN is
+    picked by channels x area thresholds (64*h*w <= 20480 ...), so each became a guard that split a
+    ResNet-50 sweep over batch 1..64 and sizes 33..517 into a piece per region. None of them changes a
+    count: a rule reads shapes, dtypes and arguments, never strides (formulas have .shape and .ndim
+    only), and for these kernels the memory format follows the input's and weight's own layout, so
+    the same ops run either way (the sweep tests check at() against estimate(), bytes included)."""
+    if not symbolic:
+        yield
+        return
+    # the flags' own setters, not torch.backends.mkldnn.flags(): that one also rewrites the TF32 and fp32
+    # precision settings, and warns about TF32 on Intel GPUs while doing so
+    mkldnn, nnpack = torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    torch._C._set_nnpack_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn)
+        torch._C._set_nnpack_enabled(nnpack)
 
 
 @contextlib.contextmanager

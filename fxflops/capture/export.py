@@ -56,7 +56,7 @@ def capture(request: Request) -> Captured:
     held_kwargs = {k: with_twins(v, meta_twin) for k, v in kwargs.items() if not is_plain(v)}
     plain_args = to_meta(tuple(a for i, a in enumerate(args) if i not in held_args))
     plain_kwargs = to_meta({k: v for k, v in kwargs.items() if k not in held_kwargs})
-    with isolated(model) as modules:
+    with isolated(model, (args, kwargs)) as modules:
         swap_tensors(modules, meta_twin)
         tag_names(model)  # export copies aliased modules: identity cannot name them
         wrapper = FlatOutputs(model, held_args, held_kwargs)

@@ -10,9 +10,14 @@ also when the forward raises.
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 import sys
-from collections.abc import Callable, Iterator
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import torch
@@ -20,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxflops.capture.inputs import tensors_in
+from fxflops.capture.inputs import Reach, own_attribute, slot_names, tensors_in
 
 Twin = Callable[[torch.Tensor], torch.Tensor]
 
@@ -62,48 +67,88 @@ class _ModuleSnapshot:
         self.module = module
         self.cls = module.__class__
         self.attrs = dict(module.__dict__)
-        self.contents = [(value, _contents(value)) for value in self.attrs.values() if _contents(value) is not None]
+        self.contents = [_Saved(value, f"attribute {key!r} of {type(module).__name__}")
+                         for key, value in self.attrs.items() if isinstance(value, list | dict | set)]
 
-    def restore(self) -> None:
+    def restore(self) -> list[str]:
+        """Put the module back; return what could not be put back (changes to very large containers)."""
         module = self.module
         if module.__class__ is not self.cls:
             module.__class__ = self.cls
-        for container, contents in self.contents:
-            _refill(container, contents)
+        lost = [message for saved in self.contents if (message := saved.restore()) is not None]
         state = module.__dict__
         for key in [key for key in state if key not in self.attrs]:
             del state[key]
         for key, value in self.attrs.items():
             if state.get(key, _MISSING) is not value:
                 state[key] = value
+        return lost
 
 
 _MISSING = object()
 
+# a container of up to this many items is saved whole, by reference; a larger one only by its size and
+# a sample of its items (copying a list of 10^8 items costs seconds and gigabytes)
+SAVED_WHOLE = 1 << 16
+_SAMPLE = 32
+
+
+class _Saved:
+    """One list's, dict's or set's own contents, to be put back in place (never copied deeper).
+
+    A container of more than SAVED_WHOLE items keeps its size and a sample of its items instead: items
+    appended to a list and keys added to a dict are taken out again exactly; another change seen in the
+    sample is reported, as it cannot be undone.
+    """
+
+    __slots__ = ("container", "label", "size", "whole", "sample")
+
+    def __init__(self, container: Any, label: str) -> None:
+        self.container = container
+        self.label = label
+        self.size = len(container)
+        self.whole = _contents(container) if self.size <= SAVED_WHOLE else None
+        self.sample = None if self.whole is not None else _sample(container, self.size)
+
+    def restore(self) -> str | None:
+        """Put the contents back; a message if a change to a container saved by a sample cannot be undone."""
+        if self.whole is not None:
+            _refill(self.container, self.whole)
+            return None
+        if _undo_growth(self.container, self.size, self.sample):
+            return None
+        return (f"the forward changed {self.label} in place (a {type(self.container).__name__} of {self.size:,} "
+                f"items), which fxflops could not undo: containers over {SAVED_WHOLE:,} items are not copied, "
+                "so only items appended to a list or keys added to a dict are taken out again")
+
 
 def _contents(value: Any) -> Any:
     if isinstance(value, dict):
-        return list(value.items())
+        return list(_dict_class(value).items(value))
     if isinstance(value, list):
-        return list(value)
-    if isinstance(value, set):
-        return set(value)
-    return None
+        return list.copy(value)
+    return set.copy(value)
 
 
 def _refill(container: Any, contents: Any) -> None:
     """Put a container's saved contents back in place (compared by identity: values may be tensors)."""
     if isinstance(container, dict):
-        current = list(container.items())
-        if not _same_items(current, contents):
-            container.clear()
-            container.update(contents)
+        kind = _dict_class(container)
+        if not _same_items(list(kind.items(container)), contents):
+            kind.clear(container)
+            for key, value in contents:
+                kind.__setitem__(container, key, value)
     elif isinstance(container, list):
-        if not _same_items(container, contents):
-            container[:] = contents
+        if len(container) != len(contents) or not all(map(operator.is_, container, contents)):
+            list.__setitem__(container, slice(None), contents)
     elif {id(item) for item in container} != {id(item) for item in contents}:
-        container.clear()
-        container.update(contents)
+        set.clear(container)
+        set.update(container, contents)
+
+
+def _dict_class(value: dict) -> type:
+    # an OrderedDict keeps its order beside the dict: its own methods, never a subclass's overrides
+    return OrderedDict if isinstance(value, OrderedDict) else dict
 
 
 def _same_items(current: list, saved: list) -> bool:
@@ -114,6 +159,68 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):  # dict items: (key, value)
         return len(a) == len(b) and all(x is y or (type(x) is str and x == y) for x, y in zip(a, b))
     return a is b
+
+
+def _sample(container: Any, size: int) -> Any:
+    """What is kept of a large container: some items by position (list), the first and last items (dict),
+    the first members (set)."""
+    if isinstance(container, list):
+        step = max(1, size // _SAMPLE)
+        positions = sorted({*range(_SAMPLE), *range(0, size, step), *range(size - _SAMPLE, size)})
+        return [(i, list.__getitem__(container, i)) for i in positions]
+    if isinstance(container, dict):
+        items = _dict_class(container).items(container)
+        return list(islice(items, _SAMPLE)), list(islice(reversed(items), _SAMPLE))
+    return list(islice(set.__iter__(container), 2 * _SAMPLE))
+
+
+def _undo_growth(container: Any, size: int, sample: Any) -> bool:
+    """Take out what was added to a large container since it was sampled; False if it changed otherwise."""
+    now = len(container)
+    extra = now - size
+    if isinstance(container, list):
+        if extra < 0 or not all(list.__getitem__(container, i) is item for i, item in sample):
+            return False
+        if extra:
+            list.__delitem__(container, slice(size, None))
+        return True
+    if isinstance(container, dict):
+        kind = _dict_class(container)
+        items = kind.items(container)
+        head, tail = sample
+        if extra < 0 or not _same_items(list(islice(items, _SAMPLE)), head) \
+                or not _same_items(list(islice(reversed(items), extra, extra + _SAMPLE)), tail):
+            return False
+        for key in list(islice(reversed(kind.keys(container)), extra)):  # added keys come last
+            kind.__delitem__(container, key)
+        return True
+    members = list(islice(set.__iter__(container), 2 * _SAMPLE))
+    return extra == 0 and len(members) == len(sample) and all(map(operator.is_, members, sample))
+
+
+class _SavedObject:
+    """An input object's own state: its items (a list, dict or set), its attributes and its slots."""
+
+    __slots__ = ("obj", "saved", "slots")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        label = f"a {type(obj).__name__} in the inputs"
+        self.saved = [_Saved(obj, label)] if isinstance(obj, list | dict | set) else []
+        state = own_attribute(obj, "__dict__", None)
+        if type(state) is dict:
+            self.saved.append(_Saved(state, f"the attributes of {label}"))
+        self.slots = [(name, own_attribute(obj, name, _MISSING)) for name in slot_names(obj)]
+
+    def restore(self) -> list[str]:
+        lost = [message for saved in self.saved if (message := saved.restore()) is not None]
+        for name, value in self.slots:
+            if own_attribute(self.obj, name, _MISSING) is not value:
+                if value is _MISSING:
+                    object.__delattr__(self.obj, name)
+                else:
+                    object.__setattr__(self.obj, name, value)
+        return lost
 
 
 # --- torch's and Python's global state ------------------------------------------------------------
@@ -165,22 +272,61 @@ def _restore_class(cls: type, saved: dict[str, Any]) -> None:
             setattr(cls, key, value)
 
 
-@contextlib.contextmanager
-def isolated(model: torch.nn.Module) -> Iterator[list[tuple[str, torch.nn.Module]]]:
-    """Run the body, then put the model, torch's global hook tables and the RNGs back as they were.
+# Captures take turns: each changes process-wide state (torch's global hook tables, the RNGs, the
+# recursion limit) and puts it back when it ends, so two at once would put back each other's hooks.
+# A lock is not data: it holds nothing of any model, and is re-entrant for a capture inside a capture.
+_CAPTURES = threading.RLock()
 
-    Yields the model's modules (qualified name, module), each once, in pre-order.
+
+def in_turn() -> contextlib.AbstractContextManager:
+    """Hold the captures' turn (re-entrant): for what reads the model while deciding how to capture it."""
+    return _CAPTURES
+
+
+@contextlib.contextmanager
+def isolated(model: torch.nn.Module, inputs: Any = None) -> Iterator[list[tuple[str, torch.nn.Module]]]:
+    """Run the body, then put the model, the objects in `inputs` (a value or its `Reach`; their own
+    state, by reference),
+    torch's global hook tables and the RNGs back as they were.
+
+    Yields the model's modules (qualified name, module), each once, in pre-order. Captures run one at
+    a time; during one, a forward of the model on another thread raises a RuntimeError.
     """
-    modules = unique_modules(model)
-    depth = max((name.count(".") + 1 for name, _ in modules if name), default=0)
-    snapshots = [_ModuleSnapshot(module) for _, module in modules]
-    global_state = _GlobalSnapshot(depth)
-    try:
-        yield modules
-    finally:
-        for snapshot in reversed(snapshots):
-            snapshot.restore()
-        global_state.restore()
+    with _CAPTURES:
+        modules = unique_modules(model)
+        depth = max((name.count(".") + 1 for name, _ in modules if name), default=0)
+        snapshots = [_ModuleSnapshot(module) for _, module in modules]
+        reach = inputs if isinstance(inputs, Reach) or inputs is None else Reach(inputs)
+        objects = [_SavedObject(obj) for obj in reach.objects()] if reach is not None else []
+        global_state = _GlobalSnapshot(depth)
+        guard = torch.nn.modules.module.register_module_forward_pre_hook(_refusing_other_threads(modules))
+        lost: list[str] = []
+        try:
+            yield modules
+        finally:
+            guard.remove()
+            for snapshot in reversed(snapshots):
+                lost += snapshot.restore()
+            for saved in objects:
+                lost += saved.restore()
+            global_state.restore()
+            for message in lost:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _refusing_other_threads(modules: Iterable[tuple[str, torch.nn.Module]]) -> Callable[..., None]:
+    """A global forward pre-hook: a module of the model called on another thread than the capture's raises."""
+    owner = threading.get_ident()
+    ids = frozenset(id(module) for _, module in modules)
+
+    def refuse(module: torch.nn.Module, args: Any) -> None:
+        if id(module) in ids and threading.get_ident() != owner:
+            raise RuntimeError(
+                f"{type(module).__name__}.forward was called while fxflops is estimating the model on another "
+                "thread, with fake twins in place of its weights until the estimate returns; run the model's "
+                "forwards and its estimates one after the other (e.g. estimate between training steps)")
+
+    return refuse
 
 
 class CopyOnWrite:

@@ -12,7 +12,7 @@ import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, parameter_owners, restore_grads
-from fxflops.capture.inputs import nothing_to_run, refuse_lazy_output, tensors_in, to_meta, with_twins
+from fxflops.capture.inputs import Reach, nothing_to_run, refuse_lazy_output, tensors_in, to_meta
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -31,14 +31,15 @@ def capture(request: Request) -> Captured:
     reason = nothing_to_run(model, request.args, request.kwargs)
     if reason is not None:
         raise RuntimeError(needs_real(reason))
-    with isolated(model) as modules:
+    inputs = Reach((request.args, request.kwargs))
+    with isolated(model, inputs) as modules:
         params = [t for _, module in modules for t in module._parameters.values() if t is not None]
         buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]
-        # cache objects are updated by a forward: run on copies of them (their tensors shared, not copied)
+        # cache objects are updated by a forward: run on rebuilt ones (their tensors and the rest shared)
         # with a backward, inputs computed by the user's own graph are cut from it: the backward stops
         # at them, as at the model's boundary, and the user's graph stays whole
         own = _cut_from_graph if request.backward else _usable
-        args, kwargs = with_twins(request.args, own), with_twins(request.kwargs, own)
+        args, kwargs = inputs.with_twins(own)
         leaves = [*params, *tensors_in((args, kwargs))]
         writes = CopyOnWrite(leaves, saved_now=buffers)
         owners = GradOwners(parameter_owners(model)) if request.backward else None

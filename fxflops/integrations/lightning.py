@@ -1,0 +1,113 @@
+"""Lightning: `Trainer(callbacks=[FlopsMonitor()])` where ThroughputMonitor would go, with no
+`flops_per_batch` to write and batches of any shape.
+
+The monitor reads the inputs of the LightningModule's own training forward calls (`self(x)` in
+training_step; a forward pre-hook added at train start, removed at train end and on exceptions), or
+`inputs(batch)` when given (for a training_step that calls a submodule: pass `module=` too). Every
+`log_every_n_steps` optimizer steps it logs, with ThroughputMonitor's names:
+
+    train/device/flops, train/device/flops_per_sec, train/device/tflops, train/device/mfu,
+    train/device/samples_per_sec, train/device/items_per_sec (tokens), train/device/step_time,
+    and, all ranks together: train/flops, train/flops_per_sec, train/samples_per_sec, train/world_size
+
+(`flops` is fwd + bwd per optimizer step, the rates over the steps since the last log). The loss
+computed outside the module's forward is not in the count: the backward is counted from the
+forward's output, as estimate(backward=True) does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from fxflops.integrations import ForwardInputs
+from fxflops.meter import FlopsMeter, summed
+
+
+class FlopsMonitor(Callback):
+    """Exact FLOPs, throughput and MFU per logging step of a Lightning Trainer; see the module's docstring.
+
+    `peak_flops` (FLOP/s per device) overrides the peaks table (GPUs by name, for the Trainer's
+    precision). `inputs(batch)` gives the module's forward inputs from a batch; `module(pl_module)`
+    the module it is called on (default: the LightningModule). Other keywords go to FlopsMeter."""
+
+    def __init__(self, *, peak_flops: float | None = None, inputs: Callable[[Any], Any] | None = None,
+                 module: Callable[[Any], torch.nn.Module] | None = None, separator: str = "/",
+                 **meter_options: Any) -> None:
+        super().__init__()
+        self.peak_flops = peak_flops
+        self.inputs = inputs
+        self.module = module
+        self.separator = separator
+        self.meter_options = meter_options
+        self.meter: FlopsMeter | None = None
+        self._calls = ForwardInputs()
+        self._since: list[Any] = []
+        self._steps = 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        counted = self.module(pl_module) if self.module is not None else pl_module
+        options = dict(self.meter_options)
+        options.setdefault("dtype", _precision_dtype(str(trainer.precision)))
+        self.meter = FlopsMeter(counted, None, peak_flops=self.peak_flops, **options)
+        if self.inputs is None:
+            self._calls.attach(counted)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._accumulated(trainer, batch_idx) == 0:
+            self.meter.start()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        calls = self._calls.take() if self.inputs is None else [self.inputs(batch)]
+        with self._calls.paused():  # a capture runs the module's forward on fake tensors
+            for call in calls:
+                self.meter.micro_batch(call)
+        if self._accumulated(trainer, batch_idx) != trainer.accumulate_grad_batches - 1:
+            return  # the optimizer step is not over
+        self._since.append(self.meter.step())
+        self._steps += 1
+        if self._steps % max(trainer.log_every_n_steps, 1) == 0:
+            self._log(trainer)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._calls.detach()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._calls.detach()
+
+    def _log(self, trainer: Any) -> None:
+        """Every rank reduces (a collective, at the same step on all of them); the loggers write on rank 0."""
+        steps, self._since = self._since, []
+        local = summed(steps)
+        reduced = self.meter.reduce(local)
+        s = self.separator
+        metrics = {f"train{s}device{s}{key}": value for key, value in self.meter.metrics(local).items()}
+        for key in ("flops", "flops_per_sec", "tflops", "samples_per_sec", "tokens_per_sec", "world_size"):
+            value = self.meter.metrics(reduced).get(key)
+            if value is not None:
+                metrics[f"train{s}{key}"] = value
+        if "mfu" in self.meter.metrics(reduced):
+            metrics[f"train{s}device{s}mfu"] = self.meter.metrics(reduced)["mfu"]  # the devices' mean
+        if f"train{s}device{s}tokens_per_sec" in metrics:  # Lightning's name for lengths per second
+            metrics[f"train{s}device{s}items_per_sec"] = metrics.pop(f"train{s}device{s}tokens_per_sec")
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    @staticmethod
+    def _accumulated(trainer: Any, batch_idx: int) -> int:
+        return batch_idx % max(trainer.accumulate_grad_batches, 1)
+
+
+def _precision_dtype(precision: str) -> torch.dtype | None:
+    """The compute dtype of a Lightning precision setting ("bf16-mixed", "16-mixed", "32-true", ...)."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if precision.startswith("64"):
+        return torch.float64
+    return None

@@ -1,0 +1,169 @@
+"""Run by tests/test_meter.py under `torchrun --nproc_per_node 2` (gloo, CPU): each rank trains its own
+batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2), a FlopsCallback (the Trainer's DDP)
+or a FlopsMonitor (Lightning's DDP), and writes what it saw to OUT/<kind>-rank<k>.json.
+
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning OUT"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import fxflops
+from fxflops import FlopsMeter
+
+
+def build() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def main(kinds: list[str], out: str) -> None:
+    dist.init_process_group("gloo")
+    for kind in kinds:
+        if kind == "trainer":
+            trainer(out)
+        elif kind == "lightning":
+            lightning_fit(out)
+        else:
+            train(kind, out)
+    dist.destroy_process_group()
+
+
+def train(kind: str, out: str) -> None:
+    rank = dist.get_rank()
+    model = build()
+    sizes = [3 + rank, 5 + 2 * rank, 2 + rank]  # every rank its own batch sizes
+    meter = FlopsMeter(model, torch.randn(2, 8), peak_flops=1e12)  # built before the model is wrapped
+    if kind == "ddp":
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        wrapped = fully_shard(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    local, logged = [], []
+    for step, size in enumerate(sizes):
+        x = torch.randn(size, 8)
+        meter.start()
+        wrapped(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        stats = meter.step(x)
+        local.append(stats.flops)
+        if rank == 0:  # only rank 0 logs its own figures: no collective in here
+            meter.metrics()
+            meter.summary()
+        if step == 1:  # a logging step: every rank reduces
+            logged.append(meter.reduce().flops)
+    total = meter.reduce(meter.total())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # of the model's own arithmetic: an unwrapped twin (fully_shard changed the model's class in place)
+        estimates = [fxflops.estimate(build(), (torch.randn(size, 8),), backward=True).total_flops for size in sizes]
+    with open(f"{out}/{kind}-rank{rank}.json", "w") as file:
+        json.dump({"local": local, "estimates": estimates, "logged": logged, "total": total.flops,
+                   "world": total.world_size, "captures": meter.captures, "mfu": total.mfu,
+                   "time": total.time, "peak": total.peak_flops}, file)
+
+
+def trainer(out: str) -> None:
+    """transformers' Trainer in this job (its own DDP, gloo on CPU) with a FlopsCallback."""
+    import transformers as tf
+
+    from fxflops.integrations.transformers import FlopsCallback
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0,
+                           eos_token_id=0)
+    model = tf.GPT2LMHeadModel(config)
+    fed: list[dict] = []
+
+    def collate(features: list[dict]) -> dict:
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        for row, feature in enumerate(features):
+            ids[row, :len(feature["input_ids"])] = torch.tensor(feature["input_ids"])
+        fed.append({"input_ids": ids, "labels": ids.clone()})
+        return fed[-1]
+
+    data = [{"input_ids": list(range(1, n + 1))} for n in (3, 9, 5, 12, 7, 4, 10, 6)]
+    args = tf.TrainingArguments(output_dir=f"{out}/trainer", max_steps=2, per_device_train_batch_size=2,
+                                logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                                ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
+    callback = FlopsCallback(peak_flops=1e12)
+    job = tf.Trainer(model=model, args=args, train_dataset=data, data_collator=collate, callbacks=[callback])
+    job.train()
+    logs = [entry for entry in job.state.log_history if "mfu" in entry]
+    inner = model.module if hasattr(model, "module") else model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimates = [fxflops.estimate(inner, kwargs={**batch, "num_items_in_batch": torch.tensor(1)}, backward=True,
+                                      loss=lambda output: output.loss).total_flops for batch in fed[:2]]
+    with open(f"{out}/trainer-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in callback.meter.steps], "estimates": estimates,
+                   "logged": [entry["flops"] for entry in logs], "world": [entry["world_size"] for entry in logs],
+                   "captures": callback.meter.captures}, file)
+
+
+def lightning_fit(out: str) -> None:
+    """Lightning's own DDP strategy in this job, with a FlopsMonitor logging to memory on rank 0."""
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+
+    from fxflops.integrations.lightning import FlopsMonitor
+
+    class Memory(Logger):
+        name, version = "memory", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            return self(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rank = dist.get_rank()
+    sizes = [3 + rank, 6 + rank]  # each rank its own batches: a loader per rank, no sampler
+    loader = torch.utils.data.DataLoader([torch.randn(n, 8) for n in sizes], batch_size=None)
+    logger, monitor = Memory(), FlopsMonitor(peak_flops=1e12)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
+                        log_every_n_steps=1, callbacks=[monitor], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
+    trainer.fit(Module(), train_dataloaders=loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimates = [fxflops.estimate(build(), (torch.randn(n, 8),), backward=True).total_flops for n in sizes]
+    rows = [row for row in logger.rows if "train/flops" in row]
+    with open(f"{out}/lightning-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in monitor.meter.steps], "estimates": estimates,
+                   "logged": [row["train/flops"] for row in rows],
+                   "device": [row["train/device/flops"] for row in rows],
+                   "world": [row["train/world_size"] for row in rows]}, file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(","), sys.argv[2])
