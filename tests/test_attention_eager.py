@@ -176,3 +176,15 @@ def test_llama_eager_equals_its_sdpa_effective_count(seq):
     assert counts["eager"][2] == 2 * pairs * 2 * HEAD_DIM + 2 * pairs * 4 * HEAD_DIM
     assert counts["sdpa"][2] == 2 * pairs * 2 * HEAD_DIM + 2 * pairs * 5 * HEAD_DIM
     assert counts["eager"][0] == counts["sdpa"][0]  # the whole forward, attention effective
+
+
+def test_explain_and_compare_read_eager_attention_both_ways():
+    from fxflops.compare import compare
+
+    estimate = fxflops.estimate(Eager("causal fill"), qkv(grad=False), attention="effective")
+    (entry, *_) = [op for op in estimate.explain("").ops if op.attention]
+    assert entry.formulas["effective_macs"] == "macs * kept_pairs / numel(scores)"
+    assert f"dense {B * H * L * L * E:,} MACs" in entry.attention and f"effective {B * H * 36 * E:,} MACs" in entry.attention
+    run = compare(estimate)
+    column = f"{estimate.conventions} (dense attention)"
+    assert run.totals[column][0] - run.totals[estimate.conventions][0] == 2 * B * H * (L * L - 36) * E
