@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fxflops.kept_pairs import ADDITIVE, DROP, KEEP, MASK, KeptPairs, masks_kept_pairs
+from fxflops.kept_pairs import ADDITIVE, DROP, FULL, KEEP, MASK, KeptPairs, masks_kept_pairs
 
 aten = torch.ops.aten
 
@@ -84,7 +84,7 @@ def effective_count(dense: Any, pairs: Any, grid: Any, sizes: Any) -> Any:
         return int(dense) * int(pairs) // int(grid)
     import sympy
 
-    pairs, grid = sizes.expression(pairs), sizes.expression(grid)
+    pairs, grid = sympy.sympify(sizes.expression(pairs)), sympy.sympify(sizes.expression(grid))
     per_pair = sympy.cancel(sympy.sympify(dense) / grid)
     if per_pair.is_polynomial() and sympy.fraction(sympy.together(per_pair))[1] == 1:
         return sympy.expand(per_pair * pairs) if not pairs.has(sympy.Min, sympy.Max) else per_pair * pairs
@@ -104,7 +104,7 @@ def _read(softmax: torch.fx.Node, memo: dict[Any, KeptPairs], symbolic: bool) ->
     shape = tuple(scores.meta["val"].shape)
     grid = math.prod(shape)
     if not masks:
-        return EagerAttention(scores.name, output.name, grid, KeptPairs(None, "full"))
+        return EagerAttention(scores.name, output.name, grid, KeptPairs(None, FULL))
     try:
         kept = masks_kept_pairs(tuple(_normal(how, node) for how, node in masks), shape, memo, symbolic)
     except ValueError:  # a mask that does not broadcast to the scores: not read
@@ -132,10 +132,12 @@ def _scores(node: Any, last: Any, masks: list[tuple[str, torch.fx.Node]]) -> tor
         raise _NotAttention(node)
     if target is aten.add.Tensor and node.kwargs.get("alpha", 1) == 1:
         for chain, mask in ((args[0], args[1]), (args[1], args[0])):
+            met: list[tuple[str, torch.fx.Node]] = []  # kept only if this side is the scores
             try:
-                found = _scores(chain, last, masks)
+                found = _scores(chain, last, met)
             except _NotAttention:
                 continue
+            masks += met
             if isinstance(mask, torch.fx.Node):
                 masks.append((ADDITIVE, mask))
             return found

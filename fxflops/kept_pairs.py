@@ -201,18 +201,20 @@ def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, 
         return KeptPairs(math.prod(grid[:-2]) * band_pairs(grid[-2], grid[-1], lo, hi), _band_name(lo, hi))
     if symbolic:
         return KeptPairs(None, f"{MASK} (not a band of diagonals: counted at concrete sizes only)")
-    shape = tuple(int(size) for size in grid)
-    kept = torch.ones(shape, dtype=torch.bool)
+    kept: torch.Tensor | None = None
     memo: dict[Any, Any] = {}
     try:
-        for how, node in masks:
+        for how, node in masks:  # broadcast among themselves only: the grid itself can be huge
             value = _evaluate(node, memo)
-            kept = kept & (~value if how == DROP else _kept(value)).expand(shape)
+            value = ~value if how == DROP else _kept(value)
+            kept = value if kept is None else kept & value
+            if kept.numel() > MAX_MASK_ELEMENTS:
+                raise _TooLarge(node)
     except _TooLarge:
         return KeptPairs(None, f"{MASK} (too large to evaluate: over {MAX_MASK_ELEMENTS} entries)")
     except (_NotKnowable, RuntimeError):
         return KeptPairs(None, DATA)
-    return KeptPairs(int(kept.sum()), MASK)
+    return KeptPairs(mask_kept_pairs(kept, tuple(int(size) for size in grid)), MASK)
 
 
 def _intersect(bands: list[Any]) -> tuple[Any, Any]:

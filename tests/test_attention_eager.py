@@ -45,8 +45,17 @@ class Eager(nn.Module):
             scores = torch.where(window(n, self.w), scores, float("-inf"))
         elif self.how == "window additive":
             scores = scores + torch.zeros(n, n).masked_fill(~window(n, self.w), float("-inf"))
+        elif self.how == "causal fill, window select":  # two masks: their bands intersect
+            i = torch.arange(n)
+            scores = torch.where(i[:, None] - i[None, :] < self.w, scores.masked_fill(~causal(n), float("-inf")), float("-inf"))
+        elif self.how == "documents fill":  # three packed documents (3, 3, 2), from positions: evaluated
+            i = torch.arange(n)
+            doc = (i >= 3).long() + (i >= 6).long()
+            scores = scores.masked_fill(doc[:, None] != doc[None, :], float("-inf"))
         elif self.how == "given":
             scores = scores + mask
+        elif self.how == "causal fill, given":
+            scores = scores.masked_fill(~causal(n), float("-inf")) + mask
         probs = self.dropout(torch.softmax(scores, dim=-1))
         return torch.matmul(probs, v)
 
@@ -69,6 +78,8 @@ def products(estimate):
     ("window where", 1 + 2 + 3 * 6, "sliding window 3"),
     ("window select", 1 + 2 + 3 * 6, "sliding window 3"),
     ("window additive", 1 + 2 + 3 * 6, "mask"),  # a float mask evaluated, not read as a band
+    ("causal fill, window select", 1 + 2 + 3 * 6, "sliding window 3"),
+    ("documents fill", 3 * 3 + 3 * 3 + 2 * 2, "mask"),
 ])
 def test_eager_masks_from_positions_by_hand(how, per_head, pattern):
     estimate = fxflops.estimate(Eager(how), qkv(), backward=True)
@@ -92,9 +103,10 @@ def test_eager_grouped_query_attention_and_dropout_by_hand():
     assert bwd == [(B * 4 * L * L * E, B * 4 * 36 * E)] * 4
 
 
-def test_eager_padding_mask_given_is_unknown_and_dense_stands():
+@pytest.mark.parametrize("how", ["given", "causal fill, given"])
+def test_eager_padding_mask_given_is_unknown_and_dense_stands(how):
     mask = torch.zeros(B, 1, L, L)
-    estimate = fxflops.estimate(Eager("given"), (*qkv(grad=False), mask), attention="effective")
+    estimate = fxflops.estimate(Eager(how), (*qkv(grad=False), mask), attention="effective")
     totals = estimate.attention_totals()
     assert (totals.unknown, totals.patterns) == (2, ("mask from data",))
     assert totals.effective_macs == totals.dense_macs == 2 * B * H * L * L * E
