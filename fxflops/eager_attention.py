@@ -62,8 +62,8 @@ def find_eager_attention(nodes: Iterable[torch.fx.Node], memo: dict[Any, KeptPai
             continue
         try:
             attention = _read(node, memo, symbolic)
-        except _NotAttention:
-            continue
+        except (_NotAttention, IndexError, KeyError, AttributeError, TypeError):
+            continue  # a softmax this reading does not follow is counted as it always was: dense
         found[attention.scores] = found[attention.output] = attention
     return found
 
@@ -188,7 +188,7 @@ def _normal(how: str, node: torch.fx.Node) -> tuple[str, torch.fx.Node]:
         while inner.target in _SAME and inner.target is not aten.tanh.default:
             inner = inner.args[0]
         if inner.target in _WHERE:
-            dtype = inner.meta["val"].dtype
+            dtype = inner.meta["val"].dtype  # a where's output: always a tensor
             if _blocking(inner.args[2], dtype) and _is_zero(inner.args[1]):
                 return _normal(KEEP, inner.args[0])
             if _blocking(inner.args[1], dtype) and _is_zero(inner.args[2]):
