@@ -68,7 +68,8 @@ def find_eager_attention(nodes: Iterable[torch.fx.Node], memo: dict[Any, KeptPai
     return found
 
 
-def attention_of(node: torch.fx.Node, found: dict[str, EagerAttention], differentiates: str | None) -> EagerAttention | None:
+def attention_of(node: torch.fx.Node, found: dict[str, EagerAttention],
+                 differentiates: str | None) -> EagerAttention | None:
     """The eager attention whose matmul `node` is, or whose matmul its backward product differentiates."""
     if node.name in found:
         return found[node.name]

@@ -34,8 +34,8 @@ class Eager(nn.Module):
     def forward(self, q, k, v, mask=None):
         n, groups = q.shape[-2], q.shape[1] // k.shape[1]
         if groups > 1:  # transformers' repeat_kv
-            k = k[:, :, None].expand(k.shape[0], k.shape[1], groups, *k.shape[2:]).reshape(q.shape[0], q.shape[1], n, -1)
-            v = v[:, :, None].expand(v.shape[0], v.shape[1], groups, *v.shape[2:]).reshape(q.shape[0], q.shape[1], n, -1)
+            k, v = (x[:, :, None].expand(x.shape[0], x.shape[1], groups, *x.shape[2:]).reshape(*q.shape[:3], -1)
+                    for x in (k, v))
         scores = torch.matmul(q, k.transpose(2, 3)) / E ** 0.5
         if self.how == "causal fill":
             scores = scores.masked_fill(~causal(n), float("-inf"))
@@ -47,7 +47,8 @@ class Eager(nn.Module):
             scores = scores + torch.zeros(n, n).masked_fill(~window(n, self.w), float("-inf"))
         elif self.how == "causal fill, window select":  # two masks: their bands intersect
             i = torch.arange(n)
-            scores = torch.where(i[:, None] - i[None, :] < self.w, scores.masked_fill(~causal(n), float("-inf")), float("-inf"))
+            scores = scores.masked_fill(~causal(n), float("-inf"))
+            scores = torch.where(i[:, None] - i[None, :] < self.w, scores, float("-inf"))
         elif self.how == "documents fill":  # three packed documents (3, 3, 2), from positions: evaluated
             i = torch.arange(n)
             doc = (i >= 3).long() + (i >= 6).long()
@@ -161,7 +162,8 @@ def test_gemma2_eager_sliding_and_full_layers_by_hand():
                 nodes = [node for node in counted.nodes if node.attention is not None and node.module == path]
                 assert [(n.dense_macs, n.effective_macs) for n in nodes] == [
                     (HEADS * seq * seq * HEAD_DIM, pairs * HEAD_DIM)] * 2
-                assert {n.attention for n in nodes} == {"sliding window 4" if layer_type == "sliding_attention" else "causal"}
+                named = "sliding window 4" if layer_type == "sliding_attention" else "causal"
+                assert {n.attention for n in nodes} == {named}
             formula = swept.formula("macs", module=path, seq=seq)
             assert formula.subs(user_symbol("seq"), seq) == PROJECTION_MACS * seq + pairs * 2 * HEAD_DIM
 
@@ -196,7 +198,8 @@ def test_explain_and_compare_read_eager_attention_both_ways():
     estimate = fxflops.estimate(Eager("causal fill"), qkv(grad=False), attention="effective")
     (entry, *_) = [op for op in estimate.explain("").ops if op.attention]
     assert entry.formulas["effective_macs"] == "macs * kept_pairs / numel(scores)"
-    assert f"dense {B * H * L * L * E:,} MACs" in entry.attention and f"effective {B * H * 36 * E:,} MACs" in entry.attention
+    assert f"dense {B * H * L * L * E:,} MACs" in entry.attention
+    assert f"effective {B * H * 36 * E:,} MACs" in entry.attention
     run = compare(estimate)
     column = f"{estimate.conventions} (dense attention)"
     assert run.totals[column][0] - run.totals[estimate.conventions][0] == 2 * B * H * (L * L - 36) * E
