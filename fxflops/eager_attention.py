@@ -1,7 +1,8 @@
 """Eager attention: attention written as plain ops, found in a captured graph and read both ways.
 
 transformers' "eager" attention (and models without SDPA support, Gemma 2 in this version) computes
-scores = q @ k^T * scale (+ mask, or masked_fill / where with a mask), softmax, (dropout), probs @ v.
+scores = q @ k^T * scale (+ mask, or masked_fill / where with a mask), softmax, (dropout), probs @ v;
+nn.MultiheadAttention with need_weights runs mask + q @ k^T as one baddbmm.
 This module recognises that pattern: a softmax over the last dim whose input is a scaled / masked /
 soft-capped batched matmul with the same (Lq, Lk) last dims, and whose output (through casts and
 dropout) is the first operand of another matmul. The masks it met on the way are read as SDPA's
@@ -24,7 +25,7 @@ from fxflops.kept_pairs import ADDITIVE, DROP, FULL, KEEP, MASK, KeptPairs, mask
 aten = torch.ops.aten
 
 _MATMULS = {aten.matmul.default, aten.bmm.default}
-_GRAD_MATMULS = _MATMULS | {aten.mm.default}  # what a matmul's backward runs its products as
+_GRAD_MATMULS = _MATMULS | {aten.mm.default, aten.baddbmm.default}  # what a matmul's backward runs its products as
 _SOFTMAX = {aten._softmax.default, aten.softmax.int, aten._safe_softmax.default}
 # ops that keep every score where it is (casts, copies, the soft-capping tanh)
 _SAME = {aten.detach.default, aten.clone.default, aten.alias.default, aten.contiguous.default, aten.tanh.default,
@@ -122,6 +123,10 @@ def _scores(node: Any, last: Any, masks: list[tuple[str, torch.fx.Node]]) -> tor
         raise _NotAttention(node)
     target, args = node.target, node.args
     if target in _MATMULS:
+        return node
+    if target is aten.baddbmm.default and node.kwargs.get("beta", 1) == 1:  # mask + q @ k^T in one op (MHA)
+        if isinstance(args[0], torch.fx.Node):
+            masks.append((ADDITIVE, args[0]))
         return node
     if target in _SAME or target in _VIEWS:
         return _scores(args[0], last, masks)

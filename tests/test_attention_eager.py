@@ -203,3 +203,22 @@ def test_explain_and_compare_read_eager_attention_both_ways():
     run = compare(estimate)
     column = f"{estimate.conventions} (dense attention)"
     assert run.totals[column][0] - run.totals[estimate.conventions][0] == 2 * B * H * (L * L - 36) * E
+
+
+def test_multihead_attention_with_weights_runs_baddbmm_and_is_read():
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):  # need_weights (the default): mask + q k^T as one baddbmm, softmax, bmm
+            return self.mha(x, x, x, attn_mask=nn.Transformer.generate_square_subsequent_mask(x.shape[1]))[0]
+
+    # with gradients on, MHA never takes its fused fast path
+    estimate = fxflops.estimate(SelfAttention().eval(), (torch.randn(2, L, 32),), backward=True)
+    fwd, bwd, patterns = products(estimate)
+    dense, effective = 2 * 4 * L * L * 8, 2 * 4 * 36 * 8  # B=2, 4 heads of 8, causal
+    assert fwd == [(dense, effective)] * 2 and bwd == [(dense, effective)] * 4
+    assert patterns == {"mask"}  # MHA's float mask (-inf above the diagonal), evaluated
+    baddbmm = next(n for n in estimate.nodes if n.op == "aten.baddbmm.default")
+    assert baddbmm.effective_flops == 2 * effective + 2 * 4 * 36  # the mask's add, per kept pair
