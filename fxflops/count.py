@@ -14,6 +14,7 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.eager_attention import EagerAttention, attention_of, effective_count, find_eager_attention
 from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
@@ -39,6 +40,8 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     costs = []
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     kept_memo: dict[Any, KeptPairs] = {}
+    eager = find_eager_attention((node for _, node in _op_nodes(captured.graph_module)), kept_memo,
+                                 symbolic=sizes is not None)
     for graph_module, node in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
@@ -49,6 +52,10 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
             cost, rule = _node_cost(graph_module, node, table, conventions, memo, sizes)
             if isinstance(rule, Rule) and rule.effective is not None:
                 cost = _with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
+            elif isinstance(rule, Rule) and eager:
+                found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
+                if found is not None:
+                    cost = _with_eager_effective(cost, found, sizes, attention)
             costs.append(cost)
     costs += [_whole_call_cost(call, name, table, conventions, sizes)
               for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls))]
@@ -92,6 +99,22 @@ def _with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: to
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
         dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
         kept_pairs=_to_count(kept.pairs, sizes) if kept.pairs is not None else None,
+    )
+
+
+def _with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, attention: str) -> NodeCost:
+    """A product of attention written as plain ops, read both ways: effective = dense x kept / all pairs."""
+    kept = found.kept
+    if kept.pairs is None and kept.pattern == FULL:
+        macs, flops = cost.macs, cost.flops
+    elif kept.pairs is None:
+        macs = flops = None
+    else:
+        macs, flops = (effective_count(dense, kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
+    use = attention == EFFECTIVE and macs is not None
+    return dataclasses.replace(
+        cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
+        dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
     )
 
 

@@ -273,8 +273,13 @@ def _op_explanation(members: list[tuple[NodeCost, OpCall | None, Rule | ZeroList
     if not isinstance(entry, Rule) or call is None:
         return OpExplanation(**common, rule=cost.rule)
     family = table.family(entry, call)
+    formulas = _formulas(entry, conventions)
+    if getattr(cost, "attention", None) is not None and getattr(entry, "effective", None) is None:
+        # a product of attention written as plain ops: each (query, key) pair costs the same
+        formulas["effective_macs"] = "macs * kept_pairs / numel(scores)"
+        formulas["effective_flops"] = "flops * kept_pairs / numel(scores)"
     return OpExplanation(**common, rule=entry.name, where=entry.source, family=family,
-                         formulas=_formulas(entry, conventions), rule_counts=_rule_counts(entry, call, sizes),
+                         formulas=formulas, rule_counts=_rule_counts(entry, call, sizes),
                          preset=_preset_treatment(entry, conventions, family), attention=_attention(cost))
 
 

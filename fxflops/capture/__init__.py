@@ -86,7 +86,7 @@ def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwa
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
         captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
-                             *control_flow_cautions(captured.graph_module), *training_mode_cautions(model, backward)]
+                             *control_flow_cautions(captured.graph_module), *training_mode_cautions(model, request.backward)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 
