@@ -377,3 +377,10 @@ def test_efficient_attention_lower_right_causal_is_a_band_to_lk_minus_lq(lq, lk)
                            {"query": query, "key": key, "custom_mask_type": 2}, {}, {}, symbolic=False)
     assert kept.pairs == B * H * per_head
     assert per_head == {(5, 8): 4 + 5 + 6 + 7 + 8, (8, 8): 36, (3, 3): 6}[(lq, lk)]
+
+
+def test_a_reader_ignores_attention_totals_keys_a_later_version_adds():
+    estimate = fxflops.estimate(Causal(), qkv(), attention="effective")
+    record = json.loads(estimate.to_json())
+    record["attention"]["totals"]["kept_pairs"] = 123  # a key this version does not know
+    assert from_json(json.dumps(record)).attention_totals() == estimate.attention_totals()
