@@ -183,11 +183,38 @@ class Branches(nn.Module):
 
 
 @pytest.mark.parametrize("method", ["eager", "export", "auto"])
-def test_torch_cond_counts_both_branches_and_says_the_total_is_an_upper_bound(method):
-    with pytest.warns(fxflops.CautionWarning, match=r"torch.cond in the model \(Branches\): both branches are counted.*upper bound"):
+def test_torch_cond_counts_each_ops_larger_branch_and_says_the_total_is_an_upper_bound(method):
+    # FlopCounterMode's rule: per op, the branch where it costs more (mm: the false one's 96 MACs; the
+    # sums tie at 12 FLOPs: counted once)
+    with pytest.warns(fxflops.CautionWarning, match=r"torch.cond in the model \(Branches\): both branches are "
+                                                    r"captured and each op counts where its branch costs more.*upper bound"):
         result = fxflops.estimate(Branches(), (torch.ones(3, 4),), method=method)
-    assert (result.total_macs, result.total_flops) == (48 + 96, 2 * (48 + 96) + 12 + 12 + 13)
+    assert (result.total_macs, result.total_flops) == (96, 2 * 96 + 12 + 13)
     assert len(result.cautions) == 1
+
+
+class TwoOpsTwoBranches(nn.Module):
+    """x (3, 4): the true branch an mm by a 4x4 (48 MACs), the false one an addmm by an 8x4 with bias
+    (96 MACs): each op's larger branch is a different branch, so the count is more than either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda v: v @ self.a.t(), lambda v: self.b(v)[:, :4], (x,))
+
+
+@pytest.mark.parametrize("model", [Branches(), TwoOpsTwoBranches()], ids=["one op", "two ops"])
+def test_torch_cond_under_the_torch_preset_equals_flop_counter_mode(model):
+    from tests.oracle import oracle_flops
+
+    x = torch.ones(3, 4)
+    with torch.no_grad():
+        expected = oracle_flops(model, (x,))
+    assert expected == {Branches: 2 * 96, TwoOpsTwoBranches: 2 * 48 + 2 * 96}[type(model)]
+    assert _quiet_estimate(model, (x,), method="eager", conventions="torch").total_flops == expected
 
 
 @pytest.mark.parametrize(("sign", "macs"), [(1, 48), (-1, 96)])
