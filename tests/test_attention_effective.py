@@ -351,17 +351,22 @@ def test_a_mask_built_with_in_place_ops_is_unknown_and_counted_dense(model):
 
 
 class ExpandedSizeOneRow(nn.Module):
-    """A single query position (0) expanded over every row: key j is kept where 0 >= j, column 0 only."""
+    """A single query position (0) expanded over every row, compared with the key positions j."""
+
+    def __init__(self, keep_at_most_zero: bool) -> None:
+        super().__init__()
+        self.keep_at_most_zero = keep_at_most_zero
 
     def forward(self, q, k, v):
         lq, lk = q.shape[-2], k.shape[-2]
-        mask = torch.arange(1)[:, None].expand(lq, lk) >= torch.arange(lk)
+        zero = torch.arange(1)[:, None].expand(lq, lk)
+        mask = zero >= torch.arange(lk) if self.keep_at_most_zero else zero <= torch.arange(lk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def test_expanding_a_size_one_axis_drops_its_positions():
-    counts, _ = attention_counts(ExpandedSizeOneRow(), qkv())
-    per_head = 8  # column 0 of 8 rows
+@pytest.mark.parametrize("keep_at_most_zero, per_head", [(True, 8), (False, 64)])  # column 0 of 8 rows; all
+def test_expanding_a_size_one_axis_drops_its_positions(keep_at_most_zero, per_head):
+    counts, _ = attention_counts(ExpandedSizeOneRow(keep_at_most_zero), qkv())
     assert counts[2:] == (B * H * per_head * 32, B * H * per_head * 80)
 
 
