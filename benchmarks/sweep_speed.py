@@ -50,26 +50,27 @@ def resnet50():
 
     with torch.device("meta"):
         model = torchvision.models.resnet50().eval()
-    return model, lambda size: (torch.empty(1, 3, size, size, device="meta"),), {"size": (2, 3)}, \
-        lambda i: {"size": 96 + 3 * i}
+    # batch 1..64 and image size 33..517 together: point i of 100 has batch 1 + 63i/99, size 33 + 484i/99
+    return model, lambda batch, size: (torch.empty(batch, 3, size, size, device="meta"),), \
+        {"batch": 0, "size": (2, 3)}, lambda i: {"batch": 1 + 63 * i // 99, "size": 33 + 484 * i // 99}
 
 
 MODELS = {"gpt2 (small), seq": gpt2_small, "Llama-2-7B shape, seq": llama_7b_shape,
-          "resnet50, image size": resnet50}
+          "resnet50, batch and image size": resnet50}
 
 
 def measure(name: str, build, points: int) -> dict:
     model, inputs, dims, point_of = build()
     grid = [point_of(i) for i in range(points)]
     fxflops.estimate(model, inputs(*grid[0].values()))  # warm-up: imports and first-use costs
-    start = time.perf_counter()
+    start = time.process_time()
     swept = sweep(model, inputs(*grid[0].values()), dims=dims)
-    captured = time.perf_counter() - start
+    captured = time.process_time() - start
     swept_totals = [swept.at(**point).total_macs for point in grid]
-    swept_time = time.perf_counter() - start
-    start = time.perf_counter()
+    swept_time = time.process_time() - start
+    start = time.process_time()
     fresh_totals = [fxflops.estimate(model, inputs(*point.values())).total_macs for point in grid]
-    fresh_time = time.perf_counter() - start
+    fresh_time = time.process_time() - start
     if swept_totals != fresh_totals:
         raise AssertionError(f"{name}: sweep and estimate() disagree")
     return {"name": name, "points": points, "capture": captured, "sweep": swept_time, "estimates": fresh_time,
@@ -87,7 +88,7 @@ def main() -> None:
     lines = [
         "# Sweep speed: one sweep's points against estimate() at each point", "",
         environment(("torch", "transformers", "torchvision")), "",
-        "| model, swept size | points (first .. last) | sweep capture | sweep total (capture + points) | "
+        "| model, swept size | points (first .. last) | sweep capture (CPU) | sweep total (capture + points) | "
         f"{options.points} estimate() calls | speed-up | captures |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--depth", type=_at_least(-1), default=-1, help="deepest module level shown (-1 = all)")
     report.add_argument("--top", type=_at_least(1), default=3, help="module types per depth in the aggregated profile")
     report.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
-                        help="fold identical sibling subtrees into one entry with a count")
+                        help="fold identical numbered repeats (layers 0-23) into one entry with a count")
     report.add_argument("--detailed", action=argparse.BooleanOptionalAction, default=True,
                         help="include the detailed module tree in the text report")
     report.add_argument("--tablefmt", default="github", help="tabulate format for --format table")
@@ -332,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
     else:
         _write_report(report, _Encodable(sys.stdout))
+    if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
+        _say_cautions(list(getattr(result, "cautions", ())), args)
     return 0
 
 
@@ -411,8 +413,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         progress("capturing with symbolic sizes")
         swept = run_sweep(model, loaded, sweeps, args)
         progress.done()
-        for caution in loaded.cautions:  # the sweep report does not show how the model was built: stderr
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+        _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
         progress("counting every point")
         return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
@@ -423,9 +424,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    if not args.debug:  # with --debug, the CautionWarning itself is shown
-        for caution in result.cautions:
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+    _say_cautions(result.cautions, args)
     progress("writing the report")
     if args.explain is not None or args.compare:
         return result, _views(result, loaded, model, args)
@@ -460,7 +459,8 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 
     progress("capturing with symbolic sizes")
     swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward)
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  attention=args.attention)
     progress.done()
     try:
         explanation = swept.explain(args.explain)
@@ -513,6 +513,12 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
                       _time=args.step_time)
     shape = f"batch {samples}" + (f" x seq {seq}" if seq else "")
     return render_step(result.model_type, shape, stats, source)
+
+
+def _say_cautions(cautions: list[str], args: argparse.Namespace) -> None:
+    if not args.debug:  # with --debug, the CautionWarning itself is shown
+        for caution in cautions:
+            sys.stderr.write(f"fxflops: warning: {caution}\n")
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}

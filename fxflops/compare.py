@@ -52,6 +52,9 @@ class Comparison:
     module_types: dict[str, str] = field(default_factory=dict)
     module_ops: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # module -> op -> preset -> its own FLOPs
     readings: dict[str, tuple[str, str]] = field(default_factory=dict)  # column -> (preset, attention reading)
+    # the forward's share (what the tools count: they run a forward), when the backward was counted too
+    forward: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # column -> forward (MACs, FLOPs)
+    forward_modules: dict[str, dict[str, Any]] = field(default_factory=dict)  # module -> column -> forward FLOPs
 
     def run_tools(self, model: Any, args: Any = (), kwargs: dict | None = None) -> list[Any]:
         """Run the tools the presets reproduce (FlopCounterMode, fvcore, ptflops, DeepSpeed, where
@@ -118,6 +121,9 @@ def compare(estimate: Estimate, presets: Iterable[str] | str | None = None) -> C
         causes={name: _causes(counted[reference], counted[name], reference, columns[name], families, both)
                 for name in names},
         readings=columns,
+        forward={name: (estimates[name].fwd_macs, estimates[name].fwd_flops) for name in names},
+        forward_modules={module: {name: estimates[name].modules[module].fwd_flops for name in names}
+                         for module in estimate.modules},
         module_types={module: stats.type for module, stats in estimate.modules.items()},
         module_ops=_own_ops(counted, names, source.captured),
     )

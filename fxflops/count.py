@@ -14,6 +14,7 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import COND_BRANCH, SOURCE, source_text
+from fxflops.eager_attention import EagerAttention, attention_of, effective_count, find_eager_attention
 from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
@@ -39,6 +40,8 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     costs = []
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     kept_memo: dict[Any, KeptPairs] = {}
+    eager = find_eager_attention((node for _, node, _ in _op_nodes(captured.graph_module)), kept_memo,
+                                 symbolic=sizes is not None)
     branches = []
     for graph_module, node, in_branches in _op_nodes(captured.graph_module):
         branches.append(in_branches)
@@ -51,10 +54,15 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
             cost, rule = _node_cost(graph_module, node, table, conventions, memo, sizes)
             if isinstance(rule, Rule) and rule.effective is not None:
                 cost = _with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
+            elif isinstance(rule, Rule) and eager:
+                found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
+                if found is not None:
+                    cost = _with_eager_effective(cost, found, sizes, attention)
             costs.append(cost)
     if any(branches):
         costs = _larger_branches(costs, branches)
-    costs += [_whole_call_cost(call, table, conventions, sizes) for call in captured.whole_calls]
+    costs += [_whole_call_cost(call, name, table, conventions, sizes)
+              for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls))]
     return costs
 
 
@@ -90,6 +98,23 @@ def _with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: to
         except RuleEvaluationError as error:
             raise error.in_module(cost.module or ROOT_LABEL) from error.__cause__
         macs, flops = _to_count(macs, sizes), _to_count(flops, sizes)
+    use = attention == EFFECTIVE and macs is not None
+    return dataclasses.replace(
+        cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
+        dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
+        kept_pairs=_to_count(kept.pairs, sizes) if kept.pairs is not None else None,
+    )
+
+
+def _with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, attention: str) -> NodeCost:
+    """A product of attention written as plain ops, read both ways: effective = dense x kept / all pairs."""
+    kept = found.kept
+    if kept.pairs is None and kept.pattern == FULL:
+        macs, flops = cost.macs, cost.flops
+    elif kept.pairs is None:
+        macs = flops = None
+    else:
+        macs, flops = (effective_count(dense, kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
     use = attention == EFFECTIVE and macs is not None
     return dataclasses.replace(
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
@@ -209,9 +234,10 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
     out = node.meta.get("val")
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     key = _memo_key(node, args, kwargs, out)
+    key = (key, type_name) if key is not None else None  # a rule may read the module it ran in (`within`)
     found = memo.get(key) if key is not None else None
     if found is None:
-        call = _call_of(graph_module, node, args, kwargs, out)
+        call = dataclasses.replace(_call_of(graph_module, node, args, kwargs, out), within=type_name)
         entry = _match(table, call, path)
         found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes))
         if key is not None:
@@ -231,8 +257,17 @@ def _node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: R
         source=_source_line(node),
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
-        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes),
+        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes,
+                         _gathered(entry, graph_module, node, args, kwargs, out, path, sizes)),
     ), entry
+
+
+def _gathered(entry: Rule | ZeroList | None, graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple,
+              kwargs: dict, out: Any, path: str, sizes: Any) -> tuple[torch.Tensor, Any] | None:
+    """A lookup's table and the elements it reads of it (bound per node: the table is this node's value)."""
+    if entry is None or entry.gathers is None:
+        return None
+    return _table_read(entry, _call_of(graph_module, node, args, kwargs, out), path, sizes)
 
 
 def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
@@ -254,7 +289,7 @@ def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
 def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
-        if not all(type(size) is int for size in shape):
+        if torch.SymInt in map(type, shape):  # (the test runs in C: this is per argument of every node)
             shape = tuple(_signature(size) for size in shape)
         return (shape, value.dtype)
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -275,18 +310,40 @@ def _covered_cost(node: torch.fx.Node, covering: str, sizes: Any) -> NodeCost:
     )
 
 
-def _whole_call_cost(call: WholeCall, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
+def whole_call_names(calls: list[WholeCall]) -> list[str]:
+    """A name per call of a module counted whole: "lin:call", then "lin:call#2", ... for its later calls."""
+    seen: dict[str, int] = {}
+    names = []
+    for call in calls:
+        base = f"{call.module or ROOT_LABEL}:{'call' if call.phase == FORWARD else 'recompute'}"
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return names
+
+
+def _whole_call_cost(call: WholeCall, name: str, table: RuleTable, conventions: str, sizes: Any) -> NodeCost:
     module = call.target
     op_call = bind_op_call(call.module, "module", call.args, call.kwargs, call.out, module)
     entry = _match(table, op_call, call.module)
     macs, flops = _apply(entry, op_call, table, conventions, call.module, sizes)
-    kind = "call" if call.phase == FORWARD else "recompute"
     return NodeCost(
-        name=f"{call.module or ROOT_LABEL}:{kind}", op=op_call.key, status=_status(entry),
+        name=name, op=op_call.key, status=_status(entry),
         rule=entry.name if entry is not None else None, module=call.module, module_type=type(module).__name__,
         input_shapes=_shapes(call.args, sizes), output_shapes=_shapes(call.out, sizes), macs=macs, flops=flops,
-        phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes),
+        phase=call.phase, bytes=node_bytes(None, (call.args, call.kwargs), call.out, _moves_data(entry), sizes,
+                                           _table_read(entry, op_call, call.module, sizes)),
     )
+
+
+def _table_read(entry: Rule | ZeroList | None, op_call: OpCall, path: str, sizes: Any) -> Any:
+    """(table, elements read of it) for an entry that gathers, else None."""
+    if entry is None or entry.gathers is None:
+        return None
+    try:
+        found = entry.gathers.read(op_call, entry.label)
+    except RuleEvaluationError as error:
+        raise error.in_module(path or ROOT_LABEL) from None
+    return None if found is None else (found[0], _to_count(found[1], sizes))
 
 
 def _match(table: RuleTable, call: OpCall, path: str) -> Rule | ZeroList | None:
@@ -338,7 +395,8 @@ def _shapes(value: Any, sizes: Any = None) -> tuple[tuple[Any, ...], ...]:
     if isinstance(value, torch.Tensor):
         if sizes is not None:
             return (tuple(sizes.expression(s) for s in value.shape),)
-        return (tuple(int(s) for s in value.shape),)
+        shape = tuple(value.shape)
+        return (shape if torch.SymInt not in map(type, shape) else tuple(int(s) for s in shape),)
     if isinstance(value, list | tuple):
         return tuple(shape for item in value for shape in _shapes(item, sizes))
     return ()
@@ -372,7 +430,5 @@ def node_calls(captured: Captured) -> Iterator[tuple[str, OpCall | None]]:
         args = tuple(_value(graph_module, a) for a in node.args)
         kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
         yield node.name, _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
-    for call in captured.whole_calls:
-        kind = "call" if call.phase == FORWARD else "recompute"
-        yield (f"{call.module or ROOT_LABEL}:{kind}",
-               bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target))
+    for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls)):
+        yield name, bind_op_call(call.module, "module", call.args, call.kwargs, call.out, call.target)

@@ -145,6 +145,8 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
             zero[label][cost.op] += 1
             continue
         values = _values(entry, call, captured.sizes)
+        if getattr(cost, "kept_pairs", None) is not None:  # what the effective formulas read
+            values["kept_pairs"] = _exact(cost.kept_pairs)
         key = (cost.op, cost.rule, cost.phase, tuple(values.items()), cost.macs, cost.flops)
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]
@@ -271,8 +273,13 @@ def _op_explanation(members: list[tuple[NodeCost, OpCall | None, Rule | ZeroList
     if not isinstance(entry, Rule) or call is None:
         return OpExplanation(**common, rule=cost.rule)
     family = table.family(entry, call)
+    formulas = _formulas(entry, conventions)
+    if getattr(cost, "attention", None) is not None and getattr(entry, "effective", None) is None:
+        # a product of attention written as plain ops: each (query, key) pair costs the same
+        formulas["effective_macs"] = "macs * kept_pairs / numel(scores)"
+        formulas["effective_flops"] = "flops * kept_pairs / numel(scores)"
     return OpExplanation(**common, rule=entry.name, where=entry.source, family=family,
-                         formulas=_formulas(entry, conventions), rule_counts=_rule_counts(entry, call, sizes),
+                         formulas=formulas, rule_counts=_rule_counts(entry, call, sizes),
                          preset=_preset_treatment(entry, conventions, family), attention=_attention(cost))
 
 

@@ -365,15 +365,28 @@ _PLAIN_NODES = frozenset(_ALLOWED_NODES) - {ast.Attribute, ast.Constant, ast.Cal
 class Formula:
     """A parsed, validated formula; call `evaluate(names)` to compute it."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, lazy: bool = False) -> None:
+        """`lazy`: check and parse on first use instead of now (the shipped table, which the test suite
+        checks, so that a process pays only for the formulas its ops need: parsing all costs ~0.25 s)."""
         if not isinstance(source, str):
             raise FormulaError(f"a formula must be a string, got {type(source).__name__}: {_short(source)}")
         self.source = source
-        self._tree, self.names = _parse(source)
+        self._parsed: tuple[ast.Expression, frozenset[str]] | None = None if lazy else _parse(source)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The free names of the formula (the helpers excluded)."""
+        return self._checked()[1]
+
+    def _checked(self) -> tuple[ast.Expression, frozenset[str]]:
+        if self._parsed is None:
+            self._parsed = _parse(self.source)
+        return self._parsed
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
+        tree = self._checked()[0]  # outside the try: a formula that does not parse says so once
         try:
-            return _Evaluator(names).visit(self._tree.body)
+            return _Evaluator(names).visit(tree.body)
         except FormulaError as error:
             raise FormulaError(f"formula {_short(self.source, 200)}: {error}") from None
         except Exception as error:  # a formula failing on odd inputs must say which formula

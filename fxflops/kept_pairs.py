@@ -224,6 +224,56 @@ def _writes(node: torch.fx.Node) -> bool:
     return schema is not None and schema.is_mutable
 
 
+KEEP, DROP, ADDITIVE = "keep", "drop", "additive"  # how a mask operand reads: True kept, True dropped, added
+
+
+def masks_kept_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, ...],
+                     memo: dict[Any, KeptPairs], symbolic: bool) -> KeptPairs:
+    """The pairs kept by all of `masks` (each (KEEP | DROP | ADDITIVE, node)) over `grid` (B, H, Lq, Lk):
+    attention written as plain ops, whose scores a mask is added to, filled by or selected with."""
+    key = (masks, tuple(str(size) for size in grid))
+    if key not in memo:
+        memo[key] = _masks_pairs(masks, grid, symbolic)
+    return memo[key]
+
+
+def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, ...], symbolic: bool) -> KeptPairs:
+    if len(masks) == 1 and masks[0][0] == KEEP:
+        return _mask_pairs(masks[0][1], grid, symbolic)
+    if any(_changed_in_place(node) for _, node in masks):
+        return KeptPairs(None, f"{DATA} (built with in-place ops)")
+    bands = [_band(node, grid) for how, node in masks if how == KEEP]
+    if len(bands) == len(masks) and all(band is not None and not band[2] for band in bands):
+        lo, hi = _intersect(bands)
+        return KeptPairs(math.prod(grid[:-2]) * band_pairs(grid[-2], grid[-1], lo, hi), _band_name(lo, hi))
+    if symbolic:
+        return KeptPairs(None, f"{MASK} (not a band of diagonals: counted at concrete sizes only)")
+    kept: torch.Tensor | None = None
+    memo: dict[Any, Any] = {}
+    try:
+        for how, node in masks:  # broadcast among themselves only: the grid itself can be huge
+            value = _evaluate(node, memo)
+            value = ~value if how == DROP else _kept(value)
+            kept = value if kept is None else kept & value
+            if kept.numel() > MAX_MASK_ELEMENTS:
+                raise _TooLarge(node)
+    except _TooLarge:
+        return KeptPairs(None, f"{MASK} (too large to evaluate: over {MAX_MASK_ELEMENTS} entries)")
+    except (_NotKnowable, RuntimeError):
+        return KeptPairs(None, DATA)
+    return KeptPairs(mask_kept_pairs(kept, tuple(int(size) for size in grid)), MASK)
+
+
+def _intersect(bands: list[Any]) -> tuple[Any, Any]:
+    lo = hi = None
+    for band_lo, band_hi, _ in bands:
+        if band_lo is not None:
+            lo = band_lo if lo is None else torch.sym_max(lo, band_lo)
+        if band_hi is not None:
+            hi = band_hi if hi is None else torch.sym_min(hi, band_hi)
+    return lo, hi
+
+
 def _band_name(lo: Any, hi: Any) -> str:
     if lo is None and hi == 0:
         return CAUSAL

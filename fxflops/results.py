@@ -123,6 +123,7 @@ class NodeCost:
     dense_flops: int | None = None
     effective_macs: int | None = None  # None: the kept pairs depend on data (macs/flops are dense)
     effective_flops: int | None = None
+    kept_pairs: Any = None  # the (query, key) pairs its mask keeps over B·Hq·Lq·Lk (None: every pair, or data)
 
     @property
     def rule_key(self) -> str:
@@ -334,6 +335,13 @@ class Estimate:
     attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
     saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the capture behind explain()/compare() holds graph modules (and, under symbolic tracing, the
+        # model's own parameters): a pickled or copied Estimate is its numbers, without them
+        state = dict(self.__dict__)
+        state["source"] = None
+        return state
+
     def attention_totals(self) -> AttentionTotals | None:
         """Attention's dense and effective MACs/FLOPs side by side (None without attention ops)."""
         if not self.nodes and self.saved_attention is not None:
@@ -530,6 +538,7 @@ class SweepPoint:
     bwd_macs: int = 0
     bwd_flops: int = 0
     top_modules: tuple[SweepModule, ...] = ()  # the top modules at the depth asked for, by MACs
+    cautions: tuple[str, ...] = ()  # what a real forward would do differently there (a lookup past a table)
 
     @property
     def fwd_macs(self) -> int:
@@ -552,3 +561,8 @@ class SweepResult:
     captures: int = 1  # pieces captured: more than one where a size changes the forward's path
     backward: bool = False  # the points count the backward too (bwd_macs, bwd_flops)
     depth: int = 1  # the depth of the points' top modules
+
+    @property
+    def cautions(self) -> list[str]:
+        """Each distinct caution of any point (a lookup past a position table states its region)."""
+        return list(dict.fromkeys(caution for point in self.points for caution in point.cautions))

@@ -41,7 +41,9 @@ MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; o
 MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
 
 # names a formula has besides the op's own: the output, the positional and keyword arguments as given
-CALL_NAMES = frozenset({"out", "args", "kwargs"})
+# `within`: the class name of the innermost module the call ran in ("" at the top), for conventions
+# that count a module's hook and a function it calls separately (ptflops' pytorch backend)
+CALL_NAMES = frozenset({"out", "args", "kwargs", "within"})
 KEPT_PAIRS = "kept_pairs"  # the name effective_* formulas read: (query, key) pairs the mask keeps
 
 
@@ -82,6 +84,27 @@ class OpCall:
     out: Any
     module: torch.nn.Module | None = None
     conventions: str = "deepspeed"  # the preset counting this call (what a callable rule reads)
+    within: str = ""  # the class name of the innermost module the call ran in (a module call: its own)
+
+
+@dataclass(frozen=True)
+class Gather:
+    """A lookup's reads of its table: `elements` (a formula) of the argument named `source`, not all of it.
+
+    An embedding of 128 tokens reads 128 rows of its table; the bytes it moves count those rows."""
+
+    source: str
+    elements: Formula
+
+    def read(self, call: OpCall, label: str) -> tuple[Any, Any] | None:
+        """(the table's value, the elements read from it), or None when the argument is not a tensor."""
+        table = call.names.get(self.source)
+        if not isinstance(table, torch.Tensor):
+            return None
+        try:
+            return table, check_count(self.elements.evaluate(_formula_names(call)))
+        except (FormulaError, ValueError, TypeError) as error:
+            raise RuleEvaluationError(label, "gathers.elements", call.key, str(error)) from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +121,7 @@ class Rule:
     # attention's effective reading: (macs, flops) over the (query, key) pairs a mask keeps, which the
     # formulas read as `kept_pairs` (fxflops.kept_pairs); None: the rule has one reading
     effective: tuple[Formula, Formula] | None = None
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -226,6 +250,7 @@ class ZeroList:
     ops: tuple[str, ...]
     source: str
     moves_data: bool = True  # False: views and plumbing, which read and write no tensor memory
+    gathers: Gather | None = None  # a lookup: it reads only some rows of one argument
 
     @property
     def label(self) -> str:
@@ -248,15 +273,15 @@ class RuleTable:
 
     def __init__(self, entries: Iterable[Entry], user_from: int | None = None) -> None:
         self._user_from = user_from  # the order of the first user entry (None: no tier split)
-        self._by_key: dict[Any, list[tuple[int, Entry]]] = {}
-        self._pending: list[tuple[int, str, Entry]] = []  # object spellings not resolved yet
         self._modules_seen = 0
-        for order, entry in enumerate(entries):
-            for op in entry.ops:
-                for key in _match_keys_for_spelling(op):
-                    self._by_key.setdefault(key, []).insert(0, (order, entry))  # the latest rule first
-                if _names_an_object(op):
-                    self._pending.append((order, op, entry))
+        entries = list(entries)
+        shipped = _shipped_entries()
+        # the shipped entries' index is built once per process (1,500 spellings: ~10 ms per estimate)
+        start = len(shipped) if entries[: len(shipped)] == list(shipped) else 0
+        by_key, pending = _shipped_index() if start else ({}, ())
+        self._by_key: dict[Any, list[tuple[int, Entry]]] = {key: list(found) for key, found in by_key.items()}
+        self._pending: list[tuple[int, str, Entry]] = list(pending)  # object spellings not resolved yet
+        _index_into(self._by_key, self._pending, entries[start:], start)
 
     def _add(self, key: Any, order: int, entry: Entry) -> None:
         entries = self._by_key.setdefault(key, [])
@@ -337,6 +362,25 @@ class RuleTable:
         return any(("object", cls) in self._by_key for cls in type(module).__mro__)
 
 
+def _index_into(by_key: dict[Any, list[tuple[int, Entry]]], pending: list[tuple[int, str, Entry]],
+                entries: Iterable[Entry], start: int) -> None:
+    for order, entry in enumerate(entries, start):
+        for op in entry.ops:
+            for key in _match_keys_for_spelling(op):
+                by_key.setdefault(key, []).insert(0, (order, entry))  # the latest rule first
+            if _names_an_object(op):
+                pending.append((order, op, entry))
+
+
+@functools.cache
+def _shipped_index() -> tuple[Mapping[Any, tuple[tuple[int, Entry], ...]], tuple[tuple[int, str, Entry], ...]]:
+    """The shipped entries indexed as RuleTable indexes them, frozen (each table copies it)."""
+    by_key: dict[Any, list[tuple[int, Entry]]] = {}
+    pending: list[tuple[int, str, Entry]] = []
+    _index_into(by_key, pending, _shipped_entries(), 0)
+    return types.MappingProxyType({key: tuple(found) for key, found in by_key.items()}), tuple(pending)
+
+
 def default_rules_dir() -> Path:
     """The shipped rules/: inside the installed wheel (fxflops/_rules), or at the top of a checkout."""
     here = Path(__file__).resolve().parent
@@ -405,7 +449,9 @@ def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
         if not isinstance(data.get(section, []), list):
             raise RuleFileError(f"{path}: '{section}' must be an array of tables, written [[{section}]]")
     family = _family(data["family"], f"{path}: top-level 'family'") if "family" in data else None
-    entries: list[Entry] = [_parse_rule(raw, path, i, family) for i, raw in enumerate(data.get("rule", []))]
+    # unchecked (our own files) formulas parse on first use: most ops of a model need few of them
+    entries: list[Entry] = [_parse_rule(raw, path, i, family, lazy=not check_ops)
+                            for i, raw in enumerate(data.get("rule", []))]
     entries += [_parse_zero(raw, path, i) for i, raw in enumerate(data.get("zero", []))]
     if check_ops:
         _check_entries(entries, path)
@@ -495,15 +541,16 @@ def _family(family: Any, where: str) -> str:
         raise RuleFileError(str(error)) from None
 
 
-_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data"})
+_ZERO_KEYS = frozenset({"name", "ops", "doc", "moves_data", "gathers"})
+_GATHER_KEYS = frozenset({"from", "elements"})
 _PRESET_KEYS = frozenset({"macs", "flops"})
 
 
-_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family",
+_RULE_KEYS = frozenset({"name", "ops", "macs", "flops", "when", "presets", "doc", "family", "gathers",
                         "effective_macs", "effective_flops"})
 
 
-def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> Rule:
+def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None, lazy: bool = False) -> Rule:
     where = f"{path}: rule #{index + 1}"
     if not isinstance(raw, dict):
         raise RuleFileError(f"{where}: expected a table, got {clip(repr(raw), 60)}")
@@ -518,7 +565,7 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
             raise RuleFileError(f"{where}: missing '{key}' formula")
     if not isinstance(raw.get("doc", ""), str):
         raise RuleFileError(f"{where}: 'doc' must be a string")
-    macs, flops = _formula(raw["macs"], where, "macs"), _formula(raw["flops"], where, "flops")
+    macs, flops = _formula(raw["macs"], where, "macs", lazy), _formula(raw["flops"], where, "flops", lazy)
     when = raw.get("when")
     return Rule(
         name=name,
@@ -526,14 +573,15 @@ def _parse_rule(raw: Any, path: Path, index: int, family: str | None = None) -> 
         source=str(path),
         macs=macs,
         flops=flops,
-        when=_formula(when, where, "when") if when is not None else None,
-        presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}),
+        when=_formula(when, where, "when", lazy) if when is not None else None,
+        presets=_parse_presets(raw.get("presets", {}), where, {"macs": macs, "flops": flops}, lazy),
         family=family,
-        effective=_parse_effective(raw, where),
+        effective=_parse_effective(raw, where, lazy),
+        gathers=_parse_gathers(raw.get("gathers"), where, lazy),
     )
 
 
-def _parse_effective(raw: dict, where: str) -> tuple[Formula, Formula] | None:
+def _parse_effective(raw: dict, where: str, lazy: bool = False) -> tuple[Formula, Formula] | None:
     """The rule's effective (macs, flops), both or neither."""
     given = [key for key in ("effective_macs", "effective_flops") if key in raw]
     if not given:
@@ -541,10 +589,24 @@ def _parse_effective(raw: dict, where: str) -> tuple[Formula, Formula] | None:
     if len(given) == 1:
         missing = "effective_flops" if given == ["effective_macs"] else "effective_macs"
         raise RuleFileError(f"{where}: '{given[0]}' without '{missing}': give both or neither")
-    return _formula(raw["effective_macs"], where, "effective_macs"), _formula(raw["effective_flops"], where, "effective_flops")
+    return (_formula(raw["effective_macs"], where, "effective_macs", lazy),
+            _formula(raw["effective_flops"], where, "effective_flops", lazy))
 
 
-def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict[str, tuple[Formula, Formula]]:
+def _parse_gathers(raw: Any, where: str, lazy: bool = False) -> Gather | None:
+    """`gathers = { from = "weight", elements = "numel(out)" }`: the argument a lookup reads rows of, and
+    how many of its elements it reads (default: one per output element)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("from"), str):
+        raise RuleFileError(f"{where}: 'gathers' must be a table naming the argument read, "
+                            f"e.g. {{ from = \"weight\", elements = \"numel(out)\" }}")
+    _refuse_unknown_keys(raw, _GATHER_KEYS, f"{where}: 'gathers'")
+    return Gather(source=raw["from"], elements=_formula(raw.get("elements", "numel(out)"), where, "gathers.elements", lazy))
+
+
+def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula],
+                   lazy: bool = False) -> dict[str, tuple[Formula, Formula]]:
     """Each preset's (macs, flops): its own formula where it gives one, else the rule's (the same object)."""
     if not isinstance(presets, dict):
         raise RuleFileError(f"{where}: 'presets' must be a table of presets, e.g. presets.torch = {{ flops = \"0\" }}")
@@ -556,7 +618,7 @@ def _parse_presets(presets: Any, where: str, own: Mapping[str, Formula]) -> dict
         if not isinstance(formulas, dict):
             raise RuleFileError(f"{where}: '{field_name}' must be a table of formulas, e.g. {{ flops = \"0\" }}")
         _refuse_unknown_keys(formulas, _PRESET_KEYS, f"{where}: '{field_name}'")
-        merged = {key: _formula(formulas[key], where, f"{field_name}.{key}") if key in formulas else own[key]
+        merged = {key: _formula(formulas[key], where, f"{field_name}.{key}", lazy) if key in formulas else own[key]
                   for key in ("macs", "flops")}
         parsed[preset] = (merged["macs"], merged["flops"])
     return parsed
@@ -571,7 +633,8 @@ def _parse_zero(raw: Any, path: Path, index: int) -> ZeroList:
     moves_data = raw.get("moves_data", True)
     if not isinstance(moves_data, bool):
         raise RuleFileError(f"{where}: 'moves_data' must be true or false, got {clip(repr(moves_data), 60)}")
-    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data)
+    return ZeroList(name=raw["name"], ops=_parse_ops(raw.get("ops"), where), source=str(path), moves_data=moves_data,
+                    gathers=_parse_gathers(raw.get("gathers"), where))
 
 
 def _parse_name(raw: dict, where: str) -> str:
@@ -615,9 +678,9 @@ def _parse_ops(ops: Any, where: str) -> tuple[str, ...]:
     return tuple(ops)
 
 
-def _formula(source: Any, where: str, field_name: str) -> Formula:
+def _formula(source: Any, where: str, field_name: str, lazy: bool = False) -> Formula:
     try:
-        return Formula(source)
+        return Formula(source, lazy=lazy)
     except FormulaError as error:
         raise RuleFileError(f"{where}: '{field_name}': {error}") from None
 
@@ -828,6 +891,9 @@ def _resolve(spelling: str) -> Any:
 
     Called once its top-level package is imported, after which the answer does not change."""
     parts = spelling.split(".")
+    loaded = _resolve_loaded(parts)
+    if loaded is not None:
+        return loaded
     for split in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:split]))
@@ -838,6 +904,22 @@ def _resolve(spelling: str) -> Any:
                 obj = getattr(obj, attr)
         except AttributeError:
             return None
+        return obj
+    return None
+
+
+def _resolve_loaded(parts: list[str]) -> Any:
+    """The object a dotted name refers to through its longest loaded module, without importing (a failed
+    import of "torch.nn.functional.conv2d" as a module costs a search of the import path; ~360 spellings)."""
+    for split in range(len(parts), 0, -1):
+        module = sys.modules.get(".".join(parts[:split]))
+        if module is None:
+            continue
+        obj: Any = module
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
         return obj
     return None
 
@@ -992,4 +1074,4 @@ def _find_signatures(target: Any) -> tuple[inspect.Signature, ...]:
 
 
 def _formula_names(call: OpCall) -> Mapping[str, Any]:
-    return {**call.names, "out": call.out}
+    return {**call.names, "out": call.out, "within": call.within}

@@ -22,11 +22,12 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from fxflops.api import Counting, collector_paused, deep_enough, deep_models, estimate, normalize_inputs, warn_unknown
+from fxflops.api import Counting, collector_paused, deep_enough, deep_models, estimate, normalize_inputs, warn_cautions, warn_unknown
 from fxflops.capture import uncompiled
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import signature, tensors_in, to_meta
+from fxflops.capture.lookups import position_lookups
 from fxflops.capture.methods import AUTO
 from fxflops.optimizer import optimizer_step
 from fxflops.results import (
@@ -68,6 +69,7 @@ class Piece:
         self._compiled = _compiled(costs)
         self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
         self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
+        self._lookups = _symbolic_lookups(captured)
         checks = [compile_expression(condition) for condition in self.conditions]
         self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
@@ -139,7 +141,7 @@ class Piece:
         costs = [value.cost(cost) for cost in self.costs]
         infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
                  else info for name, info in self.infos.items()}
-        captured = dataclasses.replace(self.captured, modules=infos, sizes=None,
+        captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=self.cautions_at(point),
                                        input_shapes=shapes_at(inputs, self.plan, point))
         return build_estimate(model_type, captured, costs, conventions, attention)
 
@@ -159,7 +161,13 @@ class Piece:
         ranked = sorted(((total(terms[name][0]), name) for name in named), key=lambda item: (-item[0], item[1]))
         tops = tuple(SweepModule(name, model_type if name == "" else self.infos[name].type, module_macs,
                                  total(terms[name][1])) for module_macs, name in ranked[:max(top, 0)])
-        return SweepPoint(dict(point), macs, flops, value(self.infos[""].params), bwd_macs, bwd_flops, tops)
+        return SweepPoint(dict(point), macs, flops, value(self.infos[""].params), bwd_macs, bwd_flops, tops,
+                          tuple(self.cautions_at(point)))
+
+    def cautions_at(self, point: Mapping[str, int]) -> list[str]:
+        """What a real forward would do differently at `point` (a lookup past a position table holds in a
+        region of sizes)."""
+        return self.captured.cautions + [caution for region, caution in self._lookups if holds([region], point)]
 
     def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
         """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
@@ -192,6 +200,7 @@ class Sweep:
         self.names = plan.names
         self.example = dict(plan.hints)  # the example inputs' sizes
         self.pieces: list[Piece] = []
+        self.cautions: dict[str, None] = {}  # distinct cautions of the points counted so far, in order
         self._model = model
         self._inputs = (args, kwargs)
         self.plan = plan  # the named axes (its hints: the example's sizes)
@@ -247,6 +256,7 @@ class Sweep:
         if self._optimizer is not None:
             with deep_enough(self._model):
                 result.optimizer = optimizer_step(self._optimizer, self._model)
+        warn_cautions(result.cautions)
         return result
 
     def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
@@ -299,6 +309,7 @@ class Sweep:
             point = self.point(sizes)
             with collector_paused():
                 found = self.piece(**point).totals(point, self.model_type, depth, top)
+            self.cautions.update(dict.fromkeys(found.cautions))  # distinct ones: as few as the regions
             yield found
 
     def result(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]], depth: int = 1,
@@ -483,6 +494,21 @@ def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] 
             left, right = parts
             return lambda point: apply(left(point), right(point))
     return None
+
+
+def _symbolic_lookups(captured: Captured) -> list[tuple[sympy.Basic, str]]:
+    """Lookups at positions that depend on the sizes: (the region past the table, its caution),
+    the caution stating that region (seq > 1024), so a point past a model's positions says so."""
+    found = []
+    for lookup in position_lookups(captured.graph_module):
+        low, high = (plain_sympy(captured.sizes.expression(value)) for value in (lookup.low, lookup.high))
+        if not (low.free_symbols or high.free_symbols):
+            continue  # a fixed range: the capture's own caution, if any
+        region = sympy.simplify(sympy.Or(sympy.Gt(high, lookup.rows - 1), sympy.Lt(low, lookup.least)))
+        if region == sympy.false:
+            continue
+        found.append((region, lookup.caution(low, high, _text(region))))
+    return found
 
 
 def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], int]]:

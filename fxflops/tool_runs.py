@@ -66,16 +66,53 @@ def run_tools(comparison: Any, model: torch.nn.Module, args: tuple = (), kwargs:
     runs = []
     for name in comparison.presets:
         preset_name, attention = comparison.readings.get(name, (name, "dense"))
-        if preset_name != name or attention != "dense":
-            continue  # the tools count attention densely
-        runner = _runner_for(PRESET_TABLE.presets[name].tool or "")
-        if runner is not None:
-            runs.append(runner(name, comparison, model, tuple(args), kwargs))
+        runner = _runner_for(PRESET_TABLE.presets[preset_name].tool or "") if preset_name == name else None
+        if runner is None:
+            continue
+        if attention != "dense":  # every tool counts attention over every (query, key) pair
+            tool = (PRESET_TABLE.presets[name].tool or name).split(":")[0].split(" (")[0].split(".")[-1]
+            runs.append(ToolRun(tool, name, "skipped: this comparison counts attention effective and the "
+                                "tools count every (query, key) pair; compare an estimate counted with "
+                                "attention='dense'"))
+            continue
+        with _left_as_found(model):
+            runs.append(runner(name, _ForwardView(comparison), model, tuple(args), kwargs))
     comparison.tools = runs
     return runs
 
 
-def _runner_for(tool: str) -> Callable[..., ToolRun] | None:
+class _ForwardView:
+    """The comparison as the tools see it: forward only (they run one forward, never the backward)."""
+
+    def __init__(self, comparison: Any) -> None:
+        self._comparison = comparison
+        self.totals = comparison.forward or comparison.totals
+        self.modules = ({module: {name: (0, flops) for name, flops in values.items()}
+                         for module, values in comparison.forward_modules.items()}
+                        if comparison.forward_modules else comparison.modules)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comparison, name)
+
+
+@contextlib.contextmanager
+def _left_as_found(model: torch.nn.Module) -> Iterator[None]:
+    """The model as it was after a tool's real forward: hooks a tool leaves (ptflops' aten backend does),
+    buffers a forward updates (batch norm's running statistics in training mode), RNG states."""
+    from fxflops.capture.isolation import isolated
+
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()
+               if not buffer.is_meta and buffer.layout == torch.strided]
+    with isolated(model):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+
+
+def _runner_for(tool: str) -> Any:
     if tool.startswith("torch.utils.flop_counter"):
         return _flop_counter_mode
     if tool.startswith("fvcore"):

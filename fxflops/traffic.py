@@ -4,7 +4,9 @@ An op reads each distinct input tensor once and writes each output once; this is
 unfused kernel, the roofline's denominator. A broadcast input (stride 0 along an axis) is read once
 per distinct element. Views and other aliasing results move nothing (the op schema says so), nor do
 the zero lists marked `moves_data = false` (views, Python plumbing, metadata queries, allocation).
-Results that are not tensors (sizes, scalars) mean the op read no tensor data either.
+Results that are not tensors (sizes, scalars) mean the op read no tensor data either. A lookup
+(embedding, index_select, gather: a rule's `gathers`) reads only the elements it gathers of its table,
+not the whole table.
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ from typing import Any
 import torch
 
 
-def node_bytes(target: Any, inputs: Any, out: Any, moves_data: bool, sizes: Any = None) -> Any:
-    """Bytes read plus bytes written by one op call (an int, or under symbolic sizes an expression)."""
+def node_bytes(target: Any, inputs: Any, out: Any, moves_data: bool, sizes: Any = None,
+               gathered: tuple[torch.Tensor, Any] | None = None) -> Any:
+    """Bytes read plus bytes written by one op call (an int, or under symbolic sizes an expression).
+
+    `gathered`: a lookup's table and the number of its elements the op reads (instead of all of it)."""
     written = _tensors(out)
     if not moves_data or not written or _aliases_input(target):
         return 0
     read = _tensors(inputs)
-    return sum(_bytes(t, sizes, distinct=True) for t in read) + sum(_bytes(t, sizes) for t in written)
+    table_bytes = 0
+    if gathered is not None:
+        table, elements = gathered
+        read = [t for t in read if t is not table]
+        table_bytes = elements * table.element_size()
+    return table_bytes + sum(_bytes(t, sizes, distinct=True) for t in read) + sum(_bytes(t, sizes) for t in written)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

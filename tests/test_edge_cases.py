@@ -59,7 +59,7 @@ def test_inner_by_hand_in_every_preset(module, a_shape, b_shape, macs, flops):
     torch_preset = count(module(), args, conventions="torch")
     assert torch_preset.total_flops == (2 * macs if matrix else 0)
     assert torch_preset.total_flops == oracle_flops(module(), args)
-    ptflops = count(module(), args, conventions="ptflops")
+    ptflops = count(module(), args, conventions="ptflops-aten")
     assert ptflops.total_macs == (macs if matrix else 0)
     assert count(module(), args, conventions="fvcore").total_flops == 0
 

@@ -221,3 +221,21 @@ def test_cli_explain_prints_a_stub_that_counts_the_op(tmp_path):
     assert counted.returncode == 0, counted.stderr
     data = json.loads(counted.stdout)
     assert data["totals"]["flops"] == 6 and not data["unknown"]
+
+
+def test_a_module_counted_whole_and_called_twice_is_explained_call_by_call(tmp_path):
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 8)
+
+        def forward(self, x, y):
+            return self.lin(x).sum() + self.lin(y).sum()
+
+    estimate = quiet_estimate(Twice(), (torch.randn(2, 4), torch.randn(10, 4)), leaf_modules=[torch.nn.Linear],
+                              method="symbolic")
+    explanation = estimate.explain("lin")
+    # by hand: 2 x 4 x 8 = 64 MACs, then 10 x 4 x 8 = 320 MACs: one group per call, summing to the module's
+    assert sorted(entry.macs for entry in explanation.ops) == [64, 320]
+    assert explanation.macs == sum(entry.total_macs for entry in explanation.ops) == 384
+    assert len({cost.name for cost in estimate.nodes}) == len(estimate.nodes)

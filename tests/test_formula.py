@@ -117,3 +117,15 @@ def test_bounds_leave_room_for_real_counts():
     assert Formula("prod((2 ** 40, 2 ** 40, 2 ** 40))").evaluate({}) == 2**120
     assert Formula("sum([1] * 10000)").evaluate({}) == 10000
     assert Formula("12 ** 64").evaluate({}) == 12**64
+
+
+def test_a_lazy_formula_is_parsed_on_first_use_and_checked_the_same():
+    # the shipped table is loaded lazily (parsing all of its formulas cost ~0.25 s of every first estimate)
+    lazy = Formula("numel(out) * 2", lazy=True)
+    assert lazy._parsed is None
+    assert lazy.evaluate({"out": torch.empty(3, 4, device="meta")}) == 24
+    assert lazy.names == frozenset({"out"})
+    with pytest.raises(FormulaError, match="does not parse"):
+        Formula("1 +", lazy=True).evaluate({})
+    with pytest.raises(FormulaError, match="is not allowed"):
+        Formula("[x for x in y]", lazy=True).evaluate({})

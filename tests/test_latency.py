@@ -182,7 +182,7 @@ def test_profile_carries_every_estimate_field(net_profile: tuple[Net, Profile]) 
     model, result = net_profile
     static = fxflops.estimate(model, (torch.randn(2, 4),))
     for field in dataclasses.fields(Estimate):
-        if field.name in ("modules", "tree", "measurements", "nodes"):
+        if field.name in ("modules", "tree", "measurements", "nodes", "source"):  # source: each its own capture
             continue
         assert getattr(result, field.name) == getattr(static, field.name), field.name
     assert [dataclasses.replace(s, latency=None, latency_calls=None) for s in result.modules.values()] == list(

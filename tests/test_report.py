@@ -370,9 +370,9 @@ def test_identical_siblings_fold_and_keep_totals():
     assert_shows(blocks["fields"][2], block["count"] * BLOCK_MACS, "MACs")
     assert estimate.modules["blocks"].macs == 4 * BLOCK_MACS
     assert_shows(entries[""]["fields"][2], 4 * BLOCK_MACS + BLOCK_MACS // 2, "MACs")  # + head
-    assert entries["blocks.0-3.up, down"]["count"] == 2  # up and down are identical too
+    assert entries["blocks.0-3.up"]["count"] == entries["blocks.0-3.down"]["count"] == 1  # named apart: never folded
     assert not any(path.startswith("blocks.1") for path in entries)
-    assert "identical sibling subtrees" in estimate.print(as_string=True)
+    assert "identical numbered repeats" in estimate.print(as_string=True)
 
 
 def test_no_fold_shows_every_instance():
@@ -380,7 +380,7 @@ def test_no_fold_shows_every_instance():
     entries = parse_detailed(estimate.print(as_string=True, fold=False))
     assert {f"blocks.{i}" for i in range(4)} <= set(entries)
     assert all(entry["count"] == 1 for entry in entries.values())
-    assert "identical sibling subtrees" not in estimate.print(as_string=True, fold=False)
+    assert "identical numbered repeats" not in estimate.print(as_string=True, fold=False)
 
 
 def test_different_sibling_breaks_the_run():
@@ -394,10 +394,19 @@ def test_different_sibling_breaks_the_run():
     assert shown == stack_by_hand(layers=5, odd_layer=2).modules["blocks"].macs
 
 
-def test_folded_siblings_with_names_list_them():
-    # up and down are identical Linear leaves: they fold as "(up, down): 2 x Linear"
-    entries = parse_detailed(stack_by_hand(layers=1).print(as_string=True))
-    assert "blocks.0.up, down" in entries and entries["blocks.0.up, down"]["count"] == 2
+def test_differently_named_siblings_never_fold():
+    # up and down are identical Linear leaves, but named apart: only numbered repeats fold (was
+    # "(up, down): 2 x Linear"), in the text report, the tables and the HTML report alike
+    estimate = stack_by_hand(layers=1)
+    entries = parse_detailed(estimate.print(as_string=True))
+    assert "blocks.0.up" in entries and "blocks.0.down" in entries
+    assert entries["blocks.0.up"]["count"] == entries["blocks.0.down"]["count"] == 1
+    labels = {group.label: group.count for group, _ in folding.walk(estimate)}
+    assert labels["up"] == labels["down"] == 1 and "up, down" not in labels
+    from fxflops.report.html import to_html
+
+    page = to_html(estimate)  # the HTML report folds with the same function
+    assert "up, down" not in page and '"up"' in page and '"down"' in page
 
 
 def test_folded_latency_is_the_mean():
@@ -407,7 +416,7 @@ def test_folded_latency_is_the_mean():
     estimate = stack_by_hand(layers=4, latencies=latencies)
     entries = parse_detailed(estimate.print(as_string=True))
     assert_shows(entries["blocks.0-3"]["fields"][4], 2.5e-3, "s")  # mean of 1..4 ms
-    assert_shows(entries["blocks.0-3.up, down"]["fields"][4], 1e-3, "s")  # mean of 0.4..1.6 ms
+    assert_shows(entries["blocks.0-3.up"]["fields"][4], 1e-3, "s")  # mean of 0.4..1.6 ms
     group = next(g for g, _ in folding.walk(estimate) if g.label == "0-3")
     assert group.count == 4 and folding.mean_latency(estimate, group) == pytest.approx(2.5e-3)
 
@@ -447,7 +456,7 @@ def test_module_table_folds_and_formats():
     estimate = stack_by_hand(layers=4)
     rows = {row["module"]: row for row in markdown_rows(report.module_table(estimate))}
     assert rows["blocks.[0-3]"]["count"] == "4"
-    assert "blocks.[0-3].[up, down]" in rows
+    assert "blocks.[0-3].up" in rows and "blocks.[0-3].down" in rows  # named siblings stay apart
     assert_shows(rows["blocks.[0-3]"]["MACs"], BLOCK_MACS, "MACs")
     unfolded = markdown_rows(report.module_table(estimate, fold=False, raw=True))
     assert len(unfolded) == len(estimate.modules)

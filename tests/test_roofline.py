@@ -224,6 +224,115 @@ def test_cli_device_errors(capsys):
     assert code == 2 and "--device" in err
 
 
+# ------------------------------------------------------------------------- lookups (issue 21, item 3)
+
+
+def test_embedding_reads_the_rows_it_gathers_not_the_table():
+    # GPT-2-small's wte at 128 tokens: 128 rows of 768 fp32 read, the 128 int64 indices, the rows written
+    from fxflops.examples import gpt2_small, token_inputs
+
+    result = fxflops.estimate(gpt2_small(), token_inputs(seq_len=128))
+    rows, indices = 128 * 768 * 4, 128 * 8
+    assert result.modules["wte"].bytes == rows + indices + rows  # was 50257 * 768 * 4 + ...: 154.78 MB
+    assert result.modules["wpe"].bytes == rows + indices + rows
+    top = result.predict("H100 SXM").top_memory_bound(8)
+    assert "wte" not in [m.name for m in top] and "wpe" not in [m.name for m in top]
+
+
+class Lookups(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(1000, 16))
+        self.bag = nn.EmbeddingBag(1000, 16, mode="sum")
+
+    def forward(self, ids, index2d):
+        a = self.table.index_select(0, ids)  # (5, 16)
+        b = torch.gather(self.table, 0, index2d)  # (3, 16)
+        c = self.table[ids]  # aten.index: (5, 16)
+        d = self.bag(ids.view(1, 5))  # one bag of 5 rows: (1, 16)
+        return a, b, c, d
+
+
+def test_index_select_gather_indexing_and_embedding_bag_read_their_rows():
+    ids, index2d = torch.zeros(5, dtype=torch.long), torch.zeros(3, 16, dtype=torch.long)
+    result = fxflops.estimate(Lookups(), (ids, index2d))
+    by_op = {n.op: n.bytes for n in result.nodes if n.bytes}
+    assert by_op["aten.index_select.default"] == 5 * 16 * 4 + 5 * 8 + 5 * 16 * 4
+    assert by_op["aten.gather.default"] == 3 * 16 * 4 + 3 * 16 * 8 + 3 * 16 * 4
+    assert by_op["aten.index.Tensor"] == 5 * 16 * 4 + 5 * 8 + 5 * 16 * 4
+    bag = result.modules["bag"].bytes
+    assert bag < 1000 * 16 * 4  # 5 rows of the table, not its 1000
+    assert [n.rule for n in result.nodes if n.op == "aten.index_select.default"] == ["lookup"]
+
+
+def test_a_sweeps_lookup_bytes_are_symbolic_rows():
+    from fxflops.examples import GPT2
+
+    model = GPT2(vocab_size=100, n_positions=256, d_model=16, n_layer=1, n_head=2).eval()
+    tokens = lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),)  # noqa: E731
+    swept = fxflops.sweep(model, tokens(16), dims={"seq": 1})
+    for seq in (16, 100):
+        assert swept.at(seq=seq).modules["wte"].bytes == seq * 16 * 4 * 2 + seq * 8
+        assert swept.at(seq=seq).total_bytes == fxflops.estimate(model, tokens(seq)).total_bytes
+
+
+def test_a_gathers_entry_must_name_its_argument(tmp_path):
+    from fxflops.rules import RuleFileError, load_rule_file
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[[zero]]\nname = "x"\nops = ["aten.take"]\ngathers = "self"\n')
+    with pytest.raises(RuleFileError, match="'gathers' must be a table naming the argument read"):
+        load_rule_file(path)
+
+
+# ------------------------------------------------------------ the roofline's labels (issue 21, item 13)
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _text_boxes(root, char_width=6.2, height=13):
+    """(text, box) of every text in the plot, its box from its anchor and an estimated width."""
+    found = []
+    for element in root.iter(f"{SVG}text"):
+        text, x, y = element.text or "", float(element.get("x")), float(element.get("y"))
+        width = len(text) * char_width
+        anchor = element.get("text-anchor", "start")
+        left = x if anchor == "start" else x - width if anchor == "end" else x - width / 2
+        found.append((text, (left, y - height + 3, left + width, y + 3)))
+    return found
+
+
+def _overlap(a, b):
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def test_roofline_names_its_top_modules_off_the_points_and_each_other(capsys, tmp_path):
+    target = tmp_path / "gpt2.svg"
+    code, _, _ = run_main(capsys, "gpt2-small", "--device", "H100 SXM", "--roofline", str(target))
+    assert code == 0
+    root = ElementTree.parse(target).getroot()
+    circles = []
+    for circle in root.iter(f"{SVG}circle"):
+        if circle.find(f"{SVG}title") is None:
+            continue  # the legend's
+        x, y, r = (float(circle.get(k)) for k in ("cx", "cy", "r"))
+        circles.append((x - r, y - r, x + r, y + r))
+    texts = _text_boxes(root)
+    labels = [(text, box) for text, box in texts if text and any(
+        element.text == text and element.get("font-size") == "11" for element in root.iter(f"{SVG}text"))]
+    names = [text for text, _ in labels]
+    # GPT-2's 12 identical layers sit on one spot each: named once, with how many
+    assert "lm_head" in names and "h.*.attn.c_attn x12" in names and "h.*.mlp.c_fc, h.*.mlp.c_proj x24" in names
+    assert 5 <= len(labels) <= 8
+    assert len(root.findall(f"{SVG}line")) >= len(labels)  # each on a leader line
+    for text, box in labels:
+        assert not any(_overlap(box, c) for c in circles), text
+        assert not any(_overlap(box, other) for other_text, other in labels if other_text != text), text
+    (roof_label, roof_box), = [(t, b) for t, b in texts if t.startswith("all ops")]
+    assert not any(_overlap(roof_box, c) for c in circles)  # it sat on the cluster
+    assert not any(_overlap(roof_box, box) for _, box in labels)
+
+
 def test_mi250x_elementwise_ops_run_at_its_vector_rate_not_the_matrix_rate():
     # AMD Instinct MI250X datasheet: FP32 matrix 95.7 TFLOPS (GEMMs), FP32 vector 47.9 (everything else)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())

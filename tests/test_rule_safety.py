@@ -140,9 +140,9 @@ def test_a_file_that_cannot_be_read_names_the_file(tmp_path, content, problem):
          "unknown keys ['flop'] (allowed: flops, macs); did you mean 'flops' for 'flop'?"),
         (rule_text(extra="presets.torch = '2 * macs'\n"), "presets.torch", "must be a table of formulas"),
         (rule_text(extra="presets.mlperf = { flops = '0' }\n"), None,
-         "unknown preset 'mlperf' (known: deepspeed, torch, fvcore, ptflops)"),
+         "unknown preset 'mlperf' (known: deepspeed, torch, fvcore, ptflops, ptflops-aten)"),
         (rule_text(macs="numel(outt) * weight.shape[1]"), "macs",
-         "name 'outt' is not given by aten.linear; its names are args, bias, input, kwargs, out, weight; did you mean 'out'?"),
+         "name 'outt' is not given by aten.linear; its names are args, bias, input, kwargs, out, weight, within; did you mean 'out'?"),
         (rule_text(flops="2 * weigth.shape[0]"), "flops", "did you mean 'weight'?"),
         (rule_text(macs="2 * macs"), "macs", "'macs' is defined only inside 'flops'"),
         (rule_text(extra="when = 'transposed'\n"), "when", "name 'transposed' is not given by aten.linear"),
@@ -364,3 +364,12 @@ def test_cli_refuses_a_fifo_rule_path(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"fxflops: error: rule file {fifo} is a named pipe (FIFO), not a file: give a .toml " \
         "file, or a folder of them\n"
+
+
+def test_the_shipped_tables_formulas_are_parsed_only_when_used():
+    # what a process pays at its first estimate: the formulas of the ops its model runs, not all ~400
+    entries = load_rule_dir(default_rules_dir(), check_ops=False, skip=PRESETS_FILE)
+    formulas = [f for entry in entries if isinstance(entry, fxflops.rules.Rule) for f in (entry.macs, entry.flops, entry.when) if f]
+    assert formulas and all(formula._parsed is None for formula in formulas)
+    checked = load_rule_dir(default_rules_dir(), check_ops=True, skip=PRESETS_FILE)
+    assert all(entry.macs._parsed is not None for entry in checked if isinstance(entry, fxflops.rules.Rule))

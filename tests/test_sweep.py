@@ -291,7 +291,7 @@ def test_cli_sweep_json_points_equal_estimates():
     assert data["points"][0]["top_modules"][0]["name"] == "feature_extractor"
     first = data["formulas"][0]
     assert sympy.sympify(first["macs"]) == LENET5_MACS_PER_SAMPLE * sympy.Symbol("batch")
-    assert first["holds_for"][0] == "2 <= batch <= 15"  # CPU conv backend choice guards batch < 16
+    assert first["holds_for"][0] == "batch >= 2"  # the CPU conv kernel's choice (batch < 16) no longer splits it
 
 
 def test_cli_sweep_grid_text_and_csv():
@@ -459,14 +459,14 @@ def _expected_point(swept, sizes: dict, depth: int, top: int) -> dict:
     at = swept.at(**sizes)
     return {"sizes": {**swept.example, **sizes}, "macs": at.total_macs, "flops": at.total_flops,
             "params": at.total_params, "bwd_macs": at.bwd_macs, "bwd_flops": at.bwd_flops,
-            "top_modules": [{"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
+            "cautions": list(at.cautions), "top_modules": [{"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
                              "share": m.macs / at.total_macs} for m in top_modules(at, depth, top)]}
 
 
 def test_streamed_json_and_csv_equal_at_every_sampled_point():
     from fxflops.report.sweep import to_csv, to_json, write_csv, write_json
 
-    # LeNet-5 over batch 1 (its own capture), 3 and 9 (the first), 17 and 33 (CPU conv backend: another)
+    # LeNet-5 over batch 1 (its own capture) and 3, 9, 17, 33 (the first: the CPU conv kernel choice no longer splits)
     from tests.models import LeNet5
 
     with torch.device("meta"):
@@ -477,7 +477,7 @@ def test_streamed_json_and_csv_equal_at_every_sampled_point():
     write_json(swept, grid, stream, depth=2, top=2)
     data = json.loads(stream.getvalue())
     assert data["points"] == [_expected_point(swept, {"batch": b}, 2, 2) for b in grid["batch"]]
-    assert data["captures"] == len(swept.pieces) == 3  # the pieces the points added are in the tail
+    assert data["captures"] == len(swept.pieces) == 2  # the piece batch 1 added is in the tail
     assert stream.getvalue() == to_json(swept.result(grid, depth=2, top=2))
     stream = io.StringIO()
     write_csv(swept, grid, stream)
@@ -521,3 +521,70 @@ def test_a_grid_result_holds_totals_not_estimates():
     result = swept.result({"batch": [2, 3], "seq": [5, 9]})
     assert all(type(point).__name__ == "SweepPoint" for point in result.points)
     assert not any(isinstance(value, fxflops.Estimate) for point in result.points for value in vars(point).values())
+
+
+# ------------------------------------------------- a sweep past the position table (issue 21, item 4)
+
+
+def test_sweep_points_past_the_position_table_carry_the_caution_with_its_region():
+    from fxflops.examples import GPT2
+
+    model = GPT2(vocab_size=100, n_positions=64, d_model=16, n_layer=1, n_head=2).eval()
+    swept = sweep(model, (tokens(1, 16),), dims={"seq": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert swept.at(seq=64).cautions == []  # rows 0..63 of 64: a forward real weights can run
+    with pytest.warns(fxflops.CautionWarning, match=r"module 'wpe' \(Embedding\) looks up rows 0\.\.seq - 1 of a "
+                                                    r"table of 64 rows \(positions from arange\), where seq > 64"):
+        past = swept.at(seq=65)
+    # the same caution the fixed-size estimate gives at that point, with the region stated
+    with pytest.warns(fxflops.CautionWarning):
+        direct = fxflops.estimate(model, (tokens(1, 65),))
+    assert direct.cautions[0].split(":")[1] == past.cautions[0].split(":")[1]
+    assert "rows 0..64 of a table of 64 rows" in direct.cautions[0]
+
+
+def test_hf_sweep_past_n_positions_is_cautioned():
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = sweep(model, (tokens(1, 16),), dims={"seq": 1}).result({"seq": [32, 64, 128]})
+    assert [bool(point.cautions) for point in result.points] == [False, False, True]
+    assert "where seq > 64" in result.cautions[0] and len(result.cautions) == 1
+
+
+def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
+    from tests.test_cli import run_main
+
+    code, out, err = run_main(capsys, "gpt2-small", "--set", "n_layer=1", "--set", "n_positions=64",
+                              "--sweep", "seq=32..128*2")
+    assert code == 0
+    assert "fxflops: warning: module 'wpe' (Embedding) looks up rows 0..seq - 1 of a table of 64 rows" in err
+    assert "caution: module 'wpe' (Embedding)" in out and "where seq > 64" in out
+    code, out, err = run_main(capsys, "gpt2-small", "--set", "n_layer=1", "--set", "n_positions=64",
+                              "--sweep", "seq=32..128*2", "--format", "json")
+    points = json.loads(out)["points"]
+    assert [bool(p["cautions"]) for p in points] == [False, False, True]
+
+
+def test_conv_kernel_choice_does_not_split_a_convnet_sweep():
+    # which CPU kernel a convolution would use (oneDNN below channels x area thresholds, NNPACK from
+    # batch 16) was a guard each, splitting a sweep over batch and image size into many pieces; it only
+    # picks a memory layout, so the sweep keeps one piece for batch >= 2 (batch 1 is torch's constant)
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.resnet18().eval()
+
+    def image(batch, size):
+        return torch.empty(batch, 3, size, size, device="meta")
+
+    swept = sweep(model, image(2, 224), dims={"batch": 0, "size": (2, 3)})
+    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
+        assert_same(at, fresh)
+        assert at.total_bytes == fresh.total_bytes
+    assert len(swept.pieces) == 2
+    assert not any("batch < 16" in condition or "20480" in condition for condition in swept.conditions)
+    assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored

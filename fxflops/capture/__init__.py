@@ -19,6 +19,8 @@ from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
 from fxflops.capture.isolation import in_turn, uncompiled
 from fxflops.capture.lookups import out_of_range_lookups
+from fxflops.capture.mode import training_mode_cautions
+from fxflops.capture.quiet import torch_logging_quiet
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.running import capture_running
@@ -62,7 +64,7 @@ def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwa
             attempts.append(Attempt(TRACE.name, f"skipped: {needs_real(reason)}"))
             continue
         try:
-            with capture_running():
+            with capture_running(), torch_logging_quiet():  # fake tensors make torch log tracebacks a real run never would
                 captured = candidate.capture_function()(request)
         except Exception as error:  # each method's failure is reported, then the next one is tried
             attempts.append(describe_failure(candidate.name, error, model))
@@ -72,7 +74,7 @@ def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwa
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
         captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
-                             *control_flow_cautions(captured.graph_module)]
+                             *control_flow_cautions(captured.graph_module), *training_mode_cautions(model, request.backward)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 

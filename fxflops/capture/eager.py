@@ -142,7 +142,8 @@ def capture(request: Request) -> Captured:
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
-        with grad_mode, mode, tracker, recorder, CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
+        with grad_mode, _conv_kernel_choice_fixed(sizes is not None), mode, tracker, recorder, \
+                CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
             output = refuse_lazy_output(model(*args, **kwargs))
@@ -160,6 +161,32 @@ def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, l
     inputs = tensors_in((request.args, request.kwargs))
     found = {id(tensor): sizes.sizes(index, tensor) for index, tensor in enumerate(inputs)}
     return {key: shape for key, shape in found.items() if shape is not None}
+
+
+@contextlib.contextmanager
+def _conv_kernel_choice_fixed(symbolic: bool) -> Iterator[None]:
+    """Under named sizes, CPU convolutions keep to their native kernel (oneDNN and NNPACK off).
+
+    A fake convolution asks torch which CPU kernel would run (torch._C._select_conv_backend) to give its
+    output that kernel's memory format. The choice reads sizes: NNPACK needs batch >= 16, oneDNN is
+    picked by channels x area thresholds (64*h*w <= 20480 ...), so each became a guard that split a
+    ResNet-50 sweep over batch 1..64 and sizes 33..517 into a piece per region. None of them changes a
+    count: a rule reads shapes, dtypes and arguments, never strides (formulas have .shape and .ndim
+    only), and for these kernels the memory format follows the input's and weight's own layout, so
+    the same ops run either way (the sweep tests check at() against estimate(), bytes included)."""
+    if not symbolic:
+        yield
+        return
+    # the flags' own setters, not torch.backends.mkldnn.flags(): that one also rewrites the TF32 and fp32
+    # precision settings, and warns about TF32 on Intel GPUs while doing so
+    mkldnn, nnpack = torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    torch._C._set_nnpack_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn)
+        torch._C._set_nnpack_enabled(nnpack)
 
 
 @contextlib.contextmanager

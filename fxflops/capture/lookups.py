@@ -11,6 +11,7 @@ so a caution is never a guess.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,25 +35,52 @@ _SHIFTS = {aten.add.Tensor: 1, aten.add.Scalar: 1, aten.sub.Tensor: -1, aten.sub
            operator.add: 1, operator.sub: -1}
 
 
+@dataclass(frozen=True)
+class PositionLookup:
+    """A lookup of `rows` rows at arange positions low..high (ints, or SymInts under symbolic sizes)."""
+
+    where: str  # "module 'wpe' (Embedding)"
+    rows: int
+    low: Any
+    high: Any
+    wraps: bool  # weight[positions]: negative positions count from the end
+
+    @property
+    def least(self) -> int:
+        """The lowest position the table takes."""
+        return -self.rows if self.wraps else 0
+
+    def caution(self, low: Any, high: Any, region: str = "") -> str:
+        """The sentence for positions low..high (numbers, or expressions with `region` saying where)."""
+        where = f", where {region}" if region else ""
+        return (f"{self.where} looks up rows {low}..{high} of a table of {self.rows} rows (positions from "
+                f"arange){where}: the inputs are longer than the model's positions, so on real weights this "
+                "forward fails with an index error; the count is for a sequence the model cannot take")
+
+
 def out_of_range_lookups(graph_module: torch.fx.GraphModule) -> list[str]:
     """One sentence per table lookup whose arange positions fall outside the table's rows."""
-    cautions = []
+    return [found.caution(found.low, found.high) for found in position_lookups(graph_module)
+            if _is_int(found.low) and _is_int(found.high)
+            and not (found.least <= found.low and found.high < found.rows)]
+
+
+def position_lookups(graph_module: torch.fx.GraphModule) -> list[PositionLookup]:
+    """Every table lookup at positions from arange, with the positions' range (symbolic under a sweep's
+    symbolic sizes: a sweep checks it at each of its points)."""
+    found = []
     for node in graph_module.graph.nodes:
-        found = _lookup(graph_module, node)
-        if found is None:
+        lookup = _lookup(graph_module, node)
+        if lookup is None:
             continue
-        rows, index, wraps = found
+        rows, index, wraps = lookup
         span = _value_range(index)
-        if rows is None or span is None or ((-rows if wraps else 0) <= span[0] and span[1] < rows):
+        if rows is None or span is None:
             continue
         path, type_name = node.meta.get("fxflops_module", ("", ""))
         where = f"module '{path}' ({type_name})" if path else f"the model ({type_name})"
-        cautions.append(
-            f"{where} looks up rows {span[0]}..{span[1]} of a table of {rows} rows (positions from arange): "
-            "the inputs are longer than the model's positions, so on real weights this forward fails with an "
-            "index error; the count is for a sequence the model cannot take"
-        )
-    return cautions
+        found.append(PositionLookup(where, rows, span[0], span[1], wraps))
+    return found
 
 
 def _lookup(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[int | None, Any, bool] | None:
@@ -98,24 +126,38 @@ def _value_range(index: Any, depth: int = 0) -> tuple[int, int] | None:
     return None
 
 
-def _shifted(span: tuple[int, int] | None, other: Any, sign: Any) -> tuple[int, int] | None:
+def _shifted(span: tuple[Any, Any] | None, other: Any, sign: Any) -> tuple[Any, Any] | None:
     other = _concrete(other)
-    if span is None or not _is_int(other) or not _is_int(sign):
+    if span is None or not _is_size(other) or not _is_int(sign):
         return None
-    return span[0] + sign * int(other), span[1] + sign * int(other)
+    shift = _as_size(other) * int(sign)
+    return span[0] + shift, span[1] + shift
 
 
-def _arange_range(args: tuple) -> tuple[int, int] | None:
+def _arange_range(args: tuple) -> tuple[Any, Any] | None:
     args = tuple(_concrete(arg) for arg in args)
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
-    if not all(_is_int(v) for v in (start, end, step)) or step == 0:
+    if not _is_size(start) or not _is_size(end) or not _is_int(step) or step == 0:
         return None
-    start, end, step = int(start), int(end), int(step)
+    start, end, step = _as_size(start), _as_size(end), int(step)
+    if not (_is_int(start) and _is_int(end)):
+        # symbolic (a sweep): arithmetic only, no comparison, which would add a guard to the capture
+        last = start + ((end - start + step - (1 if step > 0 else -1)) // step - 1) * step
+        return (start, last) if step > 0 else (last, start)
     count = max(0, -(-(end - start) // step))
     if count == 0:
         return None
     last = start + (count - 1) * step
     return min(start, last), max(start, last)
+
+
+def _is_size(value: Any) -> bool:
+    """An integer, or a symbolic size (a sweep's SymInt)."""
+    return _is_int(value) or isinstance(value, torch.SymInt)
+
+
+def _as_size(value: Any) -> Any:
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def _concrete(value: Any) -> Any:

@@ -6,6 +6,7 @@ Shared by the eager method (fake tensors) and the trace method (real tensors, ke
 
 from __future__ import annotations
 
+import functools
 import linecache
 import operator
 import os
@@ -287,6 +288,20 @@ _WRAPPERS_RECORDED_WHOLE = (torch.nn.functional.adaptive_avg_pool2d, torch.nn.fu
 
 
 def composite_overloads(func: Any) -> tuple[Any, ...]:
+    """The CompositeImplicitAutograd overloads of the aten op a builtin torch function binds, if any
+    (see _find_composite_overloads); looked up once per function per process (the dispatcher
+    queries cost ~0.1 ms per overload)."""
+    if not isinstance(func, _BUILTIN_TYPES) and func not in _WRAPPERS_RECORDED_WHOLE:
+        return ()  # (decided before the cache, which would keep a user's functions alive)
+    return _cached_composite_overloads(func)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_composite_overloads(func: Any) -> tuple[Any, ...]:
+    return _find_composite_overloads(func)
+
+
+def _find_composite_overloads(func: Any) -> tuple[Any, ...]:
     """The CompositeImplicitAutograd overloads of the aten op a builtin torch function binds, if any.
 
     Only builtins (torch.*, torch.nn.functional's C bindings, Tensor methods) are taken: their

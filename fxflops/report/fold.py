@@ -1,7 +1,9 @@
-"""Group the module tree for display: identical sibling subtrees fold into one entry with a count.
+"""Group the module tree for display: identical numbered repeats fold into one entry with a count.
 
 A transformer's 24 layers are the same subtree 24 times; showing one with `24 x` keeps an
-80-layer model on one screen. Every displayed entry is a `Group`: the qualified names of the
+80-layer model on one screen. Only numbered repeats fold (a ModuleList's or Sequential's children
+named 0, 1, 2 ...), as DeepSpeed users expect: differently named siblings (`up` and `down`) are
+different modules, however alike, and are always shown apart. Every displayed entry is a `Group`: the qualified names of the
 module instances it stands for (one when nothing is folded), so numbers of one instance times
 `count` give back what the parent holds, and latencies can be averaged over the instances.
 """
@@ -73,7 +75,7 @@ def root_group() -> Group:
 
 
 def _run_label(parent: str, children: list[str]) -> str:
-    """`0-23` for a run of consecutive indices, otherwise the names joined."""
+    """`0-23` for a run of consecutive indices, otherwise the one name."""
     names = [relative_name(parent, child) for child in children]
     if len(names) > 1 and all(part.isdigit() for part in names):
         numbers = [int(part) for part in names]
@@ -83,14 +85,22 @@ def _run_label(parent: str, children: list[str]) -> str:
 
 
 def _runs(positions: list[str], signatures: dict[str, Hashable], fold: bool) -> list[list[int]]:
-    """Contiguous runs of child positions with identical subtrees (singletons when not folding)."""
+    """Contiguous runs of consecutively numbered child positions with identical subtrees (singletons
+    when not folding)."""
     runs: list[list[int]] = []
     for index, child in enumerate(positions):
-        if fold and runs and signatures[positions[runs[-1][0]]] == signatures[child]:
+        if (fold and runs and _numbered_next(positions[runs[-1][-1]], child)
+                and signatures[positions[runs[-1][0]]] == signatures[child]):
             runs[-1].append(index)
         else:
             runs.append([index])
     return runs
+
+
+def _numbered_next(previous: str, child: str) -> bool:
+    """Whether `child` is the repeat numbered right after `previous` (`layers.3` after `layers.2`)."""
+    before, after = previous.rsplit(".", 1)[-1], child.rsplit(".", 1)[-1]
+    return before.isdigit() and after.isdigit() and int(after) == int(before) + 1
 
 
 def child_groups(

@@ -92,7 +92,7 @@ def _forward_prefix(estimate: Estimate) -> str:
 
 
 def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = True) -> str:
-    """The page as text; also written to `path` when given. `fold`: identical sibling subtrees are
+    """The page as text; also written to `path` when given. `fold`: identical numbered repeats are
     one entry of the icicle with a count, as in the text report."""
     metrics = metrics_of(estimate)
     data = {
@@ -179,8 +179,12 @@ def _compare_section(estimate: Estimate) -> str:
     if getattr(estimate, "source", None) is None:
         return ""
     from fxflops.report.compare import comparison_text
+    from fxflops.rules import RuleEvaluationError
 
-    text = comparison_text(estimate.compare(), tables=False)
+    try:
+        text = comparison_text(estimate.compare(), tables=False)
+    except (RuleEvaluationError, ValueError) as error:  # e.g. a user rule that only holds under its own preset
+        text = f"The other presets could not count this capture: {error}"
     return (f'<section id="compare"><h2>The same count under other conventions</h2>'
             f'<pre>{escape(text)}</pre></section>')
 
@@ -190,9 +194,14 @@ def _explanations(estimate: Estimate) -> dict[str, str]:
     if getattr(estimate, "source", None) is None:
         return {}
     from fxflops.explain import explain_own
+    from fxflops.rules import RuleEvaluationError
 
+    try:
+        explained = explain_own(estimate)
+    except (RuleEvaluationError, ValueError):  # the page shows the numbers; only the explanations are lost
+        return {}
     # without source lines: the page is a function of the model, not of where estimate() was called
-    return {name: explanation.text(sources=False) for name, explanation in explain_own(estimate).items()}
+    return {name: explanation.text(sources=False) for name, explanation in explained.items()}
 
 
 def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics: list[Metric]) -> list[list[str]]:
@@ -252,9 +261,10 @@ def _span(names: tuple[str, ...]) -> str:
 def _header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
     shapes = escape(inputs_text(estimate.input_shapes))
+    mode = "" if estimate.training is None else f" · mode {'train' if estimate.training else 'eval'}"
     return (f"<h1>{escape(estimate.model_type)}</h1>"
             f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
-            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))} · inputs {shapes}</p>")
+            f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))}{mode} · inputs {shapes}</p>")
 
 
 def _cards(estimate: Estimate) -> str:

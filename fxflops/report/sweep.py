@@ -13,6 +13,7 @@ JSON schema `fxflops.sweep`, version 1 — top-level object:
                       condition of its path (all hold); the first holds at the example's sizes
     captures          int         captures made (more than one where a size changes the path)
     points            [{"sizes": {name: int}, "macs", "flops", "params", "bwd_macs", "bwd_flops",
+                        "cautions": [str] (what a real forward would do differently there),
                         "top_modules": [{"name", "type", "macs", "flops", "share"}]}]
 
 The points come before the formulas and captures, one a line: a grid is written as its points are
@@ -69,6 +70,7 @@ def render_text(result: SweepResult, tablefmt: str = "github") -> str:
              f"({len(result.points)} point{'s' if len(result.points) != 1 else ''}, "
              f"{result.captures} capture{'s' if result.captures != 1 else ''})", ""]
     lines.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
+    lines += ["", *(f"caution: {caution}" for caution in result.cautions)] if result.cautions else []
     for entry in result.formulas:
         # pieces merged for one formula often state their regions alike: say each once
         lines += ["", f"formulas, where {' or '.join(dict.fromkeys(entry.holds_for))}:"]
@@ -92,6 +94,7 @@ def point_record(point: SweepPoint) -> dict[str, Any]:
         "params": point.params,
         "bwd_macs": point.bwd_macs,
         "bwd_flops": point.bwd_flops,
+        "cautions": list(point.cautions),
         "top_modules": [{"name": m.name, "type": m.type, "macs": m.macs, "flops": m.flops,
                          "share": _share(m.macs, point.macs)} for m in point.top_modules],
     }

@@ -173,7 +173,7 @@ def module_table(
     tablefmt: str = "github",
     raw: bool = False,
 ) -> str:
-    """One row per module (folded runs of identical siblings are one row with a count)."""
+    """One row per module (folded runs of identical numbered repeats are one row with a count)."""
     headers, rows = module_rows(estimate, module_depth, fold, raw)
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 

@@ -2,7 +2,7 @@
 
 The layout follows DeepSpeed's Flops Profiler so its users read it without relearning. Beyond
 it: the summary says what share of graph nodes a rule counted, declared zero or did not know,
-lists the unknown ops, shows cost per rule, and identical sibling subtrees fold into one entry.
+lists the unknown ops, shows cost per rule, and identical numbered repeats fold into one entry.
 Latency lines and columns appear exactly when the estimate carries measurements.
 """
 
@@ -47,7 +47,7 @@ def text(
 
     module_depth: deepest level shown in both profiles (-1 = all); top_modules: entries per
     depth in the aggregated profile; detailed: include the module tree; output_file: write
-    there instead of stdout; as_string: return the text; fold: fold identical sibling subtrees;
+    there instead of stdout; as_string: return the text; fold: fold identical numbered repeats;
     by_rule: include the cost-per-rule table under the summary.
     """
     report = render(
@@ -556,7 +556,7 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
     ]
     if folded:
         notes.append(
-            f"{len(notes) + 1}. `(a-b): n x Type(...)` stands for n identical sibling subtrees and "
+            f"{len(notes) + 1}. `(a-b): n x Type(...)` stands for n identical numbered repeats and "
             "shows the numbers of one of them" + (" (latency: their mean)" if measured else "")
             + "; fold=False (--no-fold) shows each."
         )

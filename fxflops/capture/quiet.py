@@ -1,0 +1,32 @@
+"""torch's own logging kept quiet while a capture runs, and restored after.
+
+Capturing on fake tensors makes torch log what a real run never would: a Mixtral-style MoE in float32
+logs a traceback per `_grouped_mm` call (its meta kernel takes bf16 only; the count falls back and
+succeeds), and a failed capture logs one before fxflops' own message says what failed. Those lines
+are noise to the user: every failure fxflops cannot get past it reports itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_SILENT = logging.CRITICAL + 1  # above every level torch logs at
+
+
+@contextmanager
+def torch_logging_quiet() -> Iterator[None]:
+    """Raise torch's loggers (those with a level of their own; the rest inherit it) above CRITICAL for the
+    duration, then restore each one's level."""
+    loggers = [logging.getLogger("torch")] + [
+        logger for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if name.startswith("torch.") and isinstance(logger, logging.Logger) and logger.level != logging.NOTSET]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(_SILENT)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
