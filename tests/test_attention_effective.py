@@ -389,3 +389,25 @@ def test_a_reader_ignores_attention_totals_keys_a_later_version_adds():
     record = json.loads(estimate.to_json())
     record["attention"]["totals"]["kept_pairs"] = 123  # a key this version does not know
     assert from_json(json.dumps(record)).attention_totals() == estimate.attention_totals()
+
+
+class EagerTwoMasksOneInPlace(nn.Module):
+    """Plain-op attention filled by two masks: a causal one from positions, and SnapshotThenTriuInPlace's."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        i = torch.arange(n)
+        full = torch.ones(n, n, dtype=torch.bool)
+        snap = full.clone()
+        full.triu_(1)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(i[:, None] < i[None, :], float("-inf"))
+        scores = scores.masked_fill(~(full | snap), float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def test_eager_attention_with_a_mask_built_in_place_is_unknown():
+    estimate = fxflops.estimate(EagerTwoMasksOneInPlace(), qkv(requires_grad=False), attention="effective")
+    totals = estimate.attention_totals()
+    assert (totals.nodes, totals.unknown) == (2, 2)
+    assert totals.effective_macs == totals.dense_macs == 2 * B * H * 64 * E
+    assert totals.patterns == ("mask from data (built with in-place ops)",)
