@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
-from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.capture.recorder import COND_BRANCH, SOURCE, source_text
 from fxflops.eager_attention import EagerAttention, attention_of, effective_count, find_eager_attention
 from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
@@ -40,9 +40,11 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     costs = []
     memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
     kept_memo: dict[Any, KeptPairs] = {}
-    eager = find_eager_attention((node for _, node in _op_nodes(captured.graph_module)), kept_memo,
+    eager = find_eager_attention((node for _, node, _ in _op_nodes(captured.graph_module)), kept_memo,
                                  symbolic=sizes is not None)
-    for graph_module, node in _op_nodes(captured.graph_module):
+    branches = []
+    for graph_module, node, in_branches in _op_nodes(captured.graph_module):
+        branches.append(in_branches)
         path, _ = node.meta.get("fxflops_module", ("", ""))
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
         covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
@@ -57,6 +59,8 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
                 if found is not None:
                     cost = _with_eager_effective(cost, found, sizes, attention)
             costs.append(cost)
+    if any(branches):
+        costs = _larger_branches(costs, branches)
     costs += [_whole_call_cost(call, name, table, conventions, sizes)
               for call, name in zip(captured.whole_calls, whole_call_names(captured.whole_calls))]
     return costs
@@ -118,19 +122,66 @@ def _with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, att
     )
 
 
-def _op_nodes(graph_module: torch.fx.GraphModule) -> Iterator[tuple[torch.fx.GraphModule, torch.fx.Node]]:
-    """Op nodes in order, descending into the subgraphs of higher-order ops (e.g. no_grad regions)."""
+def _op_nodes(graph_module: torch.fx.GraphModule, branches: tuple = ()
+              ) -> Iterator[tuple[torch.fx.GraphModule, torch.fx.Node, tuple]]:
+    """Op nodes in order with the torch.cond branches they run in (outermost first), descending into
+    the subgraphs of higher-order ops (e.g. no_grad regions; a cond's branches)."""
+    cond = getattr(getattr(torch.ops, "higher_order", None), "cond", None)
     for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
-            for arg in node.args:
-                if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
-                    sub = _attr(graph_module, arg.target)
-                    if isinstance(sub, torch.fx.GraphModule):
-                        yield from _op_nodes(sub)
+            subgraphs = [arg for arg in node.args if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
+            for index, arg in enumerate(subgraphs):
+                sub = _attr(graph_module, arg.target)
+                if isinstance(sub, torch.fx.GraphModule):
+                    inner = (*branches, (node, index)) if node.target is cond else branches
+                    yield from _op_nodes(sub, inner)
             continue
-        yield graph_module, node
+        yield graph_module, node, branches + node.meta.get(COND_BRANCH, ())
+
+
+def _larger_branches(costs: list[NodeCost], branches: list[tuple]) -> list[NodeCost]:
+    """Each torch.cond, innermost first: an op (an overload packet, as FlopCounterMode keys it) counts
+    in the branch where it costs the most FLOPs (then MACs; the first on a tie); its nodes in the other
+    branches count 0. FlopCounterMode's rule, so the torch preset matches it. Symbolic costs (a sweep)
+    cannot be compared: such a cond keeps both branches."""
+    depth: dict[Any, int] = {}
+    for tags in branches:
+        for level, (cond, _) in enumerate(tags):
+            depth[cond] = level
+    costs = list(costs)
+    for cond in sorted(depth, key=lambda c: -depth[c]):
+        inside = [(index, dict(tags)[cond]) for index, tags in enumerate(branches) if cond in dict(tags)]
+        if not all(isinstance(costs[i].macs, int) and isinstance(costs[i].flops, int) for i, _ in inside):
+            continue
+        totals: dict[tuple[str, int], list[int]] = {}
+        for index, branch in inside:
+            total = totals.setdefault((_packet(costs[index].op), branch), [0, 0])
+            total[0] += costs[index].flops
+            total[1] += costs[index].macs
+        winner: dict[str, int] = {}
+        for (packet, branch), total in sorted(totals.items(), key=lambda item: item[0][1]):
+            if packet not in winner or total > totals[(packet, winner[packet])]:
+                winner[packet] = branch
+        for index, branch in inside:
+            if winner[_packet(costs[index].op)] != branch:
+                costs[index] = _not_counted(costs[index])
+    return costs
+
+
+def _packet(op: str) -> str:
+    """aten.mm.default -> aten.mm: FlopCounterMode keys its counts by overload packet."""
+    return op.rsplit(".", 1)[0] if op.startswith("aten.") and op.count(".") >= 2 else op
+
+
+def _not_counted(cost: NodeCost) -> NodeCost:
+    def zero(value: Any) -> Any:
+        return None if value is None else 0
+
+    return dataclasses.replace(cost, macs=0, flops=0, dense_macs=zero(cost.dense_macs),
+                               dense_flops=zero(cost.dense_flops), effective_macs=zero(cost.effective_macs),
+                               effective_flops=zero(cost.effective_flops))
 
 
 def _attr(graph_module: torch.nn.Module, target: str) -> Any:
@@ -370,7 +421,7 @@ def node_calls(captured: Captured) -> Iterator[tuple[str, OpCall | None]]:
     """Each op node's name with its op call bound as count_nodes binds it (None for a node inside a
     module a rule counts whole), then each whole-counted module call: what `explain` re-reads."""
     whole_paths = captured.whole_paths
-    for graph_module, node in _op_nodes(captured.graph_module):
+    for graph_module, node, _ in _op_nodes(captured.graph_module):
         path, _ = node.meta.get("fxflops_module", ("", ""))
         covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
         if covering is not None and not (node.op == "call_module" and node.target == covering):

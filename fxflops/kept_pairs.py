@@ -4,7 +4,8 @@ Dense attention computes every pair of the B.H.Lq.Lk grid; the fused kernels ski
 rules out. What is knowable from the graph alone, this module knows:
 
 - `is_causal=True`: SDPA's top-left aligned lower triangle (query i sees keys 0..i, as
-  `torch.ones(Lq, Lk).tril()`), Lq = Lk or not.
+  `torch.ones(Lq, Lk).tril()`), Lq = Lk or not; the efficient kernel's `custom_mask_type=2`
+  (`causal_lower_right`) is `tril(diagonal=Lk - Lq)`.
 - A mask the model builds from positions: `arange`s, offsets, `unsqueeze`/`expand`, comparisons
   and their `&` (causal, sliding window, transformers' `sdpa_mask`). The mask is read as a band of
   diagonals lo <= key - query <= hi, whose pair count has a closed form in the sizes, so it stays
@@ -12,6 +13,9 @@ rules out. What is knowable from the graph alone, this module knows:
 - Any other mask built without data (no model input or parameter behind it): evaluated on real
   index tensors at the captured sizes and its True entries counted (a packed batch's block
   diagonal from positions); under symbolic sizes this reads as unknown.
+
+A mask built with in-place ops (`triu_`, `add_`, `index_put_`) is unknown: its value depends on when it
+is read, which the data flow does not say.
 
 A mask that depends on data (a padding or document mask passed in) is unknown here: the pairs of
 a concrete mask are `mask_kept_pairs(mask)`.
@@ -151,6 +155,11 @@ def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
     if mask_name is None:
         if names.get("is_causal") is True or names.get("custom_mask_type") == 1:
             return KeptPairs(math.prod(grid[:-2]) * causal_pairs(grid[-2], grid[-1]), CAUSAL)
+        if names.get("custom_mask_type") == 2:
+            # causal_lower_right: torch.ones(Lq, Lk).tril(diagonal=Lk - Lq), the last query sees every key
+            lq, lk = grid[-2], grid[-1]
+            pattern = CAUSAL if _same(lq, lk) else f"{CAUSAL} (lower right)"
+            return KeptPairs(math.prod(grid[:-2]) * band_pairs(lq, lk, None, lk - lq), pattern)
         return None
     node = nodes.get(mask_name)
     if not isinstance(node, torch.fx.Node):
@@ -162,6 +171,9 @@ def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
 
 
 def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> KeptPairs:
+    if _changed_in_place(node):
+        # the graph's data flow no longer says what the mask holds when the attention reads it
+        return KeptPairs(None, f"{DATA} (built with in-place ops)")
     band = _band(node, grid)
     if band is not None and not band[2]:
         lo, hi, _ = band
@@ -177,6 +189,39 @@ def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> K
     except _NotKnowable:
         return KeptPairs(None, f"{within}{DATA}")
     return KeptPairs(mask_kept_pairs(mask, tuple(int(size) for size in grid)), MASK)
+
+
+def _changed_in_place(node: torch.fx.Node) -> bool:
+    """Whether an op that writes its input (`triu_`, `add_`, `index_put_`, an out= variant) writes
+    anything the mask is built from, or a view of it: its value then depends on when it is read."""
+    built_from, stack = set(), [node]
+    while stack:  # the mask's ancestors
+        current = stack.pop()
+        if current not in built_from:
+            built_from.add(current)
+            stack.extend(current.all_input_nodes)
+    stack = list(built_from)
+    while stack:  # and their views, which share their storage
+        for user in stack.pop().users:
+            if user not in built_from and _is_view(user):
+                built_from.add(user)
+                stack.append(user)
+    return any(_writes(user) for current in built_from for user in current.users)
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    target = node.target
+    return target._schema if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) else None
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    schema = _schema(node)
+    return schema is not None and any(ret.alias_info is not None for ret in schema.returns)
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    schema = _schema(node)
+    return schema is not None and schema.is_mutable
 
 
 KEEP, DROP, ADDITIVE = "keep", "drop", "additive"  # how a mask operand reads: True kept, True dropped, added
@@ -195,6 +240,8 @@ def masks_kept_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[A
 def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, ...], symbolic: bool) -> KeptPairs:
     if len(masks) == 1 and masks[0][0] == KEEP:
         return _mask_pairs(masks[0][1], grid, symbolic)
+    if any(_changed_in_place(node) for _, node in masks):
+        return KeptPairs(None, f"{DATA} (built with in-place ops)")
     bands = [_band(node, grid) for how, node in masks if how == KEEP]
     if len(bands) == len(masks) and all(band is not None and not band[2] for band in bands):
         lo, hi = _intersect(bands)
@@ -337,7 +384,7 @@ def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
     if target is aten.slice.Tensor:
         return _slice(_abstract(args[0], memo), *args[1:])
     if target is aten.expand.default:
-        return _widen(_abstract(args[0], memo), ndim)
+        return _widen(_abstract(args[0], memo), ndim, getattr(args[0].meta.get("val"), "shape", None))
     if target in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar):
         alpha = node.kwargs.get("alpha", 1)
         sign = 1 if target in (aten.add.Tensor, aten.add.Scalar) else -1
@@ -411,11 +458,20 @@ def _slice(value: Any, dim: int = 0, start: Any = None, end: Any = None, step: i
     return _Pred(value.ndim, tuple(moved(atom) for atom in value.atoms), value.partial)
 
 
-def _widen(value: Any, ndim: int) -> Any:
+def _widen(value: Any, ndim: int, shape: Any = None) -> Any:
+    """`value` expanded to `ndim` dims; an axis of size 1 in its input `shape` is repeated, so its
+    only position, 0, is read everywhere along it: its coefficient goes."""
+    if shape is None:
+        raise _NotAffine(value)
+
+    def repeated(form: _Affine) -> _Affine:
+        coefs = tuple((d, c) for d, c in form.coefs if -d > len(shape) or str(shape[d]) != "1")
+        return _Affine(max(ndim, form.ndim), coefs, form.const)
+
     if isinstance(value, _Affine):
-        return _Affine(max(ndim, value.ndim), value.coefs, value.const)
+        return repeated(value)
     if isinstance(value, _Pred):
-        return _Pred(max(ndim, value.ndim), value.atoms, value.partial)
+        return _Pred(max(ndim, value.ndim), tuple(repeated(atom) for atom in value.atoms), value.partial)
     raise _NotAffine(value)
 
 

@@ -5,7 +5,8 @@ where a sheet only gives those), in FLOP/s. fp32 means plain CUDA-core fp32; mat
 run at the tf32 rate when PyTorch allows tf32, and `peak_for` picks that entry then. A device
 that is not in the table gets no utilization unless the user passes `peak_flops=`; a CPU never
 gets a table value (peaks there depend on cores, clocks and vector width). AMD Instinct parts give
-their matrix-core rates (what GEMMs run at; CDNA's fp32 and fp64 GEMMs use matrix cores too); TPUs
+their matrix-core rates (what GEMMs run at; CDNA's fp32 and fp64 GEMMs use matrix cores too) and,
+apart, the vector rates elementwise fp32/fp64 ops run at (`vector`); TPUs
 give their MXU's bf16 rate only, the one rate Google publishes per chip (fp32 matmuls run as
 several bf16 passes), so an fp32 model needs --dtype bfloat16 or a given peak there.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +35,7 @@ _HOPPER_NVL = {
 # dense (the sheets' "with sparsity" figures are twice these).
 _CDNA3 = {"fp64": 163.4 * T, "fp32": 163.4 * T, "tf32": 653.7 * T, "bf16": 1307.4 * T, "fp16": 1307.4 * T,
           "fp8": 2614.9 * T}
+_CDNA3_VECTOR = {"fp64": 81.7 * T, "fp32": 163.4 * T}  # the same sheets: FP64 vector 81.7, FP32 vector 163.4
 
 G = 1e9
 
@@ -45,6 +47,9 @@ class GpuPeaks:
     flops: dict[str, float]  # dtype key -> dense FLOP/s
     bandwidth: float  # memory bandwidth, bytes/s (datasheet; 1 GB/s = 1e9 bytes/s)
     source: str  # where the numbers come from
+    # vector (non-matrix) FLOP/s per dtype key where it differs from `flops` (CDNA runs fp32/fp64
+    # GEMMs on matrix cores at twice the vector rate elementwise ops get); absent: `flops` is both
+    vector: dict[str, float] = field(default_factory=dict)
 
 
 # Most specific patterns first: "H100 NVL" must not be taken for the SXM part.
@@ -79,12 +84,14 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
              "NVIDIA Ada Lovelace architecture whitepaper"),
     GpuPeaks("RTX 3090", r"RTX 3090", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
              936 * G, "NVIDIA Ampere GA102 whitepaper"),
-    # AMD Instinct MI250X datasheet: FP64/FP32 matrix 95.7, FP16/BF16 383 TFLOPS (CDNA 2 has no tf32 or
-    # fp8); 128 GB HBM2e on an 8192-bit bus at 3.2 Gbps: 3276.8 GB/s.
+    # AMD Instinct MI250X datasheet: FP64/FP32 matrix 95.7, vector 47.9, FP16/BF16 383 TFLOPS (CDNA 2 has
+    # no tf32 or fp8); 128 GB HBM2e on an 8192-bit bus at 3.2 Gbps: 3276.8 GB/s.
     GpuPeaks("MI250X", r"MI250X", {"fp64": 95.7 * T, "fp32": 95.7 * T, "bf16": 383 * T, "fp16": 383 * T},
-             3276.8 * G, "AMD Instinct MI250X datasheet"),
-    GpuPeaks("MI300X", r"MI300X", _CDNA3, 5300 * G, "AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s)"),
-    GpuPeaks("MI325X", r"MI325X", _CDNA3, 6000 * G, "AMD Instinct MI325X datasheet (256 GB HBM3E, 6 TB/s)"),
+             3276.8 * G, "AMD Instinct MI250X datasheet", vector={"fp64": 47.9 * T, "fp32": 47.9 * T}),
+    GpuPeaks("MI300X", r"MI300X", _CDNA3, 5300 * G, "AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s)",
+             vector=_CDNA3_VECTOR),
+    GpuPeaks("MI325X", r"MI325X", _CDNA3, 6000 * G, "AMD Instinct MI325X datasheet (256 GB HBM3E, 6 TB/s)",
+             vector=_CDNA3_VECTOR),
     # AMD Instinct MI355X datasheet: FP64 78.6, FP32 157.3, FP16/BF16 2.5 PF (2516.6 TF), FP8 5 PF (5033.2 TF)
     # dense; CDNA 4 drops tf32. 288 GB HBM3E, 8 TB/s.
     GpuPeaks("MI355X", r"MI355X", {"fp64": 78.6 * T, "fp32": 157.3 * T, "bf16": 2516.6 * T, "fp16": 2516.6 * T,

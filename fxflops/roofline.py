@@ -143,10 +143,22 @@ def _device_numbers(estimate: Estimate, device: str | None, dtype: torch.dtype |
                          f"(it has {', '.join(row.flops)}); pass dtype= or peak_flops=")
     vector_key = "fp64" if key == "fp64" else "fp32"
     matrix = peak_flops if peak_flops is not None else row.flops[key]
-    vector = peak_flops if peak_flops is not None else row.flops.get(vector_key, matrix)
+    vector = peak_flops if peak_flops is not None else row.vector.get(vector_key, row.flops.get(vector_key, matrix))
     memory = bandwidth if bandwidth is not None else row.bandwidth
     _check_positive(peak_flops=matrix, bandwidth=memory)
-    return matrix, vector, memory, row.label, key or str(compute_dtype), f"table: {row.label} ({row.source})"
+    return matrix, vector, memory, row.label, key or str(compute_dtype), _source(row, peak_flops, bandwidth)
+
+
+def _source(row: peaks.GpuPeaks, peak_flops: float | None, bandwidth: float | None) -> str:
+    """Which numbers the user gave and which the table did: a given number is not the datasheet's."""
+    given = [name for name, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth)) if value is not None]
+    taken = [name for name, value in (("peaks", peak_flops), ("bandwidth", bandwidth)) if value is None]
+    table = f"table: {row.label} ({row.source})"
+    if not given:
+        return table
+    if not taken:
+        return f"given: peak_flops and bandwidth (device {row.label})"
+    return f"given: {given[0]}; {table} for its {taken[0]}"
 
 
 def _row(device: str | None) -> peaks.GpuPeaks:

@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fxflops.api import Counting, collector_paused, deep_enough, deep_models, estimate, normalize_inputs, warn_cautions, warn_unknown
+from fxflops.capture import uncompiled
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, holds, plan_from_dims, user_symbol
 from fxflops.capture.inputs import signature, tensors_in, to_meta
@@ -381,6 +382,7 @@ def sweep(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
+    model = uncompiled(model)  # a torch.compile'd model: its original module, as estimate() counts it
     counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     plan = plan_from_dims(args, kwargs, dims)
     options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}

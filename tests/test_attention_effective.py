@@ -318,3 +318,96 @@ def test_a_band_and_data_is_named_and_unknown_a_band_and_positions_is_counted():
     per_head = 6 + 6 + 3  # causal inside documents of 3, 3 and 2
     assert counts[2:] == (B * H * per_head * 32, B * H * per_head * 80)
     assert estimate.attention_totals().patterns == ("mask",)
+
+
+class SnapshotThenTriuInPlace(nn.Module):
+    """The mask's history mutates a tensor after copying it: evaluated in dependency order, the copy
+    would see the mutation. Really every pair is kept (ones | triu(ones))."""
+
+    def forward(self, q, k, v):
+        full = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+        snap = full.clone()
+        full.triu_(1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full | snap)
+
+
+class ShiftedInPlaceThroughAView(nn.Module):
+    """An arange shifted in place after a view of it was taken: the view reads the shifted values."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[-2])
+        rows = i[:, None]
+        i.add_(3)  # rows now holds i + 3: query i sees keys 0..i + 3
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(k.shape[-2])[None, :] <= rows)
+
+
+@pytest.mark.parametrize("model", [SnapshotThenTriuInPlace(), ShiftedInPlaceThroughAView()])
+def test_a_mask_built_with_in_place_ops_is_unknown_and_counted_dense(model):
+    q, k, v = qkv(requires_grad=False)
+    estimate = fxflops.estimate(model, (q, k, v), attention="effective")
+    totals = estimate.attention_totals()
+    assert totals.unknown == 1
+    assert totals.effective_macs == totals.dense_macs == B * H * 64 * 32
+
+
+class ExpandedSizeOneRow(nn.Module):
+    """A single query position (0) expanded over every row, compared with the key positions j."""
+
+    def __init__(self, keep_at_most_zero: bool) -> None:
+        super().__init__()
+        self.keep_at_most_zero = keep_at_most_zero
+
+    def forward(self, q, k, v):
+        lq, lk = q.shape[-2], k.shape[-2]
+        zero = torch.arange(1)[:, None].expand(lq, lk)
+        mask = zero >= torch.arange(lk) if self.keep_at_most_zero else zero <= torch.arange(lk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("keep_at_most_zero, per_head", [(True, 8), (False, 64)])  # column 0 of 8 rows; all
+def test_expanding_a_size_one_axis_drops_its_positions(keep_at_most_zero, per_head):
+    counts, _ = attention_counts(ExpandedSizeOneRow(keep_at_most_zero), qkv())
+    assert counts[2:] == (B * H * per_head * 32, B * H * per_head * 80)
+
+
+@pytest.mark.parametrize("lq, lk", [(5, 8), (8, 8), (3, 3)])
+def test_efficient_attention_lower_right_causal_is_a_band_to_lk_minus_lq(lq, lk):
+    from torch.nn.attention.bias import causal_lower_right
+
+    from fxflops.kept_pairs import call_kept_pairs
+
+    per_head = int(causal_lower_right(lq, lk)._materialize(torch.device("cpu")).sum())  # torch's own mask
+    query, key = torch.empty(B, lq, H, E), torch.empty(B, lk, H, E)  # (batch, seq, heads, dim)
+    kept = call_kept_pairs("aten._efficient_attention_forward.default",
+                           {"query": query, "key": key, "custom_mask_type": 2}, {}, {}, symbolic=False)
+    assert kept.pairs == B * H * per_head
+    assert per_head == {(5, 8): 4 + 5 + 6 + 7 + 8, (8, 8): 36, (3, 3): 6}[(lq, lk)]
+
+
+def test_a_reader_ignores_attention_totals_keys_a_later_version_adds():
+    estimate = fxflops.estimate(Causal(), qkv(), attention="effective")
+    record = json.loads(estimate.to_json())
+    record["attention"]["totals"]["kept_pairs"] = 123  # a key this version does not know
+    assert from_json(json.dumps(record)).attention_totals() == estimate.attention_totals()
+
+
+class EagerTwoMasksOneInPlace(nn.Module):
+    """Plain-op attention filled by two masks: a causal one from positions, and SnapshotThenTriuInPlace's."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        i = torch.arange(n)
+        full = torch.ones(n, n, dtype=torch.bool)
+        snap = full.clone()
+        full.triu_(1)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(i[:, None] < i[None, :], float("-inf"))
+        scores = scores.masked_fill(~(full | snap), float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def test_eager_attention_with_a_mask_built_in_place_is_unknown():
+    estimate = fxflops.estimate(EagerTwoMasksOneInPlace(), qkv(requires_grad=False), attention="effective")
+    totals = estimate.attention_totals()
+    assert (totals.nodes, totals.unknown) == (2, 2)
+    assert totals.effective_macs == totals.dense_macs == 2 * B * H * 64 * E
+    assert totals.patterns == ("mask from data (built with in-place ops)",)

@@ -84,21 +84,29 @@ class Net(nn.Module):
 def torch_state():
     return dict(vars(nn.Module))
 
+compiled = []  # what dynamo handed its backend: nothing, if the capture never ran dynamo
+
+def recording_backend(graph_module, example_inputs):
+    compiled.append(graph_module)
+    return graph_module.forward
+
 x = torch.randn(3, 4)
 for where in ("root", "submodule"):
     before = torch_state()
     if where == "root":
-        model = torch.compile(Net())
+        model = torch.compile(Net(), backend=recording_backend)
     else:
         model = Net()
-        model.b = torch.compile(model.b)
+        model.b = torch.compile(model.b, backend=recording_backend)
     result = fxflops.estimate(model, (x,))
     after = torch_state()
     assert after.keys() == before.keys(), (where, set(after) ^ set(before))
     assert all(after[key] is before[key] for key in before), (where, [k for k in before if after[k] is not before[k]])
     # a: 3 * 4 * 8 = 96 MACs, 192 + 24 (bias) FLOPs; relu 24; b: 3 * 8 * 2 = 48 MACs, 96 + 6
     assert (result.total_macs, result.total_flops) == (96 + 48, 192 + 24 + 24 + 96 + 6), (where, result)
-    print(result.model_type, sorted(result.modules))
+    print(result.model_type, sorted(result.modules), result.modules["b"].type)
+print("dynamo compiled", len(compiled))
+print("sweep", fxflops.sweep(torch.compile(Net()), (x,), dims={"batch": 0}).model_type)
 '''
 
 
@@ -111,8 +119,11 @@ def test_a_compiled_model_is_counted_as_its_original_and_torch_is_left_unpatched
     done = subprocess.run([sys.executable, "-c", _COMPILED], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    # the compiled root counted as its original module, under its own names
-    assert done.stdout.split("\n")[:2] == ["Net ['', 'a', 'b']", "Net ['', 'a', 'b', 'b._orig_mod']"]
+    # the compiled root counted as its original module, under its own names; a compiled submodule
+    # as its original module under its own name (no `b._orig_mod` level), run without dynamo; a sweep
+    # names the original class as estimate() does
+    assert done.stdout.split("\n")[:4] == ["Net ['', 'a', 'b'] Linear", "Net ['', 'a', 'b'] Linear",
+                                           "dynamo compiled 0", "sweep Net"]
 
 
 # --- hooks during a capture ---------------------------------------------------------------------------
@@ -172,11 +183,38 @@ class Branches(nn.Module):
 
 
 @pytest.mark.parametrize("method", ["eager", "export", "auto"])
-def test_torch_cond_counts_both_branches_and_says_the_total_is_an_upper_bound(method):
-    with pytest.warns(fxflops.CautionWarning, match=r"torch.cond in the model \(Branches\): both branches are counted.*upper bound"):
+def test_torch_cond_counts_each_ops_larger_branch_and_says_the_total_is_an_upper_bound(method):
+    # FlopCounterMode's rule: per op, the branch where it costs more (mm: the false one's 96 MACs; the
+    # sums tie at 12 FLOPs: counted once)
+    with pytest.warns(fxflops.CautionWarning, match=r"torch.cond in the model \(Branches\): both branches are "
+                                                    r"captured and each op counts where its branch costs more.*upper bound"):
         result = fxflops.estimate(Branches(), (torch.ones(3, 4),), method=method)
-    assert (result.total_macs, result.total_flops) == (48 + 96, 2 * (48 + 96) + 12 + 12 + 13)
+    assert (result.total_macs, result.total_flops) == (96, 2 * 96 + 12 + 13)
     assert len(result.cautions) == 1
+
+
+class TwoOpsTwoBranches(nn.Module):
+    """x (3, 4): the true branch an mm by a 4x4 (48 MACs), the false one an addmm by an 8x4 with bias
+    (96 MACs): each op's larger branch is a different branch, so the count is more than either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda v: v @ self.a.t(), lambda v: self.b(v)[:, :4], (x,))
+
+
+@pytest.mark.parametrize("model", [Branches(), TwoOpsTwoBranches()], ids=["one op", "two ops"])
+def test_torch_cond_under_the_torch_preset_equals_flop_counter_mode(model):
+    from tests.oracle import oracle_flops
+
+    x = torch.ones(3, 4)
+    with torch.no_grad():
+        expected = oracle_flops(model, (x,))
+    assert expected == {Branches: 2 * 96, TwoOpsTwoBranches: 2 * 48 + 2 * 96}[type(model)]
+    assert _quiet_estimate(model, (x,), method="eager", conventions="torch").total_flops == expected
 
 
 @pytest.mark.parametrize(("sign", "macs"), [(1, 48), (-1, 96)])

@@ -331,3 +331,24 @@ def test_roofline_names_its_top_modules_off_the_points_and_each_other(capsys, tm
     (roof_label, roof_box), = [(t, b) for t, b in texts if t.startswith("all ops")]
     assert not any(_overlap(roof_box, c) for c in circles)  # it sat on the cluster
     assert not any(_overlap(roof_box, box) for _, box in labels)
+
+
+def test_mi250x_elementwise_ops_run_at_its_vector_rate_not_the_matrix_rate():
+    # AMD Instinct MI250X datasheet: FP32 matrix 95.7 TFLOPS (GEMMs), FP32 vector 47.9 (everything else)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
+    prediction = fxflops.estimate(model, (torch.zeros(8, 64),)).predict("MI250X")
+    assert (prediction.peak_flops, prediction.vector_flops) == (95.7e12, 47.9e12)
+    assert fxflops.estimate(model, (torch.zeros(8, 64),)).predict("MI300X").vector_flops == 163.4e12
+    double = nn.Sequential(nn.Linear(64, 32), nn.ReLU()).double()
+    assert fxflops.estimate(double, (torch.zeros(8, 64, dtype=torch.float64),)).predict("MI250X").vector_flops == 47.9e12
+
+
+def test_numbers_given_beside_a_device_are_named_given_not_the_datasheets():
+    result = fxflops.estimate(nn.Linear(4, 4), (torch.zeros(1, 4),))
+    assert result.predict("H100 SXM").source == "table: H100 SXM (NVIDIA H100 datasheet)"
+    assert result.predict("H100 SXM", peak_flops=1e12).source == \
+        "given: peak_flops; table: H100 SXM (NVIDIA H100 datasheet) for its bandwidth"
+    assert result.predict("H100 SXM", bandwidth=1e9).source == \
+        "given: bandwidth; table: H100 SXM (NVIDIA H100 datasheet) for its peaks"
+    assert result.predict("H100 SXM", peak_flops=1e12, bandwidth=1e9).source == \
+        "given: peak_flops and bandwidth (device H100 SXM)"

@@ -1,12 +1,15 @@
 """A hostile or mistaken rule file fails fast, with one line naming the file, the rule and the field.
 
-Each hostile case of issue 9 must fail in under a second (typically a few milliseconds): the bounds
-are checked before the expensive operation, never after it.
+Each hostile case of issue 9 must fail before its expensive operation (a 30 MiB integer, a 10 GB
+string, a 10 MB file parsed): the bounds are checked before it, never after. What proves it here is the
+memory the failing call allocates, a deterministic measure (tracemalloc: Python's own allocations),
+not its time; how fast it fails is measured in benchmarks/.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+import tracemalloc
 import warnings
 
 import pytest
@@ -18,7 +21,28 @@ from fxflops.formula import MAX_INT_BITS, MAX_LENGTH, Formula, FormulaError
 from fxflops.rules import MAX_FILE_BYTES, default_rules_dir, load_rule_dir, load_table
 from fxflops.presets import PRESETS_FILE
 
-SECOND = 1.0  # the issue's acceptance bound, far above the milliseconds these take
+# a failing estimate() of this small model allocates under 1 MiB of Python objects; the expensive
+# operations the guards stop allocate far more (the 9**64**4 integer alone 30 MiB)
+MEMORY_BOUND = 8 * 2**20
+# a watchdog, not a speed check: a refused FIFO returns at once, a blocked open() never would
+BLOCKED_AFTER = 30.0
+
+
+@contextlib.contextmanager
+def within_memory_bound():
+    """Fails when the block allocated more than MEMORY_BOUND bytes at its peak."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = tracemalloc.get_traced_memory()[0]
+    try:
+        yield
+    finally:
+        peak = tracemalloc.get_traced_memory()[1] - start
+        if not tracing:
+            tracemalloc.stop()
+    assert peak < MEMORY_BOUND, f"allocated {peak / 2**20:.1f} MiB before failing"
 
 
 def model() -> nn.Module:
@@ -37,18 +61,15 @@ def rule_text(macs: str = "numel(out) * weight.shape[1]", flops: str = "2 * macs
 
 
 def fails(tmp_path, content: str | bytes, error: type[Exception], **options) -> str:
-    """estimate() with the rule file raises `error` within a second; its one-line message names the file."""
+    """estimate() with the rule file raises `error` before anything expensive; its one-line message names the file."""
     path = tmp_path / "hostile.toml"
     if isinstance(content, bytes):
         path.write_bytes(content)
     else:
         path.write_text(content)
-    start = time.perf_counter()
-    with pytest.raises(error) as caught:
+    with within_memory_bound(), pytest.raises(error) as caught:
         fxflops.estimate(model(), input_shape=(2, 8), rules=[path], **options)
-    elapsed = time.perf_counter() - start
     message = str(caught.value)
-    assert elapsed < SECOND, f"took {elapsed:.2f} s: {message}"
     assert str(path) in message and "\n" not in message
     return message
 
@@ -177,10 +198,8 @@ def test_names_of_functions_methods_and_modules(tmp_path):
 def test_an_op_spelling_that_names_nothing_warns_with_a_guess(tmp_path, op, guess):
     path = tmp_path / "mine.toml"
     path.write_text(rule_text(ops=f"['{op}']", macs="0"))
-    start = time.perf_counter()
-    with pytest.warns(fxflops.RuleFileWarning) as caught:
+    with within_memory_bound(), pytest.warns(fxflops.RuleFileWarning) as caught:
         fxflops.estimate(model(), input_shape=(2, 8), rules=[path])
-    assert time.perf_counter() - start < SECOND
     assert len(caught) == 1
     message = str(caught[0].message)
     assert f"{path}: rule 'mine': op '{op}'" in message and "never matches it" in message
@@ -244,10 +263,8 @@ def raises(call):
     ],
 )
 def test_a_callable_rule_is_named_by_its_qualified_name(function, problem):
-    start = time.perf_counter()
-    with pytest.raises(fxflops.RuleEvaluationError) as caught:
+    with within_memory_bound(), pytest.raises(fxflops.RuleEvaluationError) as caught:
         fxflops.estimate(model(), input_shape=(2, 8), rules={"aten.linear": function})
-    assert time.perf_counter() - start < SECOND
     message = str(caught.value)
     assert f"Python rule {__name__}.{function.__name__}" in message
     assert problem in message
@@ -292,8 +309,8 @@ def test_a_callable_for_an_op_spelling_that_names_nothing_warns():
 
 
 def _load_or_release(target, fifo=None) -> str:
-    """load_table([target])'s RuleFileError message; the call must return within a second (a FIFO
-    opened for reading waits for a writer: if it hangs, a writer is opened so the thread ends)."""
+    """load_table([target])'s RuleFileError message; the call must return, not block (a FIFO opened for
+    reading waits for a writer forever: if it blocks, a writer is opened so the thread ends)."""
     import os
     import threading
 
@@ -309,10 +326,10 @@ def _load_or_release(target, fifo=None) -> str:
 
     thread = threading.Thread(target=load, daemon=True)
     thread.start()
-    thread.join(SECOND)
+    thread.join(BLOCKED_AFTER)
     if thread.is_alive() and fifo is not None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open() return
-        thread.join(SECOND)
+        thread.join(BLOCKED_AFTER)
         pytest.fail(f"loading {target} blocked")
     assert found, f"{target} was loaded"
     return found[0]

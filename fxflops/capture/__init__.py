@@ -8,7 +8,6 @@ hands the count stage a `fxflops.results.Captured`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
-from fxflops.capture.isolation import in_turn
+from fxflops.capture.isolation import in_turn, uncompiled
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
 from fxflops.capture.quiet import torch_logging_quiet
@@ -29,17 +28,6 @@ from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 
 __all__ = ["CaptureError", "Request", "capture", "inputs_from_shape", "tensors_in", "uncompiled"]
-
-
-def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
-    """The module a torch.compile'd model wraps (its `_orig_mod`), or the model itself.
-
-    Calling the compiled model would run dynamo (which compiles, and installs its hooks into torch);
-    its original module runs the same forward eagerly, which is what a capture records."""
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing can have been compiled
-    while dynamo is not None and isinstance(model, dynamo.OptimizedModule):
-        model = model._orig_mod
-    return model
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUTO,

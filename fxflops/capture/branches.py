@@ -1,8 +1,10 @@
 """Control flow a graph holds as higher-order ops: torch.cond keeps both branches, torch.while_loop its
 body once. Counting every node of such a graph is not one run's cost, so each gets a caution.
 
-FlopCounterMode counts a cond's larger branch (op by op); the per-node sum counts both, an upper
-bound too, and the looser one. A run takes one branch, decided by values a capture does not have.
+A run takes one branch, decided by values a capture does not have. Where both branches are captured,
+each op counts in the branch where it costs more (fxflops.count), as FlopCounterMode counts a cond:
+an upper bound of either branch. (FlopCounterMode itself adds both branches of an op in a module it
+had already counted something in before the cond: its per-branch copies of the counts are shallow.)
 """
 
 from __future__ import annotations
@@ -42,5 +44,6 @@ def where(path: str, type_name: str) -> str:
 
 
 def both_branches_caution(place: str) -> str:
-    return (f"torch.cond {place}: both branches are counted, so the totals are an upper bound (a run takes one; "
-            "FlopCounterMode counts the larger branch). method='trace' counts the branch the example inputs take")
+    return (f"torch.cond {place}: both branches are captured and each op counts where its branch costs more (as "
+            "FlopCounterMode counts a cond), so the totals are an upper bound (a run takes one branch). "
+            "method='trace' counts the branch the example inputs take")

@@ -30,11 +30,23 @@ from fxflops.capture.inputs import Reach, own_attribute, slot_names, tensors_in
 Twin = Callable[[torch.Tensor], torch.Tensor]
 
 
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a torch.compile'd model wraps (its `_orig_mod`), or the model itself.
+
+    Calling the compiled model would run dynamo (which compiles, and installs its hooks into torch);
+    its original module runs the same forward eagerly, which is what a capture records."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing can have been compiled
+    while dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+        model = model._orig_mod
+    return model
+
+
 def walk_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, str | None]]:
     """(qualified name, module, first name if this is a second registration) in pre-order.
 
     Iterative, so a model nested thousands deep does not exhaust Python's recursion limit; a module
-    registered twice is yielded again under its second name but not descended into.
+    registered twice is yielded again under its second name but not descended into. A torch.compile'd
+    submodule is its original module under its own name (no `._orig_mod` level: the wrapper runs it).
     """
     first: dict[int, str] = {}
     stack: list[tuple[str, torch.nn.Module]] = [("", model)]
@@ -45,7 +57,7 @@ def walk_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module,
         if seen_as is not None:
             continue
         first[id(module)] = name
-        children = [(f"{name}.{key}" if name else key, child) for key, child in module._modules.items()
+        children = [(f"{name}.{key}" if name else key, uncompiled(child)) for key, child in module._modules.items()
                     if child is not None]
         stack.extend(reversed(children))
 

@@ -28,6 +28,8 @@ from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
+# node.meta key: the torch.cond branches the op ran in, outermost first, as ((cond, branch index), ...)
+COND_BRANCH = "fxflops_cond_branch"
 
 # code under these is torch's or ours; the first frame outside them is the user's
 LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
@@ -59,6 +61,8 @@ class OpRecorder(TorchDispatchMode):
         self._inputs = 0
         self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
         self.cautions: list[str] = []  # what the recorded ops do differently from one run (torch.cond)
+        self._branches: list[tuple[int, int]] = []  # the torch.cond branches running now, outermost first
+        self._conds = 0
 
     supports_higher_order_operators = True  # torch.cond reaches __torch_dispatch__ (the others are refused)
 
@@ -88,11 +92,20 @@ class OpRecorder(TorchDispatchMode):
         with self:
             if not isinstance(pred, torch.Tensor) or not (isinstance(pred, FakeTensor) or pred.is_meta):
                 return (true_fn if bool(pred) else false_fn)(*operands)
-            out = true_fn(*operands)
-            false_fn(*operands)
+            cond, self._conds = self._conds, self._conds + 1
+            out = self._in_branch(cond, 0, true_fn, operands)
+            self._in_branch(cond, 1, false_fn, operands)
         path, type_name = self.tracker.current()
         self.cautions.append(both_branches_caution(where(path, type_name or self._root_type)))
         return out
+
+    def _in_branch(self, cond: int, branch: int, function: Any, operands: Any) -> Any:
+        """Run one branch, its ops marked with it (the count stage keeps each op's larger branch)."""
+        self._branches.append((cond, branch))
+        try:
+            return function(*operands)
+        finally:
+            self._branches.pop()
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         self.inside_opaque += 1  # `keep` may run ops of its own (to meta): they are not the model's
@@ -109,6 +122,8 @@ class OpRecorder(TorchDispatchMode):
                                       map_tensors(kwargs, self._as_arg), name=base)
         meta = node.meta
         meta["val"] = self._keep(out)
+        if self._branches:
+            meta[COND_BRANCH] = tuple(self._branches)
         phase = FORWARD if self.owners is None else self.owners.phase()
         if phase == BACKWARD or (phase != FORWARD and not self.tracker.stack):
             self._place_backward(node)

@@ -191,7 +191,9 @@ def _attention_from(record: dict[str, Any] | None) -> AttentionTotals | None:
     totals = (record or {}).get("totals")
     if not totals:
         return None
-    return AttentionTotals(**{**totals, "patterns": tuple(totals.get("patterns", ()))})
+    known = {field.name for field in dataclasses.fields(AttentionTotals)}  # a newer writer's keys are ignored
+    return AttentionTotals(**{**{k: v for k, v in totals.items() if k in known},
+                              "patterns": tuple(totals.get("patterns", ()))})
 
 
 def _node_dict(node: NodeCost) -> dict[str, Any]:
