@@ -45,11 +45,13 @@ def _peaks_table() -> str:
     from fxflops.peaks import GPU_PEAKS
 
     keys = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
-    rows = ["| device | " + " | ".join(f"{key} TFLOP/s" for key in keys) + " | bandwidth TB/s | source |",
-            "|---|" + "---:|" * (len(keys) + 1) + "---|"]
+    rows = ["| device | " + " | ".join(f"{key} TFLOP/s" for key in keys)
+            + " | vector rates where they differ (elementwise ops) | bandwidth TB/s | source |",
+            "|---|" + "---:|" * len(keys) + "---|---:|---|"]
     for device in GPU_PEAKS:
         rates = " | ".join(f"{device.flops[key] / 1e12:g}" if key in device.flops else "—" for key in keys)
-        rows.append(f"| {device.label} | {rates} | {device.bandwidth / 1e12:g} | {device.source} |")
+        vector = ", ".join(f"{key} {rate / 1e12:g}" for key, rate in getattr(device, "vector", {}).items()) or "—"
+        rows.append(f"| {device.label} | {rates} | {vector} | {device.bandwidth / 1e12:g} | {device.source} |")
     return "\n".join(rows)
 
 
