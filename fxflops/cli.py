@@ -367,7 +367,7 @@ def _check_writable(path: str | None, option: str) -> None:
 
 
 def _check_device(args: argparse.Namespace, sweeps: list) -> None:
-    from fxflops import peaks
+    from fxflops.device import peaks
 
     given = args.peak_flops is not None or args.bandwidth is not None
     if args.device is not None and not args.device.strip():  # "" would otherwise mean: no --device
@@ -483,7 +483,7 @@ def _check_step_time(args: argparse.Namespace, sweeps: list) -> None:
 
 def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
-    from fxflops import peaks
+    from fxflops.device import peaks
     from fxflops.api import estimate
     from fxflops.meter import StepStats, attention_flops, non_embedding_params
     from fxflops.capture.inputs import tensors_in

@@ -701,7 +701,7 @@ def _all_reduced(local: WindowStats, group: Any) -> WindowStats:
 def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
     if device.type != "cuda":
         return None
-    from fxflops import peaks
+    from fxflops.device import peaks
 
     found = peaks.peak_for(torch.cuda.get_device_name(device), dtype, tf32=peaks.tf32_enabled())
     return found[0] if found else None

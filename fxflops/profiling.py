@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from fxflops import peaks
+from fxflops.device import peaks
 from fxflops.api import collector_paused, deep_models, estimate
 from fxflops.latency import (
     BackwardTimer,

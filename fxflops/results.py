@@ -325,7 +325,7 @@ class Estimate:
     input_values: str | None = None
     cautions: list[str] = field(default_factory=list)  # what a real forward would do differently
     aliases: dict[str, str] = field(default_factory=dict)  # a shared module's other paths -> its first name
-    # a fxflops.roofline.Prediction the reports show (predicted latency, bound); set by whoever asks for it
+    # a fxflops.device.roofline.Prediction the reports show (predicted latency, bound); set by whoever asks for it
     prediction: Any = None
     # node_status_counts() of an estimate read back without its per-node costs (JSON without nodes)
     saved_node_status: dict[str, int] | None = None
@@ -400,10 +400,10 @@ class Estimate:
 
     def predict(self, device: str | None = None, *, dtype: Any = None, peak_flops: float | None = None,
                 bandwidth: float | None = None) -> Any:
-        """The roofline latency of every module (a fxflops.roofline.Prediction): each op takes
+        """The roofline latency of every module (a fxflops.device.roofline.Prediction): each op takes
         max(flops / peak, bytes / bandwidth) on `device` ("H100 SXM"; default the current GPU), in
         `dtype` (default the model's), or on the given peak_flops (FLOP/s) and bandwidth (bytes/s)."""
-        from fxflops.roofline import predict
+        from fxflops.device.roofline import predict
 
         return predict(self, device, dtype=dtype, peak_flops=peak_flops, bandwidth=bandwidth)
 

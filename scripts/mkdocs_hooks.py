@@ -4,7 +4,7 @@ A page marks a generated part with an HTML comment on a line of its own:
   <!-- generate: cli-help -->          the `fxflops --help` text, from the argument parser
   <!-- generate: rules-table -->       the rule table, from rules/*.toml (scripts/rules_table.py)
   <!-- generate: presets-table -->     the presets, from rules/presets.toml
-  <!-- generate: peaks-table -->       the devices predict()/--device know, from fxflops/peaks.py
+  <!-- generate: peaks-table -->       the devices predict()/--device know, from fxflops/device/peaks.py
   <!-- generate: docstring MODULE -->  a module's docstring (e.g. a JSON schema), as text
   <!-- generate: package-layout -->    every module of fxflops/ with the first line of its docstring
   <!-- generate: benchmark NAME -->    benchmarks/results/NAME.md
@@ -42,7 +42,7 @@ def _package_layout() -> str:
 
 def _peaks_table() -> str:
     sys.path.insert(0, str(ROOT))
-    from fxflops.peaks import GPU_PEAKS
+    from fxflops.device.peaks import GPU_PEAKS
 
     keys = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
     rows = ["| device | " + " | ".join(f"{key} TFLOP/s" for key in keys)

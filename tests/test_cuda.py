@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fxflops import peaks
+from fxflops.device import peaks
 from fxflops.compat import FlopsProfiler
 from fxflops.latency import CudaClock, ModuleTimer
 from fxflops.profiling import device_name, profile

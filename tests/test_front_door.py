@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops import peaks
+from fxflops.device import peaks
 from fxflops.examples import lenet5
 from tests.test_cli import run_main
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import fxflops
-from fxflops import peaks
+from fxflops.device import peaks
 from fxflops.latency import (
     CpuClock,
     ModuleTimer,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops import peaks
+from fxflops.device import peaks
 from tests.test_cli import run_main
 
 SIZES = {torch.float32: 4, torch.bfloat16: 2}

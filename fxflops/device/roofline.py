@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxflops import peaks
+from fxflops.device import peaks
 from fxflops.results import Estimate, NodeCost
 from fxflops.tree import module_sums
 
@@ -98,7 +98,7 @@ class Prediction:
 
 def predict(estimate: Estimate, device: str | None = None, *, dtype: torch.dtype | str | None = None,
             peak_flops: float | None = None, bandwidth: float | None = None) -> Prediction:
-    """The roofline prediction of `estimate` on `device` (a name from fxflops.peaks, e.g. "H100 SXM";
+    """The roofline prediction of `estimate` on `device` (a name from fxflops.device.peaks, e.g. "H100 SXM";
     default: the current CUDA device), or on the given `peak_flops` (FLOP/s) and `bandwidth` (bytes/s)."""
     peak, vector, memory, label, key, source = _device_numbers(estimate, device, dtype, peak_flops, bandwidth)
 
