@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fxflops  # noqa: E402
 from benchmarks.common import environment  # noqa: E402
-from fxflops.meter import non_embedding_params  # noqa: E402
+from fxflops.timing.meter import non_embedding_params  # noqa: E402
 
 
 def gpt2():

@@ -1,7 +1,7 @@
 """What the per-module timing hooks cost: hooked vs plain forward, resnet50 and a GPT-2-shaped model.
 
 Both models are built with random weights (nothing is downloaded) and run on CPU by default.
-Plain and hooked forwards alternate step by step (fxflops.profiling.measure_forward), so drift
+Plain and hooked forwards alternate step by step (fxflops.timing.profiling.measure_forward), so drift
 in clocks or load hits both alike. The ratio is mean hooked / mean plain forward latency (the
 target on CPU is <= 1.15); median and min ratios are printed too, since on a loaded machine the
 minimum is the least noisy. A microbenchmark adds the hooks' own cost per module call, measured
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from fxflops.latency import time_calls
-from fxflops.profiling import device_name, measure_forward
+from fxflops.timing.latency import time_calls
+from fxflops.timing.profiling import device_name, measure_forward
 
 TARGET = 1.15
 
@@ -75,7 +75,7 @@ def measure(name: str, build: Callable, device: torch.device, warm_up: int, step
 def hook_cost_per_call(device: torch.device, modules: int = 200, repeats: int = 300) -> float:
     """Seconds the hooks add to one module call: best hooked minus best plain forward of an
     Identity chain, divided by the number of modules (replay and root bookkeeping included)."""
-    from fxflops.latency import ModuleTimer, make_clock
+    from fxflops.timing.latency import ModuleTimer, make_clock
 
     chain = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(modules)])
     x = torch.zeros(1, device=device)

@@ -21,9 +21,9 @@ _EXPORTS = MappingProxyType({
     "capturing": "fxflops.capture.running",
     "RuleEvaluationError": "fxflops.count",
     "FormulaError": "fxflops.formula",
-    "profile_generate": "fxflops.generate",
-    **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.meter"),
-    "profile": "fxflops.profiling",
+    "profile_generate": "fxflops.timing.generate",
+    **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.timing.meter"),
+    "profile": "fxflops.timing.profiling",
     **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
     **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
     **dict.fromkeys(("sweep", "Sweep", "SweepCaptureError"), "fxflops.sweeps"),
@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from fxflops.capture.running import capturing
     from fxflops.count import RuleEvaluationError
     from fxflops.formula import FormulaError
-    from fxflops.generate import profile_generate
-    from fxflops.meter import FlopsMeter, FlopsMeterWarning
-    from fxflops.profiling import profile
+    from fxflops.timing.generate import profile_generate
+    from fxflops.timing.meter import FlopsMeter, FlopsMeterWarning
+    from fxflops.timing.profiling import profile
     from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
     from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
     from fxflops.sweeps import Sweep, SweepCaptureError, sweep

@@ -485,7 +485,7 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
     from fxflops.device import peaks
     from fxflops.api import estimate
-    from fxflops.meter import StepStats, attention_flops, non_embedding_params
+    from fxflops.timing.meter import StepStats, attention_flops, non_embedding_params
     from fxflops.capture.inputs import tensors_in
     from fxflops.report.mfu import render_step
 

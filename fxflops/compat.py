@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from fxflops.api import deep_models
-from fxflops.generate import generation_profile, profile_generate, split_runs
-from fxflops.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
-from fxflops.profiling import (
+from fxflops.timing.generate import generation_profile, profile_generate, split_runs
+from fxflops.timing.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
+from fxflops.timing.profiling import (
     EstimateCache,
     batch_size_of,
     build_measurements,

@@ -8,8 +8,8 @@ from torch import nn
 
 from fxflops.device import peaks
 from fxflops.compat import FlopsProfiler
-from fxflops.latency import CudaClock, ModuleTimer
-from fxflops.profiling import device_name, profile
+from fxflops.timing.latency import CudaClock, ModuleTimer
+from fxflops.timing.profiling import device_name, profile
 
 pytestmark = [
     pytest.mark.cuda,

@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxflops.compat import FlopsProfiler, get_model_profile
-from fxflops.generate import profile_generate
+from fxflops.timing.generate import profile_generate
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,7 +15,7 @@ from torch import nn
 
 import fxflops
 from fxflops.device import peaks
-from fxflops.latency import (
+from fxflops.timing.latency import (
     CpuClock,
     ModuleTimer,
     PhaseTimer,
@@ -24,7 +24,7 @@ from fxflops.latency import (
     mean_per_step,
     replay,
 )
-from fxflops.profiling import profile, signature
+from fxflops.timing.profiling import profile, signature
 from fxflops.report.chrome_trace import trace_events, write_chrome_trace
 from fxflops.results import ROOT_LABEL, Estimate, Measurements, ModuleStats, Profile
 from fxflops.tree import module_tree

@@ -15,7 +15,7 @@ from torch import nn
 
 import fxflops
 from fxflops import FlopsMeter
-from fxflops.meter import FlopsMeterWarning, infer_dims
+from fxflops.timing.meter import FlopsMeterWarning, infer_dims
 from tests.oracle import oracle_training_flops
 
 VOCAB = 100

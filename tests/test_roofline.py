@@ -96,7 +96,7 @@ def test_modules_sum_their_ops_bytes_and_intensity_is_flops_per_byte():
 
 
 def test_forward_only_and_combined_calls_keep_their_bytes():
-    from fxflops.generate import combine
+    from fxflops.timing.generate import combine
     from fxflops.tree import forward_only
 
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU())

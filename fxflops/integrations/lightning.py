@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.meter import FlopsMeter, summed
+from fxflops.timing.meter import FlopsMeter, summed
 
 
 class FlopsMonitor(Callback):

@@ -25,7 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.meter import FlopsMeter, WindowStats, combined, summed
+from fxflops.timing.meter import FlopsMeter, WindowStats, combined, summed
 
 
 class FlopsCallback(TrainerCallback):

@@ -192,7 +192,7 @@ def summary_lines(estimate: Estimate) -> list[str]:
 
 
 def generation_lines(info: dict[str, Any]) -> list[str]:
-    """Prefill vs decode of a profiled generation (fxflops.generate): summed and per step."""
+    """Prefill vs decode of a profiled generation (fxflops.timing.generate): summed and per step."""
     lines = ["", _rule_line(" Generation "), _row("forward calls per generation:", info["calls"])]
     for phase in ("prefill", "decode"):
         p = info[phase]

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxflops.latency import Interval, ModuleTimer, StepRecord, join, make_clock, mean_per_step
-from fxflops.profiling import (
+from fxflops.timing.latency import Interval, ModuleTimer, StepRecord, join, make_clock, mean_per_step
+from fxflops.timing.profiling import (
     EstimateCache,
     batch_size_of,
     build_measurements,

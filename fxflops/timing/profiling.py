@@ -1,7 +1,7 @@
 """profile(): the static estimate plus a timed eager pass on the model's device, joined as a Profile.
 
 The helpers here (device choice, leaving the model as it was, Measurements assembly) are shared
-by the generation profiler (fxflops.generate) and the DeepSpeed-compatible API (fxflops.compat).
+by the generation profiler (fxflops.timing.generate) and the DeepSpeed-compatible API (fxflops.compat).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from fxflops.device import peaks
 from fxflops.api import collector_paused, deep_models, estimate
-from fxflops.latency import (
+from fxflops.timing.latency import (
     BackwardTimer,
     ModuleTimer,
     StepRecord,
