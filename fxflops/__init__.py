@@ -1,7 +1,7 @@
 """fxflops: MACs, FLOPs and parameters per module from a traced graph and a rule table.
 
 Every public name is imported on first use: `import fxflops` itself loads nothing heavy, so the
-`fxflops` command can take Ctrl-C quietly while torch is still loading (fxflops.console), and sweeps
+`fxflops` command can take Ctrl-C quietly while torch is still loading (fxflops.cli.console), and sweeps
 need sympy only when used.
 """
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from fxflops.console import main
+from fxflops.cli.console import main
 
 sys.exit(main())

@@ -279,7 +279,7 @@ def test_flex_block_masks_keep_their_blocks_by_hand():
 
 
 def test_cli_attention_option(tmp_path, capsys):
-    from fxflops import cli
+    from fxflops.cli import main as cli
 
     (tmp_path / "causal.py").write_text(
         "import torch\n"

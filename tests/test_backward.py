@@ -373,7 +373,7 @@ def test_reports_show_forward_backward_and_their_ratio(tmp_path):
 
 
 def test_cli_counts_the_backward(capsys):
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     assert main(["lenet5", "--backward", "--optimizer", "sgd", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -1,4 +1,4 @@
-"""hf:NAME builds a checkpoint from its published config (fxflops/checkpoints.toml), never from a config
+"""hf:NAME builds a checkpoint from its published config (fxflops/cli/checkpoints.toml), never from a config
 class's defaults passed off as it: every entry's parameter count equals the count published for the
 checkpoint and a count by hand from its fields; anything else is refused with the ways forward, and
 a model type built from its class's defaults says so in the report."""
@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from fxflops import cli, model_spec
-from fxflops.model_spec import InputOptions, ModelSpecError
+from fxflops.cli import main as cli
+from fxflops.cli import model_spec
+from fxflops.cli.model_spec import InputOptions, ModelSpecError
 
 pytest.importorskip("transformers")
 

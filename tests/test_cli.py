@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxflops import cli, model_spec
-from fxflops.model_spec import InputOptions, ModelSpecError
+from fxflops.cli import main as cli
+from fxflops.cli import model_spec
+from fxflops.cli.model_spec import InputOptions, ModelSpecError
 from tests.report_parsing import assert_shows, parse_aggregated, parse_detailed, parse_summary
 
 LENET5_MACS_PER_SAMPLE = 6 * 28 * 28 * 25 + 16 * 10 * 10 * 6 * 25 + 120 * 16 * 25 + 120 * 84 + 84 * 10
@@ -180,7 +181,7 @@ def test_file_factory(tmp_path):
 
 
 def test_module_factory_with_input_shape():
-    result = fxflops("fxflops.examples:lenet5", "--input-shape", "2,1,32,32", "--format", "json")
+    result = fxflops("fxflops.cli.examples:lenet5", "--input-shape", "2,1,32,32", "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["totals"]["macs"] == 2 * LENET5_MACS_PER_SAMPLE
@@ -709,7 +710,7 @@ def test_named_input_shapes_of_an_hf_model():
 
 
 def test_step_time_prints_the_steps_flops_and_mfu_against_the_device_peak(capsys, tmp_path):
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     factory = tmp_path / "one_linear.py"
     factory.write_text("import torch\ndef build():\n    return torch.nn.Linear(16, 8, bias=False)\n")
@@ -726,7 +727,7 @@ def test_step_time_prints_the_steps_flops_and_mfu_against_the_device_peak(capsys
 
 
 def test_step_time_must_be_positive_and_alone(capsys):
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     assert main(["lenet5", "--step-time", "0"]) == 2
     assert "--step-time is a step's seconds, more than 0; got 0" in capsys.readouterr().err

@@ -141,7 +141,7 @@ def test_cuda_resnet50_prediction_is_within_reach() -> None:
 
 @needs_known_gpu
 def test_cuda_gpt2_sized_prediction_is_within_reach() -> None:
-    from fxflops.examples import get_example
+    from fxflops.cli.examples import get_example
 
     example = get_example("gpt2-small")
     net = example.build().cuda().to(torch.bfloat16).eval()

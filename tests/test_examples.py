@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxflops
-from fxflops import examples
+from fxflops.cli import examples
 
 TINY = {
     "lenet5": {},

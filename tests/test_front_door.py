@@ -16,7 +16,7 @@ import torch
 
 import fxflops
 from fxflops.device import peaks
-from fxflops.examples import lenet5
+from fxflops.cli.examples import lenet5
 from tests.test_cli import run_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_device_mi300x_is_that_part(capsys):
 
 
 def test_peak_flops_and_bandwidth_flags_match_predict(capsys):
-    code, out, err = run_main(capsys, "fxflops.examples:lenet5", "--input-shape", "2,1,32,32",
+    code, out, err = run_main(capsys, "fxflops.cli.examples:lenet5", "--input-shape", "2,1,32,32",
                               "--peak-flops", "1.5T", "--bandwidth", "2e11", "--format", "json")
     assert code == 0, err
     prediction = json.loads(out)["prediction"]
@@ -121,20 +121,20 @@ def test_hf_extra_brings_transformers_and_the_error_names_it(capsys, monkeypatch
 
 def test_the_console_entry_point_imports_nothing_heavy():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["fxflops"] == "fxflops.console:main"
-    code = "import sys, fxflops.console; print('torch' in sys.modules)"
+    assert scripts["fxflops"] == "fxflops.cli.console:main"
+    code = "import sys, fxflops.cli.console; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
 
 def test_ctrl_c_while_importing_exits_130_quietly(capsys, monkeypatch):
-    from fxflops import console
+    from fxflops.cli import console
 
     class Interrupted(types.ModuleType):
         def __getattr__(self, name):
-            raise KeyboardInterrupt  # what Ctrl-C raises inside `from fxflops.cli import main`
+            raise KeyboardInterrupt  # what Ctrl-C raises inside `from fxflops.cli.main import main`
 
-    monkeypatch.setitem(sys.modules, "fxflops.cli", Interrupted("fxflops.cli"))
+    monkeypatch.setitem(sys.modules, "fxflops.cli.main", Interrupted("fxflops.cli.main"))
     assert console.main() == 130
     assert capsys.readouterr() == ("", "")
 
@@ -152,7 +152,7 @@ class InterruptTorchC:
         return None
 
 sys.meta_path.insert(0, InterruptTorchC())
-from fxflops.console import main
+from fxflops.cli.console import main
 sys.exit(main())
 """
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import fxflops
-from fxflops.cli import main
+from fxflops.cli.main import main
 from fxflops.report.html import to_html
 
 

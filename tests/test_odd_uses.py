@@ -98,7 +98,7 @@ def test_predict_takes_numpy_and_int_rates():
      "--roofline '{folder}/r': the roofline is an SVG image; give a file name ending in .svg"),
 ])
 def test_cli_device_and_roofline_mistakes_are_one_line(capsys, tmp_path, argv, message):
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     code = main(["lenet5", *(a.format(folder=tmp_path) for a in argv)])
     out, err = capsys.readouterr()
@@ -153,7 +153,7 @@ def test_compat_output_file_escapes_a_lone_surrogate(tmp_path):
 def test_cli_escapes_a_lone_surrogate(tmp_path, monkeypatch, form):
     import io
 
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     factory = tmp_path / "odd.py"
     factory.write_text("from torch import nn\n\ndef build():\n    model = nn.Sequential()\n"
@@ -173,7 +173,7 @@ def test_cli_escapes_a_lone_surrogate(tmp_path, monkeypatch, form):
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from fxflops.cli import main
+    from fxflops.cli.main import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

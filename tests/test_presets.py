@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops import cli
+from fxflops.cli import main as cli
 from fxflops.presets import OTHER, PresetFileError, load_presets
 from fxflops.rules import CONVENTIONS, FAMILIES, PRESET_TABLE, Rule, _shipped_entries, default_rules_dir
 from tests.oracle import oracle_flops

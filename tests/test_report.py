@@ -575,7 +575,7 @@ def test_csv_one_row_per_module(tmp_path):
 
 
 def estimate_example(name: str, batch: int, seq_len: int = 8, **sizes):
-    from fxflops import examples
+    from fxflops.cli import examples
 
     example = examples.get_example(name)
     with torch.device("meta"):

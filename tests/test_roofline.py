@@ -229,7 +229,7 @@ def test_cli_device_errors(capsys):
 
 def test_embedding_reads_the_rows_it_gathers_not_the_table():
     # GPT-2-small's wte at 128 tokens: 128 rows of 768 fp32 read, the 128 int64 indices, the rows written
-    from fxflops.examples import gpt2_small, token_inputs
+    from fxflops.cli.examples import gpt2_small, token_inputs
 
     result = fxflops.estimate(gpt2_small(), token_inputs(seq_len=128))
     rows, indices = 128 * 768 * 4, 128 * 8
@@ -266,7 +266,7 @@ def test_index_select_gather_indexing_and_embedding_bag_read_their_rows():
 
 
 def test_a_sweeps_lookup_bytes_are_symbolic_rows():
-    from fxflops.examples import GPT2
+    from fxflops.cli.examples import GPT2
 
     model = GPT2(vocab_size=100, n_positions=256, d_model=16, n_layer=1, n_head=2).eval()
     tokens = lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),)  # noqa: E731

@@ -310,7 +310,7 @@ def test_cli_sweep_grid_text_and_csv():
 
 
 def _gpt2_small_one_layer(seq):
-    from fxflops.model_spec import InputOptions, load
+    from fxflops.cli.model_spec import InputOptions, load
 
     loaded = load("gpt2-small", InputOptions(seq_len=seq, overrides={"n_layer": 1}))
     return loaded.model, loaded.args, loaded.kwargs
@@ -325,14 +325,14 @@ def _gpt2_small_one_layer(seq):
     ("seq=1..100000000", "more than 10000 values"),
 ])
 def test_cli_sweep_parse_errors(text, message):
-    from fxflops.model_spec import ModelSpecError, parse_sweep
+    from fxflops.cli.model_spec import ModelSpecError, parse_sweep
 
     with pytest.raises(ModelSpecError, match=message):
         parse_sweep(text)
 
 
 def test_cli_sweep_values_and_axes():
-    from fxflops.model_spec import parse_sweep
+    from fxflops.cli.model_spec import parse_sweep
 
     assert parse_sweep("seq=128,256") == ("seq", (1,), [128, 256])
     assert parse_sweep("size[2, 3]=160..224:32") == ("size", (2, 3), [160, 192, 224])
@@ -527,7 +527,7 @@ def test_a_grid_result_holds_totals_not_estimates():
 
 
 def test_sweep_points_past_the_position_table_carry_the_caution_with_its_region():
-    from fxflops.examples import GPT2
+    from fxflops.cli.examples import GPT2
 
     model = GPT2(vocab_size=100, n_positions=64, d_model=16, n_layer=1, n_head=2).eval()
     swept = sweep(model, (tokens(1, 16),), dims={"seq": 1})

@@ -8,7 +8,7 @@ EXIT_INTERRUPTED = 130
 
 def main() -> int:
     try:
-        from fxflops.cli import main as run
+        from fxflops.cli.main import main as run
 
         return run()
     except KeyboardInterrupt:

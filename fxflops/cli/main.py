@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn, TextIO
 from pathlib import Path
 
-from fxflops import examples
+from fxflops.cli import examples
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.methods import AUTO, CHOICES, runs_model
-from fxflops.model_spec import (
+from fxflops.cli.model_spec import (
     HF_TASKS,
     MAX_SWEEP_POINTS,
     InputOptions,
@@ -32,7 +32,7 @@ from fxflops.model_spec import (
     parse_sweep,
 )
 from fxflops.optimizer import NAMES as OPTIMIZERS
-from fxflops.progress import StageProgress
+from fxflops.cli.progress import StageProgress
 from fxflops.rules import CONVENTIONS, PRESET_TABLE
 
 FORMATS = ("text", "table", "json", "csv", "html")

@@ -2,7 +2,7 @@
 
 Forms (checked in this order):
     torchvision:NAME          torchvision.models.get_model(NAME, weights=None); never downloads
-    hf:NAME                   a checkpoint whose published config fxflops knows (fxflops/checkpoints.toml:
+    hf:NAME                   a checkpoint whose published config fxflops knows (fxflops/cli/checkpoints.toml:
                               "hf:gpt2", "hf:facebook/opt-350m"), or a model type with its config
                               class's defaults ("hf:llama"; the report says so); never downloads
     hf:PATH                   a local config.json (or a folder holding one)
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxflops import examples
+from fxflops.cli import examples
 
 DTYPES = {
     "float32": torch.float32,
@@ -608,9 +608,9 @@ def _model_types() -> list[str]:
 
 
 def known_checkpoints() -> dict[str, dict[str, Any]]:
-    """The published configs fxflops knows (fxflops/checkpoints.toml): name -> config.json fields
+    """The published configs fxflops knows (fxflops/cli/checkpoints.toml): name -> config.json fields
     (with "aliases", the other names the Hub serves the checkpoint under)."""
-    text = resources.files("fxflops").joinpath("checkpoints.toml").read_text(encoding="utf-8")
+    text = resources.files("fxflops.cli").joinpath("checkpoints.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)["checkpoint"]
 
 
