@@ -20,7 +20,7 @@ _EXPORTS = MappingProxyType({
     "CaptureError": "fxflops.capture",
     "capturing": "fxflops.capture.running",
     "RuleEvaluationError": "fxflops.count",
-    "FormulaError": "fxflops.formula",
+    "FormulaError": "fxflops.rules.formula",
     "profile_generate": "fxflops.timing.generate",
     **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.timing.meter"),
     "profile": "fxflops.timing.profiling",
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fxflops.capture import CaptureError
     from fxflops.capture.running import capturing
     from fxflops.count import RuleEvaluationError
-    from fxflops.formula import FormulaError
+    from fxflops.rules.formula import FormulaError
     from fxflops.timing.generate import profile_generate
     from fxflops.timing.meter import FlopsMeter, FlopsMeterWarning
     from fxflops.timing.profiling import profile

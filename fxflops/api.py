@@ -19,7 +19,7 @@ from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.isolation import walk_modules
 from fxflops.capture.methods import AUTO
 from fxflops.count import DENSE, check_attention, count_nodes
-from fxflops.formula import clip
+from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with

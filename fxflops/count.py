@@ -15,7 +15,7 @@ import torch
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import COND_BRANCH, SOURCE, source_text
 from fxflops.eager_attention import EagerAttention, attention_of, effective_count, find_eager_attention
-from fxflops.kept_pairs import FULL, KeptPairs, call_kept_pairs
+from fxflops.rules.kept_pairs import FULL, KeptPairs, call_kept_pairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )

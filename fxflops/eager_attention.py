@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fxflops.kept_pairs import ADDITIVE, DROP, FULL, KEEP, MASK, KeptPairs, masks_kept_pairs
+from fxflops.rules.kept_pairs import ADDITIVE, DROP, FULL, KEEP, MASK, KeptPairs, masks_kept_pairs
 
 aten = torch.ops.aten
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fxflops.count import node_calls
-from fxflops.formula import HELPERS
+from fxflops.rules.formula import HELPERS
 from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_string
 from fxflops.results import BACKWARD, COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, Estimate, NodeCost
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, default_rules_dir, preset

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops.kept_pairs import band_pairs, causal_pairs, mask_kept_pairs
+from fxflops.rules.kept_pairs import band_pairs, causal_pairs, mask_kept_pairs
 from fxflops.report.machine import from_json
 from fxflops.rules import RuleFileError, load_rule_file
 from tests.oracle import oracle_flops
@@ -111,9 +111,9 @@ def test_packed_documents_built_from_positions_by_hand():
 
 
 def test_a_mask_too_large_to_evaluate_is_unknown_and_says_so(monkeypatch):
-    import fxflops.kept_pairs
+    import fxflops.rules.kept_pairs
 
-    monkeypatch.setattr(fxflops.kept_pairs, "MAX_MASK_ELEMENTS", 63)  # the 8 x 8 mask has 64
+    monkeypatch.setattr(fxflops.rules.kept_pairs, "MAX_MASK_ELEMENTS", 63)  # the 8 x 8 mask has 64
     estimate = fxflops.estimate(PackedFromPositions(), qkv(), attention="effective")
     totals = estimate.attention_totals()
     assert (totals.unknown, totals.patterns) == (1, ("mask (too large to evaluate: over 63 entries)",))
@@ -252,7 +252,7 @@ def test_transformers_sliding_window_layers_by_hand(kind):
 def test_flex_block_masks_keep_their_blocks_by_hand():
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from fxflops.kept_pairs import block_mask_kept_pairs
+    from fxflops.rules.kept_pairs import block_mask_kept_pairs
 
     length, block = 512, 128  # 4 x 4 blocks
 
@@ -374,7 +374,7 @@ def test_expanding_a_size_one_axis_drops_its_positions(keep_at_most_zero, per_he
 def test_efficient_attention_lower_right_causal_is_a_band_to_lk_minus_lq(lq, lk):
     from torch.nn.attention.bias import causal_lower_right
 
-    from fxflops.kept_pairs import call_kept_pairs
+    from fxflops.rules.kept_pairs import call_kept_pairs
 
     per_head = int(causal_lower_right(lq, lk)._materialize(torch.device("cpu")).sum())  # torch's own mask
     query, key = torch.empty(B, lq, H, E), torch.empty(B, lk, H, E)  # (batch, seq, heads, dim)

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from fxflops.formula import Formula, FormulaError, einsum_macs
+from fxflops.rules.formula import Formula, FormulaError, einsum_macs
 
 
 def test_arithmetic_conditions_subscripts_and_helpers():

@@ -15,7 +15,7 @@ from torch import nn
 
 import fxflops
 from fxflops.cli import main as cli
-from fxflops.presets import OTHER, PresetFileError, load_presets
+from fxflops.rules.presets import OTHER, PresetFileError, load_presets
 from fxflops.rules import CONVENTIONS, FAMILIES, PRESET_TABLE, Rule, _shipped_entries, default_rules_dir
 from tests.oracle import oracle_flops
 

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import fxflops
-from fxflops.formula import MAX_INT_BITS, MAX_LENGTH, Formula, FormulaError
+from fxflops.rules.formula import MAX_INT_BITS, MAX_LENGTH, Formula, FormulaError
 from fxflops.rules import MAX_FILE_BYTES, default_rules_dir, load_rule_dir, load_table
-from fxflops.presets import PRESETS_FILE
+from fxflops.rules.presets import PRESETS_FILE
 
 # a failing estimate() of this small model allocates under 1 MiB of Python objects; the expensive
 # operations the guards stop allocate far more (the 9**64**4 integer alone 30 MiB)
@@ -279,8 +279,8 @@ def test_a_user_rule_file_is_read_once_per_call(tmp_path, monkeypatch):
     path = tmp_path / "mine.toml"
     path.write_text(rule_text())
     reads = []
-    original = fxflops.rules._read_toml
-    monkeypatch.setattr(fxflops.rules, "_read_toml", lambda p: reads.append(p) or original(p))
+    original = fxflops.rules.files._read_toml
+    monkeypatch.setattr(fxflops.rules.files, "_read_toml", lambda p: reads.append(p) or original(p))
     result = fxflops.estimate(model(), input_shape=(2, 8), rules=iter([path]))  # an iterator is read once too
     assert reads == [path]
     assert result.by_rule["mine"].count == 1

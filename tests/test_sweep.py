@@ -431,7 +431,7 @@ def test_a_real_tensor_the_forward_meets_keeps_its_shape():
 def test_reserved_size_names_and_builtin_min_max_in_rules():
     with pytest.raises(ValueError, match="may not be called 'module'"):
         sweep(gpt2(), tokens(2, 9), dims={"module": 1})
-    from fxflops.formula import HELPERS
+    from fxflops.rules.formula import HELPERS
 
     assert HELPERS["max"]([3, 1.5]) == 3 and type(HELPERS["max"](3, 1.5)) is int  # Python's, not torch's
     assert HELPERS["min"](2, 1.5) == 1.5

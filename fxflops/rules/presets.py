@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fxflops.formula import Formula, FormulaError
+from fxflops.rules.formula import Formula, FormulaError
 
 PRESETS_FILE = "presets.toml"  # in the rules folder, beside the rule files
 ALL_FAMILIES = "*"  # in a preset's `count`: every family it does not list
