@@ -1,12 +1,12 @@
 """The rule table: load rule files, match an op call to a rule, bind its arguments to names.
 
-A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.formula`). Ops are
+A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.rules.formula`). Ops are
 spelled as aten ops (`aten.convolution`), torch functions (`torch.nn.functional.conv2d`), tensor
 methods (`Tensor.matmul`), operators (`operator.matmul`) or module classes (`torch.nn.Conv2d`).
 Zero lists declare ops that are known to cost nothing, so they are never reported as unknown.
 
 Every rule belongs to an op family (its own `family`, else its file's top-level `family`); the
-counting presets of rules/presets.toml (`fxflops.presets`) say which families each counts and how
+counting presets of rules/presets.toml (`fxflops.rules.presets`) say which families each counts and how
 its MACs and FLOPs follow from the rule's. A user rule that names no family takes the family of the
 rule it replaces for that call, or "other".
 """
