@@ -1,4 +1,4 @@
-"""The rule table: load rule files, match an op call to a rule, bind its arguments to names.
+"""The rule table: our rules plus the user's, indexed by the op spellings they name, matched to an op call.
 
 A rule names the ops it counts and gives MAC and FLOP formulas (see `fxflops.rules.formula`). Ops are
 spelled as aten ops (`aten.convolution`), torch functions (`torch.nn.functional.conv2d`), tensor
