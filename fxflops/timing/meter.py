@@ -52,8 +52,40 @@ class BatchCount:
         return self.fwd_flops + self.bwd_flops
 
 
+class _Rates:
+    """Rates from a step's or a window's sums: flops, time, tokens, samples, six_n_flops, peak_flops."""
+
+    @property
+    def flops_per_sec(self) -> float | None:
+        return _ratio(self.flops, self.time)
+
+    @property
+    def tflops(self) -> float | None:
+        rate = self.flops_per_sec
+        return None if rate is None else rate / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: achieved FLOP/s over the dense peak for the compute dtype (for a window
+        across ranks: all devices' FLOP/s over all devices' peak, i.e. per device)."""
+        return _ratio(self.flops_per_sec, self.peak_flops)
+
+    @property
+    def tokens_per_sec(self) -> float | None:
+        return _ratio(self.tokens, self.time)
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        return _ratio(self.samples, self.time)
+
+    @property
+    def six_n_ratio(self) -> float | None:
+        """6N / counted FLOPs: above 1, 6N overstated the work; below 1, it left some out."""
+        return _ratio(self.six_n_flops, self.flops)
+
+
 @dataclass
-class StepStats:
+class StepStats(_Rates):
     """One optimizer step: the sum of its micro-batches, and its time. Rates are derived on read."""
 
     step: int
@@ -90,36 +122,10 @@ class StepStats:
             self._time = start.elapsed_time(end) / 1e3 - capturing
         return self._time
 
-    @property
-    def flops_per_sec(self) -> float | None:
-        return _ratio(self.flops, self.time)
-
-    @property
-    def tflops(self) -> float | None:
-        rate = self.flops_per_sec
-        return None if rate is None else rate / 1e12
-
-    @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilization: achieved FLOP/s over the device's dense peak for the compute dtype."""
-        return _ratio(self.flops_per_sec, self.peak_flops)
-
-    @property
-    def tokens_per_sec(self) -> float | None:
-        return _ratio(self.tokens, self.time)
-
-    @property
-    def samples_per_sec(self) -> float | None:
-        return _ratio(self.samples, self.time)
-
-    @property
-    def six_n_ratio(self) -> float | None:
-        """6N / counted FLOPs: above 1, 6N overstated the work; below 1, it left some out."""
-        return _ratio(self.six_n_flops, self.flops)
 
 
 @dataclass(frozen=True)
-class WindowStats:
+class WindowStats(_Rates):
     """Sums over several steps (a window, a whole run, or every rank's step); rates are sums over sums."""
 
     steps: int
@@ -135,31 +141,6 @@ class WindowStats:
     def flops_per_step(self) -> float | None:
         return _ratio(self.flops, self.steps)
 
-    @property
-    def flops_per_sec(self) -> float | None:
-        return _ratio(self.flops, self.time)
-
-    @property
-    def tflops(self) -> float | None:
-        rate = self.flops_per_sec
-        return None if rate is None else rate / 1e12
-
-    @property
-    def mfu(self) -> float | None:
-        """Per device: FLOP/s of all devices over all devices' peak."""
-        return _ratio(self.flops_per_sec, self.peak_flops)
-
-    @property
-    def tokens_per_sec(self) -> float | None:
-        return _ratio(self.tokens, self.time)
-
-    @property
-    def samples_per_sec(self) -> float | None:
-        return _ratio(self.samples, self.time)
-
-    @property
-    def six_n_ratio(self) -> float | None:
-        return _ratio(self.six_n_flops, self.flops)
 
 
 class FlopsMeter:
