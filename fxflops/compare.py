@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fxflops.explain import as_number, plain
 from fxflops.count import DENSE, EFFECTIVE, count_nodes, node_calls
 from fxflops.results import ROOT_LABEL, Estimate, NodeCost
 from fxflops.rules import CONVENTIONS, PRESET_TABLE, Rule, RuleTable, preset
@@ -71,15 +72,15 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         def pair(value: tuple[Any, Any]) -> dict[str, Any]:
-            return {"macs": _plain(value[0]), "flops": _plain(value[1])}
+            return {"macs": plain(value[0]), "flops": plain(value[1])}
 
         return {
             "model": self.model_type, "reference": self.reference, "presets": list(self.presets),
             "totals": {name: pair(value) for name, value in self.totals.items()},
             "modules": {name: {p: pair(v) for p, v in values.items()} for name, values in self.modules.items()},
             "ops": {name: {p: pair(v) for p, v in values.items()} for name, values in self.ops.items()},
-            "causes": {name: [{"convention": c.convention, "family": c.family, "macs": _plain(c.macs),
-                               "flops": _plain(c.flops), "ops": list(c.ops), "calls": c.calls} for c in causes]
+            "causes": {name: [{"convention": c.convention, "family": c.family, "macs": plain(c.macs),
+                               "flops": plain(c.flops), "ops": list(c.ops), "calls": c.calls} for c in causes]
                        for name, causes in self.causes.items()},
             "tools": [run.to_dict() for run in self.tools],
         }
@@ -194,7 +195,7 @@ def _causes(reference_costs: Sequence[NodeCost], costs: Sequence[NodeCost], refe
         slot["calls"] += 1
     causes = [Cause(name if note is None else f"{name} ({attention} attention)", text, family, slot["macs"], slot["flops"], tuple(slot["ops"]), slot["calls"])
               for (text, family), slot in grouped.items()]
-    return sorted(causes, key=lambda c: -abs(_number(c.flops)) - abs(_number(c.macs)))
+    return sorted(causes, key=lambda c: -abs(as_number(c.flops)) - abs(as_number(c.macs)))
 
 
 def _attention_note(attention: str, both: Any) -> str:
@@ -237,17 +238,6 @@ def _treatment_words(macs: str, flops: str) -> str:
     }
     known = words.get((macs, flops))
     return known if known is not None else f"counted as macs = {macs}, flops = {flops}"
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, int | float) else str(value)
 
 
 def module_label(name: str) -> str:

@@ -19,6 +19,7 @@ from fxflops.count import node_calls
 from fxflops.rules.formula import HELPERS
 from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_string
 from fxflops.results import BACKWARD, COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, Estimate, NodeCost
+from fxflops.tree import owning_module
 from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, default_rules_dir, preset
 
 __all__ = ["Explanation", "OpExplanation", "ZeroGroup", "explain", "explain_own", "rule_stub"]
@@ -89,11 +90,11 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for op, raw in zip(self.ops, data["ops"]):
-            raw["rule_counts"] = list(map(_plain, op.rule_counts)) if op.rule_counts is not None else None
+            raw["rule_counts"] = list(map(plain, op.rule_counts)) if op.rule_counts is not None else None
             for key in ("macs", "flops", "bytes"):
-                raw[key] = _plain(raw[key])
+                raw[key] = plain(raw[key])
         for key in ("macs", "flops", "bytes"):
-            data[key] = _plain(data[key])
+            data[key] = plain(data[key])
         return data
 
     def __str__(self) -> str:
@@ -118,7 +119,7 @@ def explain_own(estimate: Estimate) -> dict[str, Explanation]:
     once from one re-binding of the graph (the HTML report shows one per module)."""
     by_module: dict[str, list[Bound]] = {name: [] for name in estimate.modules}
     for item in _bound(estimate):
-        owner = _owner(_canonical(item[0].module, estimate.aliases), estimate.modules)
+        owner = owning_module(item[0].module, estimate.aliases, estimate.modules)
         by_module[owner].append(item)
     return {name: _explanation(estimate, name, "module", items, own=True) for name, items in by_module.items()}
 
@@ -150,7 +151,7 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
         key = (cost.op, cost.rule, cost.phase, tuple(values.items()), cost.macs, cost.flops)
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]
-    ops.sort(key=lambda op: (op.status != UNKNOWN, -_sortable(op.total_flops), op.modules, op.op))
+    ops.sort(key=lambda op: (op.status != UNKNOWN, -as_number(op.total_flops), op.modules, op.op))
     costs = [item[0] for item in bound]
     stats = estimate.modules.get(target) if kind == "module" and not own else None
     module_type = estimate.modules[target].type if kind == "module" else (costs[0].module_type if costs else "")
@@ -164,13 +165,6 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
         sizes=tuple(captured.sizes.plan.names) if captured.sizes is not None else (),
         own=own,
     )
-
-
-def _owner(path: str, modules: Any) -> str:
-    """The nearest module of the estimate that contains `path` (a node may name an unrecorded child)."""
-    while path and path not in modules:
-        path = path.rpartition(".")[0]
-    return path
 
 
 def rule_stub(op: str, call: OpCall | None, module: str = "") -> str:
@@ -215,24 +209,13 @@ def _select(estimate: Estimate, name: str) -> tuple[str, str, Any]:
         prefix = path + "."
 
         def inside(cost: NodeCost) -> bool:
-            module = _canonical(cost.module, estimate.aliases)
+            module = owning_module(cost.module, estimate.aliases, estimate.modules)
             return not path or module == path or module.startswith(prefix)
 
         return path, "module", inside
     if any(cost.name == name for cost in estimate.nodes):
         return name, "node", lambda cost: cost.name == name
     raise KeyError(_not_found(estimate, name))
-
-
-def _canonical(path: str, aliases: dict[str, str]) -> str:
-    if not aliases:
-        return path
-    parts = path.split(".")
-    for end in range(len(parts), 0, -1):
-        head = ".".join(parts[:end])
-        if head in aliases:
-            return ".".join([aliases[head], *parts[end:]])
-    return path
 
 
 def _not_found(estimate: Estimate, name: str) -> str:
@@ -471,11 +454,11 @@ def _exact(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     return value if isinstance(value, int | float) or value is None else str(value)
 
 
-def _sortable(value: Any) -> float:
+def as_number(value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
