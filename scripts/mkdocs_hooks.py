@@ -58,7 +58,7 @@ def _peaks_table() -> str:
 def generated(kind: str, argument: str | None) -> str:
     if kind == "cli-help":
         sys.path.insert(0, str(ROOT))
-        from fxflops.cli.main import build_parser
+        from fxflops.cli.parser import build_parser
 
         parser = build_parser()
         parser.prog = "fxflops"

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from fxflops.cli import main as cli
-from fxflops.cli import model_spec
-from fxflops.cli.model_spec import InputOptions, ModelSpecError
+from fxflops.cli import hf_specs, model_spec
+from fxflops.cli.options import InputOptions, ModelSpecError
 
 pytest.importorskip("transformers")
 
@@ -82,12 +82,12 @@ BY_HAND = {"gpt2": gpt2_params, "opt": opt_params, "bert": bert_mlm_params, "t5"
 
 
 def test_every_known_checkpoint_has_a_published_count():
-    assert set(model_spec.known_checkpoints()) == set(PUBLISHED)
+    assert set(hf_specs.known_checkpoints()) == set(PUBLISHED)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_known_checkpoint_builds_its_published_size(name):
-    fields = model_spec.known_checkpoints()[name]
+    fields = hf_specs.known_checkpoints()[name]
     loaded = model_spec.load(f"hf:{name}", InputOptions(seq_len=4))
     params = sum(p.numel() for p in loaded.model.parameters())
     assert params == BY_HAND[fields["model_type"]](fields) == PUBLISHED[name]
@@ -95,8 +95,8 @@ def test_known_checkpoint_builds_its_published_size(name):
 
 
 def test_aliases_name_the_same_checkpoint():
-    assert model_spec.hf_config("openai-community/gpt2-xl").n_layer == 48
-    assert model_spec.hf_config("Google-BERT/bert-large-uncased").hidden_size == 1024
+    assert hf_specs.hf_config("openai-community/gpt2-xl").n_layer == 48
+    assert hf_specs.hf_config("Google-BERT/bert-large-uncased").hidden_size == 1024
 
 
 def test_opt_350m_counted_from_its_published_config(capsys):
@@ -121,7 +121,7 @@ def test_an_unknown_checkpoint_is_refused_with_the_ways_forward(capsys, name):
 
 def test_a_close_name_gets_a_suggestion():
     with pytest.raises(ModelSpecError, match=r"did you mean hf:Qwen/Qwen2-7B\?"):
-        model_spec.hf_config("Qwen/Qwen2-7b-instruct")
+        hf_specs.hf_config("Qwen/Qwen2-7b-instruct")
 
 
 def test_a_model_type_built_from_class_defaults_says_so(capsys):

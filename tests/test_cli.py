@@ -16,8 +16,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxflops.cli import main as cli
-from fxflops.cli import model_spec
-from fxflops.cli.model_spec import InputOptions, ModelSpecError
+from fxflops.cli import hf_specs, model_spec, options
+from fxflops.cli.options import InputOptions, ModelSpecError
 from tests.report_parsing import assert_shows, parse_aggregated, parse_detailed, parse_summary
 
 LENET5_MACS_PER_SAMPLE = 6 * 28 * 28 * 25 + 16 * 10 * 10 * 6 * 25 + 120 * 16 * 25 + 120 * 84 + 84 * 10
@@ -287,10 +287,10 @@ def test_torchvision_default_input_size():
 
 
 def test_hf_names_resolve_to_config_defaults():
-    assert type(model_spec.hf_config("gpt2")).__name__ == "GPT2Config"
-    assert type(model_spec.hf_config("bert-base-uncased")).__name__ == "BertConfig"
-    assert type(model_spec.hf_config("openai-community/gpt2")).__name__ == "GPT2Config"
-    assert model_spec.hf_config("bert-base-uncased").hidden_size == 768
+    assert type(hf_specs.hf_config("gpt2")).__name__ == "GPT2Config"
+    assert type(hf_specs.hf_config("bert-base-uncased")).__name__ == "BertConfig"
+    assert type(hf_specs.hf_config("openai-community/gpt2")).__name__ == "GPT2Config"
+    assert hf_specs.hf_config("bert-base-uncased").hidden_size == 768
 
 
 def test_hf_inputs_follow_the_model():
@@ -300,14 +300,14 @@ def test_hf_inputs_follow_the_model():
 
 
 def test_parse_helpers():
-    assert model_spec.parse_shape("1,3,224,224") == (1, 3, 224, 224)
-    assert model_spec.parse_shape("8x128") == (8, 128)
+    assert options.parse_shape("1,3,224,224") == (1, 3, 224, 224)
+    assert options.parse_shape("8x128") == (8, 128)
     for bad in ("", "1,,2", "1,-3", "a"):
         with pytest.raises(ModelSpecError):
-            model_spec.parse_shape(bad)
-    assert model_spec.parse_override("n_layer=2") == ("n_layer", 2)
-    assert model_spec.parse_override("act=gelu") == ("act", "gelu")
-    assert model_spec.parse_dtype("bf16") is torch.bfloat16
+            options.parse_shape(bad)
+    assert options.parse_override("n_layer=2") == ("n_layer", 2)
+    assert options.parse_override("act=gelu") == ("act", "gelu")
+    assert options.parse_dtype("bf16") is torch.bfloat16
 
 
 def test_factory_inputs_forms(tmp_path):
@@ -705,8 +705,8 @@ def test_named_input_shapes_of_an_hf_model():
                                                     overrides={"n_layer": 1}))
     assert {name: (tuple(t.shape), t.dtype) for name, t in loaded.kwargs.items()} == {
         "input_ids": ((2, 16), torch.long), "attention_mask": ((2, 16), torch.long)}
-    assert model_spec.parse_input_shape("input_ids=2x16") == ("input_ids", (2, 16))
-    assert model_spec.parse_input_shape("2,16") == (None, (2, 16))
+    assert options.parse_input_shape("input_ids=2x16") == ("input_ids", (2, 16))
+    assert options.parse_input_shape("2,16") == (None, (2, 16))
 
 
 def test_step_time_prints_the_steps_flops_and_mfu_against_the_device_peak(capsys, tmp_path):

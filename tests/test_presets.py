@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops.cli import main as cli
+from fxflops.cli import parser as cli_parser
 from fxflops.rules.presets import OTHER, PresetFileError, load_presets
 from fxflops.rules import CONVENTIONS, FAMILIES, PRESET_TABLE, Rule, _shipped_entries, default_rules_dir
 from tests.oracle import oracle_flops
@@ -34,7 +34,7 @@ def test_preset_table_loads_and_is_the_one_list_of_conventions():
 
 
 def test_cli_choices_are_the_table():
-    action = next(a for a in cli.build_parser()._actions if "--conventions" in a.option_strings)
+    action = next(a for a in cli_parser.build_parser()._actions if "--conventions" in a.option_strings)
     assert tuple(action.choices) == CONVENTIONS
     assert all(name in action.help for name in CONVENTIONS)
 

@@ -310,7 +310,8 @@ def test_cli_sweep_grid_text_and_csv():
 
 
 def _gpt2_small_one_layer(seq):
-    from fxflops.cli.model_spec import InputOptions, load
+    from fxflops.cli.model_spec import load
+    from fxflops.cli.options import InputOptions
 
     loaded = load("gpt2-small", InputOptions(seq_len=seq, overrides={"n_layer": 1}))
     return loaded.model, loaded.args, loaded.kwargs
@@ -325,14 +326,14 @@ def _gpt2_small_one_layer(seq):
     ("seq=1..100000000", "more than 10000 values"),
 ])
 def test_cli_sweep_parse_errors(text, message):
-    from fxflops.cli.model_spec import ModelSpecError, parse_sweep
+    from fxflops.cli.options import ModelSpecError, parse_sweep
 
     with pytest.raises(ModelSpecError, match=message):
         parse_sweep(text)
 
 
 def test_cli_sweep_values_and_axes():
-    from fxflops.cli.model_spec import parse_sweep
+    from fxflops.cli.options import parse_sweep
 
     assert parse_sweep("seq=128,256") == ("seq", (1,), [128, 256])
     assert parse_sweep("size[2, 3]=160..224:32") == ("size", (2, 3), [160, 192, 224])

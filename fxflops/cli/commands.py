@@ -1,0 +1,192 @@
+"""Running one command: an estimate, a sweep, --explain / --compare, or a training step's MFU.
+
+`run` checks the options, builds the MODEL (`model_spec.load`), runs the estimate or the sweep
+with the stage progress on a terminal, and writes the report and the roofline where they were asked
+for; `fxflops examples` prints the built-ins instead. With `--step-time` it prints one training
+step's FLOPs, FLOP/s and MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fxflops.cli.checks import _check_device, _check_step_time, _check_sweeps, _check_writable, _load_rules
+from fxflops.cli.model_spec import load
+from fxflops.cli.options import ModelSpecError, parse_dtype, parse_sweep
+from fxflops.cli.output import (
+    _Encodable,
+    _say_cautions,
+    _say_what_ran_on,
+    _write_report,
+    examples_listing,
+    render,
+    render_sweep,
+)
+from fxflops.cli.parser import input_options
+from fxflops.cli.progress import StageProgress
+
+
+def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]], args: argparse.Namespace):
+    """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
+    from fxflops.sweeps import sweep
+
+    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                 optimizer=args.optimizer, attention=args.attention)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model == "examples":
+        sys.stdout.write(examples_listing())
+        return 0
+    sweeps = [parse_sweep(text) for text in args.sweep]
+    _check_sweeps(sweeps)
+    _check_device(args, sweeps)
+    _check_writable(args.output, "--output")
+    _check_writable(args.roofline, "--roofline")
+    args.rules = _load_rules(args.rules)
+    progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
+    if args.step_time is not None:
+        _check_step_time(args, sweeps)
+        try:
+            sys.stdout.write(_training_step(args, progress))
+        finally:
+            progress.done()
+        return 0
+    try:
+        result, report = _estimate_and_render(args, sweeps, progress)
+    finally:
+        progress.done()
+    from fxflops.report.formats import ENCODING_ERRORS
+
+    if args.roofline:
+        from fxflops.report.roofline import roofline_svg
+
+        Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8",
+                                       errors=ENCODING_ERRORS)
+        if not args.quiet:
+            sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", errors=ENCODING_ERRORS) as stream:
+            _write_report(report, stream)
+        if not args.quiet:
+            sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
+    else:
+        _write_report(report, _Encodable(sys.stdout))
+    if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
+        _say_cautions(list(getattr(result, "cautions", ())), args)
+    return 0
+
+
+def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
+    from fxflops.api import estimate
+
+    progress(f"loading {args.model}")
+    loaded = load(args.model, input_options(args))
+    progress.done()
+    for note in loaded.notes:
+        sys.stderr.write(f"fxflops: note: {note}\n")
+    model = loaded.model.train() if args.train else loaded.model
+    if sweeps and args.explain is not None:
+        return _explain_sweep(model, loaded, sweeps, args, progress)
+    if sweeps:
+        progress("capturing with symbolic sizes")
+        swept = run_sweep(model, loaded, sweeps, args)
+        progress.done()
+        _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
+        progress("counting every point")
+        return swept, render_sweep(swept, sweeps, args)
+    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                      rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
+                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+    result.cautions[:0] = loaded.cautions  # how the model was built comes first
+    if args.device or args.peak_flops is not None:
+        result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
+    progress.done()  # warnings start on a clean line
+    _say_what_ran_on(result, loaded)
+    _say_cautions(result.cautions, args)
+    progress("writing the report")
+    if args.explain is not None or args.compare:
+        return result, _views(result, loaded, model, args)
+    return result, render(result, args)
+
+
+def _views(result, loaded, model, args: argparse.Namespace) -> str:
+    """--explain and --compare: views of the estimate instead of the report."""
+    parts = []
+    if args.explain is not None:
+        try:
+            explanation = result.explain(args.explain)
+        except KeyError as error:
+            raise ModelSpecError(f"--explain: {error.args[0]}") from None
+        parts.append(explanation)
+    if args.compare:
+        comparison = result.compare()
+        if args.run_tools:
+            comparison.run_tools(model, loaded.args, loaded.kwargs)
+        parts.append(comparison)
+    if args.format == "json":
+        import json
+
+        data = [part.to_dict() for part in parts]
+        return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
+    return "\n\n".join(str(part) for part in parts) + "\n"
+
+
+def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progress: StageProgress) -> tuple:
+    """--explain with --sweep: the explanation with sizes as formulas in the swept names."""
+    from fxflops.sweeps import sweep
+
+    progress("capturing with symbolic sizes")
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  attention=args.attention)
+    progress.done()
+    try:
+        explanation = swept.explain(args.explain)
+    except KeyError as error:
+        raise ModelSpecError(f"--explain: {error.args[0]}") from None
+    if args.format == "json":
+        import json
+
+        return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
+    return swept, str(explanation) + "\n"
+
+
+def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
+    """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
+    from fxflops.device import peaks
+    from fxflops.api import estimate
+    from fxflops.timing.meter import StepStats, attention_flops, non_embedding_params
+    from fxflops.capture.inputs import tensors_in
+    from fxflops.report.mfu import render_step
+
+    progress(f"loading {args.model}")
+    loaded = load(args.model, input_options(args))
+    model = loaded.model.train() if args.train else loaded.model
+    progress("capturing the forward and the backward")
+    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
+                      rules=args.rules, backward=True, optimizer=args.optimizer)
+    progress.done()
+    first = next(iter(tensors_in((loaded.args, loaded.kwargs))), None)
+    samples = int(first.shape[0]) if first is not None and first.dim() else 1
+    tokens = int(first.numel()) if first is not None and first.dim() == 2 and not first.is_floating_point() else None
+    seq = tokens // samples if tokens is not None else None
+    peak, source = getattr(args, "peak_flops", None), "--peak-flops"  # i21a's flag, where it exists
+    if peak is None and args.device:
+        row = peaks.named(args.device)
+        key = peaks.dtype_key(parse_dtype(args.dtype) or parse_dtype("float32"))
+        peak = row.flops.get(key) if key else None
+        source = f"{row.label} {key} dense, {row.source}" if peak else None
+    stats = StepStats(step=1, micro_batches=1, fwd_flops=result.fwd_flops, bwd_flops=result.bwd_flops, samples=samples,
+                      tokens=tokens, six_n_flops=6 * non_embedding_params(model) * tokens if tokens else None,
+                      attention_flops=attention_flops(model, samples, seq) if tokens else None,
+                      optimizer_flops=result.optimizer.flops if result.optimizer else None, peak_flops=peak,
+                      _time=args.step_time)
+    shape = f"batch {samples}" + (f" x seq {seq}" if seq else "")
+    return render_step(result.model_type, shape, stats, source)
+
+
+_STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}
