@@ -42,17 +42,26 @@ from fxflops.rules.formula import Formula, FormulaError, clip
 
 
 def load_rule_dir(directory: Path, check_ops: bool = True, skip: str | None = None) -> list[Entry]:
+    return [entry for path in rule_files(directory, skip) for entry in load_rule_file(path, check_ops)]
+
+
+def rule_files(directory: Path, skip: str | None = None) -> list[Path]:
+    """A folder's rule files (*.toml, less `skip`), in name order; a RuleFileError when there are none."""
     files = sorted(path for path in directory.glob("*.toml") if path.name != skip)
     if not files:
         raise RuleFileError(f"no rule files (*.toml) found in {directory}")
-    return [entry for path in files for entry in load_rule_file(path, check_ops)]
+    return files
 
 
 def load_rule_file(path: str | Path, check_ops: bool = True) -> list[Entry]:
     """A rule file's entries. With `check_ops`, each op spelling is looked up (one that names no op is a
     RuleFileWarning) and each formula's names are checked against the names its ops give (RuleFileError)."""
     path = Path(path)
-    data = _read_toml(path)
+    return rule_file_entries(_read_toml(path), path, check_ops)
+
+
+def rule_file_entries(data: dict[str, Any], path: Path, check_ops: bool = True) -> list[Entry]:
+    """The entries of a rule file's parsed TOML `data` (see load_rule_file)."""
     unknown_sections = set(data) - {"rule", "zero", "family"}
     if unknown_sections:
         raise RuleFileError(

@@ -26,7 +26,8 @@ import torch
 
 from fxflops.rules.binding import OpCall, aten_key, function_key
 from fxflops.rules.entries import Entry, Rule, RuleSpec, ZeroList, default_rules_dir, preset
-from fxflops.rules.files import _load_spec, load_rule_dir
+from fxflops.rules.files import _load_spec, _read_toml, load_rule_dir, rule_file_entries, rule_files
+from fxflops.rules.parsed import parsed_files
 from fxflops.rules.presets import OTHER, PRESETS_FILE
 
 
@@ -175,7 +176,11 @@ def _shipped_entries() -> tuple[Entry, ...]:
     # parsed once per process: the shipped files do not change while it runs, and entries are frozen.
     # Their op spellings and formula names are checked by the test suite (check_ops=True), not here:
     # that costs ~100 ms of signature lookups at every start, and could only warn users about our files.
-    return tuple(load_rule_dir(default_rules_dir(), check_ops=False, skip=PRESETS_FILE))
+    # Their parse is kept beside them (rules/parsed.py): tomllib is most of a tiny model's first estimate.
+    directory = default_rules_dir()
+    files = rule_files(directory, skip=PRESETS_FILE)
+    return tuple(entry for path, data in zip(files, parsed_files(directory, files, _read_toml))
+                 for entry in rule_file_entries(data, path, check_ops=False))
 
 
 # --- matching -------------------------------------------------------------------------------
