@@ -16,7 +16,7 @@ from pathlib import Path
 from fxflops.cli.options import MAX_SWEEP_POINTS, ModelSpecError
 
 
-def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
+def check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
     names = [name for name, _, _ in sweeps]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -28,7 +28,7 @@ def _check_sweeps(sweeps: list[tuple[str, tuple[int, ...], list[int]]]) -> None:
         raise ModelSpecError(f"the --sweep grid has {points} points; at most {MAX_SWEEP_POINTS}")
 
 
-def _load_rules(paths: list[str]) -> list | None:
+def load_rules(paths: list[str]) -> list | None:
     """The user's rule files, loaded once before the model, so a bad file fails fast (as a usage error)
     and a warning about one (an op that names nothing) reaches stderr past the CLI's quiet warnings."""
     if not paths:
@@ -46,7 +46,7 @@ def _load_rules(paths: list[str]) -> list | None:
     return entries
 
 
-def _check_writable(path: str | None, option: str) -> None:
+def check_writable(path: str | None, option: str) -> None:
     """Before the model is built: a report that cannot be written should not cost the estimate first."""
     if path is None:
         return
@@ -57,7 +57,7 @@ def _check_writable(path: str | None, option: str) -> None:
         raise ModelSpecError(f"{option} {path!r} is a folder: give a file name")
 
 
-def _check_device(args: argparse.Namespace, sweeps: list) -> None:
+def check_device(args: argparse.Namespace, sweeps: list) -> None:
     from fxflops.device import peaks
 
     given = args.peak_flops is not None or args.bandwidth is not None
@@ -89,7 +89,7 @@ def _check_device(args: argparse.Namespace, sweeps: list) -> None:
             raise ModelSpecError(f"--{error}; for another device give --peak-flops and --bandwidth") from None
 
 
-def _check_step_time(args: argparse.Namespace, sweeps: list) -> None:
+def check_step_time(args: argparse.Namespace, sweeps: list) -> None:
     if args.step_time <= 0:
         raise ModelSpecError(f"--step-time is a step's seconds, more than 0; got {args.step_time:g}")
     if sweeps or args.output or args.roofline or args.format != "text":

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fxflops.cli.checks import _check_device, _check_step_time, _check_sweeps, _check_writable, _load_rules
+from fxflops.cli.checks import check_device, check_step_time, check_sweeps, check_writable, load_rules
 from fxflops.cli.model_spec import load
 from fxflops.cli.options import ModelSpecError, parse_dtype, parse_sweep
 from fxflops.cli.output import (
@@ -42,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(examples_listing())
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
-    _check_sweeps(sweeps)
-    _check_device(args, sweeps)
-    _check_writable(args.output, "--output")
-    _check_writable(args.roofline, "--roofline")
-    args.rules = _load_rules(args.rules)
+    check_sweeps(sweeps)
+    check_device(args, sweeps)
+    check_writable(args.output, "--output")
+    check_writable(args.roofline, "--roofline")
+    args.rules = load_rules(args.rules)
     progress = StageProgress.on_terminal(sys.stderr, quiet=args.quiet)
     if args.step_time is not None:
-        _check_step_time(args, sweeps)
+        check_step_time(args, sweeps)
         try:
             sys.stdout.write(_training_step(args, progress))
         finally:

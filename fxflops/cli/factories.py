@@ -25,14 +25,14 @@ import torch
 from torch import nn
 
 from fxflops.cli import examples
-from fxflops.cli.hf_specs import _checkpoint_names, _model_types
+from fxflops.cli.hf_specs import checkpoint_names, hf_model_types
 from fxflops.cli.inputs import (
-    _check_token_ranks,
+    check_token_ranks,
     _device_of,
-    _finish,
-    _named_tensors,
-    _refuse_seq_len,
-    _tensors_from_shapes,
+    finish_inputs,
+    named_tensors,
+    refuse_seq_len,
+    tensors_from_shapes,
 )
 from fxflops.cli.options import InputOptions, ModelInputs, ModelSpecError
 
@@ -58,14 +58,14 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     made_up = None
     if options.input_shapes or options.named_shapes:
         device = _device_of(model)
-        args = _tensors_from_shapes(options.input_shapes, device, False, options.dtype)
-        kwargs = _named_tensors(options, device)
+        args = tensors_from_shapes(options.input_shapes, device, False, options.dtype)
+        kwargs = named_tensors(options, device)
         made_up = None if device.type == "meta" else ZERO_INPUTS
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
     else:
         args, kwargs = _split_inputs(inputs)
-    return _finish(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
+    return finish_inputs(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
 
 
 def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
@@ -146,7 +146,7 @@ def _factory_arguments(factory: Any, options: InputOptions) -> dict[str, Any]:
         return dict(options.overrides)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "seq_len" not in parameters:  # only a factory that names it gets it (a **kwargs may be a builder's)
-        _refuse_seq_len(options, f"{getattr(factory, '__name__', 'the factory')}() takes no seq_len argument; "
+        refuse_seq_len(options, f"{getattr(factory, '__name__', 'the factory')}() takes no seq_len argument; "
                                  "give its inputs' sizes with --input-shape, or add seq_len to its signature")
     unknown = [key for key in options.overrides if not takes_any and key not in parameters]
     if unknown:  # batch, seq_len and dtype are offered; --set values are asked for, and must be taken
@@ -192,27 +192,27 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
     except TypeError as error:
         raise ModelSpecError(f"--set does not fit example {example.name}: {error}") from None
     if not example.takes_tokens:
-        _refuse_seq_len(options, f"{example.name} takes images, not token sequences; give the input size with "
+        refuse_seq_len(options, f"{example.name} takes images, not token sequences; give the input size with "
                                  "--input-shape, e.g. 1,1,32,32")
     elif options.input_shapes or options.named_shapes:
-        _refuse_seq_len(options, "--input-shape gives the sequence length already; give one of the two")
+        refuse_seq_len(options, "--input-shape gives the sequence length already; give one of the two")
     if options.input_shapes and example.takes_tokens:
-        _check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
+        check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
     if options.input_shapes or options.named_shapes:
-        args = _tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
+        args = tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
     else:
         args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
-    loaded = ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
-    return _finish(loaded, options)
+    loaded = ModelInputs(model, args, named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
+    return finish_inputs(loaded, options)
 
 
 def _other_forms_of(name: str) -> list[str]:
     """What a bare NAME most likely meant: hf:gpt2, torchvision:resnet50, or a built-in example close to it."""
     found = []
     lowered = name.lower()
-    if lowered in (checkpoint.lower() for checkpoint in _checkpoint_names()):
+    if lowered in (checkpoint.lower() for checkpoint in checkpoint_names()):
         found.append(f"hf:{name}")
-    elif importlib.util.find_spec("transformers") is not None and lowered in _model_types():
+    elif importlib.util.find_spec("transformers") is not None and lowered in hf_model_types():
         found.append(f"hf:{lowered}")
     if importlib.util.find_spec("torchvision") is not None:
         import torchvision
@@ -240,13 +240,13 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
     with torch.device("meta"):
         model = torchvision.models.get_model(name, **_no_weights(torchvision, name, options.overrides))
     model.eval()
-    _refuse_seq_len(options, f"torchvision {name} takes images, not token sequences; give the image size with "
+    refuse_seq_len(options, f"torchvision {name} takes images, not token sequences; give the image size with "
                              "--input-shape, e.g. 1,3,224,224 (or --sweep size=...)")
     shapes = options.input_shapes
     if not shapes and not options.named_shapes:
         shapes = (_torchvision_input_shape(torchvision, name, model, options.batch),)
-    args = _tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
-    return _finish(ModelInputs(model, args, _named_tensors(options, torch.device("meta")), f"torchvision {name}"),
+    args = tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
+    return finish_inputs(ModelInputs(model, args, named_tensors(options, torch.device("meta")), f"torchvision {name}"),
                    options)
 
 

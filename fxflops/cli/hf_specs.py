@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxflops.cli.inputs import _check_token_ranks, _finish, _named_tensors, _refuse_seq_len, _tensors_from_shapes
+from fxflops.cli.inputs import check_token_ranks, finish_inputs, named_tensors, refuse_seq_len, tensors_from_shapes
 from fxflops.cli.options import InputOptions, ModelInputs, ModelSpecError
 
 
@@ -64,7 +64,7 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
     if _custom_code(config) and not options.trust_remote_code:
         loaded.notes.append(f"hf:{name}'s config names its own model code (auto_map); it was not run, and "
                             f"transformers' {type(model).__name__} was built instead (--trust-remote-code runs it)")
-    return _finish(loaded, options)
+    return finish_inputs(loaded, options)
 
 
 def _defaults_caution(name: str, config: Any, overrides: Mapping[str, Any]) -> str:
@@ -219,7 +219,7 @@ def _remote_config(path: Path, auto_map: Mapping[str, Any]) -> Any:
     return config
 
 
-def _model_types() -> list[str]:
+def hf_model_types() -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return list(CONFIG_MAPPING_NAMES)
@@ -241,7 +241,7 @@ def _checkpoint_values(name: str) -> dict[str, Any] | None:
     return None
 
 
-def _checkpoint_names() -> list[str]:
+def checkpoint_names() -> list[str]:
     return [name for checkpoint, values in known_checkpoints().items()
             for name in [checkpoint, *values.get("aliases", ())]]
 
@@ -268,14 +268,14 @@ def _config_by_name(name: str) -> tuple[Any, bool]:
     values = _checkpoint_values(name)
     if values is not None:
         return CONFIG_MAPPING[values["model_type"]].from_dict(values), False
-    model_types = _model_types()
+    model_types = hf_model_types()
     if name in model_types:
         return CONFIG_MAPPING[name](), True
     raise ModelSpecError(_unknown_hf_name(name, model_types))
 
 
 def _unknown_hf_name(name: str, model_types: list[str]) -> str:
-    checkpoints = {checkpoint.lower(): checkpoint for checkpoint in _checkpoint_names()}
+    checkpoints = {checkpoint.lower(): checkpoint for checkpoint in checkpoint_names()}
     close = [checkpoints[c] for c in difflib.get_close_matches(name.lower(), list(checkpoints), n=2, cutoff=0.7)]
     close = list(dict.fromkeys(close + difflib.get_close_matches(name, model_types, n=3)))[:3]
     guess = f"did you mean {' or '.join('hf:' + t for t in close)}? " if close else ""
@@ -291,16 +291,16 @@ def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tu
     main = getattr(model, "main_input_name", "input_ids")
     device = torch.device("meta")
     if options.input_shapes or options.named_shapes:
-        _refuse_seq_len(options, "--input-shape gives the input sizes already; give one of the two")
+        refuse_seq_len(options, "--input-shape gives the input sizes already; give one of the two")
         given = dict(options.named_shapes)
         if options.input_shapes:
             given = {main: options.input_shapes[0], **given}
-        _check_token_ranks(type(model).__name__, given)
-        tensors = _tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype)
+        check_token_ranks(type(model).__name__, given)
+        tensors = tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype)
         kwargs = {main: tensors[0]} if tensors else {}
-        return tuple(tensors[1:]), {**kwargs, **_named_tensors(options, device)}
+        return tuple(tensors[1:]), {**kwargs, **named_tensors(options, device)}
     if main != "input_ids":
-        _refuse_seq_len(options, f"{type(model).__name__} takes {main}, not token sequences; give its shape "
+        refuse_seq_len(options, f"{type(model).__name__} takes {main}, not token sequences; give its shape "
                                  f"with --input-shape")
     if main == "input_ids":
         ids = torch.zeros(options.batch, options.seq_len, dtype=torch.long, device=device)

@@ -3,7 +3,7 @@
 `--input-shape` shapes (positional, or NAME=SHAPE by keyword) become all-zero tensors on the
 model's device: long for token ids and masks, else floating. They are checked against forward's
 signature, token ids against the (batch, seq) rank, and `--seq-len` is refused where it would
-change nothing. `_finish` applies `--dtype` to a resolved model and its floating-point inputs.
+change nothing. `finish_inputs` applies `--dtype` to a resolved model and its floating-point inputs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 from fxflops.cli.options import InputOptions, ModelInputs, ModelSpecError
 
 
-def _finish(loaded: ModelInputs, options: InputOptions) -> ModelInputs:
+def finish_inputs(loaded: ModelInputs, options: InputOptions) -> ModelInputs:
     """Apply --dtype to the model and its floating-point inputs; check inputs made from shapes fit forward."""
     if options.input_shapes or options.named_shapes:
         _check_forward_takes(loaded.model, loaded.args, loaded.kwargs)
@@ -76,14 +76,14 @@ def _token_name(name: str) -> bool:
     return name.endswith("_ids") or name.endswith("attention_mask")
 
 
-def _named_tensors(options: InputOptions, device: torch.device) -> dict[str, torch.Tensor]:
+def named_tensors(options: InputOptions, device: torch.device) -> dict[str, torch.Tensor]:
     """--input-shape NAME=SHAPE inputs: long for token ids and masks, else floating."""
     return {name: torch.zeros(shape, dtype=torch.long if _token_name(name) else (options.dtype or torch.float32),
                               device=device)
             for name, shape in options.named_shapes}
 
 
-def _check_token_ranks(model_name: str, inputs: Mapping[str, tuple[int, ...]]) -> None:
+def check_token_ranks(model_name: str, inputs: Mapping[str, tuple[int, ...]]) -> None:
     """Token ids are (batch, seq): any other rank counts a model that can never run (a 4-d input_ids)."""
     for name, shape in inputs.items():
         if name.endswith("_ids") and len(shape) != 2:
@@ -91,13 +91,13 @@ def _check_token_ranks(model_name: str, inputs: Mapping[str, tuple[int, ...]]) -
                                  f"--batch 1 --seq-len 128; got {','.join(map(str, shape))}")
 
 
-def _refuse_seq_len(options: InputOptions, why: str) -> None:
+def refuse_seq_len(options: InputOptions, why: str) -> None:
     """--seq-len where it would change nothing is an error, not silently ignored."""
     if options.seq_len_given:
         raise ModelSpecError(f"--seq-len: {why}")
 
 
-def _tensors_from_shapes(
+def tensors_from_shapes(
     shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, ...]:
     kind = torch.long if tokens else (dtype or torch.float32)
