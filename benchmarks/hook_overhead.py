@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fxflops.timing.latency import time_calls
+from fxflops.timing.clocks import time_calls
 from fxflops.timing.profiling import device_name, measure_forward
 
 TARGET = 1.15
@@ -75,7 +75,8 @@ def measure(name: str, build: Callable, device: torch.device, warm_up: int, step
 def hook_cost_per_call(device: torch.device, modules: int = 200, repeats: int = 300) -> float:
     """Seconds the hooks add to one module call: best hooked minus best plain forward of an
     Identity chain, divided by the number of modules (replay and root bookkeeping included)."""
-    from fxflops.timing.latency import ModuleTimer, make_clock
+    from fxflops.timing.clocks import make_clock
+    from fxflops.timing.latency import ModuleTimer
 
     chain = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(modules)])
     x = torch.zeros(1, device=device)

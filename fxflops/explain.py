@@ -4,23 +4,23 @@ A view of an Estimate's capture, re-bound node by node exactly as `count` bound 
 rule that matched, its formulas as written in the rule file, the values their names took, what the
 preset made of the rule's counts, and the result. Zero-cost ops are grouped under the list that
 declared them; an unknown op comes with a rule stub that counts it once saved and passed back.
+The values and stubs are written by `fxflops.rules.stub`, the text by `fxflops.report.explain`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from fxflops.count import node_calls
-from fxflops.rules.formula import HELPERS
-from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_string
-from fxflops.results import BACKWARD, COUNTED, ROOT_LABEL, UNKNOWN, ZERO, Captured, Estimate, NodeCost
+from fxflops.report.explain import exact, explanation_lines
+from fxflops.results import ROOT_LABEL, UNKNOWN, ZERO, Captured, Estimate, NodeCost
 from fxflops.tree import owning_module
-from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, default_rules_dir, preset
+from fxflops.rules import OpCall, Rule, RuleTable, ZeroList, preset
+from fxflops.rules.stub import bound_values, rule_stub
 
 __all__ = ["Explanation", "OpExplanation", "ZeroGroup", "explain", "explain_own", "rule_stub"]
 
@@ -102,7 +102,7 @@ class Explanation:
 
     def text(self, sources: bool = True) -> str:
         """The explanation as a report; `sources=False` leaves out the user's source lines."""
-        return "\n".join(_lines(self, sources))
+        return "\n".join(explanation_lines(self, sources))
 
 
 def explain(estimate: Estimate, name: str) -> Explanation:
@@ -145,9 +145,9 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
             zero.setdefault(label, {}).setdefault(cost.op, 0)
             zero[label][cost.op] += 1
             continue
-        values = _values(entry, call, captured.sizes)
+        values = bound_values(entry, call, captured.sizes)
         if getattr(cost, "kept_pairs", None) is not None:  # what the effective formulas read
-            values["kept_pairs"] = _exact(cost.kept_pairs)
+            values["kept_pairs"] = exact(cost.kept_pairs)
         key = (cost.op, cost.rule, cost.phase, tuple(values.items()), cost.macs, cost.flops)
         groups.setdefault(key, []).append((cost, call, entry))
     ops = [_op_explanation(members, table, estimate.conventions, captured.sizes) for members in groups.values()]
@@ -165,38 +165,6 @@ def _explanation(estimate: Estimate, target: str, kind: str, bound: list[Bound],
         sizes=tuple(captured.sizes.plan.names) if captured.sizes is not None else (),
         own=own,
     )
-
-
-def rule_stub(op: str, call: OpCall | None, module: str = "") -> str:
-    """A TOML rule that counts `op` (a guess: one FLOP per output element), listing the names its
-    formulas can read and their values in this call, for the user to edit and pass with rules=."""
-    readable = _readable_names(call)
-    where = f" (in {module or ROOT_LABEL})" if module is not None else ""
-    lines = [
-        f"# A rule for {op}{where}. Edit the formulas; save as a .toml file and pass it back:",
-        "#   fxflops MODEL --rules FILE.toml   or   fxflops.estimate(model, ..., rules=['FILE.toml'])",
-        "# Names a formula can read here: " + (", ".join(f"{k} = {v}" for k, v in readable.items()) or "out"),
-        f"# Helpers: {', '.join(sorted(HELPERS))}",
-        "[[rule]]",
-        f"name = {_toml_string(_stub_name(op))}",
-        f"ops = [{_toml_string(op)}]",
-        'macs = "0"  # multiply-accumulates per call',
-        f'flops = "{_guess(call)}"  # a guess: one FLOP per element of the first output',
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _guess(call: OpCall | None) -> str:
-    """One FLOP per element of the op's first tensor output (or, with none, of its first tensor input)."""
-    out = call.out if call is not None else None
-    if isinstance(out, torch.Tensor):
-        return "numel(out)"
-    if isinstance(out, list | tuple) and out and isinstance(out[0], torch.Tensor):
-        return "numel(out[0])"
-    for name, value in (call.names.items() if call is not None else ()):
-        if isinstance(value, torch.Tensor) and name not in ("args", "kwargs"):
-            return f"numel({name})"
-    return "0"
 
 
 # --- selecting and re-binding ---------------------------------------------------------------------
@@ -250,7 +218,7 @@ def _op_explanation(members: list[tuple[NodeCost, OpCall | None, Rule | ZeroList
     modules = tuple(dict.fromkeys(member[0].module for member in members))
     common = dict(op=cost.op, status=cost.status, modules=modules, phase=cost.phase, calls=len(members),
                   nodes=tuple(member[0].name for member in members), macs=cost.macs, flops=cost.flops,
-                  bytes=cost.bytes, source=cost.source, values=_values(entry, call, sizes))
+                  bytes=cost.bytes, source=cost.source, values=bound_values(entry, call, sizes))
     if cost.status == UNKNOWN:
         return OpExplanation(**common, stub=rule_stub(cost.op, call, cost.module))
     if not isinstance(entry, Rule) or call is None:
@@ -271,8 +239,8 @@ def _attention(cost: NodeCost) -> str | None:
     if getattr(cost, "attention", None) is None:
         return None
     effective = ("unknown: the mask is data, so the dense count stands" if cost.effective_macs is None
-                 else f"{_exact(cost.effective_macs)} MACs, {_exact(cost.effective_flops)} FLOPs")
-    return (f"attention ({cost.attention}): dense {_exact(cost.dense_macs)} MACs, {_exact(cost.dense_flops)} FLOPs; "
+                 else f"{exact(cost.effective_macs)} MACs, {exact(cost.effective_flops)} FLOPs")
+    return (f"attention ({cost.attention}): dense {exact(cost.dense_macs)} MACs, {exact(cost.dense_flops)} FLOPs; "
             f"effective {effective}")
 
 
@@ -314,144 +282,10 @@ def _preset_treatment(rule: Rule, conventions: str, family: str) -> str | None:
             f"flops = {treatment.flops.source} (of the rule's macs, flops; extra = flops - 2 * macs)")
 
 
-# --- values ---------------------------------------------------------------------------------------
-
-
-def _values(entry: Rule | ZeroList | None, call: OpCall | None, sizes: Any) -> dict[str, str]:
-    """Each name the rule's formulas read, with the value it took in this call."""
-    if call is None:
-        return {}
-    if not isinstance(entry, Rule) or entry.function is not None:
-        return _readable_names(call, sizes) if entry is None else {}
-    wanted: list[str] = []
-    for formula in (entry.when, entry.macs, entry.flops, *(f for pair in entry.presets.values() for f in pair)):
-        if formula is not None:
-            wanted += [name for name in sorted(formula.names) if name not in wanted and name not in ("macs", "flops")]
-    names = {**call.names, "out": call.out}
-    return {name: describe(names[name], sizes) for name in wanted if name in names}
-
-
-def _readable_names(call: OpCall | None, sizes: Any = None) -> dict[str, str]:
-    if call is None:
-        return {}
-    names = {key: value for key, value in call.names.items() if key not in ("args", "kwargs")}
-    names["out"] = call.out
-    return {key: describe(value, sizes) for key, value in names.items()
-            if _describable(value)}
-
-
-def _describable(value: Any) -> bool:
-    return value is None or isinstance(value, torch.Tensor | int | float | bool | str | list | tuple
-                                       | torch.SymInt | torch.SymFloat | torch.dtype)
-
-
-def describe(value: Any, sizes: Any = None, limit: int = 120) -> str:
-    """A bound value as the explanation prints it: a tensor as dtype[shape], sizes as numbers or formulas."""
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"{dtype}[{', '.join(_size(s, sizes) for s in value.shape)}]"
-    if isinstance(value, torch.SymInt | torch.SymFloat):
-        return _size(value, sizes)
-    if isinstance(value, list | tuple):
-        inner = ", ".join(describe(item, sizes, limit) for item in value)
-        text = f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-        return text if len(text) <= limit else text[:limit - 3] + "..."
-    if isinstance(value, torch.nn.Module):
-        return type(value).__name__
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _size(size: Any, sizes: Any) -> str:
-    if isinstance(size, torch.SymInt | torch.SymFloat) and sizes is not None:
-        return str(sizes.expression(size))
-    return str(size)
-
-
 def _count(value: Any, sizes: Any) -> Any:
     if isinstance(value, torch.SymInt | torch.SymFloat):
         return sizes.expression(value) if sizes is not None else int(value)
     return value
-
-
-# --- text -----------------------------------------------------------------------------------------
-
-
-def _lines(explanation: Explanation, sources: bool = True) -> Iterable[str]:
-    what = (f"module {explanation.target} ({explanation.module_type})" if explanation.kind == "module"
-            else f"op node {explanation.target} (in {explanation.module_type or 'the model'})")
-    own = ": the ops it ran itself (its submodules have their own)" if explanation.own else ""
-    yield f"{what}, counted under the {explanation.conventions} conventions{own}"
-    if explanation.sizes:
-        yield f"  as formulas in the sweep's sizes: {', '.join(explanation.sizes)}"
-    yield (f"  total: {_amount(explanation.macs, 'MACs', macs_to_string)}, "
-           f"{_amount(explanation.flops, 'FLOPs', number_to_string)}, {_amount(explanation.bytes, 'bytes', bytes_to_string)}")
-    counted = [op for op in explanation.ops if op.status == COUNTED]
-    if counted:
-        yield ""
-        yield "counted ops:"
-    for op in counted:
-        yield from _op_lines(op, sources)
-    if explanation.unknown:
-        yield ""
-        yield "unknown ops (not in the totals; a rule that counts each, to edit and pass back with --rules):"
-    for op in explanation.unknown:
-        yield f"  {op.op} x{op.calls} in {_modules_text(op.modules)}" + (f"  [{op.phase}]" if op.phase == BACKWARD else "")
-        yield from ("    " + line for line in (op.stub or "").splitlines())
-    if explanation.zero:
-        yield ""
-        yield "zero-cost ops:"
-    for group in explanation.zero:
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(group.ops.items(), key=lambda item: -item[1]))
-        where = f" ({_file(group.where)})" if group.where else ""
-        yield f"  {group.name}{where}: {listed}"
-
-
-def _op_lines(op: OpExplanation, sources: bool = True) -> Iterable[str]:
-    phase = "" if op.phase == "forward" else f" [{op.phase}]"
-    yield f"  {op.op} x{op.calls} in {_modules_text(op.modules)}{phase}: rule '{op.rule}' ({_file(op.where)}, family {op.family})"
-    for key, text in op.formulas.items():
-        yield f"    {key:<5} = {text}"
-    if op.values:
-        yield "    with " + ", ".join(f"{name} = {value}" for name, value in op.values.items())
-    if op.rule_counts is not None:
-        yield f"    rule gives {_exact(op.rule_counts[0])} MACs, {_exact(op.rule_counts[1])} FLOPs per call"
-    if op.preset:
-        yield f"    {op.preset}"
-    if op.attention:
-        yield f"    {op.attention}"
-    per_call = f"{_exact(op.macs)} MACs, {_exact(op.flops)} FLOPs, {_exact(op.bytes)} bytes per call"
-    times = f"; x{op.calls} = {_exact(op.total_macs)} MACs, {_exact(op.total_flops)} FLOPs" if op.calls > 1 else ""
-    yield f"    = {per_call}{times}"
-    if op.source and sources:
-        yield f"    at {op.source}"
-
-
-def _modules_text(modules: tuple[str, ...], shown: int = 3) -> str:
-    names = [name or ROOT_LABEL for name in modules[:shown]]
-    more = f" and {len(modules) - shown} more modules" if len(modules) > shown else ""
-    return ", ".join(names) + more
-
-
-def _file(where: str | None) -> str:
-    """A shipped rule file as rules/NAME.toml; a user's file or Python rule as given."""
-    if not where:
-        return ""
-    shipped = default_rules_dir()
-    try:
-        return f"rules/{Path(where).resolve().relative_to(shipped.resolve())}"
-    except (ValueError, OSError):
-        return where
-
-
-def _amount(value: Any, unit: str, scaled: Any) -> str:
-    if isinstance(value, int):
-        return f"{value:,} {unit} ({scaled(value).strip()})" if value >= 1000 else f"{value} {unit}"
-    return f"{value} {unit}"
-
-
-def _exact(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def plain(value: Any) -> Any:
@@ -463,14 +297,3 @@ def as_number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
-
-
-def _stub_name(op: str) -> str:
-    parts = op.split(".")
-    if parts[0] == "aten" and len(parts) >= 2:
-        return parts[1]
-    return parts[-1].lower() if parts else "my_op"
-
-
-def _toml_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

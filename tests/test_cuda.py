@@ -8,7 +8,8 @@ from torch import nn
 
 from fxflops.device import peaks
 from fxflops.compat import FlopsProfiler
-from fxflops.timing.latency import CudaClock, ModuleTimer
+from fxflops.timing.clocks import CudaClock
+from fxflops.timing.latency import ModuleTimer
 from fxflops.timing.profiling import device_name, profile
 
 pytestmark = [

@@ -15,15 +15,10 @@ from torch import nn
 
 import fxflops
 from fxflops.device import peaks
-from fxflops.timing.latency import (
-    CpuClock,
-    ModuleTimer,
-    PhaseTimer,
-    StepRecord,
-    join,
-    mean_per_step,
-    replay,
-)
+from fxflops.timing.backward import PhaseTimer
+from fxflops.timing.clocks import CpuClock
+from fxflops.timing.join import join
+from fxflops.timing.latency import ModuleTimer, StepRecord, mean_per_step, replay
 from fxflops.timing.profiling import profile, signature
 from fxflops.report.chrome_trace import trace_events, write_chrome_trace
 from fxflops.results import ROOT_LABEL, Estimate, Measurements, ModuleStats, Profile

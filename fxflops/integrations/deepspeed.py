@@ -25,7 +25,10 @@ from fxflops.report.formats import (
 )
 from fxflops.results import Profile
 from fxflops.timing.generate import generation_profile, profile_generate, split_runs
-from fxflops.timing.latency import ModuleTimer, PhaseTimer, join, make_clock, mean_per_step
+from fxflops.timing.backward import PhaseTimer
+from fxflops.timing.clocks import make_clock
+from fxflops.timing.join import join
+from fxflops.timing.latency import ModuleTimer, mean_per_step
 from fxflops.timing.profiling import (
     EstimateCache,
     batch_size_of,

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxflops.timing.latency import Interval, ModuleTimer, StepRecord, join, make_clock, mean_per_step
+from fxflops.timing.clocks import make_clock
+from fxflops.timing.join import join
+from fxflops.timing.latency import Interval, ModuleTimer, StepRecord, mean_per_step
 from fxflops.timing.profiling import (
     EstimateCache,
     batch_size_of,

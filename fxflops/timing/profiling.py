@@ -20,18 +20,10 @@ from torch.utils import _pytree as pytree
 
 from fxflops.device import peaks
 from fxflops.api import collector_paused, deep_models, estimate
-from fxflops.timing.latency import (
-    BackwardTimer,
-    ModuleTimer,
-    StepRecord,
-    join,
-    make_clock,
-    mean_backward,
-    mean_per_step,
-    median_record,
-    time_calls,
-    timeline_rows,
-)
+from fxflops.timing.backward import BackwardTimer, mean_backward
+from fxflops.timing.clocks import make_clock, time_calls
+from fxflops.timing.join import join
+from fxflops.timing.latency import ModuleTimer, StepRecord, mean_per_step, median_record, timeline_rows
 from fxflops.capture import tensors_in
 from fxflops.capture.inputs import signature
 from fxflops.capture.backward import backward_roots, cleared_grads, ones_like_each, restore_grads

@@ -1,0 +1,253 @@
+"""The Sweep object: costs of one model over named input sizes, queried at points and over grids.
+
+`sweep()` captures the model once with the named sizes symbolic and returns a `Sweep`. Its queries:
+`at(**sizes)` (an Estimate), `formula()` (a sympy expression), `explain()`, and over a grid
+`table()`, `points()` (streamed in constant memory) and `result()` (what the reports take). A point
+outside every piece's conditions is captured again there, as a new piece (`fxflops.sweeps.piece`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from fxflops.api import Counting, collector_paused, deep_enough, deep_models, normalize_inputs, warn_cautions, warn_unknown
+from fxflops.capture import uncompiled
+from fxflops.capture.diagnosis import CaptureError
+from fxflops.capture.dynamic import Dims, SizePlan, plan_from_dims
+from fxflops.capture.inputs import tensors_in
+from fxflops.capture.methods import AUTO
+from fxflops.optimizer import optimizer_step
+from fxflops.results import CountSource, Estimate, SweepFormula, SweepPoint, SweepResult
+from fxflops.rules import RuleSpec
+from fxflops.sweeps.piece import Piece
+from fxflops.tree import module_stats, unknown_ops
+
+QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "bwd_flops")
+
+# the least value a named size is captured at: ShapeEnv fixes sizes 0 and 1 as constants, so a
+# formula captured there would be valid only there
+_LEAST_SYMBOLIC = 2
+
+
+class SweepCaptureError(RuntimeError):
+    """The model could not be captured at a point of the sweep: says which sizes, on which axes."""
+
+
+class Sweep:
+    """Costs of one model over named input sizes, from one capture (more only where the model's path
+    changes). `at(**sizes)` is an Estimate, `formula()` a sympy expression, `table(grid)` rows."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict, plan: SizePlan, counting: Counting,
+                 options: dict[str, Any]) -> None:
+        self.model_type = type(model).__name__
+        self.names = plan.names
+        self.example = dict(plan.hints)  # the example inputs' sizes
+        self.pieces: list[Piece] = []
+        self.cautions: dict[str, None] = {}  # distinct cautions of the points counted so far, in order
+        self._model = model
+        self._inputs = (args, kwargs)
+        self.plan = plan  # the named axes (its hints: the example's sizes)
+        self._counting = counting
+        self._options = options  # method, backward, loss
+        self._optimizer = options.pop("optimizer", None)
+        first = {name: max(size, _LEAST_SYMBOLIC) for name, size in self.example.items()}
+        try:
+            self.pieces.append(self._capture(first))
+        except Exception:
+            if first == self.example:
+                raise
+            self.pieces.append(self._capture(self.example))  # the model insists on its example's sizes
+        warn_unknown(unknown_ops(self.pieces[0].costs), stacklevel=4)
+
+    @property
+    def conditions(self) -> list[str]:
+        """Where `formula()` (the first piece's) holds: every condition, as text."""
+        return self.pieces[0].describe()
+
+    @property
+    def holds_for(self) -> str:
+        """Where `formula()` holds, in one line ("2 <= batch <= 15, size >= 64 (and 3 more conditions ...)")."""
+        return self.pieces[0].summary()
+
+    def point(self, sizes: Mapping[str, int], /) -> dict[str, int]:
+        """A full point: the given sizes, the example's for the rest; unknown names are an error."""
+        unknown = [name for name in sizes if name not in self.names]
+        if unknown:
+            raise ValueError(f"unknown size {', '.join(map(repr, unknown))}; this sweep's sizes: {', '.join(self.names)}")
+        point = {**self.example, **sizes}
+        for name, value in point.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"size {name} must be a non-negative int, got {value!r}")
+        return point
+
+    def piece(self, /, **sizes: int) -> Piece:
+        """The piece whose conditions hold at the point, captured there if none does yet."""
+        point = self.point(sizes)
+        for piece in self.pieces:
+            if piece.holds(point):
+                return piece
+        piece = self._capture(point)
+        self.pieces.append(piece)
+        return piece
+
+    def at(self, /, **sizes: int) -> Estimate:
+        """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
+        point = self.point(sizes)
+        with collector_paused():
+            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
+                                                  self._counting.attention)
+        if self._optimizer is not None:
+            with deep_enough(self._model):
+                result.optimizer = optimizer_step(self._optimizer, self._model)
+        warn_cautions(result.cautions)
+        return result
+
+    def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:
+        """`quantity` (macs, flops, params, fwd_/bwd_ macs and flops) as a sympy expression in the sizes'
+        names, for the whole model or one module (inclusive). It holds where `conditions` do; give
+        sizes to get the formula of the piece covering that point instead."""
+        if quantity not in QUANTITIES:
+            raise ValueError(f"quantity must be one of {', '.join(QUANTITIES)}; got {quantity!r}")
+        piece = self.piece(**sizes) if sizes else self.pieces[0]
+        formulas = piece.formulas(quantity)
+        name = module or ""
+        if name not in formulas:
+            raise KeyError(f"no module {name!r} in {self.model_type}; modules are named as in named_modules()")
+        return formulas[name]
+
+    def explain(self, name: str = "", /, **sizes: int) -> Any:
+        """Estimate.explain(name) with every size, bound value and count a formula in the sweep's named
+        sizes (of the piece holding at `sizes`; default the first capture's, at the example)."""
+        from fxflops.explain import explain
+
+        piece = self.piece(**sizes) if sizes else self.pieces[0]
+        captured = piece.captured
+        modules = module_stats(piece.infos, captured.aliases, piece.costs, captured.module_calls, self.model_type)
+        symbolic = types.SimpleNamespace(  # what explain() reads of an Estimate; totals stay formulas
+            model_type=self.model_type, conventions=self._counting.conventions, nodes=piece.costs,
+            modules=modules, aliases=captured.aliases, source=CountSource(captured, self._counting.table))
+        return explain(symbolic, name)
+
+    @property
+    def backward(self) -> bool:
+        """Whether the points count the backward too."""
+        return bool(self._options["backward"])
+
+    def table(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]],
+              columns: Callable[[Estimate], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """One row per point: the sizes, then total MACs, FLOPs and params (or what `columns` picks
+        from the point's Estimate).
+
+        `grid` is {name: values} (every combination) or a list of points."""
+        if columns is None:
+            return [{**point.sizes, "macs": point.macs, "flops": point.flops, "params": point.params}
+                    for point in self.points(grid, top=0)]
+        return [{**self.point(point), **columns(self.at(**point))} for point in _each_point(grid)]
+
+    def points(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]], depth: int = 1,
+               top: int = 3) -> Iterator[SweepPoint]:
+        """The totals at each point of `grid`, one at a time (what `at()` gives there, and its `top`
+        modules at `depth`): a grid of any size streams in constant memory."""
+        for sizes in _each_point(grid):
+            point = self.point(sizes)
+            with collector_paused():
+                found = self.piece(**point).totals(point, self.model_type, depth, top)
+            self.cautions.update(dict.fromkeys(found.cautions))  # distinct ones: as few as the regions
+            yield found
+
+    def result(self, grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]], depth: int = 1,
+               top: int = 3) -> SweepResult:
+        """The formulas and the totals at every point of `grid` (see `points`), as the reports take them."""
+        points = list(self.points(grid, depth, top))
+        return SweepResult(model_type=self.model_type, names=self.names, example=dict(self.example),
+                           formulas=self.merged_formulas(), points=points, captures=len(self.pieces),
+                           backward=self.backward, depth=depth)
+
+    def merged_formulas(self) -> list[SweepFormula]:
+        """The whole model's formulas of every piece captured so far, pieces with equal formulas merged."""
+        quantities = ["macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if self.backward else [])
+        merged: dict[tuple, SweepFormula] = {}
+        for piece in self.pieces:
+            formulas = {quantity: str(piece.formulas(quantity)[""]) for quantity in quantities}
+            entry = merged.setdefault(tuple(formulas.values()), SweepFormula(formulas, [], []))
+            entry.holds_for.append(piece.summary())
+            entry.conditions.append(piece.describe())
+        return list(merged.values())
+
+    def _capture(self, point: Mapping[str, int]) -> Piece:
+        plan = self.plan.at(point)
+        args, kwargs = self._inputs
+        with collector_paused(), deep_enough(self._model):
+            try:
+                captured = self._counting.capture(self._model, args, kwargs, self._options["method"], sizes=plan,
+                                                  backward=self._options["backward"], loss=self._options["loss"])
+            except CaptureError as error:
+                where = ", ".join(f"{name}={value}" for name, value in point.items())
+                raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()})") from error
+            return Piece(plan, captured, self._counting.count(captured))
+
+    def _axes_text(self) -> str:
+        shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]
+        named = [f"{name} on axis {axis} of input {index} {list(shapes[index])}"
+                 for index, axes in self.plan.axes.items() for axis, name in axes.items()]
+        return "; ".join(named)
+
+    def __repr__(self) -> str:
+        return (f"Sweep({self.model_type} over {', '.join(self.names)}; captured at {self.example}; "
+                f"{len(self.pieces)} piece{'s' if len(self.pieces) != 1 else ''})")
+
+
+@deep_models
+def sweep(
+    model: torch.nn.Module,
+    args: Any = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dims: Dims,
+    input_shape: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    method: str = AUTO,
+    conventions: str = "deepspeed",
+    rules: Iterable[RuleSpec] | RuleSpec | None = None,
+    leaf_modules: Iterable[type | str] | None = None,
+    backward: bool = False,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: str | torch.optim.Optimizer | None = None,
+    attention: str = "dense",
+) -> Sweep:
+    """Capture `model` once with the input sizes named in `dims` symbolic; see `Sweep`.
+
+    `dims` maps a name to an axis of the example inputs, or to several axes that share the size:
+    {"batch": 0, "seq": 1} for token ids and their mask, {"batch": 0, "size": (2, 3)} for square
+    images. A name is carried by that axis of every input tensor whose size there equals the first
+    such tensor's. The other arguments are estimate()'s; the eager method is the one that captures
+    symbolic sizes, so `method` may be "auto" or "eager".
+    """
+    if loss is not None and not backward:
+        raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
+    args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
+    model = uncompiled(model)  # a torch.compile'd model: its original module, as estimate() counts it
+    counting = Counting.prepare(conventions, rules, leaf_modules, attention)
+    plan = plan_from_dims(args, kwargs, dims)
+    options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}
+    return Sweep(model, args, kwargs, plan, counting, options)
+
+
+def grid_points(grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> list[dict[str, int]]:
+    """Every combination of a {name: values} grid (the first name varies slowest), or a list of points."""
+    return list(_each_point(grid))
+
+
+def _each_point(grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> Iterator[dict[str, int]]:
+    if isinstance(grid, Mapping):
+        names = list(grid)
+        for values in itertools.product(*(list(grid[n]) for n in names)):
+            yield dict(zip(names, values))
+    else:
+        for point in grid:
+            yield dict(point)

@@ -1,0 +1,208 @@
+"""A piece of a sweep: one symbolic capture, its costs as expressions, and where they hold.
+
+A `Piece` holds every node's cost as an expression in the named sizes and the conditions under
+which the capture's path is the forward's path. It answers for one point: whether its conditions
+hold there, the per-module formulas, the whole Estimate at the point, or only its totals and top
+modules (each distinct expression evaluated once). `Sweep` keeps one piece per path it has seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sympy
+import torch
+from torch.utils._pytree import tree_map
+
+from fxflops.capture.dynamic import SizePlan, holds, user_symbol
+from fxflops.capture.inputs import tensors_in
+from fxflops.capture.lookups import position_lookups
+from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepModule, SweepPoint
+from fxflops.sweeps.expressions import Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.tree import build_estimate, owning_module, parent_name
+
+
+class Piece:
+    """One symbolic capture: every node's cost as an expression, and where those expressions hold."""
+
+    def __init__(self, plan: SizePlan, captured: Captured, costs: list[NodeCost]) -> None:
+        sizes = captured.sizes
+        self.plan = plan  # its hints are the point it was captured at
+        self.captured = captured
+        self.costs = costs
+        self.conditions: list[sympy.Basic] = sizes.conditions()
+        self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
+                      for name, info in captured.modules.items()}
+        self._compiled = _compiled(costs)
+        self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
+        self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
+        self._lookups = _symbolic_lookups(captured)
+        checks = [compile_expression(condition) for condition in self.conditions]
+        self._checks = None if any(check is None for check in checks) else checks
+        unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
+        if unbound:
+            raise ValueError(
+                f"costs depend on sizes the capture could not name ({', '.join(sorted(map(str, unbound)))}): "
+                "an op's output size depends on tensor values (nonzero, masked_select, unique). "
+                "Sweep over inputs whose shapes fix every size, or use estimate() at each point.")
+
+    def holds(self, point: Mapping[str, int]) -> bool:
+        if self._checks is None:
+            return holds(self.conditions, point)
+        return all(check(point) for check in self._checks)
+
+    def describe(self) -> list[str]:
+        """The conditions as text, e.g. 'seq >= 2', 'seq <= 1024'."""
+        return list(dict.fromkeys(condition_text(condition) for condition in self.conditions))
+
+    def bounds(self) -> dict[str, tuple[int, int | None]]:
+        """Each name's range as the conditions on that name alone state it: {name: (least, most or None)}."""
+        found = {name: [0, None] for name in self.plan.names}
+        for condition in self.conditions:
+            bound = simple_bound(condition)
+            if bound is None or bound[0] not in found:
+                continue
+            name, least, most = bound
+            if least is not None:
+                found[name][0] = max(found[name][0], least)
+            if most is not None:
+                found[name][1] = most if found[name][1] is None else min(found[name][1], most)
+        return {name: (least, most) for name, (least, most) in found.items()}
+
+    def summary(self) -> str:
+        """Where the piece holds, in one line: each name's range, and how many other conditions it checks."""
+        ranges = []
+        for name, (least, most) in self.bounds().items():
+            if most is not None and least == most:
+                ranges.append(f"{name} = {least}")
+            elif most is not None:
+                ranges.append(f"{least} <= {name} <= {most}")
+            else:
+                ranges.append(f"{name} >= {least}")
+        others = sum(1 for condition in self.conditions if simple_bound(condition) is None)
+        return ", ".join(ranges) + (f" (and {others} more conditions, each checked per point)" if others else "")
+
+    def formulas(self, quantity: str) -> dict[str, sympy.Expr]:
+        """Module name -> inclusive formula of `quantity` (the root is "")."""
+        if quantity == "params":
+            return {name: sympy.sympify(info.params) for name, info in self.infos.items()}
+        terms: dict[str, list[Any]] = defaultdict(list)
+        field = "flops" if quantity.endswith("flops") else "macs"
+        for cost in self.costs:
+            if quantity.startswith("fwd_") and cost.is_backward or quantity.startswith("bwd_") and not cost.is_backward:
+                continue
+            value = getattr(cost, field)
+            if value != 0:
+                terms[owning_module(cost.module, self.captured.aliases, self.infos)].append(value)
+        totals = {name: sympy.Add(*terms.get(name, ())) for name in self.infos}
+        for name in reversed(list(totals)):  # children come after their parents in pre-order
+            parent = parent_name(name)
+            if parent is not None and parent in totals:
+                totals[parent] = totals[parent] + totals[name]
+        return {name: plain_sympy(expr) for name, expr in totals.items()}
+
+    def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
+                 attention: str = "dense") -> Estimate:
+        """The Estimate at `point`: every expression evaluated there."""
+        value = Evaluator(point, self._compiled)
+        costs = [value.cost(cost) for cost in self.costs]
+        infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
+                 else info for name, info in self.infos.items()}
+        captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=self.cautions_at(point),
+                                       input_shapes=shapes_at(inputs, self.plan, point))
+        return build_estimate(model_type, captured, costs, conventions, attention)
+
+    def totals(self, point: Mapping[str, int], model_type: str, depth: int, top: int) -> SweepPoint:
+        """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it:
+        each distinct cost expression evaluated once, times how many nodes of a module carry it."""
+        value = Evaluator(point, self._compiled)
+        terms = self._inclusive_terms()
+
+        def total(counter: Counter) -> int:
+            return sum(count * value(expr) for expr, count in counter.items())
+
+        macs, flops, bwd_macs, bwd_flops = (total(counter) for counter in terms[""])
+        named = self._at_depth.get(depth)
+        if named is None:
+            named = self._at_depth[depth] = _at_depth(list(self.infos), depth)
+        ranked = sorted(((total(terms[name][0]), name) for name in named), key=lambda item: (-item[0], item[1]))
+        tops = tuple(SweepModule(name, model_type if name == "" else self.infos[name].type, module_macs,
+                                 total(terms[name][1])) for module_macs, name in ranked[:max(top, 0)])
+        return SweepPoint(dict(point), macs, flops, value(self.infos[""].params), bwd_macs, bwd_flops, tops,
+                          tuple(self.cautions_at(point)))
+
+    def cautions_at(self, point: Mapping[str, int]) -> list[str]:
+        """What a real forward would do differently at `point` (a lookup past a position table holds in a
+        region of sizes)."""
+        return self.captured.cautions + [caution for region, caution in self._lookups if holds([region], point)]
+
+    def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
+        """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
+        module's subtree as `tree.module_stats` sums them. Made once per piece, on first use."""
+        if self._terms is None:
+            own = {name: (Counter(), Counter(), Counter(), Counter()) for name in self.infos}
+            for cost in self.costs:
+                macs, flops, bwd_macs, bwd_flops = own[owning_module(cost.module, self.captured.aliases, self.infos)]
+                macs[cost.macs] += 1
+                flops[cost.flops] += 1
+                if cost.is_backward:
+                    bwd_macs[cost.macs] += 1
+                    bwd_flops[cost.flops] += 1
+            for name in reversed(list(own)):  # children come after their parents in pre-order
+                parent = parent_name(name)
+                if parent is not None and parent in own:
+                    for mine, child in zip(own[parent], own[name]):
+                        mine.update(child)
+            self._terms = own
+        return self._terms
+
+
+def _at_depth(names: list[str], depth: int) -> list[str]:
+    """The modules `report.sweep.top_modules` ranks: those at `depth`, or the deepest there are."""
+    depths = {name: 0 if name == "" else name.count(".") + 1 for name in names}
+    deepest = max(depths.values())
+    level = min(max(depth, 1), deepest) if deepest else 0
+    return [name for name in names if depths[name] == level]
+
+
+def shapes_at(inputs: Any, plan: SizePlan, point: Mapping[str, int]) -> Any:
+    """The inputs' shapes (as Estimate.input_shapes holds them) with the named axes at `point`."""
+    index = {id(tensor): i for i, tensor in enumerate(tensors_in(inputs))}
+    return tree_map(lambda v: plan.shape_of(index[id(v)], v.shape, point) if isinstance(v, torch.Tensor) else v,
+                    inputs)
+
+
+def _symbolic_lookups(captured: Captured) -> list[tuple[sympy.Basic, str]]:
+    """Lookups at positions that depend on the sizes: (the region past the table, its caution),
+    the caution stating that region (seq > 1024), so a point past a model's positions says so."""
+    found = []
+    for lookup in position_lookups(captured.graph_module):
+        low, high = (plain_sympy(captured.sizes.expression(value)) for value in (lookup.low, lookup.high))
+        if not (low.free_symbols or high.free_symbols):
+            continue  # a fixed range: the capture's own caution, if any
+        region = sympy.simplify(sympy.Or(sympy.Gt(high, lookup.rows - 1), sympy.Lt(low, lookup.least)))
+        if region == sympy.false:
+            continue
+        found.append((region, lookup.caution(low, high, condition_text(region))))
+    return found
+
+
+def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], int]]:
+    distinct = {value for c in costs for value in (c.macs, c.flops, c.bytes, *(s for shape in (*c.input_shapes, *c.output_shapes)
+                                                                     for s in shape)) if type(value) is not int}
+    found = {expr: compile_expression(expr) for expr in distinct}
+    return {expr: function for expr, function in found.items() if function is not None}
+
+
+def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
+    found: set[sympy.Symbol] = set()
+    values = [c.macs for c in costs] + [c.flops for c in costs] + [c.bytes for c in costs]
+    values += [i.params for i in infos.values()]
+    values += [size for c in costs for shape in (*c.input_shapes, *c.output_shapes) for size in shape]
+    for value in values:
+        if isinstance(value, sympy.Basic):
+            found |= value.free_symbols
+    return found
