@@ -1,5 +1,7 @@
-"""The text report's aggregated profile: at every depth of the module tree, the top-k module types by
-params, MACs (fwd and bwd when the backward is counted) and forward latency when timed.
+"""The text report's aggregated profile: the top-k module types at every depth of the module tree.
+
+Ranked by params, MACs (fwd and bwd when the backward is counted) and, when timed, forward latency,
+each summed over the modules of that type at that depth, as DeepSpeed's aggregated profile shows them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The text report's detailed profile: the module tree as torch prints it, each module's params, MACs,
-their shares (latency, FLOPS and the roofline prediction when there), before its own extra_repr;
-identical numbered repeats folded into one entry.
+"""The text report's detailed profile: the module tree as torch prints it, each module's numbers before
+its own extra_repr.
+
+Each entry: params, MACs and their shares; latency, FLOPS and the roofline prediction when there; calls.
+Identical numbered repeats fold into one entry (fxflops.report.fold).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The summary lines of a measured profile, in DeepSpeed's words: world and parallel sizes, latency,
-FLOPS and utilization of the forward, backward and whole step, samples per second, and a profiled
-generation's prefill and decode.
+"""The summary lines of a measured profile: parallel sizes, latency, FLOPS and utilization, throughput,
+and a profiled generation's prefill and decode.
 
-Each line appears only when what it is computed from was measured.
+In DeepSpeed's words, each line only when what it is computed from was measured.
 """
 
 from __future__ import annotations

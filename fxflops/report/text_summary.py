@@ -1,6 +1,9 @@
-"""The text report's summary: what was estimated how (model, inputs, capture method, conventions), the
-totals (params, MACs, flops, backward, attention, bytes, optimizer step), the roofline prediction, the
-measured lines of a profile, what share of graph nodes a rule counted, and the unknown ops.
+"""The text report's summary: what was estimated how, the totals, the roofline prediction, the node
+shares and the unknown ops.
+
+What was estimated how: model, inputs, capture method, dtype, mode, conventions. The totals: params,
+MACs, flops, the counted backward, attention read two ways, bytes, the optimizer step. A profile's
+measured lines come from `text_measured`.
 """
 
 from __future__ import annotations
