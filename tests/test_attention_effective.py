@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxflops
-from fxflops.rules.kept_pairs import band_pairs, causal_pairs, mask_kept_pairs
+from fxflops.rules.mask_bands import band_pairs, causal_pairs
+from fxflops.rules.mask_values import mask_kept_pairs
 from fxflops.report.machine import from_json
 from fxflops.rules import RuleFileError, load_rule_file
 from tests.oracle import oracle_flops
@@ -111,9 +112,9 @@ def test_packed_documents_built_from_positions_by_hand():
 
 
 def test_a_mask_too_large_to_evaluate_is_unknown_and_says_so(monkeypatch):
-    import fxflops.rules.kept_pairs
+    import fxflops.rules.mask_values
 
-    monkeypatch.setattr(fxflops.rules.kept_pairs, "MAX_MASK_ELEMENTS", 63)  # the 8 x 8 mask has 64
+    monkeypatch.setattr(fxflops.rules.mask_values, "MAX_MASK_ELEMENTS", 63)  # the 8 x 8 mask has 64
     estimate = fxflops.estimate(PackedFromPositions(), qkv(), attention="effective")
     totals = estimate.attention_totals()
     assert (totals.unknown, totals.patterns) == (1, ("mask (too large to evaluate: over 63 entries)",))

@@ -80,7 +80,7 @@ def test_a_user_rule_naming_the_python_function_keeps_it_whole_and_says_it_misse
 
 
 def test_trilinear_by_hand_where_a_summed_dim_is_on_one_side_only():
-    from fxflops.rules.formula import trilinear_counts
+    from fxflops.rules.formula_helpers import trilinear_counts
 
     i1, i2, i3 = torch.empty(3, 4), torch.empty(3, 5), torch.empty(3, 5)
     # dims (a=3, u, k=4, j=5); unrolled over a: per slice, i1's k (only i1 has it) is summed first

@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from fxflops.rules.formula import Formula, FormulaError, einsum_macs
+from fxflops.rules.formula import Formula, FormulaError
+from fxflops.rules.formula_helpers import einsum_macs
 
 
 def test_arithmetic_conditions_subscripts_and_helpers():

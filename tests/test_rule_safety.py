@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import fxflops
-from fxflops.rules.formula import MAX_INT_BITS, MAX_LENGTH, Formula, FormulaError
+from fxflops.rules.formula import Formula, FormulaError
+from fxflops.rules.formula_bounds import MAX_INT_BITS, MAX_LENGTH
 from fxflops.rules import MAX_FILE_BYTES, default_rules_dir, load_rule_dir, load_table
 from fxflops.rules.presets import PRESETS_FILE
 

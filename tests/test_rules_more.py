@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fxflops
-from fxflops.rules.formula import fft_flops
+from fxflops.rules.formula_helpers import fft_flops
 from fxflops.rules import bind_op_call, load_table
 from fxflops.sweeps import sweep
 from tests.oracle import oracle_flops, oracle_training_flops

@@ -33,7 +33,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
-from fxflops.report.text import attention_text, inputs_text, summary_lines
+from fxflops.report.text_summary import attention_text, inputs_text, summary_lines
 from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate, ModuleStats
 
 

@@ -1,6 +1,7 @@
-"""The rule table, as data and code: rule files read and checked (files), their entries and presets
-(entries, presets), formulas (formula), an op call bound to names (binding), matching a call to a rule
-(table), and the (query, key) pairs an attention mask keeps (kept_pairs).
+"""The rule table, as data and code: rule files read and checked (files, checks), their entries and
+presets (entries, presets), formulas (formula, with formula_helpers and formula_bounds), an op call
+bound to names (binding), matching a call to a rule (table), and the (query, key) pairs an attention
+mask keeps (kept_pairs, with mask_bands and mask_values).
 
 The names below are what the rest of fxflops imports from `fxflops.rules`.
 """

@@ -1,0 +1,124 @@
+"""A mask's kept pairs counted from its values: concrete masks, flex_attention BlockMasks, and masks
+built without data evaluated on real index tensors.
+
+`mask_kept_pairs` counts the pairs a concrete boolean or additive mask keeps over the attention grid,
+`block_mask_kept_pairs` those a BlockMask's kept blocks make flex_attention compute. A mask the graph
+builds with no model input or parameter behind it (a packed batch's block diagonal from positions) is
+computed on CPU at the captured sizes, each value at most MAX_MASK_ELEMENTS entries; one that needs
+data raises _NotKnowable.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+MAX_MASK_ELEMENTS = 1 << 24  # a mask evaluated on real index tensors: at most this many entries per value (16 Mi)
+
+
+def mask_kept_pairs(mask: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
+    """The (query, key) pairs a concrete attention mask keeps, broadcast to `shape` (B, H, Lq, Lk;
+    default the mask's own): True entries of a boolean mask, entries above the dtype's lowest value
+    (not -inf, not finfo.min) of an additive float mask."""
+    kept = _kept(mask)
+    shape = tuple(shape) if shape is not None else tuple(kept.shape)
+    expanded = (1,) * (len(shape) - kept.ndim) + tuple(kept.shape)
+    if len(expanded) != len(shape) or any(e not in (1, s) for e, s in zip(expanded, shape)):
+        raise ValueError(f"a mask of shape {tuple(mask.shape)} does not broadcast to the attention grid {shape}")
+    repeat = math.prod(s for e, s in zip(expanded, shape) if e == 1 and s != 1)
+    return int(kept.sum()) * repeat
+
+
+def block_mask_kept_pairs(block_mask: Any, shape: tuple[int, ...] | None = None) -> int:
+    """The (query, key) pairs flex_attention computes under a BlockMask: its kept blocks (partial and
+    full, as the mask's own kv_num_blocks and full_kv_num_blocks count them) x the block size, each
+    block whole, as the kernels compute it; broadcast to `shape` (B, H, Lq, Lk) where the mask's batch
+    or heads are 1. The counts are the mask function's at the mask's sizes, not data."""
+    blocks = block_mask.kv_num_blocks.sum(dtype=torch.int64)
+    if block_mask.full_kv_num_blocks is not None:
+        blocks = blocks + block_mask.full_kv_num_blocks.sum(dtype=torch.int64)
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    batch, heads = tuple(block_mask.kv_num_blocks.shape[:2])
+    repeat = 1
+    if shape is not None:
+        for own, wanted in ((batch, shape[0]), (heads, shape[1])):
+            if own not in (1, wanted):
+                raise ValueError(f"a BlockMask of batch x heads {batch} x {heads} does not broadcast to {shape}")
+            repeat *= wanted if own == 1 else 1
+    return int(blocks) * q_block * kv_block * repeat
+
+
+def _kept(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point():
+        return mask > torch.finfo(mask.dtype).min
+    return mask != 0
+
+
+# --- masks evaluated on real index tensors --------------------------------------------------------
+
+
+class _NotKnowable(Exception):
+    pass
+
+
+class _TooLarge(_NotKnowable):
+    pass
+
+
+# ops whose result reads only their inputs' shapes and dtypes, never their values
+_SHAPE_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.ones_like.default,
+               aten.zeros_like.default, aten.full_like.default, aten.new_empty.default}
+_UNDEFINED = {aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default, aten.empty_strided.default,
+              aten.new_empty_strided.default}  # values no one can know
+
+
+def _evaluate(node: Any, memo: dict[Any, Any]) -> Any:
+    """The node's value computed on real CPU tensors; _NotKnowable when it needs data."""
+    if isinstance(node, torch.fx.Node):
+        if node not in memo:
+            memo[node] = _evaluate_node(node, memo)
+        return memo[node]
+    if isinstance(node, list | tuple):
+        return type(node)(_evaluate(item, memo) for item in node)
+    if isinstance(node, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise _NotKnowable(node)
+    if isinstance(node, torch.device):
+        return torch.device("cpu")
+    if isinstance(node, torch.Tensor):
+        raise _NotKnowable(node)
+    return node
+
+
+def _evaluate_node(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
+    val = node.meta.get("val")
+    if node.op != "call_function" or not callable(node.target):
+        raise _NotKnowable(node)
+    if isinstance(val, torch.Tensor) and math.prod(int(s) for s in val.shape) > MAX_MASK_ELEMENTS:
+        raise _TooLarge(node)
+    if node.target in _UNDEFINED or node.target is operator.getitem:
+        raise _NotKnowable(node)
+    if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+        raise _NotKnowable(node)
+    if node.target in _SHAPE_ONLY:
+        args = tuple(_placeholder_like(arg) if isinstance(arg, torch.fx.Node) else _evaluate(arg, memo) for arg in node.args)
+    else:
+        args = _evaluate(node.args, memo)
+    kwargs = {name: _evaluate(value, memo) for name, value in node.kwargs.items()}
+    try:
+        return node.target(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever stops it, the mask is not known
+        raise _NotKnowable(node) from error
+
+
+def _placeholder_like(node: torch.fx.Node) -> torch.Tensor:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise _NotKnowable(node)
+    return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
