@@ -85,6 +85,10 @@ class OpRecorder(TorchDispatchMode):
         the one a concrete predicate takes, or both (a caution says so) when it is a fake tensor."""
         if self.inside_opaque:  # run by a call recorded whole (flex_attention's autograd): not the model's
             return func(*args, **kwargs)
+        if func in FLEX_HOPS:  # flex_attention_backward, which autograd calls past CompositeOps: one node
+            out = func(*args, **kwargs)
+            self.record(func, args, kwargs, out)
+            return out
         if func is not getattr(torch.ops.higher_order, "cond", None) or kwargs:
             raise NotImplementedError(f"the higher-order operator {func.name()} is not recorded op by op; "
                                       "method='export' captures it")

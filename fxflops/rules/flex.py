@@ -11,7 +11,8 @@ heads the mask does not name:
 - counts that are fake (a BlockMask built inside the forward, or one given as an input, swapped for
   a fake twin) are recomputed: the mask_mod evaluated on real index tensors at the mask's sizes,
   outside every fake and dispatch mode, a few query blocks at a time, then each block kept if any of
-  its pairs is; one evaluation per (mask_mod, sizes) and count;
+  its pairs is; one evaluation per (mask_mod, sizes) and count. Fake counts with torch's noop_mask
+  (`BlockMask.from_kv_blocks` without a mask_mod) were the only record of the blocks: data;
 - a mask_mod that reads data (it closes over a fake tensor: a document-id or padding tensor from the
   batch) keeps pairs the capture cannot know: "mask from data", counted dense;
 - no BlockMask (flex's own empty mask, one block as large as the grid): every pair, effective = dense.
@@ -58,9 +59,11 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
         return KeptPairs(None, f"{BLOCK_MASK} (its layout is not one this torch version is known to use)")
     if _is_empty(mask, grid):
         return None
-    pattern = _pattern(mask.mask_mod)
+    pattern = BLOCK_MASK
     if _is_real(mask.kv_num_blocks) and (mask.full_kv_num_blocks is None or _is_real(mask.full_kv_num_blocks)):
         return KeptPairs(block_mask_kept_pairs(mask, tuple(grid)), pattern)
+    if _is_noop(mask.mask_mod):  # the blocks are the counts' alone (BlockMask.from_kv_blocks), which have no data
+        return KeptPairs(None, f"{DATA} (blocks given as counts, no mask_mod)")
     sizes = (*mask.kv_num_blocks.shape[:2], *mask.seq_lengths, *mask.BLOCK_SIZE)
     if symbolic or not all(isinstance(size, int) for size in (*sizes, *grid)):
         return KeptPairs(None, f"{pattern} (counted at concrete sizes only)")
@@ -96,10 +99,14 @@ def _read(block_mask: tuple) -> SimpleNamespace | None:
 
 def _is_empty(mask: SimpleNamespace, grid: tuple[Any, ...]) -> bool:
     """flex_attention's default mask (no block_mask given): noop_mask, one block over the whole grid."""
+    q_block, kv_block = mask.BLOCK_SIZE
+    return _is_noop(mask.mask_mod) and _at_least(q_block, grid[-2]) and _at_least(kv_block, grid[-1])
+
+
+def _is_noop(mask_mod: Any) -> bool:
     from torch.nn.attention.flex_attention import noop_mask
 
-    q_block, kv_block = mask.BLOCK_SIZE
-    return mask.mask_mod is noop_mask and _at_least(q_block, grid[-2]) and _at_least(kv_block, grid[-1])
+    return mask_mod is noop_mask
 
 
 def _at_least(size: Any, other: Any) -> bool:
@@ -108,12 +115,6 @@ def _at_least(size: Any, other: Any) -> bool:
 
 def _is_real(tensor: torch.Tensor) -> bool:
     return not isinstance(tensor, FakeTensor) and not tensor.is_meta and type(tensor) is torch.Tensor
-
-
-def _pattern(mask_mod: Callable[..., Any]) -> str:
-    """"block mask causal": the mask_mod's own name, where it has one."""
-    name = getattr(mask_mod, "__name__", "")
-    return f"{BLOCK_MASK} {name}" if name.isidentifier() and name not in ("mask_mod", "mask_fn") else BLOCK_MASK
 
 
 def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, ...], pattern: str) -> KeptPairs:
