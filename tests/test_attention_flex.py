@@ -215,6 +215,19 @@ def test_too_large_to_evaluate_is_unknown(monkeypatch):
     assert estimate.attention_totals().patterns == (f"block mask (too large to evaluate: over {256 * 256 - 1} entries)",)
 
 
+def test_sweep_over_seq_is_dense_exact_and_effective_per_point():
+    from fxflops.capture.dynamic import user_symbol
+    from fxflops.sweeps import sweep
+
+    found = sweep(Net(), (x_of(256),), dims={"seq": 1}, attention="effective", conventions="torch")
+    linears = B * D * (H * E + 2 * H * E)  # per position
+    for seq in (128, 300):
+        assert found.formula("macs").subs(user_symbol("seq"), seq) == B * H * seq * seq * 2 * E + linears * seq
+        # the mask_mod cannot be evaluated at a symbolic size: effective unknown there, counted dense
+        assert found.at(seq=seq).attention_totals().patterns == ("block mask (counted at concrete sizes only)",)
+    assert fxflops.estimate(Net(), (x_of(300),), attention="effective").attention_totals().unknown == 0
+
+
 def test_flex_runs_eagerly_only_inside_the_capture_and_quietly():
     from fxflops.capture.flex import flex_runs_eagerly
 
