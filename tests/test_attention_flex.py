@@ -15,6 +15,8 @@ from torch._higher_order_ops.flex_attention import flex_attention as flex_operat
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 import fxflops
+from fxflops.explain import explain
+from fxflops.report.machine import from_json
 from fxflops.rules.flex import kept_blocks
 from tests.oracle import oracle_flex_flops
 
@@ -118,6 +120,11 @@ def test_forward_and_backward_by_hand_and_against_flop_counter_mode():
     assert (forward.effective_macs, backward.effective_macs) == (pairs * 2 * E, pairs * 5 * E)
     dense = fxflops.estimate(model, (x_of(256),), backward=True, conventions="torch")
     assert (dense.fwd_flops, dense.bwd_flops) == oracle_flex_flops(model, (x_of(256),), backward=True)
+    # the reports read the node as any attention op
+    text = str(explain(counts, backward.name))
+    assert "rule 'flex_attention_backward' (rules/backward.toml, family attention)" in text
+    assert f"attention (block mask): dense {backward.dense_macs:,} MACs" in text
+    assert from_json(counts.to_json()).attention_totals() == counts.attention_totals()
 
 
 def test_grouped_query_attention_counts_per_query_head():
@@ -213,6 +220,15 @@ def test_too_large_to_evaluate_is_unknown(monkeypatch):
     monkeypatch.setattr(fxflops.rules.flex, "MAX_FLEX_MASK_ELEMENTS", 256 * 256 - 1)
     estimate = fxflops.estimate(Net(), (x_of(256),), attention="effective")
     assert estimate.attention_totals().patterns == (f"block mask (too large to evaluate: over {256 * 256 - 1} entries)",)
+
+
+def test_annotate_counts_an_exported_flex_attention_as_one_op():
+    model = Net().eval()
+    with torch.no_grad():
+        program = torch.export.export(model, (x_of(256),))
+    annotated = fxflops.annotate(program, conventions="torch")
+    flex = [node.meta["fxflops"] for node in annotated.graph.nodes if "flex_attention" in str(node.target)]
+    assert [(cost["rule"], cost["flops"]) for cost in flex] == [("flex_attention", 2 * B * H * 256 * 256 * 2 * E)]
 
 
 def test_sweep_over_seq_is_dense_exact_and_effective_per_point():

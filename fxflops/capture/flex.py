@@ -5,9 +5,10 @@ Eager `torch.nn.attention.flex_attention.flex_attention` wraps its higher-order 
 Under torch's own context-managed `torch.compiler.set_stance("force_eager")` that wrapper runs
 eagerly, and the HOP reaches the capture as one call: `flex_attention(query, key, value, score_mod,
 block_mask.as_tuple(), scale, kernel_options, ...)`, and in the backward `flex_attention_backward`.
-`fxflops.capture.recorder.CompositeOps` records each as one node (what runs inside it, the HOP's
-autograd tracing its score_mod included, is flex's, not the model's); `fxflops.rules.flex` reads its
-BlockMask.
+`fxflops.capture.recorder` records each as one node: the forward where CompositeOps sees the call,
+before autograd (what runs inside it, the HOP's autograd tracing its score_mod included, is flex's,
+not the model's), the backward where autograd's call reaches the dispatch mode. `fxflops.rules.flex`
+reads its BlockMask.
 
 torch warns once per process that flex_attention ran without torch.compile: a capture is not a run,
 so that warning is silenced while one runs. torch itself refuses flex_attention's backward on the CPU;
