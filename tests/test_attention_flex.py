@@ -177,6 +177,10 @@ def test_block_masks_made_outside_the_forward():
     # held by the model: its real counts are read as they are (2 blocks: the counts, not the mask_mod)
     [node] = attention_nodes(fxflops.estimate(Held(_diagonal_blocks()), (q,), attention="effective"))
     assert (node.kept_pairs, node.attention) == (B * H * 2 * BLOCK * BLOCK, "block mask")
+    # one block of 512 over 256 positions computes the 256 x 256 there are
+    whole = create_block_mask(causal, None, None, 256, 256, device="cpu", BLOCK_SIZE=512)
+    [node] = attention_nodes(fxflops.estimate(Held(whole), (q,), attention="effective"))
+    assert node.kept_pairs == node.dense_macs // (2 * E) == B * H * 256 * 256
     # the same counts given as an input are fake: nothing says which blocks they kept
     [node] = attention_nodes(fxflops.estimate(Given(), (q, _diagonal_blocks()), attention="effective"))
     assert (node.effective_macs, node.attention) == (None, "mask from data (blocks given as counts, no mask_mod)")
@@ -212,6 +216,8 @@ def test_kept_blocks_evaluated_a_few_query_blocks_at_a_time(monkeypatch):
     # per (batch, head): a mask_mod that reads them
     per_head = kept_blocks(lambda b, h, q, kv: (q >= kv) | (h == 1), 2, 3, 256, 256, BLOCK, BLOCK)
     assert per_head.view(-1).tolist() == [3, 4, 3] * 2
+    # a block larger than the sequence is one block over it (flex's own empty mask is one block of 2^30)
+    assert int(kept_blocks(causal, 1, 1, 300, 300, 1 << 30, 1 << 30).sum()) == 1
 
 
 def test_too_large_to_evaluate_is_unknown(monkeypatch):

@@ -16,6 +16,7 @@ heads the mask does not name:
 - a mask_mod that reads data (it closes over a fake tensor: a document-id or padding tensor from the
   batch) keeps pairs the capture cannot know: "mask from data", counted dense;
 - no BlockMask (flex's own empty mask, one block as large as the grid): every pair, effective = dense.
+  A block larger than the sequence counts as the sequence (what one block over it computes).
 
 Sizes that are a sweep's symbols cannot be evaluated: the pairs are then unknown ("counted at
 concrete sizes only").
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.rules.kept_pairs import DATA, MASK, MAX_MASK_ELEMENTS, KeptPairs, block_mask_kept_pairs, call_kept_pairs
+from fxflops.rules.kept_pairs import DATA, MAX_MASK_ELEMENTS, KeptPairs, block_mask_kept_pairs, call_kept_pairs
 
 BLOCK_MASK = "block mask"  # the pattern a flex BlockMask's kept pairs are reported under
 MAX_FLEX_MASK_ELEMENTS = 1 << 30  # a mask_mod evaluated at most over this many (b, h, q, kv) entries (~5 s)
@@ -60,8 +61,12 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
     if _is_empty(mask, grid):
         return None
     pattern = BLOCK_MASK
+    # a block larger than the sequence (flex's empty mask is one block of 2^30) covers the sequence only
+    block_size = tuple(_at_most(block, length) for block, length in zip(mask.BLOCK_SIZE, grid[-2:]))
     if _is_real(mask.kv_num_blocks) and (mask.full_kv_num_blocks is None or _is_real(mask.full_kv_num_blocks)):
-        return KeptPairs(block_mask_kept_pairs(mask, tuple(grid)), pattern)
+        counts = SimpleNamespace(kv_num_blocks=mask.kv_num_blocks, full_kv_num_blocks=mask.full_kv_num_blocks,
+                                 BLOCK_SIZE=block_size)
+        return KeptPairs(block_mask_kept_pairs(counts, tuple(grid)), pattern)
     if _is_noop(mask.mask_mod):  # the blocks are the counts' alone (BlockMask.from_kv_blocks), which have no data
         return KeptPairs(None, f"{DATA} (blocks given as counts, no mask_mod)")
     sizes = (*mask.kv_num_blocks.shape[:2], *mask.seq_lengths, *mask.BLOCK_SIZE)
@@ -78,7 +83,7 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
             memo[key] = found
     if found.pairs is None:
         return found
-    counts = SimpleNamespace(kv_num_blocks=found.pairs, full_kv_num_blocks=None, BLOCK_SIZE=mask.BLOCK_SIZE)
+    counts = SimpleNamespace(kv_num_blocks=found.pairs, full_kv_num_blocks=None, BLOCK_SIZE=block_size)
     return KeptPairs(block_mask_kept_pairs(counts, tuple(grid)), pattern)
 
 
@@ -113,6 +118,10 @@ def _at_least(size: Any, other: Any) -> bool:
     return isinstance(size, int) and isinstance(other, int) and size >= other
 
 
+def _at_most(block: Any, length: Any) -> Any:
+    return length if _at_least(block, length) else block
+
+
 def _is_real(tensor: torch.Tensor) -> bool:
     return not isinstance(tensor, FakeTensor) and not tensor.is_meta and type(tensor) is torch.Tensor
 
@@ -129,7 +138,7 @@ def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, ...], pattern: st
         with unset_fake_temporarily(), torch.utils._python_dispatch._disable_current_modes():
             counts = kept_blocks(mask_mod, batch, heads, q_len, kv_len, q_block, kv_block)
     except Exception as error:  # noqa: BLE001 - whatever stops it, the kept blocks are not known
-        return KeptPairs(None, f"{MASK} (its mask_mod could not be evaluated: {type(error).__name__})")
+        return KeptPairs(None, f"{BLOCK_MASK} (its mask_mod could not be evaluated: {type(error).__name__})")
     return KeptPairs(counts, pattern)
 
 
@@ -142,6 +151,7 @@ def kept_blocks(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int
     the sequence are padded with dropped pairs, as create_block_mask pads them."""
     from torch.nn.attention.flex_attention import create_mask
 
+    q_block, kv_block = min(q_block, q_len), min(kv_block, kv_len)  # one block covers a shorter sequence
     rows = max(1, MAX_MASK_ELEMENTS // max(1, batch * heads * kv_len * q_block)) * q_block
     pad_kv = -kv_len % kv_block
     total = torch.zeros(batch, heads, 1, dtype=torch.int64)
