@@ -108,18 +108,20 @@ def test_block_mask_built_in_the_forward_by_hand(length, mask_mod, blocks):
     assert dense.total_flops == oracle_flex_flops(model, (x_of(length),))[0]  # dense: FlopCounterMode's count
 
 
-def test_forward_and_backward_by_hand_and_against_flop_counter_mode():
-    model = Net(operator=True)
-    counts = fxflops.estimate(model, (x_of(256),), backward=True, attention="effective", conventions="torch")
+@pytest.mark.parametrize("length, mask_mod, blocks", [(256, causal, 3), (512, document, 12)])
+def test_forward_and_backward_by_hand_and_against_flop_counter_mode(length, mask_mod, blocks):
+    model = Net(mask_mod=mask_mod, operator=True)
+    counts = fxflops.estimate(model, (x_of(length),), backward=True, attention="effective", conventions="torch")
     forward, backward = attention_nodes(counts)
     assert (forward.phase, backward.phase, backward.op) == ("forward", "backward",
                                                              "torch.ops.higher_order.flex_attention_backward")
     assert backward.module == "attn" and backward.differentiates == forward.name
-    pairs = B * H * 3 * BLOCK * BLOCK
-    assert (forward.dense_macs, backward.dense_macs) == (B * H * 256 * 256 * 2 * E, B * H * 256 * 256 * 5 * E)
+    pairs = B * H * blocks * BLOCK * BLOCK
+    grid = B * H * length * length
+    assert (forward.dense_macs, backward.dense_macs) == (grid * 2 * E, grid * 5 * E)  # E + Ev; 3E + 2Ev
     assert (forward.effective_macs, backward.effective_macs) == (pairs * 2 * E, pairs * 5 * E)
-    dense = fxflops.estimate(model, (x_of(256),), backward=True, conventions="torch")
-    assert (dense.fwd_flops, dense.bwd_flops) == oracle_flex_flops(model, (x_of(256),), backward=True)
+    dense = fxflops.estimate(model, (x_of(length),), backward=True, conventions="torch")
+    assert (dense.fwd_flops, dense.bwd_flops) == oracle_flex_flops(model, (x_of(length),), backward=True)
     # the reports read the node as any attention op
     text = str(explain(counts, backward.name))
     assert "rule 'flex_attention_backward' (rules/backward.toml, family attention)" in text
