@@ -13,9 +13,11 @@ from typing import Any
 import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
+from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.recorder import COND_BRANCH, SOURCE, source_text
 from fxflops.eager_attention import EagerAttention, attention_of, effective_count, find_eager_attention
-from fxflops.rules.kept_pairs import FULL, KeptPairs, call_kept_pairs
+from fxflops.rules.flex import attention_kept_pairs
+from fxflops.rules.kept_pairs import FULL, KeptPairs
 from fxflops.results import (
     BACKWARD, COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, Captured, NodeCost, WholeCall,
 )
@@ -81,7 +83,7 @@ def _with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: to
     kwargs = {k: _value(graph_module, v) for k, v in node.kwargs.items()}
     call = _call_of(graph_module, node, args, kwargs, node.meta.get("val"))
     given = _call_of(graph_module, node, node.args, node.kwargs, None).names  # the same names, bound to nodes
-    kept = call_kept_pairs(call.key, call.names, given, kept_memo, symbolic=sizes is not None)
+    kept = attention_kept_pairs(call.key, call.names, given, kept_memo, symbolic=sizes is not None)
     forward = node.meta.get(DIFFERENTIATES)
     if kept is not None and kept.pairs is None and ("node", forward) in kept_memo:
         # a backward kernel reads the mask the autograd graph saved; the forward it differentiates read it
@@ -130,7 +132,9 @@ def _op_nodes(graph_module: torch.fx.GraphModule, branches: tuple = ()
     for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+        # (a flex_attention call is one op: its score_mod and mask_mod subgraphs run inside the kernel)
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator) \
+                and node.target not in FLEX_HOPS:
             subgraphs = [arg for arg in node.args if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
             for index, arg in enumerate(subgraphs):
                 sub = _attr(graph_module, arg.target)

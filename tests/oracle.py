@@ -73,3 +73,39 @@ def oracle_training_flops(model: torch.nn.Module, args: tuple = (), kwargs: dict
         total = counter.get_total_flops()
     model.zero_grad(set_to_none=True)
     return forward, total - forward
+
+
+class _FlexFormulas(torch.utils._python_dispatch.TorchDispatchMode):
+    """FlopCounterMode's own flex_attention / flex_attention_backward formulas (flop_counter.flop_registry)
+    applied to the flex operator calls, which FlopCounterMode's mode cannot run eagerly in torch 2.14 (it
+    answers NotImplemented for them); each call then runs with every mode off."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator) and func in flop_registry:
+            self.flops += flop_registry[func](*args, **kwargs, out_val=None)
+            with torch.utils._python_dispatch._disable_current_modes():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def oracle_flex_flops(model: torch.nn.Module, args: tuple = (), backward: bool = False) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one real run of a model calling flex_attention: FlopCounterMode for
+    every aten op plus its own flex formulas (_FlexFormulas); flex_attention's torch.compile runs eagerly."""
+    grad = torch.enable_grad() if backward else torch.no_grad()  # (torch has no flex backward on the CPU)
+    with grad, torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter, _FlexFormulas() as flex:
+        output = model(*args)
+        forward = counter.get_total_flops() + flex.flops
+        if backward:
+            output.sum().backward()
+        total = counter.get_total_flops() + flex.flops
+    model.zero_grad(set_to_none=True)
+    return forward, total - forward

@@ -27,6 +27,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
+from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, refuse_lazy_output, tensors_in
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
@@ -142,7 +143,7 @@ def capture(request: Request) -> Captured:
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
-        with grad_mode, _conv_kernel_choice_fixed(sizes is not None), mode, tracker, recorder, \
+        with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
                 CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()

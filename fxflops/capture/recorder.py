@@ -25,6 +25,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
+from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.inputs import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
@@ -82,6 +83,12 @@ class OpRecorder(TorchDispatchMode):
     def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
         """torch.cond runs its branches under this recorder (called with it popped off the mode stack):
         the one a concrete predicate takes, or both (a caution says so) when it is a fake tensor."""
+        if self.inside_opaque:  # run by a call recorded whole (flex_attention's autograd): not the model's
+            return func(*args, **kwargs)
+        if func in FLEX_HOPS:  # flex_attention_backward, which autograd calls past CompositeOps: one node
+            out = func(*args, **kwargs)
+            self.record(func, args, kwargs, out)
+            return out
         if func is not getattr(torch.ops.higher_order, "cond", None) or kwargs:
             raise NotImplementedError(f"the higher-order operator {func.name()} is not recorded op by op; "
                                       "method='export' captures it")
@@ -254,6 +261,8 @@ class CompositeOps(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in FLEX_HOPS and not self._recorder.inside_opaque:  # one node per call (fxflops.capture.flex)
+            return self._whole(func, args, kwargs)
         overloads = self._composites.get(func)
         if overloads is None:
             overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
@@ -261,9 +270,13 @@ class CompositeOps(TorchFunctionMode):
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             return func(*args, **kwargs)
+        return self._whole(op, args, kwargs, func)
+
+    def _whole(self, op: Any, args: tuple, kwargs: dict, func: Any = None) -> Any:
+        """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""
         self._recorder.inside_opaque += 1
         try:
-            out = func(*args, **kwargs)
+            out = (func or op)(*args, **kwargs)
         finally:
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)

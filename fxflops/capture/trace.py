@@ -15,6 +15,7 @@ from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, p
 from fxflops.capture.inputs import Reach, nothing_to_run, refuse_lazy_output, tensors_in, to_meta
 from fxflops.capture.isolation import CopyOnWrite, isolated
 from fxflops.capture.methods import TRACE
+from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
 from fxflops.results import Captured
@@ -48,7 +49,7 @@ def capture(request: Request) -> Captured:
         recorder = OpRecorder(tracker, type(model).__name__, keep=to_meta, before=writes.before, owners=owners)
         grads = cleared_grads(leaves) if request.backward else []  # a real backward fills .grad: put back after
         try:
-            with torch.enable_grad() if request.backward else torch.no_grad(), tracker, recorder, \
+            with torch.enable_grad() if request.backward else torch.no_grad(), flex_runs_eagerly(), tracker, recorder, \
                     CompositeOps(recorder, request.knows_op):
                 if owners is not None:
                     owners.start()
