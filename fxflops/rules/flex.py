@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.rules.kept_pairs import DATA, MAX_MASK_ELEMENTS, KeptPairs, block_mask_kept_pairs, call_kept_pairs
+from fxflops.rules.kept_pairs import DATA, KeptPairs, block_mask_kept_pairs, call_kept_pairs
+from fxflops.rules.mask_values import MAX_MASK_ELEMENTS
 
 BLOCK_MASK = "block mask"  # the pattern a flex BlockMask's kept pairs are reported under
 MAX_FLEX_MASK_ELEMENTS = 1 << 30  # a mask_mod evaluated at most over this many (b, h, q, kv) entries (~5 s)
