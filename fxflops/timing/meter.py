@@ -26,11 +26,36 @@ import torch
 
 from fxflops.capture.inputs import tensors_in, to_meta
 from fxflops.count import check_attention
+from fxflops.timing.data_masks import DataMasks
 
 # input names whose axes 0 and 1 are (batch, sequence): transformers' and most tokenizers' keys
 TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids", "decoder_input_ids",
               "decoder_attention_mask", "inputs_embeds")
 IMAGE_KEYS = ("pixel_values", "images", "image", "x")
+
+
+class ReadOnUse:
+    """A count field that may hold a 0-d tensor still on its device (pairs a data mask keeps, summed where
+    the mask is): read as an int, and so synchronized, the first time the field is, not when it is set."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_value"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            raise AttributeError(self.slot)  # as a dataclass field: no default
+        value = obj.__dict__[self.slot]
+        if isinstance(value, torch.Tensor):
+            value = obj.__dict__[self.slot] = int(value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.slot] = value
+
+
+def unread(obj: Any, name: str) -> Any:
+    """A ReadOnUse field's value as it is (an int, None, or a tensor not yet read)."""
+    return obj.__dict__[f"_{name}_value"]
 
 
 class FlopsMeterWarning(UserWarning):
@@ -41,11 +66,12 @@ class FlopsMeterWarning(UserWarning):
 class BatchCount:
     """One micro-batch's counted work: forward and backward FLOPs, samples, tokens."""
 
-    fwd_flops: int
-    bwd_flops: int
+    fwd_flops: int = ReadOnUse()  # type: ignore[assignment]
+    bwd_flops: int = ReadOnUse()  # type: ignore[assignment]
     samples: int
     tokens: int | None  # batch x sequence, padding included; None where the batch has no sequence axis
     real_tokens: Any = None  # attention mask's sum (an int, or a 0-d tensor not yet read), else None
+    dense_flops: int | None = None  # fwd + bwd with every attention pair counted, when the reading is effective
 
     @property
     def flops(self) -> int:
@@ -71,6 +97,11 @@ class _Rates:
         return _ratio(self.flops_per_sec, self.peak_flops)
 
     @property
+    def dense_mfu(self) -> float | None:
+        """MFU of the dense count (every attention pair), beside an effective reading's."""
+        return _ratio(_ratio(self.dense_flops, self.time), self.peak_flops)
+
+    @property
     def tokens_per_sec(self) -> float | None:
         return _ratio(self.tokens, self.time)
 
@@ -90,14 +121,15 @@ class StepStats(_Rates):
 
     step: int
     micro_batches: int
-    fwd_flops: int | None  # None: some micro-batch could not be counted
-    bwd_flops: int | None
+    fwd_flops: int | None = ReadOnUse()  # type: ignore[assignment]  # None: some micro-batch was not counted
+    bwd_flops: int | None = ReadOnUse()  # type: ignore[assignment]
     samples: int
     tokens: int | None
     six_n_flops: int | None  # 6 x non-embedding params x tokens, transformers' total_flos per step
     attention_flops: int | None  # 12 x layers x heads x head dim x seq x tokens (6N + this: nanoGPT's, torchtitan's)
     optimizer_flops: int | None  # the optimizer step's FLOPs, not in `flops`
     peak_flops: float | None  # per device, for the compute dtype
+    dense_flops: int | None = None  # fwd + bwd with every attention pair counted (attention="effective" only)
     _real_tokens: list[Any] = field(default_factory=list, repr=False)
     _time: Any = field(default=None, repr=False)  # seconds, or (start event, end event, capture seconds)
 
@@ -136,6 +168,7 @@ class WindowStats(_Rates):
     six_n_flops: int | None
     peak_flops: float | None  # of all the devices the FLOPs ran on together
     world_size: int = 1
+    dense_flops: int | None = None  # with every attention pair counted (attention="effective" only)
 
     @property
     def flops_per_step(self) -> float | None:
@@ -193,6 +226,7 @@ class FlopsMeter:
         if attention is not None:  # "dense" (every (query, key) pair) or "effective" (the pairs masks keep)
             check_attention(attention)
             self._options["attention"] = attention
+        self._effective = attention == "effective"
         self._families: dict[Any, _Family | None] = {}  # None: a family that could not be captured
         self._warned: set[Any] = set()
         self._pending: list[BatchCount | None] = []
@@ -254,7 +288,7 @@ class FlopsMeter:
             if family is None:
                 return None
             point = family.point(tensors)
-            fwd, bwd = family.flops(point, self)
+            fwd, bwd, dense = family.flops(point, self, tensors)
         except Exception as error:  # noqa: BLE001 - the meter never stops training
             self.warn_once(f"fxflops.FlopsMeter: could not count a batch of {_describe(batch)}: "
                            f"{_first_line(error)}; the step is logged without FLOPs", key=type(error))
@@ -263,7 +297,7 @@ class FlopsMeter:
         tokens = samples * point["seq"] if "seq" in point else None
         mask = kwargs.get("attention_mask") if isinstance(kwargs, dict) else None
         real = mask.sum() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None  # read at log time
-        return BatchCount(fwd, bwd, samples, tokens, real)
+        return BatchCount(fwd, bwd, samples, tokens, real, dense if self._effective else None)
 
     def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> _Family | None:
         key = _structure(args, kwargs, tensors, self.model.training)
@@ -317,6 +351,8 @@ class FlopsMeter:
             "samples_per_sec": stats.samples_per_sec, "tokens_per_sec": stats.tokens_per_sec,
             "6n_flops": stats.six_n_flops if isinstance(stats, StepStats) else _ratio(stats.six_n_flops, stats.steps),
             "6n_over_counted": stats.six_n_ratio,
+            "dense_flops": stats.dense_flops if isinstance(stats, StepStats) else _ratio(stats.dense_flops, stats.steps),
+            "dense_mfu": stats.dense_mfu,
         }
         if isinstance(stats, WindowStats):
             values["world_size"] = stats.world_size
@@ -372,12 +408,13 @@ class FlopsMeter:
         tokens = sum(c.tokens for c in counted) if counted and all(c.tokens is not None for c in counted) else None
         return StepStats(
             step=self._count, micro_batches=len(counts),
-            fwd_flops=sum(c.fwd_flops for c in counted) if whole else None,
-            bwd_flops=sum(c.bwd_flops for c in counted) if whole else None,
+            fwd_flops=sum(unread(c, "fwd_flops") for c in counted) if whole else None,  # read when asked for
+            bwd_flops=sum(unread(c, "bwd_flops") for c in counted) if whole else None,
             samples=sum(c.samples for c in counted), tokens=tokens,
             six_n_flops=6 * self._non_embedding_params() * tokens if tokens is not None else None,
             attention_flops=self._attention_flops(counted),
             optimizer_flops=self._optimizer_step_flops(), peak_flops=self._peak(),
+            dense_flops=sum(c.dense_flops for c in counted) if whole and self._effective else None,
             _real_tokens=[c.real_tokens for c in counted], _time=seconds)
 
     def _mark(self) -> Any:
@@ -450,8 +487,10 @@ class _Family:
             self.sweep = sweep(model, args, kwargs, dims=dims, **options)
         self.example = [tuple(t.shape) for t in tensors_in(inputs)]
         self.axes = self.sweep.plan.axes
-        self._totals: dict[int, tuple[Callable, Callable]] = {}
-        self._known: dict[tuple, tuple[int, int]] = {}
+        self._counting = self.sweep._counting  # the table and conventions its pieces were counted with
+        self._effective = options.get("attention") == "effective"
+        self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None]] = {}
+        self._known: dict[tuple, Any] = {}
         self.captures = len(self.sweep.pieces)
 
     def fits(self, tensors: list[torch.Tensor]) -> bool:
@@ -482,8 +521,10 @@ class _Family:
                     raise ValueError(f"size {name} is {point[name]} on one input and {shape[axis]} on input {index}")
         return point
 
-    def flops(self, point: dict[str, int], meter: FlopsMeter) -> tuple[int, int]:
-        """(forward, backward) FLOPs at `point`."""
+    def flops(self, point: dict[str, int], meter: FlopsMeter, tensors: list[torch.Tensor]) -> tuple[Any, Any, int]:
+        """(forward, backward, dense forward + backward) FLOPs at `point`. Attention ops whose masks are data
+        count, in an effective reading, the masks of the batch's `tensors`: then the forward and backward
+        are 0-d tensors on the masks' device, not yet read."""
         key = tuple(point.values())
         found = self._known.get(key)
         if isinstance(found, Exception):
@@ -500,15 +541,36 @@ class _Family:
                 meter._capturing += time.perf_counter() - begin
             compiled = self._totals.get(id(piece))
             if compiled is None:
-                compiled = self._totals[id(piece)] = _compiled_totals(piece)
+                compiled = self._totals[id(piece)] = self._compile(piece, meter)
             full = self.sweep.point(point)
-            found = self._known[key] = (compiled[0](full), compiled[1](full))
-        return found
+            found = self._known[key] = (*(function(full) for function in compiled[0]), compiled[1], full)
+        fwd, bwd, dense_fwd, dense_bwd, dense, masks, full = found
+        if masks is None:
+            return fwd, bwd, dense
+        try:
+            mask_fwd, mask_bwd = masks.flops(tensors, full)
+        except Exception as error:  # noqa: BLE001 - the batch counts dense there, and says so once
+            meter.warn_once(f"fxflops.FlopsMeter: a data mask could not be counted on the batch "
+                            f"({_first_line(error)}): those attention ops count dense", key=("data mask", type(error)))
+            mask_fwd, mask_bwd = dense_fwd, dense_bwd
+        return fwd + mask_fwd, bwd + mask_bwd, dense
+
+    def _compile(self, piece: Any, meter: FlopsMeter) -> tuple[tuple[Callable, ...], DataMasks | None]:
+        """The piece's totals compiled; in an effective reading, its data masks kept apart to count per batch."""
+        masks = None
+        if self._effective:
+            masks = DataMasks(piece, self._counting.table, self._counting.conventions)
+            for module, reason in masks.skipped.items():
+                meter.warn_once(f"fxflops.FlopsMeter: the attention mask of {module}: {reason}; its pairs are "
+                                "not counted from the batch, it counts dense", key=("data mask", module))
+            masks = masks if masks.terms else None
+        return _compiled_totals(piece, masks.names if masks is not None else frozenset()), masks
 
 
-def _compiled_totals(piece: Any) -> tuple[Callable[[Mapping[str, int]], int], Callable[[Mapping[str, int]], int]]:
-    """The piece's forward and backward FLOPs, each one expression compiled to a Python function:
-    the sum of its nodes' costs, as the Estimate's root totals are."""
+def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mapping[str, int]], int], ...]:
+    """The piece's forward and backward FLOPs less the nodes `apart`, those nodes' dense forward and
+    backward, and the dense total, each one expression compiled to a Python function: sums of the
+    nodes' costs, as the Estimate's root totals are."""
     import sympy
 
     from fxflops.capture.dynamic import user_symbol
@@ -521,9 +583,15 @@ def _compiled_totals(piece: Any) -> tuple[Callable[[Mapping[str, int]], int], Ca
             return function
         return lambda point: int(sympy.sympify(expr).xreplace({user_symbol(n): v for n, v in point.items()}))
 
-    forward = [c.flops for c in piece.costs if not c.is_backward and c.flops != 0]
-    backward = [c.flops for c in piece.costs if c.is_backward and c.flops != 0]
-    return compiled(forward), compiled(backward)
+    def dense(c: Any) -> Any:
+        return c.dense_flops if c.dense_flops is not None else c.flops
+
+    costs = [c for c in piece.costs if c.flops != 0 or dense(c) != 0]
+    return (compiled([c.flops for c in costs if not c.is_backward and c.name not in apart]),
+            compiled([c.flops for c in costs if c.is_backward and c.name not in apart]),
+            compiled([dense(c) for c in costs if not c.is_backward and c.name in apart]),
+            compiled([dense(c) for c in costs if c.is_backward and c.name in apart]),
+            compiled([dense(c) for c in costs]))
 
 
 _FOLD = 512  # steps folded into the totals at a time
@@ -634,6 +702,7 @@ def summed(steps: Iterable[StepStats]) -> WindowStats:
     times = [s.time for s in steps]
     tokens = [s.tokens for s in steps]
     six_n = [s.six_n_flops for s in steps]
+    dense = [s.dense_flops for s in steps]
     peaks = {s.peak_flops for s in steps}
     return WindowStats(
         steps=len(steps),
@@ -642,7 +711,8 @@ def summed(steps: Iterable[StepStats]) -> WindowStats:
         tokens=sum(tokens) if steps and None not in tokens else None,
         time=sum(times) if steps and None not in times else None,
         six_n_flops=sum(six_n) if steps and None not in six_n else None,
-        peak_flops=peaks.pop() if len(peaks) == 1 else None)
+        peak_flops=peaks.pop() if len(peaks) == 1 else None,
+        dense_flops=sum(dense) if steps and None not in dense else None)
 
 
 def combined(a: WindowStats, b: WindowStats) -> WindowStats:
@@ -655,28 +725,29 @@ def combined(a: WindowStats, b: WindowStats) -> WindowStats:
                        tokens=both(a.tokens, b.tokens) if b.steps else a.tokens,
                        time=both(a.time, b.time) if b.steps else a.time,
                        six_n_flops=both(a.six_n_flops, b.six_n_flops) if b.steps else a.six_n_flops,
-                       peak_flops=a.peak_flops if not b.steps or a.peak_flops == b.peak_flops else None)
+                       peak_flops=a.peak_flops if not b.steps or a.peak_flops == b.peak_flops else None,
+                       dense_flops=both(a.dense_flops, b.dense_flops) if b.steps else a.dense_flops)
 
 
 def _all_reduced(local: WindowStats, group: Any) -> WindowStats:
-    """Sums (FLOPs, samples, tokens, 6N, peaks) and the slowest time over the group, in two all_reduces."""
+    """Sums (FLOPs, samples, tokens, 6N, peaks, dense FLOPs) and the slowest time over the group, in two all_reduces."""
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-    known = [local.flops, local.tokens, local.six_n_flops, local.peak_flops]
+    known = [local.flops, local.tokens, local.six_n_flops, local.peak_flops, local.dense_flops]
     sums = torch.tensor([float(local.samples), *(v if v is not None else 0 for v in known),
                          *(1.0 if v is None else 0.0 for v in known)], dtype=torch.float64, device=device)
     slowest = torch.tensor([local.time if local.time is not None else math.inf], dtype=torch.float64, device=device)
     dist.all_reduce(sums, group=group)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     values = sums.tolist()
-    missing = values[5:]
-    flops, tokens, six_n, peak = (None if missing[i] else int(values[1 + i]) if i < 3 else values[1 + i]
-                                  for i in range(4))
+    missing = values[1 + len(known):]
+    flops, tokens, six_n, peak, dense = (None if missing[i] else values[1 + i] if i == 3 else int(values[1 + i])
+                                         for i in range(len(known)))
     seconds = slowest.item()
     return WindowStats(steps=local.steps, flops=flops, samples=int(values[0]), tokens=tokens,
                        time=None if math.isinf(seconds) else seconds, six_n_flops=six_n, peak_flops=peak,
-                       world_size=dist.get_world_size(group))
+                       world_size=dist.get_world_size(group), dense_flops=dense)
 
 
 def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
