@@ -15,7 +15,8 @@ from torch import nn
 from fxflops import FlopsMeter
 from fxflops.rules.kept_pairs import mask_kept_pairs
 from fxflops.timing.data_masks import kept_count
-from fxflops.timing.meter import FlopsMeterWarning, unread
+from fxflops.timing.meter import FlopsMeterWarning
+from fxflops.timing.steps import unread
 from tests.oracle import oracle_training_flops
 
 B, L, H, E = 2, 8, 2, 8  # batch, sequence, heads, head dim (Ev = E)
