@@ -242,3 +242,26 @@ def test_counts_stay_on_the_device_until_read_and_agree_with_mask_kept_pairs():
     for form in (mask, mask.long(), torch.zeros(L, L).masked_fill(~mask, float("-inf"))):
         assert int(kept_count(form)) == mask_kept_pairs(form) == 22
     assert meter.total().dense_flops == stats.dense_flops > stats.flops
+    assert "dense attention (every pair)" in meter.summary()
+
+
+class EagerMasked(nn.Module):
+    """Attention written as plain ops under a padding mask passed in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 3 * H * E)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, H, E).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-1, -2)).masked_fill(~mask[:, None, None, :].bool(), float("-inf"))
+        return scores.softmax(-1) @ v
+
+
+def test_eager_attention_under_a_data_mask_counts_dense_and_says_why():
+    model = EagerMasked()
+    batch = (torch.randn(B, L, 16), padded([8, 5]))
+    meter = FlopsMeter(model, attention="effective", dims={"batch": 0, "seq": 1}, peak_flops=1e12)
+    with pytest.warns(FlopsMeterWarning, match="attention written as plain ops .* not counted from the batch's mask"):
+        stats = meter.step(batch, time=1.0)
+    assert stats.flops == stats.dense_flops

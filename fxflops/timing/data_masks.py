@@ -75,8 +75,8 @@ class DataMasks:
             try:
                 if node is None:
                     raise NotReplayable("its op is not in the captured graph's top level")
-                replay = self._replay_of(node, by_name, replays)
                 base, per_pair = self._linear_cost(node, cost, table, conventions)
+                replay = self._replay_of(node, by_name, replays)
                 self.terms.append(_Term(cost.name, cost.is_backward, replay, self._grid(node), base, per_pair))
             except NotReplayable as reason:
                 self.skipped.setdefault(cost.module or "the model", str(reason))
@@ -110,7 +110,8 @@ class DataMasks:
         call = dataclasses.replace(call, within=cost.module_type)
         rule = table.match(call)
         if not isinstance(rule, Rule) or rule.effective is None:
-            raise NotReplayable(f"no effective formulas for {call.key}")
+            # eager attention's matmuls: the masks on their way are not kept with them to replay
+            raise NotReplayable(f"attention written as plain ops ({call.key}) is not counted from the batch's mask")
         at = [self._expression(table.effective_cost(rule, call, conventions, pairs)[1]) for pairs in (0, 1, 2)]
         per_pair = at[1] - at[0]
         if _nonzero(at[2] - at[0] - 2 * per_pair):

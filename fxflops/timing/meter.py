@@ -248,6 +248,9 @@ class FlopsMeter:
                 lines.append(f"  {label}: {_si(value)}{unit}")
         if total.mfu is not None:
             lines.append(f"  MFU: {total.mfu:.2%} of {_si(total.peak_flops)}FLOP/s peak")
+        if total.dense_flops is not None and total.steps:
+            dense_mfu = f", MFU {total.dense_mfu:.2%}" if total.dense_mfu is not None else ""
+            lines.append(f"  dense attention (every pair): {_si(total.dense_flops / total.steps)} per step{dense_mfu}")
         if total.six_n_ratio is not None:
             lines.append(f"  6N approximation: {_si(total.six_n_flops / total.steps)} per step, "
                          f"{total.six_n_ratio:.3f}x the counted FLOPs")
