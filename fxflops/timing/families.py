@@ -115,9 +115,13 @@ class Family:
         masks = None
         if self._effective:
             masks = DataMasks(piece, self._counting.table, self._counting.conventions)
+            by_reason: dict[str, list[str]] = {}
             for module, reason in masks.skipped.items():
-                meter.warn_once(f"fxflops.FlopsMeter: the attention mask of {module}: {reason}; its pairs are "
-                                "not counted from the batch, it counts dense", key=("data mask", module))
+                by_reason.setdefault(reason, []).append(module)
+            for reason, modules in by_reason.items():  # one line per reason, not one per layer
+                named = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
+                meter.warn_once(f"fxflops.FlopsMeter: the attention mask of {named}: {reason}; its pairs are not "
+                                "counted from the batch, it counts dense", key=("data mask", reason))
             masks = masks if masks.terms else None
         return _compiled_totals(piece, masks.names if masks is not None else frozenset()), masks
 

@@ -52,6 +52,9 @@ class FlopsMeter:
     `peak_flops` (FLOP/s per device) overrides the peaks table, which knows GPUs by name and the
     compute `dtype` (default: autocast's when a micro-batch is counted under it, else the parameters').
     `optimizer` counts its step apart. `window` is how many steps `window()` averages.
+    `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
+    (padding, packed documents) from each batch's own (`fxflops.timing.data_masks`), the dense count
+    beside it (`dense_flops`); the default "dense" counts every pair, as FlopCounterMode does.
 
     Use: `meter.start()` before a step (or pass `time=` to step()), `meter.micro_batch(batch)` per
     forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
