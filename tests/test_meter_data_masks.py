@@ -265,3 +265,20 @@ def test_eager_attention_under_a_data_mask_counts_dense_and_says_why():
     with pytest.warns(FlopsMeterWarning, match="attention written as plain ops .* not counted from the batch's mask"):
         stats = meter.step(batch, time=1.0)
     assert stats.flops == stats.dense_flops
+
+
+def test_capture_tags_the_placeholders_that_are_model_inputs():
+    from fxflops.capture import capture
+    from fxflops.capture.inputs import INPUT_INDEX
+
+    class Swapped(nn.Module):  # uses its second input first, then a parameter, then its first
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, a, b):
+            return b * self.w + a
+
+    captured = capture(Swapped(), (torch.randn(4),), {"b": torch.randn(4)}, "eager")
+    placeholders = captured.graph_module.graph.find_nodes(op="placeholder")
+    assert [node.meta.get(INPUT_INDEX) for node in placeholders] == [1, None, 0]
