@@ -15,7 +15,8 @@ from torch import nn
 
 import fxflops
 from fxflops import FlopsMeter
-from fxflops.timing.meter import FlopsMeterWarning, infer_dims
+from fxflops.timing.families import infer_dims
+from fxflops.timing.meter import FlopsMeterWarning
 from tests.oracle import oracle_training_flops
 
 VOCAB = 100

@@ -28,7 +28,7 @@ from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
-from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, refuse_lazy_output, tensors_in
+from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, mark_inputs, refuse_lazy_output, tensors_in
 from fxflops.capture.isolation import isolated, swap_tensors
 from fxflops.capture.methods import EAGER
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -151,6 +151,7 @@ def capture(request: Request) -> Captured:
             if owners is not None:
                 differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)
+        mark_inputs(graph_module, (args, kwargs))  # the twins: which placeholder is which input
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward, sizes=sizes, cautions=recorder.cautions)

@@ -52,6 +52,22 @@ def refuse_lazy_output(output: Any) -> Any:
     return output
 
 
+# node.meta key of a captured graph's placeholder that is a model input: its index in tensors_in(inputs)
+INPUT_INDEX = "fxflops_input"
+
+
+def mark_inputs(graph_module: torch.fx.GraphModule, inputs: Any) -> None:
+    """Tag the placeholders holding `inputs`' tensors (by identity) with INPUT_INDEX, so a later
+    stage can replay what the graph derived from an input on the real one (the meter's data masks)."""
+    index: dict[int, int] = {}
+    for position, tensor in enumerate(tensors_in(inputs)):
+        index.setdefault(id(tensor), position)
+    for node in graph_module.graph.find_nodes(op="placeholder"):
+        position = index.get(id(node.meta.get("val")))
+        if position is not None:
+            node.meta[INPUT_INDEX] = position
+
+
 def tensors_in(value: Any) -> list[torch.Tensor]:
     """Every tensor reachable from a value: tuples, dicts, dataclasses, cache objects (depth-first, in order)."""
     return list(iter_tensors(value))

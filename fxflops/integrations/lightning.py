@@ -24,7 +24,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.timing.meter import FlopsMeter, summed
+from fxflops.timing.meter import FlopsMeter
+from fxflops.timing.steps import summed
 
 
 class FlopsMonitor(Callback):

@@ -25,7 +25,8 @@ import torch
 from transformers import TrainerCallback
 
 from fxflops.integrations import ForwardInputs
-from fxflops.timing.meter import FlopsMeter, WindowStats, combined, summed
+from fxflops.timing.meter import FlopsMeter
+from fxflops.timing.steps import WindowStats, combined, summed
 
 
 class FlopsCallback(TrainerCallback):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fxflops.timing.meter import StepStats
+from fxflops.timing.steps import StepStats
 
 
 def render_step(model_type: str, shape: str, stats: StepStats, peak_source: str | None) -> str:

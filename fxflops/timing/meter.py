@@ -14,133 +14,30 @@ The core knows nothing of transformers or Lightning; `fxflops.integrations` feed
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from fxflops.capture.inputs import tensors_in, to_meta
 from fxflops.count import check_attention
+from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
+from fxflops.timing.reduction import all_reduced
+from fxflops.timing.steps import (
+    BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
+    ratio, summed, unread,
+)
 
-# input names whose axes 0 and 1 are (batch, sequence): transformers' and most tokenizers' keys
-TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids", "decoder_input_ids",
-              "decoder_attention_mask", "inputs_embeds")
-IMAGE_KEYS = ("pixel_values", "images", "image", "x")
+# the meter's records and helpers kept importable from here, where they were first
+__all__ = ["BatchCount", "FlopsMeter", "FlopsMeterWarning", "StepStats", "WindowStats", "attention_flops",
+           "attention_shape", "combined", "infer_dims", "non_embedding_params", "summed", "unread"]
 
 
 class FlopsMeterWarning(UserWarning):
     """The meter could not count or time something; training goes on, the step is logged without it."""
-
-
-@dataclass(frozen=True)
-class BatchCount:
-    """One micro-batch's counted work: forward and backward FLOPs, samples, tokens."""
-
-    fwd_flops: int
-    bwd_flops: int
-    samples: int
-    tokens: int | None  # batch x sequence, padding included; None where the batch has no sequence axis
-    real_tokens: Any = None  # attention mask's sum (an int, or a 0-d tensor not yet read), else None
-
-    @property
-    def flops(self) -> int:
-        return self.fwd_flops + self.bwd_flops
-
-
-class _Rates:
-    """Rates from a step's or a window's sums: flops, time, tokens, samples, six_n_flops, peak_flops."""
-
-    @property
-    def flops_per_sec(self) -> float | None:
-        return _ratio(self.flops, self.time)
-
-    @property
-    def tflops(self) -> float | None:
-        rate = self.flops_per_sec
-        return None if rate is None else rate / 1e12
-
-    @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilization: achieved FLOP/s over the dense peak for the compute dtype (for a window
-        across ranks: all devices' FLOP/s over all devices' peak, i.e. per device)."""
-        return _ratio(self.flops_per_sec, self.peak_flops)
-
-    @property
-    def tokens_per_sec(self) -> float | None:
-        return _ratio(self.tokens, self.time)
-
-    @property
-    def samples_per_sec(self) -> float | None:
-        return _ratio(self.samples, self.time)
-
-    @property
-    def six_n_ratio(self) -> float | None:
-        """6N / counted FLOPs: above 1, 6N overstated the work; below 1, it left some out."""
-        return _ratio(self.six_n_flops, self.flops)
-
-
-@dataclass
-class StepStats(_Rates):
-    """One optimizer step: the sum of its micro-batches, and its time. Rates are derived on read."""
-
-    step: int
-    micro_batches: int
-    fwd_flops: int | None  # None: some micro-batch could not be counted
-    bwd_flops: int | None
-    samples: int
-    tokens: int | None
-    six_n_flops: int | None  # 6 x non-embedding params x tokens, transformers' total_flos per step
-    attention_flops: int | None  # 12 x layers x heads x head dim x seq x tokens (6N + this: nanoGPT's, torchtitan's)
-    optimizer_flops: int | None  # the optimizer step's FLOPs, not in `flops`
-    peak_flops: float | None  # per device, for the compute dtype
-    _real_tokens: list[Any] = field(default_factory=list, repr=False)
-    _time: Any = field(default=None, repr=False)  # seconds, or (start event, end event, capture seconds)
-
-    @property
-    def flops(self) -> int | None:
-        """The step's forward + backward FLOPs over all its micro-batches."""
-        return None if self.fwd_flops is None or self.bwd_flops is None else self.fwd_flops + self.bwd_flops
-
-    @property
-    def real_tokens(self) -> int | None:
-        """Tokens the attention mask keeps (padding left out), when every micro-batch had a mask."""
-        if not self._real_tokens or any(value is None for value in self._real_tokens):
-            return None
-        return sum(int(value) for value in self._real_tokens)
-
-    @property
-    def time(self) -> float | None:
-        """The step's seconds (CUDA events are read, and so synchronized, here: only when asked)."""
-        if isinstance(self._time, tuple):
-            start, end, capturing = self._time
-            end.synchronize()
-            self._time = start.elapsed_time(end) / 1e3 - capturing
-        return self._time
-
-
-
-@dataclass(frozen=True)
-class WindowStats(_Rates):
-    """Sums over several steps (a window, a whole run, or every rank's step); rates are sums over sums."""
-
-    steps: int
-    flops: int | None
-    samples: int
-    tokens: int | None
-    time: float | None  # the seconds the steps took (across ranks: the slowest rank's)
-    six_n_flops: int | None
-    peak_flops: float | None  # of all the devices the FLOPs ran on together
-    world_size: int = 1
-
-    @property
-    def flops_per_step(self) -> float | None:
-        return _ratio(self.flops, self.steps)
-
 
 
 class FlopsMeter:
@@ -155,6 +52,9 @@ class FlopsMeter:
     `peak_flops` (FLOP/s per device) overrides the peaks table, which knows GPUs by name and the
     compute `dtype` (default: autocast's when a micro-batch is counted under it, else the parameters').
     `optimizer` counts its step apart. `window` is how many steps `window()` averages.
+    `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
+    (padding, packed documents) from each batch's own (`fxflops.timing.data_masks`), the dense count
+    beside it (`dense_flops`); the default "dense" counts every pair, as FlopCounterMode does.
 
     Use: `meter.start()` before a step (or pass `time=` to step()), `meter.micro_batch(batch)` per
     forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
@@ -193,7 +93,8 @@ class FlopsMeter:
         if attention is not None:  # "dense" (every (query, key) pair) or "effective" (the pairs masks keep)
             check_attention(attention)
             self._options["attention"] = attention
-        self._families: dict[Any, _Family | None] = {}  # None: a family that could not be captured
+        self._effective = attention == "effective"
+        self._families: dict[Any, Family | None] = {}  # None: a family that could not be captured
         self._warned: set[Any] = set()
         self._pending: list[BatchCount | None] = []
         self._autocast_dtype: torch.dtype | None = None
@@ -201,7 +102,7 @@ class FlopsMeter:
         self._last_mark: Any = None
         self._count = 0
         self._capturing = 0.0  # seconds the current step spent capturing: not the step's own time
-        self._totals = _Totals()
+        self._totals = Totals()
         self._peaks: dict[torch.dtype, float | None] = {}
         self._optimizer_flops: int | None | bool = False  # False: not counted yet
         self._parameters: int | None = None
@@ -248,25 +149,25 @@ class FlopsMeter:
     def count(self, batch: Any) -> BatchCount | None:
         """The forward + backward FLOPs of `batch` (None, warned once, if it cannot be counted)."""
         try:
-            args, kwargs = _call_inputs(batch)
+            args, kwargs = call_inputs(batch)
             tensors = tensors_in((args, kwargs))
             family = self._family(args, kwargs, tensors)
             if family is None:
                 return None
             point = family.point(tensors)
-            fwd, bwd = family.flops(point, self)
+            fwd, bwd, dense = family.flops(point, self, tensors)
         except Exception as error:  # noqa: BLE001 - the meter never stops training
             self.warn_once(f"fxflops.FlopsMeter: could not count a batch of {_describe(batch)}: "
-                           f"{_first_line(error)}; the step is logged without FLOPs", key=type(error))
+                           f"{first_line(error)}; the step is logged without FLOPs", key=type(error))
             return None
         samples = point.get("batch", tensors[0].shape[0] if tensors and tensors[0].dim() else 1)
         tokens = samples * point["seq"] if "seq" in point else None
         mask = kwargs.get("attention_mask") if isinstance(kwargs, dict) else None
         real = mask.sum() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None  # read at log time
-        return BatchCount(fwd, bwd, samples, tokens, real)
+        return BatchCount(fwd, bwd, samples, tokens, real, dense if self._effective else None)
 
-    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> _Family | None:
-        key = _structure(args, kwargs, tensors, self.model.training)
+    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Family | None:
+        key = structure(args, kwargs, tensors, self.model.training)
         family = self._families.get(key)
         if family is not None and not family.fits(tensors):
             # an axis the dims do not name changed size: that shape is a family of its own
@@ -281,7 +182,7 @@ class FlopsMeter:
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
-            family = _Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs))
+            family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs))
         finally:
             self._capturing += time.perf_counter() - begin
         self.captures += family.captures
@@ -291,7 +192,7 @@ class FlopsMeter:
     def _sweep_options(self, kwargs: dict) -> dict[str, Any]:
         loss = self.loss
         if loss is None and "labels" in kwargs:
-            loss = _output_loss  # the model computes its loss: the backward starts there, as training's does
+            loss = output_loss  # the model computes its loss: the backward starts there, as training's does
         return {**self._options, "backward": True, "loss": loss}
 
     # ----------------------------------------------------------------------------------- reading
@@ -313,10 +214,12 @@ class FlopsMeter:
         per_step = stats.flops if isinstance(stats, StepStats) else stats.flops_per_step
         values = {
             "flops": per_step, "flops_per_sec": stats.flops_per_sec, "tflops": stats.tflops, "mfu": stats.mfu,
-            "step_time": stats.time if isinstance(stats, StepStats) else _ratio(stats.time, stats.steps),
+            "step_time": stats.time if isinstance(stats, StepStats) else ratio(stats.time, stats.steps),
             "samples_per_sec": stats.samples_per_sec, "tokens_per_sec": stats.tokens_per_sec,
-            "6n_flops": stats.six_n_flops if isinstance(stats, StepStats) else _ratio(stats.six_n_flops, stats.steps),
+            "6n_flops": stats.six_n_flops if isinstance(stats, StepStats) else ratio(stats.six_n_flops, stats.steps),
             "6n_over_counted": stats.six_n_ratio,
+            "dense_flops": stats.dense_flops if isinstance(stats, StepStats) else ratio(stats.dense_flops, stats.steps),
+            "dense_mfu": stats.dense_mfu,
         }
         if isinstance(stats, WindowStats):
             values["world_size"] = stats.world_size
@@ -334,7 +237,7 @@ class FlopsMeter:
             local = summed([])
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return local
-        return _all_reduced(local, group)
+        return all_reduced(local, group)
 
     def summary(self) -> str:
         """The run so far in a few lines: FLOPs per step, rates, MFU, and 6N beside the count."""
@@ -348,6 +251,9 @@ class FlopsMeter:
                 lines.append(f"  {label}: {_si(value)}{unit}")
         if total.mfu is not None:
             lines.append(f"  MFU: {total.mfu:.2%} of {_si(total.peak_flops)}FLOP/s peak")
+        if total.dense_flops is not None and total.steps:
+            dense_mfu = f", MFU {total.dense_mfu:.2%}" if total.dense_mfu is not None else ""
+            lines.append(f"  dense attention (every pair): {_si(total.dense_flops / total.steps)} per step{dense_mfu}")
         if total.six_n_ratio is not None:
             lines.append(f"  6N approximation: {_si(total.six_n_flops / total.steps)} per step, "
                          f"{total.six_n_ratio:.3f}x the counted FLOPs")
@@ -372,12 +278,13 @@ class FlopsMeter:
         tokens = sum(c.tokens for c in counted) if counted and all(c.tokens is not None for c in counted) else None
         return StepStats(
             step=self._count, micro_batches=len(counts),
-            fwd_flops=sum(c.fwd_flops for c in counted) if whole else None,
-            bwd_flops=sum(c.bwd_flops for c in counted) if whole else None,
+            fwd_flops=sum(unread(c, "fwd_flops") for c in counted) if whole else None,  # read when asked for
+            bwd_flops=sum(unread(c, "bwd_flops") for c in counted) if whole else None,
             samples=sum(c.samples for c in counted), tokens=tokens,
             six_n_flops=6 * self._non_embedding_params() * tokens if tokens is not None else None,
             attention_flops=self._attention_flops(counted),
             optimizer_flops=self._optimizer_step_flops(), peak_flops=self._peak(),
+            dense_flops=sum(c.dense_flops for c in counted) if whole and self._effective else None,
             _real_tokens=[c.real_tokens for c in counted], _time=seconds)
 
     def _mark(self) -> Any:
@@ -437,248 +344,6 @@ class FlopsMeter:
         return None if None in terms else sum(terms)
 
 
-class _Family:
-    """One shape family: its sweep, its named axes, and a compiled total per captured piece."""
-
-    def __init__(self, model: torch.nn.Module, inputs: tuple[tuple, dict], dims: Mapping[str, Any],
-                 options: dict[str, Any]) -> None:
-        from fxflops.sweeps import sweep
-
-        args, kwargs = inputs
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the meter warns once itself; unknown ops stay in the sweep
-            self.sweep = sweep(model, args, kwargs, dims=dims, **options)
-        self.example = [tuple(t.shape) for t in tensors_in(inputs)]
-        self.axes = self.sweep.plan.axes
-        self._totals: dict[int, tuple[Callable, Callable]] = {}
-        self._known: dict[tuple, tuple[int, int]] = {}
-        self.captures = len(self.sweep.pieces)
-
-    def fits(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether the tensors differ from the example only on named axes."""
-        if len(tensors) != len(self.example):
-            return False
-        for index, (tensor, shape) in enumerate(zip(tensors, self.example)):
-            named = self.axes.get(index, {})
-            if tensor.dim() != len(shape):
-                return False
-            for axis, size in enumerate(shape):
-                if axis not in named and tensor.shape[axis] != size:
-                    return False
-        return True
-
-    def misfit(self, tensors: list[torch.Tensor]) -> str:
-        for index, (tensor, shape) in enumerate(zip(tensors, self.example)):
-            if tuple(tensor.shape) != shape:
-                return f"input {index} has shape {tuple(tensor.shape)}, the family's first batch {shape}"
-        return "the inputs differ in number from the family's first batch"
-
-    def point(self, tensors: list[torch.Tensor]) -> dict[str, int]:
-        point: dict[str, int] = {}
-        for index, named in self.axes.items():
-            shape = tensors[index].shape
-            for axis, name in named.items():
-                if point.setdefault(name, shape[axis]) != shape[axis]:
-                    raise ValueError(f"size {name} is {point[name]} on one input and {shape[axis]} on input {index}")
-        return point
-
-    def flops(self, point: dict[str, int], meter: FlopsMeter) -> tuple[int, int]:
-        """(forward, backward) FLOPs at `point`."""
-        key = tuple(point.values())
-        found = self._known.get(key)
-        if isinstance(found, Exception):
-            raise found  # a point that could not be captured: not tried again every step
-        if found is None:
-            before, begin = len(self.sweep.pieces), time.perf_counter()
-            try:
-                piece = self.sweep.piece(**point)
-            except Exception as error:
-                self._known[key] = error
-                raise
-            finally:
-                meter.captures += len(self.sweep.pieces) - before
-                meter._capturing += time.perf_counter() - begin
-            compiled = self._totals.get(id(piece))
-            if compiled is None:
-                compiled = self._totals[id(piece)] = _compiled_totals(piece)
-            full = self.sweep.point(point)
-            found = self._known[key] = (compiled[0](full), compiled[1](full))
-        return found
-
-
-def _compiled_totals(piece: Any) -> tuple[Callable[[Mapping[str, int]], int], Callable[[Mapping[str, int]], int]]:
-    """The piece's forward and backward FLOPs, each one expression compiled to a Python function:
-    the sum of its nodes' costs, as the Estimate's root totals are."""
-    import sympy
-
-    from fxflops.capture.dynamic import user_symbol
-    from fxflops.sweeps import compile_expression
-
-    def compiled(terms: list[Any]) -> Callable[[Mapping[str, int]], int]:
-        expr = sympy.Add(*terms) if terms else sympy.Integer(0)
-        function = compile_expression(expr) if isinstance(expr, sympy.Basic) else None
-        if function is not None:
-            return function
-        return lambda point: int(sympy.sympify(expr).xreplace({user_symbol(n): v for n, v in point.items()}))
-
-    forward = [c.flops for c in piece.costs if not c.is_backward and c.flops != 0]
-    backward = [c.flops for c in piece.costs if c.is_backward and c.flops != 0]
-    return compiled(forward), compiled(backward)
-
-
-_FOLD = 512  # steps folded into the totals at a time
-
-
-class _Totals:
-    """Sums over every step (the deque keeps only the window): steps are folded in when read, so a
-    step's CUDA events are read then, not as it closes."""
-
-    def __init__(self) -> None:
-        self._sums: WindowStats | None = None
-        self._unread: list[StepStats] = []
-
-    def add(self, stats: StepStats) -> None:
-        self._unread.append(stats)
-        if len(self._unread) >= 2 * _FOLD:  # bounded memory: the oldest steps' events are long recorded
-            oldest, self._unread = summed(self._unread[:_FOLD]), self._unread[_FOLD:]
-            self._sums = combined(self._sums, oldest) if self._sums else oldest
-
-    def stats(self) -> WindowStats:
-        if self._unread or self._sums is None:
-            self._sums = combined(self._sums, summed(self._unread)) if self._sums else summed(self._unread)
-            self._unread = []
-        return self._sums
-
-
-def infer_dims(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The named axes of a common batch: token inputs (batch, seq), images (batch, height, width), else batch."""
-    if isinstance(kwargs, dict):
-        for key in TOKEN_KEYS:
-            value = kwargs.get(key)
-            if isinstance(value, torch.Tensor) and value.dim() >= 2:
-                return {"batch": 0, "seq": 1}
-        for key in IMAGE_KEYS:
-            value = kwargs.get(key)
-            if isinstance(value, torch.Tensor) and value.dim() == 4:
-                return {"batch": 0, "height": 2, "width": 3}
-    tensors = tensors_in((args, kwargs))
-    if not tensors:
-        raise ValueError("the batch holds no tensor")
-    first = tensors[0]
-    if first.dim() == 2 and not first.is_floating_point():
-        return {"batch": 0, "seq": 1}
-    if first.dim() == 4 and first.is_floating_point():
-        return {"batch": 0, "height": 2, "width": 3}
-    if first.dim() == 0:
-        raise ValueError("the first input is a scalar: give dims= naming the batch axis")
-    return {"batch": 0}
-
-
-def non_embedding_params(model: torch.nn.Module) -> int:
-    """Parameters outside embedding tables: the N of transformers' 6·N·tokens (a lookup is no matmul)."""
-    embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    unique = {id(p): p for p in model.parameters()}
-    return sum(p.numel() for i, p in unique.items() if i not in embedding)
-
-
-def attention_flops(model: torch.nn.Module, batch: int, seq: int) -> int | None:
-    """12·L·H·Q·T per token, for batch x seq tokens: the attention matmuls' fwd+bwd that nanoGPT and
-    torchtitan add to 6N (no causal halving, no GQA saving). None without a transformers-style config."""
-    shape = attention_shape(model)
-    if shape is None:
-        return None
-    layers, heads, head_dim = shape
-    return 12 * layers * heads * head_dim * seq * batch * seq
-
-
-def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
-    """(layers, heads, head dim) from a transformers-style config, else None."""
-    config = getattr(model, "config", None)
-    try:
-        layers = int(config.num_hidden_layers)
-        heads = int(config.num_attention_heads)
-        head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
-    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return layers, heads, int(head_dim)
-
-
-def _output_loss(output: Any) -> Any:
-    """The output's `loss`: what a transformers model given labels returns and the Trainer differentiates."""
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if not isinstance(loss, torch.Tensor):
-        raise ValueError("the batch has labels but the model's output has no loss tensor: pass loss= to the meter")
-    return loss
-
-
-def _call_inputs(batch: Any) -> tuple[tuple, dict]:
-    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], tuple) and isinstance(batch[1], dict):
-        return batch  # (args, kwargs), as a forward hook sees a call
-    if isinstance(batch, Mapping):
-        return (), dict(batch)
-    if isinstance(batch, list | tuple):
-        return tuple(batch), {}
-    return (batch,), {}
-
-
-def _structure(args: tuple, kwargs: dict, tensors: list[torch.Tensor], training: bool) -> tuple:
-    """What a family shares: the call's arguments, tensors' ranks and dtypes, plain values, training flag."""
-    plain = tuple((k, v) for k, v in kwargs.items() if isinstance(v, bool | int | float | str | type(None)))
-    return (len(args), tuple(kwargs), plain, tuple((t.dim(), t.dtype) for t in tensors), training)
-
-
-def summed(steps: Iterable[StepStats]) -> WindowStats:
-    """Steps together: sums of FLOPs, samples, tokens, seconds (None where any step lacks one)."""
-    steps = list(steps)
-    flops = [s.flops for s in steps]
-    times = [s.time for s in steps]
-    tokens = [s.tokens for s in steps]
-    six_n = [s.six_n_flops for s in steps]
-    peaks = {s.peak_flops for s in steps}
-    return WindowStats(
-        steps=len(steps),
-        flops=sum(flops) if steps and None not in flops else None,
-        samples=sum(s.samples for s in steps),
-        tokens=sum(tokens) if steps and None not in tokens else None,
-        time=sum(times) if steps and None not in times else None,
-        six_n_flops=sum(six_n) if steps and None not in six_n else None,
-        peak_flops=peaks.pop() if len(peaks) == 1 else None)
-
-
-def combined(a: WindowStats, b: WindowStats) -> WindowStats:
-    """Two spans of steps together."""
-    def both(x: Any, y: Any) -> Any:
-        return None if x is None or y is None else x + y
-
-    return WindowStats(steps=a.steps + b.steps, flops=both(a.flops, b.flops) if b.steps else a.flops,
-                       samples=a.samples + b.samples,
-                       tokens=both(a.tokens, b.tokens) if b.steps else a.tokens,
-                       time=both(a.time, b.time) if b.steps else a.time,
-                       six_n_flops=both(a.six_n_flops, b.six_n_flops) if b.steps else a.six_n_flops,
-                       peak_flops=a.peak_flops if not b.steps or a.peak_flops == b.peak_flops else None)
-
-
-def _all_reduced(local: WindowStats, group: Any) -> WindowStats:
-    """Sums (FLOPs, samples, tokens, 6N, peaks) and the slowest time over the group, in two all_reduces."""
-    import torch.distributed as dist
-
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-    known = [local.flops, local.tokens, local.six_n_flops, local.peak_flops]
-    sums = torch.tensor([float(local.samples), *(v if v is not None else 0 for v in known),
-                         *(1.0 if v is None else 0.0 for v in known)], dtype=torch.float64, device=device)
-    slowest = torch.tensor([local.time if local.time is not None else math.inf], dtype=torch.float64, device=device)
-    dist.all_reduce(sums, group=group)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    values = sums.tolist()
-    missing = values[5:]
-    flops, tokens, six_n, peak = (None if missing[i] else int(values[1 + i]) if i < 3 else values[1 + i]
-                                  for i in range(4))
-    seconds = slowest.item()
-    return WindowStats(steps=local.steps, flops=flops, samples=int(values[0]), tokens=tokens,
-                       time=None if math.isinf(seconds) else seconds, six_n_flops=six_n, peak_flops=peak,
-                       world_size=dist.get_world_size(group))
-
-
 def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
     if device.type != "cuda":
         return None
@@ -709,12 +374,6 @@ def _parameter_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
 def _si(value: float) -> str:
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
@@ -728,10 +387,3 @@ def _describe(batch: Any) -> str:
     except Exception:  # noqa: BLE001 - only a description
         return type(batch).__name__
     return f"shapes {shapes}" if shapes else type(batch).__name__
-
-
-def _first_line(error: BaseException) -> str:
-    summary = getattr(error, "summary", None)
-    text = summary() if callable(summary) else str(error)
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
