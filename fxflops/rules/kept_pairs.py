@@ -54,9 +54,10 @@ class KeptPairs:
     pattern: str
 
 
-# ops in the (batch, seq, heads, dim) layout; the others are (batch, heads, seq, dim)
-_SEQ_FIRST = ("aten._flash_attention", "aten._efficient_attention")
-_MASK_NAMES = ("attn_mask", "attn_bias", "bias")
+# ops in the (batch, seq, heads, dim) layout (the others are (batch, heads, seq, dim)), and the names
+# attention ops give their mask argument
+SEQ_FIRST = ("aten._flash_attention", "aten._efficient_attention")
+MASK_NAMES = ("attn_mask", "attn_bias", "bias")
 
 
 def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
@@ -67,11 +68,11 @@ def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
     query, key = names.get("query"), names.get("key")
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
         return None
-    if op.startswith(_SEQ_FIRST):
+    if op.startswith(SEQ_FIRST):
         grid = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
     else:
         grid = (*query.shape[:-1], key.shape[-2])
-    mask_name = next((name for name in _MASK_NAMES if isinstance(names.get(name), torch.Tensor)), None)
+    mask_name = next((name for name in MASK_NAMES if isinstance(names.get(name), torch.Tensor)), None)
     if mask_name is None:
         if names.get("is_causal") is True or names.get("custom_mask_type") == 1:
             return KeptPairs(math.prod(grid[:-2]) * causal_pairs(grid[-2], grid[-1]), CAUSAL)

@@ -24,9 +24,8 @@ import torch
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.rules import Rule, bind_op_call
+from fxflops.rules.kept_pairs import MASK_NAMES, SEQ_FIRST
 
-_MASK_NAMES = ("attn_mask", "attn_bias", "bias")  # the mask argument of SDPA and its kernels (as kept_pairs reads)
-_SEQ_FIRST = ("aten._flash_attention", "aten._efficient_attention")  # (batch, seq, heads, dim) layouts
 
 
 class NotReplayable(Exception):
@@ -87,7 +86,7 @@ class DataMasks:
     def _replay_of(self, node: torch.fx.Node, by_name: dict[str, torch.fx.Node],
                    replays: dict[str, _Replay | NotReplayable]) -> _Replay:
         names = bind_op_call(node.target, "aten", node.args, node.kwargs, None).names
-        mask = next((names[n] for n in _MASK_NAMES if isinstance(names.get(n), torch.fx.Node)), None)
+        mask = next((names[n] for n in MASK_NAMES if isinstance(names.get(n), torch.fx.Node)), None)
         found: _Replay | NotReplayable
         try:
             if mask is None:
@@ -124,7 +123,7 @@ class DataMasks:
         query, key = names.get("query"), names.get("key")
         if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
             raise NotReplayable("its query and key are not tensors")
-        if str(node.target).startswith(_SEQ_FIRST):
+        if str(node.target).startswith(SEQ_FIRST):
             grid = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
         else:
             grid = (*query.shape[:-1], key.shape[-2])
