@@ -264,6 +264,19 @@ def test_flex_runs_eagerly_only_inside_the_capture_and_quietly():
     assert torch._dynamo.eval_frame._stance.stance == "default"
 
 
+def test_a_capture_leaves_torchs_uncompiled_warning_for_the_users_own_call():
+    import torch.nn.attention.flex_attention as flex
+
+    if "flex_attention_performance" in flex._WARNINGS_SHOWN:
+        pytest.skip("this process already showed the warning (an uncompiled flex_attention ran before)")
+    fxflops.estimate(Net(), (x_of(256),))
+    assert "flex_attention_performance" not in flex._WARNINGS_SHOWN
+    with pytest.warns(UserWarning, match="without torch.compile"):
+        with torch.no_grad():
+            Net()(x_of(256))
+    flex._WARNINGS_SHOWN.discard("flex_attention_performance")  # as found, for the tests after this one
+
+
 def test_transformers_llama_with_flex_attention_by_hand():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=D, intermediate_size=128, num_hidden_layers=2,

@@ -41,6 +41,23 @@ def flex_runs_eagerly() -> Iterator[None]:
     if not any(name in sys.modules for name in _COMPILE_MODULES):
         yield
         return
-    with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
+    with torch.compiler.set_stance("force_eager"), warnings.catch_warnings(), _warned_once_kept():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile", category=UserWarning)
         yield
+
+
+_UNCOMPILED_WARNING = "flex_attention_performance"  # the id torch's _warn_once files it under
+
+
+@contextlib.contextmanager
+def _warned_once_kept() -> Iterator[None]:
+    """torch marks its once-per-process warning as shown even when a filter hid it: a capture's silenced
+    one is unmarked again, so the user's own first uncompiled call still warns."""
+    flex = sys.modules.get("torch.nn.attention.flex_attention")
+    shown = getattr(flex, "_WARNINGS_SHOWN", None)
+    already = not isinstance(shown, set) or _UNCOMPILED_WARNING in shown
+    try:
+        yield
+    finally:
+        if not already:
+            shown.discard(_UNCOMPILED_WARNING)

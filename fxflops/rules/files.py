@@ -77,6 +77,11 @@ _NOT_FILES = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", st
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    return parse_rule_toml(path, read_rule_bytes(path))
+
+
+def read_rule_bytes(path: Path) -> bytes:
+    """A rule file's bytes, at most one more than the size limit; a RuleFileError for what is no file."""
     try:
         # checked before opening: opening a FIFO waits for a writer, and /dev/zero never ends
         mode = os.stat(path).st_mode
@@ -84,11 +89,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
             kind = next((name for test, name in _NOT_FILES.items() if test(mode)), "a special file")
             raise RuleFileError(f"rule file {path} is {kind}, not a file: give a .toml file, or a folder of them")
         with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused, not read
+            return handle.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused, not read
     except FileNotFoundError:
         raise RuleFileError(f"rule file {path} does not exist") from None
     except OSError as error:
         raise RuleFileError(f"rule file {path} cannot be read: {error.strerror or error}") from None
+
+
+def parse_rule_toml(path: Path, raw: bytes) -> dict[str, Any]:
+    """The TOML data of a rule file's bytes (`path` names it in errors), within the size limit."""
     if len(raw) > MAX_FILE_BYTES:
         raise RuleFileError(
             f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a rule file "

@@ -23,18 +23,20 @@ CACHE_FILE = "_parsed.json"  # (kept out of git and out of the wheel; see .gitig
 _FORMAT = 1
 
 
-def parsed_files(directory: Path, files: Sequence[Path],
-                 parse: Callable[[Path], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each file's TOML data, in order: from the cache where its bytes hash as cached, else `parse(path)`
-    (then the cache is rewritten, if the folder lets us)."""
+def parsed_files(directory: Path, files: Sequence[Path], read: Callable[[Path], bytes],
+                 parse: Callable[[Path, bytes], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each file's TOML data, in order: `read(path)` once, then from the cache where those bytes hash as
+    cached, else `parse(path, the same bytes)` (then the cache is rewritten, if the folder lets us)."""
     cache_path = directory / CACHE_FILE
     cached = _read_cache(cache_path)
     fresh: dict[str, Any] = {}
     found = []
     for path in files:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        raw = read(path)
+        digest = hashlib.sha256(raw).hexdigest()
         entry = cached.get(path.name)
-        data = entry["data"] if isinstance(entry, dict) and entry.get("sha256") == digest else parse(path)
+        hit = isinstance(entry, dict) and entry.get("sha256") == digest and isinstance(entry.get("data"), dict)
+        data = entry["data"] if hit else parse(path, raw)
         fresh[path.name] = {"sha256": digest, "data": data}
         found.append(data)
     if fresh != cached:
@@ -67,9 +69,13 @@ def _write_cache(path: Path, files: dict[str, Any]) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        # mkstemp makes it private (0600); a shared environment's other users read it as they read the
+        # rule files beside it (replacing it needs the folder's permission, not the file's)
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except OSError:
         try:
             os.unlink(temporary)
         except OSError:
             pass
+

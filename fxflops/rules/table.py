@@ -26,7 +26,7 @@ import torch
 
 from fxflops.rules.binding import OpCall, aten_key, function_key
 from fxflops.rules.entries import Entry, Rule, RuleSpec, ZeroList, default_rules_dir, preset
-from fxflops.rules.files import _load_spec, _read_toml, load_rule_dir, rule_file_entries, rule_files
+from fxflops.rules.files import _load_spec, parse_rule_toml, read_rule_bytes, rule_file_entries, rule_files
 from fxflops.rules.parsed import parsed_files
 from fxflops.rules.presets import OTHER, PRESETS_FILE
 
@@ -179,7 +179,7 @@ def _shipped_entries() -> tuple[Entry, ...]:
     # Their parse is kept beside them (rules/parsed.py): tomllib is most of a tiny model's first estimate.
     directory = default_rules_dir()
     files = rule_files(directory, skip=PRESETS_FILE)
-    return tuple(entry for path, data in zip(files, parsed_files(directory, files, _read_toml))
+    return tuple(entry for path, data in zip(files, parsed_files(directory, files, read_rule_bytes, parse_rule_toml))
                  for entry in rule_file_entries(data, path, check_ops=False))
 
 
