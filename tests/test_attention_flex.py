@@ -17,7 +17,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 import fxflops
 from fxflops.explain import explain
 from fxflops.report.machine import from_json
-from fxflops.rules.flex import kept_blocks
+from fxflops.rules.flex import kept_block_pairs
 from tests.oracle import oracle_flex_flops
 
 B, H, E, D = 2, 4, 16, 64  # batch, query heads, head dim, model width
@@ -88,12 +88,17 @@ def attention_nodes(estimate):
     return [node for node in estimate.nodes if node.attention is not None]
 
 
-@pytest.mark.parametrize("length, mask_mod, blocks", [
-    (256, causal, 1 + 2),
-    (300, causal, 1 + 2 + 3),  # the last block row is partial: each kept block counts whole
-    (512, document, 3 + 3 + 4 + 2),  # docs 0-99, 100-299, 300-511 share blocks (0,0-2) (1,0-2) (2,0-3) (3,2-3)
+# pairs per head in the kept blocks, each clipped to the sequence
+CAUSAL_300 = 128 * 128 + 2 * 128 * 128 + 2 * 44 * 128 + 44 * 44  # rows of 128, 128, 44: blocks (0,0) (1,0-1) (2,0-2)
+
+
+@pytest.mark.parametrize("length, mask_mod, blocks, pairs", [
+    (256, causal, 1 + 2, 3 * BLOCK * BLOCK),
+    (300, causal, 1 + 2 + 3, CAUSAL_300),  # the last block row holds 44 queries, its blocks 44 x 128 and 44 x 44
+    # docs 0-99, 100-299, 300-511 share blocks (0,0-2) (1,0-2) (2,0-3) (3,2-3)
+    (512, document, 3 + 3 + 4 + 2, 12 * BLOCK * BLOCK),
 ])
-def test_block_mask_built_in_the_forward_by_hand(length, mask_mod, blocks):
+def test_block_mask_built_in_the_forward_by_hand(length, mask_mod, blocks, pairs):
     assert own_blocks(mask_mod, length) == blocks
     model = Net(mask_mod=mask_mod, score_mod=lambda score, b, h, q, kv: score * 2)
     estimate = fxflops.estimate(model, (x_of(length),), attention="effective", conventions="torch")
@@ -101,8 +106,8 @@ def test_block_mask_built_in_the_forward_by_hand(length, mask_mod, blocks):
     assert (node.op, node.rule, node.module, node.attention) == (
         "torch.ops.higher_order.flex_attention", "flex_attention", "attn", "block mask")
     assert node.dense_macs == B * H * length * length * 2 * E
-    assert node.kept_pairs == B * H * blocks * BLOCK * BLOCK
-    assert node.effective_macs == B * H * blocks * BLOCK * BLOCK * 2 * E
+    assert node.kept_pairs == B * H * pairs
+    assert node.effective_macs == B * H * pairs * 2 * E <= node.dense_macs
     assert "return flex_attention(q, k, v" in node.source  # the user's line, not torch's wrapper
     dense = fxflops.estimate(model, (x_of(length),), conventions="torch")
     assert dense.total_flops == oracle_flex_flops(model, (x_of(length),))[0]  # dense: FlopCounterMode's count
@@ -207,19 +212,27 @@ def test_a_mask_mod_reading_the_batch_is_data_and_counts_dense():
 
 
 def test_kept_blocks_evaluated_a_few_query_blocks_at_a_time(monkeypatch):
-    import fxflops.rules.flex
+    import fxflops.rules.mask_values
 
-    for mask_mod, length in ((causal, 300), (document, 512)):
-        expected = own_blocks(mask_mod, length)
-        assert int(kept_blocks(mask_mod, 1, 1, length, length, BLOCK, BLOCK).sum()) == expected
-        monkeypatch.setattr(fxflops.rules.flex, "MAX_MASK_ELEMENTS", BLOCK * length)  # one block row at a time
-        assert int(kept_blocks(mask_mod, 1, 1, length, length, BLOCK, BLOCK).sum()) == expected
+    for mask_mod, length, pairs in ((causal, 300, CAUSAL_300), (document, 512, 12 * BLOCK * BLOCK)):
+        assert int(kept_block_pairs(mask_mod, 1, 1, length, length, BLOCK, BLOCK).sum()) == pairs
+        # one block row at a time: the limit set where the other mask evaluations read it
+        monkeypatch.setattr(fxflops.rules.mask_values, "MAX_MASK_ELEMENTS", BLOCK * length)
+        assert int(kept_block_pairs(mask_mod, 1, 1, length, length, BLOCK, BLOCK).sum()) == pairs
         monkeypatch.undo()
     # per (batch, head): a mask_mod that reads them
-    per_head = kept_blocks(lambda b, h, q, kv: (q >= kv) | (h == 1), 2, 3, 256, 256, BLOCK, BLOCK)
-    assert per_head.view(-1).tolist() == [3, 4, 3] * 2
+    per_head = kept_block_pairs(lambda b, h, q, kv: (q >= kv) | (h == 1), 2, 3, 256, 256, BLOCK, BLOCK)
+    assert per_head.view(-1).tolist() == [n * BLOCK * BLOCK for n in [3, 4, 3] * 2]
     # a block larger than the sequence is one block over it (flex's own empty mask is one block of 2^30)
-    assert int(kept_blocks(causal, 1, 1, 300, 300, 1 << 30, 1 << 30).sum()) == 1
+    assert int(kept_block_pairs(causal, 1, 1, 300, 300, 1 << 30, 1 << 30).sum()) == 300 * 300
+
+
+def test_a_given_block_mask_is_read_from_its_own_lists_clipped_like_the_evaluated_one():
+    from fxflops.rules.kept_pairs import block_mask_kept_pairs
+
+    mask = create_block_mask(causal, None, None, 300, 300, device="cpu")
+    assert block_mask_kept_pairs(mask) == CAUSAL_300
+    assert block_mask_kept_pairs(mask, (B, H, 300, 300)) == B * H * CAUSAL_300
 
 
 def test_too_large_to_evaluate_is_unknown(monkeypatch):
@@ -267,14 +280,19 @@ def test_flex_runs_eagerly_only_inside_the_capture_and_quietly():
 def test_a_capture_leaves_torchs_uncompiled_warning_for_the_users_own_call():
     import torch.nn.attention.flex_attention as flex
 
-    if "flex_attention_performance" in flex._WARNINGS_SHOWN:
-        pytest.skip("this process already showed the warning (an uncompiled flex_attention ran before)")
-    fxflops.estimate(Net(), (x_of(256),))
-    assert "flex_attention_performance" not in flex._WARNINGS_SHOWN
-    with pytest.warns(UserWarning, match="without torch.compile"):
-        with torch.no_grad():
+    warning = "flex_attention_performance"
+    before = warning in flex._WARNINGS_SHOWN
+    flex._WARNINGS_SHOWN.discard(warning)  # as in a process where no flex_attention ran yet
+    try:
+        fxflops.estimate(Net(), (x_of(256),))
+        assert warning not in flex._WARNINGS_SHOWN
+        with pytest.warns(UserWarning, match="without torch.compile"), torch.no_grad():
             Net()(x_of(256))
-    flex._WARNINGS_SHOWN.discard("flex_attention_performance")  # as found, for the tests after this one
+    finally:
+        if before:
+            flex._WARNINGS_SHOWN.add(warning)
+        else:
+            flex._WARNINGS_SHOWN.discard(warning)
 
 
 def test_transformers_llama_with_flex_attention_by_hand():

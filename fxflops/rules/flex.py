@@ -2,8 +2,9 @@
 
 A captured `flex_attention` (or `flex_attention_backward`) call holds its BlockMask as a tuple
 (`BlockMask.as_tuple()`: the sequence lengths, the block counts and indices, the block sizes, the
-mask_mod). The kernels compute every block the mask keeps (partial and full) whole, so the kept
-pairs are kept blocks x block size² (`block_mask_kept_pairs`), broadcast over the batch and query
+mask_mod). The kernels compute every block the mask keeps (partial and full), so the kept pairs are
+the pairs inside the kept blocks, each clipped to the sequence (`block_mask_kept_pairs`; kept blocks
+x block size² where the lengths are multiples of the block sizes), broadcast over the batch and query
 heads the mask does not name:
 
 - counts that are real tensors (a BlockMask made outside the capture and reaching it as it is) are
@@ -16,7 +17,7 @@ heads the mask does not name:
 - a mask_mod that reads data (it closes over a fake tensor: a document-id or padding tensor from the
   batch) keeps pairs the capture cannot know: "mask from data", counted dense;
 - no BlockMask (flex's own empty mask, one block as large as the grid): every pair, effective = dense.
-  A block larger than the sequence counts as the sequence (what one block over it computes).
+  A block larger than the sequence counts as the sequence, like every block at the sequence's end.
 
 Sizes that are a sweep's symbols cannot be evaluated: the pairs are then unknown ("counted at
 concrete sizes only").
@@ -33,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.rules.kept_pairs import DATA, KeptPairs, block_mask_kept_pairs, call_kept_pairs
-from fxflops.rules.mask_values import MAX_MASK_ELEMENTS
+from fxflops.rules import mask_values  # its MAX_MASK_ELEMENTS read at call time: one limit, wherever it is set
+from fxflops.rules.kept_pairs import DATA, KeptPairs, call_kept_pairs
+from fxflops.rules.mask_values import block_mask_kept_pairs, broadcast_pairs
 
 BLOCK_MASK = "block mask"  # the pattern a flex BlockMask's kept pairs are reported under
 MAX_FLEX_MASK_ELEMENTS = 1 << 30  # a mask_mod evaluated at most over this many (b, h, q, kv) entries (~5 s)
@@ -62,12 +64,10 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
     if _is_empty(mask, grid):
         return None
     pattern = BLOCK_MASK
-    # a block larger than the sequence (flex's empty mask is one block of 2^30) covers the sequence only
-    block_size = tuple(_at_most(block, length) for block, length in zip(mask.BLOCK_SIZE, grid[-2:]))
-    if _is_real(mask.kv_num_blocks) and (mask.full_kv_num_blocks is None or _is_real(mask.full_kv_num_blocks)):
-        counts = SimpleNamespace(kv_num_blocks=mask.kv_num_blocks, full_kv_num_blocks=mask.full_kv_num_blocks,
-                                 BLOCK_SIZE=block_size)
-        return KeptPairs(block_mask_kept_pairs(counts, tuple(grid)), pattern)
+    listed = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices)
+    if all(tensor is None or _is_real(tensor) for tensor in listed) and all(
+            isinstance(size, int) for size in (*grid[-2:], *mask.BLOCK_SIZE)):
+        return KeptPairs(block_mask_kept_pairs(mask, tuple(grid)), pattern)
     if _is_noop(mask.mask_mod):  # the blocks are the counts' alone (BlockMask.from_kv_blocks), which have no data
         return KeptPairs(None, f"{DATA} (blocks given as counts, no mask_mod)")
     sizes = (*mask.kv_num_blocks.shape[:2], *mask.seq_lengths, *mask.BLOCK_SIZE)
@@ -84,8 +84,7 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
             memo[key] = found
     if found.pairs is None:
         return found
-    counts = SimpleNamespace(kv_num_blocks=found.pairs, full_kv_num_blocks=None, BLOCK_SIZE=block_size)
-    return KeptPairs(block_mask_kept_pairs(counts, tuple(grid)), pattern)
+    return KeptPairs(broadcast_pairs(found.pairs, tuple(grid)), pattern)
 
 
 def _read(block_mask: tuple) -> SimpleNamespace | None:
@@ -93,14 +92,17 @@ def _read(block_mask: tuple) -> SimpleNamespace | None:
     full_kv_num_blocks, ..., Q_BLOCK_SIZE, KV_BLOCK_SIZE, mask_mod); None for another layout."""
     if len(block_mask) < 7:
         return None
-    q_len, kv_len, kv_num_blocks, _, full_kv_num_blocks = block_mask[:5]
+    q_len, kv_len, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices = block_mask[:6]
     *_, q_block, kv_block, mask_mod = block_mask
     if not (isinstance(kv_num_blocks, torch.Tensor) and kv_num_blocks.ndim == 3 and callable(mask_mod)
+            and isinstance(kv_indices, torch.Tensor) and kv_indices.ndim == 4
             and (full_kv_num_blocks is None or isinstance(full_kv_num_blocks, torch.Tensor))
+            and (full_kv_indices is None or isinstance(full_kv_indices, torch.Tensor))
             and all(isinstance(size, int | torch.SymInt) for size in (q_len, kv_len, q_block, kv_block))):
         return None
-    return SimpleNamespace(seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num_blocks,
-                           full_kv_num_blocks=full_kv_num_blocks, BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod)
+    return SimpleNamespace(seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num_blocks, kv_indices=kv_indices,
+                           full_kv_num_blocks=full_kv_num_blocks, full_kv_indices=full_kv_indices,
+                           BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod)
 
 
 def _is_empty(mask: SimpleNamespace, grid: tuple[Any, ...]) -> bool:
@@ -119,17 +121,13 @@ def _at_least(size: Any, other: Any) -> bool:
     return isinstance(size, int) and isinstance(other, int) and size >= other
 
 
-def _at_most(block: Any, length: Any) -> Any:
-    return length if _at_least(block, length) else block
-
-
 def _is_real(tensor: torch.Tensor) -> bool:
     return not isinstance(tensor, FakeTensor) and not tensor.is_meta and type(tensor) is torch.Tensor
 
 
 def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, ...], pattern: str) -> KeptPairs:
-    """KeptPairs whose `pairs` holds the mask's kept blocks per (b, h) as a (B, H, 1) count, or None
-    with what stopped the evaluation."""
+    """KeptPairs whose `pairs` holds the pairs in the mask's kept blocks per (b, h) as a (B, H) count,
+    or None with what stopped the evaluation."""
     batch, heads, q_len, kv_len, q_block, kv_block = sizes
     if batch * heads * q_len * kv_len > MAX_FLEX_MASK_ELEMENTS:
         return KeptPairs(None, f"{pattern} (too large to evaluate: over {MAX_FLEX_MASK_ELEMENTS} entries)")
@@ -137,25 +135,27 @@ def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, ...], pattern: st
         return KeptPairs(None, DATA)
     try:
         with unset_fake_temporarily(), torch.utils._python_dispatch._disable_current_modes():
-            counts = kept_blocks(mask_mod, batch, heads, q_len, kv_len, q_block, kv_block)
+            pairs = kept_block_pairs(mask_mod, batch, heads, q_len, kv_len, q_block, kv_block)
     except Exception as error:  # noqa: BLE001 - whatever stops it, the kept blocks are not known
         return KeptPairs(None, f"{BLOCK_MASK} (its mask_mod could not be evaluated: {type(error).__name__})")
-    return KeptPairs(counts, pattern)
+    return KeptPairs(pairs, pattern)
 
 
-def kept_blocks(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int, kv_len: int,
-                q_block: int, kv_block: int) -> torch.Tensor:
-    """Blocks of q_block x kv_block the mask keeps (any pair kept), per (b, h): a (B, H, 1) int64 count.
+def kept_block_pairs(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int, kv_len: int,
+                     q_block: int, kv_block: int) -> torch.Tensor:
+    """Pairs inside the q_block x kv_block blocks the mask keeps (any pair kept, as create_block_mask
+    keeps a block), each block clipped to the sequence, per (b, h): a (B, H) int64 count.
 
     The mask_mod is evaluated as torch's create_mask evaluates it (vmapped over scalar indices), a few
-    query blocks at a time, so at most MAX_MASK_ELEMENTS entries exist at once; blocks past the end of
-    the sequence are padded with dropped pairs, as create_block_mask pads them."""
+    query blocks at a time, so at most MAX_MASK_ELEMENTS entries exist at once; the last blocks are
+    padded with dropped pairs, as create_block_mask pads them."""
     from torch.nn.attention.flex_attention import create_mask
 
     q_block, kv_block = min(q_block, q_len), min(kv_block, kv_len)  # one block covers a shorter sequence
-    rows = max(1, MAX_MASK_ELEMENTS // max(1, batch * heads * kv_len * q_block)) * q_block
+    rows = max(1, mask_values.MAX_MASK_ELEMENTS // max(1, batch * heads * kv_len * q_block)) * q_block
     pad_kv = -kv_len % kv_block
-    total = torch.zeros(batch, heads, 1, dtype=torch.int64)
+    cols = (kv_len - torch.arange(-(-kv_len // kv_block), dtype=torch.int64) * kv_block).clamp(max=kv_block)
+    total = torch.zeros(batch, heads, dtype=torch.int64)
     for start in range(0, q_len, rows):
         length = min(rows, q_len - start)
         mask = create_mask(_rows_from(mask_mod, start), batch, heads, length, kv_len, device="cpu")
@@ -163,7 +163,9 @@ def kept_blocks(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int
             raise TypeError("the mask_mod read a tensor without data")
         mask = F.pad(mask, (0, pad_kv, 0, -length % q_block), value=False)
         blocks = mask.view(batch, heads, mask.shape[2] // q_block, q_block, mask.shape[3] // kv_block, kv_block)
-        total += blocks.any(dim=5).any(dim=3).sum(dim=(2, 3), dtype=torch.int64).view(batch, heads, 1)
+        kept = blocks.any(dim=5).any(dim=3)  # (B, H, query blocks of this chunk, key blocks)
+        block_rows = (q_len - start - torch.arange(kept.shape[2], dtype=torch.int64) * q_block).clamp(max=q_block)
+        total += ((kept * cols).sum(dim=3) * block_rows).sum(dim=2)
     return total
 
 

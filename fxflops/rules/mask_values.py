@@ -35,22 +35,42 @@ def mask_kept_pairs(mask: torch.Tensor, shape: tuple[int, ...] | None = None) ->
 
 
 def block_mask_kept_pairs(block_mask: Any, shape: tuple[int, ...] | None = None) -> int:
-    """The (query, key) pairs flex_attention computes under a BlockMask: its kept blocks (partial and
-    full, as the mask's own kv_num_blocks and full_kv_num_blocks count them) x the block size, each
-    block whole, as the kernels compute it; broadcast to `shape` (B, H, Lq, Lk) where the mask's batch
-    or heads are 1. The counts are the mask function's at the mask's sizes, not data."""
-    blocks = block_mask.kv_num_blocks.sum(dtype=torch.int64)
+    """The (query, key) pairs flex_attention computes under a BlockMask: those inside the blocks it keeps
+    (partial and full, as its own kv_num_blocks/kv_indices and full_kv_* list them; the kernels
+    compute each kept block whole), each block clipped to the sequence — a last block that runs past
+    the end holds only the positions there are, so effective never exceeds dense; broadcast to
+    `shape` (B, H, Lq, Lk) where the mask's batch or heads are 1. The counts are the mask function's at
+    the mask's sizes, not data. Where the lengths are multiples of the block sizes this is kept
+    blocks x block size²."""
+    lengths = tuple(shape[-2:]) if shape is not None else tuple(block_mask.seq_lengths)
+    per_head = listed_block_pairs(block_mask.kv_num_blocks, block_mask.kv_indices, lengths, block_mask.BLOCK_SIZE)
     if block_mask.full_kv_num_blocks is not None:
-        blocks = blocks + block_mask.full_kv_num_blocks.sum(dtype=torch.int64)
-    q_block, kv_block = block_mask.BLOCK_SIZE
-    batch, heads = tuple(block_mask.kv_num_blocks.shape[:2])
+        per_head = per_head + listed_block_pairs(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, lengths,
+                                                 block_mask.BLOCK_SIZE)
+    return broadcast_pairs(per_head, shape)
+
+
+def listed_block_pairs(counts: torch.Tensor, indices: torch.Tensor, lengths: tuple[int, int],
+                       block_size: tuple[int, int]) -> torch.Tensor:
+    """Pairs per (batch, head), (B, H) int64, in the blocks a BlockMask lists: for each query block i, the
+    first counts[..., i] key-block indices of indices[..., i, :], each block clipped to `lengths`."""
+    (q_len, kv_len), (q_block, kv_block) = lengths, block_size
+    rows = (q_len - torch.arange(counts.shape[-1], dtype=torch.int64) * q_block).clamp(0, q_block)
+    cols = (kv_len - indices.to(torch.int64) * kv_block).clamp(0, kv_block)
+    listed = torch.arange(indices.shape[-1]) < counts.to(torch.int64).unsqueeze(-1)
+    return ((cols * listed).sum(dim=-1) * rows).sum(dim=-1)
+
+
+def broadcast_pairs(per_head: torch.Tensor, shape: tuple[int, ...] | None) -> int:
+    """The sum of (B, H) per-head pairs, repeated over the batch or heads of `shape` where B or H is 1."""
+    batch, heads = tuple(per_head.shape[:2])
     repeat = 1
     if shape is not None:
         for own, wanted in ((batch, shape[0]), (heads, shape[1])):
             if own not in (1, wanted):
                 raise ValueError(f"a BlockMask of batch x heads {batch} x {heads} does not broadcast to {shape}")
             repeat *= wanted if own == 1 else 1
-    return int(blocks) * q_block * kv_block * repeat
+    return int(per_head.sum()) * repeat
 
 
 def _kept(mask: torch.Tensor) -> torch.Tensor:
