@@ -1,4 +1,4 @@
-"""Twins of tensors: swapped into a model in place of its own, or meta twins of inputs.
+"""Swap a model's tensors for twins in place, and make meta twins of tensors and inputs.
 
 A lazy module's uninitialized parameter gets a stand-in that puts a twin in its place when the
 module materializes it.
