@@ -16,8 +16,8 @@ import torch
 from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
-from fxflops.capture.isolation import walk_modules
 from fxflops.capture.methods import AUTO
+from fxflops.capture.module_walk import walk_modules
 from fxflops.count import DENSE, check_attention, count_nodes
 from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step

@@ -63,7 +63,7 @@ def oracle_training_flops(model: torch.nn.Module, args: tuple = (), kwargs: dict
         output = model(*args, **(kwargs or {}))
         forward = counter.get_total_flops()
         if loss is None:
-            from fxflops.capture.inputs import tensors_in
+            from fxflops.capture.tensor_walk import tensors_in
 
             value = sum(t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad)
         else:

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 import fxflops
-from fxflops.capture.inputs import meta_twin, with_twins
-from fxflops.capture.isolation import SAVED_WHOLE
+from fxflops.capture.containers import SAVED_WHOLE
+from fxflops.capture.reach import with_twins
+from fxflops.capture.twins import meta_twin
 
 
 class NeverCopy:

@@ -1,9 +1,10 @@
 """Capture: turn a model and example inputs into an FX graph whose nodes carry shapes and modules.
 
 One module per method (`eager`, the default; `export`; `symbolic`; `trace`), declared in `methods`;
-`isolation` leaves the model and torch as they were, `attribution` names the module behind each op,
-`recorder` turns executed aten ops into graph nodes, `diagnosis` explains failures. Every method
-hands the count stage a `fxflops.results.Captured`.
+`isolation` leaves the model and torch as they were while `twins` stand in for its tensors,
+`inputs`, `tensor_walk` and `reach` handle the example inputs, `attribution` names the module behind
+each op, `recorder` turns executed aten ops into graph nodes, `diagnosis` explains failures. Every
+method hands the count stage a `fxflops.results.Captured`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import torch
 from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
-from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of, tensors_in
-from fxflops.capture.isolation import in_turn, uncompiled
+from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of
+from fxflops.capture.isolation import in_turn
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
+from fxflops.capture.module_walk import uncompiled
 from fxflops.capture.quiet import torch_logging_quiet
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
 from fxflops.capture.running import capture_running
+from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.trace import needs_real
 from fxflops.results import Attempt, Captured
 

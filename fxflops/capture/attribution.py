@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.backward import FORWARD
-from fxflops.capture.isolation import walk_modules
+from fxflops.capture.module_walk import walk_modules
 from fxflops.results import ModuleInfo, WholeCall
 
 NAME_TAG = "_fxflops_qualified_name"  # set in a module's __dict__ while capturing only; export may copy modules

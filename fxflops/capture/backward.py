@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from fxflops.capture.inputs import tensors_in
-from fxflops.capture.isolation import unique_modules
+from fxflops.capture.module_walk import unique_modules
+from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
 __all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",

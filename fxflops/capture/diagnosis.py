@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from fxflops.capture.attribution import NAME_TAG
-from fxflops.capture.isolation import walk_modules
+from fxflops.capture.module_walk import walk_modules
 from fxflops.capture.recorder import LIBRARY_DIRS
 from fxflops.results import ROOT_LABEL, Attempt
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fxflops.capture.inputs import tensors_in
+from fxflops.capture.tensor_walk import tensors_in
 
 if TYPE_CHECKING:
     import sympy

@@ -28,11 +28,14 @@ from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
-from fxflops.capture.inputs import Reach, iter_tensors, map_tensors, mark_inputs, refuse_lazy_output, tensors_in
-from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
+from fxflops.capture.isolation import isolated
 from fxflops.capture.methods import EAGER
+from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
+from fxflops.capture.tensor_walk import iter_tensors, map_tensors, tensors_in
+from fxflops.capture.twins import swap_tensors
 from fxflops.results import Captured
 
 

@@ -17,10 +17,13 @@ from typing import Any
 import torch
 
 from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos, tag_names
-from fxflops.capture.inputs import is_plain, meta_twin, refuse_lazy_output, tensors_in, to_meta, with_twins
-from fxflops.capture.isolation import isolated, swap_tensors
+from fxflops.capture.inputs import is_plain, refuse_lazy_output
+from fxflops.capture.isolation import isolated
 from fxflops.capture.methods import EXPORT
+from fxflops.capture.reach import with_twins
 from fxflops.capture.request import Request
+from fxflops.capture.tensor_walk import tensors_in
+from fxflops.capture.twins import meta_twin, swap_tensors, to_meta
 from fxflops.results import Captured
 
 WRAPPED = "model"  # attribute name of the user's model inside the output-flattening wrapper

@@ -1,23 +1,22 @@
-"""Example inputs: from shapes, flattened out of any container, rebuilt with their tensors replaced.
+"""Example inputs: made from shapes, keyed by their shapes and dtypes, tagged in the captured graph.
 
-A user's inputs are never copied: the walks here are iterative (a linked input thousands deep is fine),
-skip large runs of plain scalars at C speed, and rebuild only the containers on a path to a tensor.
+Also what the capture reports of them (shapes, the floating dtype, whether they can really run) and
+the values of a graph handed in already captured.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import types
-from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map
+
+from fxflops.capture.tensor_walk import iter_tensors, tensors_in
 
 
 def inputs_from_shape(model: torch.nn.Module, input_shape: Any) -> tuple[torch.Tensor, ...]:
@@ -68,63 +67,6 @@ def mark_inputs(graph_module: torch.fx.GraphModule, inputs: Any) -> None:
             node.meta[INPUT_INDEX] = position
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor reachable from a value: tuples, dicts, dataclasses, cache objects (depth-first, in order)."""
-    return list(iter_tensors(value))
-
-
-def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors of `tensors_in`, one at a time: what wants the first one walks no further."""
-    seen: dict[int, Any] = {}  # id -> object, held so that an id is not reused while walking
-    stack = [value]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif not isinstance(value, _SCALARS) and value is not None and id(value) not in seen:
-            seen[id(value)] = value
-            stack.extend(reversed(_not_scalars(_items(value))))
-
-
-# values that hold no tensor; a container of nothing else is skipped without a Python-level loop
-_SCALARS = (str, bytes, int, float, bool, torch.dtype, torch.device)
-_SCALAR_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device})
-
-
-def _items(value: Any) -> Iterable[Any]:
-    if isinstance(value, Mapping):
-        return value.values()
-    if isinstance(value, list | tuple | set | frozenset):
-        return value
-    if dataclasses.is_dataclass(value):
-        return [getattr(value, f.name) for f in dataclasses.fields(value)]
-    if hasattr(value, "__dict__"):
-        return vars(value).values()
-    return ()
-
-
-def _not_scalars(items: Iterable[Any]) -> list[Any]:
-    """The items, or none if all are plain scalars."""
-    return [] if _only_scalars(items) else list(items)
-
-
-def _only_scalars(items: Iterable[Any]) -> bool:
-    """Whether a container holds plain scalars only, checked in C: a list of 10^8 ints takes seconds, not minutes."""
-    return set(map(type, items)) <= _SCALAR_TYPES
-
-
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`value` with fn applied to each tensor in it (aten arguments nest only lists and tuples)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(map_tensors(item, fn) for item in value)
-    if kind is dict:
-        return {key: map_tensors(item, fn) for key, item in value.items()}
-    return value
-
-
 def signature(value: Any) -> tuple:
     """A hashable key for the input shapes of a call: equal keys give equal estimates.
 
@@ -152,245 +94,6 @@ def is_plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(key, str) and is_plain(item) for key, item in value.items())
     return False
-
-
-def with_twins(value: Any, twin: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """The value with every tensor replaced by `twin(tensor)` (one twin per tensor).
-
-    Nothing of the user's is copied: only the containers and objects on a path to a tensor are rebuilt
-    (lists, tuples, dicts, sets, dataclasses, objects' attributes, without calling their class's copy or
-    pickle methods); everything else, and any object that cannot be rebuilt, is the caller's own.
-    """
-    return Reach(value).with_twins(twin)
-
-
-class Reach:
-    """What a value reaches: every container and object on the way to its tensors, found without recursion."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self._nodes: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}  # id -> (object, [(key, child)])
-        self._holders: list[int] = []  # ids of the nodes that hold a tensor themselves
-        stack = [value]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, torch.Tensor) or node is None or isinstance(node, _SCALARS) or id(node) in self._nodes:
-                continue
-            children = _children(node)
-            self._nodes[id(node)] = (node, children)
-            if any(isinstance(child, torch.Tensor) for _, child in children):
-                self._holders.append(id(node))
-            stack.extend(child for _, child in reversed(children))
-
-    def objects(self) -> list[Any]:
-        """Every container and object reached (not tensors): what a forward given the value could change."""
-        return [node for node, _ in self._nodes.values()]
-
-    def with_twins(self, twin: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-        """See `with_twins`."""
-        if isinstance(self.value, torch.Tensor):
-            return twin(self.value)
-        on_path = self._on_path()
-        if not on_path:
-            return self.value
-        twins: dict[int, torch.Tensor] = {}
-        rebuilt: dict[int, Any] = {}
-
-        def new(child: Any) -> Any:
-            if isinstance(child, torch.Tensor):
-                found = twins.get(id(child))
-                if found is None:
-                    found = twins[id(child)] = twin(child)
-                return found
-            return rebuilt.get(id(child), child)
-
-        for key in on_path:  # mutable shells first: a cycle through them closes on the shell
-            shell = _shell(self._nodes[key][0])
-            if shell is not None:
-                rebuilt[key] = shell
-        for key in self._immutables_in_order(on_path):
-            node, children = self._nodes[key]
-            made = _rebuilt_immutable(node, [(where, new(child)) for where, child in children])
-            if made is not None:
-                rebuilt[key] = made
-        for key in on_path:
-            node, children = self._nodes[key]
-            if key in rebuilt and not isinstance(node, tuple | frozenset):
-                _fill(rebuilt[key], node, [(where, new(child)) for where, child in children])
-        return new(self.value)
-
-    def _on_path(self) -> list[int]:
-        """Ids of the nodes from which a tensor can be reached, in discovery order."""
-        parents: dict[int, list[int]] = {}
-        for key, (_, children) in self._nodes.items():
-            for _, child in children:
-                if id(child) in self._nodes:
-                    parents.setdefault(id(child), []).append(key)
-        marked = set(self._holders)
-        stack = list(self._holders)
-        while stack:
-            for parent in parents.get(stack.pop(), ()):
-                if parent not in marked:
-                    marked.add(parent)
-                    stack.append(parent)
-        return [key for key in self._nodes if key in marked]
-
-    def _immutables_in_order(self, on_path: list[int]) -> list[int]:
-        """Tuples and frozensets on a path, each after the tuples and frozensets inside it."""
-        marked = set(on_path)
-        order: list[int] = []
-        done: set[int] = set()
-        for root in on_path:
-            stack = [(root, False)]
-            while stack:
-                key, expanded = stack.pop()
-                node = self._nodes[key][0]
-                if key in done or not isinstance(node, tuple | frozenset):
-                    continue
-                if expanded:
-                    done.add(key)
-                    order.append(key)
-                    continue
-                stack.append((key, True))
-                stack.extend((id(child), False) for _, child in self._nodes[key][1] if id(child) in marked)
-        return order
-
-
-def _children(node: Any) -> list[tuple[Any, Any]]:
-    """(where, child) for what a node holds that may lead to a tensor; plain scalars are left out."""
-    if isinstance(node, list | tuple):
-        return [] if _only_scalars(node) else [(i, item) for i, item in enumerate(node) if not _is_scalar(item)]
-    if isinstance(node, set | frozenset):
-        return [] if _only_scalars(node) else [(None, item) for item in node if not _is_scalar(item)]
-    found: list[tuple[Any, Any]] = []
-    if isinstance(node, dict) and not _only_scalars(dict.values(node)):
-        found += [(("item", key), item) for key, item in _dict_items(node) if not _is_scalar(item)]
-    state = own_attribute(node, "__dict__", None)
-    if isinstance(state, dict) and not isinstance(node, type) and not _only_scalars(state.values()):
-        found += [(("attr", key), item) for key, item in state.items() if not _is_scalar(item)]
-    for name in slot_names(node):
-        item = own_attribute(node, name, _ABSENT)
-        if item is not _ABSENT and not _is_scalar(item):
-            found.append((("slot", name), item))
-    return found
-
-
-_ABSENT = object()
-
-
-def _dict_items(node: dict) -> Any:
-    """A dict's own items, read past any override of items() in its class."""
-    return (OrderedDict if isinstance(node, OrderedDict) else dict).items(node)
-
-
-def own_attribute(obj: Any, name: str, default: Any) -> Any:
-    """An attribute as the object stores it, past any __getattr__ / __getattribute__ of its class."""
-    try:
-        return object.__getattribute__(obj, name)
-    except Exception:  # noqa: BLE001 - a slot never set, or an object with no such attribute
-        return default
-
-
-def _is_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, _SCALARS)
-
-
-def slot_names(node: Any) -> list[str]:
-    """The names of the __slots__ the node's classes declare (read, not cached on the class as copyreg does)."""
-    cls = type(node)
-    if cls in (list, tuple, dict, set, frozenset) or isinstance(node, type):
-        return []
-    names: list[str] = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in [slots] if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            if name.startswith("__") and not name.endswith("__"):  # a private slot is stored mangled
-                name = f"_{klass.__name__.lstrip('_')}{name}"
-            names.append(name)
-    return names
-
-
-def _shell(node: Any) -> Any:
-    """An empty object of the node's mutable class, made without calling its __init__ (None: cannot)."""
-    cls = type(node)
-    if isinstance(node, tuple | frozenset):
-        return None
-    if cls is list or cls is dict or cls is set:
-        return cls()
-    if isinstance(node, type) or not (isinstance(node, list | dict | set)
-                                      or own_attribute(node, "__dict__", None) is not None or slot_names(node)):
-        return None
-    try:
-        shell = cls.__new__(cls)
-    except Exception:  # noqa: BLE001 - an object that cannot be rebuilt is passed on as it is
-        return None
-    if isinstance(node, defaultdict):
-        shell.default_factory = node.default_factory
-    return shell
-
-
-def _fill(shell: Any, node: Any, children: list[tuple[Any, Any]]) -> None:
-    """Give a rebuilt shell the node's contents, with `children` (where, new value) in place of its own."""
-    if isinstance(node, list):
-        items = list(node)
-        for index, item in children:
-            items[index] = item
-        list.extend(shell, items)
-    elif isinstance(node, set):
-        set.update(shell, {item for item in node if _is_scalar(item)}, (item for _, item in children))
-    if isinstance(node, dict):
-        # OrderedDict keeps its order beside the dict: its own __setitem__, never the class's override
-        setitem = OrderedDict.__setitem__ if isinstance(node, OrderedDict) else dict.__setitem__
-        new_items = {where[1]: item for where, item in children if isinstance(where, tuple) and where[0] == "item"}
-        for key, item in _dict_items(node):
-            setitem(shell, key, new_items.get(key, item))
-    state = own_attribute(node, "__dict__", None)
-    if isinstance(state, dict):
-        shell.__dict__.update(state)
-    for name in slot_names(node):
-        item = own_attribute(node, name, _ABSENT)
-        if item is not _ABSENT:
-            object.__setattr__(shell, name, item)
-    for where, item in children:
-        if isinstance(where, tuple) and where[0] == "attr":
-            shell.__dict__[where[1]] = item
-        elif isinstance(where, tuple) and where[0] == "slot":
-            object.__setattr__(shell, where[1], item)
-
-
-def _rebuilt_immutable(node: Any, children: list[tuple[Any, Any]]) -> Any:
-    """The tuple or frozenset with its children (where, new value) in place (None: cannot be rebuilt)."""
-    cls = type(node)
-    if isinstance(node, frozenset):
-        values = [item for item in node if _is_scalar(item)] + [item for _, item in children]
-        return frozenset(values) if cls is frozenset else _try(lambda: cls(values))
-    values = list(node)
-    for index, item in children:
-        values[index] = item
-    if cls is tuple:
-        return tuple(values)
-    if hasattr(cls, "_make"):  # a namedtuple
-        return _try(lambda: cls._make(values))
-    return _try(lambda: cls(values))  # torch.return_types and other struct sequences
-
-
-def _try(make: Callable[[], Any]) -> Any:
-    try:
-        return make()
-    except Exception:  # noqa: BLE001 - an object that cannot be rebuilt is passed on as it is
-        return None
-
-
-def to_meta(value: Any) -> Any:
-    """The same pytree with every tensor replaced by a meta tensor of the same shape and dtype."""
-    return with_twins(value, meta_twin)
-
-
-def meta_twin(tensor: torch.Tensor) -> torch.Tensor:
-    twin = tensor.detach().to("meta")
-    return torch.nn.Parameter(twin, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else twin
 
 
 def shapes_of(value: Any) -> Any:

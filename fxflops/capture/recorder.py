@@ -26,7 +26,7 @@ from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
-from fxflops.capture.inputs import map_tensors, tensors_in
+from fxflops.capture.tensor_walk import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
 # node.meta key: the torch.cond branches the op ran in, outermost first, as ((cond, branch index), ...)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.dynamic import SizePlan
-from fxflops.capture.isolation import unique_modules
+from fxflops.capture.module_walk import unique_modules
 
 
 def _never(module: torch.nn.Module) -> bool:

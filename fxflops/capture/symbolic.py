@@ -15,10 +15,11 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos
-from fxflops.capture.inputs import meta_twin, to_meta
-from fxflops.capture.isolation import isolated, swap_tensors, unique_modules
+from fxflops.capture.isolation import isolated
 from fxflops.capture.methods import SYMBOLIC
+from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.request import Request
+from fxflops.capture.twins import meta_twin, swap_tensors, to_meta
 from fxflops.results import ROOT_LABEL, Captured
 
 

@@ -12,12 +12,16 @@ import torch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, cleared_grads, differentiate, parameter_owners, restore_grads
-from fxflops.capture.inputs import Reach, nothing_to_run, refuse_lazy_output, tensors_in, to_meta
-from fxflops.capture.isolation import CopyOnWrite, isolated
+from fxflops.capture.copy_on_write import CopyOnWrite
+from fxflops.capture.inputs import nothing_to_run, refuse_lazy_output
+from fxflops.capture.isolation import isolated
 from fxflops.capture.methods import TRACE
 from fxflops.capture.flex import flex_runs_eagerly
+from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.request import Request
+from fxflops.capture.tensor_walk import tensors_in
+from fxflops.capture.twins import to_meta
 from fxflops.results import Captured
 
 

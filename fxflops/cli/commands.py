@@ -160,7 +160,7 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     from fxflops.device import peaks
     from fxflops.api import estimate
     from fxflops.timing.meter import StepStats, attention_flops, non_embedding_params
-    from fxflops.capture.inputs import tensors_in
+    from fxflops.capture.tensor_walk import tensors_in
     from fxflops.report.mfu import render_step
 
     progress(f"loading {args.model}")

@@ -20,8 +20,8 @@ from fxflops.api import Counting, collector_paused, deep_enough, deep_models, no
 from fxflops.capture import uncompiled
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, plan_from_dims
-from fxflops.capture.inputs import tensors_in
 from fxflops.capture.methods import AUTO
+from fxflops.capture.tensor_walk import tensors_in
 from fxflops.optimizer import optimizer_step
 from fxflops.results import CountSource, Estimate, SweepFormula, SweepPoint, SweepResult
 from fxflops.rules import RuleSpec

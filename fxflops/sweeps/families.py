@@ -14,8 +14,10 @@ import torch
 
 from fxflops.api import Counting, estimate
 from fxflops.capture.dynamic import SizePlan
-from fxflops.capture.inputs import signature, tensors_in, to_meta
+from fxflops.capture.inputs import signature
 from fxflops.capture.methods import AUTO
+from fxflops.capture.tensor_walk import tensors_in
+from fxflops.capture.twins import to_meta
 from fxflops.results import Estimate
 from fxflops.sweeps.core import Sweep
 

@@ -25,9 +25,10 @@ from fxflops.timing.clocks import make_clock, time_calls
 from fxflops.timing.join import join
 from fxflops.timing.latency import ModuleTimer, StepRecord, mean_per_step, median_record, timeline_rows
 from fxflops.capture import tensors_in
+from fxflops.capture.copy_on_write import CopyOnWrite
 from fxflops.capture.inputs import signature
 from fxflops.capture.backward import backward_roots, cleared_grads, ones_like_each, restore_grads
-from fxflops.capture.isolation import CopyOnWrite, isolated
+from fxflops.capture.isolation import isolated
 from fxflops.results import Estimate, Measurements, Profile
 from fxflops.tree import forward_only
 
