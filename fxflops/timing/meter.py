@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.inputs import tensors_in, to_meta
-from fxflops.count import check_attention
+from fxflops.count.attention import check_attention
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
 from fxflops.timing.reduction import all_reduced
 from fxflops.timing.steps import (
