@@ -1,4 +1,4 @@
-"""Attention readings: an attention op's cost over every (query, key) pair (dense) or the pairs its mask keeps.
+"""Attention readings: dense (every query-key pair) or effective (the pairs the mask keeps).
 
 Each attention node carries both readings; the `attention` option says which one its macs/flops are.
 Rules with an `effective` formula read the mask from the op's arguments; attention written as plain

@@ -1,4 +1,4 @@
-"""torch.cond branches: walk op nodes into higher-order ops' subgraphs, and count each op in one branch.
+"""torch.cond branches: walk op nodes into subgraphs, count each op in one branch.
 
 As FlopCounterMode counts a cond, an op counts in the branch where it costs the most; its nodes in the
 other branches count 0 (fxflops.capture.branches records which branch a node ran in).

@@ -1,4 +1,4 @@
-"""Per-node costing: bind an op node's call, match it to a rule, and cost it in MACs, FLOPs and bytes.
+"""Per-node costing: bind a node's call, match it to a rule, cost its MACs, FLOPs and bytes.
 
 A node's values are its fake tensors (meta["val"]); calls with equal shapes and arguments are matched and
 evaluated once (a memo keyed by their signature). Whole-counted module calls are costed the same way.

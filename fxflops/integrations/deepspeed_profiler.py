@@ -1,4 +1,4 @@
-"""DeepSpeed's FlopsProfiler on top of fxflops: profile the forwards a loop runs itself, and print the report.
+"""DeepSpeed's FlopsProfiler on top of fxflops: profile the forwards a loop runs itself.
 
 The profiler times every forward between start_profile() and stop_profile() with hooks it removes
 again, and estimates each new input signature once; `print_profile_report` and `fold_ignored` are

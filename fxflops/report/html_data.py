@@ -1,4 +1,4 @@
-"""The HTML report's data: the icicle's folded module tree and the metrics that size it, as JSON-ready values.
+"""The HTML report's data: the icicle's folded module tree and the metrics that size it.
 
 Numbers are formatted here, by the text report's functions; the page's script only lays them out.
 """

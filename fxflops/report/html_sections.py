@@ -1,4 +1,4 @@
-"""The HTML report's sections: header, summary cards, icicle controls, roofline, cautions and sortable tables.
+"""The HTML report's sections: header, cards, icicle controls, roofline, cautions, tables.
 
 Each function returns a piece of markup for the page template of fxflops.report.html; every text in it
 is escaped here.

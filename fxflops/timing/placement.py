@@ -1,4 +1,4 @@
-"""Where a timed pass runs: its device and the device's name, the compute dtype and its peak, inputs moved there.
+"""Where a timed pass runs: device and its name, compute dtype and peak, inputs moved there.
 
 Also the contexts a timed loop runs in (the device made current, the garbage collector paused) and the
 parallel sizes the summary reports; shared by profile(), profile_generate() and the DeepSpeed API.

@@ -1,4 +1,4 @@
-"""Leaving the model as a timed pass found it: its state, buffers and in-place writes restored, its device too.
+"""Leaving the model as a timed pass found it: state, buffers, in-place writes, device.
 
 Used around every run that executes the user's model: profile(), profile_generate(), the estimates of
 live calls (EstimateCache) and the DeepSpeed API.
