@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from fxflops.timing.clocks import time_calls
-from fxflops.timing.profiling import device_name, measure_forward
+from fxflops.timing.placement import device_name
+from fxflops.timing.profiling import measure_forward
 
 TARGET = 1.15
 

@@ -18,7 +18,8 @@ from fxflops.capture.attribution import label_modules
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.capture.module_walk import walk_modules
-from fxflops.count import DENSE, check_attention, count_nodes
+from fxflops.count import count_nodes
+from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
@@ -137,7 +138,7 @@ class Counting:
     table: RuleTable
     conventions: str
     is_whole: Callable[[torch.nn.Module], bool]
-    attention: str = DENSE  # how attention ops count: fxflops.count.ATTENTION_READINGS
+    attention: str = DENSE  # how attention ops count: fxflops.count.attention.ATTENTION_READINGS
 
     @classmethod
     def prepare(cls, conventions: str, rules: Iterable[RuleSpec] | RuleSpec | None,

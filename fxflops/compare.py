@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fxflops.explain import as_number, plain
-from fxflops.count import DENSE, EFFECTIVE, count_nodes, node_calls
+from fxflops.count import count_nodes, node_calls
+from fxflops.count.attention import DENSE, EFFECTIVE
 from fxflops.results import ROOT_LABEL, Estimate, NodeCost
 from fxflops.rules import CONVENTIONS, PRESET_TABLE, Rule, RuleTable, preset
 from fxflops.tree import build_estimate, owning_module

@@ -10,7 +10,8 @@ from fxflops.device import peaks
 from fxflops.compat import FlopsProfiler
 from fxflops.timing.clocks import CudaClock
 from fxflops.timing.latency import ModuleTimer
-from fxflops.timing.profiling import device_name, profile
+from fxflops.timing.placement import device_name
+from fxflops.timing.profiling import profile
 
 pytestmark = [
     pytest.mark.cuda,

@@ -2,7 +2,7 @@
 body once. Counting every node of such a graph is not one run's cost, so each gets a caution.
 
 A run takes one branch, decided by values a capture does not have. Where both branches are captured,
-each op counts in the branch where it costs more (fxflops.count), as FlopCounterMode counts a cond:
+each op counts in the branch where it costs more (fxflops.count.branches), as FlopCounterMode counts a cond:
 an upper bound of either branch. (FlopCounterMode itself adds both branches of an op in a module it
 had already counted something in before the cond: its per-branch copies of the counts are shallow.)
 """

@@ -19,20 +19,18 @@ from torch import nn
 from fxflops.timing.clocks import make_clock
 from fxflops.timing.join import join
 from fxflops.timing.latency import Interval, ModuleTimer, StepRecord, mean_per_step
-from fxflops.timing.profiling import (
-    EstimateCache,
+from fxflops.timing.placement import (
     batch_size_of,
-    build_measurements,
     compute_dtype,
     device_context,
     gc_paused,
-    moved_to,
     normalize_args,
     on_device,
     parallel_sizes,
-    preserved,
     resolve_device,
 )
+from fxflops.timing.preserving import moved_to, preserved
+from fxflops.timing.profiling import EstimateCache, build_measurements
 from fxflops.results import Estimate, OpTotals, Profile, UnknownOp
 from fxflops.tree import module_tree
 

@@ -24,7 +24,7 @@ import torch
 
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
-from fxflops.count import check_attention
+from fxflops.count.attention import check_attention
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
 from fxflops.timing.reduction import all_reduced
 from fxflops.timing.steps import (

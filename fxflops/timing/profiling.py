@@ -1,34 +1,43 @@
 """profile(): the static estimate plus a timed eager pass on the model's device, joined as a Profile.
 
-The helpers here (device choice, leaving the model as it was, Measurements assembly) are shared
-by the generation profiler (fxflops.timing.generate) and the DeepSpeed-compatible API (fxflops.compat).
+The timed loops, the Measurements assembly and the estimates of live calls (EstimateCache) are shared
+by the generation profiler (fxflops.timing.generate) and the DeepSpeed-compatible API (fxflops.compat);
+device choice is in fxflops.timing.placement, leaving the model as it was in fxflops.timing.preserving.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import platform
 import statistics
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from fxflops.device import peaks
-from fxflops.api import collector_paused, deep_models, estimate
+from fxflops.api import deep_models, estimate
 from fxflops.timing.backward import BackwardTimer, mean_backward
 from fxflops.timing.clocks import make_clock, time_calls
 from fxflops.timing.join import join
 from fxflops.timing.latency import ModuleTimer, StepRecord, mean_per_step, median_record, timeline_rows
+from fxflops.timing.placement import (
+    batch_size_of,
+    compute_dtype,
+    device_context,
+    device_name,
+    gc_paused,
+    normalize_args,
+    on_device,
+    parallel_sizes,
+    resolve_device,
+    resolve_peak,
+)
+from fxflops.timing.preserving import moved_to, preserved
 from fxflops.capture import tensors_in
-from fxflops.capture.copy_on_write import CopyOnWrite
 from fxflops.capture.inputs import signature
 from fxflops.capture.backward import backward_roots, cleared_grads, ones_like_each, restore_grads
-from fxflops.capture.isolation import isolated
 from fxflops.results import Estimate, Measurements, Profile
 from fxflops.tree import forward_only
 
@@ -231,149 +240,6 @@ def build_measurements(
     )
 
 
-# ------------------------------------------------------------------------------ device and dtype
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter or buffer (cpu for a model without tensors)."""
-    tensor = next(iter(model.parameters()), None)
-    if tensor is None:
-        tensor = next(iter(model.buffers()), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
-
-
-def resolve_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
-    """Where the timed pass runs: `device`, or the model's own; never the meta device."""
-    target = torch.device(device) if device is not None else model_device(model)
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
-    if target.type == "meta":
-        raise ValueError("profile() runs the model, but it lives on the meta device; "
-                         "use fxflops.estimate() for a meta model, or load real weights")
-    return target
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        return _cpu_name()
-    return device.type
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
-
-
-def compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
-    """The dtype matmuls run in: autocast's when it is on, else the model's dominant float dtype."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    sizes: dict[torch.dtype, int] = {}
-    for param in model.parameters():
-        if param.is_floating_point():
-            sizes[param.dtype] = sizes.get(param.dtype, 0) + param.numel()
-    return max(sizes, key=sizes.get) if sizes else torch.get_default_dtype()
-
-
-def resolve_peak(device: torch.device, dtype: torch.dtype, peak_flops: float | None) -> tuple[float | None, str | None]:
-    """(peak FLOP/s, its source): the user's value, else the GPU table; a CPU has no table value."""
-    if peak_flops is not None:
-        return float(peak_flops), "user"
-    if device.type != "cuda":
-        return None, None
-    found = peaks.peak_for(device_name(device), dtype, tf32=peaks.tf32_enabled())
-    return found if found is not None else (None, None)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect garbage now and not during the timed steps: after a trace (the estimate) a full
-    collection can take longer than a whole forward and would land in one step's numbers."""
-    gc.collect()
-    with collector_paused():
-        yield
-
-
-def device_context(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make `device` current, so CUDA events are recorded on its streams."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-# --------------------------------------------------------------------------------------- inputs
-
-
-def normalize_args(args: Any) -> tuple:
-    if args is None:
-        return ()
-    return tuple(args) if isinstance(args, tuple | list) else (args,)
-
-
-def on_device(value: Any, device: torch.device) -> Any:
-    """The same pytree with tensors that live elsewhere copied to `device`."""
-    return pytree.tree_map(
-        lambda leaf: leaf.to(device) if isinstance(leaf, torch.Tensor) and leaf.device != device else leaf, value
-    )
-
-
-def batch_size_of(value: Any) -> int | None:
-    """The first dimension of the first input tensor that has one."""
-    for leaf in pytree.tree_leaves(value):
-        if isinstance(leaf, torch.Tensor) and leaf.ndim:
-            return int(leaf.shape[0])
-    return None
-
-
-# --------------------------------------------------------------------- leaving the model as it was
-
-
-@contextlib.contextmanager
-def preserved(model: nn.Module, device: torch.device) -> Iterator[CopyOnWrite]:
-    """Leave the model as a timed pass found it: what `capture.isolation` restores (attributes, hooks,
-    submodules, classes, training flags, torch's global hook tables, the RNGs), buffer values
-    (BatchNorm running statistics) and parameters written in place by a forward run under the
-    yielded guard's `watching()` (the warm-up forwards). A parameter written outside it is reported.
-    """
-    rng_devices = [device.index] if device.type == "cuda" else []
-    with isolated(model) as modules:
-        params = [t for _, module in modules for t in module._parameters.values() if t is not None]
-        buffers = [t for _, module in modules for t in module._buffers.values() if t is not None]
-        writes = CopyOnWrite(params, saved_now=buffers)
-        try:
-            with torch.random.fork_rng(devices=rng_devices):
-                yield writes
-        finally:
-            writes.restore()
-            unsaved = writes.unsaved_writes()
-    if unsaved:
-        names = [name for name, param in model.named_parameters() if any(param is t for t in unsaved)]
-        warnings.warn(f"the timed forwards wrote into parameters {', '.join(names[:5])} in place, and fxflops could "
-                      "not put their values back (they were written outside the warm-up); use warm_up >= 1",
-                      RuntimeWarning, stacklevel=3)
-
-
-@contextlib.contextmanager
-def moved_to(model: nn.Module, device: torch.device | None) -> Iterator[None]:
-    """Run with the model on `device` (None: where it is); move it back afterwards, also after an exception."""
-    devices = {t.device for t in [*model.parameters(), *model.buffers()]}
-    if device is None or not devices or devices == {device}:
-        yield
-        return
-    if len(devices) > 1:
-        raise ValueError(f"the model spans devices {sorted(map(str, devices))}; "
-                         "pass device=None to profile it where it is")
-    (original,) = devices
-    model.to(device)
-    try:
-        yield
-    finally:
-        model.to(original)
-
 
 # ------------------------------------------------------------------ estimates from live forward calls
 
@@ -421,21 +287,3 @@ class EstimateCache:
             raise RuntimeError(f"estimating the profiled forward failed: {self.errors[key]}") from self.errors[key]
         found = self.estimates[key]
         return found if self.with_backward else forward_only(found)
-
-
-# ----------------------------------------------------------------------------------- parallelism
-
-
-def parallel_sizes(mp_size: int | None, dp_size: int | None) -> tuple[int | None, int | None, int | None]:
-    """(world size, data parallel size, model parallel size), or Nones outside any parallel run.
-
-    The world size comes from torch.distributed when it is initialized; the data parallel size,
-    when not given, is what the world size leaves after model parallelism.
-    """
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed and mp_size is None and dp_size is None:
-        return None, None, None
-    mp = mp_size or 1
-    world = torch.distributed.get_world_size() if distributed else mp * (dp_size or 1)
-    dp = dp_size or max(world // mp, 1)
-    return world, dp, mp
