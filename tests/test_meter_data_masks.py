@@ -207,6 +207,61 @@ def test_the_trainer_callback_logs_effective_flops_from_each_batch_mask(tmp_path
         assert entry["dense_mfu"] == pytest.approx(entry["dense_flops"] / entry["step_time"] / 1e12, rel=1e-9)
 
 
+def test_the_lightning_monitor_logs_effective_and_dense_flops_from_each_batch_mask():
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import Logger
+
+    from fxflops.integrations.lightning import FlopsMonitor
+
+    class Memory(Logger):
+        name, version = "memory", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = Attention(padding)
+
+        def forward(self, x, mask):
+            return self.attn(x, mask)
+
+        def training_step(self, batch, batch_idx):
+            return self(*batch).sum()  # the forward's output summed: what the meter's backward starts from
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)  # the weights stay: the oracle runs them after
+
+    batches = [(torch.randn(2, L, 16), padded([8, 5])), (torch.randn(3, 6, 16), padded([2, 6, 4], seq=6))]
+    dropped = [H * 8 * 3, H * (6 * 4 + 6 * 2)]  # pairs of the padded keys, every query of the row
+    module, logger = Module(), Memory()
+    monitor = FlopsMonitor(peak_flops=1e12, attention="effective", conventions="torch", dims={"batch": 0, "seq": 1})
+    trainer = lightning.Trainer(max_steps=2, accelerator="cpu", logger=logger, log_every_n_steps=1, callbacks=[monitor],
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own advice on workers and logging
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    rows = [row for row in logger.rows if "train/device/flops" in row]
+    assert len(rows) == 2 and monitor.meter.captures == 1
+    for row, batch, drop in zip(rows, batches, dropped):
+        fwd, bwd = oracle(module, batch, batch[0].shape[0] * H * batch[0].shape[1] ** 2)
+        assert row["train/device/dense_flops"] == row["train/dense_flops"] == fwd + bwd
+        assert row["train/device/flops"] == row["train/flops"] == fwd + bwd - drop * (FWD_PER_PAIR + BWD_PER_PAIR)
+        seconds = row["train/device/step_time"]
+        assert row["train/device/mfu"] == pytest.approx(row["train/device/flops"] / seconds / 1e12, rel=1e-9)
+        assert row["train/device/dense_mfu"] == pytest.approx(row["train/device/dense_flops"] / seconds / 1e12,
+                                                              rel=1e-9)
+        assert "train/device/world_size" not in row and row["train/world_size"] == 1
+
+
 class BufferMask(nn.Module):
     """A mask derived from the input and a buffer: not replayed from the inputs alone."""
 
