@@ -114,8 +114,10 @@ def test_eager_padding_mask_given_is_unknown_and_dense_stands(how):
     assert estimate.total_macs == totals.dense_macs
 
 
-@pytest.mark.parametrize("how, pattern", [("given", "mask from data"), ("causal fill, given", "mask from data"),
-                                          ("documents fill", "mask (not a band of diagonals: counted at concrete sizes only)")])
+@pytest.mark.parametrize("how, pattern", [
+    ("given", "mask from data"), ("causal fill, given", "mask from data"),
+    ("documents fill", "mask (not a band of diagonals: counted at concrete sizes only)"),  # positions only
+])
 def test_a_sweep_names_an_eager_mask_from_data_as_the_static_count_does(how, pattern):
     from fxflops.sweeps import sweep
 
