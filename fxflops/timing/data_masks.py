@@ -9,8 +9,8 @@ O(mask elements) work. The op's effective cost is the rule's own effective formu
 in `kept_pairs`: read at capture as a cost at no pair plus a cost per pair, both expressions in the
 sizes. Attention written as plain ops (`fxflops.eager_attention`) has its products counted as the
 static reading counts them, dense x kept / every pair, over the masks its scores meet (all replayed,
-and'ed). A backward kernel or product reads the masks its forward read. Counts stay 0-d tensors on the device until
-read: no host synchronization per step. A derivation that reads anything but inputs and sizes (a
+and'ed). A backward kernel or product reads the masks its forward read. Counts stay 0-d tensors on
+the device until read: no host synchronization per step. A derivation that reads anything but inputs and sizes (a
 parameter or buffer, a random op, an in-place write) is not replayed: that op stays dense, and says why.
 """
 
@@ -71,32 +71,36 @@ class DataMasks:
         self._functions: dict[Any, Callable[[Mapping[str, int]], Any]] = {}
         self._callables: dict[torch.fx.Node, Callable[..., Any]] = {}  # per node: what runs its op on real values
         self._eager: dict[str, EagerAttention] | None = None  # attention written as plain ops, found when needed
-        graph = piece.captured.graph_module.graph
-        by_name = {node.name: node for node in graph.nodes}
+        by_name = {node.name: node for node in piece.captured.graph_module.graph.nodes}
         replays: dict[Any, _Replay | NotReplayable] = {}  # forward node name (or eager masks) -> the replay
         unknown = [c for c in piece.costs if c.attention is not None and c.effective_flops is None and c.dense_flops]
         for cost in sorted(unknown, key=lambda c: c.is_backward):  # forwards first: backwards reuse their replay
-            node = by_name.get(cost.name)
             try:
-                if node is None:
-                    raise NotReplayable("its op is not in the captured graph's top level")
-                values = _values(node.args), {k: _values(v) for k, v in node.kwargs.items()}
-                call = dataclasses.replace(bind_op_call(node.target, "aten", *values, node.meta.get("val")),
-                                           within=cost.module_type)
-                rule = table.match(call)
-                if isinstance(rule, Rule) and rule.effective is not None:
-                    base, per_pair = self._linear_cost(rule, call, table, conventions)
-                    replay, grid = self._replay_of(node, by_name, replays), self._grid(node)
-                else:  # a product of attention written as plain ops: dense x kept / every pair
-                    found = self._eager_attention(node, graph, call.key)
-                    base, per_pair = 0, self._per_pair(cost.dense_flops, found.grid, call.key)
-                    replay, grid = self._eager_replay(found, replays), tuple(map(self._expression, found.shape))
-                self.terms.append(_Term(cost.name, cost.is_backward, replay, grid, base, per_pair))
+                self.terms.append(self._term(cost, by_name, replays, table, conventions))
             except NotReplayable as reason:
                 self.skipped.setdefault(cost.module or "the model", str(reason))
         self.names = frozenset(term.name for term in self.terms)
 
     # ------------------------------------------------------------------------------------- capture
+
+    def _term(self, cost: Any, by_name: dict[str, torch.fx.Node], replays: dict[Any, _Replay | NotReplayable],
+              table: Any, conventions: str) -> _Term:
+        """The op's cost as base + per_pair x kept pairs, and its masks' replay."""
+        node = by_name.get(cost.name)
+        if node is None:
+            raise NotReplayable("its op is not in the captured graph's top level")
+        values = _values(node.args), {k: _values(v) for k, v in node.kwargs.items()}
+        call = dataclasses.replace(bind_op_call(node.target, "aten", *values, node.meta.get("val")),
+                                   within=cost.module_type)
+        rule = table.match(call)
+        if isinstance(rule, Rule) and rule.effective is not None:
+            base, per_pair = self._linear_cost(rule, call, table, conventions)
+            replay, grid = self._replay_of(node, by_name, replays), self._grid(node)
+        else:  # a product of attention written as plain ops: dense x kept / every pair
+            found = self._eager_attention(node, call.key)
+            base, per_pair = 0, self._per_pair(cost.dense_flops, found.grid, call.key)
+            replay, grid = self._eager_replay(found, replays), tuple(map(self._expression, found.shape))
+        return _Term(cost.name, cost.is_backward, replay, grid, base, per_pair)
 
     def _replay_of(self, node: torch.fx.Node, by_name: dict[str, torch.fx.Node],
                    replays: dict[Any, _Replay | NotReplayable]) -> _Replay:
@@ -117,9 +121,9 @@ class DataMasks:
             raise found
         return found
 
-    def _eager_attention(self, node: torch.fx.Node, graph: torch.fx.Graph, key: str) -> EagerAttention:
+    def _eager_attention(self, node: torch.fx.Node, key: str) -> EagerAttention:
         if self._eager is None:
-            self._eager = find_eager_attention(graph.nodes, {}, symbolic=self.sizes is not None)
+            self._eager = find_eager_attention(node.graph.nodes, {}, symbolic=self.sizes is not None)
         found = attention_of(node, self._eager, node.meta.get(DIFFERENTIATES))
         if found is None:
             raise NotReplayable(f"attention written as plain ops ({key}) is not found as one in this capture")
