@@ -41,13 +41,20 @@ _ZEROS = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, a
 
 @dataclass(frozen=True)
 class EagerAttention:
-    """One attention written as plain ops: its two matmuls, the scores' numel (the B.H.Lq.Lk grid) and
-    the pairs its masks keep."""
+    """One attention written as plain ops: its two matmuls, the scores' shape (the B.H.Lq.Lk grid), the
+    masks applied to them (each (KEEP | DROP | ADDITIVE, node), as plainly as it reads) and the pairs
+    they keep."""
 
     scores: str  # the q @ k^T node
     output: str  # the probs @ v node
-    grid: Any  # numel of the scores: int, or a SymInt under a sweep
+    shape: tuple[Any, ...]  # the scores' shape: ints, or SymInts under a sweep
     kept: KeptPairs
+    masks: tuple[tuple[str, torch.fx.Node], ...] = ()
+
+    @property
+    def grid(self) -> Any:
+        """The scores' numel: every pair."""
+        return math.prod(self.shape)
 
 
 class _NotAttention(Exception):
@@ -104,14 +111,15 @@ def _read(softmax: torch.fx.Node, memo: dict[Any, KeptPairs], symbolic: bool) ->
     scores = _scores(softmax.args[0], scores_val.shape[-2:], masks)
     output = _output(softmax, scores_val.shape[-1])
     shape = tuple(scores.meta["val"].shape)
-    grid = math.prod(shape)
     if not masks:
-        return EagerAttention(scores.name, output.name, grid, KeptPairs(None, FULL))
+        return EagerAttention(scores.name, output.name, shape, KeptPairs(None, FULL))
+    normal = tuple(_normal(how, node) for how, node in masks)
     try:
-        kept = masks_kept_pairs(tuple(_normal(how, node) for how, node in masks), shape, memo, symbolic)
+        kept = masks_kept_pairs(normal, shape, memo, symbolic)
     except ValueError:  # a mask that does not broadcast to the scores: not read
-        kept = KeptPairs(None, f"{MASK} (not read: does not broadcast to the scores)")
-    return EagerAttention(scores.name, output.name, grid, kept)
+        return EagerAttention(scores.name, output.name, shape,
+                              KeptPairs(None, f"{MASK} (not read: does not broadcast to the scores)"))
+    return EagerAttention(scores.name, output.name, shape, kept, normal)
 
 
 def _scores(node: Any, last: Any, masks: list[tuple[str, torch.fx.Node]]) -> torch.fx.Node:

@@ -114,6 +114,18 @@ def test_eager_padding_mask_given_is_unknown_and_dense_stands(how):
     assert estimate.total_macs == totals.dense_macs
 
 
+@pytest.mark.parametrize("how, pattern", [
+    ("given", "mask from data"), ("causal fill, given", "mask from data"),
+    ("documents fill", "mask (not a band of diagonals: counted at concrete sizes only)"),  # positions only
+])
+def test_a_sweep_names_an_eager_mask_from_data_as_the_static_count_does(how, pattern):
+    from fxflops.sweeps import sweep
+
+    args = (*qkv(grad=False), torch.zeros(B, 1, L, L)) if "given" in how else qkv(grad=False)
+    swept = sweep(Eager(how), args, dims={"batch": 0}, attention="effective").at(batch=3)
+    assert swept.attention_totals().patterns == (pattern,)
+
+
 def test_eager_without_mask_is_full_and_dense_matches_flop_counter_mode():
     estimate = fxflops.estimate(Eager("none"), qkv(grad=False), attention="effective")
     assert estimate.attention_totals().patterns == ("full",)

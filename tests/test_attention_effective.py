@@ -321,6 +321,37 @@ def test_a_band_and_data_is_named_and_unknown_a_band_and_positions_is_counted():
     assert estimate.attention_totals().patterns == ("mask",)
 
 
+def test_a_sweep_names_a_mask_from_data_as_the_static_count_does():
+    from fxflops.sweeps import sweep
+
+    mask = torch.ones(B, 1, 8, 8, dtype=torch.bool)
+    for model, args, pattern in ((MaskGiven(), (*qkv(), mask), "mask from data"),
+                                 (CausalAndGiven(), (*qkv(), mask), "causal & mask from data"),
+                                 (PackedFromPositions(), qkv(), "mask (not a band of diagonals: counted at "
+                                                                "concrete sizes only)")):
+        swept = sweep(model, args, dims={"batch": 0}, attention="effective").at(batch=3)
+        assert swept.attention_totals().patterns == (pattern,), type(model).__name__
+    static = fxflops.estimate(CausalAndGiven(), (*qkv(), mask), attention="effective")
+    assert static.attention_totals().patterns == ("causal & mask from data",)
+
+
+class DocumentsMovedToDevice(nn.Module):
+    """PackedFromPositions with the document ids moved by `.to(device)`, which the capture records
+    whole as aten.to.device (no dtype: its overload does not take the call's arguments)."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[-2])
+        doc = ((i >= 3).long() + (i >= 6).long()).to(q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=doc[:, None] == doc[None, :])
+
+
+def test_a_mask_moved_to_the_device_is_evaluated():
+    counts, estimate = attention_counts(DocumentsMovedToDevice(), qkv())
+    per_head = 3 * 3 + 3 * 3 + 2 * 2
+    assert counts[2:] == (B * H * per_head * 32, B * H * per_head * 80)
+    assert estimate.attention_totals().patterns == ("mask",)
+
+
 class SnapshotThenTriuInPlace(nn.Module):
     """The mask's history mutates a tensor after copying it: evaluated in dependency order, the copy
     would see the mutation. Really every pair is kept (ones | triu(ones))."""

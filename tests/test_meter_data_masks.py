@@ -125,11 +125,11 @@ def test_packed_documents_given_as_a_block_diagonal_mask(causal, per_head):
     assert (meter.step(two, time=1.0).fwd_flops, meter.steps[-1].bwd_flops) == expected(dense, H * per_head, H * L * L)
 
 
-def tiny_llama():
+def tiny_llama(attention="sdpa"):
     tf = pytest.importorskip("transformers")
     config = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention
     torch.manual_seed(0)
     return tf.LlamaForCausalLM(config).train()
 
@@ -207,6 +207,61 @@ def test_the_trainer_callback_logs_effective_flops_from_each_batch_mask(tmp_path
         assert entry["dense_mfu"] == pytest.approx(entry["dense_flops"] / entry["step_time"] / 1e12, rel=1e-9)
 
 
+def test_the_lightning_monitor_logs_effective_and_dense_flops_from_each_batch_mask():
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import Logger
+
+    from fxflops.integrations.lightning import FlopsMonitor
+
+    class Memory(Logger):
+        name, version = "memory", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = Attention(padding)
+
+        def forward(self, x, mask):
+            return self.attn(x, mask)
+
+        def training_step(self, batch, batch_idx):
+            return self(*batch).sum()  # the forward's output summed: what the meter's backward starts from
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)  # the weights stay: the oracle runs them after
+
+    batches = [(torch.randn(2, L, 16), padded([8, 5])), (torch.randn(3, 6, 16), padded([2, 6, 4], seq=6))]
+    dropped = [H * 8 * 3, H * (6 * 4 + 6 * 2)]  # pairs of the padded keys, every query of the row
+    module, logger = Module(), Memory()
+    monitor = FlopsMonitor(peak_flops=1e12, attention="effective", conventions="torch", dims={"batch": 0, "seq": 1})
+    trainer = lightning.Trainer(max_steps=2, accelerator="cpu", logger=logger, log_every_n_steps=1, callbacks=[monitor],
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own advice on workers and logging
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    rows = [row for row in logger.rows if "train/device/flops" in row]
+    assert len(rows) == 2 and monitor.meter.captures == 1
+    for row, batch, drop in zip(rows, batches, dropped):
+        fwd, bwd = oracle(module, batch, batch[0].shape[0] * H * batch[0].shape[1] ** 2)
+        assert row["train/device/dense_flops"] == row["train/dense_flops"] == fwd + bwd
+        assert row["train/device/flops"] == row["train/flops"] == fwd + bwd - drop * (FWD_PER_PAIR + BWD_PER_PAIR)
+        seconds = row["train/device/step_time"]
+        assert row["train/device/mfu"] == pytest.approx(row["train/device/flops"] / seconds / 1e12, rel=1e-9)
+        assert row["train/device/dense_mfu"] == pytest.approx(row["train/device/dense_flops"] / seconds / 1e12,
+                                                              rel=1e-9)
+        assert "train/device/world_size" not in row and row["train/world_size"] == 1
+
+
 class BufferMask(nn.Module):
     """A mask derived from the input and a buffer: not replayed from the inputs alone."""
 
@@ -246,10 +301,11 @@ def test_counts_stay_on_the_device_until_read_and_agree_with_mask_kept_pairs():
 
 
 class EagerMasked(nn.Module):
-    """Attention written as plain ops under a padding mask passed in."""
+    """Attention written as plain ops under a padding mask passed in (masked_fill with -inf)."""
 
     def __init__(self) -> None:
         super().__init__()
+        torch.manual_seed(0)
         self.qkv = nn.Linear(16, 3 * H * E)
 
     def forward(self, x, mask):
@@ -258,13 +314,46 @@ class EagerMasked(nn.Module):
         return scores.softmax(-1) @ v
 
 
-def test_eager_attention_under_a_data_mask_counts_dense_and_says_why():
+# attention written as plain ops: 2 products forward (q k^T, probs v), 4 backward (their gradients:
+# nothing recomputed), each E MACs a pair
+EAGER_FWD_PER_PAIR, EAGER_BWD_PER_PAIR = 2 * (2 * E), 2 * (4 * E)
+
+
+def test_eager_attention_under_a_data_mask_counts_the_pairs_the_batch_keeps():
     model = EagerMasked()
-    batch = (torch.randn(B, L, 16), padded([8, 5]))
-    meter = FlopsMeter(model, attention="effective", dims={"batch": 0, "seq": 1}, peak_flops=1e12)
-    with pytest.warns(FlopsMeterWarning, match="attention written as plain ops .* not counted from the batch's mask"):
-        stats = meter.step(batch, time=1.0)
-    assert stats.flops == stats.dense_flops
+    meter = FlopsMeter(model, attention="effective", dims={"batch": 0, "seq": 1}, conventions="torch", peak_flops=1e12)
+    for lengths, seq in (([8, 5], 8), ([2, 6, 4], 6)):  # one family: one capture
+        batch = (torch.randn(len(lengths), seq, 16), padded(lengths, seq))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing stays dense
+            stats = meter.step(batch, time=1.0)
+        dense = oracle_training_flops(model, batch)  # FlopCounterMode: the products as they run
+        assert stats.dense_flops == sum(dense)
+        dropped = H * sum(seq * (seq - n) for n in lengths)  # each query of a row drops its padded keys
+        assert (stats.fwd_flops, stats.bwd_flops) == (dense[0] - dropped * EAGER_FWD_PER_PAIR,
+                                                      dense[1] - dropped * EAGER_BWD_PER_PAIR)
+    assert meter.captures == 1
+
+
+def test_an_eager_tiny_llama_with_a_padded_attention_mask_by_hand():
+    """transformers' eager attention adds a float mask, where(causal & padding, 0, min), to its scores."""
+    model = tiny_llama("eager")
+    meter = FlopsMeter(model, conventions="torch", attention="effective", peak_flops=1e12)
+    for lengths, seq in (([8, 5], 8), ([12, 7, 3], 12)):
+        ids = torch.randint(0, 64, (len(lengths), seq))
+        batch = {"input_ids": ids, "attention_mask": padded(lengths, seq), "labels": ids}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            stats = meter.step(batch, time=1.0)
+        dense = oracle_training_flops(model, kwargs=batch, loss=lambda out: out.loss)
+        assert stats.dense_flops == sum(dense)
+        # per layer and head: causal, keys past the row's length dropped; GQA's shared k, v change nothing
+        kept = LLAMA_HEADS * sum(min(i + 1, n) for n in lengths for i in range(seq))
+        dropped = len(lengths) * LLAMA_HEADS * seq * seq - kept
+        per_pair = 2 * LLAMA_HEAD_DIM  # FLOPs of one product for one pair
+        assert (stats.fwd_flops, stats.bwd_flops) == (dense[0] - LLAMA_LAYERS * dropped * 2 * per_pair,
+                                                      dense[1] - LLAMA_LAYERS * dropped * 4 * per_pair)
+    assert meter.captures == 1
 
 
 def test_capture_tags_the_placeholders_that_are_model_inputs():

@@ -10,6 +10,9 @@ training_step; a forward pre-hook added at train start, removed at train end and
     train/device/samples_per_sec, train/device/items_per_sec (tokens), train/device/step_time,
     and, all ranks together: train/flops, train/flops_per_sec, train/samples_per_sec, train/world_size
 
+Under attention="effective" (a FlopsMeter option) the dense count is beside the effective one:
+train/device/dense_flops, train/device/dense_mfu and, all ranks together, train/dense_flops.
+
 (`flops` is fwd + bwd per optimizer step, the rates over the steps since the last log). The loss
 computed outside the module's forward is not in the count: the backward is counted from the
 forward's output, as estimate(backward=True) does.
@@ -85,13 +88,16 @@ class FlopsMonitor(Callback):
         local = summed(steps)
         reduced = self.meter.reduce(local)
         s = self.separator
-        metrics = {f"train{s}device{s}{key}": value for key, value in self.meter.metrics(local).items()}
-        for key in ("flops", "flops_per_sec", "tflops", "samples_per_sec", "tokens_per_sec", "world_size"):
-            value = self.meter.metrics(reduced).get(key)
-            if value is not None:
-                metrics[f"train{s}{key}"] = value
-        if "mfu" in self.meter.metrics(reduced):
-            metrics[f"train{s}device{s}mfu"] = self.meter.metrics(reduced)["mfu"]  # the devices' mean
+        metrics = {f"train{s}device{s}{key}": value for key, value in self.meter.metrics(local).items()
+                   if key != "world_size"}  # one device's figures: the world size is the job's
+        everyone = self.meter.metrics(reduced)
+        for key in ("flops", "flops_per_sec", "tflops", "samples_per_sec", "tokens_per_sec", "world_size",
+                    "dense_flops"):
+            if key in everyone:
+                metrics[f"train{s}{key}"] = everyone[key]
+        for key in ("mfu", "dense_mfu"):  # the devices' mean, as ThroughputMonitor's device/mfu is
+            if key in everyone:
+                metrics[f"train{s}device{s}{key}"] = everyone[key]
         if f"train{s}device{s}tokens_per_sec" in metrics:  # Lightning's name for lengths per second
             metrics[f"train{s}device{s}items_per_sec"] = metrics.pop(f"train{s}device{s}tokens_per_sec")
         if trainer.is_global_zero:

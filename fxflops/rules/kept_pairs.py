@@ -17,8 +17,8 @@ rules out. What is knowable from the graph alone, this module knows:
 A mask built with in-place ops (`triu_`, `add_`, `index_put_`) is unknown: its value depends on when it
 is read, which the data flow does not say.
 
-A mask that depends on data (a padding or document mask passed in) is unknown here: the pairs of
-a concrete mask are `mask_kept_pairs(mask)`.
+A mask that depends on data (a padding or document mask passed in) is unknown here, at concrete and
+symbolic sizes alike ("mask from data"): the pairs of a concrete mask are `mask_kept_pairs(mask)`.
 
 This module reads an attention call (its mask arguments, or the masks attention written as plain ops
 applies) and names what kept the pairs; the band reading and its closed forms are in
@@ -36,7 +36,7 @@ import torch
 
 from fxflops.rules import mask_values  # its MAX_MASK_ELEMENTS read at call time: one limit, wherever it is set
 from fxflops.rules.mask_bands import _band, _intersect, _same, band_pairs, causal_pairs
-from fxflops.rules.mask_values import _evaluate, _kept, _NotKnowable, _TooLarge, mask_kept_pairs
+from fxflops.rules.mask_values import _evaluate, _kept, _NotKnowable, _TooLarge, mask_kept_pairs, reads_data
 from fxflops.rules.mask_values import block_mask_kept_pairs  # noqa: F401 - imported from here (flex_attention capture)
 
 FULL = "full"  # no mask: every pair kept
@@ -102,7 +102,7 @@ def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> K
     # a band and'ed with something else: the band's name says what is known of it
     within = f"{_band_name(*band[:2])} & " if band is not None else ""
     if symbolic:
-        return KeptPairs(None, f"{within}{MASK} (not a band of diagonals: counted at concrete sizes only)")
+        return KeptPairs(None, f"{within}{_unevaluated(node)}")
     try:
         mask = _evaluate(node, {})
     except _TooLarge:
@@ -168,13 +168,13 @@ def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, 
         lo, hi = _intersect(bands)
         return KeptPairs(math.prod(grid[:-2]) * band_pairs(grid[-2], grid[-1], lo, hi), _band_name(lo, hi))
     if symbolic:
-        return KeptPairs(None, f"{MASK} (not a band of diagonals: counted at concrete sizes only)")
+        data = next((node for _, node in masks if reads_data(node)), None)
+        return KeptPairs(None, _unevaluated(data if data is not None else masks[0][1]))
     kept: torch.Tensor | None = None
     memo: dict[Any, Any] = {}
     try:
         for how, node in masks:  # broadcast among themselves only: the grid itself can be huge
-            value = _evaluate(node, memo)
-            value = ~value if how == DROP else _kept(value)
+            value = kept_entries(how, _evaluate(node, memo))
             kept = value if kept is None else kept & value
             if kept.numel() > mask_values.MAX_MASK_ELEMENTS:
                 raise _TooLarge(node)
@@ -183,6 +183,17 @@ def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, 
     except (_NotKnowable, RuntimeError):
         return KeptPairs(None, DATA)
     return KeptPairs(mask_kept_pairs(kept, tuple(int(size) for size in grid)), MASK)
+
+
+def kept_entries(how: str, value: torch.Tensor) -> torch.Tensor:
+    """A mask operand's value as the pairs it keeps (True kept), read as `how` (KEEP | DROP | ADDITIVE)."""
+    return ~_kept(value) if how == DROP else _kept(value)
+
+
+def _unevaluated(node: torch.fx.Node) -> str:
+    """What a mask not read as a band is under a sweep's symbolic sizes, where it cannot be evaluated:
+    data (effective unknown, as at concrete sizes), or built from sizes alone (known at concrete ones)."""
+    return DATA if reads_data(node) else f"{MASK} (not a band of diagonals: counted at concrete sizes only)"
 
 
 def _band_name(lo: Any, hi: Any) -> str:

@@ -132,9 +132,55 @@ def _evaluate_node(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         args = _evaluate(node.args, memo)
     kwargs = {name: _evaluate(value, memo) for name, value in node.kwargs.items()}
     try:
-        return node.target(*args, **kwargs)
+        return call_recorded(node, args, kwargs)
     except Exception as error:  # noqa: BLE001 - whatever stops it, the mask is not known
         raise _NotKnowable(node) from error
+
+
+def call_recorded(node: torch.fx.Node, args: tuple, kwargs: dict, chosen: dict[Any, Any] | None = None) -> Any:
+    """Run the node's op on real values. A composite recorded whole (x.to(device) as aten.to.device)
+    holds the Python call's arguments, which its overload may not take: then the Tensor method or
+    torch function of that name, as the model called it. `chosen` keeps, per node, the one that worked."""
+    function = chosen.get(node) if chosen is not None else None
+    if function is not None:
+        return function(*args, **kwargs)
+    candidates = [node.target]
+    if isinstance(node.target, torch._ops.OpOverload):
+        name = node.target.overloadpacket.__name__
+        candidates += [f for f in (getattr(torch.Tensor, name, None), getattr(torch, name, None)) if f is not None]
+    for index, function in enumerate(candidates):
+        try:
+            out = function(*args, **kwargs)
+        except (TypeError, RuntimeError):
+            if index == len(candidates) - 1:
+                raise
+            continue
+        if chosen is not None:
+            chosen[node] = function
+        return out
+    raise AssertionError("unreachable")
+
+
+# ops that read only their tensor inputs' sizes (under a sweep, a size is a symbol, not data)
+_SIZES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
+
+
+def reads_data(node: torch.fx.Node) -> bool:
+    """Whether the node's value depends on the values of a placeholder or attribute (a model input,
+    parameter or buffer), not only on sizes: where a mask cannot be evaluated (a sweep's symbolic
+    sizes), this says whether it is a mask from data."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op in ("placeholder", "get_attr"):
+            return True
+        if current.op == "call_function" and (current.target in _SHAPE_ONLY or current.target in _SIZES):
+            continue  # reads its inputs' shapes and dtypes only
+        stack.extend(current.all_input_nodes)
+    return False
 
 
 def _placeholder_like(node: torch.fx.Node) -> torch.Tensor:

@@ -7,8 +7,10 @@ placeholders and the op's mask argument, sizes left symbolic) and, for every bat
 batch's real tensors, on their device, then counts the mask's kept pairs there: no second forward, and
 O(mask elements) work. The op's effective cost is the rule's own effective formulas, which are linear
 in `kept_pairs`: read at capture as a cost at no pair plus a cost per pair, both expressions in the
-sizes. A backward kernel reads the mask its forward read. Counts stay 0-d tensors on the device until
-read: no host synchronization per step. A derivation that reads anything but inputs and sizes (a
+sizes. Attention written as plain ops (`fxflops.eager_attention`) has its products counted as the
+static reading counts them, dense x kept / every pair, over the masks its scores meet (all replayed,
+and'ed). A backward kernel or product reads the masks its forward read. Counts stay 0-d tensors on
+the device until read: no host synchronization per step. A derivation that reads anything but inputs and sizes (a
 parameter or buffer, a random op, an in-place write) is not replayed: that op stays dense, and says why.
 """
 
@@ -23,8 +25,10 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.inputs import INPUT_INDEX
+from fxflops.eager_attention import EagerAttention, attention_of, find_eager_attention
 from fxflops.rules import Rule, bind_op_call
-from fxflops.rules.kept_pairs import MASK_NAMES, SEQ_FIRST
+from fxflops.rules.kept_pairs import KEEP, MASK_NAMES, SEQ_FIRST, kept_entries
+from fxflops.rules.mask_values import call_recorded
 
 
 
@@ -34,16 +38,17 @@ class NotReplayable(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Replay:
-    """The ops that derive one mask from the model's inputs, in graph order."""
+    """The ops that derive an attention's masks from the model's inputs, in graph order."""
 
-    mask: torch.fx.Node
+    masks: tuple[tuple[str, torch.fx.Node], ...]  # (KEEP | DROP | ADDITIVE, node): all of them hold
     nodes: tuple[torch.fx.Node, ...]  # call_function nodes only
     inputs: tuple[tuple[torch.fx.Node, int], ...]  # placeholder, its index among the batch's tensors
 
 
 @dataclasses.dataclass(frozen=True)
 class _Term:
-    """One attention op whose mask is data: flops = base + per_pair x the pairs its mask keeps."""
+    """One attention op (or product of attention written as plain ops) whose mask is data:
+    flops = base + per_pair x the pairs its masks keep."""
 
     name: str
     backward: bool
@@ -65,33 +70,47 @@ class DataMasks:
         self.skipped: dict[str, str] = {}  # module -> why its mask is not replayed
         self._functions: dict[Any, Callable[[Mapping[str, int]], Any]] = {}
         self._callables: dict[torch.fx.Node, Callable[..., Any]] = {}  # per node: what runs its op on real values
-        graph = piece.captured.graph_module.graph
-        by_name = {node.name: node for node in graph.nodes}
-        replays: dict[str, _Replay | NotReplayable] = {}  # forward node name -> its mask's replay
+        self._eager: dict[str, EagerAttention] | None = None  # attention written as plain ops, found when needed
+        by_name = {node.name: node for node in piece.captured.graph_module.graph.nodes}
+        replays: dict[Any, _Replay | NotReplayable] = {}  # forward node name (or eager masks) -> the replay
         unknown = [c for c in piece.costs if c.attention is not None and c.effective_flops is None and c.dense_flops]
         for cost in sorted(unknown, key=lambda c: c.is_backward):  # forwards first: backwards reuse their replay
-            node = by_name.get(cost.name)
             try:
-                if node is None:
-                    raise NotReplayable("its op is not in the captured graph's top level")
-                base, per_pair = self._linear_cost(node, cost, table, conventions)
-                replay = self._replay_of(node, by_name, replays)
-                self.terms.append(_Term(cost.name, cost.is_backward, replay, self._grid(node), base, per_pair))
+                self.terms.append(self._term(cost, by_name, replays, table, conventions))
             except NotReplayable as reason:
                 self.skipped.setdefault(cost.module or "the model", str(reason))
         self.names = frozenset(term.name for term in self.terms)
 
     # ------------------------------------------------------------------------------------- capture
 
+    def _term(self, cost: Any, by_name: dict[str, torch.fx.Node], replays: dict[Any, _Replay | NotReplayable],
+              table: Any, conventions: str) -> _Term:
+        """The op's cost as base + per_pair x kept pairs, and its masks' replay."""
+        node = by_name.get(cost.name)
+        if node is None:
+            raise NotReplayable("its op is not in the captured graph's top level")
+        values = _values(node.args), {k: _values(v) for k, v in node.kwargs.items()}
+        call = dataclasses.replace(bind_op_call(node.target, "aten", *values, node.meta.get("val")),
+                                   within=cost.module_type)
+        rule = table.match(call)
+        if isinstance(rule, Rule) and rule.effective is not None:
+            base, per_pair = self._linear_cost(rule, call, table, conventions)
+            replay, grid = self._replay_of(node, by_name, replays), self._grid(node)
+        else:  # a product of attention written as plain ops: dense x kept / every pair
+            found = self._eager_attention(node, call.key)
+            base, per_pair = 0, self._per_pair(cost.dense_flops, found.grid, call.key)
+            replay, grid = self._eager_replay(found, replays), tuple(map(self._expression, found.shape))
+        return _Term(cost.name, cost.is_backward, replay, grid, base, per_pair)
+
     def _replay_of(self, node: torch.fx.Node, by_name: dict[str, torch.fx.Node],
-                   replays: dict[str, _Replay | NotReplayable]) -> _Replay:
+                   replays: dict[Any, _Replay | NotReplayable]) -> _Replay:
         names = bind_op_call(node.target, "aten", node.args, node.kwargs, None).names
         mask = next((names[n] for n in MASK_NAMES if isinstance(names.get(n), torch.fx.Node)), None)
         found: _Replay | NotReplayable
         try:
             if mask is None:
                 raise NotReplayable("its mask is not a graph value")
-            found = derivation(mask)
+            found = derivation((KEEP, mask))
         except NotReplayable as reason:
             found = reason
         forward = by_name.get(node.meta.get(DIFFERENTIATES) or "")
@@ -102,15 +121,44 @@ class DataMasks:
             raise found
         return found
 
-    def _linear_cost(self, node: torch.fx.Node, cost: Any, table: Any, conventions: str) -> tuple[Any, Any]:
+    def _eager_attention(self, node: torch.fx.Node, key: str) -> EagerAttention:
+        if self._eager is None:
+            self._eager = find_eager_attention(node.graph.nodes, {}, symbolic=self.sizes is not None)
+        found = attention_of(node, self._eager, node.meta.get(DIFFERENTIATES))
+        if found is None:
+            raise NotReplayable(f"attention written as plain ops ({key}) is not found as one in this capture")
+        return found
+
+    def _eager_replay(self, found: EagerAttention, replays: dict[Any, _Replay | NotReplayable]) -> _Replay:
+        """The replay of the masks an eager attention applies to its scores (shared by its products)."""
+        if found.masks not in replays:
+            try:
+                if not found.masks:
+                    raise NotReplayable(f"its masks are not read ({found.kept.pattern})")
+                replays[found.masks] = derivation(*found.masks)
+            except NotReplayable as reason:
+                replays[found.masks] = reason
+        replay = replays[found.masks]
+        if isinstance(replay, NotReplayable):
+            raise replay
+        return replay
+
+    def _per_pair(self, dense: Any, grid: Any, key: str) -> Any:
+        """A product's dense FLOPs per (query, key) pair: an integer, or a polynomial in the named sizes."""
+        if self.sizes is None:
+            dense, grid = int(dense), int(grid)
+            if dense % grid:
+                raise NotReplayable(f"its dense count ({key}) is not a whole cost per pair")
+            return dense // grid
+        import sympy
+
+        per_pair = sympy.cancel(sympy.sympify(dense) / sympy.sympify(self._expression(grid)))
+        if not (per_pair.is_polynomial() and sympy.fraction(sympy.together(per_pair))[1] == 1):
+            raise NotReplayable(f"its dense count ({key}) is not a whole cost per pair")
+        return per_pair
+
+    def _linear_cost(self, rule: Rule, call: Any, table: Any, conventions: str) -> tuple[Any, Any]:
         """The rule's effective FLOPs as base + per_pair x kept_pairs (its formulas are linear in them)."""
-        values = _values(node.args), {k: _values(v) for k, v in node.kwargs.items()}
-        call = bind_op_call(node.target, "aten", *values, node.meta.get("val"))
-        call = dataclasses.replace(call, within=cost.module_type)
-        rule = table.match(call)
-        if not isinstance(rule, Rule) or rule.effective is None:
-            # eager attention's matmuls: the masks on their way are not kept with them to replay
-            raise NotReplayable(f"attention written as plain ops ({call.key}) is not counted from the batch's mask")
         at = [self._expression(table.effective_cost(rule, call, conventions, pairs)[1]) for pairs in (0, 1, 2)]
         per_pair = at[1] - at[0]
         if _nonzero(at[2] - at[0] - 2 * per_pair):
@@ -137,19 +185,20 @@ class DataMasks:
     def flops(self, tensors: list[torch.Tensor], point: Mapping[str, int]) -> tuple[Any, Any]:
         """(forward, backward) effective FLOPs of these ops on the batch `tensors` at the sizes `point`:
         ints, or 0-d int64 tensors on the mask's device (not yet read)."""
-        counted: dict[torch.fx.Node, tuple[torch.Tensor, tuple[int, ...]]] = {}
+        counted: dict[Any, tuple[torch.Tensor, tuple[int, ...]]] = {}
         totals: list[Any] = [0, 0]
         for term in self.terms:
-            if term.replay.mask not in counted:
+            if term.replay.masks not in counted:
                 mask = self._replayed(term.replay, tensors, point)
-                counted[term.replay.mask] = (kept_count(mask), tuple(mask.shape))
-            kept, shape = counted[term.replay.mask]
+                counted[term.replay.masks] = (mask.sum(dtype=torch.int64), tuple(mask.shape))
+            kept, shape = counted[term.replay.masks]
             grid = tuple(self._at(size, point) for size in term.grid)
             pairs = kept * broadcast_repeat(shape, grid)
             totals[term.backward] = totals[term.backward] + self._at(term.base, point) + pairs * self._at(term.per_pair, point)
         return totals[0], totals[1]
 
     def _replayed(self, replay: _Replay, tensors: list[torch.Tensor], point: Mapping[str, int]) -> torch.Tensor:
+        """The pairs the replay's masks keep together (True kept), broadcast among themselves only."""
         env: dict[torch.fx.Node, Any] = {node: tensors[index] for node, index in replay.inputs}
         device = tensors[replay.inputs[0][1]].device if replay.inputs else (tensors[0].device if tensors else None)
 
@@ -166,30 +215,13 @@ class DataMasks:
 
         with torch.no_grad():
             for node in replay.nodes:
-                env[node] = self._call(node, value(node.args), {k: value(v) for k, v in node.kwargs.items()})
-        return env[replay.mask]
-
-    def _call(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
-        """Run the node's op on real values. A composite recorded whole (x.to(device) as aten.to.device)
-        holds the Python call's arguments, which its overload may not take: then the Tensor method or
-        torch function of that name, as the model called it (the one that works is kept)."""
-        function = self._callables.get(node)
-        if function is not None:
-            return function(*args, **kwargs)
-        candidates = [node.target]
-        if isinstance(node.target, torch._ops.OpOverload):
-            name = node.target.overloadpacket.__name__
-            candidates += [f for f in (getattr(torch.Tensor, name, None), getattr(torch, name, None)) if f is not None]
-        for index, function in enumerate(candidates):
-            try:
-                out = function(*args, **kwargs)
-            except (TypeError, RuntimeError):
-                if index == len(candidates) - 1:
-                    raise
-                continue
-            self._callables[node] = function
-            return out
-        raise AssertionError("unreachable")
+                env[node] = call_recorded(node, value(node.args), {k: value(v) for k, v in node.kwargs.items()},
+                                          self._callables)
+        kept = None
+        for how, node in replay.masks:
+            value = kept_entries(how, env[node])
+            kept = value if kept is None else kept & value
+        return kept
 
     def _at(self, expr: Any, point: Mapping[str, int], kind: type = torch.SymInt) -> Any:
         """An expression's value at the point (compiled once per expression)."""
@@ -209,18 +241,20 @@ class DataMasks:
         return function(point)
 
 
-def derivation(mask: torch.fx.Node) -> _Replay:
-    """The ops between the model's inputs and `mask`, replayable on real tensors; NotReplayable says
-    what stops it (a parameter or buffer read, a random op, an in-place write, a nested graph)."""
+def derivation(*masks: tuple[str, torch.fx.Node]) -> _Replay:
+    """The ops between the model's inputs and the `masks` ((KEEP | DROP | ADDITIVE, node) each),
+    replayable on real tensors; NotReplayable says what stops it (a parameter or buffer read, a random
+    op, an in-place write, a nested graph)."""
+    graph = masks[0][1].graph
     ancestors: set[torch.fx.Node] = set()
-    stack = [mask]
+    stack = [node for _, node in masks]
     while stack:
         node = stack.pop()
         if node not in ancestors:
             ancestors.add(node)
             stack.extend(node.all_input_nodes)
     inputs, nodes = [], []
-    for node in mask.graph.nodes:  # graph order is an order that runs
+    for node in graph.nodes:  # graph order is an order that runs
         if node not in ancestors:
             continue
         if node.op == "placeholder":
@@ -237,7 +271,7 @@ def derivation(mask: torch.fx.Node) -> _Replay:
             nodes.append(node)
     if _written(ancestors):
         raise NotReplayable("its mask is built with in-place ops")
-    return _Replay(mask, tuple(nodes), tuple(inputs))
+    return _Replay(tuple(masks), tuple(nodes), tuple(inputs))
 
 
 def _written(nodes: set[torch.fx.Node]) -> bool:
@@ -265,13 +299,7 @@ def kept_count(mask: torch.Tensor) -> torch.Tensor:
     """The entries a concrete mask keeps, as `fxflops.rules.kept_pairs.mask_kept_pairs` reads them (True
     of a boolean mask; above the dtype's lowest value of an additive float one; nonzero of an integer
     one), as a 0-d int64 tensor on the mask's device: summed there, not read."""
-    if mask.dtype == torch.bool:
-        kept = mask
-    elif mask.is_floating_point():
-        kept = mask > torch.finfo(mask.dtype).min
-    else:
-        kept = mask != 0
-    return kept.sum(dtype=torch.int64)
+    return kept_entries(KEEP, mask).sum(dtype=torch.int64)
 
 
 def broadcast_repeat(shape: tuple[int, ...], grid: tuple[int, ...]) -> int:
