@@ -307,3 +307,26 @@ def test_transformers_llama_with_flex_attention_by_hand():
     assert all(node.effective_macs == B * H * 3 * BLOCK * BLOCK * 2 * E for node in nodes)
     dense = fxflops.estimate(model, (ids,), conventions="torch")
     assert dense.total_flops == oracle_flex_flops(model, (ids,))[0]
+
+
+def test_the_training_meter_counts_flex_blocks_at_each_batchs_sizes():
+    """The meter captures once with the sequence symbolic; a BlockMask's kept blocks are evaluated at
+    each batch's length (the reviewer's case: every step used to lose its FLOPs)."""
+    from fxflops import FlopsMeter
+
+    model = Net(mask_mod=causal, operator=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meter = FlopsMeter(model, (x_of(256),), attention="effective", conventions="torch", peak_flops=1e12,
+                           dims={"batch": 0, "seq": 1})
+    per_pair = 2 * (2 * E) + 2 * (5 * E)  # forward (E + Ev) and backward (3E + 2Ev) MACs, 2 FLOPs each
+    for length, pairs in ((256, 3 * BLOCK * BLOCK), (384, 6 * BLOCK * BLOCK), (300, CAUSAL_300)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dense = FlopsMeter(model, (x_of(length),), conventions="torch", peak_flops=1e12).step(
+                (x_of(length),), time=1.0)
+        stats = meter.step((x_of(length),), time=1.0)
+        assert stats.flops == dense.flops - B * H * (length * length - pairs) * per_pair
+        assert stats.dense_flops == dense.flops
+        if length == 384:
+            assert meter.captures == 1  # 256 and 384 from one capture: the blocks evaluated at each length

@@ -68,7 +68,7 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
     if all(tensor is None or _is_real(tensor) for tensor in listed) and all(
             isinstance(size, int) for size in (*grid[-2:], *mask.BLOCK_SIZE)):
         return KeptPairs(block_mask_kept_pairs(mask, tuple(grid)), pattern)
-    if _is_noop(mask.mask_mod):  # the blocks are the counts' alone (BlockMask.from_kv_blocks), which have no data
+    if is_noop(mask.mask_mod):  # the blocks are the counts' alone (BlockMask.from_kv_blocks), which have no data
         return KeptPairs(None, f"{DATA} (blocks given as counts, no mask_mod)")
     sizes = (*mask.kv_num_blocks.shape[:2], *mask.seq_lengths, *mask.BLOCK_SIZE)
     if symbolic or not all(isinstance(size, int) for size in (*sizes, *grid)):
@@ -108,10 +108,10 @@ def _read(block_mask: tuple) -> SimpleNamespace | None:
 def _is_empty(mask: SimpleNamespace, grid: tuple[Any, ...]) -> bool:
     """flex_attention's default mask (no block_mask given): noop_mask, one block over the whole grid."""
     q_block, kv_block = mask.BLOCK_SIZE
-    return _is_noop(mask.mask_mod) and _at_least(q_block, grid[-2]) and _at_least(kv_block, grid[-1])
+    return is_noop(mask.mask_mod) and _at_least(q_block, grid[-2]) and _at_least(kv_block, grid[-1])
 
 
-def _is_noop(mask_mod: Any) -> bool:
+def is_noop(mask_mod: Any) -> bool:
     from torch.nn.attention.flex_attention import noop_mask
 
     return mask_mod is noop_mask
@@ -131,7 +131,7 @@ def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, ...], pattern: st
     batch, heads, q_len, kv_len, q_block, kv_block = sizes
     if batch * heads * q_len * kv_len > MAX_FLEX_MASK_ELEMENTS:
         return KeptPairs(None, f"{pattern} (too large to evaluate: over {MAX_FLEX_MASK_ELEMENTS} entries)")
-    if _reads_fake(mask_mod):
+    if mask_mod_reads_data(mask_mod):
         return KeptPairs(None, DATA)
     try:
         with unset_fake_temporarily(), torch.utils._python_dispatch._disable_current_modes():
@@ -180,7 +180,7 @@ def _rows_from(mask_mod: Callable[..., Any], start: int) -> Callable[..., Any]:
     return rows
 
 
-def _reads_fake(function: Any) -> bool:
+def mask_mod_reads_data(function: Any) -> bool:
     """Whether a mask_mod (or what it closes over: captured tensors, other mask_mods as and_masks keeps
     them) holds a fake or meta tensor: a value the capture had no data for."""
     return any(isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.is_meta)

@@ -46,13 +46,22 @@ class _Replay:
 
 
 @dataclasses.dataclass(frozen=True)
+class _FlexMask:
+    """A flex_attention BlockMask whose kept blocks depend on the sizes only: evaluated at each point."""
+
+    mask_mod: Callable[..., Any]
+    sizes: tuple[Any, ...]  # the mask's B, H, Lq, Lk and its block sizes: ints or expressions in the named sizes
+
+
+@dataclasses.dataclass(frozen=True)
 class _Term:
-    """One attention op (or product of attention written as plain ops) whose mask is data:
-    flops = base + per_pair x the pairs its masks keep."""
+    """One attention op (or product of attention written as plain ops) whose kept pairs a capture at
+    symbolic sizes cannot know: flops = base + per_pair x the pairs its masks keep (a data mask's,
+    replayed on each batch; a flex BlockMask's, evaluated at each point's sizes)."""
 
     name: str
     backward: bool
-    replay: _Replay
+    replay: _Replay | _FlexMask
     grid: tuple[Any, ...]  # B, H, Lq, Lk: sizes, or sympy expressions in the named sizes
     base: Any
     per_pair: Any
@@ -71,6 +80,7 @@ class DataMasks:
         self._functions: dict[Any, Callable[[Mapping[str, int]], Any]] = {}
         self._callables: dict[torch.fx.Node, Callable[..., Any]] = {}  # per node: what runs its op on real values
         self._eager: dict[str, EagerAttention] | None = None  # attention written as plain ops, found when needed
+        self._flex_memo: dict[Any, torch.Tensor] = {}  # (mask_mod, sizes) -> a flex BlockMask's pairs per head
         by_name = {node.name: node for node in piece.captured.graph_module.graph.nodes}
         replays: dict[Any, _Replay | NotReplayable] = {}  # forward node name (or eager masks) -> the replay
         unknown = [c for c in piece.costs if c.attention is not None and c.effective_flops is None and c.dense_flops]
@@ -79,6 +89,9 @@ class DataMasks:
                 self.terms.append(self._term(cost, by_name, replays, table, conventions))
             except NotReplayable as reason:
                 self.skipped.setdefault(cost.module or "the model", str(reason))
+            except Exception as error:  # noqa: BLE001 - one op not followed must not cost the step's count
+                self.skipped.setdefault(cost.module or "the model",
+                                        f"its mask could not be followed ({type(error).__name__}: {error})")
         self.names = frozenset(term.name for term in self.terms)
 
     # ------------------------------------------------------------------------------------- capture
@@ -90,21 +103,38 @@ class DataMasks:
         if node is None:
             raise NotReplayable("its op is not in the captured graph's top level")
         values = _values(node.args), {k: _values(v) for k, v in node.kwargs.items()}
-        call = dataclasses.replace(bind_op_call(node.target, "aten", *values, node.meta.get("val")),
-                                   within=cost.module_type)
+        call = dataclasses.replace(_bound(node, *values, node.meta.get("val")), within=cost.module_type)
         rule = table.match(call)
         if isinstance(rule, Rule) and rule.effective is not None:
             base, per_pair = self._linear_cost(rule, call, table, conventions)
-            replay, grid = self._replay_of(node, by_name, replays), self._grid(node)
+            block_mask = call.names.get("block_mask")
+            if isinstance(block_mask, tuple):  # flex_attention: its BlockMask, at each point's sizes
+                replay, grid = self._flex_mask(block_mask), self._grid(call.names, call.key)
+            else:
+                replay, grid = self._replay_of(node, by_name, replays), self._grid(call.names, call.key)
         else:  # a product of attention written as plain ops: dense x kept / every pair
             found = self._eager_attention(node, call.key)
             base, per_pair = 0, self._per_pair(cost.dense_flops, found.grid, call.key)
             replay, grid = self._eager_replay(found, replays), tuple(map(self._expression, found.shape))
         return _Term(cost.name, cost.is_backward, replay, grid, base, per_pair)
 
+    def _flex_mask(self, block_mask: tuple) -> _FlexMask:
+        """A BlockMask (as_tuple()) whose kept blocks the capture's symbolic sizes left unknown."""
+        from fxflops.rules.flex import is_noop, mask_mod_reads_data
+
+        mask_mod, kv_num_blocks = block_mask[-1], block_mask[2]
+        if not callable(mask_mod) or not isinstance(kv_num_blocks, torch.Tensor):
+            raise NotReplayable("its BlockMask's layout is not one this torch version is known to use")
+        if is_noop(mask_mod):
+            raise NotReplayable("its BlockMask is given as block counts without a mask_mod")
+        if mask_mod_reads_data(mask_mod):
+            raise NotReplayable("its BlockMask's mask_mod reads the batch (document ids, padding): not replayed")
+        sizes = (*kv_num_blocks.shape[:2], block_mask[0], block_mask[1], block_mask[-3], block_mask[-2])
+        return _FlexMask(mask_mod, tuple(self._expression(size) for size in sizes))
+
     def _replay_of(self, node: torch.fx.Node, by_name: dict[str, torch.fx.Node],
                    replays: dict[Any, _Replay | NotReplayable]) -> _Replay:
-        names = bind_op_call(node.target, "aten", node.args, node.kwargs, None).names
+        names = _bound(node, node.args, node.kwargs, None).names
         mask = next((names[n] for n in MASK_NAMES if isinstance(names.get(n), torch.fx.Node)), None)
         found: _Replay | NotReplayable
         try:
@@ -165,13 +195,11 @@ class DataMasks:
             raise NotReplayable(f"its rule's effective_flops are not linear in kept_pairs ({rule.label})")
         return at[0], per_pair
 
-    def _grid(self, node: torch.fx.Node) -> tuple[Any, ...]:
-        names = bind_op_call(node.target, "aten", _values(node.args), {k: _values(v) for k, v in node.kwargs.items()},
-                             None).names
+    def _grid(self, names: Mapping[str, Any], op: str = "") -> tuple[Any, ...]:
         query, key = names.get("query"), names.get("key")
         if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
             raise NotReplayable("its query and key are not tensors")
-        if str(node.target).startswith(SEQ_FIRST):
+        if op.startswith(SEQ_FIRST):
             grid = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
         else:
             grid = (*query.shape[:-1], key.shape[-2])
@@ -188,14 +216,31 @@ class DataMasks:
         counted: dict[Any, tuple[torch.Tensor, tuple[int, ...]]] = {}
         totals: list[Any] = [0, 0]
         for term in self.terms:
+            grid = tuple(self._at(size, point) for size in term.grid)
+            if isinstance(term.replay, _FlexMask):
+                pairs = self._flex_pairs(term.replay, grid, point)
+                totals[term.backward] = totals[term.backward] + self._at(term.base, point) + pairs * self._at(
+                    term.per_pair, point)
+                continue
             if term.replay.masks not in counted:
                 mask = self._replayed(term.replay, tensors, point)
                 counted[term.replay.masks] = (mask.sum(dtype=torch.int64), tuple(mask.shape))
             kept, shape = counted[term.replay.masks]
-            grid = tuple(self._at(size, point) for size in term.grid)
             pairs = kept * broadcast_repeat(shape, grid)
             totals[term.backward] = totals[term.backward] + self._at(term.base, point) + pairs * self._at(term.per_pair, point)
         return totals[0], totals[1]
+
+    def _flex_pairs(self, mask: _FlexMask, grid: tuple[int, ...], point: Mapping[str, int]) -> int:
+        """The pairs a flex BlockMask keeps at the point's sizes (evaluated once per mask_mod and sizes)."""
+        from fxflops.rules.flex import kept_block_pairs
+        from fxflops.rules.mask_values import broadcast_pairs
+
+        sizes = tuple(self._at(size, point) for size in mask.sizes)
+        key = (mask.mask_mod, sizes)
+        per_head = self._flex_memo.get(key)
+        if per_head is None:
+            per_head = self._flex_memo[key] = kept_block_pairs(mask.mask_mod, *sizes)
+        return broadcast_pairs(per_head, grid)
 
     def _replayed(self, replay: _Replay, tensors: list[torch.Tensor], point: Mapping[str, int]) -> torch.Tensor:
         """The pairs the replay's masks keep together (True kept), broadcast among themselves only."""
@@ -308,6 +353,13 @@ def broadcast_repeat(shape: tuple[int, ...], grid: tuple[int, ...]) -> int:
     if len(expanded) != len(grid) or any(e not in (1, g) for e, g in zip(expanded, grid)):
         raise ValueError(f"a mask of shape {tuple(shape)} does not broadcast to the attention grid {grid}")
     return math.prod(g for e, g in zip(expanded, grid) if e == 1)
+
+
+def _bound(node: torch.fx.Node, args: Any, kwargs: Any, out: Any) -> Any:
+    """The node's op call, bound as the count stage binds it (an aten overload by its schema; a
+    higher-order operator such as flex_attention by its Python signature)."""
+    kind = "aten" if isinstance(node.target, torch._ops.OpOverload) else "function"
+    return bind_op_call(node.target, kind, args, kwargs, out)
 
 
 def _values(arg: Any) -> Any:
