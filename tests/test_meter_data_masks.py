@@ -286,6 +286,29 @@ def test_a_mask_that_cannot_be_replayed_counts_dense_and_says_so_once():
         meter.step(batch, time=1.0)  # said once
 
 
+def random_padding(x, attention_mask):
+    """A padding mask and'ed with a random one that keeps everything: a random op on the way."""
+    return padding(x, attention_mask) & (torch.rand(x.shape[1], x.shape[1], device=x.device) >= 0)
+
+
+def written_padding(x, attention_mask):
+    """A padding mask written in place after it is built: its value depends on when it is read."""
+    mask = padding(x, attention_mask).clone()
+    mask[..., 0] = True
+    return mask
+
+
+@pytest.mark.parametrize("build, reason", [(random_padding, r"random or in place"),
+                                           (written_padding, r"in.place")])
+def test_a_mask_built_with_a_random_op_or_written_in_place_counts_dense_and_says_so(build, reason):
+    model = Attention(build)
+    batch = (torch.randn(B, L, 16), padded([8, 5]))
+    meter = FlopsMeter(model, conventions="torch", attention="effective", dims={"batch": 0, "seq": 1}, peak_flops=1e12)
+    with pytest.warns(FlopsMeterWarning, match=rf"attention mask of the model: .*{reason}.*counts dense"):
+        stats = meter.step(batch, time=1.0)
+    assert (stats.fwd_flops, stats.bwd_flops) == oracle(model, batch, B * H * L * L)
+
+
 def test_counts_stay_on_the_device_until_read_and_agree_with_mask_kept_pairs():
     model = Attention(padding)
     batch = (torch.randn(B, L, 16), padded([8, 5]))
