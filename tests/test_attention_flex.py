@@ -184,6 +184,10 @@ def test_block_masks_made_outside_the_forward():
     # held by the model: its real counts are read as they are (2 blocks: the counts, not the mask_mod)
     [node] = attention_nodes(fxflops.estimate(Held(_diagonal_blocks()), (q,), attention="effective"))
     assert (node.kept_pairs, node.attention) == (B * H * 2 * BLOCK * BLOCK, "block mask")
+    # the same through a real forward (method="trace", which keeps values as meta): its counts stay real
+    [node] = attention_nodes(fxflops.estimate(Held(_diagonal_blocks()), (q,), attention="effective",
+                                              method="trace"))
+    assert (node.kept_pairs, node.attention) == (B * H * 2 * BLOCK * BLOCK, "block mask")
     # one block of 512 over 256 positions computes the 256 x 256 there are
     whole = create_block_mask(causal, None, None, 256, 256, device="cpu", BLOCK_SIZE=512)
     [node] = attention_nodes(fxflops.estimate(Held(whole), (q,), attention="effective"))

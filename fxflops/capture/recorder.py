@@ -125,8 +125,9 @@ class OpRecorder(TorchDispatchMode):
         base = self._names.get(func)
         if base is None:
             base = self._names[func] = str(func).replace(".", "_")
-        node = self.graph.create_node("call_function", func, map_tensors(args, self._as_arg),
-                                      map_tensors(kwargs, self._as_arg), name=base)
+        as_arg = self._as_flex_arg if func in FLEX_HOPS and self._keep is not _same else self._as_arg
+        node = self.graph.create_node("call_function", func, map_tensors(args, as_arg),
+                                      map_tensors(kwargs, as_arg), name=base)
         meta = node.meta
         meta["val"] = self._keep(out)
         if self._branches:
@@ -168,6 +169,19 @@ class OpRecorder(TorchDispatchMode):
                     if PHASE in node.meta:
                         element.meta[PHASE] = node.meta[PHASE]
                     self._register_outputs(element, item)
+
+    def _as_flex_arg(self, value: torch.Tensor) -> torch.fx.Node:
+        """A flex_attention argument under `keep` (real tensors kept as meta): a BlockMask's block counts
+        and indices given from outside stay real (small integer tensors), the only record of which
+        blocks it keeps when it has no mask_mod to evaluate (BlockMask.from_kv_blocks)."""
+        if value.dtype in (torch.int32, torch.int64) and not value.is_meta and not isinstance(value, FakeTensor) \
+                and self._producers.get(value) is None:
+            producer = self.graph.placeholder(f"input_{self._inputs}")
+            producer.meta["val"] = value.detach().clone()
+            self._inputs += 1
+            self._producers[value] = producer
+            return producer
+        return self._as_arg(value)
 
     def _as_arg(self, value: torch.Tensor) -> torch.fx.Node:
         producer = self._producers.get(value)
