@@ -443,3 +443,44 @@ def test_eager_attention_with_a_mask_built_in_place_is_unknown():
     assert (totals.nodes, totals.unknown) == (2, 2)
     assert totals.effective_macs == totals.dense_macs == 2 * B * H * 64 * E
     assert totals.patterns == ("mask from data (built with in-place ops)",)
+
+
+class PackedCheck(nn.Module):
+    """transformers' sdpa mask (5.x): packed documents found from position ids that do not step by 1
+    (diff with a prepend, != 1, cumsum), indexed per (batch, query) and (batch, key), and'ed with causal."""
+
+    def __init__(self, first_document=None):
+        super().__init__()
+        self.first_document = first_document  # positions restart after this many tokens
+
+    def forward(self, q, k, v):
+        length, first = q.shape[-2], self.first_document
+        pos = (torch.arange(length) if first is None else torch.cat([torch.arange(first), torch.arange(length - first)]))[None]
+        doc = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)
+        b = torch.arange(1)[:, None, None, None]
+        qi, ki = torch.arange(length)[None, None, :, None], torch.arange(length)[None, None, None, :]
+        mask = (doc[b, qi] == doc[b, ki]) & (pos[b, ki] <= pos[b, qi])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], 1, -1, -1))
+
+
+def test_transformers_packed_sequence_check_on_plain_positions_is_read_as_causal():
+    """Positions that step by 1 make one document: the mask is causal, read as a band (no evaluation),
+    with its closed form in a sweep: sum over i of (i + 1) pairs per head."""
+    from fxflops.capture.dynamic import user_symbol
+    from fxflops.sweeps import sweep
+
+    q, k, v = qkv(requires_grad=False)
+    [node] = [n for n in fxflops.estimate(PackedCheck(), (q, k, v)).nodes if n.attention is not None]
+    assert (node.attention, node.kept_pairs) == ("causal", B * H * 8 * 9 // 2)
+    swept = sweep(PackedCheck(), (q, k, v), dims={"seq": 2}, attention="effective")
+    for seq in (1, 5, 8, 13):
+        assert swept.formula("macs").subs(user_symbol("seq"), seq) == B * H * seq * (seq + 1) // 2 * 2 * E
+
+
+def test_the_packed_sequence_check_on_restarting_positions_is_evaluated():
+    """Positions restarting at 0 (documents of 3 and 5, from a cat of aranges) are not affine: evaluated
+    at the captured sizes, each token seeing its own document causally: 6 + 15 pairs per head."""
+    q, k, v = qkv(requires_grad=False)
+    model = PackedCheck(first_document=3)
+    [node] = [n for n in fxflops.estimate(model, (q, k, v)).nodes if n.attention is not None]
+    assert node.kept_pairs == B * H * (6 + 15)

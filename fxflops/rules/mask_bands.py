@@ -109,6 +109,12 @@ def _band(node: torch.fx.Node, grid: tuple[Any, ...]) -> tuple[Any, Any, bool] |
     lo = hi = None
     for atom in value.atoms:
         coefs = {dim: coef for dim, coef in atom.coefs if not (isinstance(coef, int) and coef == 0)}
+        if not coefs:  # the same for every pair: always true (dropped) or never (nothing kept)
+            if not isinstance(atom.const, int):
+                return None
+            if atom.const >= 0:
+                continue
+            return 1, 0, value.partial
         if set(coefs) - {-1, -2}:
             return None
         q, k = coefs.get(-2, 0), coefs.get(-1, 0)
@@ -142,6 +148,7 @@ _COMPARE = {aten.ge.Tensor: "ge", aten.ge.Scalar: "ge", aten.gt.Tensor: "gt", at
             aten.le.Tensor: "le", aten.le.Scalar: "le", aten.lt.Tensor: "lt", aten.lt.Scalar: "lt"}
 _AND = {aten.bitwise_and.Tensor, aten.logical_and.default, aten.__and__.Tensor}
 _ONES = {aten.new_ones.default, aten.ones.default, aten.ones_like.default}
+_EQUAL = {aten.eq.Tensor: True, aten.eq.Scalar: True, aten.ne.Tensor: False, aten.ne.Scalar: False}
 
 
 def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
@@ -175,6 +182,14 @@ def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         return _combine(_abstract(args[0], memo), _abstract(args[1], memo), sign * alpha, ndim)
     if target in _COMPARE:
         return _compare(_COMPARE[target], _abstract(args[0], memo), _abstract(args[1], memo), ndim)
+    if target is aten.diff.default:
+        return _diff(node, memo, ndim)
+    if target is aten.cumsum.default:
+        return _cumsum(_abstract(args[0], memo), args[1] if len(args) > 1 else node.kwargs["dim"], ndim)
+    if target is aten.index.Tensor:
+        return _index(_abstract(args[0], memo), [None if i is None else _abstract(i, memo) for i in args[1]], ndim)
+    if target in _EQUAL:
+        return _equal(_EQUAL[target], _abstract(args[0], memo), _abstract(args[1], memo), ndim)
     if target in _AND:
         left, right = _readable(args[0], memo), _readable(args[1], memo)
         if not (isinstance(left, _Pred) or isinstance(right, _Pred)):
@@ -185,6 +200,93 @@ def _abstract_op(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
             raise _NotAffine(node)
         return _Pred(ndim, left.atoms + right.atoms, left.partial or right.partial)
     raise _NotAffine(node)
+
+
+def _axis(dim: int, ndim: int) -> int:
+    """A dim counted from the right, as forms count them."""
+    return dim if dim < 0 else dim - ndim
+
+
+def _without(form: _Affine, axis: int) -> _Affine:
+    """The form at index 0 along `axis` (its coefficient there gone)."""
+    return _Affine(form.ndim, tuple((d, c) for d, c in form.coefs if d != axis), form.const)
+
+
+def _constant(form: _Affine) -> Any:
+    """The form's value if it is the same everywhere (no index with a nonzero coefficient), else None;
+    a size expression that simplifies to a number (s - (s - 1)) is that number."""
+    if any(not (isinstance(c, int) and c == 0) for _, c in form.coefs):
+        return None
+    const = form.const
+    if isinstance(const, torch.SymInt):
+        known = const.node.maybe_as_int()
+        return known if known is not None else const
+    return const
+
+
+def _truth(ndim: int, holds: bool) -> _Pred:
+    return _Pred(ndim, () if holds else (_Affine(ndim, (), -1),))
+
+
+def _diff(node: torch.fx.Node, memo: dict[Any, Any], ndim: int) -> _Affine:
+    """torch.diff of an affine form along a dim: its coefficient there, everywhere — with a `prepend`
+    only where the first difference (first value - prepend) is that coefficient too (transformers'
+    packed-sequence test: position ids that step by 1 from a prepend of the first minus 1)."""
+    args, kwargs = node.args, node.kwargs
+    n, dim = (args[1] if len(args) > 1 else kwargs.get("n", 1)), (args[2] if len(args) > 2 else kwargs.get("dim", -1))
+    prepend = args[3] if len(args) > 3 else kwargs.get("prepend")
+    append = args[4] if len(args) > 4 else kwargs.get("append")
+    value = _abstract(args[0], memo)
+    if n != 1 or append is not None or not isinstance(value, _Affine):
+        raise _NotAffine(node)
+    axis = _axis(dim, value.ndim)
+    step = dict(value.coefs).get(axis, 0)
+    if prepend is not None:
+        first = _combine(_without(value, axis), _without(_form(_abstract(prepend, memo), value.ndim), axis), -1,
+                         value.ndim)
+        if not (isinstance(_constant(first), int) and isinstance(step, int) and _constant(first) == step):
+            raise _NotAffine(node)
+    return _Affine(ndim, (), step)
+
+
+def _cumsum(value: Any, dim: int, ndim: int) -> _Affine:
+    """The running sum of a value that is the same everywhere (a constant flag or number) v: v(k + 1)."""
+    if isinstance(value, _Pred):
+        consts = [_constant(atom) for atom in value.atoms]
+        if value.partial or not all(isinstance(c, int) for c in consts):
+            raise _NotAffine(value)
+        constant: Any = int(all(c >= 0 for c in consts))
+    elif isinstance(value, _Affine) and isinstance(_constant(value), int):
+        constant = _constant(value)
+    else:
+        raise _NotAffine(value)
+    return _Affine(ndim, ((_axis(dim, ndim), constant),) if constant else (), constant)
+
+
+def _index(value: Any, indices: list[Any], ndim: int) -> _Affine:
+    """value[i0, i1, ...] with an index tensor for every dim: the form composed with the indices'."""
+    if not isinstance(value, _Affine) or len(indices) != value.ndim or any(i is None for i in indices):
+        raise _NotAffine(value)
+    coefs = dict(value.coefs)
+    found = _Affine(ndim, (), value.const)
+    for position, index in enumerate(indices):
+        coef = coefs.get(position - value.ndim, 0)
+        if not (isinstance(coef, int) and coef == 0):
+            found = _combine(found, index, coef, ndim)
+    return found
+
+
+def _equal(equal: bool, left: Any, right: Any, ndim: int) -> _Pred:
+    """a == b as the two atoms a - b >= 0 and b - a >= 0; a != b only where it is the same everywhere."""
+    if isinstance(left, _Pred) or isinstance(right, _Pred):
+        raise _NotAffine(left)
+    difference = _combine(left, right, -1, ndim)
+    constant = _constant(difference)
+    if isinstance(constant, int):
+        return _truth(ndim, (constant == 0) == equal)
+    if not equal:
+        raise _NotAffine(difference)
+    return _Pred(ndim, (difference, _combine(0, difference, -1, ndim)))
 
 
 def _readable(node: Any, memo: dict[Any, Any]) -> Any:
