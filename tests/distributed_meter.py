@@ -112,12 +112,9 @@ def trainer(out: str) -> None:
                    "captures": callback.meter.captures}, file)
 
 
-def lightning_fit(out: str) -> None:
-    """Lightning's own DDP strategy in this job, with a FlopsMonitor logging to memory on rank 0."""
-    import lightning as L
+def memory_logger():
+    """A Lightning logger that keeps every logged row in `.rows` (also used by the single-process tests)."""
     from lightning.pytorch.loggers import Logger
-
-    from fxflops.integrations.lightning import FlopsMonitor
 
     class Memory(Logger):
         name, version = "memory", 0
@@ -131,6 +128,15 @@ def lightning_fit(out: str) -> None:
 
         def log_hyperparams(self, *args, **kwargs):
             pass
+
+    return Memory()
+
+
+def lightning_fit(out: str) -> None:
+    """Lightning's own DDP strategy in this job, with a FlopsMonitor logging to memory on rank 0."""
+    import lightning as L
+
+    from fxflops.integrations.lightning import FlopsMonitor
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -149,7 +155,7 @@ def lightning_fit(out: str) -> None:
     rank = dist.get_rank()
     sizes = [3 + rank, 6 + rank]  # each rank its own batches: a loader per rank, no sampler
     loader = torch.utils.data.DataLoader([torch.randn(n, 8) for n in sizes], batch_size=None)
-    logger, monitor = Memory(), FlopsMonitor(peak_flops=1e12)
+    logger, monitor = memory_logger(), FlopsMonitor(peak_flops=1e12)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
                         log_every_n_steps=1, callbacks=[monitor], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)

@@ -209,22 +209,8 @@ def test_the_trainer_callback_logs_effective_flops_from_each_batch_mask(tmp_path
 
 def test_the_lightning_monitor_logs_effective_and_dense_flops_from_each_batch_mask():
     lightning = pytest.importorskip("lightning")
-    from lightning.pytorch.loggers import Logger
-
     from fxflops.integrations.lightning import FlopsMonitor
-
-    class Memory(Logger):
-        name, version = "memory", 0
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows: list[dict] = []
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append(dict(metrics))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
+    from tests.distributed_meter import memory_logger
 
     class Module(lightning.LightningModule):
         def __init__(self) -> None:
@@ -242,7 +228,7 @@ def test_the_lightning_monitor_logs_effective_and_dense_flops_from_each_batch_ma
 
     batches = [(torch.randn(2, L, 16), padded([8, 5])), (torch.randn(3, 6, 16), padded([2, 6, 4], seq=6))]
     dropped = [H * 8 * 3, H * (6 * 4 + 6 * 2)]  # pairs of the padded keys, every query of the row
-    module, logger = Module(), Memory()
+    module, logger = Module(), memory_logger()
     monitor = FlopsMonitor(peak_flops=1e12, attention="effective", conventions="torch", dims={"batch": 0, "seq": 1})
     trainer = lightning.Trainer(max_steps=2, accelerator="cpu", logger=logger, log_every_n_steps=1, callbacks=[monitor],
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
