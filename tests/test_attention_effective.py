@@ -484,3 +484,20 @@ def test_the_packed_sequence_check_on_restarting_positions_is_evaluated():
     model = PackedCheck(first_document=3)
     [node] = [n for n in fxflops.estimate(model, (q, k, v)).nodes if n.attention is not None]
     assert node.kept_pairs == B * H * (6 + 15)
+
+
+class WrappedIndex(nn.Module):
+    """Positions read through an index that is -1 at the first query (it wraps to the last position)."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[-2])
+        shifted = i[i - 1]  # [L-1, 0, 1, ..., L-2]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=shifted[:, None] >= i[None, :])
+
+
+def test_an_index_that_can_be_negative_is_not_read_as_a_band():
+    """Row 0 reads position L-1 and keeps all 8 keys; row r >= 1 keeps r: 8 + 28 pairs per head (a band
+    reading of i - 1 would give row 0 none)."""
+    q, k, v = qkv(requires_grad=False)
+    [node] = [n for n in fxflops.estimate(WrappedIndex(), (q, k, v)).nodes if n.attention is not None]
+    assert node.kept_pairs == B * H * (8 + 28)

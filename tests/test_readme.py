@@ -31,3 +31,13 @@ def test_the_manual_shows_the_tables_generated_from_the_rule_files(marker, gener
 def test_the_readme_holds_no_stale_copy_of_the_tables():
     readme = (ROOT / "README.md").read_text()
     assert "rules-table:start" not in readme and "presets-table:start" not in readme
+
+
+def test_the_readme_speed_table_is_the_measured_one():
+    """Every row of the README's first-call table, and its geometric means, are benchmarks/results/first_call.md's."""
+    readme = (ROOT / "README.md").read_text()
+    measured = (ROOT / "benchmarks" / "results" / "first_call.md").read_text().splitlines()
+    section = readme.split("## Speed", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") or line.startswith("Geometric mean")]
+    assert rows and all(row in measured for row in rows)
+    assert sum(line.startswith("| ") for line in measured) == sum(row.startswith("| ") for row in rows)

@@ -174,20 +174,15 @@ class OpRecorder(TorchDispatchMode):
         """A flex_attention argument under `keep` (real tensors kept as meta): a BlockMask's block counts
         and indices given from outside stay real (small integer tensors), the only record of which
         blocks it keeps when it has no mask_mod to evaluate (BlockMask.from_kv_blocks)."""
-        if value.dtype in (torch.int32, torch.int64) and not value.is_meta and not isinstance(value, FakeTensor) \
-                and self._producers.get(value) is None:
-            producer = self.graph.placeholder(f"input_{self._inputs}")
-            producer.meta["val"] = value.detach().clone()
-            self._inputs += 1
-            self._producers[value] = producer
-            return producer
+        if value.dtype in (torch.int32, torch.int64) and not value.is_meta and not isinstance(value, FakeTensor):
+            return self._as_arg(value, keep=_real_copy)
         return self._as_arg(value)
 
-    def _as_arg(self, value: torch.Tensor) -> torch.fx.Node:
+    def _as_arg(self, value: torch.Tensor, keep: Callable[[Any], Any] | None = None) -> torch.fx.Node:
         producer = self._producers.get(value)
         if producer is None:  # a model input, parameter, buffer or constant: a placeholder
             producer = self.graph.placeholder(f"input_{self._inputs}")
-            producer.meta["val"] = self._keep(value)
+            producer.meta["val"] = (keep or self._keep)(value)
             self._inputs += 1
             self._producers[value] = producer
         return producer
@@ -213,6 +208,10 @@ class OpRecorder(TorchDispatchMode):
 
 def _same(value: Any) -> Any:
     return value
+
+
+def _real_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
 
 
 class _ProducersById:

@@ -73,18 +73,26 @@ def block_mask_pairs(block_mask: tuple, grid: tuple[Any, ...], memo: dict[Any, K
     sizes = (*mask.kv_num_blocks.shape[:2], *mask.seq_lengths, *mask.BLOCK_SIZE)
     if symbolic or not all(isinstance(size, int) for size in (*sizes, *grid)):
         return KeptPairs(None, f"{pattern} (counted at concrete sizes only)")
-    key = ("flex", mask.mask_mod, sizes)
+    return evaluated_block_pairs(mask.mask_mod, sizes, tuple(grid), memo)
+
+
+def evaluated_block_pairs(mask_mod: Callable[..., Any], sizes: tuple[int, ...], grid: tuple[int, ...],
+                          memo: dict[Any, Any]) -> KeptPairs:
+    """The pairs a mask_mod's BlockMask keeps over `grid` (B, Hq, Lq, Lk), the mask at concrete `sizes`
+    (its B, H, Lq, Lk and block sizes): evaluated once per (mask_mod, sizes) in `memo`; `pairs` None,
+    with the reason as the pattern, where it cannot be."""
+    key = ("flex", mask_mod, sizes)
     try:
         found = memo.get(key)
     except TypeError:  # an unhashable mask_mod: evaluated each time
         key, found = None, None
     if found is None:
-        found = _evaluated(mask.mask_mod, sizes, pattern)
+        found = _evaluated(mask_mod, sizes, BLOCK_MASK)
         if key is not None:
             memo[key] = found
     if found.pairs is None:
         return found
-    return KeptPairs(broadcast_pairs(found.pairs, tuple(grid)), pattern)
+    return KeptPairs(broadcast_pairs(found.pairs, grid), BLOCK_MASK)
 
 
 def _read(block_mask: tuple) -> SimpleNamespace | None:

@@ -267,6 +267,8 @@ def _index(value: Any, indices: list[Any], ndim: int) -> _Affine:
     """value[i0, i1, ...] with an index tensor for every dim: the form composed with the indices'."""
     if not isinstance(value, _Affine) or len(indices) != value.ndim or any(i is None for i in indices):
         raise _NotAffine(value)
+    if not all(_never_negative(index) for index in indices):
+        raise _NotAffine(indices)  # a negative index counts from the end: not the form's value there
     coefs = dict(value.coefs)
     found = _Affine(ndim, (), value.const)
     for position, index in enumerate(indices):
@@ -274,6 +276,12 @@ def _index(value: Any, indices: list[Any], ndim: int) -> _Affine:
         if not (isinstance(coef, int) and coef == 0):
             found = _combine(found, index, coef, ndim)
     return found
+
+
+def _never_negative(index: Any) -> bool:
+    """Whether an index form is >= 0 at every position (positions count from 0)."""
+    form = _form(index, 0)
+    return isinstance(form.const, int) and form.const >= 0 and all(isinstance(c, int) and c >= 0 for _, c in form.coefs)
 
 
 def _equal(equal: bool, left: Any, right: Any, ndim: int) -> _Pred:

@@ -27,6 +27,7 @@ from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.eager_attention import EagerAttention, attention_of, find_eager_attention
 from fxflops.rules import Rule, bind_op_call
+from fxflops.rules.flex import evaluated_block_pairs, is_noop, mask_mod_reads_data
 from fxflops.rules.kept_pairs import KEEP, MASK_NAMES, SEQ_FIRST, kept_entries
 from fxflops.rules.mask_values import call_recorded
 
@@ -80,7 +81,7 @@ class DataMasks:
         self._functions: dict[Any, Callable[[Mapping[str, int]], Any]] = {}
         self._callables: dict[torch.fx.Node, Callable[..., Any]] = {}  # per node: what runs its op on real values
         self._eager: dict[str, EagerAttention] | None = None  # attention written as plain ops, found when needed
-        self._flex_memo: dict[Any, torch.Tensor] = {}  # (mask_mod, sizes) -> a flex BlockMask's pairs per head
+        self._flex_memo: dict[Any, Any] = {}  # (mask_mod, sizes) -> a flex BlockMask's evaluated pairs per head
         by_name = {node.name: node for node in piece.captured.graph_module.graph.nodes}
         replays: dict[Any, _Replay | NotReplayable] = {}  # forward node name (or eager masks) -> the replay
         unknown = [c for c in piece.costs if c.attention is not None and c.effective_flops is None and c.dense_flops]
@@ -120,8 +121,6 @@ class DataMasks:
 
     def _flex_mask(self, block_mask: tuple) -> _FlexMask:
         """A BlockMask (as_tuple()) whose kept blocks the capture's symbolic sizes left unknown."""
-        from fxflops.rules.flex import is_noop, mask_mod_reads_data
-
         mask_mod, kv_num_blocks = block_mask[-1], block_mask[2]
         if not callable(mask_mod) or not isinstance(kv_num_blocks, torch.Tensor):
             raise NotReplayable("its BlockMask's layout is not one this torch version is known to use")
@@ -231,16 +230,13 @@ class DataMasks:
         return totals[0], totals[1]
 
     def _flex_pairs(self, mask: _FlexMask, grid: tuple[int, ...], point: Mapping[str, int]) -> int:
-        """The pairs a flex BlockMask keeps at the point's sizes (evaluated once per mask_mod and sizes)."""
-        from fxflops.rules.flex import kept_block_pairs
-        from fxflops.rules.mask_values import broadcast_pairs
-
+        """The pairs a flex BlockMask keeps at the point's sizes, as the static count evaluates them (once
+        per mask_mod and sizes); where it cannot be (too large), NotReplayable: the batch counts dense."""
         sizes = tuple(self._at(size, point) for size in mask.sizes)
-        key = (mask.mask_mod, sizes)
-        per_head = self._flex_memo.get(key)
-        if per_head is None:
-            per_head = self._flex_memo[key] = kept_block_pairs(mask.mask_mod, *sizes)
-        return broadcast_pairs(per_head, grid)
+        found = evaluated_block_pairs(mask.mask_mod, sizes, grid, self._flex_memo)
+        if found.pairs is None:
+            raise NotReplayable(f"its BlockMask at these sizes: {found.pattern}")
+        return found.pairs
 
     def _replayed(self, replay: _Replay, tensors: list[torch.Tensor], point: Mapping[str, int]) -> torch.Tensor:
         """The pairs the replay's masks keep together (True kept), broadcast among themselves only."""
