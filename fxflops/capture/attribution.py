@@ -37,6 +37,7 @@ class ModuleTracker:
         self._phase = phase  # which pass runs (a forward recomputed in the backward is not a new call)
         self.stack: list[tuple[str, str]] = []
         self.calls: dict[str, int] = {}
+        self.call_log: list[str] = []  # each counted call's module, in order (what a block's calls were)
         self.whole_calls: list[WholeCall] = []
         self._handles: list[Any] = []
 
@@ -65,6 +66,7 @@ class ModuleTracker:
             self.stack.append((name, type(module).__name__))
             if self._phase is None or self._phase() == FORWARD:
                 self.calls[name] = self.calls.get(name, 0) + 1
+                self.call_log.append(name)
 
     def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised: torch then calls every

@@ -29,10 +29,11 @@ from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
-from fxflops.capture.isolation import isolated
+from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
+from fxflops.capture.replay import Replays
 from fxflops.capture.request import Request
 from fxflops.capture.tensor_walk import iter_tensors, map_tensors, tensors_in
 from fxflops.capture.twins import swap_tensors
@@ -139,17 +140,22 @@ def capture(request: Request) -> Captured:
                           static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
     inputs = Reach((request.args, request.kwargs))
+    # a user's global module hook must see every module call, and a backward every op run
+    replaying = request.replay and not request.backward and not global_hooks_present()
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
         args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
+        replays = Replays(model, recorder, tracker, mode) if replaying else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
                 CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes):
             if owners is not None:
                 owners.start()
+            if replays is not None:
+                replays.install()
             output = refuse_lazy_output(model(*args, **kwargs))
             if owners is not None:
                 differentiate(output, request.loss, owners, recorder.unrecorded)

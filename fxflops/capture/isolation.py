@@ -92,6 +92,11 @@ def _global_hook_tables() -> list[dict]:
     return [value for name, value in vars(module).items() if name.startswith("_global_") and isinstance(value, dict)]
 
 
+def global_hooks_present() -> bool:
+    """Whether any global module hook is registered (torch.nn.modules.module.register_module_*_hook)."""
+    return any(_global_hook_tables())
+
+
 class _GlobalSnapshot:
     """Global hook tables, nn.Module's class attributes, the random number generators and the recursion limit."""
 

@@ -138,7 +138,7 @@ class OpRecorder(TorchDispatchMode):
         else:
             path, type_name = self.tracker.current()
             meta["fxflops_module"] = (path, type_name or self._root_type)
-            meta[SOURCE] = _user_frame()
+            meta[SOURCE] = user_frame()
         if self.owners is not None:
             meta[PHASE] = phase
             self.owners.claim(node)
@@ -186,6 +186,47 @@ class OpRecorder(TorchDispatchMode):
             self._inputs += 1
             self._producers[value] = producer
         return producer
+
+    # --- for capture.replay: a repeated block's nodes copied from its first call's -----------------
+
+    @property
+    def recording_plainly(self) -> bool:
+        """Whether ops now recorded are the model's forward ops, one node each (not inside an op recorded
+        whole, a torch.cond branch or a backward): only then may a block's nodes stand for its run."""
+        return not self.inside_opaque and not self._branches and self.owners is None
+
+    def last_node(self) -> torch.fx.Node | None:
+        last = self.graph._root.prev
+        return None if last is self.graph._root else last
+
+    def nodes_after(self, mark: torch.fx.Node | None) -> list[torch.fx.Node]:
+        """The nodes recorded since `last_node()` returned `mark`, in order."""
+        root = self.graph._root
+        node = mark.next if mark is not None else root.next
+        nodes = []
+        while node is not root:
+            nodes.append(node)
+            node = node.next
+        return nodes
+
+    def producer_of(self, tensor: torch.Tensor) -> torch.fx.Node | None:
+        return self._producers.get(tensor)
+
+    def input_node(self, tensor: torch.Tensor) -> torch.fx.Node:
+        """The node a tensor is read from: its producer, or a new placeholder."""
+        return self._as_arg(tensor)
+
+    def produced(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        self._producers[tensor] = node
+
+    def copy_node(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> torch.fx.Node:
+        """A node like `node` (same op, a copy of its meta) reading `args`."""
+        base = self._names.get(node.target) if node.target is not operator.getitem else None
+        if base is None and node.target is not operator.getitem:
+            base = self._names[node.target] = str(node.target).replace(".", "_")
+        copy = self.graph.create_node(node.op, node.target, args, kwargs, name=base)
+        copy.meta = dict(node.meta)
+        return copy
 
     def unrecorded(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """`function`, running its ops without recording them (they are fxflops', not the model's)."""
@@ -238,7 +279,7 @@ def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     return _LazyGraphModule(torch.nn.Module(), graph)
 
 
-def _user_frame() -> tuple[str, int] | None:
+def user_frame() -> tuple[str, int] | None:
     """(file, line) of the innermost caller outside torch and fxflops: the code that ran the op."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_DIRS):

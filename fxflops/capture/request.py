@@ -33,6 +33,7 @@ class Request:
     # composite aten ops a rule names (by op, or by the builtin that called it: knows_op(op, function))
     # are recorded whole; the others as the ops they decompose into
     knows_op: Callable[[Any, Any], bool] = _every_op
+    replay: bool = True  # a repeated block's call copies its first call's nodes where provably the same (capture.replay)
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

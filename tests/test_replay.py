@@ -1,0 +1,198 @@
+"""Repeated blocks (fxflops/capture/replay.py): a call that provably runs the program an earlier call
+ran gets copies of its nodes instead of running; the estimate must equal a capture that runs every
+call, node by node, on every architecture — alternating, hybrid and MoE layers included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fxflops.api import Counting
+from fxflops.capture.replay import REPLAY_OF
+
+tf = pytest.importorskip("transformers")
+
+
+def _costs(model: nn.Module, args: tuple, kwargs: dict, replay: bool, attention: str = "dense"):
+    counting = Counting.prepare("deepspeed", None, None, attention)
+    captured = counting.capture(model, args, kwargs, "eager", replay=replay)
+    copied = sum(REPLAY_OF in node.meta for node in captured.graph_module.graph.nodes)
+    rows = [(c.name, c.op, c.status, c.rule, c.module, c.module_type, c.macs, c.flops, c.bytes, c.source,
+             c.input_shapes, c.output_shapes, c.attention, c.kept_pairs, c.dense_macs, c.effective_macs)
+            for c in counting.count(captured)]
+    return rows, captured.module_calls, captured.cautions, copied
+
+
+def assert_same_as_full(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
+                        attention: str = "dense") -> int:
+    """Every node's cost equal with and without repeats; returns how many nodes were copied."""
+    kwargs = kwargs or {}
+    rows, calls, cautions, copied = _costs(model, args, kwargs, True, attention)
+    full_rows, full_calls, full_cautions, none = _costs(model, args, kwargs, False, attention)
+    assert none == 0
+    assert len(rows) == len(full_rows)
+    for row, full in zip(rows, full_rows):
+        assert row == full
+    assert calls == full_calls
+    assert cautions == full_cautions
+    return copied
+
+
+def _decoder(cls, config, seq: int = 12, **inputs):
+    with torch.device("meta"):
+        model = cls(config).eval()
+    return model, {"input_ids": torch.zeros(2, seq, dtype=torch.long), **inputs}
+
+
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_llama_layers_are_copied_and_cost_what_a_full_capture_gives(use_cache):
+    model, kwargs = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL), use_cache=use_cache)
+    copied = assert_same_as_full(model, (), kwargs)
+    assert copied > 0  # three of the four layers are copies of the first
+
+
+@pytest.mark.parametrize("seq", [3, 12])  # shorter and longer than the window
+def test_alternating_sliding_and_full_layers_read_their_own_masks(seq):
+    config = tf.Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=4, max_window_layers=2,
+                            **SMALL)
+    model, kwargs = _decoder(tf.Qwen2ForCausalLM, config, seq)
+    assert_same_as_full(model, (), kwargs, attention="effective")
+    assert_same_as_full(model, (), kwargs)
+
+
+def test_gemma3_alternating_layers():
+    config = tf.Gemma3TextConfig(num_hidden_layers=4, sliding_window=4, head_dim=8,
+                                 layer_types=["sliding_attention", "full_attention"] * 2, **SMALL)
+    model, kwargs = _decoder(tf.Gemma3ForCausalLM, config)
+    assert_same_as_full(model, (), kwargs, attention="effective")
+
+
+def test_gemma2_eager_attention_layers():
+    config = tf.Gemma2Config(num_hidden_layers=4, sliding_window=4, head_dim=8, attn_implementation="eager", **SMALL)
+    model, kwargs = _decoder(tf.Gemma2ForCausalLM, config)
+    assert_same_as_full(model, (), kwargs, attention="effective")
+
+
+def test_moe_every_second_layer():
+    config = tf.Qwen2MoeConfig(num_hidden_layers=4, decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32, shared_expert_intermediate_size=32, **SMALL)
+    model, kwargs = _decoder(tf.Qwen2MoeForCausalLM, config)
+    assert_same_as_full(model, (), kwargs)
+
+
+def test_mixtral_experts():
+    config = tf.MixtralConfig(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, **SMALL)
+    model, kwargs = _decoder(tf.MixtralForCausalLM, config)
+    assert_same_as_full(model, (), kwargs)
+
+
+def test_hybrid_linear_and_full_attention():
+    if not hasattr(tf, "Qwen3NextConfig"):
+        pytest.skip("this transformers has no Qwen3-Next (hybrid linear / full attention)")
+    config = tf.Qwen3NextConfig(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+                                head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+                                linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                shared_expert_intermediate_size=32, **SMALL)
+    model, kwargs = _decoder(tf.Qwen3NextForCausalLM, config)
+    assert_same_as_full(model, (), kwargs)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "t5"])
+def test_encoder_decoder_and_classic_transformers(kind):
+    if kind == "gpt2":
+        model, kwargs = _decoder(tf.GPT2LMHeadModel, tf.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=64))
+    elif kind == "bert":
+        model, kwargs = _decoder(tf.BertModel, tf.BertConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4,
+                                                              intermediate_size=64, vocab_size=64))
+    else:
+        model, kwargs = _decoder(tf.T5Model, tf.T5Config(num_layers=3, d_model=32, d_kv=8, num_heads=4, d_ff=64,
+                                                         vocab_size=64))
+        kwargs["decoder_input_ids"] = torch.zeros(2, 5, dtype=torch.long)
+    assert assert_same_as_full(model, (), kwargs) > 0
+
+
+def test_resnet_blocks():
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.resnet50().eval()
+    assert assert_same_as_full(model, (torch.zeros(1, 3, 64, 64),)) > 0
+
+
+class _ByIndex(nn.Module):
+    """Siblings alike in class and weights whose forward differs by an attribute: odd ones scale."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        return x * 2 if self.index % 2 else x
+
+
+class _Stack(nn.Module):
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _replayed_modules(model: nn.Module, args: tuple) -> set[str]:
+    counting = Counting.prepare("deepspeed", None, None)
+    captured = counting.capture(model, args, {}, "eager")
+    return {node.meta["fxflops_module"][0] for node in captured.graph_module.graph.nodes if REPLAY_OF in node.meta}
+
+
+def test_a_block_whose_code_reads_an_attribute_that_differs_runs():
+    model = _Stack([_ByIndex(i) for i in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))
+    # each block reads its own index: none stands for another. Their Linear layers read no attribute that
+    # differs: once the blocks are seen not to repeat (block 2), block 2's stands for block 3's
+    assert _replayed_modules(model, (torch.zeros(3, 8),)) == {"blocks.3.proj"}
+    counting = Counting.prepare("deepspeed", None, None)
+    costs = counting.count(counting.capture(model, (torch.zeros(3, 8),), {}, "eager"))
+    assert sum(c.flops for c in costs if c.op.startswith("aten.mul")) == 2 * 3 * 8  # two scaling layers
+
+
+class _SameOpsOtherLine(nn.Module):
+    """Siblings whose ops are the same but come from different source lines (one per index)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.index == 0:
+            return torch.relu(self.proj(x))
+        return torch.relu(self.proj(x))
+
+
+def test_an_op_of_library_code_keeps_the_line_that_called_it():
+    model = _Stack([_SameOpsOtherLine(i) for i in range(4)])
+    rows, _, _, copied = _costs(model, (torch.zeros(3, 8),), {}, True)
+    full_rows = _costs(model, (torch.zeros(3, 8),), {}, False)[0]
+    assert rows == full_rows  # each linear keeps the line of the block that called it
+    assert copied == 1  # block 3's Linear, replayed from block 2's
+
+
+def test_a_shared_block_called_twice_and_hooks_still_run():
+    shared = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    model = _Stack([shared, nn.Sequential(nn.Linear(8, 8), nn.ReLU()), shared])
+    seen = []
+    handle = model.blocks[1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        assert_same_as_full(model, (torch.zeros(3, 8),))
+    finally:
+        handle.remove()
+    assert seen == [torch.Size([3, 8])] * 2  # ran in both captures, copied or not
