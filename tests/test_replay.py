@@ -4,6 +4,9 @@ call, node by node, on every architecture — alternating, hybrid and MoE layers
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -196,3 +199,137 @@ def test_a_shared_block_called_twice_and_hooks_still_run():
     finally:
         handle.remove()
     assert seen == [torch.Size([3, 8])] * 2  # ran in both captures, copied or not
+
+
+# --- what makes a call run rather than replay ------------------------------------------------------
+
+
+class _WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)  # into the caller's tensor
+        return self.proj(x)
+
+
+class _CountsItsCalls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.proj(x)
+
+
+class _TakesABox(nn.Module):
+    """A block given an object it appends to (as a KV cache is updated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, box: list) -> torch.Tensor:
+        box.append(x)
+        return self.proj(x)
+
+
+class _BoxStack(_Stack):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        box: list = []
+        for block in self.blocks:
+            x = block(x, box)
+        return x + sum(t.sum() for t in box)
+
+
+class _ReturnsAnObject(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return types.SimpleNamespace(out=self.proj(x))
+
+
+class _ObjectStack(_Stack):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x).out
+        return x
+
+
+@pytest.mark.parametrize(("stack", "block", "runs"), [
+    (_Stack, _WritesItsInput, "a write into the caller's tensor"),
+    (_Stack, _CountsItsCalls, "a change of its own attribute"),
+    (_BoxStack, _TakesABox, "an object argument"),
+    (_ObjectStack, _ReturnsAnObject, "an object output"),
+])
+def test_a_block_with_effects_outside_its_output_runs_every_call(stack, block, runs):
+    model = stack([block() for _ in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))
+    replayed = _replayed_modules(model, (torch.zeros(3, 8),))
+    assert not any(name.count(".") == 1 for name in replayed), runs  # no block replayed, only Linear layers
+
+
+def test_a_block_returning_its_input_and_a_shared_tensor_replays():
+    class PassThrough(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+            self.register_buffer("scale", torch.ones(8))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return self.proj(x) * self.scale, x, self.scale
+
+    class Pairs(_Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                y, same, scale = block(x)
+                x = y + same + scale
+            return x
+
+    model = Pairs([PassThrough() for _ in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))
+    assert {"blocks.2", "blocks.3"} <= _replayed_modules(model, (torch.zeros(3, 8),))
+
+
+def test_a_users_global_hook_sees_every_call_and_nothing_is_replayed():
+    model = _Stack([nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4)])
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    try:
+        assert _replayed_modules(model, (torch.zeros(3, 8),)) == set()
+    finally:
+        handle.remove()
+    assert seen.count("Linear") == 4
+
+
+def test_a_training_count_runs_every_call():
+    model, kwargs = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL), use_cache=False)
+    counting = Counting.prepare("deepspeed", None, None)
+    captured = counting.capture(model, (), kwargs, "eager", backward=True)
+    assert not any(REPLAY_OF in node.meta for node in captured.graph_module.graph.nodes)
+
+
+def test_the_model_is_left_as_it_was():
+    model, kwargs = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL), use_cache=False)
+    before = [(type(m), dict(m.__dict__)) for m in model.modules()]
+    assert_same_as_full(model, (), kwargs)
+    after = [(type(m), dict(m.__dict__)) for m in model.modules()]
+    assert [cls for cls, _ in before] == [cls for cls, _ in after]  # no watching subclass left behind
+    assert all(a.keys() == b.keys() and all(a[k] is b[k] for k in a) for (_, a), (_, b) in zip(before, after))
+
+
+def test_a_sweep_replays_and_each_point_equals_a_fresh_estimate():
+    import fxflops
+
+    model, _ = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL))
+    tokens = lambda batch, seq: torch.zeros(batch, seq, dtype=torch.long)  # noqa: E731
+    swept = fxflops.sweep(model, (tokens(2, 33),), {"use_cache": False}, dims={"batch": 0, "seq": 1})
+    for batch, seq in [(2, 33), (3, 17), (1, 64), (5, 999)]:
+        fresh = fxflops.estimate(model, (tokens(batch, seq),), {"use_cache": False})
+        point = swept.at(batch=batch, seq=seq)
+        assert (point.total_macs, point.total_flops) == (fresh.total_macs, fresh.total_flops)
