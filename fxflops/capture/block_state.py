@@ -98,11 +98,12 @@ class BlockState:
     run on equal state; an attribute may differ where the block's code never reads it (`Template.free`).
     """
 
-    __slots__ = ("modules", "entries", "tensors", "_class_of")
+    __slots__ = ("modules", "entries", "tensors", "_class_of", "_shared")
 
     def __init__(self, block: torch.nn.Module, name_of: Callable[[torch.nn.Module], str | None], path: str,
                  class_of: Callable[[torch.nn.Module], type] = type) -> None:
         self._class_of = class_of
+        self._shared: dict[int, Any] = {}
         self.modules: list[tuple[str, torch.nn.Module]] = []
         self.entries: dict[str, tuple] = {}
         self.tensors: dict[int, tuple[str, str, str]] = {}  # id(tensor) -> (relative path, table, name)
@@ -141,7 +142,7 @@ class BlockState:
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))
-            attributes.append((key, value_key(value, module)))
+            attributes.append((key, value_key(value, module, 0, self._shared)))
         wrapped = state.get("forward")
         if wrapped is not None:  # a forward set on the instance (ours wraps it; the original is its state)
             attributes.append(("forward", value_key(getattr(wrapped, "__wrapped__", wrapped), module)))
@@ -149,9 +150,10 @@ class BlockState:
         return structure, tuple(attributes)
 
 
-def value_key(value: Any, owner: Any = None, depth: int = 0) -> Any:
+def value_key(value: Any, owner: Any = None, depth: int = 0, shared: dict[int, Any] | None = None) -> Any:
     """A key for an attribute's value: plain values by value, tensors by metadata, containers item by
-    item, methods by function, other objects by identity plus their own plain attributes."""
+    item, methods by function, other objects by identity plus their own plain attributes (`shared`
+    keeps each object's key once per block: every layer's modules hold the same config)."""
     kind = type(value)
     if kind in _PLAIN:
         return (kind, value)
@@ -159,19 +161,25 @@ def value_key(value: Any, owner: Any = None, depth: int = 0) -> Any:
         return tensor_key(value)
     if kind is tuple or kind is list or kind is frozenset or kind is set:
         items = sorted(value, key=repr) if kind in (set, frozenset) else value
-        return (kind, tuple(value_key(item, owner, depth) for item in items))
+        return (kind, tuple(value_key(item, owner, depth, shared) for item in items))
     if kind is dict:
-        return (dict, tuple((value_key(key), value_key(item, owner, depth)) for key, item in value.items()))
+        return (dict, tuple((value_key(key), value_key(item, owner, depth, shared)) for key, item in value.items()))
     if kind is types.MethodType:
         return ("method", id(value.__func__), "own" if value.__self__ is owner else id(value.__self__))
     if isinstance(value, torch.nn.Module):  # a module held outside the module table: its identity
         return ("module", id(value))
     if depth == 0 and not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
-        shallow = getattr(value, "__dict__", None)
-        if type(shallow) is dict:  # a shared object (a config): what it holds now, one level deep
-            if len(shallow) > _SHALLOW_LIMIT:
-                raise Unsupported(f"an attribute of type {kind.__name__} holding {len(shallow)} values")
-            return ("object", id(value), tuple((key, value_key(item, None, 1)) for key, item in shallow.items()))
+        found = shared.get(id(value)) if shared is not None else None
+        if found is not None:
+            return found
+        state = getattr(value, "__dict__", None)
+        if type(state) is dict:  # a shared object (a config): what it holds now, one level deep
+            if len(state) > _SHALLOW_LIMIT:
+                raise Unsupported(f"an attribute of type {kind.__name__} holding {len(state)} values")
+            found = ("object", id(value), tuple((key, value_key(item, None, 1)) for key, item in state.items()))
+            if shared is not None:
+                shared[id(value)] = found
+            return found
     return ("object", id(value))
 
 
