@@ -104,6 +104,8 @@ class Replays:
 
     def install(self) -> None:
         for module in self._modules:
+            if isinstance(module, torch.jit.ScriptModule):  # its forward is TorchScript's, not an attribute
+                continue
             original = module.__dict__.get("forward") or type(module).forward.__get__(module)
             module.__dict__["forward"] = self._forward(module, original)
 
@@ -197,7 +199,7 @@ class Replays:
                 continue
             try:
                 module.__class__ = self._watcher(cls, names)
-            except TypeError:  # a class whose layout forbids it: its attributes must then be equal
+            except Exception:  # a class whose layout or __init_subclass__ forbids it: its attributes must then be equal
                 continue
             swapped.append((module, cls))
             watched.update((relative, name) for name in names)
