@@ -194,14 +194,21 @@ def moved_name(name: str | None, path: str) -> Any:
     return ("out", name)
 
 
-def sibling_key(module: torch.nn.Module) -> Any:
-    """The class, own tensors' shapes and children's names: modules sharing it may repeat one another
-    (only a hint of where to look; BlockState decides)."""
-    tensors = []
-    for table in (module._parameters, module._buffers):
-        for key, tensor in table.items():
-            try:
-                tensors.append((key, None if tensor is None else (tuple(tensor.shape), tensor.dtype)))
-            except (RuntimeError, ValueError):  # a lazy parameter: like no other
-                tensors.append((key, id(tensor)))
-    return type(module), tuple(tensors), tuple(module._modules)
+def structure_ids(modules: list[torch.nn.Module]) -> dict[int, int]:
+    """id(module) -> a number shared by the modules of equal structure: class, own tensors' shapes and
+    dtypes, and each submodule's name and structure (only where to look for a repeat; BlockState decides).
+    `modules` in pre-order, each once."""
+    numbers: dict[Any, int] = {}
+    ids: dict[int, int] = {}
+    for module in reversed(modules):  # children before their parents
+        own = []
+        for table in (module._parameters, module._buffers):
+            for key, tensor in table.items():
+                try:
+                    own.append((key, None if tensor is None else (tuple(tensor.shape), tensor.dtype)))
+                except (RuntimeError, ValueError):  # a lazy parameter: like no other
+                    own.append((key, id(tensor)))
+        children = tuple((key, ids.get(id(child), ("unique", id(child))))
+                         for key, child in module._modules.items() if child is not None)
+        ids[id(module)] = numbers.setdefault((type(module), tuple(own), children), len(numbers))
+    return ids

@@ -37,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.fx.node import map_arg
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.block_state import _MODULE_INTERNALS, BlockState, CallKey, Unsupported, sibling_key
+from fxflops.capture.block_state import _MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
@@ -89,17 +89,18 @@ class Replays:
         self._recorder = recorder
         self._tracker = tracker
         self._mode = mode
-        modules = [module for name, module in unique_modules(model) if name]
-        keys = [sibling_key(module) for module in modules]
-        counts = Counter(keys)
-        self._modules = modules
-        self._with_siblings = {id(module) for module, key in zip(modules, keys) if counts[key] > 1}
+        modules = [module for _, module in unique_modules(model)]
+        self._structures = structure_ids(modules)
+        counts = Counter(self._structures.values())
+        self._modules = modules[1:]  # not the root: it runs once
+        self._with_siblings = {id(module) for module in modules if counts[self._structures[id(module)]] > 1}
         self._calls: dict[int, int] = {}
         self._templates: dict[tuple, list[Template]] = {}
         self._reads: list[tuple[int, str]] = []  # (id(module), attribute) read while a reference records
         self._watchers: dict[tuple[type, tuple[str, ...]], type] = {}
         self._watched_class: dict[type, type] = {}  # watching subclass -> the module's own class
-        self._recording = 0  # > 0 while a reference call runs
+        self._recording = 0  # > 0 while a first reference of its kind runs
+        self._given_up: set[tuple] = set()
         self.replayed = 0
 
     def install(self) -> None:
@@ -131,14 +132,22 @@ class Replays:
         try:
             with torch._C.DisableTorchFunction():
                 call = CallKey(args, kwargs)
-                key = (self.class_of(module), call.key)
-                templates = self._templates.get(key)
-                state = None if templates is None else BlockState(module, self._tracker.name_of, path,
-                                                                  self.class_of)
         except Unsupported:
             return original(*args, **kwargs)
+        key = (self._structures[id(module)], call.key)
+        templates = self._templates.get(key)
         if templates is None:  # a first call of its kind: it may well be the only one
             self._templates[key] = []
+            return original(*args, **kwargs)
+        if key in self._given_up or not templates and self._recording:
+            # nothing to match, and no reference taken: inside a first reference a block is not taken
+            # as one (when the enclosing block repeats it is replayed whole, and its parts' references
+            # would never be used)
+            return original(*args, **kwargs)
+        try:
+            with torch._C.DisableTorchFunction():
+                state = BlockState(module, self._tracker.name_of, path, self.class_of)
+        except Unsupported:
             return original(*args, **kwargs)
         for template in templates:
             if template.matches(state):
@@ -146,9 +155,10 @@ class Replays:
                     return original(*args, **kwargs)
                 with torch._C.DisableTorchFunction():
                     return self._replay(template, path, call, state)
-        if len(templates) >= _MAX_TEMPLATES or self._recording:
-            # inside a reference a block is not taken as one: when the enclosing block repeats, it is
-            # replayed whole, and its parts' references would never be used
+        if self._recording:
+            return original(*args, **kwargs)
+        if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
+            self._given_up.add(key)
             return original(*args, **kwargs)
         return self._record(module, original, path, call, state, templates, args, kwargs)
 
