@@ -323,10 +323,11 @@ class Replays:
             recorder.produced(fresh[id(like)], copies[producer])
         out = _rebuild(template.output, fresh, call, modules)
         self._reads.extend((id(modules[relative]), name) for relative, name in template.reads if relative in modules)
-        calls = self._tracker.calls
+        tracker = self._tracker
         for (inside, name), count in template.calls:
-            moved = (f"{path}.{name}" if path and name else path or name) if inside else name
-            calls[moved] = calls.get(moved, 0) + count
+            moved = f"{path}.{name}" if inside else name
+            tracker.calls[moved] = tracker.calls.get(moved, 0) + count
+            tracker.call_log.extend([moved] * count)  # an enclosing reference's calls include these
         self.replayed += 1
         return out
 
