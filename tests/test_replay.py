@@ -333,3 +333,21 @@ def test_a_sweep_replays_and_each_point_equals_a_fresh_estimate():
         fresh = fxflops.estimate(model, (tokens(batch, seq),), {"use_cache": False})
         point = swept.at(batch=batch, seq=seq)
         assert (point.total_macs, point.total_flops) == (fresh.total_macs, fresh.total_flops)
+
+
+def test_the_calls_of_blocks_replayed_inside_a_reference_are_counted_in_its_replays():
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+            self.second = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.second(self.first(x))
+
+    model = _Stack([Outer() for _ in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))  # module calls included
+    # blocks.1 is the reference, in which blocks.1.first and .second replay blocks.0.second's program
+    replayed = _replayed_modules(model, (torch.zeros(3, 8),))
+    for block in ("blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
+        assert any(name.startswith(block) for name in replayed), block
