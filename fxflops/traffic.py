@@ -25,14 +25,16 @@ class TensorBytes:
 
     def __init__(self, sizes: Any = None) -> None:
         self.sizes = sizes
-        self._found: dict[tuple[int, bool], tuple[torch.Tensor, Any]] = {}
+        self._found: dict[int, tuple[torch.Tensor, Any, Any]] = {}
 
     def __call__(self, tensor: torch.Tensor, distinct: bool = False) -> Any:
-        key = (id(tensor), distinct)
-        found = self._found.get(key)
+        """Its bytes written; `distinct`: read (each stored element of an expanded view once)."""
+        found = self._found.get(id(tensor))
         if found is None:
-            found = self._found[key] = (tensor, _bytes(tensor, self.sizes, distinct))
-        return found[1]
+            written = _bytes(tensor, self.sizes)
+            read = _bytes(tensor, self.sizes, distinct=True) if _expanded(tensor, self.sizes) else written
+            found = self._found[id(tensor)] = (tensor, written, read)
+        return found[2] if distinct else found[1]
 
 
 def node_bytes(target: Any, inputs: Any, out: Any, moves_data: bool, sizes: Any = None,
@@ -104,7 +106,11 @@ def _bytes(tensor: torch.Tensor, sizes: Any, distinct: bool = False) -> Any:
     if sizes is not None:
         return sizes.expression(tensor.numel()) * tensor.element_size()
     elements = tensor.numel()
-    # an expanded view reads each stored element once (without a 0 stride, that is every element)
-    if distinct and tensor.layout == torch.strided and 0 in tensor.stride():
+    if distinct and tensor.layout == torch.strided:  # an expanded view reads each stored element once
         elements = math.prod(int(n) for n, s in zip(tensor.shape, tensor.stride(), strict=True) if s != 0)
     return int(elements) * tensor.element_size()
+
+
+def _expanded(tensor: torch.Tensor, sizes: Any) -> bool:
+    """Whether `_bytes(tensor, sizes, distinct=True)` can differ from its bytes written (a 0 stride)."""
+    return sizes is None and tensor.layout == torch.strided and 0 in tensor.stride()
