@@ -126,9 +126,14 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
     # by their expressions; a rule may read the module it ran in (`within`).
     key: Any = (node.op, node.target, values.read(graph_module, node.args, read),
                 values.read(graph_module, node.kwargs, read), values.of_node(graph_module, node)[0], type_name)
-    if node.op == "call_module" or not _hashable(key):
+    found = None
+    if node.op == "call_module":
         key = None
-    found = memo.get(key) if key is not None else None
+    else:
+        try:
+            found = memo.get(key)
+        except TypeError:  # an argument no key can hold: matched and evaluated for this call alone
+            key = None
     call_values = None
     if found is None:
         call_values = _call_values(graph_module, node)
@@ -168,14 +173,6 @@ def _call_values(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tup
     args = tuple(value_of(graph_module, a) for a in node.args)
     kwargs = {k: value_of(graph_module, v) for k, v in node.kwargs.items()}
     return args, kwargs, node.meta.get("val")
-
-
-def _hashable(key: Any) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 def _gathered(entry: Rule | ZeroList | None, graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple,
