@@ -32,6 +32,7 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     memo: dict[Any, tuple[Any, ...]] = {}
     values = NodeValues(sizes)
     kept_memo: dict[Any, KeptPairs] = {}
+    effective_memo: dict[Any, tuple[Any, Any]] = {}
     eager = find_eager_attention((node for _, node, _ in op_nodes(captured.graph_module)), kept_memo,
                                  symbolic=sizes is not None)
     branches = []
@@ -43,9 +44,10 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(covered_cost(node, covering, sizes))
         else:
-            cost, rule = node_cost(graph_module, node, table, conventions, memo, sizes, values)
+            cost, rule, key = node_cost(graph_module, node, table, conventions, memo, sizes, values)
             if isinstance(rule, Rule) and rule.effective is not None:
-                cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
+                cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention,
+                                      (effective_memo, key))
             elif isinstance(rule, Rule) and eager:
                 found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
                 if found is not None:

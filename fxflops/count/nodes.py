@@ -114,9 +114,10 @@ def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:
 
 def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str,
               memo: dict[Any, tuple[Any, ...]], sizes: Any,
-              values: NodeValues | None = None) -> tuple[NodeCost, Rule | ZeroList | None]:
-    """The node's cost, and the rule or zero list that gave it. `memo` (per count): what calls with equal
-    keys share (the match, MACs, FLOPs and shapes); `values`: the count's NodeValues."""
+              values: NodeValues | None = None) -> tuple[NodeCost, Rule | ZeroList | None, Any]:
+    """The node's cost, the rule or zero list that gave it, and its memo key (None: not keyed). `memo` (per
+    count): what calls with equal keys share (the match, MACs, FLOPs and shapes); `values`: the count's
+    NodeValues."""
     values = values if values is not None else NodeValues(sizes)
     path, type_name = node.meta.get("fxflops_module", ("", ""))
     read: dict[int, torch.Tensor] = {}
@@ -165,7 +166,7 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         differentiates=node.meta.get(DIFFERENTIATES),
         bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
                          values.measure, gathered),
-    ), entry
+    ), entry, key
 
 
 def _call_values(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[tuple, dict, Any]:
