@@ -103,7 +103,7 @@ class NodeValues:
 
 _NONE = object()
 
-# types whose values _signature keys as (type, value): read without walking its tests
+# types whose values _signature keys as (type, value): keyed here without its isinstance tests
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 

@@ -76,7 +76,8 @@ class RuleTable:
         if entries is None:
             entries = index[key] = list(shipped)
         entries.append((order, entry))
-        entries.sort(key=lambda item: -item[0])  # the latest rule first
+        if len(entries) > 1:  # (most resolved objects have one entry)
+            entries.sort(key=lambda item: -item[0])  # the latest rule first
 
     def _resolve_pending(self) -> None:
         if len(sys.modules) == self._modules_seen:
