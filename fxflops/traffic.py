@@ -11,10 +11,30 @@ not the whole table.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
+
+
+class TensorBytes:
+    """Each tensor's bytes, worked out once per count: a node's value is written by its own node and read
+    by every node that uses it. Holds the tensors it measured (their ids key it)."""
+
+    def __init__(self, sizes: Any = None) -> None:
+        self.sizes = sizes
+        self._found: dict[int, tuple[torch.Tensor, Any, Any]] = {}
+
+    def __call__(self, tensor: torch.Tensor, distinct: bool = False) -> Any:
+        """Its bytes written; `distinct`: read (each stored element of an expanded view once)."""
+        found = self._found.get(id(tensor))
+        if found is None:
+            written = _bytes(tensor, self.sizes)
+            read = _bytes(tensor, self.sizes, distinct=True) if _expanded(tensor, self.sizes) else written
+            found = self._found[id(tensor)] = (tensor, written, read)
+        return found[2] if distinct else found[1]
 
 
 def node_bytes(target: Any, inputs: Any, out: Any, moves_data: bool, sizes: Any = None,
@@ -22,16 +42,26 @@ def node_bytes(target: Any, inputs: Any, out: Any, moves_data: bool, sizes: Any 
     """Bytes read plus bytes written by one op call (an int, or under symbolic sizes an expression).
 
     `gathered`: a lookup's table and the number of its elements the op reads (instead of all of it)."""
-    written = _tensors(out)
+    return call_bytes(target, _tensors(inputs), _tensors(out), moves_data, TensorBytes(sizes), gathered)
+
+
+def call_bytes(target: Any, read: Iterable[torch.Tensor], written: Collection[torch.Tensor], moves_data: bool,
+               measure: TensorBytes, gathered: tuple[torch.Tensor, Any] | None = None) -> Any:
+    """node_bytes of a call whose distinct input and output tensors are found already; `measure` measures
+    each tensor (once per count)."""
     if not moves_data or not written or _aliases_input(target):
         return 0
-    read = _tensors(inputs)
     table_bytes = 0
     if gathered is not None:
         table, elements = gathered
         read = [t for t in read if t is not table]
         table_bytes = elements * table.element_size()
-    return table_bytes + sum(_bytes(t, sizes, distinct=True) for t in read) + sum(_bytes(t, sizes) for t in written)
+    return table_bytes + sum(measure(t, distinct=True) for t in read) + sum(measure(t) for t in written)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The distinct tensors in a value (lists, tuples and dicts walked), in order."""
+    return _tensors(value)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -54,6 +84,18 @@ def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:
 
 def _aliases_input(target: Any) -> bool:
     """Whether every result of an aten op is a view of an input (schema alias, not written in place)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return _overload_aliases_input(target)
+    return _schema_aliases_input(target)
+
+
+@functools.cache
+def _overload_aliases_input(target: torch._ops.OpOverload) -> bool:
+    # an overload's schema never changes; overloads are torch's own long-lived objects
+    return _schema_aliases_input(target)
+
+
+def _schema_aliases_input(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.returns:
         return False
@@ -67,3 +109,8 @@ def _bytes(tensor: torch.Tensor, sizes: Any, distinct: bool = False) -> Any:
     if distinct and tensor.layout == torch.strided:  # an expanded view reads each stored element once
         elements = math.prod(int(n) for n, s in zip(tensor.shape, tensor.stride(), strict=True) if s != 0)
     return int(elements) * tensor.element_size()
+
+
+def _expanded(tensor: torch.Tensor, sizes: Any) -> bool:
+    """Whether `_bytes(tensor, sizes, distinct=True)` can differ from its bytes written (a 0 stride)."""
+    return sizes is None and tensor.layout == torch.strided and 0 in tensor.stride()

@@ -53,8 +53,9 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
     self_flops: dict[str, int] = defaultdict(int)
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
+    owners = _Owners(aliases, named)
     for cost in costs:
-        owner = owning_module(cost.module, aliases, named)
+        owner = owners(cost.module)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
         if cost.is_backward:
@@ -99,8 +100,9 @@ def module_sums(costs: Iterable[NodeCost], value: Callable[[NodeCost], float], a
     """(own, inclusive) sums of value(node) per module of `modules` (pre-order), nodes attributed as the
     module stats attribute them."""
     own: dict[str, float] = dict.fromkeys(modules, 0)
+    owners = _Owners(aliases, modules)
     for cost in costs:
-        own[owning_module(cost.module, aliases, modules)] += value(cost)
+        own[owners(cost.module)] += value(cost)
     inclusive = dict(own)
     for name in reversed(list(modules)):  # children come after their parent in pre-order
         parent = _parent(name)
@@ -123,8 +125,9 @@ def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     statuses: dict[str, set[str]] = defaultdict(set)
     for cost in costs:
-        statuses[key(cost)].add(cost.status)
-        entry = counts[key(cost)]
+        name = key(cost)
+        statuses[name].add(cost.status)
+        entry = counts[name]
         entry[0] += 1
         entry[1] += cost.macs
         entry[2] += cost.flops
@@ -149,6 +152,20 @@ def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:
 def owning_module(path: str, aliases: dict[str, str], named: dict[str, ModuleInfo]) -> str:
     """The module a node's cost is attributed to: its module by its first name, or the nearest known parent."""
     return _nearest_known(_canonical(path, aliases), named)
+
+
+class _Owners:
+    """owning_module of each path, worked out once per path (a model's nodes share a few hundred paths)."""
+
+    def __init__(self, aliases: dict[str, str], named: Mapping[str, Any]) -> None:
+        self._aliases, self._named = aliases, named
+        self._found: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        found = self._found.get(path)
+        if found is None:
+            found = self._found[path] = owning_module(path, self._aliases, self._named)
+        return found
 
 
 def parent_name(name: str) -> str | None:

@@ -209,3 +209,30 @@ def test_tied_weights_stay_shared_while_capturing():
     result = fxflops.estimate(model, (torch.zeros(2, 3, dtype=torch.long),))
     assert result.total_params == 10 * 6
     assert result.total_macs == 2 * 3 * 6 * 10
+
+
+def test_empty_containers_filled_and_attributes_swapped_by_the_forward_are_put_back():
+    class Swapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.first, self.second = [1], [2]
+            self.seen, self.log, self.table = set(), [], {}
+
+        def forward(self, x):
+            self.seen.add("x")
+            self.log.append(x.shape)
+            self.table["x"] = 1
+            first, second = self.first, self.second
+            del self.first, self.second  # the same names come back in the other order, each other's value
+            self.second, self.first = first, second
+            return self.proj(x)
+
+    model = Swapper()
+    before = dict(vars(model))
+    result = fxflops.estimate(model, (torch.randn(2, 4),))
+    assert result.total_macs == 2 * 4 * 4
+    assert vars(model).keys() == before.keys()
+    assert all(vars(model)[key] is value for key, value in before.items())
+    assert model.seen == set() and model.log == [] and model.table == {}
+    assert model.proj._forward_hooks == {} and model._forward_pre_hooks == {}

@@ -352,3 +352,16 @@ def test_numbers_given_beside_a_device_are_named_given_not_the_datasheets():
         "given: bandwidth; table: H100 SXM (NVIDIA H100 datasheet) for its peaks"
     assert result.predict("H100 SXM", peak_flops=1e12, bandwidth=1e9).source == \
         "given: peak_flops and bandwidth (device H100 SXM)"
+
+
+def test_calls_of_one_shape_each_read_their_own_tensors():
+    """Three adds of (4, 8) fp32 tensors (one memo key for their counts): each reads its own inputs."""
+    class Adds(nn.Module):
+        def forward(self, x, y):
+            return x + y, x + x, x[:, :1].expand(4, 8) + y
+
+    result = fxflops.estimate(Adds(), (torch.zeros(4, 8), torch.zeros(4, 8)))
+    adds = [node.bytes for node in result.nodes if node.op == "aten.add.Tensor"]
+    whole = 4 * 8 * 4
+    # x and y, then x once (passed twice), then the expanded view's 4 stored elements and y; each writes 4 x 8
+    assert adds == [whole + whole + whole, whole + whole, 4 * 4 + whole + whole]

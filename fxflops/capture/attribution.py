@@ -101,15 +101,16 @@ def module_infos(model: torch.nn.Module) -> tuple[dict[str, ModuleInfo], dict[st
         else:
             aliases[name] = alias_of
     names = {name for name, _ in order}
+    children = {name: tuple(_children(name, module, names)) for name, module in order}
     owned: dict[str, dict[int, int]] = {}
     for name, module in reversed(order):  # children before parents
         params = {id(p): _numel(p) for p in module._parameters.values() if p is not None}
-        for child in _children(name, module, names):
+        for child in children[name]:
             params.update(owned[child])
         owned[name] = params
     infos = {
         name: ModuleInfo(type=type(module).__name__, extra_repr=_extra_repr(module),
-                         children=tuple(_children(name, module, names)), params=sum(owned[name].values()))
+                         children=children[name], params=sum(owned[name].values()))
         for name, module in order
     }
     return infos, aliases

@@ -9,7 +9,9 @@ and restore everything after, also when the forward raises.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import operator
 import random
 import sys
 import threading
@@ -31,14 +33,21 @@ class _ModuleSnapshot:
     """A module's class, its __dict__ entries, and the contents of the containers stored there
     (parameters, buffers, submodules, hook dicts, plain list/dict/set attributes)."""
 
-    __slots__ = ("module", "cls", "attrs", "contents")
+    __slots__ = ("module", "cls", "attrs", "contents", "empty")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.cls = module.__class__
         self.attrs = dict(module.__dict__)
-        self.contents = [Saved(value, f"attribute {key!r} of {type(module).__name__}")
-                         for key, value in self.attrs.items() if isinstance(value, list | dict | set)]
+        self.contents = []
+        # most are empty (a module's dozen hook dicts): of a plain list, dict or set only the container is kept
+        self.empty = []
+        for key, value in self.attrs.items():
+            if isinstance(value, _CONTAINERS):
+                if type(value) in _PLAIN_CONTAINERS and not value:
+                    self.empty.append(value)
+                else:
+                    self.contents.append(Saved(value, f"attribute {key!r} of {type(module).__name__}"))
 
     def restore(self) -> list[str]:
         """Put the module back; return what could not be put back (changes to very large containers)."""
@@ -46,16 +55,25 @@ class _ModuleSnapshot:
         if module.__class__ is not self.cls:
             module.__class__ = self.cls
         lost = [message for saved in self.contents if (message := saved.restore()) is not None]
+        if any(self.empty):
+            for container in self.empty:
+                if container:
+                    refill(container, [])
         state = module.__dict__
-        for key in [key for key in state if key not in self.attrs]:
+        attrs = self.attrs
+        if list(state) == list(attrs) and all(map(operator.is_, state.values(), attrs.values())):
+            return lost  # (the same names in the same order, each the same object: nothing to put back)
+        for key in [key for key in state if key not in attrs]:
             del state[key]
-        for key, value in self.attrs.items():
+        for key, value in attrs.items():
             if state.get(key, _MISSING) is not value:
                 state[key] = value
         return lost
 
 
 _MISSING = object()
+_CONTAINERS = (list, dict, set)
+_PLAIN_CONTAINERS = frozenset({list, dict, set, collections.OrderedDict})  # (their truth is their size)
 
 
 class _SavedObject:

@@ -28,6 +28,7 @@ _SAME_VALUES = {
     aten.repeat.default, torch.unsqueeze, torch.reshape, torch.flatten, torch.squeeze,
 }
 # the same, as tensor methods in a symbolically traced graph
+_LOOKUPS = (aten.embedding.default, F.embedding, aten.index.Tensor)  # the functions _lookup reads
 _SAME_VALUES_METHODS = {"detach", "clone", "contiguous", "view", "reshape", "unsqueeze", "squeeze", "expand",
                         "expand_as", "flatten", "repeat", "long", "int", "to", "type_as", "permute", "transpose"}
 _ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step, torch.arange}
@@ -86,6 +87,8 @@ def position_lookups(graph_module: torch.fx.GraphModule) -> list[PositionLookup]
 def _lookup(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[int | None, Any, bool] | None:
     """(table rows, index node, whether negative indices wrap) of an embedding lookup or a
     weight[positions] gather, else None."""
+    if node.op == "call_function" and node.target not in _LOOKUPS:  # (most nodes: one test)
+        return None
     args = node.args
     if node.op == "call_function" and node.target is aten.embedding.default and len(args) >= 2:
         return _rows(args[0]), args[1], False

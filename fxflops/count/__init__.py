@@ -12,7 +12,7 @@ from typing import Any
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.count.attention import DENSE, check_attention, with_eager_effective, with_effective
 from fxflops.count.branches import larger_branches, op_nodes
-from fxflops.count.nodes import call_of, covered_cost, node_cost, value_of, whole_call_cost
+from fxflops.count.nodes import NodeValues, call_of, covered_cost, node_cost, value_of, whole_call_cost
 from fxflops.eager_attention import attention_of, find_eager_attention
 from fxflops.results import BACKWARD, FORWARD, PHASE, ROOT_LABEL, Captured, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
@@ -29,8 +29,10 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     whole_paths = captured.whole_paths
     sizes = captured.sizes
     costs = []
-    memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]] = {}
+    memo: dict[Any, tuple[Any, ...]] = {}
+    values = NodeValues(sizes)
     kept_memo: dict[Any, KeptPairs] = {}
+    effective_memo: dict[Any, tuple[Any, Any]] = {}
     eager = find_eager_attention((node for _, node, _ in op_nodes(captured.graph_module)), kept_memo,
                                  symbolic=sizes is not None)
     branches = []
@@ -42,9 +44,10 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(covered_cost(node, covering, sizes))
         else:
-            cost, rule = node_cost(graph_module, node, table, conventions, memo, sizes)
+            cost, rule, key = node_cost(graph_module, node, table, conventions, memo, sizes, values)
             if isinstance(rule, Rule) and rule.effective is not None:
-                cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention)
+                cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention,
+                                      (effective_memo, key))
             elif isinstance(rule, Rule) and eager:
                 found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
                 if found is not None:

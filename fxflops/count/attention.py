@@ -34,8 +34,11 @@ def check_attention(attention: str) -> None:
 
 def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: torch.fx.Node, rule: Rule,
                    table: RuleTable, conventions: str, sizes: Any, kept_memo: dict[Any, KeptPairs],
-                   attention: str) -> NodeCost:
-    """The node's cost with both readings of its attention: effective over the pairs its mask keeps."""
+                   attention: str, memo: tuple[dict[Any, tuple[Any, Any]], Any] | None = None) -> NodeCost:
+    """The node's cost with both readings of its attention: effective over the pairs its mask keeps.
+
+    `memo`: (the count's effective counts by (memo key, kept pairs), this node's memo key or None): calls
+    with equal keys over the same kept pairs count the same (the layers of a decoder)."""
     args = tuple(value_of(graph_module, a) for a in node.args)
     kwargs = {k: value_of(graph_module, v) for k, v in node.kwargs.items()}
     call = call_of(graph_module, node, args, kwargs, node.meta.get("val"))
@@ -52,17 +55,35 @@ def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: tor
     elif kept.pairs is None:
         macs = flops = None
     else:
-        try:
-            macs, flops = table.effective_cost(rule, call, conventions, kept.pairs)
-        except RuleEvaluationError as error:
-            raise error.in_module(cost.module or ROOT_LABEL) from error.__cause__
-        macs, flops = to_count(macs, sizes), to_count(flops, sizes)
+        macs, flops = _effective_counts(rule, call, table, conventions, sizes, kept.pairs, cost.module,
+                                        *(memo if memo is not None else ({}, None)))
     use = attention == EFFECTIVE and macs is not None
     return dataclasses.replace(
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,
         dense_macs=cost.macs, dense_flops=cost.flops, effective_macs=macs, effective_flops=flops,
         kept_pairs=to_count(kept.pairs, sizes) if kept.pairs is not None else None,
     )
+
+
+def _effective_counts(rule: Rule, call: Any, table: RuleTable, conventions: str, sizes: Any, pairs: Any,
+                      module: str, memo: dict[Any, tuple[Any, Any]], key: Any) -> tuple[Any, Any]:
+    """(MACs, FLOPs) of the call over `pairs` kept pairs, evaluated once per (memo key, pairs)."""
+    if key is not None:
+        key = (key, type(pairs), pairs)
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        except TypeError:  # pairs a key cannot hold (a symbolic size)
+            key = None
+    try:
+        counts = table.effective_cost(rule, call, conventions, pairs)
+    except RuleEvaluationError as error:
+        raise error.in_module(module or ROOT_LABEL) from error.__cause__
+    counts = to_count(counts[0], sizes), to_count(counts[1], sizes)
+    if key is not None:
+        memo[key] = counts
+    return counts
 
 
 def with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, attention: str) -> NodeCost:

@@ -15,7 +15,7 @@ from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.results import COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
-from fxflops.traffic import node_bytes
+from fxflops.traffic import TensorBytes, call_bytes, node_bytes, tensors_of
 
 
 def attribute(graph_module: torch.nn.Module, target: str) -> Any:
@@ -48,23 +48,108 @@ def call_of(graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple
     return bind_op_call(node.target, kind, args, kwargs, out)
 
 
+class NodeValues:
+    """One count's reading of the graph's values, each node's worked out once (a value is read as its own
+    node's output and again as an argument of every node that uses it): its signature (what a rule can
+    read of it) and its distinct tensors; each tensor's bytes are measured once too."""
+
+    def __init__(self, sizes: Any) -> None:
+        self.sizes = sizes
+        self.measure = TensorBytes(sizes)
+        self._nodes: dict[torch.fx.Node, tuple[Any, dict[int, torch.Tensor]]] = {}
+        self._sources: dict[Any, str | None] = {}
+
+    def of_node(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Any, dict[int, torch.Tensor]]:
+        """(_signature(value_of(graph_module, node)), its distinct tensors by id)."""
+        found = self._nodes.get(node)
+        if found is None:
+            value = value_of(graph_module, node)
+            if isinstance(value, torch.Tensor):  # (most values: one tensor)
+                tensors = {id(value): value}
+            else:
+                tensors = {}
+                _collect(value, tensors)
+            found = self._nodes[node] = (_signature(value), tensors)
+        return found
+
+    def source(self, node: torch.fx.Node) -> str | None:
+        """_source_line(node), each recorded location's once (the layers of a model share their lines)."""
+        location = node.meta.get(SOURCE)
+        if location is None:
+            return _source_line(node)
+        found = self._sources.get(location, _NONE)
+        if found is _NONE:
+            found = self._sources[location] = source_text(location)
+        return found
+
+    def read(self, graph_module: torch.fx.GraphModule, arg: Any, tensors: dict[int, torch.Tensor]) -> Any:
+        """_signature(value_of(graph_module, arg)); the distinct tensors in that value go into `tensors`."""
+        kind = type(arg)
+        if kind in _PLAIN:
+            return (kind, arg)
+        if isinstance(arg, torch.fx.Node):
+            signature, found = self.of_node(graph_module, arg)
+            tensors.update(found)
+            return signature
+        if isinstance(arg, list | tuple):
+            return (kind, tuple([(type(item), item) if type(item) in _PLAIN else self.read(graph_module, item, tensors)
+                                 for item in arg]))
+        if isinstance(arg, dict):
+            return tuple((key, self.read(graph_module, item, tensors)) for key, item in arg.items())
+        if isinstance(arg, torch.Tensor):
+            tensors.setdefault(id(arg), arg)
+        return _signature(arg)
+
+
+_NONE = object()
+
+# types whose values _signature keys as (type, value): keyed here without its isinstance tests
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+
+def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:
+    """The distinct tensors in a value, as fxflops.traffic finds them."""
+    found.update((id(tensor), tensor) for tensor in tensors_of(value))
+
+
 def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: RuleTable, conventions: str,
-              memo: dict[Any, tuple[str, Rule | ZeroList | None, int, int]],
-              sizes: Any) -> tuple[NodeCost, Rule | ZeroList | None]:
-    args = tuple(value_of(graph_module, a) for a in node.args)
-    kwargs = {k: value_of(graph_module, v) for k, v in node.kwargs.items()}
-    out = node.meta.get("val")
+              memo: dict[Any, tuple[Any, ...]], sizes: Any,
+              values: NodeValues | None = None) -> tuple[NodeCost, Rule | ZeroList | None, Any]:
+    """The node's cost, the rule or zero list that gave it, and its memo key (None: not keyed). `memo` (per
+    count): what calls with equal keys share (the match, MACs, FLOPs and shapes); `values`: the count's
+    NodeValues."""
+    values = values if values is not None else NodeValues(sizes)
     path, type_name = node.meta.get("fxflops_module", ("", ""))
-    key = _memo_key(node, args, kwargs, out)
-    key = (key, type_name) if key is not None else None  # a rule may read the module it ran in (`within`)
-    found = memo.get(key) if key is not None else None
+    read: dict[int, torch.Tensor] = {}
+    # what a rule can read of the call: the op, and its values' shapes, dtypes and plain arguments. Calls
+    # with equal keys cost the same (the 80 identical layers of a decoder), so each key is matched and
+    # evaluated once. Module calls (rules read module attributes) are not keyed; symbolic sizes are keyed
+    # by their expressions; a rule may read the module it ran in (`within`).
+    key: Any = (node.op, node.target, values.read(graph_module, node.args, read),
+                values.read(graph_module, node.kwargs, read), values.of_node(graph_module, node)[0], type_name)
+    found = None
+    if node.op == "call_module":
+        key = None
+    else:
+        try:
+            found = memo.get(key)
+        except TypeError:  # an argument no key can hold: matched and evaluated for this call alone
+            key = None
+    call_values = None
     if found is None:
+        call_values = _call_values(graph_module, node)
+        args, kwargs, out = call_values
         call = dataclasses.replace(call_of(graph_module, node, args, kwargs, out), within=type_name)
         entry = _match(table, call, path)
-        found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes))
+        # the shapes follow from the key (it holds every tensor's shape), so calls that share it share them
+        found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes),
+                 _shapes(args, sizes) + _shapes(tuple(kwargs.values()), sizes), _shapes(out, sizes))
         if key is not None:
             memo[key] = found
-    op, entry, macs, flops = found
+    op, entry, macs, flops, input_shapes, output_shapes = found
+    gathered = None
+    if entry is not None and entry.gathers is not None:
+        gathered = _gathered(entry, graph_module, node, *(call_values or _call_values(graph_module, node)), path, sizes)
     return NodeCost(
         name=node.name,
         op=op,
@@ -72,16 +157,23 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         rule=entry.name if entry is not None else None,
         module=path,
         module_type=type_name,
-        input_shapes=_shapes(args, sizes) + _shapes(tuple(kwargs.values()), sizes),
-        output_shapes=_shapes(out, sizes),
+        input_shapes=input_shapes,
+        output_shapes=output_shapes,
         macs=macs,
         flops=flops,
-        source=_source_line(node),
+        source=values.source(node),
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
-        bytes=node_bytes(node.target, (args, kwargs), out, _moves_data(entry), sizes,
-                         _gathered(entry, graph_module, node, args, kwargs, out, path, sizes)),
-    ), entry
+        bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
+                         values.measure, gathered),
+    ), entry, key
+
+
+def _call_values(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[tuple, dict, Any]:
+    """(args, kwargs, out): the node's call on its values."""
+    args = tuple(value_of(graph_module, a) for a in node.args)
+    kwargs = {k: value_of(graph_module, v) for k, v in node.kwargs.items()}
+    return args, kwargs, node.meta.get("val")
 
 
 def _gathered(entry: Rule | ZeroList | None, graph_module: torch.fx.GraphModule, node: torch.fx.Node, args: tuple,
@@ -90,22 +182,6 @@ def _gathered(entry: Rule | ZeroList | None, graph_module: torch.fx.GraphModule,
     if entry is None or entry.gathers is None:
         return None
     return _table_read(entry, call_of(graph_module, node, args, kwargs, out), path, sizes)
-
-
-def _memo_key(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
-    """What a rule can read of a call: the op, and its values' shapes, dtypes and plain arguments.
-
-    Calls with equal keys cost the same (the 80 identical layers of a decoder), so each key is matched
-    and evaluated once. Module calls (rules read module attributes) are not keyed; symbolic sizes are
-    keyed by their expressions."""
-    if node.op == "call_module":
-        return None
-    key = (node.op, node.target, _signature(args), _signature(kwargs), _signature(out))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _signature(value: Any) -> Any:

@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +45,39 @@ class RuleTable:
         self._modules_seen = 0
         entries = list(entries)
         shipped = _shipped_entries()
-        # the shipped entries' index is built once per process (1,500 spellings: ~10 ms per estimate)
+        # the shipped entries' index is built once per process (1,500 spellings: ~10 ms per estimate) and
+        # shared: this table keeps only the spellings its own entries add to, and the resolved objects
         start = len(shipped) if entries[: len(shipped)] == list(shipped) else 0
-        by_key, pending = _shipped_index() if start else ({}, ())
-        self._by_key: dict[Any, list[tuple[int, Entry]]] = {key: list(found) for key, found in by_key.items()}
+        self._shipped, pending = _shipped_index() if start else ({}, ())
+        self._spellings: dict[str, list[tuple[int, Entry]]] = {}
+        self._objects: dict[Any, list[tuple[int, Entry]]] = {}
         self._pending: list[tuple[int, str, Entry]] = list(pending)  # object spellings not resolved yet
-        _index_into(self._by_key, self._pending, entries[start:], start)
+        for order, entry in enumerate(entries[start:], start):
+            for op in entry.ops:
+                self._add(self._spellings, op, self._shipped.get(op, ()), order, entry)
+                if _names_an_object(op):
+                    self._pending.append((order, op, entry))
 
-    def _add(self, key: Any, order: int, entry: Entry) -> None:
-        entries = self._by_key.setdefault(key, [])
+    def _entries(self, key: Any) -> Sequence[tuple[int, Entry]]:
+        """The (order, entry) pairs naming a match key (_match_keys_for_call's), the latest first."""
+        kind, name = key
+        if kind == "object":
+            return self._objects.get(name, ())
+        spelling = _key_spelling(kind, name)
+        if spelling is None:
+            return ()
+        found = self._spellings.get(spelling)
+        return found if found is not None else self._shipped.get(spelling, ())
+
+    @staticmethod
+    def _add(index: dict[Any, list[tuple[int, Entry]]], key: Any, shipped: Sequence[tuple[int, Entry]],
+             order: int, entry: Entry) -> None:
+        entries = index.get(key)
+        if entries is None:
+            entries = index[key] = list(shipped)
         entries.append((order, entry))
-        entries.sort(key=lambda item: -item[0])  # the latest rule first
+        if len(entries) > 1:  # (most resolved objects have one entry)
+            entries.sort(key=lambda item: -item[0])  # the latest rule first
 
     def _resolve_pending(self) -> None:
         if len(sys.modules) == self._modules_seen:
@@ -68,7 +90,7 @@ class RuleTable:
                 continue
             resolved = _resolve(op)
             if resolved is not None:
-                self._add(("object", resolved), order, entry)
+                self._add(self._objects, resolved, (), order, entry)
         self._pending = still
 
     def _candidates(self, call: OpCall) -> list[Entry]:
@@ -78,7 +100,7 @@ class RuleTable:
             self._resolve_pending()
         ranked: dict[int, tuple[bool, int, int, Entry]] = {}
         for rank, key in enumerate(_match_keys_for_call(call)):
-            for order, entry in self._by_key.get(key, ()):
+            for order, entry in self._entries(key):
                 user = self._user_from is not None and order >= self._user_from
                 ranked.setdefault(id(entry), (not user, rank, -order, entry))
         return [item[3] for item in sorted(ranked.values(), key=lambda item: item[:3])]
@@ -117,37 +139,37 @@ class RuleTable:
         """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet, or
         the Python builtin that called it (`function`: torch.linalg.multi_dot, Tensor.inner)."""
         key = aten_key(op)
-        if ("aten", key) in self._by_key or ("aten", key.rsplit(".", 1)[0]) in self._by_key:
+        if self._entries(("aten", key)) or self._entries(("aten", key.rsplit(".", 1)[0])):
             return True
         if function is None:
             return False
         self._resolve_pending()
-        return (("object", function) in self._by_key or ("name", function_key(function)) in self._by_key
-                or ("method", getattr(function, "__name__", "")) in self._by_key)
+        return bool(self._entries(("object", function)) or self._entries(("name", function_key(function)))
+                    or self._entries(("method", getattr(function, "__name__", ""))))
 
     def knows_module(self, module: torch.nn.Module) -> bool:
         """Whether some rule counts this module class as a whole (so tracing keeps it a leaf)."""
         self._resolve_pending()
-        return any(("object", cls) in self._by_key for cls in type(module).__mro__)
-
-
-def _index_into(by_key: dict[Any, list[tuple[int, Entry]]], pending: list[tuple[int, str, Entry]],
-                entries: Iterable[Entry], start: int) -> None:
-    for order, entry in enumerate(entries, start):
-        for op in entry.ops:
-            for key in _match_keys_for_spelling(op):
-                by_key.setdefault(key, []).insert(0, (order, entry))  # the latest rule first
-            if _names_an_object(op):
-                pending.append((order, op, entry))
+        return any(self._entries(("object", cls)) for cls in type(module).__mro__)
 
 
 @functools.cache
-def _shipped_index() -> tuple[Mapping[Any, tuple[tuple[int, Entry], ...]], tuple[tuple[int, str, Entry], ...]]:
-    """The shipped entries indexed as RuleTable indexes them, frozen (each table copies it)."""
-    by_key: dict[Any, list[tuple[int, Entry]]] = {}
+def _shipped_index() -> tuple[Mapping[str, tuple[tuple[int, Entry], ...]], tuple[tuple[int, str, Entry], ...]]:
+    """The shipped entries by the op spellings they name (each spelling's the latest first), frozen, and
+    the spellings that name Python objects."""
+    by_spelling: dict[str, list[tuple[int, Entry]]] = {}
     pending: list[tuple[int, str, Entry]] = []
-    _index_into(by_key, pending, _shipped_entries(), 0)
-    return types.MappingProxyType({key: tuple(found) for key, found in by_key.items()}), tuple(pending)
+    for order, entry in enumerate(_shipped_entries()):
+        item = (order, entry)
+        for op in entry.ops:
+            found = by_spelling.get(op)
+            if found is None:
+                by_spelling[op] = [item]
+            else:
+                found.append(item)
+            if _names_an_object(op):
+                pending.append((order, op, entry))
+    return types.MappingProxyType({op: tuple(reversed(found)) for op, found in by_spelling.items()}), tuple(pending)
 
 
 def load_table(extra: Iterable[RuleSpec] | RuleSpec | None = None) -> RuleTable:
@@ -186,13 +208,13 @@ def _shipped_entries() -> tuple[Entry, ...]:
 # --- matching -------------------------------------------------------------------------------
 
 
-def _match_keys_for_spelling(op: str) -> list[Any]:
-    head, _, rest = op.partition(".")
-    if head == "Tensor":
-        return [("method", rest)]
-    # any other spelling may name an op of torch.ops (aten, prims or a library's custom namespace),
-    # and unless it is aten or prims also a Python object (see RuleTable._resolve_pending)
-    return [("aten", op), ("name", op)]
+def _key_spelling(kind: str, name: str) -> str | None:
+    """The op spelling a match key names: ("method", NAME) is Tensor.NAME; ("aten" | "name", X) is X, for
+    any spelling but a Tensor method's (it may name an op of torch.ops: aten, prims or a library's custom
+    namespace, and unless it is aten or prims also a Python object, see RuleTable._resolve_pending)."""
+    if kind == "method":
+        return "Tensor." + name
+    return None if name.startswith("Tensor.") else name
 
 
 def _names_an_object(op: str) -> bool:
