@@ -182,8 +182,8 @@ class SizeSymbols:
 
 def _ranges(env: Any, symbols: Mapping[Any, Any]) -> dict[Any, Any]:
     """Each named size's range: the ShapeEnv's, from 1 (the symbols are positive: a question on a size
-    being 0 was answered "no" without a guard), raised past the least values a guard on that size alone
-    rules out (`batch != 1`, `2*seq != 2`)."""
+    being 0 was answered "no" without a guard), raised past the least values a guard rules out
+    (`batch != 1`, `2*seq != 2`, `batch*seq != batch`)."""
     import sympy
     from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -191,7 +191,8 @@ def _ranges(env: Any, symbols: Mapping[Any, Any]) -> dict[Any, Any]:
     for symbol in symbols:
         found = env.var_to_range.get(symbol) or ValueRanges.unknown_int()
         least = max(int(found.lower), 1) if isinstance(found.lower, sympy.Integer) else 1  # not the infinities
-        own = [guard.expr for guard in env.guards if guard.expr.free_symbols == {symbol}]
+        # a guard false at `least` whatever the other sizes are (`batch*seq != batch` at seq 1) rules it out
+        own = [guard.expr for guard in env.guards if symbol in guard.expr.free_symbols]
         for _ in range(_MOST_VALUES_RULED_OUT):
             if found.upper < least or all(guard.xreplace({symbol: sympy.Integer(least)}) != sympy.false
                                           for guard in own):
