@@ -21,7 +21,7 @@ from fxflops.capture.dynamic import SizePlan, holds, user_symbol
 from fxflops.capture.lookups import position_lookups
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepModule, SweepPoint
-from fxflops.sweeps.expressions import Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.sweeps.expressions import CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
 from fxflops.tree import build_estimate, owning_module, parent_name
 
 
@@ -37,6 +37,8 @@ class Piece:
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._compiled = _compiled(costs)
+        self._templates: CostTemplates | None = None  # made on the first estimate()
+        self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
         self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
         self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
         self._lookups = _symbolic_lookups(captured)
@@ -107,10 +109,14 @@ class Piece:
     def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
                  attention: str = "dense") -> Estimate:
         """The Estimate at `point`: every expression evaluated there."""
-        value = Evaluator(point, self._compiled)
-        costs = [value.cost(cost) for cost in self.costs]
-        infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
-                 else info for name, info in self.infos.items()}
+        if self._templates is None:
+            self._templates = CostTemplates(self.costs, self._compiled)
+        costs = self._templates.costs(point)
+        infos = self.infos
+        if self._symbolic_params:
+            value = Evaluator(point, self._compiled)
+            infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
+                     else info for name, info in infos.items()}
         captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=self.cautions_at(point),
                                        input_shapes=shapes_at(inputs, self.plan, point))
         return build_estimate(model_type, captured, costs, conventions, attention)
