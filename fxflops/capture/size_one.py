@@ -17,6 +17,7 @@ hidden behind one of these: an unguarded question leaves nothing the ShapeEnv la
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ _FRAMES_UP = 4  # evaluate_sym_node <- _guard_or <- guard_or_false <- the asking
 
 def size_one_shape_env() -> Any:
     """A ShapeEnv (no duck sizing) answering the `size == 1` questions that decide nothing without a guard."""
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.fx.experimental.symbolic_shapes import SLoc, ShapeEnv
 
     questions = _questions()
 
@@ -54,8 +55,25 @@ def size_one_shape_env() -> Any:
                 return answer
             return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
+        def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[Any, str]:
+            # where a symbol or guard was made, for messages only: torch's own walk of the stack first
+            # imports the modules whose files it skips (torch._inductor, torch.export: ~0.3 s once per
+            # process); the nearest frame outside torch is found without them
+            return SLoc(framework_loc if framework_loc is not None else _outside_torch(sys._getframe(1)), None), ""
+
     # duck sizing off: two names that happen to share a value are still two sizes
     return SizeOneShapeEnv(duck_shape=False)
+
+
+def _outside_torch(frame: Any) -> str | None:
+    """'file:line in function' of the nearest frame outside torch and this module (the model's line)."""
+    torch_dir = os.path.dirname(torch.__file__)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(torch_dir) and name != __file__:
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
 
 
 def _unguarded_answer(sym_node: Any, frame: Any, questions: dict[Any, Callable[[dict], str | None]]) -> Any:
