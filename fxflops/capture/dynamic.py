@@ -162,7 +162,8 @@ class SizeSymbols:
         """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""
         import sympy
 
-        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value) for name, value in self.fixed.items()]
+        # unevaluated: a positive symbol equal to 0 would be False by its assumption alone
+        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value, evaluate=False) for name, value in self.fixed.items()]
         for symbol, user in self._to_user.items():
             # a guard equating sizes (height == width) became a replacement, and simplifies to True below
             replaced = self.env.replace(symbol)

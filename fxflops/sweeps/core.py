@@ -180,12 +180,15 @@ class Sweep:
         return list(merged.values())
 
     def _add_piece(self, point: Mapping[str, int]) -> Piece:
-        """A new piece holding at `point`: captured with sizes below 2 raised to 2 (it then holds for sizes
-        of 1 too unless the forward decides something from them), else at the point itself. A raised
-        point a piece already holds at would be captured as that piece, which does not hold at `point`."""
-        raised = _raised(point)
-        if any(piece.holds(raised) for piece in self.pieces):
-            raised = dict(point)
+        """A new piece holding at `point`: captured with its sizes below 2 raised to 2 (it then holds for
+        sizes of 1 too unless the forward decides something from them), else at the point itself. A size
+        is not raised where a piece already holds: that piece would be captured again, and it does not
+        hold at `point`."""
+        raised = dict(point)
+        for name, size in point.items():
+            candidate = {**raised, name: max(size, _LEAST_SYMBOLIC)}
+            if not any(piece.holds(candidate) for piece in self.pieces):
+                raised = candidate
         try:
             self.pieces.append(self._capture(raised))
         except Exception:
