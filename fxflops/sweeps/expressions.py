@@ -115,7 +115,8 @@ class CostTemplates:
         slot = self._slots.get(expr)
         if slot is None:
             slot = self._slots[expr] = _Slot(len(self._functions))
-            self._functions.append(self._compiled.get(expr) or _by_sympy(expr))
+            # the attention numbers (dense, effective) are not among the piece's compiled expressions
+            self._functions.append(self._compiled.get(expr) or compile_expression(expr) or _by_sympy(expr))
         return slot
 
     def _shape_id(self, shapes: tuple[tuple[Any, ...], ...]) -> int:

@@ -41,7 +41,9 @@ class Piece:
         self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
         self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
         self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
-        self._lookups = _symbolic_lookups(captured)
+        # each region past a position table with its test at a point (compiled where it can be)
+        self._lookups = [(compile_expression(region) or (lambda point, r=region: holds([r], point)), caution)
+                         for region, caution in _symbolic_lookups(captured)]
         checks = [compile_expression(condition) for condition in self.conditions]
         self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
@@ -143,7 +145,7 @@ class Piece:
     def cautions_at(self, point: Mapping[str, int]) -> list[str]:
         """What a real forward would do differently at `point` (a lookup past a position table holds in a
         region of sizes)."""
-        return self.captured.cautions + [caution for region, caution in self._lookups if holds([region], point)]
+        return self.captured.cautions + [caution for inside, caution in self._lookups if inside(point)]
 
     def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
         """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
