@@ -163,7 +163,8 @@ class SizeSymbols:
         import sympy
 
         # unevaluated: a positive symbol equal to 0 would be False by its assumption alone
-        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value, evaluate=False) for name, value in self.fixed.items()]
+        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value, evaluate=False)
+                                    for name, value in self.fixed.items()]
         for symbol, user in self._to_user.items():
             # a guard equating sizes (height == width) became a replacement, and simplifies to True below
             replaced = self.env.replace(symbol)

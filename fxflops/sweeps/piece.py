@@ -21,7 +21,8 @@ from fxflops.capture.dynamic import SizePlan, holds, user_symbol
 from fxflops.capture.lookups import position_lookups
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepModule, SweepPoint
-from fxflops.sweeps.expressions import CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.sweeps.expressions import (CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy,
+                                       simple_bound)
 from fxflops.tree import build_estimate, owning_module, parent_name
 
 
