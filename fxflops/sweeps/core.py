@@ -196,7 +196,7 @@ class Sweep:
                 raise
             # the model insists on the point's sizes
         else:
-            if self.pieces[-1].holds(point):
+            if raised == point or self.pieces[-1].holds(point):
                 return self.pieces[-1]
         self.pieces.append(self._capture(point))  # the raised one is kept: it holds where it holds
         return self.pieces[-1]
