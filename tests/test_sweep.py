@@ -68,7 +68,8 @@ def test_one_capture_serves_every_point_where_the_path_is_the_same():
     assert swept.holds_for == "batch >= 2, seq >= 2"
 
 
-def test_size_one_is_its_own_piece_because_torch_fixes_sizes_0_and_1():
+def test_batch_one_is_its_own_piece_where_the_forward_decides_from_it():
+    # GPT-2's attention reshapes ask whether batch is 1 where the answer matters (a view or a copy)
     swept = sweep(gpt2(), tokens(1, 9), dims={"batch": 0, "seq": 1})
     assert swept.example == {"batch": 1, "seq": 9}
     assert swept.pieces[0].plan.hints["batch"] == 2  # captured at 2, so the formula is in batch
@@ -291,7 +292,8 @@ def test_cli_sweep_json_points_equal_estimates():
     assert data["points"][0]["top_modules"][0]["name"] == "feature_extractor"
     first = data["formulas"][0]
     assert sympy.sympify(first["macs"]) == LENET5_MACS_PER_SAMPLE * sympy.Symbol("batch")
-    assert first["holds_for"][0] == "batch >= 2"  # the CPU conv kernel's choice (batch < 16) no longer splits it
+    # neither the CPU conv kernel's choice (batch < 16) nor batch 1 splits it
+    assert first["holds_for"] == ["batch >= 1"] and data["captures"] == 1
 
 
 def test_cli_sweep_grid_text_and_csv():
@@ -467,26 +469,22 @@ def _expected_point(swept, sizes: dict, depth: int, top: int) -> dict:
 def test_streamed_json_and_csv_equal_at_every_sampled_point():
     from fxflops.report.sweep import to_csv, to_json, write_csv, write_json
 
-    # LeNet-5 over batch 1 (its own capture) and 3, 9, 17, 33 (the first: the CPU conv kernel choice no longer splits)
-    from tests.models import LeNet5
-
-    with torch.device("meta"):
-        model = LeNet5()
-    grid = {"batch": [1, 3, 9, 17, 33]}
-    swept = sweep(model, torch.empty(2, 1, 32, 32, device="meta"), dims={"batch": 0})
+    # a forward that branches at seq 16, over seq 1 and 3, 9 (the first capture's piece), 17, 33 (past the branch)
+    grid = {"seq": [1, 3, 9, 17, 33]}
+    swept = sweep(Branchy(), torch.zeros(2, 10, 8), dims={"seq": 1})
     stream = io.StringIO()
     write_json(swept, grid, stream, depth=2, top=2)
     data = json.loads(stream.getvalue())
-    assert data["points"] == [_expected_point(swept, {"batch": b}, 2, 2) for b in grid["batch"]]
-    assert data["captures"] == len(swept.pieces) == 2  # the piece batch 1 added is in the tail
+    assert data["points"] == [_expected_point(swept, {"seq": s}, 2, 2) for s in grid["seq"]]
+    assert data["captures"] == len(swept.pieces) == 3  # the pieces the points added are in the tail
     assert stream.getvalue() == to_json(swept.result(grid, depth=2, top=2))
     stream = io.StringIO()
     write_csv(swept, grid, stream)
     rows = list(csv.reader(io.StringIO(stream.getvalue())))
-    assert rows[0] == ["batch", "macs", "flops", "params"]  # no backward: no bwd columns
-    for row, batch in zip(rows[1:], grid["batch"], strict=True):
-        at = swept.at(batch=batch)
-        assert row == [str(batch), str(at.total_macs), str(at.total_flops), str(at.total_params)]
+    assert rows[0] == ["seq", "macs", "flops", "params"]  # no backward: no bwd columns
+    for row, seq in zip(rows[1:], grid["seq"], strict=True):
+        at = swept.at(seq=seq)
+        assert row == [str(seq), str(at.total_macs), str(at.total_flops), str(at.total_params)]
     assert stream.getvalue() == to_csv(swept.result(grid))
 
 
@@ -570,10 +568,12 @@ def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
     assert [bool(p["cautions"]) for p in points] == [False, False, True]
 
 
-def test_conv_kernel_choice_does_not_split_a_convnet_sweep():
+def test_conv_kernel_choice_and_batch_one_do_not_split_a_convnet_sweep():
     # which CPU kernel a convolution would use (oneDNN below channels x area thresholds, NNPACK from
     # batch 16) was a guard each, splitting a sweep over batch and image size into many pieces; it only
-    # picks a memory layout, so the sweep keeps one piece for batch >= 2 (batch 1 is torch's constant)
+    # picks a memory layout. Batch 1 was a piece of its own (torch made a size of 1 a constant); the
+    # questions that still asked whether it is 1 (a broadcast of a size against itself or against 1, the
+    # stride check of an axis whose stride is the expected one) give the same program either way
     torchvision = pytest.importorskip("torchvision")
     with torch.device("meta"):
         model = torchvision.models.resnet18().eval()
@@ -582,10 +582,17 @@ def test_conv_kernel_choice_does_not_split_a_convnet_sweep():
         return torch.empty(batch, 3, size, size, device="meta")
 
     swept = sweep(model, image(2, 224), dims={"batch": 0, "size": (2, 3)})
-    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200)]:
+    # size 33 is the least where the last stage's map is 2 x 2 (at 32 it is 1 x 1: a stride question
+    # that does decide the memory format of an elementwise op's output, so it is a condition)
+    assert swept.holds_for == "batch >= 1, size >= 33"
+    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200), (1, 224)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
+        assert_same(at, fresh)
+        assert at.total_bytes == fresh.total_bytes
+    assert len(swept.pieces) == 1
+    assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored
+    for batch, size in [(1, 32), (2, 32)]:  # past the boundary: captured again, as estimate() counts there
         at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
         assert_same(at, fresh)
         assert at.total_bytes == fresh.total_bytes
     assert len(swept.pieces) == 2
-    assert not any("batch < 16" in condition or "20480" in condition for condition in swept.conditions)
-    assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored

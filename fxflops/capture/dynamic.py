@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fxflops.capture.size_one import size_one_shape_env
 from fxflops.capture.tensor_walk import tensors_in
 
 if TYPE_CHECKING:
@@ -116,17 +117,19 @@ class SizeSymbols:
     def __init__(self, plan: SizePlan) -> None:
         import sympy
         from torch._dynamo.source import ConstantSource
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
 
         self.plan = plan
-        # duck sizing off: two names that happen to share a value are still two sizes
-        self.env = ShapeEnv(duck_shape=False)
+        self.env = size_one_shape_env()  # see fxflops.capture.size_one
         self.symints: dict[str, Any] = {}
         self._to_user: dict[sympy.Symbol, sympy.Symbol] = {}
-        self.fixed: dict[str, int] = {}  # names the ShapeEnv made constants (captured at 0 or 1)
+        self.fixed: dict[str, int] = {}  # names the ShapeEnv made constants (captured at 0)
         for name, hint in plan.hints.items():
             source = ConstantSource(f"fxflops_{name}")
-            symbol = self.env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+            # 1 not made a constant: whatever the forward decides from a size being 1 is a guard, so a
+            # capture at 2 states whether it holds at 1 too (0 still is: the symbols are positive)
+            symbol = self.env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC,
+                                            do_not_specialize_zero_one=hint != 0)
             if isinstance(symbol, sympy.Symbol):
                 self._to_user[symbol] = user_symbol(name)
                 self.symints[name] = self.env.create_symintnode(symbol, hint=hint, source=source)
@@ -159,32 +162,93 @@ class SizeSymbols:
         """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""
         import sympy
 
-        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value) for name, value in self.fixed.items()]
+        # unevaluated: a positive symbol equal to 0 would be False by its assumption alone
+        found: list[sympy.Basic] = [sympy.Eq(user_symbol(name), value, evaluate=False)
+                                    for name, value in self.fixed.items()]
         for symbol, user in self._to_user.items():
             # a guard equating sizes (height == width) became a replacement, and simplifies to True below
             replaced = self.env.replace(symbol)
             if replaced != symbol:
                 found.append(sympy.Eq(user, replaced.xreplace(self._to_user)))
+        ranges = _ranges(self.env, self._to_user)
         for guard in self.env.guards:
+            if _implied_by_ranges(ranges, guard.expr):
+                continue  # stated by the range conditions below (`1 < batch` by `batch >= 2`)
             condition = self.env.simplify(guard.expr).xreplace(self._to_user)
             if condition != sympy.true and condition not in found:
                 found.append(condition)
         for symbol, user in self._to_user.items():
-            found.extend(_range_conditions(user, self.env.var_to_range.get(symbol)))
+            found.extend(_range_conditions(user, ranges[symbol]))
         return found
+
+
+def _ranges(env: Any, symbols: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Each named size's range: the ShapeEnv's, from 1 (the symbols are positive: a question on a size
+    being 0 was answered "no" without a guard), raised past the least values a guard rules out
+    (`batch != 1`, `2*seq != 2`, `batch*seq != batch`)."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    ranges = {}
+    for symbol in symbols:
+        found = env.var_to_range.get(symbol) or ValueRanges.unknown_int()
+        least = max(int(found.lower), 1) if isinstance(found.lower, sympy.Integer) else 1  # not the infinities
+        # a guard false at `least` whatever the other sizes are (`batch*seq != batch` at seq 1) rules it out
+        own = [guard.expr for guard in env.guards if symbol in guard.expr.free_symbols]
+        for _ in range(_MOST_VALUES_RULED_OUT):
+            if found.upper < least or all(guard.xreplace({symbol: sympy.Integer(least)}) != sympy.false
+                                          for guard in own):
+                break
+            least += 1
+        ranges[symbol] = ValueRanges(least, found.upper)
+    return ranges
+
+
+_MOST_VALUES_RULED_OUT = 64  # past that, the guards are conditions of their own (the range stays lower)
+
+
+def _implied_by_ranges(ranges: Mapping[Any, Any], expr: sympy.Basic) -> bool:
+    """Whether a guard holds wherever each size is in its range (which the conditions state), so it
+    need not be checked on its own: `1 < batch` where batch >= 2, and (the two sides' difference
+    bounded) `batch*seq != batch` where seq >= 2."""
+    import sympy
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    def bound(value: sympy.Basic) -> Any:
+        return bound_sympy(value, {symbol: ranges.get(symbol) for symbol in value.free_symbols})
+
+    found = bound(expr)
+    if found.is_singleton() and found.lower == sympy.true:
+        return True
+    kinds = {sympy.Ne: lambda low, high: low > 0 or high < 0, sympy.Gt: lambda low, high: low > 0,
+             sympy.Ge: lambda low, high: low >= 0, sympy.Lt: lambda low, high: high < 0,
+             sympy.Le: lambda low, high: high <= 0}
+    decide = kinds.get(type(expr))
+    if decide is None or any(symbol not in ranges for symbol in expr.free_symbols):
+        return False
+    difference = bound(sympy.factor(_small_remainders(bound, expr.lhs - expr.rhs)))
+    return bool(decide(difference.lower, difference.upper))
+
+
+def _small_remainders(bound: Any, expr: sympy.Basic) -> sympy.Basic:
+    """`expr` with each remainder a % b whose ranges say 0 <= a < b written as a (batch % (batch*seq))."""
+    import sympy
+    from torch.utils._sympy.functions import Mod, PythonMod
+
+    def small(remainder: sympy.Basic) -> bool:
+        a, b = remainder.args
+        return bool(bound(a).lower >= 0 and bound(sympy.factor(b - a)).lower > 0)
+
+    return expr.replace(lambda e: isinstance(e, Mod | PythonMod) and small(e), lambda e: e.args[0])
 
 
 def _range_conditions(symbol: sympy.Symbol, value_range: Any) -> list[sympy.Basic]:
     import sympy
 
-    if value_range is None:
-        return []
-    conditions = []
-    lower, upper = value_range.lower, value_range.upper
-    if isinstance(lower, sympy.Integer) and lower > 1:  # the infinities are not sympy Integers
-        conditions.append(sympy.Ge(symbol, int(lower)))
-    if isinstance(upper, sympy.Integer):
-        conditions.append(sympy.Le(symbol, int(upper)))
+    # unevaluated: `batch >= 1` is True by the symbol's own assumption, and must still be checked
+    conditions = [sympy.Ge(symbol, int(value_range.lower), evaluate=False)]
+    if isinstance(value_range.upper, sympy.Integer):  # the infinities are not sympy Integers
+        conditions.append(sympy.Le(symbol, int(value_range.upper)))
     return conditions
 
 

@@ -30,8 +30,9 @@ from fxflops.tree import module_stats, unknown_ops
 
 QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "bwd_flops")
 
-# the least value a named size is captured at: ShapeEnv fixes sizes 0 and 1 as constants, so a
-# formula captured there would be valid only there
+# the least value a named size is captured at first: a question whether a size is 1 that decides
+# nothing is answered without a condition only when the answer is "no" (fxflops.capture.size_one), so
+# a capture at 2 holds at 1 too unless the forward decides something there; one at 1 holds only at 1
 _LEAST_SYMBOLIC = 2
 
 
@@ -56,7 +57,7 @@ class Sweep:
         self._counting = counting
         self._options = options  # method, backward, loss
         self._optimizer = options.pop("optimizer", None)
-        first = {name: max(size, _LEAST_SYMBOLIC) for name, size in self.example.items()}
+        first = _raised(self.example)
         try:
             self.pieces.append(self._capture(first))
         except Exception:
@@ -92,9 +93,7 @@ class Sweep:
         for piece in self.pieces:
             if piece.holds(point):
                 return piece
-        piece = self._capture(point)
-        self.pieces.append(piece)
-        return piece
+        return self._add_piece(point)
 
     def at(self, /, **sizes: int) -> Estimate:
         """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
@@ -180,6 +179,28 @@ class Sweep:
             entry.conditions.append(piece.describe())
         return list(merged.values())
 
+    def _add_piece(self, point: Mapping[str, int]) -> Piece:
+        """A new piece holding at `point`: captured with its sizes below 2 raised to 2 (it then holds for
+        sizes of 1 too unless the forward decides something from them), else at the point itself. A size
+        is not raised where a piece already holds: that piece would be captured again, and it does not
+        hold at `point`."""
+        raised = dict(point)
+        for name, size in point.items():
+            candidate = {**raised, name: max(size, _LEAST_SYMBOLIC)}
+            if not any(piece.holds(candidate) for piece in self.pieces):
+                raised = candidate
+        try:
+            self.pieces.append(self._capture(raised))
+        except Exception:
+            if raised == point:
+                raise
+            # the model insists on the point's sizes
+        else:
+            if raised == point or self.pieces[-1].holds(point):
+                return self.pieces[-1]
+        self.pieces.append(self._capture(point))  # the raised one is kept: it holds where it holds
+        return self.pieces[-1]
+
     def _capture(self, point: Mapping[str, int]) -> Piece:
         plan = self.plan.at(point)
         args, kwargs = self._inputs
@@ -236,6 +257,10 @@ def sweep(
     plan = plan_from_dims(args, kwargs, dims)
     options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}
     return Sweep(model, args, kwargs, plan, counting, options)
+
+
+def _raised(point: Mapping[str, int]) -> dict[str, int]:
+    return {name: max(size, _LEAST_SYMBOLIC) for name, size in point.items()}
 
 
 def grid_points(grid: Mapping[str, Iterable[int]] | Iterable[Mapping[str, int]]) -> list[dict[str, int]]:

@@ -9,9 +9,10 @@ range of one name or as text.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -57,6 +58,89 @@ class Evaluator:
             return ()
         return (c.attention, *(None if value is None else self(value)
                                for value in (c.dense_macs, c.dense_flops, c.effective_macs, c.effective_flops)))
+
+
+class _Slot(int):
+    """A symbolic value's place in a point's list of values (an int, so it indexes that list directly)."""
+
+
+# the fields of NodeCost a point evaluates (the shapes apart); kept_pairs is not carried over to a point
+_NUMBERS = ("macs", "flops", "bytes", "dense_macs", "dense_flops", "effective_macs", "effective_flops")
+_NODE_FIELDS = tuple(field.name for field in dataclasses.fields(NodeCost))
+# NodeCost's frozen __init__ sets each field through object.__setattr__ (~3 us a node, and a point of a
+# ResNet-50 has 442 nodes); a node is built by filling its __dict__, which is all that __init__ does
+_PLAIN_DATACLASS = not hasattr(NodeCost, "__post_init__") and not hasattr(NodeCost, "__slots__")
+
+
+class CostTemplates:
+    """A piece's node costs with every distinct symbolic value (costs and shape sizes) numbered once, so
+    the costs at a point are one list of values, each distinct expression evaluated once, filled into
+    the nodes: what `Evaluator.cost` gives for every node, without looking an expression up per use."""
+
+    def __init__(self, costs: Sequence[NodeCost], compiled: Mapping[Any, Callable[[Mapping[str, int]], int]]) -> None:
+        self._compiled = compiled
+        self._slots: dict[Any, _Slot] = {}
+        self._functions: list[Callable[[Mapping[str, int]], int]] = []
+        self._shape_ids: dict[tuple, int] = {}
+        self._shapes: list[tuple[tuple[Any, ...], ...]] = []
+        self._nodes = [self._node(cost) for cost in costs]
+
+    def costs(self, point: Mapping[str, int]) -> list[NodeCost]:
+        """Every node's cost at `point`, as Evaluator(point).cost gives it."""
+        values = [function(point) for function in self._functions]
+        shapes = [tuple(tuple(values[size] if type(size) is _Slot else size for size in shape) for shape in shapes)
+                  for shapes in self._shapes]
+        found = []
+        for fixed, numbers, inputs, outputs in self._nodes:
+            fields = dict(fixed)
+            for name, slot in numbers:
+                fields[name] = values[slot]
+            fields["input_shapes"], fields["output_shapes"] = shapes[inputs], shapes[outputs]
+            found.append(_node_cost(fields))
+        return found
+
+    def _node(self, cost: NodeCost) -> tuple[dict[str, Any], tuple[tuple[str, _Slot], ...], int, int]:
+        fixed = {name: getattr(cost, name) for name in _NODE_FIELDS}
+        fixed["kept_pairs"] = None
+        numbers = []
+        for name in _NUMBERS if cost.attention is not None else _NUMBERS[:3]:
+            value = fixed.pop(name)
+            if value is None or type(value) is int:
+                fixed[name] = value
+            else:
+                numbers.append((name, self._slot(value)))
+        return fixed, tuple(numbers), self._shape_id(cost.input_shapes), self._shape_id(cost.output_shapes)
+
+    def _slot(self, expr: Any) -> _Slot:
+        slot = self._slots.get(expr)
+        if slot is None:
+            slot = self._slots[expr] = _Slot(len(self._functions))
+            # the attention numbers (dense, effective) are not among the piece's compiled expressions
+            self._functions.append(self._compiled.get(expr) or compile_expression(expr) or _by_sympy(expr))
+        return slot
+
+    def _shape_id(self, shapes: tuple[tuple[Any, ...], ...]) -> int:
+        found = self._shape_ids.get(shapes)
+        if found is None:
+            found = self._shape_ids[shapes] = len(self._shapes)
+            self._shapes.append(tuple(tuple(size if type(size) is int else self._slot(size) for size in shape)
+                                      for shape in shapes))
+        return found
+
+
+def _node_cost(fields: dict[str, Any]) -> NodeCost:
+    if not _PLAIN_DATACLASS:
+        return NodeCost(**fields)
+    node = object.__new__(NodeCost)
+    node.__dict__.update(fields)
+    return node
+
+
+def _by_sympy(expr: Any) -> Callable[[Mapping[str, int]], int]:
+    """An expression compile_expression could not compile, evaluated by sympy at a point."""
+    import sympy
+
+    return lambda point: int(expr.xreplace({user_symbol(name): sympy.Integer(value) for name, value in point.items()}))
 
 
 def compile_expression(expr: sympy.Basic) -> Callable[[Mapping[str, int]], int] | None:

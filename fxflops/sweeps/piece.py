@@ -21,7 +21,8 @@ from fxflops.capture.dynamic import SizePlan, holds, user_symbol
 from fxflops.capture.lookups import position_lookups
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepModule, SweepPoint
-from fxflops.sweeps.expressions import Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.sweeps.expressions import (CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy,
+                                       simple_bound)
 from fxflops.tree import build_estimate, owning_module, parent_name
 
 
@@ -37,9 +38,13 @@ class Piece:
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._compiled = _compiled(costs)
+        self._templates: CostTemplates | None = None  # made on the first estimate()
+        self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
         self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
         self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
-        self._lookups = _symbolic_lookups(captured)
+        # each region past a position table with its test at a point (compiled where it can be)
+        self._lookups = [(compile_expression(region) or (lambda point, r=region: holds([r], point)), caution)
+                         for region, caution in _symbolic_lookups(captured)]
         checks = [compile_expression(condition) for condition in self.conditions]
         self._checks = None if any(check is None for check in checks) else checks
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
@@ -107,10 +112,14 @@ class Piece:
     def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
                  attention: str = "dense") -> Estimate:
         """The Estimate at `point`: every expression evaluated there."""
-        value = Evaluator(point, self._compiled)
-        costs = [value.cost(cost) for cost in self.costs]
-        infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
-                 else info for name, info in self.infos.items()}
+        if self._templates is None:
+            self._templates = CostTemplates(self.costs, self._compiled)
+        costs = self._templates.costs(point)
+        infos = self.infos
+        if self._symbolic_params:
+            value = Evaluator(point, self._compiled)
+            infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
+                     else info for name, info in infos.items()}
         captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=self.cautions_at(point),
                                        input_shapes=shapes_at(inputs, self.plan, point))
         return build_estimate(model_type, captured, costs, conventions, attention)
@@ -137,7 +146,7 @@ class Piece:
     def cautions_at(self, point: Mapping[str, int]) -> list[str]:
         """What a real forward would do differently at `point` (a lookup past a position table holds in a
         region of sizes)."""
-        return self.captured.cautions + [caution for region, caution in self._lookups if holds([region], point)]
+        return self.captured.cautions + [caution for inside, caution in self._lookups if inside(point)]
 
     def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
         """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the

@@ -1,0 +1,142 @@
+"""Sweeps at sizes of 1: a capture at 2 serves a size of 1 where torch's `size == 1` questions decide
+nothing (fxflops.capture.size_one), and still splits where the forward decides something from it.
+Every point is checked against a fresh estimate() there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fxflops
+from fxflops.sweeps import sweep
+
+
+def assert_same(at: fxflops.Estimate, fresh: fxflops.Estimate) -> None:
+    assert (at.total_macs, at.total_flops, at.total_params, at.total_bytes) == \
+        (fresh.total_macs, fresh.total_flops, fresh.total_params, fresh.total_bytes)
+    assert {n: (m.macs, m.flops, m.calls) for n, m in at.modules.items()} == \
+        {n: (m.macs, m.flops, m.calls) for n, m in fresh.modules.items()}
+    assert {k: (t.count, t.macs, t.flops) for k, t in at.by_op.items()} == \
+        {k: (t.count, t.macs, t.flops) for k, t in fresh.by_op.items()}
+    assert [(n.op, n.input_shapes, n.output_shapes) for n in at.nodes] == \
+        [(n.op, n.input_shapes, n.output_shapes) for n in fresh.nodes]
+
+
+class Residual(nn.Module):
+    """A conv block as a ResNet's: batch norm ([C, 1, 1] operands), an in-place residual add, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.norm = nn.BatchNorm2d(3)
+        self.head = nn.Linear(3, 5)
+
+    def forward(self, x):
+        y = self.norm(self.conv(x))
+        y += x
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y.relu(), 1), 1))
+
+
+def test_batch_one_is_a_point_of_the_capture_at_two():
+    model = Residual().eval()
+    swept = sweep(model, torch.empty(1, 3, 8, 8), dims={"batch": 0})
+    assert swept.pieces[0].plan.hints == {"batch": 2}
+    assert swept.holds_for == "batch >= 1"
+    for batch in (1, 2, 7):
+        assert_same(swept.at(batch=batch), fxflops.estimate(model, torch.empty(batch, 3, 8, 8)))
+    assert len(swept.pieces) == 1
+
+
+def test_a_point_with_a_size_of_one_outside_every_piece_is_captured_at_two_first():
+    # the image's last map 1 x 1 below size 2 (a stride check that decides an elementwise output's
+    # layout); the new piece, captured at batch 2, serves batch 1 too
+    model = Residual().eval()
+    swept = sweep(model, torch.empty(2, 3, 8, 8), dims={"batch": 0, "size": (2, 3)})
+    assert swept.holds_for == "batch >= 1, size >= 2"
+    for batch in (1, 2):
+        assert_same(swept.at(batch=batch, size=1), fxflops.estimate(model, torch.empty(batch, 3, 1, 1)))
+    assert len(swept.pieces) == 2
+    assert swept.pieces[1].plan.hints == {"batch": 2, "size": 1}
+
+
+class BranchOnOne(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.proj(x)
+        return self.extra(x) if x.shape[0] == 1 else x
+
+
+def test_a_branch_on_batch_one_still_splits():
+    model = BranchOnOne()
+    swept = sweep(model, torch.empty(3, 4), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 2"
+    for batch in (1, 2, 5):
+        assert_same(swept.at(batch=batch), fxflops.estimate(model, torch.empty(batch, 4)))
+    assert len(swept.pieces) == 2
+
+
+class Squeezed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):  # a squeeze removes the batch axis only at batch 1: a question that decides
+        y = x.squeeze(0)
+        return self.proj(self.proj(y)) if y.dim() == 1 else self.proj(y)
+
+
+def test_a_squeeze_of_the_batch_axis_still_splits():
+    model = Squeezed()
+    swept = sweep(model, torch.empty(3, 4), dims={"batch": 0})
+    for batch in (1, 2, 5):
+        assert_same(swept.at(batch=batch), fxflops.estimate(model, torch.empty(batch, 4)))
+    assert len(swept.pieces) == 2
+
+
+class Outer(nn.Module):
+    def forward(self, x):  # rows' sums plus columns' sums: a broadcast of two named sizes
+        return x.sum(1) + x.sum(0)
+
+
+def test_a_broadcast_of_two_sizes_still_splits_where_one_is_one():
+    model = Outer()
+    swept = sweep(model, torch.empty(3, 3), dims={"rows": 0, "cols": 1})
+    assert "cols == rows" in swept.conditions or "rows == cols" in swept.conditions
+    for rows, cols in [(4, 4), (1, 5), (5, 1)]:
+        at, fresh = swept.at(rows=rows, cols=cols), fxflops.estimate(model, torch.empty(rows, cols))
+        assert_same(at, fresh)
+        assert at.by_op["aten.add.Tensor"].flops == max(rows, cols)  # by hand: one add per element of the result
+
+
+class Transposed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):  # [batch, seq, 4] read as [seq, batch, 4]: contiguous only where batch is 1
+        y = x.transpose(0, 1)
+        return self.proj(self.proj(y)) if y.is_contiguous() else self.proj(y)
+
+
+def test_a_stride_that_matters_at_batch_one_still_splits():
+    # the contiguity check's `batch == 1` is answered "no" unguarded, and the stride check after it
+    # fails: the tensor's contiguity is then a formula, and the branch on it a condition
+    model = Transposed()
+    swept = sweep(model, torch.empty(2, 5, 4), dims={"batch": 0, "seq": 1})
+    for batch, seq in [(2, 5), (1, 5), (3, 7), (1, 2)]:
+        assert_same(swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.empty(batch, seq, 4)))
+    assert len(swept.pieces) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_size_zero_is_its_own_piece(batch):
+    model = nn.Linear(4, 4)
+    swept = sweep(model, torch.empty(batch, 4), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 1"
+    assert_same(swept.at(batch=0), fxflops.estimate(model, torch.empty(0, 4)))
+    assert swept.pieces[-1].summary() == "batch = 0"
