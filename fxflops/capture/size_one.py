@@ -37,23 +37,28 @@ NOT_ONE = "not one"
 # in the sizes, right at every point. "Not 1" is right at a size of 1 either way; the other way is not
 # (an axis skipped at 1 may have a stride that fails the check elsewhere).
 _CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): NOT_ONE}
+# the torch release the C++ lines were read in: in another, that line may ask something else
+_CPP_QUESTIONS_READ_IN = "2.14."
 
 _FRAMES_UP = 4  # evaluate_sym_node <- _guard_or <- guard_or_false <- the asking function
 
 
 def size_one_shape_env() -> Any:
     """A ShapeEnv (no duck sizing) answering the `size == 1` questions that decide nothing without a guard."""
-    from torch.fx.experimental.symbolic_shapes import SLoc, ShapeEnv
+    from torch.fx.experimental import symbolic_shapes
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    SLoc = getattr(symbolic_shapes, "SLoc", None)  # noqa: N806 (torch's class)
 
     questions = _questions()
 
     class SizeOneShapeEnv(ShapeEnv):
-        def evaluate_sym_node(self, sym_node: Any, size_oblivious: bool = False,
-                              fallback_value: bool | None = None) -> Any:
+        # arguments passed on as given: other torch releases name and order them differently
+        def evaluate_sym_node(self, sym_node: Any, *args: Any, **kwargs: Any) -> Any:
             answer = _unguarded_answer(sym_node, sys._getframe(1), questions)
             if answer is not None:
                 return answer
-            return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
+            return super().evaluate_sym_node(sym_node, *args, **kwargs)
 
         def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[Any, str]:
             # where a symbol or guard was made, for messages only: torch's own walk of the stack first
@@ -61,8 +66,22 @@ def size_one_shape_env() -> Any:
             # process); the nearest frame outside torch is found without them
             return SLoc(framework_loc if framework_loc is not None else _outside_torch(sys._getframe(1)), None), ""
 
+    if SLoc is None or not _stack_summary_as_read(ShapeEnv):  # another release's: its own
+        del SizeOneShapeEnv._get_stack_summary
+
     # duck sizing off: two names that happen to share a value are still two sizes
     return SizeOneShapeEnv(duck_shape=False)
+
+
+def _stack_summary_as_read(shape_env: type) -> bool:
+    """Whether torch's ShapeEnv._get_stack_summary takes (is_debug, framework_loc), as the override does."""
+    import inspect
+
+    method = getattr(shape_env, "_get_stack_summary", None)
+    try:
+        return method is not None and list(inspect.signature(method).parameters)[1:] == ["is_debug", "framework_loc"]
+    except (TypeError, ValueError):
+        return False
 
 
 def _outside_torch(frame: Any) -> str | None:
@@ -105,6 +124,8 @@ def _questions() -> dict[Any, Callable[[dict], str | None]]:
     from torch.fx.experimental.sym_node import SymNode
 
     def cpp(values: dict) -> str | None:
+        if not torch.__version__.startswith(_CPP_QUESTIONS_READ_IN):
+            return None
         file, line = str(values.get("file", "")).replace("\\", "/"), values.get("line")
         return next((way for (name, at), way in _CPP_QUESTIONS.items() if file.endswith(name) and line == at), None)
 
