@@ -64,7 +64,9 @@ def _attempt(model: Any, args: tuple, kwargs: dict, replay: bool) -> tuple[Any, 
     try:
         return _rows(model, args, kwargs, replay), None
     except Exception as error:  # noqa: BLE001 - any failure is a result here
-        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        lines = str(error).splitlines() or [""]
+        eager = [line.strip()[len("- eager: "):] for line in lines if line.strip().startswith("- eager: ")]
+        return None, f"{type(error).__name__}: {(eager or lines)[0][:200]}"
 
 
 def _first_difference(replayed: tuple, full: tuple) -> str | None:
@@ -131,17 +133,16 @@ def _shrunk(config_class: type, tiny: bool) -> Any:
     return config
 
 
-def _inputs(model: Any, config: Any) -> tuple[tuple, dict]:
+def _inputs(model: Any, config: Any) -> list[tuple[str, dict]]:
+    """Zero inputs for the model's main input; for a model that also takes images (CLIP-like), a second
+    variant with pixel_values as well."""
     import torch
 
     main = getattr(model, "main_input_name", "input_ids")
     parameters = inspect.signature(model.forward).parameters
     kwargs: dict[str, Any] = {}
     if main == "pixel_values":
-        size = getattr(config, "image_size", 64)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        channels = getattr(config, "num_channels", 3)
-        kwargs["pixel_values"] = torch.zeros(2, channels, size, size)
+        kwargs["pixel_values"] = _pixels(config)
     elif main in ("input_values",):
         kwargs[main] = torch.zeros(2, 4000)
     elif main == "input_features":
@@ -151,10 +152,23 @@ def _inputs(model: Any, config: Any) -> tuple[tuple, dict]:
         kwargs[main] = torch.zeros(2, SEQ, dtype=torch.long)
     if "decoder_input_ids" in parameters:
         kwargs["decoder_input_ids"] = torch.zeros(2, 5, dtype=torch.long)
-    return (), kwargs
+    variants = [("", kwargs)]
+    if main != "pixel_values" and "pixel_values" in parameters:
+        variants.append(("+pixel_values", {**kwargs, "pixel_values": _pixels(getattr(config, "vision_config", None)
+                                                                               or config)}))
+    return variants
 
 
-def _build_hf(model_type: str, class_name: str, tiny: bool) -> tuple[Any, Any, tuple, dict]:
+def _pixels(config: Any) -> Any:
+    import torch
+
+    size = getattr(config, "image_size", 64)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    size = size if isinstance(size, int) else 64
+    return torch.zeros(2, getattr(config, "num_channels", 3), size, size)
+
+
+def _build_hf(model_type: str, class_name: str, tiny: bool) -> tuple[Any, list[tuple[str, dict]]]:
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -163,8 +177,7 @@ def _build_hf(model_type: str, class_name: str, tiny: bool) -> tuple[Any, Any, t
     cls = getattr(transformers, class_name)
     with torch.device("meta"):
         model = cls(config).eval()
-    args, kwargs = _inputs(model, config)
-    return model, config, args, kwargs
+    return model, _inputs(model, config)
 
 
 def check_hf(model_type: str, class_name: str) -> list[dict]:
@@ -172,22 +185,25 @@ def check_hf(model_type: str, class_name: str) -> list[dict]:
     failures = []
     for tiny in (True, False):
         try:
-            model, _, args, kwargs = _build_hf(model_type, class_name, tiny)
+            model, variants = _build_hf(model_type, class_name, tiny)
         except Exception as error:  # noqa: BLE001
             failures.append(f"build: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
             continue
-        cases = [("default", kwargs)]
-        if "use_cache" in inspect.signature(model.forward).parameters:
-            cases = [("use_cache=False", {**kwargs, "use_cache": False}), ("default", kwargs)]
-        results = []
-        for label, case in cases:
-            result = compare(model, args, case)
-            result.update(case=label, config="tiny" if tiny else "default config, 4 layers")
-            results.append(result)
-        if all(r["verdict"] == "skipped" for r in results) and tiny:
-            failures.append(results[0]["reason"])
-            continue
-        return results
+        for extra, kwargs in variants:
+            cases = [("default", kwargs)]
+            if "use_cache" in inspect.signature(model.forward).parameters:
+                cases = [("use_cache=False", {**kwargs, "use_cache": False}), ("default", kwargs)]
+            results = []
+            for label, case in cases:
+                result = compare(model, (), case)
+                result.update(case=label + extra, config="tiny" if tiny else "default config, 4 layers")
+                results.append(result)
+                if result["verdict"] == "skipped":  # the next inputs or config, then
+                    break
+            if results[0]["verdict"] == "skipped":
+                failures.append(results[0]["reason"])
+                continue
+            return results
     return [{"verdict": "skipped", "reason": failures[-1], "case": "-", "config": "-"}]
 
 
@@ -305,6 +321,7 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     skipped_models: dict[str, list[str]] = {}
+    examples: dict[str, str] = {}
     findings = []
     copied = cases = 0
     for job, answer in sorted(results.items()):
@@ -320,7 +337,9 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
                 findings.append((name, r))
         if verdict == "skipped":
             reason = answer[0]["reason"]
-            short = reason.split(":")[0] + ": " + reason.split(":")[1].strip() if reason.count(":") >= 2 else reason
+            parts = reason.split(": ")
+            short = ": ".join(parts[:3] if parts[0] == "capture" else parts[:2])
+            examples.setdefault(short, reason)
             reasons[short] += 1
             skipped_models.setdefault(short, []).append(job[1])
     lines = [
@@ -340,6 +359,9 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
         "## Findings",
         "",
     ]
+    kinds = Counter("rows differ" if r["detail"].startswith("row") or "rows replayed" in r["detail"]
+                    else r["detail"].split(" (")[0].split(":")[0] for _, r in findings)
+    lines += [f"- {n} cases: {kind}" for kind, n in kinds.most_common()] + [""]
     if not findings:
         lines.append("None.")
     for name, r in findings:
@@ -351,7 +373,8 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
                 lines.append(f"| {job[1]} | {r['case']} | {r['config']} | {r['nodes']} | {r['copied']} |")
     lines += ["", "## Skipped, by reason", ""]
     for reason, n in reasons.most_common():
-        lines.append(f"- {n}: `{reason[:160]}`: {', '.join(sorted(skipped_models[reason]))}")
+        lines.append(f"- {n}: `{reason[:120]}` (say `{examples[reason][:200]}`): "
+                     f"{', '.join(sorted(skipped_models[reason]))}")
     if not_reached:
         lines += ["", "## Not reached", "", ", ".join(j[1] for j in not_reached)]
     return "\n".join(lines) + "\n"
