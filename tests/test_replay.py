@@ -113,7 +113,7 @@ def test_encoder_decoder_and_classic_transformers(kind):
         model, kwargs = _decoder(tf.BertModel, tf.BertConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4,
                                                               intermediate_size=64, vocab_size=64))
     else:
-        model, kwargs = _decoder(tf.T5Model, tf.T5Config(num_layers=3, d_model=32, d_kv=8, num_heads=4, d_ff=64,
+        model, kwargs = _decoder(tf.T5Model, tf.T5Config(num_layers=4, d_model=32, d_kv=8, num_heads=4, d_ff=64,
                                                          vocab_size=64))
         kwargs["decoder_input_ids"] = torch.zeros(2, 5, dtype=torch.long)
     assert assert_same_as_full(model, (), kwargs) > 0
