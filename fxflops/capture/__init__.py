@@ -1,7 +1,7 @@
 """Capture: turn a model and example inputs into an FX graph whose nodes carry shapes and modules.
 
 One module per method (`eager`, the default; `export`; `symbolic`; `trace`), declared in `methods`;
-`isolation` leaves the model and torch as they were while `twins` stand in for its tensors,
+`replay` copies a repeated block's nodes instead of running it, `isolation` leaves the model and torch as they were while `twins` stand in for its tensors,
 `inputs`, `tensor_walk` and `reach` handle the example inputs, `attribution` names the module behind
 each op, `recorder` turns executed aten ops into graph nodes, `diagnosis` explains failures. Every
 method hands the count stage a `fxflops.results.Captured`.
@@ -22,6 +22,9 @@ from fxflops.capture.isolation import in_turn
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
 from fxflops.capture.module_walk import uncompiled
+# the default method's module comes with the package (a first estimate would otherwise import it, ~8 ms
+# with the replay of repeated blocks); the other methods' are imported on first use
+from fxflops.capture import eager as _eager  # noqa: F401,E402  (isort: skip)
 from fxflops.capture.quiet import torch_logging_quiet
 from fxflops.capture.methods import AUTO, AUTO_ORDER, CHOICES, METHODS, TRACE
 from fxflops.capture.request import Request
