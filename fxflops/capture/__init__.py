@@ -1,10 +1,12 @@
 """Capture: turn a model and example inputs into an FX graph whose nodes carry shapes and modules.
 
 One module per method (`eager`, the default; `export`; `symbolic`; `trace`), declared in `methods`;
-`replay` copies a repeated block's nodes instead of running it, `isolation` leaves the model and torch as they were while `twins` stand in for its tensors,
-`inputs`, `tensor_walk` and `reach` handle the example inputs, `attribution` names the module behind
-each op, `recorder` turns executed aten ops into graph nodes, `diagnosis` explains failures. Every
-method hands the count stage a `fxflops.results.Captured`.
+`replay` copies a repeated block's nodes instead of running it (`block_state`: what it compares;
+`block_io`: where the block's tensors come from and go), `isolation` leaves the model and torch as
+they were while `twins` stand in for its tensors, `inputs`, `tensor_walk` and `reach` handle the
+example inputs, `attribution` names the module behind each op, `recorder` turns executed aten ops
+into graph nodes, `diagnosis` explains failures. Every method hands the count stage a
+`fxflops.results.Captured`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from fxflops.capture.attribution import NAME_TAG
 
 # a module's own bookkeeping (parameter/buffer/submodule tables, hook tables): read as structure below
-_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {NAME_TAG, "forward"}
+MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {NAME_TAG, "forward"}
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
 _SHALLOW_LIMIT = 512  # attributes of a shared object (a config) read into the key; more: the object is refused
@@ -138,7 +138,7 @@ class BlockState:
                 held.append((table, key, tensor_key(tensor)))
         attributes = []
         for key, value in state.items():
-            if key in _MODULE_INTERNALS:
+            if key in MODULE_INTERNALS:
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))

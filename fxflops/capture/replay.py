@@ -27,7 +27,6 @@ calls, nor keep state there. Forward-only captures: a backward needs every op to
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +36,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.fx.node import map_arg
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.block_state import _MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
+from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
+from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
@@ -204,7 +204,7 @@ class Replays:
                 watched.update((relative, name) for name in self._watcher_names(cls))
                 continue
             names = tuple(sorted(key for key in module.__dict__
-                                 if key not in _MODULE_INTERNALS and not hasattr(cls, key)))
+                                 if key not in MODULE_INTERNALS and not hasattr(cls, key)))
             if not names:
                 continue
             try:
@@ -249,12 +249,12 @@ class Replays:
         externals: dict[torch.fx.Node, tuple] = {}
         for node in nodes:
             if node.op == "placeholder":
-                externals[node] = _place(node, call, template.state)
+                externals[node] = place(node, call, template.state)
                 continue
             for used in node.all_input_nodes:
                 if used not in inside and used not in externals:
-                    externals[used] = _place(used, call, template.state)
-            written = _written_outside(node, inside)
+                    externals[used] = place(used, call, template.state)
+            written = written_outside(node, inside)
             if written is not None:
                 return f"{node.target} writes into {written}, from outside the block"
         template.nodes = [node for node in nodes if node.op != "placeholder"]
@@ -263,7 +263,7 @@ class Replays:
             template.output = self._output_spec(out, inside, call, template.state)
         except Unsupported as why:
             return str(why)
-        made = {id(spec[2]): spec for spec in _node_specs(template.output)}
+        made = {id(spec[2]): spec for spec in node_specs(template.output)}
         template.outputs = [spec[2] for spec in made.values()]
         template.produced = [(spec[1], spec[2]) for spec in made.values()]
         return None
@@ -280,10 +280,10 @@ class Replays:
                 if value.storage_offset() != 0 and not isinstance(value.storage_offset(), int):
                     raise Unsupported("an output at a symbolic offset")
                 return ("node", producer, value)
-            place = _place_of(value, call, state)
-            if place is None:
+            found = place_of(value, call, state)
+            if found is None:
                 raise Unsupported("an output from outside the block")
-            return place
+            return found
         if kind is tuple or kind is list:
             return (kind, tuple(self._output_spec(item, inside, call, state) for item in value))
         if kind is dict:
@@ -317,11 +317,11 @@ class Replays:
             if meta.get(SOURCE) == template.site:  # an op of library code (nn.Linear): its caller's line
                 meta[SOURCE] = site
             meta[REPLAY_OF] = node.meta.get(REPLAY_OF, node.name)
-            meta["val"] = _swapped(meta.get("val"), fresh)
+            meta["val"] = swapped(meta.get("val"), fresh)
             copies[node] = copy
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
-        out = _rebuild(template.output, fresh, call, modules)
+        out = rebuild(template.output, fresh, call, modules)
         self._reads.extend((id(modules[relative]), name) for relative, name in template.reads if relative in modules)
         tracker = self._tracker
         for (inside, name), count in template.calls:
@@ -331,11 +331,11 @@ class Replays:
         self.replayed += 1
         return out
 
-    def _tensor_at(self, place: tuple, node: torch.fx.Node, call: CallKey,
+    def _tensor_at(self, where: tuple, node: torch.fx.Node, call: CallKey,
                    modules: dict[str, torch.nn.Module]) -> torch.fx.Node:
-        if place[0] == "same":
+        if where[0] == "same":
             return node
-        return self._recorder.input_node(_resolve(place, call, modules))
+        return self._recorder.input_node(resolve(where, call, modules))
 
     def _fresh(self, like: torch.Tensor) -> torch.Tensor:
         """A new fake tensor with `like`'s metadata (no op recorded for it)."""
@@ -352,39 +352,6 @@ class Replays:
         else:
             made = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
         return made.requires_grad_(True) if like.requires_grad else made
-
-
-def _swapped(value: Any, fresh: dict[int, torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fresh.get(id(value), value)
-    if type(value) in (tuple, list):
-        return type(value)(_swapped(item, fresh) for item in value)
-    return value
-
-
-def _rebuild(spec: Any, fresh: dict[int, torch.Tensor], call: CallKey, modules: dict[str, torch.nn.Module]) -> Any:
-    """The output of a replayed call, from its reference's output spec."""
-    kind = spec[0]
-    if kind == "node":
-        return fresh[id(spec[2])]
-    if kind == "plain":
-        return spec[1]
-    if kind in ("input", "state"):
-        return _resolve(spec, call, modules)
-    if kind is dict:
-        return {key: _rebuild(item, fresh, call, modules) for key, item in spec[1]}
-    return kind(_rebuild(item, fresh, call, modules) for item in spec[1])
-
-
-def _node_specs(spec: Any) -> list[tuple]:
-    kind = spec[0]
-    if kind == "node":
-        return [spec]
-    if kind is dict:
-        return [found for _, item in spec[1] for found in _node_specs(item)]
-    if kind in (tuple, list):
-        return [found for item in spec[1] for found in _node_specs(item)]
-    return []
 
 
 def _logged_attribute(name: str, reads: list[tuple[int, str]]) -> property:
@@ -404,81 +371,6 @@ def _logged_attribute(name: str, reads: list[tuple[int, str]]) -> property:
         del module.__dict__[name]
 
     return property(get, put, drop)
-
-
-def _place(node: torch.fx.Node, call: CallKey, state: BlockState) -> tuple:
-    """Where a tensor the block read from outside comes from in any call: input n, a tensor of the block
-    by place, or (neither) the same tensor for every call."""
-    value = node.meta.get("val")
-    place = _place_of(value, call, state) if isinstance(value, torch.Tensor) else None
-    return place if place is not None else ("same",)
-
-
-def _place_of(value: torch.Tensor, call: CallKey, state: BlockState) -> tuple | None:
-    position = call.position(value)
-    if position is not None:
-        return ("input", position)
-    held = state.tensors.get(id(value))
-    return None if held is None else ("state", *held)
-
-
-def _resolve(place: tuple, call: CallKey, modules: dict[str, torch.nn.Module]) -> torch.Tensor:
-    if place[0] == "input":
-        return call.tensors[place[1]]
-    _, relative, table, name = place
-    state = modules[relative].__dict__
-    return state[name] if table == "__dict__" else state[table][name]
-
-
-def _written_outside(node: torch.fx.Node, inside: dict[torch.fx.Node, int]) -> str | None:
-    """The argument an op writes into if it is, or views, a tensor from outside the block."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return None
-    for position, argument in enumerate(schema.arguments):
-        alias = argument.alias_info
-        if alias is None or not alias.is_write:
-            continue
-        value = node.kwargs.get(argument.name) if argument.kwarg_only or position >= len(node.args) \
-            else node.args[position]
-        for written in _nodes_in(value):
-            if _root(written, inside) not in inside:
-                return argument.name
-    return None
-
-
-def _root(node: torch.fx.Node, inside: dict[torch.fx.Node, int]) -> torch.fx.Node:
-    """The node whose tensor `node`'s tensor views (through views, getitems and in-place ops inside)."""
-    while node in inside and node.op != "placeholder":
-        if node.target is operator.getitem:
-            node = node.args[0]
-            continue
-        schema = getattr(node.target, "_schema", None)
-        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
-            return node
-        viewed = _aliased_argument(node, schema)
-        if viewed is None:
-            return node
-        node = viewed
-    return node
-
-
-def _aliased_argument(node: torch.fx.Node, schema: Any) -> torch.fx.Node | None:
-    sets = schema.returns[0].alias_info.before_set
-    for position, argument in enumerate(schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.before_set & sets:
-            value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-            if isinstance(value, torch.fx.Node):
-                return value
-    return None
-
-
-def _nodes_in(value: Any) -> list[torch.fx.Node]:
-    if isinstance(value, torch.fx.Node):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [node for item in value for node in _nodes_in(item)]
-    return []
 
 
 def _moved(name: str, reference: str, path: str) -> str:
