@@ -7,6 +7,7 @@ removed again, and `isolation` restores torch's hook tables); export and symboli
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +37,14 @@ class ModuleTracker:
         self._keep = keep
         self._phase = phase  # which pass runs (a forward recomputed in the backward is not a new call)
         self.stack: list[tuple[str, str]] = []
-        self.calls: dict[str, int] = {}
         self.call_log: list[str] = []  # each counted call's module, in order (what a block's calls were)
         self.whole_calls: list[WholeCall] = []
         self._handles: list[Any] = []
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """Calls per module, in the order each was first called."""
+        return dict(Counter(self.call_log))
 
     def __enter__(self) -> ModuleTracker:
         hooks = torch.nn.modules.module
@@ -65,7 +70,6 @@ class ModuleTracker:
         if name is not None:
             self.stack.append((name, type(module).__name__))
             if self._phase is None or self._phase() == FORWARD:
-                self.calls[name] = self.calls.get(name, 0) + 1
                 self.call_log.append(name)
 
     def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:

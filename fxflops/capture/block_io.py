@@ -49,8 +49,8 @@ def place(node: torch.fx.Node, call: CallKey, state: BlockState) -> tuple:
     """Where a tensor the block read from outside comes from in any call: input n, a tensor of the block
     by place, or (neither) the same tensor for every call."""
     value = node.meta.get("val")
-    place = place_of(value, call, state) if isinstance(value, torch.Tensor) else None
-    return place if place is not None else ("same",)
+    found = place_of(value, call, state) if isinstance(value, torch.Tensor) else None
+    return found if found is not None else ("same",)
 
 
 def place_of(value: torch.Tensor, call: CallKey, state: BlockState) -> tuple | None:
@@ -69,7 +69,7 @@ def resolve(place: tuple, call: CallKey, modules: dict[str, torch.nn.Module]) ->
     return state[name] if table == "__dict__" else state[table][name]
 
 
-def written_outside(node: torch.fx.Node, inside: dict[torch.fx.Node, int]) -> str | None:
+def written_outside(node: torch.fx.Node, inside: set[torch.fx.Node]) -> str | None:
     """The argument an op writes into if it is, or views, a tensor from outside the block."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:
@@ -86,7 +86,7 @@ def written_outside(node: torch.fx.Node, inside: dict[torch.fx.Node, int]) -> st
     return None
 
 
-def root(node: torch.fx.Node, inside: dict[torch.fx.Node, int]) -> torch.fx.Node:
+def root(node: torch.fx.Node, inside: set[torch.fx.Node]) -> torch.fx.Node:
     """The node whose tensor `node`'s tensor views (through views, getitems and in-place ops inside)."""
     while node in inside and node.op != "placeholder":
         if node.target is operator.getitem:

@@ -189,8 +189,8 @@ def moved_name(name: str | None, path: str) -> Any:
         return None
     if name == path:
         return ("in", "")
-    if name.startswith(path + ".") or not path:
-        return ("in", name[len(path) + 1:] if path else name)
+    if name.startswith(path + "."):
+        return ("in", name[len(path) + 1:])
     return ("out", name)
 
 

@@ -42,14 +42,14 @@ from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
 REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
-_MAX_TEMPLATES = 4  # programs kept per (class, arguments); a block whose every call differs stops trying
+_MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
 
 
 class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
-    __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "outputs", "produced",
-                 "calls", "reads")
+    __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
+                 "reads")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -61,8 +61,8 @@ class Template:
         self.nodes: list[torch.fx.Node] = []
         self.externals: list[tuple[torch.fx.Node, tuple]] = []
         self.output: Any = None  # the output's structure: ("node", producer, tensor), ("input", n), ...
-        self.outputs: list[torch.Tensor] = []  # the reference's output tensors made in it, each once
-        self.produced: list[tuple[torch.fx.Node, torch.Tensor]] = []  # (node, output tensor it produced)
+        # (node, output tensor it produced): the reference's output tensors made in it, each once
+        self.produced: list[tuple[torch.fx.Node, torch.Tensor]] = []
         self.calls: list[tuple[Any, int]] = []
 
     def matches(self, state: BlockState) -> bool:
@@ -101,7 +101,6 @@ class Replays:
         self._watched_class: dict[type, type] = {}  # watching subclass -> the module's own class
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
-        self.replayed = 0
 
     def install(self) -> None:
         for module in self._modules:
@@ -245,7 +244,7 @@ class Replays:
             return "its forward changed its modules' state"
         if again.key != call.key or any(a is not b for a, b in zip(again.tensors, call.tensors)):
             return "its forward changed its arguments"
-        inside = {node: index for index, node in enumerate(nodes)}
+        inside = set(nodes)
         externals: dict[torch.fx.Node, tuple] = {}
         for node in nodes:
             if node.op == "placeholder":
@@ -264,11 +263,10 @@ class Replays:
         except Unsupported as why:
             return str(why)
         made = {id(spec[2]): spec for spec in node_specs(template.output)}
-        template.outputs = [spec[2] for spec in made.values()]
         template.produced = [(spec[1], spec[2]) for spec in made.values()]
         return None
 
-    def _output_spec(self, value: Any, inside: dict[torch.fx.Node, int], call: CallKey, state: BlockState) -> Any:
+    def _output_spec(self, value: Any, inside: set[torch.fx.Node], call: CallKey, state: BlockState) -> Any:
         kind = type(value)
         if isinstance(value, torch.Tensor):
             producer = self._recorder.producer_of(value)
@@ -277,7 +275,7 @@ class Replays:
                     raise Unsupported("an output that is not a plain fake tensor")
                 if value._is_view() and self._recorder.producer_of(value._base) not in inside:
                     raise Unsupported("an output that views a tensor from outside the block")
-                if value.storage_offset() != 0 and not isinstance(value.storage_offset(), int):
+                if type(value.storage_offset()) is not int:  # (compared with 0 it would add a guard)
                     raise Unsupported("an output at a symbolic offset")
                 return ("node", producer, value)
             found = place_of(value, call, state)
@@ -300,7 +298,7 @@ class Replays:
         wired = {node: self._tensor_at(place, node, call, modules) for node, place in template.externals}
         # the reference's outputs live on in its caller (as this call's input, say): the copies get tensors
         # of their own in their place, so no op sees one tensor where the full capture has two
-        fresh = {id(like): self._fresh(like) for like in template.outputs}
+        fresh = {id(like): self._fresh(like) for _, like in template.produced}
         copies: dict[torch.fx.Node, torch.fx.Node] = {}
         site = user_frame()
 
@@ -323,12 +321,8 @@ class Replays:
             recorder.produced(fresh[id(like)], copies[producer])
         out = rebuild(template.output, fresh, call, modules)
         self._reads.extend((id(modules[relative]), name) for relative, name in template.reads if relative in modules)
-        tracker = self._tracker
         for (inside, name), count in template.calls:
-            moved = f"{path}.{name}" if inside else name
-            tracker.calls[moved] = tracker.calls.get(moved, 0) + count
-            tracker.call_log.extend([moved] * count)  # an enclosing reference's calls include these
-        self.replayed += 1
+            self._tracker.call_log.extend([f"{path}.{name}" if inside else name] * count)
         return out
 
     def _tensor_at(self, where: tuple, node: torch.fx.Node, call: CallKey,
