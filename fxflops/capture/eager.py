@@ -30,6 +30,7 @@ from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
+from fxflops.capture.meta_kernels import MetaKernels
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -48,6 +49,7 @@ class FakeTwins:
         self.mode = mode
         self.device = device
         self.shapes = shapes or {}  # id(tensor) -> the symbolic shape its twin gets
+        self.meta_kernels = MetaKernels(mode)
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
@@ -75,6 +77,12 @@ class FakeTwins:
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run an op on fake tensors, repairing the two ways a fake kernel can fail where eager runs."""
+        try:
+            out = self.meta_kernels(func, args, kwargs)
+        except RuntimeError:  # the mode's own route raises it again, in its words, or repairs it below
+            out = NotImplemented
+        if out is not NotImplemented:
+            return out
         try:
             return run_relaxing_dtype(func, args, kwargs)
         except FakeTensorDeviceMismatchError:

@@ -1,0 +1,258 @@
+"""The short route past FakeTensorMode's dispatch (fxflops/capture/meta_kernels.py): every op it takes
+must come out as the mode's own dispatch makes it (shape, strides, offset, dtype, device, aliasing,
+errors), op by op over a grid and node by node over whole models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fxflops.capture.meta_kernels as meta_kernels
+from fxflops.api import Counting
+from fxflops.capture.meta_kernels import MetaKernels
+
+aten = torch.ops.aten
+
+
+def _metadata(value: Any, inputs: list[torch.Tensor]) -> Any:
+    """What the count and later ops can see of an op's output; which input each output aliases."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()._cdata
+        alias = [index for index, tensor in enumerate(inputs) if tensor.untyped_storage()._cdata == storage]
+        same = [index for index, tensor in enumerate(inputs) if tensor is value]
+        return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+                value.requires_grad, type(value).__name__, alias, same)
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [_metadata(item, inputs) for item in value]
+    return value
+
+
+def _both_routes(mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict | None = None) -> tuple[Any, Any, bool]:
+    """(the mode's result, the short route's, whether the short route was taken); an error as its type."""
+    kwargs = kwargs or {}
+    inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    inputs += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+    try:
+        with mode:
+            through_mode = _metadata(func(*args, **kwargs), inputs)
+    except Exception as error:  # noqa: BLE001 - an error must be an error both ways
+        through_mode = type(error).__name__
+    short = MetaKernels(mode)
+    try:
+        out = short(func, args, kwargs)
+        taken = out is not NotImplemented
+        shortcut = _metadata(out, inputs) if taken else through_mode
+    except Exception as error:  # noqa: BLE001
+        taken, shortcut = True, type(error).__name__
+    return through_mode, shortcut, taken
+
+
+def _layouts(mode: FakeTensorMode, shape: list[int], dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """One tensor of `shape` per layout: contiguous; stored reversed, channels last, last two axes
+    swapped; a strided slice of the last axis."""
+    axes = list(range(len(shape)))
+    orders = {tuple(axes[::-1]), tuple([0, *axes[2:], 1][:len(shape)]), tuple([*axes[:-2], *axes[-2:][::-1]])}
+    with mode:
+        yield torch.empty(shape, dtype=dtype, device=device)
+        for order in sorted(orders - {tuple(axes)}):
+            stored = torch.empty([shape[axis] for axis in order], dtype=dtype, device=device)
+            yield stored.permute([order.index(axis) for axis in axes])
+        if shape:
+            yield torch.empty([*shape[:-1], 2 * shape[-1]], dtype=dtype, device=device)[..., ::2]
+
+
+SHAPES = [[3], [1, 4], [2, 3], [2, 1, 3], [2, 3, 4], [1, 3, 1, 2], [2, 3, 2, 2]]
+
+
+def _grid(mode: FakeTensorMode, calls) -> tuple[set[str], list]:
+    """Run every (func, args) both ways; (the ops the short route took at least once, differences)."""
+    differences, taken_by = [], set()
+    for func, args in calls:
+        through_mode, shortcut, taken = _both_routes(mode, func, args)
+        if taken:
+            taken_by.add(str(func))
+        if through_mode != shortcut:
+            shapes = [tuple(a.shape) + (a.stride(),) if isinstance(a, torch.Tensor) else a for a in args]
+            differences.append((str(func), shapes, through_mode, shortcut))
+    return taken_by, differences
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # a fake CUDA device needs no GPU
+def test_pointwise_ops_come_out_as_the_mode_makes_them(device):
+    mode = FakeTensorMode()
+
+    def calls():
+        for shape in SHAPES:
+            for dtype in (torch.float32, torch.bfloat16):
+                for x in _layouts(mode, shape, dtype, device):
+                    with mode:
+                        row = torch.empty(shape[-1:], dtype=torch.float32, device=device)
+                        same = torch.empty(shape, dtype=dtype, device=device)
+                        ints = torch.empty(shape, dtype=torch.int64, device=device)
+                        flags = torch.empty(shape, dtype=torch.bool, device=device)
+                    for func in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor,
+                                 aten.add_.Tensor, aten.mul_.Tensor):
+                        for other in (row, same, ints, x.t() if x.dim() == 2 and x.shape[0] == x.shape[1] else same):
+                            yield func, (x, other)
+                            yield func, (other, x)
+                    for func in (aten.relu_.default, aten.silu_.default, aten.sigmoid.default, aten.tanh.default,
+                                 aten.gelu.default, aten.neg.default, aten.rsqrt.default, aten.silu.default):
+                        yield func, (x,)
+                    yield aten.hardtanh_.default, (x, 0.0, 6.0)
+                    yield aten.pow.Tensor_Scalar, (x, 2)
+                    yield aten.masked_fill.Scalar, (x, flags, 0.0)
+                    yield aten.where.self, (flags, x, row)
+                    yield aten.clamp.default, (x, 0.0, None)
+                    yield aten.add.Tensor, (ints, x)
+                    yield aten.add_.Tensor, (ints, x)  # a float result cannot be written into int64: an error
+
+    taken, differences = _grid(mode, calls())
+    assert differences == []
+    # the route really is taken (the speed depends on it)
+    assert {"aten.add.Tensor", "aten.add_.Tensor", "aten.relu_.default", "aten.hardtanh_.default",
+            "aten.gelu.default", "aten.where.self"} <= taken
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_shape_ops_matmuls_and_norms_come_out_as_the_mode_makes_them(device):
+    mode = FakeTensorMode()
+
+    def calls():
+        for shape in SHAPES:
+            for x in _layouts(mode, shape, device=device):
+                numel = x.numel()
+                for target in ([-1], [numel], [1, numel], [numel, 1], [-1, shape[-1]]):
+                    yield aten.view.default, (x, target)
+                    yield aten._unsafe_view.default, (x, target)
+                for axis in range(x.dim()):
+                    yield aten.split.Tensor, (x, 1, axis)
+                    yield aten.split.Tensor, (x, 2, axis)
+                    yield aten.transpose.int, (x, 0, axis)
+                    yield aten.unsqueeze.default, (x, axis)
+                    yield aten.select.int, (x, axis, 0)
+                    yield aten.slice.Tensor, (x, axis, 0, 1)
+                    yield aten.cat.default, ([x, x], axis)
+                    yield aten.mean.dim, (x, [axis], True)
+                    yield aten._softmax.default, (x, axis, False)
+                for dtype in (torch.float32, torch.bfloat16):
+                    with mode:
+                        y, weight = x.to(dtype), torch.empty(shape[-1], dtype=dtype, device=device)
+                    yield aten.native_layer_norm.default, (y, shape[-1:], weight, weight, 1e-5)
+                    yield aten.native_layer_norm.default, (y, shape[-1:], None, None, 1e-5)
+                if x.dim() == 2:
+                    for columns in (1, 3):
+                        for right in _layouts(mode, [shape[1], columns], device=device):
+                            yield aten.mm.default, (x, right)
+                            for bias_shape in ([columns], [shape[0], columns], [1, columns], [shape[0], 1]):
+                                for bias in _layouts(mode, bias_shape, device=device):
+                                    yield aten.addmm.default, (bias, x, right)
+        with mode:
+            table, ids = torch.empty(10, 4, device=device), torch.zeros(2, 3, dtype=torch.long, device=device)
+        yield aten.embedding.default, (table, ids)
+
+    taken, differences = _grid(mode, calls())
+    assert differences == []
+    assert {"aten.view.default", "aten.split.Tensor", "aten.transpose.int", "aten.cat.default",
+            "aten.native_layer_norm.default", "aten.addmm.default", "aten.mm.default",
+            "aten.embedding.default"} <= taken
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_and_convolution_come_out_as_the_mode_makes_them(device, training):
+    """native_batch_norm: the mode decomposes it (CPU: statistics in the input's dtype, empty in eval),
+    the route runs the meta kernel and remakes the statistics; convolution keeps the mode's rule
+    (which picks the memory format the CPU or CUDA kernel would)."""
+    mode = FakeTensorMode()
+
+    def calls():
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for shape in ([3, 4, 5, 6], [1, 4, 1, 1], [1, 4, 5, 1], [2, 4, 3], [2, 4, 2, 2, 2]):
+                formats = [torch.contiguous_format] + [torch.channels_last] * (len(shape) == 4)
+                for memory_format in formats:
+                    with mode:
+                        x = torch.empty(shape, dtype=dtype, device=device).to(memory_format=memory_format)
+                        stats = torch.empty(4, device=device)
+                    for weight in (stats, None):
+                        yield aten.native_batch_norm.default, (x, weight, weight, stats, stats, training, 0.1, 1e-5)
+                    if len(shape) == 4:
+                        with mode:
+                            kernel = torch.empty(8, 4, 3, 3, dtype=dtype, device=device)
+                            depthwise = torch.empty(4, 1, 3, 3, dtype=dtype, device=device)
+                        yield aten.convolution.default, (x, kernel, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+                        yield aten.convolution.default, (x, depthwise, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 4)
+
+    taken, differences = _grid(mode, calls())
+    # the mode's decomposition divides by zero where a training batch norm sees one value a channel
+    assert [d for d in differences if d[2] != "ZeroDivisionError"] == []
+    assert {"aten.native_batch_norm.default", "aten.convolution.default"} <= taken
+
+
+def test_ops_the_mode_must_shape_itself_do_not_take_the_route():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode()
+    short = MetaKernels(mode)
+    with mode:
+        x, y = torch.empty(2, 3), torch.empty(2, 3, device="cuda")
+        constant = torch.tensor(2.0)  # the mode keeps its value (so .item() works)
+    assert constant.constant is not None
+    assert short(aten.add.Tensor, (x, constant), {}) is NotImplemented
+    assert short(aten.add.Tensor, (x, torch.ones(3)), {}) is NotImplemented  # a real tensor: the mode converts it
+    assert short(aten.add.Tensor, (x, y), {}) is NotImplemented  # mixed devices: the mode's error
+    assert short(aten.nonzero.default, (x,), {}) is NotImplemented  # an output shape from values
+    assert short(aten.empty.memory_format, ([2, 3],), {}) is NotImplemented  # no tensor in
+    assert short(aten.add.Tensor, (x, x), {}) is not NotImplemented
+    symbolic = FakeTensorMode(shape_env=ShapeEnv())
+    named = symbolic.from_tensor(torch.empty(4, 3))
+    assert named._has_symbolic_sizes_strides
+    assert MetaKernels(symbolic)(aten.add.Tensor, (named, named), {}) is NotImplemented  # C++ would pin them
+
+
+def _node_values(model: nn.Module, args: tuple, kwargs: dict | None = None, backward: bool = False) -> list:
+    counting = Counting.prepare("deepspeed", None, None, "dense")
+    captured = counting.capture(model, args, kwargs or {}, "eager", backward=backward)
+    values = []
+    for node in captured.graph_module.graph.nodes:
+        leaves = torch.utils._pytree.tree_leaves(node.meta.get("val"))
+        values.append((node.op, str(node.target), [(tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+                                                   if isinstance(v, torch.Tensor) else v for v in leaves]))
+    rows = [(c.name, c.macs, c.flops, c.bytes, c.input_shapes, c.output_shapes) for c in counting.count(captured)]
+    return values + rows
+
+
+def _same_with_and_without_the_route(monkeypatch, model: nn.Module, args: tuple, kwargs: dict | None = None,
+                                     backward: bool = False) -> None:
+    with_route = _node_values(model, args, kwargs, backward)
+    monkeypatch.setattr(meta_kernels, "_fake_internals", lambda: None)
+    assert with_route == _node_values(model, args, kwargs, backward)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("train", [False, True])
+def test_a_convnet_captures_node_by_node_as_through_the_mode(monkeypatch, channels_last, train):
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.mobilenet_v3_small(num_classes=10).train(train)
+    x = torch.empty(2, 3, 64, 64, device="meta")
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    _same_with_and_without_the_route(monkeypatch, model, (x,), backward=train)
+
+
+def test_a_transformer_captures_node_by_node_as_through_the_mode(monkeypatch):
+    tf = pytest.importorskip("transformers")
+    config = tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)
+    with torch.device("meta"):
+        model = tf.GPT2LMHeadModel(config).eval()
+    _same_with_and_without_the_route(monkeypatch, model, (), {"input_ids": torch.zeros(1, 12, dtype=torch.long)})
+    config = tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=64)
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
+    _same_with_and_without_the_route(monkeypatch, model, (), {"input_ids": torch.zeros(2, 12, dtype=torch.long)},
+                                     backward=True)
