@@ -4,6 +4,7 @@ errors), op by op over a grid and node by node over whole models."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -190,6 +191,59 @@ def test_batch_norm_and_convolution_come_out_as_the_mode_makes_them(device, trai
     # the mode's decomposition divides by zero where a training batch norm sees one value a channel
     assert [d for d in differences if d[2] != "ZeroDivisionError"] == []
     assert {"aten.native_batch_norm.default", "aten.convolution.default"} <= taken
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_cpu_batch_norm_is_shaped_as_the_mode_decomposes_it_in_every_layout(training):
+    """The CPU batch norm made without a kernel (contiguous or channels-last inputs) against the mode's
+    decomposition: every axis order of every shape of sizes 1-3 in 2-4 axes, the canonical orders in 5."""
+    mode = FakeTensorMode()
+
+    def calls():
+        for axes in (2, 3, 4, 5):
+            for shape in itertools.product([1, 2, 3], repeat=axes - 1):
+                shape = [shape[0], 4, *shape[1:]]
+                orders = itertools.permutations(range(axes)) if axes < 5 else \
+                    [(0, 1, 2, 3, 4), (0, 2, 3, 4, 1), (4, 3, 2, 1, 0), (1, 0, 2, 3, 4)]
+                for order in orders:
+                    canonical = order in ((0, 1, 2, 3, 4)[:axes], (0, 2, 3, 1))
+                    for dtype in (torch.float32, torch.bfloat16) if canonical else (torch.float32,):
+                        with mode:
+                            stored = torch.empty([shape[axis] for axis in order], dtype=dtype)
+                            x = stored.permute([order.index(axis) for axis in range(axes)])
+                            stats = torch.empty(4)
+                        yield aten.native_batch_norm.default, (x, stats, stats, stats, stats, training, 0.1, 1e-5)
+                        if canonical:
+                            yield aten.native_batch_norm.default, (x, None, None, stats, stats, training, 0.1, 1e-5)
+        with mode:
+            x, wrong = torch.empty(2, 4, 3, 3), torch.empty(3)
+        yield aten.native_batch_norm.default, (x, wrong, None, torch.empty(4), torch.empty(4), training, 0.1, 1e-5)
+        yield aten.native_batch_norm.default, (x, None, None, None, None, training, 0.1, 1e-5)
+
+    taken, differences = _grid(mode, calls())
+    assert [d for d in differences if d[2] != "ZeroDivisionError"] == []
+    assert "aten.native_batch_norm.default" in taken
+
+
+def test_an_in_place_op_already_run_on_its_dtype_leaves_its_tensor_as_the_mode_does():
+    """After one call has run, an in-place pointwise op on a dense tensor of the same dtype and
+    arguments returns the tensor without a kernel; any other call still runs one, so what the kernel
+    refuses (an overlapping tensor, another dtype, a negative in-place ELU slope) still fails."""
+    mode = FakeTensorMode()
+    short = MetaKernels(mode)
+    with mode:
+        first, second = torch.empty(2, 3, 4), torch.empty(5, 6).t()
+        wide = torch.empty(1, 3).expand(4, 3)  # four rows stored once: in place, an error
+        flags, ints = torch.empty(2, 3, dtype=torch.bool), torch.empty(2, 3, dtype=torch.int64)
+    assert short(aten.hardtanh_.default, (first, 0.0, 6.0), {}) is first
+    assert short._accepted  # the next call of its kind needs no kernel
+    assert short(aten.hardtanh_.default, (second, 0.0, 6.0), {}) is second
+    for func, args in ((aten.hardtanh_.default, (wide, 0.0, 6.0)), (aten.relu_.default, (flags,)),
+                       (aten.hardtanh_.default, (flags, 0.0, 6.0)), (aten.sigmoid_.default, (ints,)),
+                       (aten.elu_.default, (first, 1.0)), (aten.elu_.default, (second.t(), -1.0)),
+                       (aten.elu_.default, (first, -1.0))):
+        through_mode, shortcut, _ = _both_routes(mode, func, args)
+        assert through_mode == shortcut, func
 
 
 def test_ops_the_mode_must_shape_itself_do_not_take_the_route():

@@ -43,6 +43,7 @@ class MetaKernels:
         self._torch = _fake_internals()
         # op -> None (through the mode) or the mode's rules for it, tried in order before its meta kernel
         self._routes: dict[Any, tuple | None] = {}
+        self._accepted: set[tuple] = set()  # in-place calls that have run (see _in_place_key)
         self.enabled = self._torch is not None and not getattr(mode, "propagate_real_tensors", False)
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -57,6 +58,28 @@ class MetaKernels:
         flat = _plain_arguments(self.mode, args, kwargs)
         if flat is None:
             return NotImplemented
+        known = self._known_outcome(func, args, kwargs, flat)
+        if known is not NotImplemented:
+            return known
+        out = self._dispatch_end(func, args, kwargs, flat, rules)
+        key = _in_place_key(func, args, kwargs, flat)
+        if key is not None and out is not NotImplemented:
+            self._accepted.add(key)
+        return out
+
+    def _known_outcome(self, func: Any, args: tuple, kwargs: dict, flat: list[Any]) -> Any:
+        """What the mode's dispatch is known to give without running a kernel, or NotImplemented:
+        an in-place pointwise op on its only tensor leaves it as it is once a call that differs only
+        in sizes has run (its kernel checks the dtype and the scalars, and overlap, which a dense
+        tensor has none of); a CPU batch norm of a canonically laid out input (see
+        _batch_norm_outputs_on_cpu), whose meta kernel is a Python decomposition of ~1 ms."""
+        if func is aten.native_batch_norm.default:
+            return _batch_norm_outputs_on_cpu(args, kwargs)
+        key = _in_place_key(func, args, kwargs, flat)
+        return args[0] if key is not None and key in self._accepted else NotImplemented
+
+    def _dispatch_end(self, func: Any, args: tuple, kwargs: dict, flat: list[Any], rules: tuple) -> Any:
+        """The mode's dispatch from the point its preamble would hand over: its rules, else the meta kernel."""
         if rules:
             with self._torch["unset_fake_temporarily"]():  # as inside the mode's own dispatch
                 for rule in rules:
@@ -136,6 +159,62 @@ def _plain_arguments(mode: Any, args: tuple, kwargs: dict) -> list[Any] | None:
         elif isinstance(value, (list, tuple, dict, torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None
     return flat if device is not None else None
+
+
+def _in_place_key(func: Any, args: tuple, kwargs: dict, flat: list[Any]) -> tuple | None:
+    """For an in-place pointwise op whose only tensor is a dense `self`: what its kernel's checks read
+    (op, dtype, device, the other arguments); None for any other call."""
+    if torch.Tag.inplace not in func.tags or torch.Tag.pointwise not in func.tags:
+        return None
+    tensors = [value for value in flat if isinstance(value, torch.Tensor)]
+    if len(tensors) != 1 or not args or tensors[0] is not args[0] or not _is_dense(args[0]):
+        return None
+    others = tuple((type(value), value) for value in flat if value is not args[0])
+    return func, args[0].dtype, args[0].device, others, tuple(sorted(kwargs))
+
+
+def _is_dense(tensor: torch.Tensor) -> bool:
+    """Laid out as a contiguous or channels-last tensor of its shape: no element stored twice."""
+    return tensor.is_contiguous() or tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+
+
+def _batch_norm_outputs_on_cpu(args: tuple, kwargs: dict) -> Any:
+    """native_batch_norm's outputs on the CPU as the mode's decomposition shapes them, for an input whose
+    strides are the contiguous ones of its shape (or the channels-last ones, 4-d): the output keeps
+    the input's strides and dtype; the saved statistics are [C] in training, [0] in eval, in the
+    input's dtype. Every other case (another device or layout, statistics of another shape, a
+    training batch of one value a channel, where the decomposition divides by zero) takes the kernel.
+    tests/test_meta_kernels.py holds this against the mode for every layout of sizes 1-3 in 2-5 axes."""
+    if kwargs or len(args) != 8:
+        return NotImplemented
+    source, weight, bias, running_mean, running_var, training = args[:6]
+    if source.device.type != "cpu" or source.dim() < 2 or not source.is_floating_point() \
+            or source.storage_offset() != 0 or source.numel() == 0 or not isinstance(training, bool):
+        return NotImplemented
+    channels = source.shape[1]
+    if any(t is not None and tuple(t.shape) != (channels,) for t in (weight, bias, running_mean, running_var)):
+        return NotImplemented
+    if training and source.numel() <= channels or not training and (running_mean is None or running_var is None):
+        return NotImplemented
+    stride = source.stride()
+    if stride != _contiguous_strides(source.shape) and (
+            source.dim() != 4 or stride != _contiguous_strides(source.shape, (0, 2, 3, 1))):
+        return NotImplemented
+    statistics = (channels,) if training else (0,)
+    return (_fake_like(source, tuple(source.shape), source.dtype, stride), _fake_like(source, statistics),
+            _fake_like(source, statistics))
+
+
+def _contiguous_strides(shape: Any, order: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The strides of a tensor of `shape` stored axis by axis in `order` (default: as indexed), as
+    torch gives them: a size-1 axis gets the stride of the axes stored inside it."""
+    order = order or tuple(range(len(shape)))
+    strides = [0] * len(shape)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return tuple(strides)
 
 
 def _batch_norm_statistics_as_decomposed(out: tuple, args: tuple, kwargs: dict) -> tuple:
