@@ -1,23 +1,24 @@
-"""Ops shaped by their meta kernel directly, past FakeTensorMode's per-op dispatch (issue 23).
+"""Ops shaped past FakeTensorMode's per-op dispatch, where its outcome is known (issue 23).
 
-For an op with a meta kernel, FakeTensorMode's dispatch ends by running that kernel and wrapping
-its outputs as fake tensors, but first it hashes the arguments for its cache, checks for constants,
-converts stray real tensors and walks its special cases: 0.3-1.7 ms an op on a first count, where
-the kernel and the wrap take 0.05-0.2 ms. For some ops it runs a Python decomposition instead (batch
-norm: 6-13 ms, 35-55% of a convnet's whole estimate). Here an op whose arguments are all plain fake
-tensors of the capture's mode (static sizes, no constant value, strided) and plain values takes the
-short route, when:
+Before the mode runs an op's rule or meta kernel it hashes the arguments for its cache, checks for
+constants, converts stray real tensors and walks its special cases: 0.3-1.7 ms an op on a first
+count, where the kernel and the wrap take 0.05-0.2 ms; for some ops it runs a Python decomposition
+instead (batch norm: 6-13 ms, 35-55% of a convnet's whole estimate). An op whose arguments are all
+plain fake tensors of the capture's mode (static sizes, no constant value, one device, strided) and
+plain values takes a shorter route:
 
-- the mode would run the op's meta kernel itself (no rule, decomposition or special case of its
-  own for it): the short route is the mode's last step, the same kernel and wrap, so its outputs
-  are the same by construction; or
-- the mode decomposes the op, and the meta kernel is known to shape it the same (`_SHAPED_ALIKE`,
-  each held against the mode's route over a grid of shapes, layouts, dtypes and devices in
-  tests/test_meta_kernels.py): batch norm, with its saved statistics made as the CPU gives them.
+- where the mode would run its own rule for the op or the op's meta kernel, the route runs them and
+  wraps the outputs with the mode's own function: the mode's last step, its result by construction;
+- where the mode decomposes the op, the meta kernel runs only for ops it shapes alike
+  (`_SHAPED_ALIKE`: batch and layer norm, their statistics remade as the CPU route gives them;
+  addmm, split, embedding);
+- a CPU batch norm of a contiguous or channels-last input gets its outputs made directly, and an
+  in-place pointwise op on a dense `self` returns it once a call like it has run its kernel's checks.
 
-Anything else, including every op with a named size (C++ meta kernels would pin SymInts to their
-example values) or a constant (the mode computes small constants for real so `.item()` works),
-goes through the mode as before.
+Views keep the mode's Python rule (the C++ kernel strides size-1 axes otherwise). Anything else goes
+through the mode: named sizes (C++ meta kernels would pin SymInts to their example values), constants
+(the mode computes small ones for real so `.item()` works), the ops it decomposes. tests/test_meta_kernels.py holds
+the two routes equal over grids of shapes, layouts, dtypes and devices, and node by node over models.
 """
 
 from __future__ import annotations
