@@ -310,3 +310,21 @@ def test_a_transformer_captures_node_by_node_as_through_the_mode(monkeypatch):
         model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
     _same_with_and_without_the_route(monkeypatch, model, (), {"input_ids": torch.zeros(2, 12, dtype=torch.long)},
                                      backward=True)
+
+
+def test_an_op_that_fails_fails_in_the_modes_words(monkeypatch):
+    """A kernel's refusal on the short route hands the op back to the mode, whose error is the one raised."""
+
+    class WrongNorm(nn.Module):
+        def forward(self, x):
+            return nn.functional.layer_norm(x, (5,)) + x.transpose(0, 1)
+
+    def failure() -> str:
+        with pytest.raises(Exception) as caught:
+            Counting.prepare("deepspeed", None, None, "dense").capture(WrongNorm(), (torch.empty(2, 3, 4),), {}, "eager")
+        return f"{type(caught.value).__name__}: {caught.value}"
+
+    with_route = failure()
+    monkeypatch.setattr(meta_kernels, "_fake_internals", lambda: None)
+    assert with_route == failure()
+    assert "normalized_shape" in with_route
