@@ -328,3 +328,34 @@ def test_an_op_that_fails_fails_in_the_modes_words(monkeypatch):
     monkeypatch.setattr(meta_kernels, "_fake_internals", lambda: None)
     assert with_route == failure()
     assert "normalized_shape" in with_route
+
+
+def test_ops_dispatched_inside_a_function_mode_keep_the_mode():
+    """vmap's exit runs unsqueeze/expand from C++ while a torch-function mode is active (transformers'
+    mask functions do this): the route must not run Python those modes would see (Tensor.dim calls
+    recorded as nodes, found by benchmarks/meta_route_architectures.py on t5gemma2)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def seen(route_on: bool) -> list[str]:
+        fake = FakeTensorMode()
+        short = MetaKernels(fake)
+        names: list[str] = []
+
+        class Route(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = short(func, args, kwargs or {}) if route_on else NotImplemented
+                return func(*args, **(kwargs or {})) if out is NotImplemented else out
+
+        class Log(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                names.append(getattr(func, "__name__", str(func)))
+                return func(*args, **(kwargs or {}))
+
+        with fake:
+            x, y = torch.empty(2, 3), torch.empty(3)
+        with fake, Route(), Log():
+            torch.vmap(lambda a, b: b + 1, in_dims=(0, None))(x, y)
+        return names
+
+    assert seen(True) == seen(False)

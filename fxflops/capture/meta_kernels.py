@@ -48,7 +48,9 @@ class MetaKernels:
         self.enabled = self._torch is not None and not getattr(mode, "propagate_real_tensors", False)
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if not self.enabled:
+        if not self.enabled or torch._C._is_torch_function_mode_enabled():
+            # an op dispatched from C++ inside a function mode (functorch's vmap exit under
+            # transformers' mask mode): the route's Python would be seen by the mode, the mode's is not
             return NotImplemented
         if func in self._routes:
             rules = self._routes[func]
