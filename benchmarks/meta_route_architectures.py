@@ -43,8 +43,8 @@ from benchmarks import replay_architectures as zoo  # noqa: E402
 
 
 @contextlib.contextmanager
-def route(on: bool, taken: list[int]) -> Iterator[None]:
-    """The short route on (counting into taken[0] the ops it shapes) or off, in this process only."""
+def route(on: bool, taken: Counter[str]) -> Iterator[None]:
+    """The short route on (counting into `taken` the ops it shapes, by op) or off, in this process only."""
     import fxflops.capture.eager as eager
     import fxflops.capture.meta_kernels as meta_kernels
 
@@ -54,7 +54,7 @@ def route(on: bool, taken: list[int]) -> Iterator[None]:
         def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
             out = super().__call__(func, args, kwargs)
             if out is not NotImplemented:
-                taken[0] += 1
+                taken[str(func)] += 1
             return out
 
     if on:
@@ -90,7 +90,7 @@ def outcome(model: Any, args: tuple, kwargs: dict, on: bool, backward: bool) -> 
     """One capture: its node values, cost rows, module calls, cautions and how many ops took the route."""
     from fxflops.api import Counting
 
-    taken = [0]
+    taken: Counter[str] = Counter()
     try:
         with route(on, taken):
             counting = Counting.prepare("deepspeed", None, None, "dense")
@@ -101,7 +101,7 @@ def outcome(model: Any, args: tuple, kwargs: dict, on: bool, backward: bool) -> 
         lines = str(error).splitlines() or [""]
         eager = [line.strip()[len("- eager: "):] for line in lines if line.strip().startswith("- eager: ")]
         return None, f"{type(error).__name__}: {(eager or lines)[0][:300]}"
-    result["taken"] = taken[0]
+    result["taken"] = dict(taken)
     return result, None
 
 
@@ -148,7 +148,8 @@ def compare(model: Any, args: tuple, kwargs: dict, backward: bool = False) -> di
     difference = first_difference(on, off)
     if difference:
         return {"verdict": "finding", "detail": difference}
-    return {"verdict": "identical", "nodes": len(on["values"]), "rows": len(on["rows"]), "taken": on["taken"],
+    return {"verdict": "identical", "nodes": len(on["values"]), "rows": len(on["rows"]),
+            "taken": sum(on["taken"].values()), "taken_ops": on["taken"],
             "leaves": sum(len(v[2]) for v in on["values"])}
 
 
@@ -219,6 +220,12 @@ def report(results: dict, not_reached: list[tuple], seconds: float, workers: int
     return "\n".join(lines) + "\n"
 
 
+def _shaped_alike() -> list[str]:
+    from fxflops.capture.meta_kernels import _SHAPED_ALIKE
+
+    return sorted(str(op) for op in _SHAPED_ALIKE)
+
+
 def _name(job: tuple) -> str:
     return f"{job[1]} ({job[2]})" if job[0].startswith("hf") else f"torchvision {job[1]}"
 
@@ -230,6 +237,7 @@ def _section(title: str, results: dict, not_reached: list[tuple]) -> list[str]:
     examples: dict[str, str] = {}
     findings = []
     cases = nodes = leaves = taken = 0
+    by_op: Counter[str] = Counter()
     for job, answer in sorted(results.items()):
         verdicts = {r["verdict"] for r in answer}
         verdict = "finding" if "finding" in verdicts else "identical" if "identical" in verdicts else "skipped"
@@ -240,6 +248,7 @@ def _section(title: str, results: dict, not_reached: list[tuple]) -> list[str]:
                 nodes += r["nodes"]
                 leaves += r["leaves"]
                 taken += r["taken"]
+                by_op.update(r["taken_ops"])
             elif r["verdict"] == "finding":
                 findings.append((_name(job), r))
         if verdict == "skipped":
@@ -262,6 +271,8 @@ def _section(title: str, results: dict, not_reached: list[tuple]) -> list[str]:
         f"- skipped (failed in both modes): {counts['skipped']}"
         + (f" ({len(unequal_errors)} with a different error each way, listed below)" if unequal_errors else ""),
         f"- findings (differ, or fail in one mode only): {counts['finding']} models, {len(findings)} cases",
+        f"- ops the short route shaped in the identical cases: {len(by_op)} distinct; of those the mode "
+        f"decomposes (_SHAPED_ALIKE): " + ", ".join(f"{op} {by_op[op]}" for op in _shaped_alike()),
         "",
         f"### Findings ({title})",
         "",
