@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,10 +55,14 @@ def _rows(model: Any, args: tuple, kwargs: dict, replay: bool) -> tuple:
     counting = Counting.prepare("deepspeed", None, None, "dense")
     captured = counting.capture(model, args, kwargs, "eager", replay=replay)
     copied = sum(REPLAY_OF in node.meta for node in captured.graph_module.graph.nodes)
-    rows = [(c.name, c.op, c.status, c.rule, c.module, c.module_type, c.macs, c.flops, c.bytes, c.source,
+    return cost_rows(counting, captured), dict(captured.module_calls), list(captured.cautions), copied
+
+
+def cost_rows(counting: Any, captured: Any) -> list[tuple]:
+    """Every node's cost row, every field a count or a reader of it shows (meta_route_architectures.py too)."""
+    return [(c.name, c.op, c.status, c.rule, c.module, c.module_type, c.macs, c.flops, c.bytes, c.source,
              c.input_shapes, c.output_shapes, c.attention, c.kept_pairs, c.dense_macs, c.effective_macs)
             for c in counting.count(captured)]
-    return rows, dict(captured.module_calls), list(captured.cautions), copied
 
 
 def _attempt(model: Any, args: tuple, kwargs: dict, replay: bool) -> tuple[Any, str | None]:
@@ -180,8 +185,9 @@ def _build_hf(model_type: str, class_name: str, tiny: bool) -> tuple[Any, list[t
     return model, _inputs(model, config)
 
 
-def check_hf(model_type: str, class_name: str) -> list[dict]:
-    """Both modes of one Hugging Face class, with use_cache=False and the default where it takes one."""
+def check_hf(model_type: str, class_name: str, compare: Callable[..., dict] = compare) -> list[dict]:
+    """Both modes of one Hugging Face class, with use_cache=False and the default where it takes one
+    (`compare(model, args, kwargs)` judges one case: meta_route_architectures.py passes its own)."""
     failures = []
     for tiny in (True, False):
         try:
@@ -207,7 +213,7 @@ def check_hf(model_type: str, class_name: str) -> list[dict]:
     return [{"verdict": "skipped", "reason": failures[-1], "case": "-", "config": "-"}]
 
 
-def check_torchvision(name: str) -> list[dict]:
+def check_torchvision(name: str, compare: Callable[..., dict] = compare) -> list[dict]:
     import torch
     import torchvision
 
@@ -274,7 +280,8 @@ def tv_jobs() -> list[tuple]:
     return [("tv", name) for name in sorted(torchvision.models.list_models(module=torchvision.models))]
 
 
-def run(jobs: list[tuple], workers: int, timeout: float, budget: float) -> tuple[dict, list[tuple]]:
+def run(jobs: list[tuple], workers: int, timeout: float, budget: float,
+        worker: Callable[[Any, Any], None] = _worker) -> tuple[dict, list[tuple]]:
     context = mp.get_context("spawn")
     answers = context.Queue()
     results: dict[tuple, list[dict]] = {}
@@ -284,7 +291,7 @@ def run(jobs: list[tuple], workers: int, timeout: float, budget: float) -> tuple
 
     def spawn() -> dict:
         requests = context.Queue()
-        process = context.Process(target=_worker, args=(requests, answers), daemon=True)
+        process = context.Process(target=worker, args=(requests, answers), daemon=True)
         process.start()
         return {"process": process, "requests": requests, "job": None, "since": 0.0}
 
