@@ -359,3 +359,24 @@ def test_ops_dispatched_inside_a_function_mode_keep_the_mode():
         return names
 
     assert seen(True) == seen(False)
+
+
+def test_metadata_queries_are_answered_as_the_mode_answers_them():
+    """prim.device (asked by the dispatcher inside many ops) and aten.size/stride: the mode's first
+    step answers them from the fake tensor; the route gives the same answer, meta inside a kernel."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    fake = FakeTensorMode()
+    short = MetaKernels(fake)
+    for device in ("cpu", "cuda"):
+        with fake:
+            x = torch.empty(2, 3, device=device)[:, 1:]
+        for func in (torch.ops.prim.device.default, aten.size.default, aten.stride.default,
+                     aten.storage_offset.default):
+            with fake:
+                expected = func(x)
+            answer = short(func, (x,), {})  # (a tuple for int[]: the dispatcher hands the caller a list)
+            assert (list(answer) if isinstance(answer, tuple) else answer) == expected, (func, device)
+        assert short(torch.ops.prim.device.default, (x,), {}) == x.device
+        with in_kernel_invocation_manager(fake):
+            assert short(torch.ops.prim.device.default, (x,), {}) == torch.device("meta")

@@ -52,6 +52,9 @@ class MetaKernels:
             # an op dispatched from C++ inside a function mode (functorch's vmap exit under
             # transformers' mask mode): the route's Python would be seen by the mode, the mode's is not
             return NotImplemented
+        answer = self._torch["_DISPATCH_META_HANDLERS"].get(func)
+        if answer is not None:  # prim.device and other metadata queries: the mode's first step answers them
+            return answer(args)
         if func in self._routes:
             rules = self._routes[func]
         else:
