@@ -144,6 +144,9 @@ def test_ctrl_c_while_importing_exits_130_quietly(capsys, monkeypatch):
 _INTERRUPTED_IMPORT = """
 import os, signal, sys
 
+# as in a terminal: a test run started in the background (nohup ... &) inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 class InterruptTorchC:
     def find_spec(self, name, path=None, target=None):
         if name == "torch._C":
