@@ -23,13 +23,11 @@ one that fails in one mode only, or differs, is a finding, reported with its fir
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import inspect
 import os
 import sys
 import time
-import traceback
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import replay_architectures as zoo  # noqa: E402
+from benchmarks.replay_architectures import Tally, job_name  # noqa: E402
 
 # ---------------------------------------------------------------- the worker side
 
@@ -169,31 +168,21 @@ def compare_trained(model: Any, args: tuple, kwargs: dict) -> dict:
         model.eval()
 
 
+def _check(job: tuple) -> list[dict]:
+    kind, *names = job
+    judge = compare_trained if kind.endswith("-train") else compare
+    if kind.startswith("hf"):
+        results = zoo.check_hf(*names, compare=judge)
+    else:
+        results = zoo.check_torchvision(*names, compare=judge)
+    results = [r for r in results if r["verdict"] != "not run"]
+    if kind == "tv-train":  # compare_trained ran it at batch 2
+        results = [dict(r, case=r["case"].replace("1x3x", "2x3x", 1)) for r in results]
+    return results
+
+
 def _worker(requests: Any, answers: Any) -> None:
-    import warnings
-
-    import torch
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    while True:
-        job = requests.get()
-        if job is None:
-            return
-        kind, *names = job
-        judge = compare_trained if kind.endswith("-train") else compare
-        try:
-            if kind.startswith("hf"):
-                results = zoo.check_hf(*names, compare=judge)
-            else:
-                results = zoo.check_torchvision(*names, compare=judge)
-            results = [r for r in results if r["verdict"] != "not run"]
-            if kind == "tv-train":  # compare_trained ran it at batch 2
-                results = [dict(r, case=r["case"].replace("1x3x", "2x3x", 1)) for r in results]
-        except Exception:  # noqa: BLE001
-            results = [{"verdict": "finding", "detail": "worker crash: " + traceback.format_exc(limit=3)[-600:],
-                        "case": "-", "config": "-"}]
-        answers.put((job, results))
+    zoo.serve(requests, answers, _check)
 
 
 # ---------------------------------------------------------------- the parent side
@@ -226,39 +215,15 @@ def _shaped_alike() -> list[str]:
     return sorted(str(op) for op in _SHAPED_ALIKE)
 
 
-def _name(job: tuple) -> str:
-    return f"{job[1]} ({job[2]})" if job[0].startswith("hf") else f"torchvision {job[1]}"
-
-
 def _section(title: str, results: dict, not_reached: list[tuple]) -> list[str]:
-    counts: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    skipped_models: dict[str, list[str]] = {}
-    examples: dict[str, str] = {}
-    findings = []
-    cases = nodes = leaves = taken = 0
+    tally = Tally.of(results)
+    counts, findings = tally.counts, tally.findings
+    cases = len(tally.identical)
+    nodes, leaves, taken = (sum(r[key] for _, r in tally.identical) for key in ("nodes", "leaves", "taken"))
     by_op: Counter[str] = Counter()
-    for job, answer in sorted(results.items()):
-        verdicts = {r["verdict"] for r in answer}
-        verdict = "finding" if "finding" in verdicts else "identical" if "identical" in verdicts else "skipped"
-        counts[verdict] += 1
-        for r in answer:
-            if r["verdict"] == "identical":
-                cases += 1
-                nodes += r["nodes"]
-                leaves += r["leaves"]
-                taken += r["taken"]
-                by_op.update(r["taken_ops"])
-            elif r["verdict"] == "finding":
-                findings.append((_name(job), r))
-        if verdict == "skipped":
-            reason = answer[0]["reason"]
-            parts = reason.split(": ")
-            short = ": ".join(parts[:3] if parts[0] == "capture" else parts[:2])
-            examples.setdefault(short, reason)
-            reasons[short] += 1
-            skipped_models.setdefault(short, []).append(job[1])
-    unequal_errors = [(_name(job), r) for job, answer in results.items() for r in answer
+    for _, r in tally.identical:
+        by_op.update(r["taken_ops"])
+    unequal_errors = [(job_name(job), r) for job, answer in results.items() for r in answer
                       if r["verdict"] == "skipped" and r.get("same_error") is False]
     hf = sum(1 for j in results if j[0].startswith("hf"))
     lines = [
@@ -287,41 +252,23 @@ def _section(title: str, results: dict, not_reached: list[tuple]) -> list[str]:
             lines += [f"- {name}: route on `{r['on_error'][:200]}`; route off `{r['reason'][:200]}`"]
     lines += ["", f"### Identical ({title})", "", "| model | case | config | nodes | route-shaped ops |",
               "|---|---|---|---:|---:|"]
-    for job, answer in sorted(results.items()):
-        for r in answer:
-            if r["verdict"] == "identical":
-                lines.append(f"| {job[1]} | {r['case']} | {r['config']} | {r['nodes']} | {r['taken']} |")
-    lines += ["", f"### Skipped, by reason ({title})", ""]
-    for reason, n in reasons.most_common():
-        lines.append(f"- {n}: `{reason[:120]}` (say `{examples[reason][:200]}`): "
-                     f"{', '.join(sorted(skipped_models[reason]))}")
+    lines += [f"| {job[1]} | {r['case']} | {r['config']} | {r['nodes']} | {r['taken']} |" for job, r in tally.identical]
+    lines += ["", f"### Skipped, by reason ({title})", ""] + tally.skipped_lines()
     if not_reached:
         lines += ["", f"### Not reached ({title})", "", ", ".join(j[1] for j in not_reached)]
     return lines + [""]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated model types / torchvision names")
+    parser = zoo.sweep_parser(__doc__, "meta_route_architectures", workers=1, budget=50 * 60,
+                              timeout_help="seconds per model and mode")
     parser.add_argument("--part", choices=("all", "eval", "train"), default="all")
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=90.0, help="seconds per model and mode")
-    parser.add_argument("--budget", type=float, default=50 * 60, help="seconds before no new model starts")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "meta_route_architectures.md"))
     options = parser.parse_args()
-    jobs = zoo.tv_jobs() + zoo.hf_jobs()
-    if options.only:
-        wanted = set(options.only.split(","))
-        jobs = [job for job in jobs if job[1] in wanted]
     parts = {"all": ("", "-train"), "eval": ("",), "train": ("-train",)}[options.part]
-    jobs = [(kind + suffix, *names) for suffix in parts for kind, *names in jobs]
+    jobs = [(kind + suffix, *names) for suffix in parts for kind, *names in zoo.selected_jobs(options.only)]
     start = time.monotonic()
     results, not_reached = zoo.run(jobs, options.workers, options.timeout, options.budget, worker=_worker)
-    text = report(results, not_reached, time.monotonic() - start, options.workers)
-    if options.output:
-        with open(options.output, "w") as f:
-            f.write(text)
-    print(text)
+    zoo.publish(report(results, not_reached, time.monotonic() - start, options.workers), options.output)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,7 +238,8 @@ def check_torchvision(name: str, compare: Callable[..., dict] = compare) -> list
     return [result]
 
 
-def _worker(requests: Any, answers: Any) -> None:
+def serve(requests: Any, answers: Any, check: Callable[[tuple], list[dict]]) -> None:
+    """A worker's loop: answer each job from `requests` with `check(job)`, a crash as a finding."""
     import warnings
 
     import torch
@@ -248,14 +250,21 @@ def _worker(requests: Any, answers: Any) -> None:
         job = requests.get()
         if job is None:
             return
-        kind, *names = job
         try:
-            results = check_hf(*names) if kind == "hf" else check_torchvision(*names)
-        except Exception as error:  # noqa: BLE001
+            results = check(job)
+        except Exception:  # noqa: BLE001
             results = [{"verdict": "finding", "detail": "worker crash: " + traceback.format_exc(limit=3)[-600:],
                         "case": "-", "config": "-"}]
-            del error
         answers.put((job, results))
+
+
+def _check(job: tuple) -> list[dict]:
+    kind, *names = job
+    return check_hf(*names) if kind == "hf" else check_torchvision(*names)
+
+
+def _worker(requests: Any, answers: Any) -> None:
+    serve(requests, answers, _check)
 
 
 # ---------------------------------------------------------------- the parent side
@@ -328,33 +337,52 @@ def run(jobs: list[tuple], workers: int, timeout: float, budget: float,
     return results, pending
 
 
+def job_name(job: tuple) -> str:
+    return f"{job[1]} ({job[2]})" if job[0].startswith("hf") else f"torchvision {job[1]}"
+
+
+@dataclass
+class Tally:
+    """A sweep's answers sorted by verdict: a model is a finding if any case is, else identical if any case is."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    identical: list[tuple[tuple, dict]] = field(default_factory=list)
+    findings: list[tuple[str, dict]] = field(default_factory=list)
+    reasons: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    skipped_models: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, results: dict) -> Tally:
+        tally = cls()
+        for job, answer in sorted(results.items()):
+            verdicts = {r["verdict"] for r in answer}
+            verdict = "finding" if "finding" in verdicts else "identical" if "identical" in verdicts else "skipped"
+            tally.counts[verdict] += 1
+            tally.identical += [(job, r) for r in answer if r["verdict"] == "identical"]
+            tally.findings += [(job_name(job), r) for r in answer if r["verdict"] == "finding"]
+            if verdict == "skipped":
+                tally.add_skip(job[1], answer[0]["reason"])
+        return tally
+
+    def add_skip(self, model: str, reason: str) -> None:
+        parts = reason.split(": ")
+        short = ": ".join(parts[:3] if parts[0] == "capture" else parts[:2])
+        self.examples.setdefault(short, reason)
+        self.reasons[short] += 1
+        self.skipped_models.setdefault(short, []).append(model)
+
+    def skipped_lines(self) -> list[str]:
+        return [f"- {n}: `{reason[:120]}` (say `{self.examples[reason][:200]}`): "
+                f"{', '.join(sorted(self.skipped_models[reason]))}" for reason, n in self.reasons.most_common()]
+
+
 def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
     from benchmarks.common import environment
 
-    counts: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    skipped_models: dict[str, list[str]] = {}
-    examples: dict[str, str] = {}
-    findings = []
-    copied = cases = 0
-    for job, answer in sorted(results.items()):
-        name = f"{job[1]} ({job[2]})" if job[0] == "hf" else f"torchvision {job[1]}"
-        verdicts = {r["verdict"] for r in answer}
-        verdict = "finding" if "finding" in verdicts else "identical" if "identical" in verdicts else "skipped"
-        counts[verdict] += 1
-        for r in answer:
-            if r["verdict"] == "identical":
-                cases += 1
-                copied += r["copied"]
-            elif r["verdict"] == "finding":
-                findings.append((name, r))
-        if verdict == "skipped":
-            reason = answer[0]["reason"]
-            parts = reason.split(": ")
-            short = ": ".join(parts[:3] if parts[0] == "capture" else parts[:2])
-            examples.setdefault(short, reason)
-            reasons[short] += 1
-            skipped_models.setdefault(short, []).append(job[1])
+    tally = Tally.of(results)
+    counts, findings = tally.counts, tally.findings
+    cases, copied = len(tally.identical), sum(r["copied"] for _, r in tally.identical)
     lines = [
         "# Replay against a full capture, over architectures",
         "",
@@ -380,38 +408,44 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
     for name, r in findings:
         lines += [f"### {name}, {r['case']}, {r['config']}", "", "```", r["detail"], "```", ""]
     lines += ["", "## Identical", "", "| model | case | config | nodes | replayed |", "|---|---|---|---:|---:|"]
-    for job, answer in sorted(results.items()):
-        for r in answer:
-            if r["verdict"] == "identical":
-                lines.append(f"| {job[1]} | {r['case']} | {r['config']} | {r['nodes']} | {r['copied']} |")
-    lines += ["", "## Skipped, by reason", ""]
-    for reason, n in reasons.most_common():
-        lines.append(f"- {n}: `{reason[:120]}` (say `{examples[reason][:200]}`): "
-                     f"{', '.join(sorted(skipped_models[reason]))}")
+    lines += [f"| {job[1]} | {r['case']} | {r['config']} | {r['nodes']} | {r['copied']} |" for job, r in tally.identical]
+    lines += ["", "## Skipped, by reason", ""] + tally.skipped_lines()
     if not_reached:
         lines += ["", "## Not reached", "", ", ".join(j[1] for j in not_reached)]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sweep_parser(doc: str, name: str, workers: int, budget: float, timeout_help: str) -> argparse.ArgumentParser:
+    """The options an architecture sweep takes; its report goes to benchmarks/results/<name>.md."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated model types / torchvision names")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=90.0, help="seconds per model")
-    parser.add_argument("--budget", type=float, default=22 * 60, help="seconds before no new model starts")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "replay_architectures.md"))
-    options = parser.parse_args()
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--timeout", type=float, default=90.0, help=timeout_help)
+    parser.add_argument("--budget", type=float, default=budget, help="seconds before no new model starts")
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", f"{name}.md"))
+    return parser
+
+
+def selected_jobs(only: str) -> list[tuple]:
+    """Every torchvision and Hugging Face job, or those `only` names (comma-separated)."""
     jobs = hf_jobs() + tv_jobs()
-    if options.only:
-        wanted = set(options.only.split(","))
-        jobs = [job for job in jobs if job[1] in wanted]
-    start = time.monotonic()
-    results, not_reached = run(jobs, options.workers, options.timeout, options.budget)
-    text = report(results, not_reached, time.monotonic() - start)
-    if options.output:
-        with open(options.output, "w") as f:
+    wanted = set(only.split(",")) if only else None
+    return [job for job in jobs if wanted is None or job[1] in wanted]
+
+
+def publish(text: str, output: str) -> None:
+    if output:
+        with open(output, "w") as f:
             f.write(text)
     print(text)
+
+
+def main() -> None:
+    options = sweep_parser(__doc__, "replay_architectures", workers=2, budget=22 * 60,
+                           timeout_help="seconds per model").parse_args()
+    start = time.monotonic()
+    results, not_reached = run(selected_jobs(options.only), options.workers, options.timeout, options.budget)
+    publish(report(results, not_reached, time.monotonic() - start), options.output)
 
 
 if __name__ == "__main__":
