@@ -13,12 +13,14 @@ plain values takes a shorter route:
   (`_SHAPED_ALIKE`: batch and layer norm, their statistics remade as the CPU route gives them;
   addmm, split, embedding);
 - a CPU batch norm of a contiguous or channels-last input gets its outputs made directly, and an
-  in-place pointwise op on a dense `self` returns it once a call like it has run its kernel's checks.
+  in-place pointwise op on a dense `self` returns it once a call like it has run its kernel's checks;
+- metadata queries (prim.device, aten.size/stride/storage_offset) get the mode's first-step answer.
 
 Views keep the mode's Python rule (the C++ kernel strides size-1 axes otherwise). Anything else goes
 through the mode: named sizes (C++ meta kernels would pin SymInts to their example values), constants
-(the mode computes small ones for real so `.item()` works), the ops it decomposes. tests/test_meta_kernels.py holds
-the two routes equal over grids of shapes, layouts, dtypes and devices, and node by node over models.
+(the mode computes small ones for real so `.item()` works), the ops it decomposes, and every op while a
+torch-function mode is active (it would see the route's Python). tests/test_meta_kernels.py holds the
+two routes equal over grids of shapes, layouts, dtypes and devices, and node by node over models.
 """
 
 from __future__ import annotations
