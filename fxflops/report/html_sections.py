@@ -26,9 +26,11 @@ from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate
 def header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
     shapes = escape(inputs_text(estimate.input_shapes))
-    mode = "" if estimate.training is None else f" · mode {'train' if estimate.training else 'eval'}"
+    # the training flag (dropout, batch statistics) and the passes counted are two things: say both
+    mode = "" if estimate.training is None else f" · model in {'train' if estimate.training else 'eval'} mode"
+    passes = "forward + backward" if estimate.backward else "forward"
     return (f"<h1>{escape(estimate.model_type)}</h1>"
-            f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
+            f'<p class="sub">fxflops {what} · counts the {passes} · method {escape(estimate.method)} · conventions '
             f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))}{mode} · inputs {shapes}</p>")
 
 
@@ -43,7 +45,7 @@ def cards(estimate: Estimate) -> str:
         cards += [("bwd MACs", macs_to_string(estimate.bwd_macs)), ("bwd FLOPs", number_to_string(estimate.bwd_flops))]
     totals = estimate.attention_totals()
     if totals is not None and totals.differ:
-        cards.append((f"attention FLOPs, dense / effective ({', '.join(totals.patterns)})",
+        cards.append((f"attention FLOPs{_both_passes(estimate)}, dense / effective ({', '.join(totals.patterns)})",
                        f"{number_to_string(totals.dense_flops)} / {number_to_string(totals.effective_flops)}"))
     if estimate.total_bytes:
         cards.append(("bytes moved", bytes_to_string(estimate.total_bytes)))
@@ -57,6 +59,11 @@ def cards(estimate: Estimate) -> str:
         f'<div class="card{" bad" if label == "unknown ops" and unknown else ""}">'
         f'<div class="value">{escape(value)}</div><div class="label">{escape(label)}</div></div>'
         for label, value in cards)
+
+
+def _both_passes(estimate: Estimate) -> str:
+    """Attention totals hold both passes when the backward was counted, beside cards of the forward's."""
+    return " (fwd + bwd)" if estimate.backward else ""
 
 
 def icicle_section(metrics: list[Metric]) -> str:
@@ -85,7 +92,7 @@ def cautions_section(estimate: Estimate) -> str:
     notes = list(estimate.cautions)
     attention = attention_text(estimate)
     if attention is not None:
-        notes.append(f"attention FLOPs: {attention}")
+        notes.append(f"attention FLOPs{_both_passes(estimate)}: {attention}")
     if estimate.input_values:
         notes.insert(0, f"the model ran once, on {estimate.input_values}")
     if not notes:
