@@ -106,18 +106,43 @@ def module_infos(model: torch.nn.Module) -> tuple[dict[str, ModuleInfo], dict[st
             aliases[name] = alias_of
     names = {name for name, _ in order}
     children = {name: tuple(_children(name, module, names)) for name, module in order}
-    owned: dict[str, dict[int, int]] = {}
+    first = _first_owners(order)
+    params: dict[str, int] = {}
+    shared: dict[str, list[tuple[str, str]]] = {}
     for name, module in reversed(order):  # children before parents
-        params = {id(p): _numel(p) for p in module._parameters.values() if p is not None}
+        own = [(key, p) for key, p in module._parameters.items() if p is not None]
+        params[name] = sum(_numel(p) for key, p in own if first[id(p)] == _joined(name, key))
+        params[name] += sum(params[child] for child in children[name])
+        # a tied weight is left out here when its first owner lies outside this subtree: say where it counts
+        held = [(key, first[id(p)]) for key, p in own if first[id(p)] != _joined(name, key)]
         for child in children[name]:
-            params.update(owned[child])
-        owned[name] = params
+            held += [(_joined(child[len(name) + 1:] if name else child, key), owner) for key, owner in shared[child]]
+        shared[name] = [(key, owner) for key, owner in held if not _within(owner, name)]
     infos = {
         name: ModuleInfo(type=type(module).__name__, extra_repr=_extra_repr(module),
-                         children=children[name], params=sum(owned[name].values()))
+                         children=children[name], params=params[name], shared=tuple(shared[name]))
         for name, module in order
     }
     return infos, aliases
+
+
+def _first_owners(order: list[tuple[str, torch.nn.Module]]) -> dict[int, str]:
+    """id(parameter) -> the qualified name it has first in definition order (as model.named_parameters())."""
+    first: dict[int, str] = {}
+    for name, module in order:
+        for key, p in module._parameters.items():
+            if p is not None:
+                first.setdefault(id(p), _joined(name, key))
+    return first
+
+
+def _joined(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _within(qualified: str, module: str) -> bool:
+    """Whether a qualified parameter name belongs to `module` or one of its submodules."""
+    return module == "" or qualified.startswith(module + ".")
 
 
 def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:

@@ -17,6 +17,7 @@ from fxflops.report.formats import (
     macs_to_string,
     number_to_string,
     params_to_string,
+    shared_to_string,
 )
 from fxflops.report.html_data import Metric, forward_prefix, timed, unknown_modules
 from fxflops.report.text_summary import attention_text, inputs_text
@@ -128,6 +129,9 @@ def modules_table(estimate: Estimate) -> str:
         headers += [("latency", True), ("achieved", True)]
     if prediction is not None:
         headers += [("predicted", True), ("bound", False)]
+    tied = any(stats.shared for stats in estimate.modules.values())
+    if tied:  # params count a tied weight once, at its first owner: the others name it here
+        headers += [("tied params (counted at)", False)]
     unknown = unknown_modules(estimate)
     rows = []
     for name, stats in estimate.modules.items():
@@ -158,6 +162,8 @@ def modules_table(estimate: Estimate) -> str:
             cells += [_cell("" if predicted is None else duration_to_string(predicted.latency),
                             -1 if predicted is None else predicted.latency),
                       _cell("" if predicted is None else predicted.bound)]
+        if tied:
+            cells.append(_cell(shared_to_string(stats.shared)))
         cls = ' class="unknown"' if name in unknown else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     return _table("modules", headers, rows)

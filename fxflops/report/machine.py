@@ -42,7 +42,11 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                   fwd_macs, fwd_flops, bwd_fwd_ratio: float|null, achieved_bwd_flops: float|null,
                   bytes, self_bytes (memory read + written by its ops, inclusive / own; see
                   fxflops.traffic), intensity: float|null (flops per byte),
-                  predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction)}
+                  predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction),
+                  shared: {name: name} tied weights under the module that `params` leaves out because
+                  an earlier module holds them: the parameter's name relative to the module -> the first
+                  owner's qualified name, e.g. {"weight": "transformer.wte.weight"} for GPT-2's lm_head;
+                  each parameter counts once, at its first owner, so module params add up to totals}
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}   e.g.
                       "aten.mm.default"; status: "counted", "zero" or "unknown" ("/"-joined when mixed)
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}
@@ -60,7 +64,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
-and bound without a prediction.
+and bound without a prediction; shared is `name=first owner` pairs joined by `;` (empty: none).
 """
 
 from __future__ import annotations
@@ -112,10 +116,13 @@ MODULE_FIELDS = (
     "self_bwd_flops",
     "bytes",
     "self_bytes",
+    "shared",
 )
 DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops", "intensity")  # written, not read back
 PREDICTED_FIELDS = ("predicted_latency", "bound")  # empty without a prediction
-CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS + PREDICTED_FIELDS
+# shared last, so the columns before it keep their places; its cell reads `weight=transformer.wte.weight`
+CSV_COLUMNS = (tuple(field for field in MODULE_FIELDS if field not in ("children", "shared"))
+               + DERIVED_FIELDS + PREDICTED_FIELDS + ("shared",))
 
 
 def jsonable(value: Any) -> Any:
@@ -151,6 +158,7 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, Any]]:
 def _module_dict(stats: ModuleStats, backward: bool, prediction: Any = None) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
     record["children"] = list(stats.children)
+    record["shared"] = dict(stats.shared)
     for field in DERIVED_FIELDS:
         record[field] = getattr(stats, field)
     if not backward:  # no backward counted: no ratio, rather than 0
@@ -258,10 +266,12 @@ def to_json(
 
 def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
     """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
-    return [
-        {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
-        for stats in estimate.modules.values()
-    ]
+    rows = []
+    for stats in estimate.modules.values():
+        row = {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
+        row["shared"] = ";".join(f"{name}={owner}" for name, owner in stats.shared.items())
+        rows.append(row)
+    return rows
 
 
 def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
@@ -283,6 +293,7 @@ def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
 def _module_from(record: dict[str, Any]) -> ModuleStats:
     values = {field: record[field] for field in MODULE_FIELDS if field in record}
     values["children"] = list(values.get("children", []))
+    values["shared"] = dict(values.get("shared", {}))
     return ModuleStats(**values)
 
 
