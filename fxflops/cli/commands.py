@@ -125,7 +125,7 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
     if args.compare:
         comparison = result.compare()
         if args.run_tools:
-            comparison.run_tools(model, loaded.args, loaded.kwargs)
+            comparison.run_tools(*_real_for_tools(args, loaded, model, result.total_params))
         parts.append(comparison)
     if args.format == "json":
         import json
@@ -133,6 +133,29 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
         data = [part.to_dict() for part in parts]
         return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
     return "\n\n".join(str(part) for part in parts) + "\n"
+
+
+def _real_for_tools(args: argparse.Namespace, loaded, model, params: int) -> tuple:
+    """(model, args, kwargs, why_not_real) for --run-tools: fvcore, ptflops and DeepSpeed run a real
+    forward, so a model built on the meta device is built again on the CPU with random weights and zero
+    inputs when it is at most REAL_PARAMS_LIMIT parameters; otherwise the meta one, and why, in one line."""
+    import dataclasses
+
+    from fxflops.report.formats import params_to_string
+    from fxflops.tool_runs import REAL_PARAMS_LIMIT, on_meta, real_tools_installed
+
+    if not on_meta(model, loaded.args, loaded.kwargs) or not real_tools_installed():
+        return model, loaded.args, loaded.kwargs, ""
+    if params > REAL_PARAMS_LIMIT:
+        return model, loaded.args, loaded.kwargs, (
+            f"--run-tools builds models of at most {params_to_string(REAL_PARAMS_LIMIT)} params with real weights "
+            f"({args.model} has {params_to_string(params)}): run the tool from Python on a model you built")
+    rebuilt = load(args.model, dataclasses.replace(input_options(args), device="cpu"))
+    real = rebuilt.model.train() if args.train else rebuilt.model
+    if on_meta(real, rebuilt.args, rebuilt.kwargs):
+        return model, loaded.args, loaded.kwargs, (
+            f"{args.model} builds its model or inputs on the meta device itself; have it build them on the CPU")
+    return real, rebuilt.args, rebuilt.kwargs, ""
 
 
 def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progress: StageProgress) -> tuple:

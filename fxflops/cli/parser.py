@@ -163,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "to the convention that causes it (json with --format json)")
     report.add_argument("--run-tools", action="store_true",
                         help="with --compare: also run FlopCounterMode, fvcore, ptflops and DeepSpeed where "
-                             "installed, and show their own numbers beside ours")
+                             "installed, and show their own numbers beside ours; fvcore, ptflops and DeepSpeed run "
+                             "a real forward, on the model built again on the CPU with random weights when it has "
+                             "at most 200 M params")
     report.add_argument("--roofline", metavar="FILE.svg",
                         help="with --device: also write the roofline picture of every module as an SVG image")
     parser.add_argument("--quiet", "-q", action="store_true",
