@@ -138,7 +138,8 @@ def _roof(scale: _Scale, peak: float, bandwidth: float, color: str, label: str, 
           taken: list[Box], dashed: bool = False) -> str:
     low, high = (10.0 ** e for e in scale.x_range)
     ridge = min(max(peak / bandwidth, low), high)
-    corners = [(low, min(peak, bandwidth * low)), (ridge, min(peak, bandwidth * ridge)), (high, peak)]
+    start = min(max(low, 10.0 ** scale.y_range[0] / bandwidth), ridge)  # where the slope enters the plot
+    corners = [(start, min(peak, bandwidth * start)), (ridge, min(peak, bandwidth * ridge)), (high, peak)]
     path = " ".join(f"{scale.x(x):.1f},{scale.y(y):.1f}" for x, y in corners)
     dash = ' stroke-dasharray="6 4"' if dashed else ""
     text = f"{label}: {flops_to_string(peak)}"
