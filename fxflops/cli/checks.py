@@ -9,7 +9,6 @@ with a `ModelSpecError` naming the option and what to give instead.
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
@@ -41,8 +40,10 @@ def load_rules(paths: list[str]) -> list | None:
             entries = load_user_entries(paths)
         except RuleFileError as error:
             raise ModelSpecError(str(error)) from None
+    from fxflops.cli.output import say
+
     for warning in caught:
-        sys.stderr.write(f"fxflops: warning: {warning.message}\n")
+        say(f"warning: {warning.message}")
     return entries
 
 

@@ -23,6 +23,7 @@ from fxflops.cli.output import (
     examples_listing,
     render,
     render_sweep,
+    say,
 )
 from fxflops.cli.parser import input_options
 from fxflops.cli.progress import StageProgress
@@ -67,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
         Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8",
                                        errors=ENCODING_ERRORS)
         if not args.quiet:
-            sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
+            say(f"wrote the roofline of {result.model_type} to {args.roofline}")
     if args.output:
         with open(args.output, "w", encoding="utf-8", errors=ENCODING_ERRORS) as stream:
             _write_report(report, stream)
         if not args.quiet:
-            sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
+            say(f"wrote the {args.format} report on {result.model_type} to {args.output}")
     else:
         _write_report(report, _Encodable(sys.stdout))
     if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
@@ -87,7 +88,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     loaded = load(args.model, input_options(args))
     progress.done()
     for note in loaded.notes:
-        sys.stderr.write(f"fxflops: note: {note}\n")
+        say(f"note: {note}")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps and args.explain is not None:
         return _explain_sweep(model, loaded, sweeps, args, progress)
