@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from fxflops.cli.checks import check_device, check_step_time, check_sweeps, check_writable, load_rules
+from fxflops.cli.factories import ZERO_INPUTS
 from fxflops.cli.model_spec import load
 from fxflops.cli.options import ModelSpecError, parse_dtype, parse_sweep
 from fxflops.cli.output import (
@@ -82,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
-    from fxflops.api import estimate
-
     progress(f"loading {args.model}")
     loaded = load(args.model, input_options(args))
     progress.done()
@@ -99,9 +98,9 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
         progress("counting every point")
         return swept, render_sweep(swept, sweeps, args)
-    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
-                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+    result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
+                                 rules=args.rules, backward=args.backward, optimizer=args.optimizer,
+                                 attention=args.attention, progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
@@ -112,6 +111,29 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     if args.explain is not None or args.compare:
         return result, _views(result, loaded, model, args)
     return result, render(result, args)
+
+
+def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
+    """estimate() on the loaded inputs. Inputs made from --input-shape are meta tensors; a model with real
+    weights that can be counted only by running it (every static method failed, or --method trace) runs
+    on all-zero tensors made then, and says so (loaded.made_up)."""
+    from fxflops.api import estimate
+    from fxflops.capture import CaptureError
+    from fxflops.capture.methods import AUTO, TRACE
+
+    if loaded.real_inputs is None or options["method"] not in (AUTO, TRACE.name):
+        return estimate(model, loaded.args, loaded.kwargs, **options)
+    failed: list = []
+    if options["method"] == AUTO:
+        try:
+            return estimate(model, loaded.args, loaded.kwargs, **options)
+        except CaptureError as error:  # (trace was skipped: the inputs hold no values)
+            failed = [(a.method, a.reason) for a in error.attempts if a.method != TRACE.name]
+    loaded.args, loaded.kwargs = loaded.real_inputs()
+    loaded.made_up = ZERO_INPUTS
+    result = estimate(model, loaded.args, loaded.kwargs, **{**options, "method": TRACE.name})
+    result.attempts[:0] = failed
+    return result
 
 
 def _views(result, loaded, model, args: argparse.Namespace) -> str:
@@ -126,6 +148,8 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
     if args.compare:
         comparison = result.compare()
         if args.run_tools:
+            if loaded.real_inputs is not None and loaded.made_up is None:  # the tools run the model: real inputs
+                loaded.args, loaded.kwargs = loaded.real_inputs()
             comparison.run_tools(model, loaded.args, loaded.kwargs)
         parts.append(comparison)
     if args.format == "json":
@@ -159,7 +183,6 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
     from fxflops.device import peaks
-    from fxflops.api import estimate
     from fxflops.timing.meter import StepStats, attention_flops, non_embedding_params
     from fxflops.capture.tensor_walk import tensors_in
     from fxflops.report.mfu import render_step
@@ -168,8 +191,8 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     loaded = load(args.model, input_options(args))
     model = loaded.model.train() if args.train else loaded.model
     progress("capturing the forward and the backward")
-    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=True, optimizer=args.optimizer)
+    result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
+                                 rules=args.rules, backward=True, optimizer=args.optimizer)
     progress.done()
     first = next(iter(tensors_in((loaded.args, loaded.kwargs))), None)
     samples = int(first.shape[0]) if first is not None and first.dim() else 1

@@ -55,17 +55,24 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
-    made_up = None
+    real_inputs = None
     if options.input_shapes or options.named_shapes:
+        # shapes become meta tensors, as input_shape= makes them: nothing is allocated for a count. Only a
+        # run (method trace) needs values: then all-zero tensors on the model's device, made when it runs
+        meta = torch.device("meta")
+        args, kwargs = tensors_from_shapes(options.input_shapes, meta, False, options.dtype), named_tensors(options, meta)
         device = _device_of(model)
-        args = tensors_from_shapes(options.input_shapes, device, False, options.dtype)
-        kwargs = named_tensors(options, device)
-        made_up = None if device.type == "meta" else ZERO_INPUTS
+        if device.type != "meta":
+            def real_inputs() -> tuple[tuple, dict]:
+                return (tensors_from_shapes(options.input_shapes, device, False, options.dtype),
+                        named_tensors(options, device))
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
     else:
         args, kwargs = _split_inputs(inputs)
-    return finish_inputs(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
+    loaded = finish_inputs(ModelInputs(model, args, kwargs, f"{target}:{attribute}"), options)
+    loaded.real_inputs = real_inputs
+    return loaded
 
 
 def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:

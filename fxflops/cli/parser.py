@@ -31,7 +31,9 @@ MODEL is one of:
   hf:PATH                 a local config.json (or a folder holding one)
   FILE.py:FACTORY         FACTORY() returns a model, or (model, inputs)
   package.module:FACTORY  likewise, from an importable module
-Everything is built on the meta device: no weights are allocated and nothing is computed.
+Everything is built on the meta device and --input-shape inputs are meta tensors: nothing is
+allocated and nothing is computed. (FILE.py:FACTORY builds its model as its code does; one that can
+be counted only by running it, or --method trace, runs once on all-zero inputs made then.)
 
 examples:
   fxflops lenet5 --batch 1024 --top 3
