@@ -153,7 +153,7 @@ def _inplace(op: Any, packet: str, node: torch.fx.Node, destination: torch.Tenso
                "kernels refuse: clone() the tensor before writing to it, or use the out-of-place op")
     result = _functional_dtype(op, packet, node, promoted)
     if result is not None and not torch.can_cast(result, destination.dtype):
-        yield (f"an in-place result of dtype {_dtype(result)} written into a {_dtype(destination.dtype)} tensor, "
+        yield (f"an in-place result of dtype {_dtype(result)} written into a tensor of dtype {_dtype(destination.dtype)}, "
                "which real kernels refuse (the result cannot be cast to the destination's dtype): use the "
                "out-of-place op, or convert the tensor first")
 

@@ -22,6 +22,7 @@ from fxflops.cli.output import (
     _say_what_ran_on,
     _write_report,
     examples_listing,
+    on_terminal,
     render,
     render_sweep,
     say,
@@ -34,9 +35,22 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
     """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
     from fxflops.sweeps import sweep
 
-    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                 optimizer=args.optimizer, attention=args.attention)
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  optimizer=args.optimizer, attention=args.attention)
+    return _complete(swept, args)
+
+
+def _complete(swept, args: argparse.Namespace):
+    """The sweep; with --fail-on-unknown, an UnknownOpsError when its capture holds ops no rule counts."""
+    if args.fail_on_unknown:
+        from fxflops.api import UnknownOpsError
+        from fxflops.tree import unknown_ops
+
+        unknown = unknown_ops(swept.pieces[0].costs)
+        if unknown:
+            raise UnknownOpsError(unknown)
+    return swept
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _write_report(report, _Encodable(sys.stdout))
     if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
-        _say_cautions(list(getattr(result, "cautions", ())), args)
+        _say_cautions(list(getattr(result, "cautions", ())), args, on_terminal(report, args))
     return 0
 
 
@@ -100,17 +114,18 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         return swept, render_sweep(swept, sweeps, args)
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
-                                 attention=args.attention, progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+                                 attention=args.attention, strict=args.fail_on_unknown,
+                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    _say_cautions(result.cautions, args)
     progress("writing the report")
-    if args.explain is not None or args.compare:
-        return result, _views(result, loaded, model, args)
-    return result, render(result, args)
+    report = _views(result, loaded, model, args) if args.explain is not None or args.compare else render(result, args)
+    progress.done()
+    _say_cautions(result.cautions, args, on_terminal(report, args))
+    return result, report
 
 
 def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
@@ -165,9 +180,9 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
     from fxflops.sweeps import sweep
 
     progress("capturing with symbolic sizes")
-    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  attention=args.attention)
+    swept = _complete(sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                            method=args.method, conventions=args.conventions, rules=args.rules,
+                            backward=args.backward, attention=args.attention), args)
     progress.done()
     try:
         explanation = swept.explain(args.explain)
@@ -192,7 +207,8 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     model = loaded.model.train() if args.train else loaded.model
     progress("capturing the forward and the backward")
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
-                                 rules=args.rules, backward=True, optimizer=args.optimizer)
+                                 rules=args.rules, backward=True, optimizer=args.optimizer,
+                                 strict=args.fail_on_unknown)
     progress.done()
     first = next(iter(tensors_in((loaded.args, loaded.kwargs))), None)
     samples = int(first.shape[0]) if first is not None and first.dim() else 1

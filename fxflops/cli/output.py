@@ -91,10 +91,21 @@ def say(message: str) -> None:
     sys.stderr.write(f"fxflops: {printable(message)}\n")
 
 
-def _say_cautions(cautions: list[str], args: argparse.Namespace) -> None:
+def _say_cautions(cautions: list[str], args: argparse.Namespace, shown: str = "") -> None:
+    """Each caution as a warning on stderr, but one the report `shown` on the same terminal states already
+    (a sweep's "caution:" line, the summary's): the terminal shows it once."""
+    from fxflops.report.formats import printable
+
     if not args.debug:  # with --debug, the CautionWarning itself is shown
         for caution in cautions:
-            say(f"warning: {caution}")
+            if printable(caution) not in shown:
+                say(f"warning: {caution}")
+
+
+def on_terminal(report: object, args: argparse.Namespace) -> str:
+    """The report's text when it goes to the terminal stderr goes to (no --output), else ""."""
+    both = all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+    return report if isinstance(report, str) and args.output is None and both else ""
 
 
 def _say_what_ran_on(result, loaded) -> None:
