@@ -65,9 +65,16 @@ def rejected_ops(graph_module: torch.fx.GraphModule) -> list[str]:
     """One sentence per (op, problem) a real kernel raises on, with the modules and the first source line."""
     found: dict[tuple[str, str], list[torch.fx.Node]] = {}
     promoted: dict[Any, torch.dtype | None] = {}  # functional dtypes already worked out, by op and operand dtypes
+    # each op's packet and argument names when a check applies to it, else None (most ops); read once per op
+    # (a schema is rebuilt on every access)
+    checked: dict[Any, tuple[str, tuple[str, ...]] | None] = {}
     for node in _aten_nodes(graph_module):
-        for problem in _problems(node, promoted):
-            found.setdefault((_op_name(node.target), problem), []).append(node)
+        op = node.target
+        plan = checked[op] if op in checked else checked.setdefault(op, _plan(op))
+        if plan is not None:
+            packet = plan[0]
+            for problem in _problems(node, *plan, promoted):
+                found.setdefault((f"aten.{packet}", problem), []).append(node)
     return [_sentence(op, problem, nodes) for (op, problem), nodes in found.items()]
 
 
@@ -79,33 +86,33 @@ def _aten_nodes(graph_module: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
                     yield node
 
 
-def _problems(node: torch.fx.Node, promoted: dict) -> Iterator[str]:
+def _plan(op: Any) -> tuple[str, tuple[str, ...]] | None:
+    schema = op._schema
+    packet = schema.name.partition("::")[2]
+    if packet in _ONE_DTYPE or packet in _NORMS or torch.Tag.inplace in op.tags:
+        return packet, tuple(argument.name for argument in schema.arguments)
+    return None
+
+
+def _problems(node: torch.fx.Node, packet: str, names: tuple[str, ...], promoted: dict) -> Iterator[str]:
     op = node.target
-    packet = op._schema.name.partition("::")[2]
-    if packet not in _ONE_DTYPE and packet not in _NORMS and torch.Tag.inplace not in op.tags:
-        return  # (most nodes: nothing bound)
-    bound = _bound(node)
+    bound = _bound(node, names)
     if packet in _ONE_DTYPE:
         yield from _mixed(bound, _ONE_DTYPE[packet])
     elif packet in _NORMS:
         yield from _norm_mixed(bound, *_NORMS[packet])
-    elif torch.Tag.inplace in op.tags and op._schema.arguments:
-        destination = bound.get(op._schema.arguments[0].name)
+    elif names:  # (an in-place op: its first argument is written)
+        destination = bound.get(names[0])
         if isinstance(destination, torch.Tensor):
             yield from _inplace(op, packet, node, destination, promoted)
 
 
-def _bound(node: torch.fx.Node) -> dict[str, Any]:
+def _bound(node: torch.fx.Node, names: tuple[str, ...]) -> dict[str, Any]:
     """The node's arguments by schema name, as values (a node's meta["val"])."""
-    values = {}
-    for index, argument in enumerate(node.target._schema.arguments):
-        if index < len(node.args):
-            given = node.args[index]
-        elif argument.name in node.kwargs:
-            given = node.kwargs[argument.name]
-        else:
-            continue
-        values[argument.name] = _value(given)
+    values = {name: _value(given) for name, given in zip(names, node.args)}
+    for name in names[len(node.args):]:
+        if name in node.kwargs:
+            values[name] = _value(node.kwargs[name])
     return values
 
 
@@ -180,16 +187,15 @@ def _functional_dtype(op: Any, packet: str, node: torch.fx.Node, promoted: dict)
     functional = getattr(getattr(aten, packet[:-1], None), op._overloadname, None)
     if functional is None:
         return None
-    args = _stand_ins(node.args)
-    kwargs = _stand_ins(node.kwargs)
-    if args is None or kwargs is None:
-        return None
-    key = (functional, _signature(args), _signature(kwargs))
+    key = (functional, _signature(node.args), _signature(node.kwargs))
     if key not in promoted:
-        try:
-            out = functional(*args, **kwargs)
-        except Exception:  # a form the stand-ins do not fit (shapes that matter): not checked
-            out = None
+        args, kwargs = _stand_ins(node.args), _stand_ins(node.kwargs)
+        out = None
+        if args is not None and kwargs is not None:
+            try:
+                out = functional(*args, **kwargs)
+            except Exception:  # a form the stand-ins do not fit (shapes that matter): not checked
+                pass
         promoted[key] = out.dtype if isinstance(out, torch.Tensor) else None
     return promoted[key]
 
@@ -212,6 +218,9 @@ def _stand_ins(given: Any) -> Any:
 
 
 def _signature(value: Any) -> Any:
+    """What decides an op's result dtype: each tensor's dtype and dimensionality, each number's type."""
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
     if isinstance(value, torch.Tensor):
         return ("tensor", value.dtype, value.ndim)
     if isinstance(value, list | tuple):
@@ -223,10 +232,6 @@ def _signature(value: Any) -> Any:
 
 def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _op_name(op: Any) -> str:
-    return f"aten.{op._schema.name.partition('::')[2]}"
 
 
 def _sentence(op: str, problem: str, nodes: list[torch.fx.Node]) -> str:
