@@ -104,3 +104,30 @@ def test_one_caution_for_many_layers():
     many = Call(lambda s, x: sum(layer(x) for layer in s.layers), layers=layers)
     (caution,) = _cautions(many, torch.randn(2, 4))
     assert "layers.0" in caution and "layers.2" in caution and "and 2 more places" in caution and "(5 calls)" in caution
+
+
+class AutocastInside(torch.nn.Module):
+    """Mixed dtypes a real forward accepts: autocast casts each op's operands to one dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 3).to(torch.bfloat16)
+        self.c = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.c(self.b(self.a(x)))  # c: a bfloat16 input into float32 weights, cast by autocast
+
+
+def test_no_caution_where_autocast_casts_the_operands():
+    x = torch.randn(2, 4)
+    AutocastInside()(x)  # the oracle: it runs
+    assert _cautions(AutocastInside(), x) == []
+    outside = Call(lambda s, x: s.l(x), l=torch.nn.Linear(4, 3).to(torch.bfloat16))
+    for method in ("eager", "export"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outside(x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert fxflops.estimate(outside, (x,), method=method).cautions == [], method

@@ -15,7 +15,8 @@ counted without a word. Three of those checks are made here, on each captured at
   in-place ops accept it (fills, masked and indexed writes), listed below.
 
 Each is one caution per (op, problem), naming the modules and the source line, so a model with 32
-such layers says so once. An op the checks cannot read (no values on its inputs) is passed over.
+such layers says so once. An op the checks cannot read (no values on its inputs) is passed over, and
+so is one that ran under torch.autocast (the recorder marks it), which casts its operands first.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.branches import where
-from fxflops.capture.recorder import SOURCE
+from fxflops.capture.recorder import AUTOCAST, SOURCE
 
 aten = torch.ops.aten
 
@@ -97,6 +98,9 @@ def _plan(op: Any) -> tuple[str, tuple[str, ...]] | None:
 def _problems(node: torch.fx.Node, packet: str, names: tuple[str, ...], promoted: dict) -> Iterator[str]:
     op = node.target
     bound = _bound(node, names)
+    if packet in _ONE_DTYPE or packet in _NORMS:
+        if node.meta.get(AUTOCAST) or _autocast_now(bound):
+            return  # autocast casts the operands to one dtype (or to float32) before the kernel sees them
     if packet in _ONE_DTYPE:
         yield from _mixed(bound, _ONE_DTYPE[packet])
     elif packet in _NORMS:
@@ -105,6 +109,15 @@ def _problems(node: torch.fx.Node, packet: str, names: tuple[str, ...], promoted
         destination = bound.get(names[0])
         if isinstance(destination, torch.Tensor):
             yield from _inplace(op, packet, node, destination, promoted)
+
+
+def _autocast_now(bound: dict[str, Any]) -> bool:
+    """Whether autocast is on for the operands' device where the graph is checked: a graph another method
+    (export) captured under the caller's torch.autocast carries no AUTOCAST mark."""
+    device = next((value.device.type for value in bound.values() if isinstance(value, torch.Tensor)), None)
+    if device is None or device == "meta":  # (export captures on meta: whichever device the model runs on)
+        return torch._C._is_any_autocast_enabled()
+    return torch.is_autocast_enabled(device)
 
 
 def _bound(node: torch.fx.Node, names: tuple[str, ...]) -> dict[str, Any]:

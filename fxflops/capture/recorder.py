@@ -29,6 +29,9 @@ from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
+# node.meta key: True on a composite op recorded under torch.autocast (its node has the operands as given,
+# before autocast cast them to one dtype)
+AUTOCAST = "fxflops_autocast"
 # node.meta key: the torch.cond branches the op ran in, outermost first, as ((cond, branch index), ...)
 COND_BRANCH = "fxflops_cond_branch"
 
@@ -360,6 +363,8 @@ class CompositeOps(TorchFunctionMode):
         finally:
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)
+        if torch._C._is_any_autocast_enabled():  # its operands, as given, are cast as it runs (kernel_checks)
+            self._recorder.last_node().meta[AUTOCAST] = True
         return out
 
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.step_time is not None:
         check_step_time(args, sweeps)
         try:
-            sys.stdout.write(_training_step(args, progress))
+            _Encodable(sys.stdout).write(_training_step(args, progress))
         finally:
             progress.done()
         return 0
