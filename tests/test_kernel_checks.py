@@ -131,3 +131,11 @@ def test_no_caution_where_autocast_casts_the_operands():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 assert fxflops.estimate(outside, (x,), method=method).cautions == [], method
+
+
+def test_the_backward_does_not_repeat_the_forwards_caution():
+    model = CASES["bf16 linear, f32 input"][0]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cautions = fxflops.estimate(model, (torch.randn(2, 4, requires_grad=True),), backward=True).cautions
+    assert len(cautions) == 1 and cautions[0].startswith("aten.linear in module 'l' (Linear)")

@@ -28,6 +28,7 @@ import torch
 
 from fxflops.capture.branches import where
 from fxflops.capture.recorder import AUTOCAST, SOURCE
+from fxflops.results import FORWARD, PHASE
 
 aten = torch.ops.aten
 
@@ -53,7 +54,9 @@ _NORMS = {
                      "batch_norm", "_batch_norm_impl_index", "instance_norm"),
                     ("input", ("weight", "bias", "running_mean", "running_var"))),
 }
-_REDUCED = (torch.float16, torch.bfloat16)  # inputs every backend normalizes with float32 parameters
+# inputs normalized with float32 parameters (CPU's mixed-type kernels, CUDA's): not refused. (Where a
+# backend refuses one, no caution is given: the checks say only what real kernels surely refuse.)
+_REDUCED = (torch.float16, torch.bfloat16)
 
 # in-place ops whose kernels write through expanded memory (a deprecation warning at most), by packet
 _OVERLAP_ACCEPTED = frozenset({"fill_", "zero_", "masked_fill_", "masked_scatter_", "index_put_", "_index_put_impl_",
@@ -80,10 +83,13 @@ def rejected_ops(graph_module: torch.fx.GraphModule) -> list[str]:
 
 
 def _aten_nodes(graph_module: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
+    """The forward's aten op nodes: a forward a kernel refuses never reaches its backward (whose ops would
+    repeat the forward's problem), nor a recomputation of it."""
     for module in graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             for node in module.graph.nodes:
-                if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                if (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                        and node.meta.get(PHASE, FORWARD) == FORWARD):
                     yield node
 
 
