@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.backward import own_loss
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.timing.data_masks import DataMasks
 
@@ -184,8 +185,8 @@ def infer_dims(args: tuple, kwargs: dict) -> dict[str, Any]:
 
 def output_loss(output: Any) -> Any:
     """The output's `loss`: what a transformers model given labels returns and the Trainer differentiates."""
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if not isinstance(loss, torch.Tensor):
+    loss = own_loss(output)
+    if loss is None:
         raise ValueError("the batch has labels but the model's output has no loss tensor: pass loss= to the meter")
     return loss
 
