@@ -471,3 +471,74 @@ def test_a_windows_repr_shows_its_rates():
                      attention_flops=None, optimizer_flops=None, peak_flops=None, _time=0.5)
     assert "time=0.5" in repr(step) and "flops_per_sec=18.0" in repr(step)
     assert summed([step]).flops == 9
+
+
+# ------------------------------------------------------------------- 7, 8, 20 on two ranks (gloo, 127.0.0.1)
+
+
+def test_two_ranks_sum_counts_exactly_refuse_a_nan_time_and_summarize_the_job(tmp_path):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), os.path.join(root, "tests", "distributed_meter.py"), "exact", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"exact-rank{rank}.json").read_text()) for rank in range(2)]
+    for seen in ranks:
+        assert seen["sums"] == [2 * (2 ** 53 + 1)] * 5  # exact: float64 would say 2^54
+        assert seen["time"] == 2.0  # the slowest rank's
+        assert seen["bad_time"] is None  # rank 1's NaN is not dropped in favour of rank 0's 2.0
+        assert any("not finite seconds" in message for message in seen["warned"])
+        assert "(all 2 ranks)" in seen["job_summary"]
+        assert "mfu=" in seen["repr"] and "flops_per_sec=" in seen["repr"]
+    assert ranks[0]["refused"] == "" and "a step time must be finite seconds, 0 or more; got nan" in ranks[1]["refused"]
+    assert "(rank 0 of 2: summary(job=True) for the job)" in ranks[0]["local_summary"]
+    assert "(rank 1 of 2: summary(job=True) for the job)" in ranks[1]["local_summary"]
+    per_step = [ranks[rank]["local_total"] for rank in range(2)]
+    assert per_step[0] != per_step[1]  # each rank its own batches
+
+
+def test_the_manuals_torchrun_example_prints_what_the_manual_shows(tmp_path):
+    """docs/guide/training.md's worked torchrun job, run as the page shows it (2 CPU processes, gloo)."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.docs_examples import console_commands, examples, output_matches
+
+    root = Path(__file__).resolve().parent.parent
+    shown = [e for e in examples(root / "docs" / "guide" / "training.md") if e.skip and "torchrun_meter" in e.skip]
+    script, console = shown
+    (tmp_path / "train_ddp.py").write_text(script.body)
+    [(command, expected)] = console_commands(console.body)
+    assert command == "torchrun --nproc_per_node 2 train_ddp.py"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                           "127.0.0.1", "--master_port", str(port), "train_ddp.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert output_matches(expected, done.stdout), done.stdout
+    # the page's figures by hand: 8,834 FLOPs a sample per step (forward 4,353, backward 4,481), 16 + 8 samples
+    assert 24 * 8834 == 212016 and 8 * 8834 == quiet_estimate(mlp_32(), input_shape=(8, 32), backward=True).total_flops
+
+
+def mlp_32() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))

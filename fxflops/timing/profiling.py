@@ -75,8 +75,8 @@ def profile(
     `rules` and `leaf_modules` are estimate()'s. The model is left as it was: training flags,
     buffers (BatchNorm statistics), devices, RNG state; no hooks remain, also on exceptions.
 
-    `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the sum of the
-    output's floating tensors) and times it too: the whole backward without hooks, and per module by
+    `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the output's
+    own `loss` when it has one, else the sum of its floating tensors) and times it too: the whole backward without hooks, and per module by
     timing each autograd node and charging it to the module whose forward created it. Gradients the
     timed backwards leave in `.grad` are put back as they were.
     """
