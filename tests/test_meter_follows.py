@@ -542,3 +542,26 @@ def test_the_manuals_torchrun_example_prints_what_the_manual_shows(tmp_path):
 
 def mlp_32() -> nn.Sequential:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def test_a_state_that_changes_every_step_is_said_once():
+    class Counting(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.calls = 0  # a public counter: a setting, as far as the meter can tell
+
+        def forward(self, x):
+            self.calls += 1
+            return self.linear(x)
+
+    model = Counting()
+    meter = FlopsMeter(model, torch.randn(2, 4), peak_flops=1e12)
+    expected = quiet_estimate(nn.Linear(4, 4), (torch.randn(3, 4),), backward=True).total_flops
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(20):
+            model(torch.randn(3, 4))
+            assert meter.step(torch.randn(3, 4), time=0.1).flops == expected
+    said = [str(w.message) for w in caught if "states" in str(w.message)]
+    assert len(said) == 1 and "a module or one of its settings changed" in said[0]

@@ -194,7 +194,7 @@ class FlopsProfiler:
             # a layer frozen, a head replaced, a submodule switched to eval inside the window: the forwards
             # before it counted other FLOPs; the profile is of the model as it is now (FLOPs and latency alike)
             warnings.warn(f"fxflops.FlopsProfiler: the model changed inside the profiling window "
-                          f"({state_change(records[0].tag[-1], records[-1].tag[-1], self.model)}); the profile "
+                          f"({state_change(records[0].tag[-1], records[-1].tag[-1])}); the profile "
                           f"covers the {len(now)} of {len(records)} forwards since it changed",
                           UserWarning, stacklevel=3)
             records = now

@@ -32,7 +32,7 @@ from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
 from fxflops.count.attention import check_attention
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
-from fxflops.timing.model_state import model_state, state_change
+from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
 from fxflops.timing.steps import (
     BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
@@ -103,7 +103,7 @@ class FlopsMeter:
             self._options["attention"] = attention
         self._effective = attention == "effective"
         self._families: dict[Any, Family | None] = {}  # None: a family that could not be captured
-        self._state: tuple | None = None  # the model's state (model_state) as last read
+        self._state: ModelState | None = None  # the model's state (model_state) as last read
         self._state_read = False  # read for the current step already: once per step, not per micro-batch
         self._states: set[int] = set()  # hashes of the states seen, to say when the state changes every step
         self._uncounted: list[str] = []  # why the micro-batches of the steps since last asked were not counted
@@ -195,7 +195,7 @@ class FlopsMeter:
             samples, tokens, real = 0, 0 if tokens is not None else None, 0 if real is not None else None
         return BatchCount(fwd, bwd, samples, tokens, real, dense_fwd + dense_bwd if self._effective else None)
 
-    def _model_state(self) -> tuple:
+    def _model_state(self) -> ModelState:
         """The model's state (model_state), read once per step; a change drops what was derived from it."""
         if not self._state_read:
             state = model_state(self.model)
@@ -205,9 +205,10 @@ class FlopsMeter:
                     self._optimizer_flops = False
                     self._states.add(hash(self._state))
                     if len(self._states) > _STATES_WARNED:
-                        self.warn_once(f"fxflops.FlopsMeter: the model's state changed {len(self._states)} times "
-                                       f"(last: {state_change(self._state, state, self.model)}); each new state costs "
-                                       "a capture", key="states")
+                        self.warn_once(f"fxflops.FlopsMeter: the model has been in {len(self._states) + 1} states "
+                                       f"(last change: {state_change(self._state, state)}); each new state costs "
+                                       "a capture: a setting that changes every step (a counter kept as a module "
+                                       "attribute) is better kept elsewhere", key="states")
                 self._state = state
             self._state_read = True
         return self._state

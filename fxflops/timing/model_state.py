@@ -23,10 +23,30 @@ _BOOKKEEPING = frozenset(torch.nn.Module().__dict__) - {"training"}
 _PLAIN = frozenset({bool, int, float, str, type(None)})
 
 
-def model_state(model: torch.nn.Module) -> tuple[Any, ...]:
-    """The model's count-relevant state as a flat tuple of plain values (see the module's docstring):
-    per module its identity, training flag and plain public settings, per parameter requires_grad and
-    dtype."""
+class ModelState:
+    """A model's state as read by model_state(): its plain values, hashed once (a dict key of the meter's
+    families is looked up every micro-batch; a tuple would be hashed again each time)."""
+
+    __slots__ = ("values", "_hash")
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        self.values = values
+        self._hash = hash(values)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, ModelState) and self._hash == other._hash
+                                 and self.values == other.values)
+
+    def __repr__(self) -> str:
+        return f"ModelState({len(self.values)} values, hash {self._hash:#x})"
+
+
+def model_state(model: torch.nn.Module) -> ModelState:
+    """The model's count-relevant state (see the module's docstring): per module its identity, training
+    flag and plain public settings, per parameter requires_grad and dtype."""
     state: list[Any] = []
     append = state.append
     for module in model.modules():
@@ -39,12 +59,12 @@ def model_state(model: torch.nn.Module) -> tuple[Any, ...]:
             if parameter is not None:
                 append(parameter.requires_grad)
                 append(parameter.dtype)
-    return tuple(state)
+    return ModelState(tuple(state))
 
 
-def state_change(before: tuple[Any, ...], after: tuple[Any, ...], model: torch.nn.Module) -> str:
-    """A few words on what differs between two states of `model` (for a message), e.g. "a module was
-    replaced", "requires_grad or dtype of a parameter", "training of a module"."""
+def state_change(before: ModelState, after: ModelState) -> str:
+    """A few words on what differs between two states of a model, for a message."""
+    before, after = before.values, after.values
     if len(before) != len(after):
         return "modules or settings were added, removed or replaced"
     for old, new in zip(before, after):
