@@ -102,11 +102,11 @@ class FlopsMeter:
             check_attention(attention)
             self._options["attention"] = attention
         self._effective = attention == "effective"
-        self._families: dict[Any, Family | None] = {}  # None: a family that could not be captured
+        self._families: dict[Any, Family | _NotCaptured] = {}  # _NotCaptured: its capture failed (and was warned)
         self._state: ModelState | None = None  # the model's state (model_state) as last read
         self._state_read = False  # read for the current step already: once per step, not per micro-batch
         self._states: set[int] = set()  # hashes of the states seen, to say when the state changes every step
-        self._uncounted: list[str] = []  # why the micro-batches of the steps since last asked were not counted
+        self._uncounted: dict[str, int] = {}  # why micro-batches were not counted since last asked: how many
         self._warned: set[Any] = set()
         self._pending: list[BatchCount | None] = []
         self._autocast_dtype: torch.dtype | None = None
@@ -171,9 +171,6 @@ class FlopsMeter:
             args, kwargs = call_inputs(batch)
             tensors = tensors_in((args, kwargs))
             family = self._family(args, kwargs, tensors)
-            if family is None:
-                self._uncounted.append("its shape family could not be captured")
-                return None
             point = family.point(tensors)
             captures, capturing = family.captures, family.capturing
             try:
@@ -181,8 +178,11 @@ class FlopsMeter:
             finally:
                 self.captures += family.captures - captures
                 self._capturing += family.capturing - capturing
+        except _NotCaptured as failed:  # warned about when its capture failed
+            self._note_uncounted(str(failed))
+            return None
         except Exception as error:  # noqa: BLE001 - the meter never stops training
-            self._uncounted.append(first_line(error))
+            self._note_uncounted(first_line(error))
             self.warn_once(f"fxflops.FlopsMeter: could not count a batch of {_describe(batch)}: "
                            f"{first_line(error)}; the step is logged without FLOPs", key=type(error))
             return None
@@ -213,23 +213,27 @@ class FlopsMeter:
             self._state_read = True
         return self._state
 
-    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Family | None:
+    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Family:
         key = (structure(args, kwargs, tensors), self._model_state())
         family = self._families.get(key)
-        if family is not None and not family.fits(tensors):
+        if isinstance(family, Family) and not family.fits(tensors):
             # an axis the dims do not name changed size: that shape is a family of its own
             self.warn_once(f"fxflops.FlopsMeter: {family.misfit(tensors)}, an axis dims= does not name: each new "
                            "size there costs a capture; name it in dims= (e.g. dims={'batch': 0, 'seq': 1})",
                            key=("misfit", key))
             key = (key, tuple(tuple(t.shape) for t in tensors))
             family = self._families.get(key)
-        if key in self._families:
-            return family  # None: this family could not be captured, and was warned about
-        self._families[key] = None  # until captured: a failure is not tried again every step
+        if isinstance(family, _NotCaptured):
+            raise family  # a failure is not tried again every step
+        if family is not None:
+            return family
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
             family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs), self.warn_once)
+        except Exception as error:
+            self._families[key] = _NotCaptured(first_line(error))
+            raise
         finally:
             self._capturing += time.perf_counter() - begin
         self.captures += family.captures
@@ -289,13 +293,14 @@ class FlopsMeter:
     def uncounted(self) -> str | None:
         """Why micro-batches were not counted since the last call (None if every one was): for a callback's
         log, so a run whose capture failed keeps saying so, not only in a warning at its start."""
-        reasons, self._uncounted = self._uncounted, []
-        if not reasons:
+        counts, self._uncounted = self._uncounted, {}
+        if not counts:
             return None
-        counts: dict[str, int] = {}
-        for reason in reasons:
-            counts[reason] = counts.get(reason, 0) + 1
         return "; ".join(f"{n} micro-batch{'es' if n != 1 else ''}: {reason}" for reason, n in counts.items())
+
+    def _note_uncounted(self, reason: str) -> None:
+        if reason in self._uncounted or len(self._uncounted) < 8:  # bounded: a few reasons, each counted
+            self._uncounted[reason] = self._uncounted.get(reason, 0) + 1
 
     def summary(self, job: bool = False) -> str:
         """The run so far in a few lines: FLOPs per step, rates, MFU, and 6N beside the count.
@@ -408,6 +413,10 @@ class FlopsMeter:
             return None
         terms = [attention_flops(self.model, c.samples, c.tokens // c.samples) for c in counted if c.samples]
         return None if None in terms else sum(terms)
+
+
+class _NotCaptured(Exception):
+    """A family whose capture failed: why, in one line."""
 
 
 _STATES_WARNED = 16  # a model whose state changes more often than this likely changes every step: say so

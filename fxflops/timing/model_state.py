@@ -49,16 +49,26 @@ def model_state(model: torch.nn.Module) -> ModelState:
     flag and plain public settings, per parameter requires_grad and dtype."""
     state: list[Any] = []
     append = state.append
-    for module in model.modules():
+    seen: set[int] = set()
+    stack = [model]
+    while stack:  # model.modules()'s pre-order, without the name strings named_modules() builds
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        attributes = module.__dict__
         append(id(module))
-        for key, value in module.__dict__.items():
+        for key, value in attributes.items():
             if type(value) in _PLAIN and key not in _BOOKKEEPING and (key == "training" or key[0] != "_"):
                 append(key)
                 append(value)
-        for parameter in module._parameters.values():
+        for parameter in attributes["_parameters"].values():
             if parameter is not None:
                 append(parameter.requires_grad)
                 append(parameter.dtype)
+        children = attributes["_modules"]
+        if children:
+            stack.extend(child for child in reversed(children.values()) if child is not None)
     return ModelState(tuple(state))
 
 
