@@ -532,3 +532,22 @@ def torchrun(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(port), *arguments]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_the_timing_package_has_no_import_cycle():
+    """DESIGN.md's meter <-> families cycle is gone: no module of fxflops/timing imports one that imports it
+    back (TYPE_CHECKING imports included)."""
+    import ast
+
+    folder = ROOT / "fxflops" / "timing"
+    imports: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports[path.stem] = {node.module.rsplit(".", 1)[-1] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                              and node.module and node.module.startswith("fxflops.timing.")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(name == goal or (name not in seen and reaches(name, goal, seen | {name}))
+                   for name in imports.get(start, ()))
+
+    assert [name for name in imports if reaches(name, name, {name})] == []

@@ -2,7 +2,10 @@
 
 The callback reads the inputs of every training forward (a forward pre-hook on the model, added at
 train begin and removed at train end), so the count follows the batches the Trainer really feeds:
-variable lengths, padding, packing, gradient accumulation. At each logging step it adds to the logs
+variable lengths, padding, packing, gradient accumulation; a forward run under torch.no_grad() (a
+reference pass in a Trainer subclass's compute_loss) counts its forward alone, and the count follows
+the model as it is (frozen layers, checkpointing: see FlopsMeter). Steps that could not be counted are
+said at every log, with why. At each logging step it adds to the logs
 (`state.log_history` and every logger the Trainer reports to):
 
     flops            fwd + bwd FLOPs per optimizer step, all ranks together (mean over the steps logged)

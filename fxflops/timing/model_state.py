@@ -7,7 +7,8 @@ batch norm, a checkpointed block recomputes only in training), flags such as tra
 `model_state(model)` reads all of them in one walk of the module tree, as a tuple of plain values
 that compares equal exactly when none of them changed: the meter and the profiler key their counts by
 it, so a change costs one new capture and never a stale count. It reads attributes only (no tensor
-data, no device synchronization): tens of microseconds on a small model, see benchmarks/meter_overhead.py.
+data, no device synchronization): about 1.5-2 us a module on a busy 2-core CPU (GPT-2 small 0.25 ms,
+a Llama-2-7B shape 0.7-0.9 ms; benchmarks/meter_overhead.py), once per optimizer step.
 """
 
 from __future__ import annotations
