@@ -123,8 +123,8 @@ def estimate(
     {op: callable} maps; `leaf_modules` lists module classes (or qualified class names) to count as a
     whole by their rule.
 
-    `backward=True` also counts the backward autograd would run for `loss(output)` (default: the sum
-    of the output's floating tensors), op by op on fake tensors: frozen parameters get no gradient,
+    `backward=True` also counts the backward autograd would run for `loss(output)` (default: the
+    output's own `loss` when it has one, else the sum of its floating tensors), op by op on fake tensors: frozen parameters get no gradient,
     activation checkpointing's recomputation counts as backward work. Then total_* = fwd_* + bwd_*.
     `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
     (`Estimate.optimizer`, not in total_*). `progress` is called with "capture" and "count" as

@@ -91,6 +91,8 @@ def check_device(args: argparse.Namespace, sweeps: list) -> None:
 
 
 def check_step_time(args: argparse.Namespace, sweeps: list) -> None:
+    if args.step_time != args.step_time or args.step_time == float("inf"):  # NaN passes "<= 0": asked apart
+        raise ModelSpecError(f"--step-time is a step's seconds, a finite number; got {args.step_time:g}")
     if args.step_time <= 0:
         raise ModelSpecError(f"--step-time is a step's seconds, more than 0; got {args.step_time:g}")
     if sweeps or args.output or args.roofline or args.format != "text":
