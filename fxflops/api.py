@@ -87,6 +87,7 @@ def estimate(
     optimizer: str | torch.optim.Optimizer | None = None,
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
+    memory: Any = False,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -110,6 +111,10 @@ def estimate(
     or "effective" (only the pairs the mask keeps: is_causal, sliding windows and other masks the
     model builds from positions; a mask that is data stays dense, and says so). Both readings are in
     every attention node and `Estimate.attention_totals()`.
+
+    `memory=True` (or a `fxflops.memory.MemoryOptions`) also reads the captured step as a timeline of
+    live tensors: `Estimate.memory` (a `fxflops.memory.MemoryEstimate`) has the peak tensor bytes, what
+    is alive there by kind, where it is, and the timeline (with `optimizer`, its state and step too).
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -125,6 +130,11 @@ def estimate(
         result.source = CountSource(captured, counting.table)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
+    if memory:
+        from fxflops.memory import MemoryOptions, estimate_memory  # imported on use: estimate's first call stays lean
+
+        options = memory if isinstance(memory, MemoryOptions) else None
+        result.memory = estimate_memory(captured, optimizer if backward else None, options)
     warn_unknown(result.unknown)
     warn_cautions(result.cautions)
     return result

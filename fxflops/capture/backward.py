@@ -90,6 +90,7 @@ class GradOwners:
         self._forward_thread = threading.get_ident()
         self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
         self._runs = SequenceRuns()
+        self.seeds: list[torch.Tensor] = []  # the gradients the backward started from (memory reads their lifetime)
 
     def start(self) -> None:
         """Called before the forward: numbers handed out earlier belong to no recorded op."""
@@ -152,6 +153,7 @@ def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[
                       "with requires_grad=True", NothingToDifferentiateWarning, stacklevel=2)
         return
     grads = seeds(roots)
+    owners.seeds = [grad for grad in grads if isinstance(grad, torch.Tensor)]
     owners.tag(roots)
     owners.in_backward = True
     try:
