@@ -148,23 +148,25 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
     seeds = {key for key, _ in _storages(state.seeds)}
     node_by_name = {node.name: node for node in ops}
 
+    held = _autograd_node_ends(infos)
     for info in infos:
         here = point_of[info.node]
-        own = list(_storages(info.node.meta.get("val"), alias))
-        for key, nbytes in own:
-            if key not in storages:
-                storages[key] = Storage(nbytes, GRADIENTS if key in grads else TEMPORARIES, info.module, here, here)
+        reads_until = held.get(here, here)
         for source in info.node.all_input_nodes:
             for key, nbytes in _storages(source.meta.get("val"), alias):
                 found = storages.get(key)
                 if found is None:  # a placeholder first read here: a constant, a seed, or saved inside an op
                     found = storages[key] = _first_read(key, nbytes, info, seeds, first_backward, node_by_name,
                                                         point_of, end)
-                found.last = max(found.last, here)
+                found.last = max(found.last, reads_until)
                 if info.phase != FORWARD and found.kind == TEMPORARIES and found.born < (first_backward or 0):
                     found.kind = ACTIVATIONS  # made in the forward, read by the backward: saved for it
-        for key, _ in own:
-            storages[key].last = max(storages[key].last, here)
+        for key, nbytes in _storages(info.node.meta.get("val"), alias):  # after its inputs: a view is no birth
+            found = storages.get(key)
+            if found is None:
+                storages[key] = Storage(nbytes, GRADIENTS if key in grads else TEMPORARIES, info.module, here, here)
+            else:
+                found.last = max(found.last, here)
 
     held_to = end  # the caller holds the output (and autograd's seeds hold through the backward)
     output = next(iter(graph_module.graph.find_nodes(op="output")), None)
@@ -185,6 +187,40 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
 
     points = _points(storages, infos, end, optimizer_state, optimizer_step, optimizer_label)
     return points, storages
+
+
+def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
+    """Point of a backward op -> the last point of the autograd node running it (the run of ops that
+    differentiate the same forward op). Autograd holds a node's incoming gradient and its saved tensors
+    until the node returns, so what any of its ops reads stays alive until then."""
+    ends: dict[int, int] = {}
+    point_of = {info.node: index for index, info in enumerate(infos, start=1)}
+    run: list[int] = []
+    current: object = None
+
+    def close() -> None:
+        # the engine adds a node's output into a gradient another node gave before (an add reading a
+        # value from before the node) after the node returned and released what it held
+        while run and _accumulates(infos[run[-1] - 1].node, run[0], point_of):
+            run.pop()
+        for point in run:
+            ends[point] = run[-1]
+
+    for index, info in enumerate(infos, start=1):
+        owner = info.node.meta.get(DIFFERENTIATES) if info.phase == BACKWARD else None
+        if owner is None or owner != current:
+            close()
+            run = []
+        current = owner
+        if owner is not None:
+            run.append(index)
+    close()
+    return ends
+
+
+def _accumulates(node: torch.fx.Node, start: int, point_of: dict[torch.fx.Node, int]) -> bool:
+    return node.target is torch.ops.aten.add.Tensor and any(
+        point_of.get(source, 0) < start for source in node.all_input_nodes)
 
 
 def _first_read(key: int, nbytes: int, info: _Op, seeds: set[int], first_backward: int | None,
