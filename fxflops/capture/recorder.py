@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
+from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
@@ -147,6 +147,7 @@ class OpRecorder(TorchDispatchMode):
     def _place_backward(self, node: torch.fx.Node) -> None:
         """A backward op belongs where the forward op it differentiates ran (the root when none)."""
         forward = self.owners.differentiated()
+        node.meta[AUTOGRAD_NODE] = self.owners.running()
         if not isinstance(forward, torch.fx.Node):  # a parameter's module (accumulating its grad), or none
             path, type_name = forward if forward is not None else ("", "")
             node.meta["fxflops_module"] = (path, type_name or self._root_type)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fxflops.capture.backward import AUTOGRAD_NODE
 from fxflops.capture.model_state import MODEL_STATE, ModelState
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.memory.records import (
@@ -190,8 +191,8 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
 
 
 def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
-    """Point of a backward op -> the last point of the autograd node running it (the run of ops that
-    differentiate the same forward op). Autograd holds a node's incoming gradient and its saved tensors
+    """Point of a backward op -> the last point of the autograd node running it (the run of ops the
+    capture saw under the same autograd node). Autograd holds a node's incoming gradient and its saved tensors
     until the node returns, so what any of its ops reads stays alive until then."""
     ends: dict[int, int] = {}
     point_of = {info.node: index for index, info in enumerate(infos, start=1)}
@@ -207,7 +208,8 @@ def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
             ends[point] = run[-1]
 
     for index, info in enumerate(infos, start=1):
-        owner = info.node.meta.get(DIFFERENTIATES) if info.phase == BACKWARD else None
+        owner = info.node.meta.get(AUTOGRAD_NODE) or info.node.meta.get(DIFFERENTIATES) \
+            if info.phase == BACKWARD else None
         if owner is None or owner != current:
             close()
             run = []
