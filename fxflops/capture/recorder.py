@@ -141,13 +141,14 @@ class OpRecorder(TorchDispatchMode):
             meta[SOURCE] = user_frame()
         if self.owners is not None:
             meta[PHASE] = phase
+            if phase != FORWARD:
+                meta[AUTOGRAD_NODE] = self.owners.running()
             self.owners.claim(node)
         self._register_outputs(node, out)
 
     def _place_backward(self, node: torch.fx.Node) -> None:
         """A backward op belongs where the forward op it differentiates ran (the root when none)."""
         forward = self.owners.differentiated()
-        node.meta[AUTOGRAD_NODE] = self.owners.running()
         if not isinstance(forward, torch.fx.Node):  # a parameter's module (accumulating its grad), or none
             path, type_name = forward if forward is not None else ("", "")
             node.meta["fxflops_module"] = (path, type_name or self._root_type)

@@ -17,6 +17,7 @@ its nbytes, from the first node that makes it to the last node that reads or wri
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -159,7 +160,9 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
                 if found is None:  # a placeholder first read here: a constant, a seed, or saved inside an op
                     found = storages[key] = _first_read(key, nbytes, info, seeds, first_backward, node_by_name,
                                                         point_of, end)
-                found.last = max(found.last, reads_until)
+                # a recomputed value is handed to the node by checkpoint's unpack hook, not held by it
+                recomputed = 0 < found.born <= len(infos) and infos[found.born - 1].phase == RECOMPUTE
+                found.last = max(found.last, here if recomputed else reads_until)
                 if info.phase != FORWARD and found.kind == TEMPORARIES and found.born < (first_backward or 0):
                     found.kind = ACTIVATIONS  # made in the forward, read by the backward: saved for it
         for key, nbytes in _storages(info.node.meta.get("val"), alias):  # after its inputs: a view is no birth
@@ -168,6 +171,11 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
                 storages[key] = Storage(nbytes, GRADIENTS if key in grads else TEMPORARIES, info.module, here, here)
             else:
                 found.last = max(found.last, here)
+
+    for start, stop in _reentrant_recomputes(infos):
+        for storage in storages.values():  # the recomputed outputs, held by the checkpoint's backward
+            if start <= storage.born <= stop and storage.last == storage.born:
+                storage.last = stop
 
     held_to = end  # the caller holds the output (and autograd's seeds hold through the backward)
     output = next(iter(graph_module.graph.find_nodes(op="output")), None)
@@ -208,8 +216,10 @@ def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
             ends[point] = run[-1]
 
     for index, info in enumerate(infos, start=1):
-        owner = info.node.meta.get(AUTOGRAD_NODE) or info.node.meta.get(DIFFERENTIATES) \
-            if info.phase == BACKWARD else None
+        node = info.node
+        while node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]  # a multi-output op's element: the op's own autograd node
+        owner = node.meta.get(AUTOGRAD_NODE) or node.meta.get(DIFFERENTIATES) if info.phase == BACKWARD else None
         if owner is None or owner != current:
             close()
             run = []
@@ -218,6 +228,35 @@ def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
             run.append(index)
     close()
     return ends
+
+
+def _reentrant_recomputes(infos: list[_Op]) -> list[tuple[int, int]]:
+    """(first, last) point of each reentrant checkpoint's backward: its recomputed forward and the inner
+    backward it runs, which autograd records under nodes made by the recompute (or accumulating grads).
+
+    CheckpointFunction.backward holds the recomputed outputs in a local until its inner backward returns;
+    nothing in the graph reads them (autograd reads only their grad_fn)."""
+    spans = []
+    index = 0
+    while index < len(infos):
+        info = infos[index]
+        running = info.node.meta.get(AUTOGRAD_NODE)
+        if info.phase != RECOMPUTE or not running or "Checkpoint" not in running[0]:
+            index += 1
+            continue
+        start = index
+        recomputed = set()
+        while index < len(infos):
+            here = infos[index]
+            differentiates = here.node.meta.get(DIFFERENTIATES)
+            node = here.node.meta.get(AUTOGRAD_NODE)
+            if here.phase == RECOMPUTE:
+                recomputed.add(here.node.name)
+            elif not (differentiates in recomputed or node == running or node and node[0] == "AccumulateGrad"):
+                break
+            index += 1
+        spans.append((start + 1, index))
+    return spans
 
 
 def _accumulates(node: torch.fx.Node, start: int, point_of: dict[torch.fx.Node, int]) -> bool:
