@@ -63,6 +63,10 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
         if storage.kind in (ACTIVATIONS, TEMPORARIES):
             by_module[storage.module] = by_module.get(storage.module, 0) + storage.nbytes
     by_module = dict(sorted(by_module.items(), key=lambda item: -item[1]))
+    forward_end = max((point.index for point in points if point.phase == "forward"), default=0)
+    saved: dict[str, int] = {}
+    for storage in live_at(storages, forward_end, lambda s: s.kind == ACTIVATIONS):
+        saved[storage.module] = saved.get(storage.module, 0) + storage.nbytes
     start = points[0].by_kind
     model_states = {kind: start[kind] for kind in (PARAMETERS, "buffers", OPTIMIZER)}
     model_states["gradients"] = sum(s.nbytes for s in storages.values() if s.kind == "gradients")
@@ -73,4 +77,4 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     allowance_bytes = AllowanceBytes(allowance.rounding(sizes), allowance.context_bytes, allowance.collective_bytes,
                                      int(allowance.fragmentation * peak.total))
     return MemoryEstimate(peak.total, dict(peak.by_kind), peak, by_module, points, model_states,
-                          label or None, allowance, allowance_bytes, notes)
+                          label or None, allowance, allowance_bytes, notes, saved)

@@ -91,6 +91,14 @@ class MemoryEstimate:
     allowance: Allowance = field(default_factory=Allowance)
     allowance_bytes: AllowanceBytes = field(default_factory=lambda: AllowanceBytes(0, 0, 0, 0))
     notes: list[str] = field(default_factory=list)  # what this estimate assumes, in words
+    # activation bytes alive when the forward ends (what autograd saved), by the module that made them
+    saved_by_module: dict[str, int] = field(default_factory=dict)
+
+    def saved_under(self, module: str) -> int:
+        """Activation bytes saved at the end of the forward by `module` and its submodules."""
+        prefix = module + "."
+        return sum(size for name, size in self.saved_by_module.items()
+                   if not module or name == module or name.startswith(prefix))
 
     @property
     def device_bytes(self) -> int:
@@ -112,6 +120,7 @@ class MemoryEstimate:
             "peak_at": {"module": self.peak_at.module, "phase": self.peak_at.phase, "op": self.peak_at.op,
                         "node": self.peak_at.node},
             "by_module": dict(self.by_module),
+            "saved_by_module": dict(self.saved_by_module),
             "model_states": dict(self.model_states),
             "phase_peaks": self.phase_peaks(),
             "optimizer": self.optimizer,
