@@ -3,6 +3,8 @@ hand formulas (ZeRO model states, Korthikanti et al.'s GPT layer activations).""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -302,3 +304,48 @@ def test_memory_needs_the_eager_capture():
     model = nn.Linear(4, 4)
     with pytest.raises(ValueError, match="eager capture"):
         fxflops.estimate(model, (torch.randn(2, 4),), method="symbolic", memory=True)
+
+
+def test_text_summary_and_json_carry_the_memory_section():
+    model, x = mlp(), torch.randn(32, 64)
+    result = fxflops.estimate(model, (x,), backward=True, optimizer="adamw",
+                              memory=MemoryOptions(device="H100 SXM"))
+    memory = result.memory
+    from fxflops.report.memory_text import memory_lines, memory_to_string
+
+    lines = memory_lines(result)
+    text = result.print(detailed=False, as_string=True)
+    assert lines[0].split()[-5:] == [*memory_to_string(memory.peak_bytes).split(), "at", "optimizer", "step"]
+    assert lines[-1].endswith(f"yes, {memory_to_string(80 * 2**30 - memory.device_bytes)} headroom")
+    assert all(line in text for line in lines)
+    record = json.loads(result.to_json())["memory"]
+    assert record["peak_bytes"] == memory.peak_bytes
+    assert record["by_kind"] == memory.by_kind
+    assert record["capacity"] == 80 * 2**30 and record["fits"] is True
+    assert record["allowance"]["total"] == record["device_bytes"] - record["peak_bytes"]
+
+
+def test_memory_to_string_binary_units():
+    from fxflops.report.memory_text import memory_to_string
+
+    assert [memory_to_string(n) for n in (512, 1536, 3 * 2**30)] == ["512 B", "1.50 KiB", "3.00 GiB"]
+
+
+def test_a_device_without_a_memory_size_is_one_line():
+    with pytest.raises(ValueError, match=r"^device 'V100 PCIe' has no memory size in fxflops' table"):
+        fxflops.estimate(nn.Linear(4, 4), (torch.randn(2, 4),), memory=MemoryOptions(device="V100 PCIe"))
+    with pytest.raises(ValueError, match="not in the peaks table"):
+        fxflops.estimate(nn.Linear(4, 4), (torch.randn(2, 4),), memory=MemoryOptions(device="Z9"))
+
+
+def test_cli_memory_section_and_fit(capsys):
+    from fxflops.cli import main as cli
+
+    assert cli.main(["lenet5", "--train", "--backward", "--optimizer", "adamw", "--memory", "--device", "H100 SXM",
+                     "--no-detailed"]) == 0
+    out = capsys.readouterr().out
+    assert "memory peak (tensor bytes, per rank):" in out
+    assert "fits on H100 SXM (80.00 GiB):" in out and "headroom" in out
+    assert cli.main(["lenet5", "--memory", "--device", "V100 PCIe"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "no memory size" in error

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fxflops.capture.model_state import MODEL_STATE
+from fxflops.memory.devices import device_capacity
 from fxflops.memory.optimizer_state import optimizer_memory
 from fxflops.memory.records import (
     ACTIVATIONS,
@@ -29,12 +30,17 @@ class MemoryOptions:
 
     master_weights: bool = False
     allowance: Allowance = field(default_factory=Allowance)
+    device: str | None = None  # a device of the peaks table ("H100 SXM"): whether the step fits on it
+    device_bytes: int | None = None  # its memory, when the table has none or you know better
 
 
 def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer | None = None,
                     options: MemoryOptions | None = None) -> MemoryEstimate:
     """The tensor bytes one rank holds through the captured step (and the optimizer step, if given)."""
     options = options or MemoryOptions()
+    device, capacity = options.device, options.device_bytes
+    if device is not None and capacity is None:
+        device, capacity = device_capacity(device)  # before the work: an unknown device is one line
     graph_module = captured.graph_module
     state = graph_module.meta.get(MODEL_STATE)
     if state is None:
@@ -77,4 +83,4 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     allowance_bytes = AllowanceBytes(allowance.rounding(sizes), allowance.context_bytes, allowance.collective_bytes,
                                      int(allowance.fragmentation * peak.total))
     return MemoryEstimate(peak.total, dict(peak.by_kind), peak, by_module, points, model_states,
-                          label or None, allowance, allowance_bytes, notes, saved)
+                          label or None, allowance, allowance_bytes, notes, saved, device, capacity)

@@ -93,6 +93,18 @@ class MemoryEstimate:
     notes: list[str] = field(default_factory=list)  # what this estimate assumes, in words
     # activation bytes alive when the forward ends (what autograd saved), by the module that made them
     saved_by_module: dict[str, int] = field(default_factory=dict)
+    device: str | None = None  # the device the step is checked against
+    capacity: int | None = None  # its memory, bytes
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak and the allowance fit in the device's memory (None without a device)."""
+        return None if self.capacity is None else self.device_bytes <= self.capacity
+
+    @property
+    def headroom(self) -> int | None:
+        """Capacity left at the peak, allowance included (negative: short by that much)."""
+        return None if self.capacity is None else self.capacity - self.device_bytes
 
     def saved_under(self, module: str) -> int:
         """Activation bytes saved at the end of the forward by `module` and its submodules."""
@@ -129,5 +141,9 @@ class MemoryEstimate:
                           "fragmentation": self.allowance_bytes.fragmentation,
                           "total": self.allowance_bytes.total},
             "device_bytes": self.device_bytes,
+            "device": self.device,
+            "capacity": self.capacity,
+            "fits": self.fits,
+            "headroom": self.headroom,
             "notes": list(self.notes),
         }

@@ -238,6 +238,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
     )
+    if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
+        record["memory"] = estimate.memory.to_dict()
     if include_nodes:
         record["nodes"] = [_node_dict(node) for node in estimate.nodes]
     return record
