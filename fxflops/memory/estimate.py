@@ -11,6 +11,8 @@ from fxflops.memory.devices import device_capacity
 from fxflops.memory.optimizer_state import optimizer_memory
 from fxflops.memory.records import (
     ACTIVATIONS,
+    BUFFERS,
+    GRADIENTS,
     OPTIMIZER,
     PARAMETERS,
     TEMPORARIES,
@@ -19,7 +21,7 @@ from fxflops.memory.records import (
     MemoryEstimate,
 )
 from fxflops.memory.timeline import build_timeline, live_at
-from fxflops.results import Captured
+from fxflops.results import FORWARD, Captured
 
 
 @dataclass(frozen=True)
@@ -69,16 +71,16 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
         if storage.kind in (ACTIVATIONS, TEMPORARIES):
             by_module[storage.module] = by_module.get(storage.module, 0) + storage.nbytes
     by_module = dict(sorted(by_module.items(), key=lambda item: -item[1]))
-    forward_end = max((point.index for point in points if point.phase == "forward"), default=0)
+    forward_end = max((point.index for point in points if point.phase == FORWARD), default=0)
     saved: dict[str, int] = {}
     for storage in live_at(storages, forward_end, lambda s: s.kind == ACTIVATIONS):
         saved[storage.module] = saved.get(storage.module, 0) + storage.nbytes
     start = points[0].by_kind
-    model_states = {kind: start[kind] for kind in (PARAMETERS, "buffers", OPTIMIZER)}
-    model_states["gradients"] = sum(s.nbytes for s in storages.values() if s.kind == "gradients")
+    model_states = {kind: start[kind] for kind in (PARAMETERS, BUFFERS, OPTIMIZER)}
+    model_states[GRADIENTS] = sum(s.nbytes for s in storages.values() if s.kind == GRADIENTS)
     allowance = options.allowance
     sizes = [s.nbytes for s in alive]
-    if optimizer_state:  # the optimizer's tensors, one per state entry: rounding of their total only
+    if optimizer_state:  # the optimizer's state rounded as one block (per tensor: at most 511 bytes more each)
         sizes.append(optimizer_state)
     allowance_bytes = AllowanceBytes(allowance.rounding(sizes), allowance.context_bytes, allowance.collective_bytes,
                                      int(allowance.fragmentation * peak.total))

@@ -66,7 +66,7 @@ def optimizer_memory(optimizer: str | torch.optim.Optimizer, params: Sequence[to
         formula = (f"{name}: exp_avg + exp_avg_sq{' + max_exp_avg_sq' if copies == 3 else ''} like each "
                    f"parameter + a 4-byte step; step: {'foreach sqrt of each group' if foreach else 'sqrt and quotient of one parameter'}")
     form = "foreach" if foreach else "single-tensor"
-    how = f"{formula} ({form} form{', fp32 master weights and moments' if master_weights else ''})"
+    how = f"{formula} ({form} form{', fp32 master weights and moments; the gradients cast to fp32 not counted' if master_weights else ''})"
     return OptimizerMemory(state + master, step, how)
 
 

@@ -6,8 +6,9 @@ its nbytes, from the first node that makes it to the last node that reads or wri
 
 - the model's parameters, buffers and inputs, and the optimizer's state, are alive all step;
 - a parameter's gradient (its .grad after the backward) from the op that makes it to the step's end;
-- a forward value the backward reads is an activation: autograd saved it and frees it as the
-  backward consumes it (its last use there); one the forward alone reads is a temporary;
+- a forward value the backward reads is an activation: autograd saved it and frees it when the
+  autograd node that reads it returns (what a node reads, its incoming gradient too, lives until
+  then); one the forward alone reads is a temporary, freed after its last use;
 - a tensor autograd saved inside an op recorded whole (the mask of a dropout recorded as one op)
   first shows up in the backward: it was made by the forward op that backward differentiates;
 - the backward's seed gradients live through the backward; the model's output through the step
@@ -17,13 +18,15 @@ its nbytes, from the first node that makes it to the last node that reads or wri
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from fxflops.capture.backward import AUTOGRAD_NODE
+from fxflops.capture.backward import AUTOGRAD_NODE, DIFFERENTIATES
+from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.capture.model_state import MODEL_STATE, ModelState
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.memory.records import (
@@ -40,9 +43,6 @@ from fxflops.memory.records import (
     Point,
 )
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
-
-INPUT_INDEX = "fxflops_input"
-DIFFERENTIATES = "fxflops_differentiates"
 
 
 @dataclass
@@ -172,10 +172,14 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
             else:
                 found.last = max(found.last, here)
 
-    for start, stop in _reentrant_recomputes(infos):
-        for storage in storages.values():  # the recomputed outputs, held by the checkpoint's backward
-            if start <= storage.born <= stop and storage.last == storage.born:
-                storage.last = stop
+    spans = _reentrant_recomputes(infos)
+    if spans:
+        by_birth = sorted(storages.values(), key=lambda storage: storage.born)
+        births = [storage.born for storage in by_birth]
+        for start, stop in spans:  # the recomputed outputs, held by the checkpoint's backward
+            for storage in by_birth[bisect.bisect_left(births, start):bisect.bisect_right(births, stop)]:
+                if storage.last == storage.born:
+                    storage.last = stop
 
     held_to = end  # the caller holds the output (and autograd's seeds hold through the backward)
     output = next(iter(graph_module.graph.find_nodes(op="output")), None)
