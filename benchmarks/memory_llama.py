@@ -1,13 +1,14 @@
 """Memory of a Llama-2-70B-shaped training step at seq 4096, on the meta device: fxflops' time and its own RSS.
 
-Each run is a fresh subprocess building the model on the meta device (bf16 weights, training mode,
-batch 1, seq 4096) and timing one call:
+A fresh subprocess builds the model on the meta device (bf16 weights, training mode, use_cache=False,
+batch 1, seq 4096) and times, one after the other in the same process:
 
-  reference   fxflops.estimate(model, ..., backward=True, optimizer="adamw")
-  memory      the same with memory=MemoryOptions(master_weights=True, device="H100 SXM")
+  estimate    fxflops.estimate(model, ..., backward=True, optimizer="adamw"): capture and count
+  memory      fxflops.memory.estimate_memory(that capture, "adamw", MemoryOptions(master_weights=True,
+              device="H100 SXM")): what memory=... adds to the estimate
 
-It reports each call's wall time (and memory's over the reference's, measured in the same run), the
-process' peak RSS (VmHWM) and what the memory estimate found: the peak tensor bytes per rank, by kind,
+It reports both calls' wall times (memory's as a ratio to the estimate's), the process' peak RSS
+(VmHWM) after each, and what the memory estimate found: the peak tensor bytes per rank, by kind,
 where, and whether one H100 holds the step (it does not: 70B parameters' model states alone are
 16 bytes each, ~1 TiB; the point is the timeline at this size, and fxflops' own memory, target < 2 GB).
 
@@ -32,37 +33,39 @@ RESULTS = os.path.join(HERE, "results", "memory_llama.md")
 CHILD = r'''
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
-sys.path.insert(0, sys.argv[4])
+sys.path.insert(0, sys.argv[3])
 import torch, transformers
 from common import status_kib
 import fxflops
-from fxflops.memory import MemoryOptions
-which, seq, layers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from fxflops.memory import MemoryOptions, estimate_memory
+seq, layers = int(sys.argv[1]), int(sys.argv[2])
 config = transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers,
                                   num_attention_heads=64, num_key_value_heads=8, vocab_size=32000,
-                                  max_position_embeddings=max(4096, seq))
+                                  max_position_embeddings=max(4096, seq), use_cache=False)
 with torch.device("meta"):
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
 ids = torch.zeros(1, seq, dtype=torch.long)
-memory = MemoryOptions(master_weights=True, device="H100 SXM") if which == "memory" else False
 start = time.perf_counter()
-e = fxflops.estimate(model, (), {"input_ids": ids}, backward=True, optimizer="adamw", memory=memory)
+e = fxflops.estimate(model, (), {"input_ids": ids}, backward=True, optimizer="adamw")
+counted = time.perf_counter() - start
+counted_kib = status_kib("VmHWM")
+start = time.perf_counter()
+m = estimate_memory(e.source.captured, "adamw", MemoryOptions(master_weights=True, device="H100 SXM"))
 seconds = time.perf_counter() - start
-out = {"seconds": seconds, "peak_kib": status_kib("VmHWM"), "params": e.total_params, "nodes": len(e.nodes)}
-if e.memory is not None:
-    m = e.memory
-    out.update(peak_bytes=m.peak_bytes, by_kind=m.by_kind, phase=m.peak_at.phase, module=m.peak_at.module,
-               op=m.peak_at.op, model_states=m.model_states, device_bytes=m.device_bytes, fits=m.fits,
-               points=len(m.timeline), layer0_saved=m.saved_under("model.layers.0"))
+out = {"counted": counted, "counted_kib": counted_kib, "seconds": seconds, "peak_kib": status_kib("VmHWM"),
+       "params": e.total_params, "nodes": len(e.nodes), "peak_bytes": m.peak_bytes, "by_kind": m.by_kind,
+       "phase": m.peak_at.phase, "module": m.peak_at.module, "op": m.peak_at.op, "model_states": m.model_states,
+       "device_bytes": m.device_bytes, "fits": m.fits, "points": len(m.timeline),
+       "layer0_saved": m.saved_under("model.layers.0"), "phase_peaks": m.phase_peaks()}
 print(json.dumps(out))
 '''
 
 
-def run(which: str, seq: int, layers: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, which, str(seq), str(layers), HERE], capture_output=True,
+def run(seq: int, layers: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(seq), str(layers), HERE], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": ROOT})
     if done.returncode != 0:
-        raise SystemExit(f"{which} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"the child failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -76,8 +79,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=80)
     parser.add_argument("--output", default=RESULTS, help="markdown file to write ('' = print only)")
     options = parser.parse_args()
-    reference = run("reference", options.seq, options.layers)
-    memory = run("memory", options.seq, options.layers)
+    memory = run(options.seq, options.layers)
     kinds = ", ".join(f"{kind} {gib(size)}" for kind, size in memory["by_kind"].items() if size)
     lines = [
         "# Memory of a Llama-2-70B-shaped training step",
@@ -88,18 +90,20 @@ def main() -> None:
         f"batch 1, seq {options.seq}, training mode, backward and AdamW with fp32 master weights; "
         f"{memory['nodes']:,} graph nodes, {memory['points']:,} timeline points.",
         "",
-        "| call | wall | peak RSS of the process |",
+        "| call | wall | peak RSS of the process after it |",
         "|---|---|---|",
-        f"| estimate(backward=True, optimizer='adamw') | {reference['seconds']:.1f} s | "
-        f"{reference['peak_kib'] / 1024:,.0f} MiB |",
-        f"| + memory=MemoryOptions(master_weights=True, device='H100 SXM') | {memory['seconds']:.1f} s "
-        f"({memory['seconds'] / reference['seconds']:.2f}x) | {memory['peak_kib'] / 1024:,.0f} MiB |",
+        f"| estimate(backward=True, optimizer='adamw') (capture and count) | {memory['counted']:.1f} s | "
+        f"{memory['counted_kib'] / 1024:,.0f} MiB |",
+        f"| estimate_memory(that capture, 'adamw', MemoryOptions(master_weights=True, device='H100 SXM')) | "
+        f"{memory['seconds']:.1f} s ({memory['seconds'] / memory['counted']:.2f}x the estimate) | "
+        f"{memory['peak_kib'] / 1024:,.0f} MiB |",
         "",
         f"- peak tensor bytes per rank: {gib(memory['peak_bytes'])} in the {memory['phase']}"
         + (f", in {memory['module']} ({memory['op']})" if memory["module"] else ""),
         f"- alive at the peak: {kinds}",
         f"- model states: " + ", ".join(f"{k} {gib(v)}" for k, v in memory["model_states"].items() if v),
         f"- activations layer 0 saves: {gib(memory['layer0_saved'])}",
+        "- highest total per phase: " + ", ".join(f"{k} {gib(v)}" for k, v in memory["phase_peaks"].items()),
         f"- fits on one H100 SXM (80 GiB): {memory['fits']} (needs {gib(memory['device_bytes'])} with the allowance)",
     ]
     text = "\n".join(lines) + "\n"
