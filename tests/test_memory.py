@@ -120,6 +120,16 @@ def test_transformers_step_equals_mem_tracker(build, optimizer):
     assert memory.peak_bytes == tracked_peak(model, (ids,), make, logits)
 
 
+def test_mixture_of_experts_step_equals_mem_tracker():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)
+    model, ids = transformers.MixtralForCausalLM(config).train(), torch.randint(0, 128, (2, 16))
+    logits = lambda out: out.logits  # noqa: E731
+    assert counted(model, (ids,), loss=logits).peak_bytes == tracked_peak(model, (ids,), None, logits)
+
+
 class Autocast(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
