@@ -18,16 +18,20 @@ from fxflops.memory.formulas import gpt_layer_activation_bytes, model_state_byte
 from fxflops.memory.records import ACTIVATIONS, GRADIENTS, OPTIMIZER, PARAMETERS
 
 
-def tracked_peak(model: nn.Module, inputs: tuple, make_optimizer=None, output=lambda out: out) -> int:
+def tracked_peak(model: nn.Module, inputs: tuple, make_optimizer=None, output=lambda out: out,
+                 keep_grads: bool = False) -> int:
     """MemTracker's peak bytes over one real step on the CPU: forward, backward of ones (fxflops' default
     loss), optimizer step and zero_grad; a step after the first (the optimizer's state exists). The
-    caller holds the model's output until the step ends, as fxflops assumes."""
+    caller holds the model's output until the step ends, as fxflops assumes. `keep_grads`: the
+    gradients exist when the step starts and stay (zero_grad(set_to_none=False))."""
     optimizer = make_optimizer(model) if make_optimizer else None
-    if optimizer is not None:
+    if optimizer is not None or keep_grads:
         out = output(model(*inputs))
         out.backward(torch.ones_like(out))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.step()
+        for parameter in model.parameters():
+            parameter.grad = torch.zeros_like(parameter) if keep_grads else None
         del out
     tracker = MemTracker()
     tracker.track_external(model, *([optimizer] if optimizer else []), *inputs)
@@ -39,7 +43,7 @@ def tracked_peak(model: nn.Module, inputs: tuple, make_optimizer=None, output=la
         del seed
         if optimizer is not None:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not keep_grads)
         del out, whole
     for parameter in model.parameters():
         parameter.grad = None
@@ -128,6 +132,18 @@ def test_mixture_of_experts_step_equals_mem_tracker():
     model, ids = transformers.MixtralForCausalLM(config).train(), torch.randint(0, 128, (2, 16))
     logits = lambda out: out.logits  # noqa: E731
     assert counted(model, (ids,), loss=logits).peak_bytes == tracked_peak(model, (ids,), None, logits)
+
+
+@pytest.mark.parametrize("build", [mlp, _gpt2], ids=["mlp", "gpt2"])
+def test_gradients_kept_from_step_to_step_equal_mem_tracker(build):
+    # a micro-batch after the first under gradient accumulation, or zero_grad(set_to_none=False): the
+    # backward adds into .grad tensors that exist all step
+    model = build()
+    inputs = (torch.randn(32, 64),) if build is mlp else (torch.randint(0, 128, (2, 16)),)
+    output = (lambda out: out) if build is mlp else (lambda out: out.logits)
+    memory = counted(model, inputs, ADAMW(model), loss=output, memory=MemoryOptions(grads_at_start=True))
+    assert memory.peak_bytes == tracked_peak(model, inputs, ADAMW, output, keep_grads=True)
+    assert memory.timeline[0].by_kind[GRADIENTS] == sum(4 * p.numel() for p in model.parameters())
 
 
 class Autocast(nn.Module):

@@ -34,6 +34,9 @@ class MemoryOptions:
     allowance: Allowance = field(default_factory=Allowance)
     device: str | None = None  # a device of the peaks table ("H100 SXM"): whether the step fits on it
     device_bytes: int | None = None  # its memory, when the table has none or you know better
+    # the gradients exist when the step starts: a micro-batch after the first under gradient accumulation,
+    # or zero_grad(set_to_none=False); the backward adds into them
+    grads_at_start: bool = False
 
 
 def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer | None = None,
@@ -63,7 +66,7 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
         notes.append("a step after the first: the optimizer's state exists from the start; "
                      "zero_grad(set_to_none=True) frees the gradients after the step")
     points, storages = build_timeline(graph_module, optimizer_state=optimizer_state, optimizer_step=optimizer_step,
-                                      optimizer_label=label)
+                                      optimizer_label=label, grads_at_start=options.grads_at_start)
     peak = max(points, key=lambda point: point.total)  # the first point at the highest total
     alive = live_at(storages, peak.index)
     by_module: dict[str, int] = {}
@@ -78,6 +81,8 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     start = points[0].by_kind
     model_states = {kind: start[kind] for kind in (PARAMETERS, BUFFERS, OPTIMIZER)}
     model_states[GRADIENTS] = sum(s.nbytes for s in storages.values() if s.kind == GRADIENTS)
+    if options.grads_at_start:
+        notes.append("the gradients exist from the start (accumulation, or zero_grad(set_to_none=False))")
     allowance = options.allowance
     sizes = [s.nbytes for s in alive]
     if optimizer_state:  # the optimizer's state rounded as one block (per tensor: at most 511 bytes more each)

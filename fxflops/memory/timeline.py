@@ -83,7 +83,7 @@ def _storages(value: object, alias: dict[int, int] | None = None) -> Iterable[tu
             yield (alias.get(found[0], found[0]), found[1]) if alias else found
 
 
-def stolen_grads(ops: list[torch.fx.Node], grads: set[int]) -> dict[int, int]:
+def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = False) -> dict[int, int]:
     """Gradient copies the capture made that a real backward does not: storage of the copy -> storage
     of the gradient autograd would keep instead.
 
@@ -91,7 +91,8 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int]) -> dict[int, int]:
     holds it and its strides are the parameter's; otherwise it copies it into a new tensor
     (new_empty_strided + copy_). While a capture records, its record holds every value, so the capture
     always sees the copy: where the source has the parameter's strides and nothing reads it after the
-    copy, the real step steals it, and the copy's storage is the source's.
+    copy, the real step steals it, and the copy's storage is the source's. With `accumulate` (the
+    parameter has a .grad already), AccumulateGrad adds the source into it in place: no copy either.
     """
     last_read: dict[int, int] = {}
     for index, node in enumerate(ops):
@@ -113,17 +114,21 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int]) -> dict[int, int]:
         made_key, given_key = storage_key(made), storage_key(given)
         if made_key is None or given_key is None or made_key[0] not in grads:
             continue
-        if made.shape == given.shape and made.stride() == given.stride() and last_read.get(given_key[0]) == index:
+        if accumulate or made.shape == given.shape and made.stride() == given.stride() \
+                and last_read.get(given_key[0]) == index:
             alias[made_key[0]] = given_key[0]
     return alias
 
 
 def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
-                   optimizer_label: str = "") -> tuple[list[Point], dict[int, Storage]]:
+                   optimizer_label: str = "", grads_at_start: bool = False) -> tuple[list[Point], dict[int, Storage]]:
     """The live bytes at each op of the captured step, and each storage's life.
 
     Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer
     step (its temporaries, `optimizer_step` bytes, on top of what is alive) when `optimizer_label`.
+    `grads_at_start`: every parameter's .grad exists when the step starts (a micro-batch after the first
+    under gradient accumulation, or zero_grad(set_to_none=False)): the backward's gradients are added
+    into them and freed.
     """
     state: ModelState = graph_module.meta.get(MODEL_STATE) or ModelState()
     ops = [node for node in graph_module.graph.nodes if node.op == "call_function"]
@@ -145,8 +150,12 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
               if INPUT_INDEX in node.meta]
     persistent(inputs, INPUTS)
     grads = {key for key, _ in _storages(list(state.grads.values()))}
-    alias = stolen_grads(ops, grads)
+    alias = stolen_grads(ops, grads, accumulate=grads_at_start)
     grads = {alias.get(key, key) for key in grads}
+    if grads_at_start:  # the .grad tensors, there all step; what the backward makes is added into them
+        for index, grad in enumerate(state.grads.values()):
+            storages[-1 - index] = Storage(grad.untyped_storage().nbytes(), GRADIENTS, "", 0, end)
+        grads = set()
     seeds = {key for key, _ in _storages(state.seeds)}
     node_by_name = {node.name: node for node in ops}
 
