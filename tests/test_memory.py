@@ -4,12 +4,15 @@ hand formulas (ZeRO model states, Korthikanti et al.'s GPT layer activations).""
 from __future__ import annotations
 
 import json
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import fxflops
@@ -50,6 +53,61 @@ def tracked_peak(model: nn.Module, inputs: tuple, make_optimizer=None, output=la
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 
+class LiveStorages(TorchDispatchMode):
+    """An allocation hook for what MemTracker cannot follow (it registers a hook on every parameter, and a
+    frozen one refuses it): the bytes of every storage alive, each op's outputs added as they appear and
+    each storage dropped when it is freed (a weakref finalizer), the tensors given up front included."""
+
+    def __init__(self, tensors) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.freed: dict[int, weakref.finalize] = {}
+        for tensor in tensors:
+            self._add(tensor)
+
+    def _add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key, nbytes = storage._cdata, storage.nbytes()
+        if key in self.freed or not nbytes:
+            return
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+        def free() -> None:
+            self.live -= nbytes
+            self.freed.pop(key, None)
+
+        self.freed[key] = weakref.finalize(storage, free)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in pytree.tree_leaves(out):
+            if isinstance(value, torch.Tensor):
+                self._add(value)
+        return out
+
+
+def hooked_peak(model: nn.Module, inputs: tuple, make_optimizer) -> int:
+    """The peak of `LiveStorages` over one real step, as tracked_peak runs it."""
+    optimizer = make_optimizer(model)
+    out = model(*inputs)
+    out.backward(torch.ones_like(out))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    del out
+    held = [*model.parameters(), *model.buffers(), *inputs,
+            *(value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))]
+    with LiveStorages(held) as hook:
+        out = model(*inputs)
+        seed = torch.ones_like(out)
+        out.backward(seed)
+        del seed
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del out
+    return hook.peak
+
+
 def counted(model: nn.Module, inputs: tuple, optimizer=None, memory=True, **options):
     return fxflops.estimate(model, inputs, backward=True, optimizer=optimizer, memory=memory, **options).memory
 
@@ -75,6 +133,24 @@ def test_mlp_step_peak_equals_mem_tracker(name):
     model, x = mlp(), torch.randn(32, 64)
     memory = counted(model, (x,), make(mlp()) if make else None)
     assert memory.peak_bytes == tracked_peak(model, (x,), make)
+
+
+def test_the_allocation_hook_agrees_with_mem_tracker():
+    model, x = mlp(), torch.randn(32, 64)
+    assert hooked_peak(model, (x,), ADAMW) == tracked_peak(model, (x,), ADAMW)
+
+
+def test_frozen_layers_hold_no_gradient_nor_optimizer_state():
+    model, x = mlp(), torch.randn(32, 64)
+    for parameter in model[0].parameters():
+        parameter.requires_grad_(False)
+    trainable = lambda m: torch.optim.AdamW(p for p in m.parameters() if p.requires_grad)  # noqa: E731
+    memory = counted(model, (x,), trainable(model))
+    assert memory.peak_bytes == hooked_peak(model, (x,), trainable)
+    frozen = 64 * 128 + 128
+    params = sum(p.numel() for p in model.parameters())
+    assert memory.model_states[GRADIENTS] == 4 * (params - frozen)
+    assert memory.model_states[OPTIMIZER] == 8 * (params - frozen) + 4 * 4  # four trainable tensors
 
 
 def test_mlp_model_states_by_hand():
@@ -375,3 +451,12 @@ def test_cli_memory_section_and_fit(capsys):
     assert cli.main(["lenet5", "--memory", "--device", "V100 PCIe"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "no memory size" in error
+
+
+def test_an_inputs_gradient_is_kept_like_a_parameters():
+    model, x = mlp(), torch.randn(256, 64, requires_grad=True)
+    memory = counted(model, (x,), "sgd")
+    params = sum(p.numel() for p in model.parameters())
+    step = memory.timeline[-1]  # the optimizer step: every .grad made, none freed
+    assert step.phase == "optimizer step"
+    assert step.by_kind[GRADIENTS] == 4 * params + 4 * x.numel()

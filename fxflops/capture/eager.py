@@ -170,7 +170,8 @@ def capture(request: Request) -> Captured:
                 differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)
         mark_inputs(graph_module, (args, kwargs))  # the twins: which placeholder is which input
-        record_model_state(graph_module, modules, owners.seeds if owners is not None else None)  # for memory
+        record_model_state(graph_module, modules, owners.seeds if owners is not None else None,  # for memory
+                           tensors_in((args, kwargs)))
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward, sizes=sizes, cautions=recorder.cautions)

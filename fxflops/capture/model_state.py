@@ -23,14 +23,16 @@ class ModelState:
     parameters: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor] = field(default_factory=dict)  # parameter name -> its .grad after the backward
+    input_grads: list[torch.Tensor] = field(default_factory=list)  # the .grad of inputs that require one
     seeds: list[torch.Tensor] = field(default_factory=list)  # the backward's starting gradients
 
 
 def record_model_state(graph_module: torch.fx.GraphModule, modules: Iterable[tuple[str, torch.nn.Module]],
-                       seeds: list[torch.Tensor] | None = None) -> None:
-    """Keep the modules' (fake) parameters, buffers and gradients with the graph; call before the twins
-    are swapped back out."""
+                       seeds: list[torch.Tensor] | None = None, inputs: Iterable[torch.Tensor] = ()) -> None:
+    """Keep the modules' (fake) parameters, buffers and gradients with the graph, and the gradients of
+    the inputs that require one; call before the twins are swapped back out."""
     state = ModelState(seeds=list(seeds or []))
+    state.input_grads.extend(tensor.grad for tensor in inputs if isinstance(tensor.grad, torch.Tensor))
     seen: set[int] = set()
     for path, module in modules:
         for kind, tensors in (("parameters", module._parameters), ("buffers", module._buffers)):

@@ -156,6 +156,9 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
         for index, grad in enumerate(state.grads.values()):
             storages[-1 - index] = Storage(grad.untyped_storage().nbytes(), GRADIENTS, "", 0, end)
         grads = set()
+    input_grads = {key for key, _ in _storages(state.input_grads)}  # an input's .grad: made, then kept
+    alias.update(stolen_grads(ops, input_grads))
+    grads |= {alias.get(key, key) for key in input_grads}
     seeds = {key for key, _ in _storages(state.seeds)}
     node_by_name = {node.name: node for node in ops}
 
