@@ -95,8 +95,9 @@ def hooked_peak(model: nn.Module, inputs: tuple, make_optimizer) -> int:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     del out
-    held = [*model.parameters(), *model.buffers(), *inputs,
-            *(value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))]
+    states = [value for state in optimizer.state.values() for value in state.values()
+              if isinstance(value, torch.Tensor)]
+    held = [*model.parameters(), *model.buffers(), *inputs, *states]
     with LiveStorages(held) as hook:
         out = model(*inputs)
         seed = torch.ones_like(out)
@@ -203,8 +204,9 @@ def test_transformers_step_equals_mem_tracker(build, optimizer):
 def test_mixture_of_experts_step_equals_mem_tracker():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        num_local_experts=4, num_experts_per_tok=2)
     model, ids = transformers.MixtralForCausalLM(config).train(), torch.randint(0, 128, (2, 16))
     logits = lambda out: out.logits  # noqa: E731
     assert counted(model, (ids,), loss=logits).peak_bytes == tracked_peak(model, (ids,), None, logits)

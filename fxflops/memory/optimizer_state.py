@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-NAMES = ("sgd", "adam", "adamw")
+from fxflops.optimizer import NAMES  # the optimizers whose step fxflops counts: the same names here
+
 _STEP_BYTES = 4  # torch.optim keeps Adam's `step` as a float32 scalar tensor per parameter
 
 
@@ -63,10 +64,12 @@ def optimizer_memory(optimizer: str | torch.optim.Optimizer, params: Sequence[to
         coupled = name == "adam" and bool(options.get("weight_decay", 0)) and \
             not options.get("decoupled_weight_decay", False)
         step = _adam_foreach_step(list(groups.values())) if foreach else _adam_loop_step(sizes, coupled)
-        formula = (f"{name}: exp_avg + exp_avg_sq{' + max_exp_avg_sq' if copies == 3 else ''} like each "
-                   f"parameter + a 4-byte step; step: {'foreach sqrt of each group' if foreach else 'sqrt and quotient of one parameter'}")
+        moments = "exp_avg + exp_avg_sq" + (" + max_exp_avg_sq" if copies == 3 else "")
+        temporaries = "foreach sqrt of each group" if foreach else "sqrt and quotient of one parameter"
+        formula = f"{name}: {moments} like each parameter + a 4-byte step; step: {temporaries}"
     form = "foreach" if foreach else "single-tensor"
-    how = f"{formula} ({form} form{', fp32 master weights and moments; the gradients cast to fp32 not counted' if master_weights else ''})"
+    master_note = ", fp32 master weights and moments; the gradients cast to fp32 not counted" if master_weights else ""
+    how = f"{formula} ({form} form{master_note})"
     return OptimizerMemory(state + master, step, how)
 
 
@@ -94,7 +97,8 @@ def _name_and_options(optimizer: str | torch.optim.Optimizer) -> tuple[str, dict
     if isinstance(optimizer, str):
         name = optimizer.lower()
         if name not in NAMES:
-            raise ValueError(f"optimizer must be one of {', '.join(NAMES)} or a torch.optim.Optimizer; got {optimizer!r}")
+            raise ValueError(f"optimizer must be one of {', '.join(NAMES)} or a torch.optim.Optimizer; "
+                             f"got {optimizer!r}")
         return name, {"adamw": {"weight_decay": 1e-2}}.get(name, {})
     known = [(torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd")]
     name = next((label for cls, label in known if isinstance(optimizer, cls)), "")

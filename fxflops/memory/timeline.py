@@ -320,9 +320,10 @@ def _points(storages: dict[int, Storage], infos: list[_Op], end: int, optimizer_
     return points
 
 
-def live_at(storages: dict[int, Storage], index: int, keep: Callable[[Storage], bool] = lambda s: True) -> list[Storage]:
+def live_at(storages: dict[int, Storage], index: int,
+            keep: Callable[[Storage], bool] = lambda storage: True) -> list[Storage]:
     """The storages alive at point `index`."""
     return [s for s in storages.values() if s.born <= index <= s.last and keep(s)]
 
 
-__all__ = ["BACKWARD", "RECOMPUTE", "Storage", "build_timeline", "live_at", "storage_key"]
+__all__ = ["Storage", "build_timeline", "live_at", "stolen_grads", "storage_key"]

@@ -32,8 +32,8 @@ def memory_lines(estimate: Any) -> list[str]:
     lines = [_row("memory peak (tensor bytes, per rank):", f"{memory_to_string(memory.peak_bytes)} at {where}"),
              _row("  alive at the peak:", kinds or "nothing"),
              *([_row("  activations + temporaries by module:", ", ".join(
-                 f"{name or '(model)'}: {memory_to_string(size)}" for name, size in list(memory.by_module.items())[:TOP]))]
-               if memory.by_module else []),
+                 f"{name or '(model)'}: {memory_to_string(size)}"
+                 for name, size in list(memory.by_module.items())[:TOP]))] if memory.by_module else []),
              _row("  allowance (apart, adjustable):",
                   f"+{memory_to_string(allowance.total)} (CUDA context {memory_to_string(allowance.context)}, "
                   f"{memory.allowance.block_bytes}-byte blocks {memory_to_string(allowance.rounding)}, "
