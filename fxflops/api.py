@@ -111,6 +111,7 @@ def estimate(
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
     strict: bool = False,
+    memory: Any = False,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -137,6 +138,10 @@ def estimate(
 
     `strict=True` raises UnknownOpsError, naming the ops and their modules, when any op matched no rule
     (a CI check that the count is complete), instead of warning and leaving them out of the totals.
+
+    `memory=True` (or a `fxflops.memory.MemoryOptions`) also reads the captured step as a timeline of
+    live tensors: `Estimate.memory` (a `fxflops.memory.MemoryEstimate`) has the peak tensor bytes, what
+    is alive there by kind, where it is, and the timeline (with `optimizer`, its state and step too).
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -155,6 +160,11 @@ def estimate(
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
+    if memory:
+        from fxflops.memory import MemoryOptions, estimate_memory  # imported on use: estimate's first call stays lean
+
+        options = memory if isinstance(memory, MemoryOptions) else None
+        result.memory = estimate_memory(captured, optimizer if backward else None, options)
     warn_unknown(result.unknown)
     warn_cautions(result.cautions)
     return result

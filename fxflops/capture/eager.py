@@ -26,6 +26,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
+from fxflops.capture.model_state import record_model_state
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
@@ -169,6 +170,8 @@ def capture(request: Request) -> Captured:
                 differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)
         mark_inputs(graph_module, (args, kwargs))  # the twins: which placeholder is which input
+        record_model_state(graph_module, modules, owners.seeds if owners is not None else None,  # for memory
+                           tensors_in((args, kwargs)))
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward, sizes=sizes, cautions=recorder.cautions)

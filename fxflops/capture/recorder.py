@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
+from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
@@ -147,6 +147,8 @@ class OpRecorder(TorchDispatchMode):
             meta[SOURCE] = user_frame()
         if self.owners is not None:
             meta[PHASE] = phase
+            if phase != FORWARD:
+                meta[AUTOGRAD_NODE] = self.owners.running()
             self.owners.claim(node)
         self._register_outputs(node, out)
 

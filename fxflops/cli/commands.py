@@ -96,7 +96,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_options(args: argparse.Namespace, sweeps: list) -> object:
+    """--memory: False, or the MemoryOptions to estimate with (the --device's memory, checked before loading)."""
+    if not getattr(args, "memory", False):
+        return False
+    if sweeps:
+        raise ModelSpecError("--memory estimates one step's peak; it does not combine with --sweep")
+    from fxflops.memory import MemoryOptions
+    from fxflops.memory.devices import device_capacity
+
+    if not args.device:
+        return MemoryOptions()
+    try:
+        label, capacity = device_capacity(args.device)
+    except ValueError as error:
+        raise ModelSpecError(f"--memory --device: {error}") from None
+    return MemoryOptions(device=label, device_bytes=capacity)
+
+
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
+    memory = _memory_options(args, sweeps)
     progress(f"loading {args.model}")
     loaded = load(args.model, input_options(args))
     progress.done()
@@ -115,7 +134,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                                  attention=args.attention, strict=args.fail_on_unknown,
-                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), memory=memory)
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)

@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count the model in training mode (dropout, batch statistics); default: as built")
     counting.add_argument("--optimizer", choices=OPTIMIZERS,
                           help="add one optimizer step's FLOPs over the trainable parameters")
+    counting.add_argument("--memory", action="store_true",
+                          help="the step's peak tensor bytes per rank (with --backward: saved activations and "
+                               "gradients; with --optimizer: its state and step), by kind and where, the "
+                               "allocator's allowance apart, and with --device whether it fits")
     counting.add_argument("--sweep", action="append", default=[], metavar="NAME=VALUES",
                           help="count at many sizes from one capture, with the formula: seq=128,256,1024, "
                                "batch=1..64*2, size[2,3]=160..320:32 (several make a grid; batch, seq, "

@@ -56,6 +56,15 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       "memory_bound_share", "ridge" (flops per byte), "source"}
     measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
                       plus derived "achieved_flops", "utilization", "hook_overhead"
+    memory            present only with estimate(memory=...) (fxflops.memory.MemoryEstimate): tensor
+                      bytes one rank holds through the step: {"peak_bytes", "by_kind" (parameters,
+                      buffers, gradients, optimizer, inputs, activations, temporaries at the peak),
+                      "peak_at": {module, phase, op, node}, "by_module" (activations and temporaries
+                      alive at the peak, by the module that made them), "saved_by_module" (activations
+                      alive when the forward ends), "model_states", "phase_peaks" {phase: bytes},
+                      "optimizer" (its formula, in words), "allowance" {rounding, context, collectives,
+                      fragmentation, total} (apart: not in peak_bytes), "device_bytes" (peak +
+                      allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes"}
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
@@ -249,6 +258,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
     )
+    if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
+        record["memory"] = estimate.memory.to_dict()
     if include_nodes:
         record["nodes"] = [_node_dict(node) for node in estimate.nodes]
     return record

@@ -99,6 +99,7 @@ class Estimate:
     source: Any = field(default=None, repr=False, compare=False)
     attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
     saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
+    memory: Any = None  # a fxflops.memory.MemoryEstimate when estimate(memory=...) asked for it
 
     def __getstate__(self) -> dict[str, Any]:
         # the capture behind explain()/compare() holds graph modules (and, under symbolic tracing, the
