@@ -22,6 +22,7 @@ from fxflops.count import count_nodes
 from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step
+from fxflops.parallel.collectives import collectives
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
@@ -123,6 +124,7 @@ def estimate(
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
+        result.collectives = collectives(captured.graph_module, result.nodes)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
     warn_unknown(result.unknown)

@@ -65,3 +65,96 @@ def test_the_model_keeps_its_dtensor_parameters(fake_group):
     fxflops.estimate(model, (torch.randn(B, S, H, device="meta"),), backward=True)
     assert model.up.weight is weight and weight.grad is None
     assert type(weight).__name__ == "DTensor" and weight.to_local().shape == (F // WORLD, H)
+
+
+# --- collectives ------------------------------------------------------------------------------------
+
+
+def test_the_issue_mlp_reports_one_all_reduce_each_way(fake_group):
+    x = torch.randn(B, S, H, device="meta", requires_grad=True)
+    est = fxflops.estimate(tp_mlp(fake_group), (x,), conventions="torch", backward=True)
+    payload = B * S * H * 4  # float32 activations (b, s, h): RowwiseParallel's output, and grad of x
+    wire = 2 * (WORLD - 1) * payload // WORLD
+    got = [(c.op, c.phase, c.module, c.group_size, c.dtype, c.bytes, c.wire_bytes) for c in est.collectives]
+    assert got == [("all_reduce", "forward", "down", WORLD, "float32", payload, wire),
+                   ("all_reduce", "backward", "up", WORLD, "float32", payload, wire)]
+    assert est.collective_bytes == 2 * payload == 2 * 2_097_152
+    assert est.collective_wire_bytes == 2 * 3_670_016
+    assert not est.unknown  # collectives and their waits are known ops of zero FLOPs
+
+
+def _inclusive_counts(est) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for c in est.collectives:
+        parts = c.module.split(".") if c.module else []
+        for depth in range(len(parts) + 1):
+            key = (".".join(parts[:depth]), c.phase)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_collective_counts_per_module_equal_comm_debug_mode(fake_group):
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    model = parallelize_module(MLP(), fake_group, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    x = torch.randn(2, 8, H, requires_grad=True)
+    with CommDebugMode() as comm:
+        model(x).sum().backward()
+    expected = {}
+    for name, phases in comm.comm_module_counts.items():
+        if name == "Global":
+            continue
+        module = name.split(".", 1)[1] if "." in name else ""
+        for phase, ops in phases.items():
+            if sum(ops.values()):
+                expected[(module, phase)] = sum(ops.values())
+    for parameter in model.parameters():
+        parameter.grad = None
+    est = fxflops.estimate(model, (x,), backward=True)
+    assert _inclusive_counts(est) == expected == {("", "forward"): 1, ("down", "forward"): 1,
+                                                  ("", "backward"): 1, ("up", "backward"): 1}
+
+
+class PlainCalls(torch.nn.Module):
+    """torch.distributed's own calls in a forward, as user code makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        dist.all_reduce(y)
+        gathered = torch.empty(WORLD * y.shape[0], 16)
+        dist.all_gather_into_tensor(gathered, y)
+        dist.broadcast(gathered, 0)
+        return gathered
+
+
+def test_plain_torch_distributed_calls_are_collectives(fake_group):
+    with pytest.warns(FutureWarning):  # (torch deprecates all_gather_into_tensor)
+        est = fxflops.estimate(PlainCalls(), (torch.randn(8, 16),))
+    small, large = 8 * 16 * 4, WORLD * 8 * 16 * 4
+    assert [(c.op, c.bytes, c.wire_bytes, c.group_size, c.module) for c in est.collectives] == [
+        ("all_reduce", small, 2 * (WORLD - 1) * small // WORLD, WORLD, ""),
+        ("all_gather", large, (WORLD - 1) * large // WORLD, WORLD, ""),
+        ("broadcast", large, large, WORLD, ""),
+    ]
+    assert not est.unknown
+
+
+def test_collectives_in_the_text_report_and_json(fake_group):
+    from fxflops.report.machine import from_dict
+
+    est = fxflops.estimate(tp_mlp(fake_group), (torch.randn(1, 4, H, device="meta"),))
+    text = est.print(as_string=True, detailed=False)
+    assert "Collectives of this rank per step" in text and "all_reduce" in text
+    record = est.to_dict()
+    assert record["collective_bytes"] == {"bytes": 4 * H * 4, "wire_bytes": 2 * 7 * 4 * H * 4 // 8}
+    assert from_dict(record).collectives == est.collectives
+
+
+def test_no_collectives_without_a_process_group():
+    est = fxflops.estimate(MLP(), (torch.randn(1, 2, H),))
+    assert est.collectives == [] and est.collective_bytes == 0
+    assert "Collectives" not in est.print(as_string=True, detailed=False)

@@ -52,6 +52,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       "memory_bound_share", "ridge" (flops per byte), "source"}
     measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
                       plus derived "achieved_flops", "utilization", "hook_overhead"
+    collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
+                      node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
+    collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
@@ -78,6 +81,7 @@ from fxflops.capture.methods import describe
 from fxflops.report.formats import ENCODING_ERRORS
 from fxflops.results import (
     AttentionTotals,
+    Collective,
     Estimate,
     Measurements,
     ModuleStats,
@@ -237,6 +241,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         ],
         prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
+        collectives=[dataclasses.asdict(c) for c in estimate.collectives],
+        collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
     )
     if include_nodes:
         record["nodes"] = [_node_dict(node) for node in estimate.nodes]
@@ -360,6 +366,7 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         saved_node_status=record.get("node_status"),
         attention=(record.get("attention") or {}).get("reading", "dense"),
         saved_attention=_attention_from(record.get("attention")),
+        collectives=[Collective(**item) for item in record.get("collectives", [])],
     )
 
 

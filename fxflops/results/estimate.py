@@ -13,6 +13,7 @@ from typing import Any
 
 import networkx as nx
 
+from fxflops.results.collectives import Collective
 from fxflops.results.costs import (
     COUNTED,
     UNKNOWN,
@@ -99,6 +100,8 @@ class Estimate:
     source: Any = field(default=None, repr=False, compare=False)
     attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
     saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
+    # every collective call of the counted rank (fxflops.parallel.collectives), in execution order
+    collectives: list[Collective] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, Any]:
         # the capture behind explain()/compare() holds graph modules (and, under symbolic tracing, the
@@ -126,6 +129,29 @@ class Estimate:
     def intensity(self) -> float | None:
         """The whole model's arithmetic intensity: FLOPs per byte moved."""
         return self.root.intensity
+
+    @property
+    def collective_bytes(self) -> int:
+        """Payload bytes of every collective the counted rank calls in one step (see Collective.bytes)."""
+        return sum(c.bytes for c in self.collectives)
+
+    @property
+    def collective_wire_bytes(self) -> int:
+        """Bytes the counted rank puts on the wire in one step (ring algorithms, see Collective.wire_bytes)."""
+        return sum(c.wire_bytes for c in self.collectives)
+
+    def collective_totals(self, by: str = "op") -> dict[Any, dict[str, int]]:
+        """{"count", "bytes", "wire_bytes"} per value of a Collective field (`by`: "op", "module", "phase",
+        "group", "group_desc"; or a tuple of them), in first-call order."""
+        keys = (by,) if isinstance(by, str) else tuple(by)
+        totals: dict[Any, dict[str, int]] = {}
+        for c in self.collectives:
+            key = getattr(c, keys[0]) if len(keys) == 1 else tuple(getattr(c, k) for k in keys)
+            entry = totals.setdefault(key, {"count": 0, "bytes": 0, "wire_bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += c.bytes
+            entry["wire_bytes"] += c.wire_bytes
+        return totals
 
     @property
     def fwd_macs(self) -> int:
