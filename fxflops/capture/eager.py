@@ -155,6 +155,8 @@ def capture(request: Request) -> Captured:
     replaying = request.replay and not request.backward and not global_hooks_present()
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
+        if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
+            request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
         args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)

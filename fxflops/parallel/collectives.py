@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fxflops.results import FORWARD, NodeCost
-from fxflops.results.collectives import (
+from fxflops.results.parallel import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,

@@ -1,8 +1,9 @@
-"""Collective communication records: one per collective call a rank makes in a step."""
+"""Records of a parallel job: each collective call a rank makes in a step, and the rank roles of a plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fxflops.results.captured import FORWARD
 
@@ -45,3 +46,12 @@ class Collective:
     @property
     def is_backward(self) -> bool:
         return self.phase != FORWARD
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """Ranks of a parallel plan that run the same ops, captured once: `estimate` is any one of them."""
+
+    name: str  # e.g. "every rank", "pipeline stage 0"
+    ranks: tuple[int, ...]
+    estimate: Any  # the Estimate of one of these ranks (Any: results.estimate imports this module)
