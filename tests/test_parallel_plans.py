@@ -189,3 +189,46 @@ def test_a_model_without_recognized_blocks_needs_a_tp_plan():
     with pytest.raises(ValueError, match="found no attention or MLP block in Sequential"):
         fxflops.estimate(model, (torch.randn(2, 8),), parallel={"tp": 2})
     assert not dist.is_initialized()
+
+
+def test_hf_llama_with_grouped_kv_heads_under_tp(llama):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                         num_attention_heads=HEADS, num_key_value_heads=4, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    est = fxflops.estimate(model, (tokens(),), conventions="torch", parallel={"tp": 2})
+    kv = 4 * (D // HEADS)
+    attention_linear = 2 * T * D * (2 * D + 2 * kv)  # q and o: D x D; k and v: D x kv
+    assert est.total_flops == L * (attention_linear + FFN + SDPA) // 2 + HEAD
+    assert by_phase_op(est) == {("forward", "all_reduce"): (2 * L, 2 * L * T * D * FP32)}
+    with pytest.raises(ValueError, match="tp=8 does not divide the 4 heads of config.num_key_value_heads"):
+        fxflops.estimate(model, (tokens(),), parallel={"tp": 8})
+
+
+def test_the_plan_in_the_text_report_json_and_cli(llama, tmp_path, capsys):
+    from fxflops.cli.main import main
+
+    est = fxflops.estimate(llama, (tokens(),), conventions="torch", parallel={"tp": 2, "dp": 2})
+    text = est.print(as_string=True, detailed=False)
+    assert "dp=2, tp=2 (FSDP2, reshard_after_forward=True), 4 ranks" in text
+    assert f"job flops (every rank):{' ' * 39}{4 * fwd(2):,}" in text
+    record = est.to_dict()
+    assert record["parallel"]["tp"] == 2 and record["job_flops"] == 4 * fwd(2)
+    assert record["ranks"] == [{"name": "every rank", "ranks": [0, 1, 2, 3], "flops": fwd(2),
+                                "collective_wire_bytes": est.collective_wire_bytes}]
+
+    factory = tmp_path / "llama.py"
+    factory.write_text("from tests.parallel_models import Llama\n"
+                       "class Tokens(Llama):\n    def forward(self, input_ids):\n        return super().forward(input_ids)\n"
+                       f"def build():\n    return Tokens({V}, {D}, {L}, {HEADS}, {F})\n")
+    code = main([f"{factory}:build", "--input-shape", f"input_ids={B},{S}", "--parallel", "tp=2,dp=2",
+                 "--conventions", "torch", "--format", "json", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    import json
+
+    assert json.loads(out)["totals"]["flops"] == fwd(2)
+    assert main([f"{factory}:build", "--input-shape", f"input_ids={B},{S}", "--parallel", "tp=3", "-q"]) == 1
+    assert "tp=3 does not divide the 8 heads" in capsys.readouterr().err

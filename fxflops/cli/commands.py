@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     check_sweeps(sweeps)
+    if sweeps and args.parallel:
+        raise ModelSpecError("--parallel with --sweep is not built yet: estimate one plan at a time")
     check_device(args, sweeps)
     check_writable(args.output, "--output")
     check_writable(args.roofline, "--roofline")
@@ -100,7 +102,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
-                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), parallel=args.parallel)
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
