@@ -232,3 +232,28 @@ def test_the_plan_in_the_text_report_json_and_cli(llama, tmp_path, capsys):
     assert json.loads(out)["totals"]["flops"] == fwd(2)
     assert main([f"{factory}:build", "--input-shape", f"input_ids={B},{S}", "--parallel", "tp=3", "-q"]) == 1
     assert "tp=3 does not divide the 8 heads" in capsys.readouterr().err
+
+
+def test_a_real_two_rank_gloo_job_counts_what_the_fake_plan_predicted(tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a free port on 127.0.0.1
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), os.path.join(root, "tests", "distributed_parallel.py"), str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.device("meta"):
+        predicted = fxflops.estimate(Llama(), (tokens(),), conventions="torch", backward=True, parallel={"tp": 2})
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert (seen["fwd"], seen["bwd"]) == (predicted.fwd_flops, predicted.bwd_flops) == (fwd(2), bwd(2))
+        assert seen["collectives"] == seen["torch_collectives"] == len(predicted.collectives) == 4 * L
+        assert seen["wire"] == predicted.collective_wire_bytes
