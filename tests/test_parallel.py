@@ -49,6 +49,7 @@ def test_one_rank_counts_its_local_shards_forward(fake_group):
     assert local == 1_073_741_824
     assert est.total_flops == local
     assert est.modules["up"].flops == est.modules["down"].flops == local // 2
+    assert est.total_params == 2 * H * F // WORLD  # the rank's shards of both weights
 
 
 def test_one_rank_counts_its_local_shards_backward(fake_group):

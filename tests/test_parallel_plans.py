@@ -69,6 +69,8 @@ def test_megatron_tp_flops_and_two_all_reduces_per_layer_each_way(llama, tp):
     assert {c.module for c in est.collectives if c.phase == "forward"} == \
         {f"layers.{i}.{m}" for i in range(L) for m in ("attention.wo", "feed_forward.w2")}
     assert est.parallel["tp"] == tp and est.ranks[0].ranks == tuple(range(tp))
+    # the rank's parameters: its shards of the block linears, the embedding, norms and head whole
+    assert est.total_params == V * D * 2 + D + L * ((4 * D * D + 3 * D * F) // tp + 2 * D)
     assert est.job_flops == tp * est.total_flops
 
 
@@ -118,6 +120,7 @@ def test_fsdp_with_tp_gathers_the_tensor_parallel_shards(llama):
     sizes = {(c.op, c.group_size) for c in est.collectives}
     assert sizes == {("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", 2)}
     assert est.ranks[0].ranks == (0, 1, 2, 3) and est.job_flops == 4 * est.total_flops
+    assert est.total_params == local_params // 2  # after the step, FSDP holds its half of the tp shard
 
 
 def test_a_user_plan_wins(llama):

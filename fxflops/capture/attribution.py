@@ -15,6 +15,7 @@ import torch
 
 from fxflops.capture.backward import FORWARD
 from fxflops.capture.module_walk import walk_modules
+from fxflops.capture.sharded import local_numel
 from fxflops.results import ModuleInfo, WholeCall
 
 NAME_TAG = "_fxflops_qualified_name"  # set in a module's __dict__ while capturing only; export may copy modules
@@ -143,7 +144,7 @@ def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:
 
 def _numel(tensor: torch.Tensor) -> int:
     try:
-        return tensor.numel()
+        return local_numel(tensor)  # a sharded (DTensor) parameter: this rank's shard
     except (RuntimeError, ValueError):  # a lazy parameter the forward never materialized
         return 0
 

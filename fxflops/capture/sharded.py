@@ -37,6 +37,11 @@ def sharded_types(types: Any) -> bool:
     return cls is not None and any(issubclass(t, cls) for t in types)
 
 
+def local_numel(tensor: torch.Tensor) -> int:
+    """Elements this rank holds: a DTensor's local shard, any other tensor whole."""
+    return tensor._local_tensor.numel() if is_dtensor(tensor) else tensor.numel()
+
+
 def sharded_values(values: Any) -> bool:
     """Whether a pytree of arguments holds a DTensor (a function-level call sees no DTensor type: DTensor
     turns __torch_function__ off)."""
