@@ -239,19 +239,10 @@ def test_the_plan_in_the_text_report_json_and_cli(llama, tmp_path, capsys):
 
 def test_a_real_two_rank_gloo_job_counts_what_the_fake_plan_predicted(tmp_path):
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
 
-    with socket.socket() as probe:  # a free port on 127.0.0.1
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), os.path.join(root, "tests", "distributed_parallel.py"), str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    from tests.torchrun import torchrun
+
+    done = torchrun("distributed_parallel.py", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     with torch.device("meta"):
         predicted = fxflops.estimate(Llama(), (tokens(),), conventions="torch", backward=True, parallel={"tp": 2})

@@ -345,7 +345,7 @@ class CompositeOps(TorchFunctionMode):
             overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
         # on DTensors, the composite runs as DTensor decomposes it, and the recorder sees the local ops
         whole = overloads and not self._recorder.inside_opaque and not _under_function_transform() \
-            and not sharded_values((args, kwargs))
+            and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             return func(*args, **kwargs)

@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-from fxflops.capture.tensor_walk import tensors_in
-
 _DTENSOR_MODULE = "torch.distributed.tensor"
 
 
@@ -34,7 +32,12 @@ def is_dtensor(value: Any) -> bool:
 def sharded_types(types: Any) -> bool:
     """Whether an op's argument types include DTensor (its own dispatch runs the local ops)."""
     cls = _dtensor_class()
-    return cls is not None and any(issubclass(t, cls) for t in types)
+    if cls is None:
+        return False
+    for kind in types:
+        if kind is cls or issubclass(kind, cls):
+            return True
+    return False
 
 
 def local_numel(tensor: torch.Tensor) -> int:
@@ -42,11 +45,16 @@ def local_numel(tensor: torch.Tensor) -> int:
     return tensor._local_tensor.numel() if is_dtensor(tensor) else tensor.numel()
 
 
-def sharded_values(values: Any) -> bool:
-    """Whether a pytree of arguments holds a DTensor (a function-level call sees no DTensor type: DTensor
-    turns __torch_function__ off)."""
+def sharded_values(args: tuple, kwargs: dict) -> bool:
+    """Whether a call's arguments hold a DTensor, directly or in a list (a function-level call sees no
+    DTensor type: DTensor turns __torch_function__ off). Every composite call asks: kept cheap."""
     cls = _dtensor_class()
-    return cls is not None and any(isinstance(t, cls) for t in tensors_in(values))
+    if cls is None:
+        return False
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, cls) or (type(value) in (list, tuple) and any(isinstance(v, cls) for v in value)):
+            return True
+    return False
 
 
 def dtensor_twin(tensor: torch.Tensor, twin: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
