@@ -109,6 +109,20 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(llama, dp, reshar
     assert all(c.group_size == dp and c.wire_bytes == (dp - 1) * c.bytes // dp for c in est.collectives)
 
 
+@pytest.mark.parametrize(("dp", "shard"), [(4, 2), (8, 2), (8, 4)])
+def test_hsdp_shards_within_groups_and_all_reduces_across_replicas(llama, dp, shard):
+    est = plan_estimate(llama, dp=dp, dp_shard=shard)
+    groups = L + 1
+    assert {key: (total["count"], total["bytes"]) for key, total in
+            est.collective_totals(("phase", "op", "group_desc", "group_size")).items()} == {
+        ("forward", "all_gather", "mesh_dp_shard", shard): (groups, PARAMS * FP32),
+        ("backward", "all_gather", "mesh_dp_shard", shard): (groups, PARAMS * FP32),
+        ("backward", "reduce_scatter", "mesh_dp_shard", shard): (groups, PARAMS * FP32),
+        # each replica group sums the gradient shard the reduce-scatter left
+        ("backward", "all_reduce", "mesh_dp_replicate", dp // shard): (groups, PARAMS * FP32 // shard)}
+    assert est.total_params == PARAMS // shard and est.ranks[0].ranks == tuple(range(dp))
+
+
 def test_fsdp_with_tp_gathers_the_tensor_parallel_shards(llama):
     est = plan_estimate(llama, dp=2, tp=2)
     assert (est.fwd_flops, est.bwd_flops) == (fwd(2), bwd(2))
@@ -160,6 +174,7 @@ def test_parallel_dataclass_and_text_are_the_same_plan(llama):
     ({"tp": 2, "tp_plan": {"layers.*.mlp.up": None}}, "tp_plan names module 'layers.*.mlp.up', which Llama does not have"),
     ({"tp": 0}, "tp must be a whole number >= 1; got 0"),
     ({"tpp": 2}, "unknown key 'tpp'"),
+    ({"dp": 4, "dp_shard": 3}, "dp_shard=3 must divide dp=4"),
     ({"sequence_parallel": True}, "sequence_parallel splits the sequence over the tp ranks; give tp > 1"),
 ])
 def test_bad_plans_are_one_clear_line(llama, plan, message):

@@ -29,7 +29,8 @@ class Parallel:
     torch's {module path: ParallelStyle} for parallelize_module, which wins). `sequence_parallel`: norms
     and residuals sharded along the sequence (all-gather + reduce-scatter instead of all-reduce).
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`, the only kind built yet)
-    over each repeated block and the root; `reshard_after_forward` as fully_shard takes it.
+    over each repeated block and the root; `reshard_after_forward` as fully_shard takes it; `dp_shard`
+    below dp makes it HSDP (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`, `ep`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
     when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
@@ -41,6 +42,7 @@ class Parallel:
     virtual_stages: int = 1
     sequence_parallel: bool = False
     fsdp: bool = True
+    dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
     tp_plan: dict[str, Any] | None = field(default=None, compare=False)
     world_size: int | None = None  # when given, it must equal the product of the degrees
@@ -50,10 +52,22 @@ class Parallel:
         """The number of ranks the plan needs."""
         return self.tp * self.dp * self.pp * self.cp
 
+    @property
+    def shard(self) -> int:
+        """FSDP's shard degree (dp unless dp_shard says otherwise)."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
     def degrees(self) -> dict[str, int]:
-        """The mesh dimensions above 1, outermost first (the order ranks are numbered in)."""
-        return {name: degree for name, degree in (("pp", self.pp), ("dp", self.dp), ("cp", self.cp), ("tp", self.tp))
+        """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
+        dp_replicate x dp_shard under HSDP."""
+        dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
+            else (("dp", self.dp),)
+        return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
                 if degree > 1}
+
+    def data_parallel_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard)."""
+        return tuple(name for name in self.degrees() if name.startswith("dp"))
 
     def as_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tp_plan"}
@@ -86,6 +100,9 @@ class Parallel:
         if self.world_size is not None and self.world_size != self.size:
             raise ValueError(f"parallel plan: world size {self.world_size} is not pp*dp*cp*tp = "
                              f"{self.pp}*{self.dp}*{self.cp}*{self.tp} = {self.size}")
+        if self.dp_shard is not None and (self.dp_shard < 1 or self.dp % self.dp_shard):
+            raise ValueError(f"parallel plan: dp_shard={self.dp_shard} must divide dp={self.dp} "
+                             "(HSDP: dp / dp_shard replicas of dp_shard shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel plan: sequence_parallel splits the sequence over the tp ranks; give tp > 1")
 

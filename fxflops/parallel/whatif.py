@@ -102,6 +102,8 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
     if plan.dp > 1:
         from torch.distributed.fsdp import fully_shard
 
+        dims = plan.data_parallel_dims()
+        dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
         for _, block in repeated_blocks(model):
-            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=plan.reshard_after_forward)
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=plan.reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
