@@ -5,6 +5,8 @@ Every number is a hand count of the rank's LOCAL work (the fake group: 8 ranks, 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -159,3 +161,26 @@ def test_no_collectives_without_a_process_group():
     est = fxflops.estimate(MLP(), (torch.randn(1, 2, H),))
     assert est.collectives == [] and est.collective_bytes == 0
     assert "Collectives" not in est.print(as_string=True, detailed=False)
+
+
+def test_a_users_fsdp2_model_counts_its_gathers_and_reduce_scatters(fake_group):
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.parallel_models import Llama
+
+    model = Llama()  # real weights, sharded for real over the 8 fake ranks
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    tokens = torch.zeros(2, 16, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # FSDP2 reads a FakeTensor's data pointer, and says so
+        est = fxflops.estimate(model, (tokens,), conventions="torch", backward=True)
+    block = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64
+    params = 256 * 64 * 2 + 64 + 2 * block
+    totals = {key: (v["count"], v["bytes"]) for key, v in est.collective_totals(("phase", "op")).items()}
+    # fully_shard's default: the root keeps its parameters gathered from the forward into the backward
+    assert totals == {("forward", "all_gather"): (3, params * 4), ("backward", "all_gather"): (2, 2 * block * 4),
+                      ("backward", "reduce_scatter"): (3, params * 4)}
+    assert est.total_params == params // WORLD
+    model(tokens).sum().backward()  # and the model still trains

@@ -11,6 +11,7 @@ destroyed again, also when something fails.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,7 +43,7 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
             mesh = _mesh(plan)
             estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
         done.append(RankRole(role.name, role.ranks, estimate))
-    first = done[0].estimate
+    first = copy.copy(done[0].estimate)  # the roles keep their own estimates: no cycle through `ranks`
     first.parallel = plan.as_dict()
     first.ranks = done
     return first
