@@ -266,3 +266,13 @@ def test_a_real_two_rank_gloo_job_counts_what_the_fake_plan_predicted(tmp_path):
         assert (seen["fwd"], seen["bwd"]) == (predicted.fwd_flops, predicted.bwd_flops) == (fwd(2), bwd(2))
         assert seen["collectives"] == seen["torch_collectives"] == len(predicted.collectives) == 4 * L
         assert seen["wire"] == predicted.collective_wire_bytes
+
+
+def test_a_plans_estimate_explains_compares_and_pickles(llama):
+    import pickle
+
+    est = plan_estimate(llama, tp=2)
+    assert "aten.mm.default" in str(est.explain("layers.0.attention"))
+    assert est.compare() is not None
+    again = pickle.loads(pickle.dumps(est))
+    assert again.ranks[0].ranks == (0, 1) and again.collectives == est.collectives

@@ -11,7 +11,7 @@ destroyed again, also when something fails.
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,10 +43,9 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
             mesh = _mesh(plan)
             estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
         done.append(RankRole(role.name, role.ranks, estimate))
-    first = copy.copy(done[0].estimate)  # the roles keep their own estimates: no cycle through `ranks`
-    first.parallel = plan.as_dict()
-    first.ranks = done
-    return first
+    # the roles keep their own estimates (no cycle through `ranks`); replace() keeps the capture behind
+    # explain() and compare(), which a copy (through __getstate__) would drop
+    return dataclasses.replace(done[0].estimate, parallel=plan.as_dict(), ranks=done)
 
 
 @contextlib.contextmanager
