@@ -7,7 +7,10 @@ For each model (built on the meta device: the meter never runs it), in one proce
   forward and its backward with batch and seq symbolic;
 - new point: meter.step() at a (batch, seq) not seen before: the compiled total evaluated there;
 - step: meter.step(batch, time=...) over `--steps` steps cycling through 16 sequence lengths and 2
-  batch sizes (variable-length batches), the median and 99th percentile per call: the loop's cost.
+  batch sizes (variable-length batches), the median and 99th percentile per call: the loop's cost;
+- state: of that, the read of the model's state (fxflops.timing.model_state: trainable and training
+  flags, settings, modules, dtypes) the meter makes once per step so its count follows the model, median
+  over 200 reads; also alone for a Llama-2-7B-shaped model (32 layers, on the meta device).
 Every step's count is checked against estimate(backward=True) at a few of the shapes.
 """
 
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fxflops  # noqa: E402
 from benchmarks.common import environment  # noqa: E402
 from fxflops import FlopsMeter  # noqa: E402
+from fxflops.timing.model_state import model_state  # noqa: E402
 
 
 def gpt2(layers: int, width: int, heads: int):
@@ -69,7 +73,26 @@ def measure(name: str, model, steps: int) -> dict[str, str]:
     costs.sort()
     return {"model": name, "captures": str(meter.captures), "capture (s)": f"{capture:.2f}",
             "new point (ms)": f"{new_point * 1e3:.2f}", "step median (us)": f"{statistics.median(costs):.1f}",
-            "step p99 (us)": f"{costs[int(len(costs) * 0.99)]:.1f}"}
+            "step p99 (us)": f"{costs[int(len(costs) * 0.99)]:.1f}", "state (us)": f"{state_read(model):.1f}"}
+
+
+def state_read(model) -> float:
+    """The median microseconds of one model_state(model): the meter's per-step read of the model's state."""
+    costs = []
+    for _ in range(200):
+        begin = time.perf_counter_ns()
+        model_state(model)
+        costs.append((time.perf_counter_ns() - begin) / 1e3)
+    return statistics.median(costs)
+
+
+def llama_7b():
+    import transformers as tf
+
+    config = tf.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                            vocab_size=32000)
+    with torch.device("meta"):
+        return tf.LlamaForCausalLM(config)
 
 
 def main() -> None:
@@ -79,6 +102,7 @@ def main() -> None:
     options = parser.parse_args()
     rows = [measure("GPT-2 tiny (2 layers, 64 wide)", gpt2(2, 64, 2), options.steps),
             measure("GPT-2 small (12 layers, 768 wide)", gpt2(12, 768, 12), options.steps)]
+    rows.append({"model": "Llama-2-7B shape (32 layers), state read alone", "state (us)": f"{state_read(llama_7b()):.1f}"})
     from tabulate import tabulate
 
     text = ("# FlopsMeter overhead\n\n" + environment() + "\n\n"
@@ -86,7 +110,8 @@ def main() -> None:
             "step: meter.step(batch, time=...) on variable-length batches (32 shapes, each seen before), "
             f"{options.steps} steps. new point: the first step at an unseen shape (the compiled formula "
             "evaluated). capture: the first batch of the family (forward + backward, batch and seq symbolic). "
-            "Counts checked equal to estimate(backward=True) at the smallest and largest shapes.\n")
+            "Counts checked equal to estimate(backward=True) at the smallest and largest shapes. state: the read of "
+            "the model's state in each step (model_state), median of 200.\n")
     print(text)
     if options.output:
         Path(options.output).write_text(text, encoding="utf-8")

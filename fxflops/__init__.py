@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = MappingProxyType({
-    **dict.fromkeys(("CautionWarning", "UnknownOpsWarning", "annotate", "estimate"), "fxflops.api"),
+    **dict.fromkeys(("CautionWarning", "UnknownOpsError", "UnknownOpsWarning", "annotate", "estimate"), "fxflops.api"),
     "CaptureError": "fxflops.capture",
     "capturing": "fxflops.capture.running",
     "RuleEvaluationError": "fxflops.count",
@@ -33,7 +33,7 @@ _EXPORTS = MappingProxyType({
 __all__ = sorted(_EXPORTS, key=lambda name: (name[0].islower(), name))
 
 if TYPE_CHECKING:
-    from fxflops.api import CautionWarning, UnknownOpsWarning, annotate, estimate
+    from fxflops.api import CautionWarning, UnknownOpsError, UnknownOpsWarning, annotate, estimate
     from fxflops.capture import CaptureError
     from fxflops.capture.running import capturing
     from fxflops.count import RuleEvaluationError

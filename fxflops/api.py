@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,6 +38,16 @@ class UnknownOpsWarning(UserWarning):
     """Some ops in the graph matched no rule and no zero list: their cost is not in the totals."""
 
 
+class UnknownOpsError(ValueError):
+    """estimate(strict=True) (the CLI's --fail-on-unknown): some ops matched no rule, so the totals are
+    incomplete. `unknown` lists them (op, count, modules)."""
+
+    def __init__(self, unknown: list[UnknownOp]) -> None:
+        self.unknown = list(unknown)
+        super().__init__(f"{_unknown_listing(unknown)}; strict counting refuses an incomplete count. Add a rule "
+                         "for them (rules=[...], the CLI's --rules) or declare them zero-cost")
+
+
 # The deepest module nesting counted: Python's recursion limit is raised as far as a model needs (torch
 # walks modules recursively), but the C stack is not Python's to raise, and a forward through ~4,500
 # nested modules overflowed 8 MiB of it (a crash, not an exception).
@@ -63,9 +75,20 @@ def deep_enough(model: Any) -> Iterator[None]:
 
 
 def deep_models(function: Callable) -> Callable:
-    """An entry point whose first argument is the model, run under `deep_enough(model)`."""
+    """An entry point whose first argument is the model, run under `deep_enough(model)`; a keyword it does
+    not take is a TypeError naming the closest one it does (convention= for conventions=)."""
+    parameters = inspect.signature(function).parameters
+    # (a function taking **kwargs takes any name)
+    takes = () if any(p.kind is p.VAR_KEYWORD for p in parameters.values()) else tuple(parameters)
+
     @functools.wraps(function)
     def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
+        unknown = [name for name in kwargs if name not in takes] if takes else []
+        if unknown:
+            from fxflops.spelling import did_you_mean
+
+            raise TypeError(f"{function.__name__}() got an unexpected keyword argument {unknown[0]!r}"
+                            f"{did_you_mean(unknown[0], takes)}")
         with deep_enough(model):
             return function(model, *args, **kwargs)
 
@@ -88,6 +111,7 @@ def estimate(
     optimizer: str | torch.optim.Optimizer | None = None,
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
+    strict: bool = False,
     parallel: Any = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
@@ -101,8 +125,8 @@ def estimate(
     {op: callable} maps; `leaf_modules` lists module classes (or qualified class names) to count as a
     whole by their rule.
 
-    `backward=True` also counts the backward autograd would run for `loss(output)` (default: the sum
-    of the output's floating tensors), op by op on fake tensors: frozen parameters get no gradient,
+    `backward=True` also counts the backward autograd would run for `loss(output)` (default: the
+    output's own `loss` when it has one, else the sum of its floating tensors), op by op on fake tensors: frozen parameters get no gradient,
     activation checkpointing's recomputation counts as backward work. Then total_* = fwd_* + bwd_*.
     `optimizer` ("sgd", "adam", "adamw" or an optimizer instance) adds one step's FLOPs
     (`Estimate.optimizer`, not in total_*). `progress` is called with "capture" and "count" as
@@ -113,6 +137,9 @@ def estimate(
     model builds from positions; a mask that is data stays dense, and says so). Both readings are in
     every attention node and `Estimate.attention_totals()`.
 
+    `strict=True` raises UnknownOpsError, naming the ops and their modules, when any op matched no rule
+    (a CI check that the count is complete), instead of warning and leaving them out of the totals.
+
     Inside an initialized process group (torchrun, or torch.distributed's fake one) a model sharded with
     torch's own APIs (DTensor, parallelize_module, fully_shard) counts the calling rank's local work, and
     `Estimate.collectives` lists each collective it calls with its group and bytes. `parallel` (a
@@ -122,6 +149,7 @@ def estimate(
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
+    _check_method(method)
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
     model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
     if parallel is not None:
@@ -131,15 +159,15 @@ def estimate(
         from fxflops.parallel.whatif import estimate_plan
 
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, None, progress, attention)
+                                  loss, None, progress, attention, strict)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
-                     progress, attention)
+                     progress, attention, strict)
 
 
 def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, conventions: str, rules: Any,
               leaf_modules: Any, backward: bool, loss: Any, optimizer: Any, progress: Any, attention: str,
-              **capture_options: Any) -> Estimate:
+              strict: bool, **capture_options: Any) -> Estimate:
     stage = progress or _no_progress
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
@@ -149,6 +177,8 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
         result.collectives = collectives(captured.graph_module, result.nodes)
+    if strict and result.unknown:
+        raise UnknownOpsError(result.unknown)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
     warn_unknown(result.unknown)
@@ -170,7 +200,7 @@ class Counting:
     def prepare(cls, conventions: str, rules: Iterable[RuleSpec] | RuleSpec | None,
                 leaf_modules: Iterable[type | str] | None, attention: str = DENSE) -> Counting:
         _check_conventions(conventions)
-        check_attention(attention)
+        _check_attention(attention)
         user_entries = load_user_entries(rules)  # each file read and checked once
         table = table_with(user_entries)
         user_table = RuleTable(user_entries) if user_entries else None
@@ -239,7 +269,35 @@ def collector_paused() -> Iterator[None]:
 
 
 def _check_conventions(conventions: str) -> None:
-    preset(conventions)  # a ValueError naming the valid presets for any other name
+    from fxflops.rules import CONVENTIONS
+
+    _spelled(preset, conventions, CONVENTIONS)  # a ValueError naming the valid presets for any other name
+
+
+def _check_attention(attention: str) -> None:
+    from fxflops.count.attention import ATTENTION_READINGS
+
+    _spelled(check_attention, attention, ATTENTION_READINGS)
+
+
+def _check_method(method: str) -> None:
+    from fxflops.capture.methods import CHOICES
+
+    def check(method: str) -> None:  # (capture() checks it too; here it fails before the inputs are made)
+        if method not in CHOICES:
+            raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
+
+    _spelled(check, method, CHOICES)
+
+
+def _spelled(check: Callable[[Any], Any], value: Any, choices: Iterable[str]) -> None:
+    """`check(value)`; its ValueError says the closest valid spelling too (conventions="deepspeeed")."""
+    try:
+        check(value)
+    except ValueError as error:
+        from fxflops.spelling import did_you_mean
+
+        raise ValueError(f"{error}{did_you_mean(value, choices)}") from None
 
 
 def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, input_shape: Any) -> tuple[tuple, dict]:
@@ -278,20 +336,35 @@ def _whole_predicate(user_table: RuleTable | None,
     return is_whole
 
 
-def warn_cautions(cautions: list[str], stacklevel: int = 3) -> None:
-    """One CautionWarning per thing a real forward would do differently from the count."""
+def _callers_level() -> int:
+    """The `stacklevel` of the innermost frame outside the fxflops package, for a warnings.warn() made by
+    our caller: a warning points at the user's line that called estimate() or a sweep, however many of
+    our own frames (decorators, facades) lie between."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(2), 2  # our caller's caller: stacklevel 2 for the function that warns
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_cautions(cautions: list[str], stacklevel: int | None = None) -> None:
+    """One CautionWarning per thing a real forward would do differently from the count, pointing at the
+    user's line (`stacklevel`: by default the first frame outside fxflops)."""
+    stacklevel = stacklevel or _callers_level()
     for caution in cautions:
         warnings.warn(caution, CautionWarning, stacklevel=stacklevel)
 
 
-def warn_unknown(unknown: list[UnknownOp], stacklevel: int = 3) -> None:
-    """One UnknownOpsWarning listing the ops that matched no rule, if any."""
+def warn_unknown(unknown: list[UnknownOp], stacklevel: int | None = None) -> None:
+    """One UnknownOpsWarning listing the ops that matched no rule, if any, pointing at the user's line."""
+    stacklevel = stacklevel or _callers_level()
     if unknown:
-        listed = ", ".join(f"{u.op} x{u.count} (in {', '.join(m or ROOT_LABEL for m in u.modules[:3])})"
-                           for u in unknown[:8])
-        warnings.warn(
-            f"{sum(u.count for u in unknown)} op calls matched no rule and are not in the totals: {listed}. "
-            "Add a rule for them (rules=[...]) or declare them zero-cost; see Estimate.unknown.",
-            UnknownOpsWarning,
-            stacklevel=stacklevel,
-        )
+        warnings.warn(f"{_unknown_listing(unknown)}. Add a rule for them (rules=[...]) or declare them zero-cost; "
+                      "see Estimate.unknown.", UnknownOpsWarning, stacklevel=stacklevel)
+
+
+def _unknown_listing(unknown: list[UnknownOp]) -> str:
+    listed = ", ".join(f"{u.op} x{u.count} (in {', '.join(m or ROOT_LABEL for m in u.modules[:3])}"
+                       f"{f' and {len(u.modules) - 3} more' if len(u.modules) > 3 else ''})" for u in unknown[:8])
+    more = f", and {len(unknown) - 8} more ops" if len(unknown) > 8 else ""
+    return f"{sum(u.count for u in unknown)} op calls matched no rule and are not in the totals: {listed}{more}"

@@ -2,7 +2,9 @@
 batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2), a FlopsCallback (the Trainer's DDP)
 or a FlopsMonitor (Lightning's DDP), and writes what it saw to OUT/<kind>-rank<k>.json.
 
-    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning OUT"""
+`exact`: the reduction of counts above 2^53, a NaN step time on one rank, and summary() of the job.
+
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning,exact OUT"""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def main(kinds: list[str], out: str) -> None:
             trainer(out)
         elif kind == "lightning":
             lightning_fit(out)
+        elif kind == "exact":
+            exact(out)
         else:
             train(kind, out)
     dist.destroy_process_group()
@@ -70,6 +74,37 @@ def train(kind: str, out: str) -> None:
         json.dump({"local": local, "estimates": estimates, "logged": logged, "total": total.flops,
                    "world": total.world_size, "captures": meter.captures, "mfu": total.mfu,
                    "time": total.time, "peak": total.peak_flops}, file)
+
+
+def exact(out: str) -> None:
+    """Counts summed as integers, a NaN time on rank 1 refused there and not dropped from the job's time,
+    and summary() of this rank and of the job."""
+    from fxflops.timing.reduction import all_reduced
+    from fxflops.timing.steps import WindowStats
+
+    rank = dist.get_rank()
+    big = 2 ** 53 + 1  # float64 rounds 2 x this to 2^54
+    local = WindowStats(steps=1, flops=big, samples=big, tokens=big, time=1.0 + rank, six_n_flops=big,
+                        peak_flops=1e12, dense_flops=big)
+    reduced = all_reduced(local, None)
+    meter = FlopsMeter(build(), torch.randn(2, 8), peak_flops=1e12)
+    refused = ""
+    try:
+        meter.step(torch.randn(3, 8), time=float("nan") if rank == 1 else 0.5)
+    except ValueError as error:
+        refused = str(error)
+    meter.step(torch.randn(3 + rank, 8), time=0.25)
+    nan = WindowStats(steps=1, flops=1, samples=1, tokens=None, time=float("nan") if rank == 1 else 2.0,
+                      six_n_flops=None, peak_flops=1e12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bad = all_reduced(nan, None)
+    with open(f"{out}/exact-rank{rank}.json", "w") as file:
+        json.dump({"sums": [reduced.flops, reduced.samples, reduced.tokens, reduced.six_n_flops, reduced.dense_flops],
+                   "time": reduced.time, "refused": refused, "bad_time": bad.time,
+                   "warned": [str(w.message) for w in caught], "local_summary": meter.summary(),
+                   "job_summary": meter.summary(job=True), "local_total": meter.total().flops,
+                   "repr": repr(meter.reduce(meter.total()))}, file)
 
 
 def trainer(out: str) -> None:

@@ -151,7 +151,8 @@ def test_errors_are_one_line_warned_once_and_never_stop_training():
     messages = [str(w.message) for w in caught if issubclass(w.category, FlopsMeterWarning)]
     assert len(messages) == 1 and "\n" not in messages[0]  # batch 6 failed alike: no second warning
     assert "could not count a batch of shapes [(5, 4)]" in messages[0]
-    assert stats.flops is None and stats.mfu is None and stats.samples == 0
+    assert stats.flops is None and stats.mfu is None and stats.samples is None  # left out, not 0 (issue 35.6)
+    assert "samples_per_sec" not in meter.metrics(stats)
     assert meter.step(torch.randn(3, 4), time=0.1).flops is not None  # and the next batch is counted
 
 

@@ -1,18 +1,24 @@
-"""The shipped rule files' parse, kept beside them (fxflops/rules/parsed.py): read back exactly, never stale."""
+"""The shipped rule files' parse (fxflops/rules/parsed.py): built with the package, held current here, read
+back exactly, never written at run time, and never trusted when it is not the parse of the bytes beside it."""
 
 from __future__ import annotations
 
 import json
-import stat
+import os
 import shutil
+import threading
 import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from fxflops.rules.entries import default_rules_dir
-from fxflops.rules.files import parse_rule_toml, read_rule_bytes
-from fxflops.rules.parsed import CACHE_FILE, parsed_files
+from fxflops.rules.files import parse_rule_toml, read_rule_bytes, rule_files
+from fxflops.rules.parsed import PARSE_FILE, build_parse, parse_text, parsed_files
+from fxflops.rules.presets import PRESETS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _copy_rules(tmp_path: Path) -> tuple[Path, list[Path]]:
@@ -20,120 +26,154 @@ def _copy_rules(tmp_path: Path) -> tuple[Path, list[Path]]:
     folder.mkdir()
     for path in sorted(default_rules_dir().glob("*.toml")):
         shutil.copy(path, folder / path.name)
-    return folder, sorted(folder.glob("*.toml"))
+    shutil.copy(default_rules_dir() / PARSE_FILE, folder / PARSE_FILE)
+    return folder, rule_files(folder, skip=PRESETS_FILE)
 
 
 def _refusing(path: Path, raw: bytes) -> dict:
-    raise AssertionError(f"{path.name} was parsed again although its cached parse is current")
+    raise AssertionError(f"{path.name} was parsed again although the shipped parse is current")
 
 
-def test_cached_parse_equals_tomllib_for_every_shipped_file(tmp_path):
-    folder, files = _copy_rules(tmp_path)
-    first = parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    assert (folder / CACHE_FILE).is_file()
-    again = parsed_files(folder, files, read_rule_bytes, _refusing)  # every file from the cache now
-    for path, data_first, data_again in zip(files, first, again):
-        with open(path, "rb") as handle:
-            expected = tomllib.load(handle)
-        assert data_first == expected, path.name
-        assert data_again == expected, path.name  # ints stay ints, floats floats, nesting as it was
-
-
-def test_an_edited_file_is_parsed_again_and_the_others_are_not(tmp_path):
-    folder, files = _copy_rules(tmp_path)
-    parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    edited = folder / "matmul.toml"
-    edited.write_text(edited.read_text() + '\n[[zero]]\nops = ["aten.fxflops_test_op"]\n')
-    parsed = []
-
+def _recording(parsed: list[str]):
     def parse(path: Path, raw: bytes) -> dict:
         parsed.append(path.name)
         return parse_rule_toml(path, raw)
-
-    data = parsed_files(folder, files, read_rule_bytes, parse)
-    assert parsed == ["matmul.toml"]
-    assert data[files.index(edited)]["zero"][-1] == {"ops": ["aten.fxflops_test_op"]}
-    assert parsed_files(folder, files, read_rule_bytes, _refusing)[files.index(edited)] == data[files.index(edited)]
+    return parse
 
 
-def _digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.parametrize("damage", [
-    "", "{not json", '{"format": 99, "files": {}}', '[1, 2]',
-    '{"format": 1, "files": {"matmul.toml": {"sha256": "0", "data": {}}}}',
-    # the right hash, but its data missing or not a table
-    '{"format": 1, "files": {"matmul.toml": {"sha256": "HASH"}}}',
-    '{"format": 1, "files": {"matmul.toml": {"sha256": "HASH", "data": [1]}}}',
-])
-def test_a_damaged_or_foreign_cache_is_ignored_and_replaced(tmp_path, damage):
-    folder, files = _copy_rules(tmp_path)
-    (folder / CACHE_FILE).write_text(damage.replace("HASH", _digest(folder / "matmul.toml")))
-    data = parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    with open(folder / "matmul.toml", "rb") as handle:
-        assert data[files.index(folder / "matmul.toml")] == tomllib.load(handle)
-    assert json.loads((folder / CACHE_FILE).read_text())["format"] == 1
+def test_the_shipped_parse_is_the_parse_of_the_shipped_rule_files():
+    directory = default_rules_dir()
+    files = rule_files(directory, skip=PRESETS_FILE)
+    expected = parse_text(build_parse(files, read_rule_bytes, parse_rule_toml))
+    assert (directory / PARSE_FILE).read_text(encoding="utf-8") == expected, (
+        "rules/_parsed.json is not the parse of the rule files beside it: run `python scripts/rules_parse.py`")
 
 
-def test_a_folder_that_refuses_writes_gets_no_cache_and_still_parses(tmp_path, monkeypatch):
-    folder, files = _copy_rules(tmp_path)
-
-    def refuse(*args, **kwargs):  # what a read-only install's folder answers (root ignores chmod here)
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr("fxflops.rules.parsed.tempfile.mkstemp", refuse)
-    data = parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    assert not (folder / CACHE_FILE).exists()
-    with open(files[0], "rb") as handle:
-        assert data[0] == tomllib.load(handle)
+def test_the_shipped_parse_is_read_back_exactly_and_nothing_is_parsed():
+    directory = default_rules_dir()
+    files = rule_files(directory, skip=PRESETS_FILE)
+    for path, data in zip(files, parsed_files(directory, files, read_rule_bytes, _refusing)):
+        with open(path, "rb") as handle:
+            expected = tomllib.load(handle)
+        assert data == expected and list(data) == list(expected), path.name  # ints stay ints, order as in the file
 
 
-def test_nothing_but_the_cache_file_is_written(tmp_path):
-    folder, files = _copy_rules(tmp_path)
-    before = sorted(p.name for p in folder.iterdir())
-    parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*before, CACHE_FILE])  # no temporary left behind
+def test_the_wheel_ships_the_parse():
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        package_data = tomllib.load(handle)["tool"]["setuptools"]["package-data"]["fxflops._rules"]
+    assert PARSE_FILE in package_data
 
 
-def test_the_file_is_hashed_and_parsed_from_one_read(tmp_path):
-    """An edit between hashing and parsing cannot file new data under the old bytes' hash."""
+def test_an_edited_rule_file_is_parsed_again_and_the_others_are_not(tmp_path):
     folder, files = _copy_rules(tmp_path)
     edited = folder / "matmul.toml"
-    original = edited.read_bytes()
-
-    def parse_after_an_edit(path: Path, raw: bytes) -> dict:
-        if path == edited:
-            edited.write_bytes(original + b'\n[[zero]]\nops = ["aten.fxflops_late_edit"]\n')
-        return parse_rule_toml(path, raw)
-
-    parsed_files(folder, files, read_rule_bytes, parse_after_an_edit)
-    stored = json.loads((folder / CACHE_FILE).read_text())["files"]["matmul.toml"]
-    assert stored["sha256"] != _digest(edited)  # filed under what was read, so the edit is parsed next time
-    edited.write_bytes(original)
-    assert stored["data"] == tomllib.loads(original.decode())
+    edited.write_text(edited.read_text() + '\n[[zero]]\nname = "t"\nops = ["aten.fxflops_test_op"]\n')
+    parsed: list[str] = []
+    data = parsed_files(folder, files, read_rule_bytes, _recording(parsed))
+    assert parsed == ["matmul.toml"]
+    assert data[files.index(edited)]["zero"][-1] == {"name": "t", "ops": ["aten.fxflops_test_op"]}
 
 
-def test_the_cache_is_readable_by_everyone_who_reads_the_rules(tmp_path):
+def _zero_linear(folder: Path) -> None:
+    """The issue's edit: the matmul entry's linear rule made to count 0, its key (the file's hash) kept."""
+    stored = json.loads((folder / PARSE_FILE).read_text())
+    for rule in stored["files"]["matmul.toml"]["data"]["rule"]:
+        if "aten.linear" in rule["ops"]:
+            rule["macs"] = rule["flops"] = "0"
+    (folder / PARSE_FILE).write_text(json.dumps(stored))
+
+
+def test_an_entry_edited_by_hand_is_not_trusted(tmp_path):
     folder, files = _copy_rules(tmp_path)
-    parsed_files(folder, files, read_rule_bytes, parse_rule_toml)
-    assert stat.S_IMODE((folder / CACHE_FILE).stat().st_mode) == 0o644
+    _zero_linear(folder)
+    parsed: list[str] = []
+    data = parsed_files(folder, files, read_rule_bytes, _recording(parsed))
+    assert parsed == ["matmul.toml"]
+    with open(folder / "matmul.toml", "rb") as handle:
+        assert data[files.index(folder / "matmul.toml")] == tomllib.load(handle)
 
 
-def test_the_shipped_table_is_loaded_through_the_cache_beside_the_shipped_rules(monkeypatch, tmp_path):
+def test_an_edited_entry_does_not_change_a_count(tmp_path, monkeypatch):
+    import fxflops
     from fxflops.rules import table
 
     folder, _ = _copy_rules(tmp_path)
+    _zero_linear(folder)
     monkeypatch.setattr(table, "default_rules_dir", lambda: folder)
     table._shipped_entries.cache_clear()
     try:
-        entries = [(type(e).__name__, getattr(e, "name", None), e.ops) for e in table._shipped_entries()]
-        assert (folder / CACHE_FILE).is_file()
-        assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".toml")) == [CACHE_FILE]
-        table._shipped_entries.cache_clear()
-        monkeypatch.setattr(table, "parse_rule_toml", _refusing)  # every file from the cache now
-        assert [(type(e).__name__, getattr(e, "name", None), e.ops) for e in table._shipped_entries()] == entries
+        assert fxflops.estimate(torch.nn.Linear(4, 5), input_shape=(2, 4)).total_macs == 2 * 4 * 5
     finally:
         table._shipped_entries.cache_clear()
+
+
+def _parse_with(folder: Path, files: list[Path]) -> list[dict]:
+    """parsed_files in a thread: a reader that blocks (a FIFO) fails the test instead of hanging it."""
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(parsed_files(folder, files, read_rule_bytes,
+                                                                          parse_rule_toml)), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "reading the parse blocked"
+    return result[0]
+
+
+def _assert_all_parsed(folder: Path, files: list[Path], data: list[dict]) -> None:
+    for path, found in zip(files, data):
+        with open(path, "rb") as handle:
+            assert found == tomllib.load(handle), path.name
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder", "deep_json", "huge", "not_utf8"])
+def test_a_parse_that_is_no_file_or_too_much_is_ignored_and_every_file_parsed(tmp_path, kind):
+    folder, files = _copy_rules(tmp_path)
+    target = folder / PARSE_FILE
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev_zero":
+        target.symlink_to("/dev/zero")
+    elif kind == "folder":
+        target.mkdir()
+    elif kind == "deep_json":
+        target.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "huge":
+        target.write_text('{"format": 2, "files": {}, "pad": "' + "x" * (5 * 1024 * 1024) + '"}')
+    else:
+        target.write_bytes(b'{"format": 2, "files": {"\xff": 1}}')
+    _assert_all_parsed(folder, files, _parse_with(folder, files))
+
+
+@pytest.mark.parametrize("damage", [
+    "", "{not json", '{"format": 99, "files": {}}', '[1, 2]', '{"format": 1, "files": {}}',
+    '{"format": 2, "files": {"matmul.toml": {"sha256": "0", "seal": "0", "data": {}}}}',
+    # the right hash, but the data missing, not a table, or no seal
+    '{"format": 2, "files": {"matmul.toml": {"sha256": "HASH"}}}',
+    '{"format": 2, "files": {"matmul.toml": {"sha256": "HASH", "data": [1]}}}',
+    '{"format": 2, "files": {"matmul.toml": {"sha256": "HASH", "data": {}}}}',
+])
+def test_a_damaged_or_foreign_parse_is_ignored(tmp_path, damage):
+    import hashlib
+
+    folder, files = _copy_rules(tmp_path)
+    digest = hashlib.sha256((folder / "matmul.toml").read_bytes()).hexdigest()
+    (folder / PARSE_FILE).write_text(damage.replace("HASH", digest))
+    _assert_all_parsed(folder, files, _parse_with(folder, files))
+
+
+def test_nothing_is_written_at_run_time(tmp_path, monkeypatch):
+    from fxflops.rules import table
+
+    folder, _ = _copy_rules(tmp_path)
+    (folder / PARSE_FILE).unlink()  # even with no parse to read (a checkout before its build)
+    before = sorted(p.name for p in folder.iterdir())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(table, "default_rules_dir", lambda: folder)
+    table._shipped_entries.cache_clear()
+    try:
+        assert table._shipped_entries()
+    finally:
+        table._shipped_entries.cache_clear()
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "home").exists()

@@ -5,7 +5,7 @@ One module per method (`eager`, the default; `export`; `symbolic`; `trace`), dec
 `block_io`: where the block's tensors come from and go), `isolation` leaves the model and torch as
 they were while `twins` stand in for its tensors, `inputs`, `tensor_walk` and `reach` handle the
 example inputs, `attribution` names the module behind each op, `recorder` turns executed aten ops
-into graph nodes, `diagnosis` explains failures. Every method hands the count stage a
+into graph nodes, `kernel_checks` finds ops a real kernel would refuse, `diagnosis` explains failures. Every method hands the count stage a
 `fxflops.results.Captured`.
 """
 
@@ -21,6 +21,7 @@ from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of
 from fxflops.capture.isolation import in_turn
+from fxflops.capture.kernel_checks import rejected_ops
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
 from fxflops.capture.module_walk import uncompiled
@@ -86,7 +87,8 @@ def _first_capture(request: Request, methods: tuple, method: str, args: Any, kwa
         captured.dtype = floating_dtype(model, args, kwargs)
         captured.training = model.training
         captured.cautions = [*captured.cautions, *out_of_range_lookups(captured.graph_module),
-                             *control_flow_cautions(captured.graph_module), *training_mode_cautions(model, request.backward)]
+                             *control_flow_cautions(captured.graph_module), *rejected_ops(captured.graph_module),
+                             *training_mode_cautions(model, request.backward)]
         return captured
     raise CaptureError(type(model).__name__, attempts)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -129,15 +129,27 @@ class GradOwners:
 
 
 def backward_roots(output: Any, loss: Loss | None) -> list[torch.Tensor]:
-    """The tensors the backward starts from: `loss(output)`, or the output's floating tensors that
-    require grad (the default loss is their sum, whose gradient is ones: the sum itself is not
-    recorded, being no part of the model). Call with recording paused unless `loss` is the user's."""
+    """The tensors the backward starts from: `loss(output)`; by default the output's own `loss` when it
+    has one (a transformers model given labels: what training differentiates), else the output's
+    floating tensors that require grad (the default loss is their sum, whose gradient is ones: the sum
+    itself is not recorded, being no part of the model). Call with recording paused unless `loss` is
+    the user's."""
     if loss is not None:
         value = loss(output)
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"loss(output) must return a tensor; it returned {type(value).__name__}")
         return [value] if value.requires_grad else []
+    own = own_loss(output)
+    if own is not None:
+        return [own] if own.requires_grad else []
     return [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+
+
+def own_loss(output: Any) -> torch.Tensor | None:
+    """The output's `loss` (a key or attribute holding a floating tensor: transformers' ModelOutput given
+    labels), or None."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.is_floating_point() else None
 
 
 class NothingToDifferentiateWarning(UserWarning):

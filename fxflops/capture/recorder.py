@@ -30,12 +30,18 @@ from fxflops.capture.sharded import propagating_shardings, sharded_types, sharde
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
+# node.meta key: True on a composite op recorded under torch.autocast (its node has the operands as given,
+# before autocast cast them to one dtype)
+AUTOCAST = "fxflops_autocast"
 # node.meta key: the torch.cond branches the op ran in, outermost first, as ((cond, branch index), ...)
 COND_BRANCH = "fxflops_cond_branch"
 
 # code under these is torch's or ours; the first frame outside them is the user's
 LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+_CAPTURE_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py")  # capture() itself
+# the built-in examples' models are model code, though fxflops': their forwards are the lines to show
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cli", "examples.py")
 
 
 class OpRecorder(TorchDispatchMode):
@@ -303,11 +309,18 @@ def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
 
 
 def user_frame() -> tuple[str, int] | None:
-    """(file, line) of the innermost caller outside torch and fxflops: the code that ran the op."""
+    """(file, line) of the innermost caller outside torch and fxflops: the code that ran the op. None when
+    the walk reaches the capture's entry first: the op ran in torch's modules only (an nn.Sequential), and
+    the next frame out is whoever called estimate() (a console script), not a line of the model."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_DIRS):
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename == _CAPTURE_ENTRY:
+            return None
+        if not filename.startswith(LIBRARY_DIRS) or filename == _EXAMPLES:
+            return (filename, frame.f_lineno)
         frame = frame.f_back
-    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    return None
 
 
 def source_text(location: tuple[str, int] | None) -> str | None:
@@ -359,6 +372,8 @@ class CompositeOps(TorchFunctionMode):
         finally:
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)
+        if torch._C._is_any_autocast_enabled():  # its operands, as given, are cast as it runs (kernel_checks)
+            self._recorder.last_node().meta[AUTOCAST] = True
         return out
 
 

@@ -28,7 +28,7 @@ class Request:
     is_leaf: Callable[[torch.nn.Module], bool] = _never  # symbolic tracing keeps these modules whole
     is_whole: Callable[[torch.nn.Module], bool] = _never  # a rule counts these modules as a whole
     backward: bool = False  # also record the backward of loss(output)
-    loss: Callable[[Any], torch.Tensor] | None = None  # None: the sum of the output's floating tensors
+    loss: Callable[[Any], torch.Tensor] | None = None  # None: the output's own `loss`, else the sum of its floating tensors
     sizes: SizePlan | None = None  # input axes captured as symbolic sizes (costs come out as formulas)
     # composite aten ops a rule names (by op, or by the builtin that called it: knows_op(op, function))
     # are recorded whole; the others as the ops they decompose into

@@ -9,7 +9,6 @@ with a `ModelSpecError` naming the option and what to give instead.
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
@@ -41,8 +40,10 @@ def load_rules(paths: list[str]) -> list | None:
             entries = load_user_entries(paths)
         except RuleFileError as error:
             raise ModelSpecError(str(error)) from None
+    from fxflops.cli.output import say
+
     for warning in caught:
-        sys.stderr.write(f"fxflops: warning: {warning.message}\n")
+        say(f"warning: {warning.message}")
     return entries
 
 
@@ -90,6 +91,8 @@ def check_device(args: argparse.Namespace, sweeps: list) -> None:
 
 
 def check_step_time(args: argparse.Namespace, sweeps: list) -> None:
+    if args.step_time != args.step_time or args.step_time == float("inf"):  # NaN passes "<= 0": asked apart
+        raise ModelSpecError(f"--step-time is a step's seconds, a finite number; got {args.step_time:g}")
     if args.step_time <= 0:
         raise ModelSpecError(f"--step-time is a step's seconds, more than 0; got {args.step_time:g}")
     if sweeps or args.output or args.roofline or args.format != "text":

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from fxflops.cli.checks import check_device, check_step_time, check_sweeps, check_writable, load_rules
+from fxflops.cli.factories import ZERO_INPUTS
 from fxflops.cli.model_spec import load
 from fxflops.cli.options import ModelSpecError, parse_dtype, parse_sweep
 from fxflops.cli.output import (
@@ -21,8 +22,10 @@ from fxflops.cli.output import (
     _say_what_ran_on,
     _write_report,
     examples_listing,
+    on_terminal,
     render,
     render_sweep,
+    say,
 )
 from fxflops.cli.parser import input_options
 from fxflops.cli.progress import StageProgress
@@ -32,9 +35,22 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
     """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
     from fxflops.sweeps import sweep
 
-    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                 optimizer=args.optimizer, attention=args.attention)
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                  optimizer=args.optimizer, attention=args.attention)
+    return _complete(swept, args)
+
+
+def _complete(swept, args: argparse.Namespace):
+    """The sweep; with --fail-on-unknown, an UnknownOpsError when its capture holds ops no rule counts."""
+    if args.fail_on_unknown:
+        from fxflops.api import UnknownOpsError
+        from fxflops.tree import unknown_ops
+
+        unknown = unknown_ops(swept.pieces[0].costs)
+        if unknown:
+            raise UnknownOpsError(unknown)
+    return swept
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.step_time is not None:
         check_step_time(args, sweeps)
         try:
-            sys.stdout.write(_training_step(args, progress))
+            _Encodable(sys.stdout).write(_training_step(args, progress))
         finally:
             progress.done()
         return 0
@@ -69,27 +85,25 @@ def run(args: argparse.Namespace) -> int:
         Path(args.roofline).write_text(roofline_svg(result, result.prediction), encoding="utf-8",
                                        errors=ENCODING_ERRORS)
         if not args.quiet:
-            sys.stderr.write(f"fxflops: wrote the roofline of {result.model_type} to {args.roofline}\n")
+            say(f"wrote the roofline of {result.model_type} to {args.roofline}")
     if args.output:
         with open(args.output, "w", encoding="utf-8", errors=ENCODING_ERRORS) as stream:
             _write_report(report, stream)
         if not args.quiet:
-            sys.stderr.write(f"fxflops: wrote the {args.format} report on {result.model_type} to {args.output}\n")
+            say(f"wrote the {args.format} report on {result.model_type} to {args.output}")
     else:
         _write_report(report, _Encodable(sys.stdout))
     if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
-        _say_cautions(list(getattr(result, "cautions", ())), args)
+        _say_cautions(list(getattr(result, "cautions", ())), args, on_terminal(report, args))
     return 0
 
 
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
-    from fxflops.api import estimate
-
     progress(f"loading {args.model}")
     loaded = load(args.model, input_options(args))
     progress.done()
     for note in loaded.notes:
-        sys.stderr.write(f"fxflops: note: {note}\n")
+        say(f"note: {note}")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps and args.explain is not None:
         return _explain_sweep(model, loaded, sweeps, args, progress)
@@ -100,19 +114,43 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
         progress("counting every point")
         return swept, render_sweep(swept, sweeps, args)
-    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
-                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), parallel=args.parallel)
+    result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
+                                 rules=args.rules, backward=args.backward, optimizer=args.optimizer,
+                                 attention=args.attention, strict=args.fail_on_unknown, parallel=args.parallel,
+                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     progress.done()  # warnings start on a clean line
     _say_what_ran_on(result, loaded)
-    _say_cautions(result.cautions, args)
     progress("writing the report")
-    if args.explain is not None or args.compare:
-        return result, _views(result, loaded, model, args)
-    return result, render(result, args)
+    report = _views(result, loaded, model, args) if args.explain is not None or args.compare else render(result, args)
+    progress.done()
+    _say_cautions(result.cautions, args, on_terminal(report, args))
+    return result, report
+
+
+def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
+    """estimate() on the loaded inputs. Inputs made from --input-shape are meta tensors; a model with real
+    weights that can be counted only by running it (every static method failed, or --method trace) runs
+    on all-zero tensors made then, and says so (loaded.made_up)."""
+    from fxflops.api import estimate
+    from fxflops.capture import CaptureError
+    from fxflops.capture.methods import AUTO, TRACE
+
+    if loaded.real_inputs is None or options["method"] not in (AUTO, TRACE.name):
+        return estimate(model, loaded.args, loaded.kwargs, **options)
+    failed: list = []
+    if options["method"] == AUTO:
+        try:
+            return estimate(model, loaded.args, loaded.kwargs, **options)
+        except CaptureError as error:  # (trace was skipped: the inputs hold no values)
+            failed = [(a.method, a.reason) for a in error.attempts if a.method != TRACE.name]
+    loaded.args, loaded.kwargs = loaded.real_inputs()
+    loaded.made_up = ZERO_INPUTS
+    result = estimate(model, loaded.args, loaded.kwargs, **{**options, "method": TRACE.name})
+    result.attempts[:0] = failed
+    return result
 
 
 def _views(result, loaded, model, args: argparse.Namespace) -> str:
@@ -127,6 +165,8 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
     if args.compare:
         comparison = result.compare()
         if args.run_tools:
+            if loaded.real_inputs is not None and loaded.made_up is None:  # the tools run the model: real inputs
+                loaded.args, loaded.kwargs = loaded.real_inputs()
             comparison.run_tools(model, loaded.args, loaded.kwargs)
         parts.append(comparison)
     if args.format == "json":
@@ -142,9 +182,9 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
     from fxflops.sweeps import sweep
 
     progress("capturing with symbolic sizes")
-    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  attention=args.attention)
+    swept = _complete(sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                            method=args.method, conventions=args.conventions, rules=args.rules,
+                            backward=args.backward, attention=args.attention), args)
     progress.done()
     try:
         explanation = swept.explain(args.explain)
@@ -160,7 +200,6 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
 def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     """One training step's exact FLOPs over the measured --step-time: FLOP/s, MFU, tokens/s and 6N."""
     from fxflops.device import peaks
-    from fxflops.api import estimate
     from fxflops.timing.meter import StepStats, attention_flops, non_embedding_params
     from fxflops.capture.tensor_walk import tensors_in
     from fxflops.report.mfu import render_step
@@ -169,8 +208,9 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
     loaded = load(args.model, input_options(args))
     model = loaded.model.train() if args.train else loaded.model
     progress("capturing the forward and the backward")
-    result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
-                      rules=args.rules, backward=True, optimizer=args.optimizer)
+    result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
+                                 rules=args.rules, backward=True, optimizer=args.optimizer,
+                                 strict=args.fail_on_unknown)
     progress.done()
     first = next(iter(tensors_in((loaded.args, loaded.kwargs))), None)
     samples = int(first.shape[0]) if first is not None and first.dim() else 1

@@ -50,22 +50,29 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
     if factory is None or not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attribute!r}")
     with _no_exit(f"the factory {target}:{attribute}"):
-        produced = _call_factory(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
+        produced = _call_factory_guarded(factory, f"{target}:{attribute}", _factory_arguments(factory, options))
     model, inputs = (produced if isinstance(produced, tuple) and len(produced) == 2
                      and isinstance(produced[0], nn.Module) else (produced, None))
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{target}:{attribute} returned {type(model).__name__}, not a torch.nn.Module")
-    made_up = None
+    real_inputs = None
     if options.input_shapes or options.named_shapes:
+        # shapes become meta tensors, as input_shape= makes them: nothing is allocated for a count. Only a
+        # run (method trace) needs values: then all-zero tensors on the model's device, made when it runs
+        meta = torch.device("meta")
+        args, kwargs = tensors_from_shapes(options.input_shapes, meta, False, options.dtype), named_tensors(options, meta)
         device = _device_of(model)
-        args = tensors_from_shapes(options.input_shapes, device, False, options.dtype)
-        kwargs = named_tensors(options, device)
-        made_up = None if device.type == "meta" else ZERO_INPUTS
+        if device.type != "meta":
+            def real_inputs() -> tuple[tuple, dict]:
+                return (tensors_from_shapes(options.input_shapes, device, False, options.dtype),
+                        named_tensors(options, device))
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
     else:
         args, kwargs = _split_inputs(inputs)
-    return finish_inputs(ModelInputs(model, args, kwargs, f"{target}:{attribute}", made_up), options)
+    loaded = finish_inputs(ModelInputs(model, args, kwargs, f"{target}:{attribute}"), options)
+    loaded.real_inputs = real_inputs
+    return loaded
 
 
 def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
@@ -83,6 +90,30 @@ def _call_factory(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
             f"{name} puts the model on CUDA{where}, and this machine has no GPU: fxflops needs none. Have the "
             "factory build it on the CPU or under torch.device('meta') (no .cuda() / device='cuda'), and count that"
         ) from None
+
+
+class FactoryError(RuntimeError):
+    """The user's factory raised: one line with the exception's type, message and the user's line."""
+
+
+def _call_factory_guarded(factory: Any, name: str, arguments: dict[str, Any]) -> Any:
+    try:
+        return _call_factory(factory, name, arguments)
+    except (ModelSpecError, FactoryError):
+        raise
+    except Exception as error:  # the user's code: its type and line, not only str(error) ('no such layer')
+        raise FactoryError(_raised_in(name, error)) from error
+
+
+def _raised_in(name: str, error: BaseException) -> str:
+    """'the factory f.py:build raised KeyError: 'x' (at f.py:3: raise KeyError("x"))': the innermost frame
+    outside torch and fxflops, where the user's code raised or called what did."""
+    libraries = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent.parent))
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not frame.filename.startswith(libraries)] or frames[-1:]
+    where = f" (at {own[-1].filename}:{own[-1].lineno}: {(own[-1].line or '').strip()})" if own else ""
+    message = str(error).strip().splitlines()
+    return f"the factory {name} raised {type(error).__name__}" + (f": {message[0]}" if message else "") + where
 
 
 def _cuda_missing(error: BaseException) -> bool:

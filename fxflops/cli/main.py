@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.cli.commands import run
+from fxflops.cli.output import say
 from fxflops.cli.options import ModelSpecError
 from fxflops.cli.parser import EXIT_USAGE, build_parser
 
@@ -59,12 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("ignore")
             return run(args)
     except ModelSpecError as error:
-        print(f"fxflops: error: {error}", file=sys.stderr)
+        say(f"error: {error}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # a one-line message; --debug gives the traceback
-        print(f"fxflops: error: {_one_line(error)}", file=sys.stderr)
+        say(f"error: {_one_line(error)}")
         return EXIT_FAILED
 
 

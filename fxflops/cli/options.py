@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,9 @@ class ModelInputs:
     source: str = ""
     # set when the inputs are real tensors fxflops made up (their values mean nothing): what they are
     made_up: str | None = None
+    # inputs from --input-shape are meta tensors (nothing allocated); for a model with real weights, this
+    # makes the real all-zero tensors a run needs (method trace), only when one is asked for or needed
+    real_inputs: Callable[[], tuple[tuple, dict]] | None = None
     notes: list[str] = field(default_factory=list)  # what the user should know about how it was built
     cautions: list[str] = field(default_factory=list)  # what the report must carry (a model of class defaults)
 

@@ -64,15 +64,17 @@ def render_sweep(swept, sweeps: list, args: argparse.Namespace) -> str | Callabl
 
 
 class _Encodable:
-    """A stream whose write() escapes what its encoding cannot hold (a lone surrogate in a module name)."""
+    """A stream whose write() escapes what its encoding cannot hold (a lone surrogate in a module name) and
+    control characters (`fxflops.report.formats.printable`)."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        from fxflops.report.formats import encodable
+        from fxflops.report.formats import encodable, printable
 
-        return self._stream.write(encodable(text, getattr(self._stream, "encoding", None)))
+        # a terminal shows the report; names from the model never drive it (escape sequences)
+        return self._stream.write(encodable(printable(text, keep="\n\t"), getattr(self._stream, "encoding", None)))
 
 
 def _write_report(report: str | Callable[[TextIO], None], stream: TextIO) -> None:
@@ -82,10 +84,28 @@ def _write_report(report: str | Callable[[TextIO], None], stream: TextIO) -> Non
         stream.write(report)
 
 
-def _say_cautions(cautions: list[str], args: argparse.Namespace) -> None:
+def say(message: str) -> None:
+    """One `fxflops: ...` line on stderr; what it quotes from the model (names, paths) cannot drive the terminal."""
+    from fxflops.report.formats import printable
+
+    sys.stderr.write(f"fxflops: {printable(message)}\n")
+
+
+def _say_cautions(cautions: list[str], args: argparse.Namespace, shown: str = "") -> None:
+    """Each caution as a warning on stderr, but one the report `shown` on the same terminal states already
+    (a sweep's "caution:" line, the summary's): the terminal shows it once."""
+    from fxflops.report.formats import printable
+
     if not args.debug:  # with --debug, the CautionWarning itself is shown
         for caution in cautions:
-            sys.stderr.write(f"fxflops: warning: {caution}\n")
+            if printable(caution) not in shown:
+                say(f"warning: {caution}")
+
+
+def on_terminal(report: object, args: argparse.Namespace) -> str:
+    """The report's text when it goes to the terminal stderr goes to (no --output), else ""."""
+    both = all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+    return report if isinstance(report, str) and args.output is None and both else ""
 
 
 def _say_what_ran_on(result, loaded) -> None:
@@ -99,5 +119,4 @@ def _say_what_ran_on(result, loaded) -> None:
     else:
         how = (f"was counted by running it ({result.method}), on {loaded.made_up}; if its control flow "
                "depends on tensor values, the count holds for those values only")
-    sys.stderr.write(f"fxflops: warning: {result.model_type} {how}. For real inputs, return (model, inputs) "
-                     "from the factory.\n")
+    say(f"warning: {result.model_type} {how}. For real inputs, return (model, inputs) from the factory.")

@@ -8,6 +8,7 @@ mistake costs one line and exit status 2. `input_options()` turns the parsed `--
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -31,7 +32,9 @@ MODEL is one of:
   hf:PATH                 a local config.json (or a folder holding one)
   FILE.py:FACTORY         FACTORY() returns a model, or (model, inputs)
   package.module:FACTORY  likewise, from an importable module
-Everything is built on the meta device: no weights are allocated and nothing is computed.
+Everything is built on the meta device and --input-shape inputs are meta tensors: nothing is
+allocated and nothing is computed. (FILE.py:FACTORY builds its model as its code does; one that can
+be counted only by running it, or --method trace, runs once on all-zero inputs made then.)
 
 examples:
   fxflops lenet5 --batch 1024 --top 3
@@ -48,7 +51,23 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake costs one line (the whole usage block would bury it)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (fxflops --help lists the options)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{self._guess(message)} (fxflops --help lists the options)\n")
+
+    def _guess(self, message: str) -> str:
+        """The closest option to a misspelt one (--conventoins), or the closest choice to a misspelt value."""
+        from fxflops.spelling import did_you_mean
+
+        if message.startswith("unrecognized arguments: "):
+            for word in message.removeprefix("unrecognized arguments: ").split():
+                if word.startswith("-"):
+                    guess = did_you_mean(word.partition("=")[0], self._option_string_actions)
+                    if guess:
+                        return guess
+            return ""
+        invalid = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if invalid:
+            return did_you_mean(invalid[1], re.findall(r"'([^']*)'", invalid[2]))
+        return ""
 
 
 def _at_least(lowest: int) -> Callable[[str], int]:
@@ -111,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--rules", action="append", default=[], metavar="FILE",
                           help="your own rule file (TOML, the format of rules/*.toml) or a folder of them; "
                                "its rules take precedence over ours (repeatable)")
+    counting.add_argument("--fail-on-unknown", action="store_true",
+                          help="exit with an error (status 1) naming the ops no rule counts and their modules, "
+                               "instead of a report whose totals leave them out (for CI)")
     counting.add_argument("--attention", default="dense", choices=("dense", "effective"),
                           help="how attention ops count in the totals: dense (every (query, key) pair, as "
                                "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "

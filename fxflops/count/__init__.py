@@ -47,7 +47,7 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
             cost, rule, key = node_cost(graph_module, node, table, conventions, memo, sizes, values)
             if isinstance(rule, Rule) and rule.effective is not None:
                 cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention,
-                                      (effective_memo, key))
+                                      (effective_memo, key), eager)
             elif isinstance(rule, Rule) and eager:
                 found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
                 if found is not None:

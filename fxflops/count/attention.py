@@ -18,7 +18,7 @@ from fxflops.eager_attention import EagerAttention, effective_count
 from fxflops.results import ROOT_LABEL, NodeCost
 from fxflops.rules import Rule, RuleEvaluationError, RuleTable
 from fxflops.rules.flex import attention_kept_pairs
-from fxflops.rules.kept_pairs import FULL, KeptPairs
+from fxflops.rules.kept_pairs import FULL, KeptPairs, attention_grid
 
 DENSE = "dense"
 EFFECTIVE = "effective"
@@ -34,11 +34,15 @@ def check_attention(attention: str) -> None:
 
 def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: torch.fx.Node, rule: Rule,
                    table: RuleTable, conventions: str, sizes: Any, kept_memo: dict[Any, KeptPairs],
-                   attention: str, memo: tuple[dict[Any, tuple[Any, Any]], Any] | None = None) -> NodeCost:
+                   attention: str, memo: tuple[dict[Any, tuple[Any, Any]], Any] | None = None,
+                   products: dict[str, EagerAttention] | None = None) -> NodeCost:
     """The node's cost with both readings of its attention: effective over the pairs its mask keeps.
 
     `memo`: (the count's effective counts by (memo key, kept pairs), this node's memo key or None): calls
-    with equal keys over the same kept pairs count the same (the layers of a decoder)."""
+    with equal keys over the same kept pairs count the same (the layers of a decoder). `products`: a
+    forward attention op is entered there by name, with its grid and kept pairs, so the products of a
+    backward run as plain ops (SDPA's math backward, taken under dropout) are read as eager attention's
+    are: dense x kept / every pair (`attention_of` finds them by the node they differentiate)."""
     args = tuple(value_of(graph_module, a) for a in node.args)
     kwargs = {k: value_of(graph_module, v) for k, v in node.kwargs.items()}
     call = call_of(graph_module, node, args, kwargs, node.meta.get("val"))
@@ -50,6 +54,9 @@ def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: tor
         # as the model built it (same query and key sizes: the same pairs)
         kept = kept_memo[("node", forward)]
     kept_memo[("node", node.name)] = kept
+    grid = attention_grid(call.key, call.names) if products is not None and forward is None else None
+    if grid is not None:
+        products[node.name] = EagerAttention(node.name, node.name, grid, kept or KeptPairs(None, FULL))
     if kept is None:  # no mask: every pair is kept
         kept, macs, flops = KeptPairs(None, FULL), cost.macs, cost.flops
     elif kept.pairs is None:

@@ -7,6 +7,7 @@ shared with `get_model_profile` (fxflops.integrations.deepspeed).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from fxflops.timing.clocks import make_clock
 from fxflops.timing.generate import generation_profile, split_runs
 from fxflops.timing.join import join
 from fxflops.timing.latency import ModuleTimer, mean_per_step
+from fxflops.timing.model_state import state_change
 from fxflops.timing.placement import batch_size_of, compute_dtype, model_device, parallel_sizes
 from fxflops.timing.profiling import EstimateCache, build_measurements
 
@@ -187,6 +189,15 @@ class FlopsProfiler:
         # the backward is counted only when the window saw one run
         self._cache.with_backward = bool(self._phases.bwd)
         records = self._timer.records
+        now = [r for r in records if r.tag[-1] == records[-1].tag[-1]]  # tag: (signature, backward, model state)
+        if len(now) < len(records):
+            # a layer frozen, a head replaced, a submodule switched to eval inside the window: the forwards
+            # before it counted other FLOPs; the profile is of the model as it is now (FLOPs and latency alike)
+            warnings.warn(f"fxflops.FlopsProfiler: the model changed inside the profiling window "
+                          f"({state_change(records[0].tag[-1], records[-1].tag[-1])}); the profile "
+                          f"covers the {len(now)} of {len(records)} forwards since it changed",
+                          UserWarning, stacklevel=3)
+            records = now
         runs = split_runs(records)
         common = dict(warm_up=0, peak_flops=self.peak_flops, batch_size=self._batch_size)
         if all(len(run) == 1 for run in runs):  # plain forwards, one input signature

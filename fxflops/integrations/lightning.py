@@ -3,8 +3,12 @@
 
 The monitor reads the inputs of the LightningModule's own training forward calls (`self(x)` in
 training_step; a forward pre-hook added at train start, removed at train end and on exceptions), or
-`inputs(batch)` when given (for a training_step that calls a submodule: pass `module=` too). Every
-`log_every_n_steps` optimizer steps it logs, with ThroughputMonitor's names:
+`inputs(batch)` when given (for a training_step that calls a submodule: pass `module=` too). A
+training_step that calls a submodule instead (`self.model(**batch)`, a wrapped Hugging Face model) is
+found at the first batch: the monitor watches the direct submodules too until then, counts the one
+that ran, and says so once (several that ran: it says what to pass). A forward under torch.no_grad()
+(a teacher's or reference pass) counts its forward alone. Every `log_every_n_steps` optimizer steps it
+logs, with ThroughputMonitor's names:
 
     train/device/flops, train/device/flops_per_sec, train/device/tflops, train/device/mfu,
     train/device/samples_per_sec, train/device/items_per_sec (tokens), train/device/step_time,
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from fxflops.integrations import ForwardInputs
+from fxflops.integrations import ForwardInputs, warn_uncounted
 from fxflops.timing.meter import FlopsMeter
 from fxflops.timing.steps import summed
 
@@ -49,26 +53,34 @@ class FlopsMonitor(Callback):
         self.meter_options = meter_options
         self.meter: FlopsMeter | None = None
         self._calls = ForwardInputs()
+        self._children: dict[str, ForwardInputs] = {}  # until the first batch: which module's forward ran
+        self._options: dict[str, Any] = {}
         self._since: list[Any] = []
         self._steps = 0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         counted = self.module(pl_module) if self.module is not None else pl_module
-        options = dict(self.meter_options)
-        options.setdefault("dtype", _precision_dtype(str(trainer.precision)))
-        self.meter = FlopsMeter(counted, None, peak_flops=self.peak_flops, **options)
+        self._options = dict(self.meter_options)
+        self._options.setdefault("dtype", _precision_dtype(str(trainer.precision)))
+        self.meter = FlopsMeter(counted, None, peak_flops=self.peak_flops, **self._options)
         if self.inputs is None:
             self._calls.attach(counted)
+            if self.module is None:  # a training_step may call a submodule instead of self(...)
+                for name, child in pl_module.named_children():
+                    self._children[name] = ForwardInputs()
+                    self._children[name].attach(child)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._accumulated(trainer, batch_idx) == 0:
             self.meter.start()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        calls = self._calls.take() if self.inputs is None else [self.inputs(batch)]
+        if self._children:
+            self._choose(pl_module)
+        calls = self._calls.take() if self.inputs is None else [(self.inputs(batch), torch.is_grad_enabled())]
         with self._calls.paused():  # a capture runs the module's forward on fake tensors
-            for call in calls:
-                self.meter.micro_batch(call)
+            for call, backward in calls:
+                self.meter.micro_batch(call, backward=backward)
         if self._accumulated(trainer, batch_idx) != trainer.accumulate_grad_batches - 1:
             return  # the optimizer step is not over
         self._since.append(self.meter.step())
@@ -77,14 +89,48 @@ class FlopsMonitor(Callback):
             self._log(trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._calls.detach()
+        self._detach()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
         self._calls.detach()
+        for watched in self._children.values():
+            watched.detach()
+        self._children = {}
+
+    def _choose(self, pl_module: Any) -> None:
+        """After the first batch: keep the LightningModule if its forward ran, else the one direct submodule
+        whose forward did (training_step calling self.model(...)); several, or none: say what to pass."""
+        ran = [name for name, watched in self._children.items() if watched.calls]
+        if self._calls.calls or len(ran) != 1:
+            if not self._calls.calls:
+                which = (f"its submodules {', '.join(ran)}" if ran else "none of its direct submodules")
+                self.meter.warn_once(
+                    f"fxflops.FlopsMonitor: training_step did not call the LightningModule's forward (self(...)) "
+                    f"and {which} ran in training mode: no FLOPs are logged; pass FlopsMonitor(module=lambda m: "
+                    "m.<the module training_step calls>, inputs=lambda batch: <its inputs>)")
+            for watched in self._children.values():
+                watched.detach()
+            self._children = {}
+            return
+        name = ran[0]
+        self._calls.detach()
+        self._calls = self._children.pop(name)  # its calls of this batch are counted now
+        for watched in self._children.values():
+            watched.detach()
+        self._children = {}
+        started = self.meter._started  # the step under way was started on the first meter: its time carries over
+        self.meter = FlopsMeter(getattr(pl_module, name), None, peak_flops=self.peak_flops, **self._options)
+        self.meter._started = started
+        self.meter.warn_once(f"fxflops.FlopsMonitor: training_step calls self.{name}(...), not self(...): counting "
+                             f"the forward and backward of `{name}` (module=lambda m: m.{name} says so, silently)")
 
     def _log(self, trainer: Any) -> None:
         """Every rank reduces (a collective, at the same step on all of them); the loggers write on rank 0."""
         steps, self._since = self._since, []
+        warn_uncounted(self.meter, steps)
         local = summed(steps)
         reduced = self.meter.reduce(local)
         s = self.separator

@@ -2,7 +2,10 @@
 
 The callback reads the inputs of every training forward (a forward pre-hook on the model, added at
 train begin and removed at train end), so the count follows the batches the Trainer really feeds:
-variable lengths, padding, packing, gradient accumulation. At each logging step it adds to the logs
+variable lengths, padding, packing, gradient accumulation; a forward run under torch.no_grad() (a
+reference pass in a Trainer subclass's compute_loss) counts its forward alone, and the count follows
+the model as it is (frozen layers, checkpointing: see FlopsMeter). Steps that could not be counted are
+said at every log, with why. At each logging step it adds to the logs
 (`state.log_history` and every logger the Trainer reports to):
 
     flops            fwd + bwd FLOPs per optimizer step, all ranks together (mean over the steps logged)
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from fxflops.integrations import ForwardInputs
+from fxflops.integrations import ForwardInputs, warn_uncounted
 from fxflops.timing.meter import FlopsMeter
 from fxflops.timing.steps import WindowStats, combined, summed
 
@@ -63,8 +66,8 @@ class FlopsCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         with self._inputs.paused():  # a capture runs the model's forward on fake tensors
-            for call in self._inputs.take():
-                self.meter.micro_batch(call)
+            for call, backward in self._inputs.take():
+                self.meter.micro_batch(call, backward=backward)
         self._since.append(self.meter.step())
         if control.should_log:
             self._logs = self._reduce_since_last()
@@ -97,6 +100,7 @@ class FlopsCallback(TrainerCallback):
         """The steps since the last reduction, summed over every rank (a collective: every rank is here
         at the same step, since logging steps and epoch ends are global)."""
         steps, self._since = self._since, []
+        warn_uncounted(self.meter, steps)
         reduced = self.meter.reduce(summed(steps))
         self.total = reduced if self.total is None else combined(self.total, reduced)
         return self.meter.metrics(reduced, prefix=self.prefix)

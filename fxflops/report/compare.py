@@ -7,7 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from fxflops.report.formats import macs_to_string, number_to_string
+from fxflops.report.formats import macs_to_string, number_to_string, printable
 from fxflops.results import ROOT_LABEL
 
 MODULE_DEPTH = 2  # modules this deep or shallower get a row; `Comparison.modules` holds them all
@@ -46,7 +46,7 @@ def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH, tables: b
         if macs or flops:
             lines.append(f"    unexplained: {_delta(macs)} MACs, {_delta(flops)} FLOPs")
     if not tables:
-        return "\n".join(lines)
+        return printable("\n".join(lines))
     lines += ["", f"FLOPs per module (depth <= {module_depth}):"]
     lines += _table(_module_rows(comparison, module_depth), comparison.presets, "module")
     lines += ["", "FLOPs per op:"]
@@ -56,7 +56,7 @@ def comparison_text(comparison: Any, module_depth: int = MODULE_DEPTH, tables: b
     if comparison.tools:
         lines += ["", "The tools themselves, run on the model:"]
         lines += tool_lines(comparison.tools)
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def tool_lines(runs: list[Any]) -> list[str]:

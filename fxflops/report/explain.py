@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_string
+from fxflops.report.formats import bytes_to_string, macs_to_string, number_to_string, printable
 from fxflops.results import BACKWARD, COUNTED, ROOT_LABEL
 from fxflops.rules import default_rules_dir
 
@@ -16,6 +16,11 @@ if TYPE_CHECKING:
 
 
 def explanation_lines(explanation: Explanation, sources: bool = True) -> Iterable[str]:
+    """The explanation's lines, names from the model shown, never acting on the terminal."""
+    return (printable(line) for line in _lines(explanation, sources))
+
+
+def _lines(explanation: Explanation, sources: bool = True) -> Iterable[str]:
     what = (f"module {explanation.target} ({explanation.module_type})" if explanation.kind == "module"
             else f"op node {explanation.target} (in {explanation.module_type or 'the model'})")
     own = ": the ops it ran itself (its submodules have their own)" if explanation.own else ""

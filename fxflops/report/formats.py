@@ -7,6 +7,8 @@ read our reports the same way.
 
 from __future__ import annotations
 
+import re
+
 PRECISION = 2
 
 # How every writer of ours encodes what the encoding cannot hold (a module named with a lone surrogate,
@@ -23,6 +25,38 @@ def encodable(text: str, encoding: str | None) -> str:
     except UnicodeEncodeError:
         return text.encode(encoding, ENCODING_ERRORS).decode(encoding)
     return text
+
+# What a terminal acts on instead of showing (C0 and C1 controls: ESC starts an escape sequence, CSI is one,
+# CR and BS overwrite what was shown) and the bidirectional overrides that reorder what is shown. Names in a
+# report come from the user's model (module, class and op names, extra_repr, source paths): a report shows
+# them, it never lets them drive the terminal.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep: str = "\n") -> str:
+    """`text` with each control character but those in `keep` as a visible escape (ESC as `\\x1b`)."""
+    return _CONTROLS.sub(lambda found: found[0] if found[0] in keep else _escape(found[0]), text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+# What a spreadsheet runs as a formula when a cell starts with it (OWASP's CSV-injection list).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as written: text starting like a formula gets a leading `'` (OWASP's
+    advice; csv quotes the cell as needed), control characters are escaped; numbers stay numbers, negative
+    ones too (a spreadsheet reads `-5` as the number, not a formula)."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(_FORMULA_STARTS):
+        value = "'" + value
+    return printable(value, keep="")
+
 
 # Decimal prefixes from the largest down; the first whose magnitude fits the value is used.
 _LARGE = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))

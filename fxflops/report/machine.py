@@ -66,7 +66,10 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
-and bound without a prediction.
+and bound without a prediction. Numbers are written as numbers. A text cell (a module's name, type or
+extra_repr) that starts like a spreadsheet formula (=, +, -, @, tab, CR) is written with a leading `'`, as
+OWASP's CSV-injection guidance advises, and control characters in text cells as escapes (`\x1b`); JSON
+escapes them itself.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ from typing import Any
 import networkx as nx
 
 from fxflops.capture.methods import describe
-from fxflops.report.formats import ENCODING_ERRORS
+from fxflops.report.formats import ENCODING_ERRORS, csv_cell
 from fxflops.results import (
     AttentionTotals,
     Collective,
@@ -283,7 +286,7 @@ def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
     writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
     writer.writeheader()
     for row in csv_rows(estimate):
-        writer.writerow({key: "" if value is None else value for key, value in row.items()})
+        writer.writerow({key: "" if value is None else csv_cell(value) for key, value in row.items()})
     document = buffer.getvalue()
     if path is not None:
         Path(path).write_text(document, encoding="utf-8", errors=ENCODING_ERRORS, newline="")

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from tabulate import tabulate
 
-from fxflops.report.formats import macs_to_string, number_to_string, params_to_string
+from fxflops.report.formats import csv_cell, macs_to_string, number_to_string, params_to_string, printable
 from fxflops.results import Estimate, ModuleStats, SweepFormula, SweepPoint, SweepResult
 
 SCHEMA = "fxflops.sweep"
@@ -76,7 +76,7 @@ def render_text(result: SweepResult, tablefmt: str = "github") -> str:
         lines += ["", f"formulas, where {' or '.join(dict.fromkeys(entry.holds_for))}:"]
         width = max(len(name) for name in entry.formulas)
         lines += [f"  {name:<{width}} = {formula}" for name, formula in entry.formulas.items()]
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines) + "\n")
 
 
 def to_dict(result: SweepResult) -> dict[str, Any]:
@@ -148,7 +148,8 @@ def write_json(swept: Any, grid: Grid, stream: TextIO, depth: int = 1, top: int 
 def _csv_stream(stream: TextIO, names: Iterable[str], backward: bool, points: Iterable[SweepPoint]) -> None:
     names = list(names)
     writer = csv.writer(stream, lineterminator="\n")
-    writer.writerow([*names, "macs", "flops", "params"] + (["bwd_macs", "bwd_flops"] if backward else []))
+    writer.writerow([csv_cell(name) for name in names] + ["macs", "flops", "params"]
+                    + (["bwd_macs", "bwd_flops"] if backward else []))
     for point in points:
         writer.writerow([*(point.sizes[name] for name in names), point.macs, point.flops, point.params]
                         + ([point.bwd_macs, point.bwd_flops] if backward else []))

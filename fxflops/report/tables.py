@@ -10,6 +10,7 @@ from tabulate import tabulate
 
 from fxflops.report import fold as folding
 from fxflops.report.formats import (
+    printable,
     bytes_to_string,
     duration_to_string,
     flops_to_string,
@@ -191,4 +192,4 @@ def tables(
         ("Cost per op", op_table(estimate, "op", tablefmt, raw)),
         ("Cost per module", module_table(estimate, module_depth, fold, tablefmt, raw)),
     ]
-    return "\n\n".join(f"{title}\n\n{table}" for title, table in sections) + "\n"
+    return printable("\n\n".join(f"{title}\n\n{table}" for title, table in sections) + "\n")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from fxflops.report.collectives import collective_lines
-from fxflops.report.formats import ENCODING_ERRORS, encodable
+from fxflops.report.formats import ENCODING_ERRORS, encodable, printable
 from fxflops.report.tables import op_table
 from fxflops.report.text_aggregated import aggregated_lines
 from fxflops.report.text_detailed import detailed_lines
@@ -75,4 +75,4 @@ def render(
     if detailed:
         lines += [""] + detailed_lines(estimate, module_depth, fold)
     lines.append(_rule_line(""))
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines) + "\n")  # names from the model never drive the terminal

@@ -80,8 +80,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return parse_rule_toml(path, read_rule_bytes(path))
 
 
-def read_rule_bytes(path: Path) -> bytes:
-    """A rule file's bytes, at most one more than the size limit; a RuleFileError for what is no file."""
+def read_rule_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A rule file's bytes, at most one more than the size `limit`; a RuleFileError for what is no file."""
     try:
         # checked before opening: opening a FIFO waits for a writer, and /dev/zero never ends
         mode = os.stat(path).st_mode
@@ -89,7 +89,7 @@ def read_rule_bytes(path: Path) -> bytes:
             kind = next((name for test, name in _NOT_FILES.items() if test(mode)), "a special file")
             raise RuleFileError(f"rule file {path} is {kind}, not a file: give a .toml file, or a folder of them")
         with open(path, "rb") as handle:
-            return handle.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused, not read
+            return handle.read(limit + 1)  # never more: a huge file is refused, not read
     except FileNotFoundError:
         raise RuleFileError(f"rule file {path} does not exist") from None
     except OSError as error:

@@ -60,18 +60,25 @@ SEQ_FIRST = ("aten._flash_attention", "aten._efficient_attention")
 MASK_NAMES = ("attn_mask", "attn_bias", "bias")
 
 
+def attention_grid(op: str, names: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The (batch, heads, Lq, Lk) grid of (query, key) pairs an attention call scores (ints or SymInts), or
+    None where its query and key are not tensors."""
+    query, key = names.get("query"), names.get("key")
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return None
+    if op.startswith(SEQ_FIRST):
+        return query.shape[0], query.shape[2], query.shape[1], key.shape[1]
+    return (*query.shape[:-1], key.shape[-2])
+
+
 def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
                     memo: dict[Any, KeptPairs], symbolic: bool) -> KeptPairs | None:
     """The kept pairs of one attention call, from its bound values (`names`) and the graph nodes
     that gave them (`nodes`, the same names bound to fx Nodes). None: every pair is kept.
     `symbolic`: the sizes are a sweep's, so only closed forms will do."""
-    query, key = names.get("query"), names.get("key")
-    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+    grid = attention_grid(op, names)
+    if grid is None:
         return None
-    if op.startswith(SEQ_FIRST):
-        grid = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-    else:
-        grid = (*query.shape[:-1], key.shape[-2])
     mask_name = next((name for name in MASK_NAMES if isinstance(names.get(name), torch.Tensor)), None)
     if mask_name is None:
         if names.get("is_causal") is True or names.get("custom_mask_type") == 1:

@@ -198,7 +198,7 @@ def _shipped_entries() -> tuple[Entry, ...]:
     # parsed once per process: the shipped files do not change while it runs, and entries are frozen.
     # Their op spellings and formula names are checked by the test suite (check_ops=True), not here:
     # that costs ~100 ms of signature lookups at every start, and could only warn users about our files.
-    # Their parse is kept beside them (rules/parsed.py): tomllib is most of a tiny model's first estimate.
+    # Their parse ships beside them (rules/parsed.py): tomllib is most of a tiny model's first estimate.
     directory = default_rules_dir()
     files = rule_files(directory, skip=PRESETS_FILE)
     return tuple(entry for path, data in zip(files, parsed_files(directory, files, read_rule_bytes, parse_rule_toml))

@@ -64,7 +64,7 @@ class Sweep:
             if first == self.example:
                 raise
             self.pieces.append(self._capture(self.example))  # the model insists on its example's sizes
-        warn_unknown(unknown_ops(self.pieces[0].costs), stacklevel=4)
+        warn_unknown(unknown_ops(self.pieces[0].costs))
 
     @property
     def conditions(self) -> list[str]:

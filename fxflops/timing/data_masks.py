@@ -28,7 +28,7 @@ from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.eager_attention import EagerAttention, attention_of, find_eager_attention
 from fxflops.rules import Rule, bind_op_call
 from fxflops.rules.flex import evaluated_block_pairs, is_noop, mask_mod_reads_data
-from fxflops.rules.kept_pairs import KEEP, MASK_NAMES, SEQ_FIRST, kept_entries
+from fxflops.rules.kept_pairs import KEEP, MASK_NAMES, attention_grid, kept_entries
 from fxflops.rules.mask_values import call_recorded
 
 
@@ -82,6 +82,7 @@ class DataMasks:
         self._callables: dict[torch.fx.Node, Callable[..., Any]] = {}  # per node: what runs its op on real values
         self._eager: dict[str, EagerAttention] | None = None  # attention written as plain ops, found when needed
         self._flex_memo: dict[Any, Any] = {}  # (mask_mod, sizes) -> a flex BlockMask's evaluated pairs per head
+        self._grids: dict[str, tuple[Any, ...]] = {}  # attention op (a rule's) -> its (B, H, Lq, Lk), as captured
         by_name = {node.name: node for node in piece.captured.graph_module.graph.nodes}
         replays: dict[Any, _Replay | NotReplayable] = {}  # forward node name (or eager masks) -> the replay
         unknown = [c for c in piece.costs if c.attention is not None and c.effective_flops is None and c.dense_flops]
@@ -113,6 +114,17 @@ class DataMasks:
                 replay, grid = self._flex_mask(block_mask), self._grid(call.names, call.key)
             else:
                 replay, grid = self._replay_of(node, by_name, replays), self._grid(call.names, call.key)
+            if node.name in replays:
+                self._grids[node.name] = attention_grid(call.key, call.names)
+        elif node.meta.get(DIFFERENTIATES) in self._grids:
+            # a product of a backward run as plain ops (SDPA's math backward, under dropout): over the pairs
+            # its forward's mask keeps, dense x kept / every pair, as the static count reads it
+            forward = node.meta[DIFFERENTIATES]
+            shape = self._grids[forward]
+            base, per_pair = 0, self._per_pair(cost.dense_flops, math.prod(shape), call.key)
+            replay, grid = replays[forward], tuple(map(self._expression, shape))
+            if isinstance(replay, NotReplayable):
+                raise replay
         else:  # a product of attention written as plain ops: dense x kept / every pair
             found = self._eager_attention(node, call.key)
             base, per_pair = 0, self._per_pair(cost.dense_flops, found.grid, call.key)
@@ -195,13 +207,9 @@ class DataMasks:
         return at[0], per_pair
 
     def _grid(self, names: Mapping[str, Any], op: str = "") -> tuple[Any, ...]:
-        query, key = names.get("query"), names.get("key")
-        if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        grid = attention_grid(op, names)
+        if grid is None:
             raise NotReplayable("its query and key are not tensors")
-        if op.startswith(SEQ_FIRST):
-            grid = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-        else:
-            grid = (*query.shape[:-1], key.shape[-2])
         return tuple(self._expression(size) for size in grid)
 
     def _expression(self, value: Any) -> Any:

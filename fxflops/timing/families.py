@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from fxflops.capture.backward import own_loss
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.timing.data_masks import DataMasks
 
-if TYPE_CHECKING:
-    from fxflops.timing.meter import FlopsMeter
+Warn = Callable[[str, Any], None]  # the meter's warn_once(message, key): a family reports through it
 
 # input names whose axes 0 and 1 are (batch, sequence): transformers' and most tokenizers' keys
 TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids", "decoder_input_ids",
@@ -30,10 +30,13 @@ IMAGE_KEYS = ("pixel_values", "images", "image", "x")
 
 
 class Family:
-    """One shape family: its sweep, its named axes, and a compiled total per captured piece."""
+    """One shape family: its sweep, its named axes, and a compiled total per captured piece.
+
+    `warn(message, key)` reports what the family cannot count exactly (once per key); `captures` and
+    `capturing` (seconds) grow as later points need pieces of their own: the meter reads them."""
 
     def __init__(self, model: torch.nn.Module, inputs: tuple[tuple, dict], dims: Mapping[str, Any],
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], warn: Warn) -> None:
         from fxflops.sweeps import sweep
 
         args, kwargs = inputs
@@ -46,7 +49,9 @@ class Family:
         self._effective = options.get("attention") == "effective"
         self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None]] = {}
         self._known: dict[tuple, Any] = {}
+        self._warn = warn
         self.captures = len(self.sweep.pieces)
+        self.capturing = 0.0  # seconds spent capturing pieces after the first
 
     def fits(self, tensors: list[torch.Tensor]) -> bool:
         """Whether the tensors differ from the example only on named axes."""
@@ -76,10 +81,10 @@ class Family:
                     raise ValueError(f"size {name} is {point[name]} on one input and {shape[axis]} on input {index}")
         return point
 
-    def flops(self, point: dict[str, int], meter: FlopsMeter, tensors: list[torch.Tensor]) -> tuple[Any, Any, int]:
-        """(forward, backward, dense forward + backward) FLOPs at `point`. Attention ops whose masks are data
-        count, in an effective reading, the masks of the batch's `tensors`: then the forward and backward
-        are 0-d tensors on the masks' device, not yet read."""
+    def flops(self, point: dict[str, int], tensors: list[torch.Tensor]) -> tuple[Any, Any, int, int]:
+        """(forward, backward, dense forward, dense backward) FLOPs at `point`. Attention ops whose masks
+        are data count, in an effective reading, the masks of the batch's `tensors`: then the forward and
+        backward are 0-d tensors on the masks' device, not yet read."""
         key = tuple(point.values())
         found = self._known.get(key)
         if isinstance(found, Exception):
@@ -92,25 +97,25 @@ class Family:
                 self._known[key] = error
                 raise
             finally:
-                meter.captures += len(self.sweep.pieces) - before
-                meter._capturing += time.perf_counter() - begin
+                self.captures += len(self.sweep.pieces) - before
+                self.capturing += time.perf_counter() - begin
             compiled = self._totals.get(id(piece))
             if compiled is None:
-                compiled = self._totals[id(piece)] = self._compile(piece, meter)
+                compiled = self._totals[id(piece)] = self._compile(piece)
             full = self.sweep.point(point)
             found = self._known[key] = (*(function(full) for function in compiled[0]), compiled[1], full)
-        fwd, bwd, dense_fwd, dense_bwd, dense, masks, full = found
+        fwd, bwd, apart_fwd, apart_bwd, dense_fwd, dense_bwd, masks, full = found
         if masks is None:
-            return fwd, bwd, dense
+            return fwd, bwd, dense_fwd, dense_bwd
         try:
             mask_fwd, mask_bwd = masks.flops(tensors, full)
         except Exception as error:  # noqa: BLE001 - the batch counts dense there, and says so once
-            meter.warn_once(f"fxflops.FlopsMeter: a data mask could not be counted on the batch "
-                            f"({first_line(error)}): those attention ops count dense", key=("data mask", type(error)))
-            mask_fwd, mask_bwd = dense_fwd, dense_bwd
-        return fwd + mask_fwd, bwd + mask_bwd, dense
+            self._warn(f"fxflops.FlopsMeter: a data mask could not be counted on the batch "
+                       f"({first_line(error)}): those attention ops count dense", ("data mask", type(error)))
+            mask_fwd, mask_bwd = apart_fwd, apart_bwd
+        return fwd + mask_fwd, bwd + mask_bwd, dense_fwd, dense_bwd
 
-    def _compile(self, piece: Any, meter: FlopsMeter) -> tuple[tuple[Callable, ...], DataMasks | None]:
+    def _compile(self, piece: Any) -> tuple[tuple[Callable, ...], DataMasks | None]:
         """The piece's totals compiled; in an effective reading, its data masks kept apart to count per batch."""
         masks = None
         if self._effective:
@@ -120,16 +125,16 @@ class Family:
                 by_reason.setdefault(reason, []).append(module)
             for reason, modules in by_reason.items():  # one line per reason, not one per layer
                 named = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
-                meter.warn_once(f"fxflops.FlopsMeter: the attention mask of {named}: {reason}; its pairs are not "
-                                "counted from the batch, it counts dense", key=("data mask", reason))
+                self._warn(f"fxflops.FlopsMeter: the attention mask of {named}: {reason}; its pairs are not "
+                           "counted from the batch, it counts dense", ("data mask", reason))
             masks = masks if masks.terms else None
         return _compiled_totals(piece, masks.names if masks is not None else frozenset()), masks
 
 
 def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mapping[str, int]], int], ...]:
     """The piece's forward and backward FLOPs less the nodes `apart`, those nodes' dense forward and
-    backward, and the dense total, each one expression compiled to a Python function: sums of the
-    nodes' costs, as the Estimate's root totals are."""
+    backward, and the dense forward and backward totals, each one expression compiled to a Python
+    function: sums of the nodes' costs, as the Estimate's root totals are."""
     import sympy
 
     from fxflops.capture.dynamic import user_symbol
@@ -150,7 +155,8 @@ def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mappi
             compiled([c.flops for c in costs if c.is_backward and c.name not in apart]),
             compiled([dense(c) for c in costs if not c.is_backward and c.name in apart]),
             compiled([dense(c) for c in costs if c.is_backward and c.name in apart]),
-            compiled([dense(c) for c in costs]))
+            compiled([dense(c) for c in costs if not c.is_backward]),
+            compiled([dense(c) for c in costs if c.is_backward]))
 
 
 def infer_dims(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -179,8 +185,8 @@ def infer_dims(args: tuple, kwargs: dict) -> dict[str, Any]:
 
 def output_loss(output: Any) -> Any:
     """The output's `loss`: what a transformers model given labels returns and the Trainer differentiates."""
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if not isinstance(loss, torch.Tensor):
+    loss = own_loss(output)
+    if loss is None:
         raise ValueError("the batch has labels but the model's output has no loss tensor: pass loss= to the meter")
     return loss
 
@@ -195,10 +201,11 @@ def call_inputs(batch: Any) -> tuple[tuple, dict]:
     return (batch,), {}
 
 
-def structure(args: tuple, kwargs: dict, tensors: list[torch.Tensor], training: bool) -> tuple:
-    """What a family shares: the call's arguments, tensors' ranks and dtypes, plain values, training flag."""
+def structure(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple:
+    """What a family shares: the call's arguments, tensors' ranks, dtypes and requires_grad, plain values
+    (the model's own state is keyed apart: `fxflops.timing.model_state`)."""
     plain = tuple((k, v) for k, v in kwargs.items() if isinstance(v, bool | int | float | str | type(None)))
-    return (len(args), tuple(kwargs), plain, tuple((t.dim(), t.dtype) for t in tensors), training)
+    return (len(args), tuple(kwargs), plain, tuple((t.dim(), t.dtype, t.requires_grad) for t in tensors))
 
 
 def first_line(error: BaseException) -> str:

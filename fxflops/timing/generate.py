@@ -129,7 +129,7 @@ def generation_profile(
     measurements.extra["generate"] = breakdown(calls, kept)
     measurements.extra["generate"]["runs_left_out"] = len(runs) - len(kept)
     measurements.extra["generate"]["estimated_signatures"] = len(cache.estimates)
-    measurements.extra["generate"]["captures"] = cache.families.captures
+    measurements.extra["generate"]["captures"] = cache.captures
     return join(combine(calls), mean_per_step(merged), measurements)
 
 

@@ -9,11 +9,17 @@ microseconds. Each step records FLOPs, samples, tokens, step time, achieved FLOP
 averages, a summary, and the 6N approximation beside the count. Errors are warned once and never
 stop training: a step that cannot be counted is recorded without FLOPs.
 
+The count follows the model, not only the batch: a family is keyed by the model's state too
+(`fxflops.timing.model_state`: trainable and training flags, settings such as gradient checkpointing,
+the modules in the tree, parameter dtypes), read once per step, so freezing a layer, replacing a head or
+switching a submodule to eval costs one new capture and never leaves a stale count.
+
 The core knows nothing of transformers or Lightning; `fxflops.integrations` feeds it from theirs.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections import deque
@@ -26,6 +32,7 @@ from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
 from fxflops.count.attention import check_attention
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
+from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
 from fxflops.timing.steps import (
     BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
@@ -95,7 +102,11 @@ class FlopsMeter:
             check_attention(attention)
             self._options["attention"] = attention
         self._effective = attention == "effective"
-        self._families: dict[Any, Family | None] = {}  # None: a family that could not be captured
+        self._families: dict[Any, Family | _NotCaptured] = {}  # _NotCaptured: its capture failed (and was warned)
+        self._state: ModelState | None = None  # the model's state (model_state) as last read
+        self._state_read = False  # read for the current step already: once per step, not per micro-batch
+        self._states: set[int] = set()  # hashes of the states seen, to say when the state changes every step
+        self._uncounted: dict[str, int] = {}  # why micro-batches were not counted since last asked: how many
         self._warned: set[Any] = set()
         self._pending: list[BatchCount | None] = []
         self._autocast_dtype: torch.dtype | None = None
@@ -110,6 +121,7 @@ class FlopsMeter:
         if example_batch is not None:
             self.count(example_batch)  # the first family captured now, not inside the first step
             self._capturing = 0.0
+            self._state_read = False
 
     # ------------------------------------------------------------------------------ the loop's calls
 
@@ -117,19 +129,23 @@ class FlopsMeter:
         """Mark the start of a step; the next step() measures from here (CUDA events on a GPU)."""
         self._started = self._mark()
         self._capturing = 0.0
+        self._state_read = False
 
-    def micro_batch(self, batch: Any) -> BatchCount | None:
-        """Count one forward + backward of `batch` into the current step (call once per micro-batch)."""
+    def micro_batch(self, batch: Any, *, backward: bool = True) -> BatchCount | None:
+        """Count one forward + backward of `batch` into the current step (call once per micro-batch);
+        `backward=False`: a forward alone (one run under torch.no_grad(), a teacher's or reference pass)."""
         self._autocast_dtype = _autocast_dtype(self.device) or self._autocast_dtype
-        counted = self.count(batch)
+        counted = self.count(batch, backward=backward)
         self._pending.append(counted)
         return counted
 
     def step(self, batch: Any = None, *, time: float | None = None) -> StepStats:
         """Close one optimizer step (its micro-batches, plus `batch` if given) and record it.
 
-        `time` is the step's seconds; without it, from start() if called, else since the last step(),
-        less the time this step spent capturing a new shape family."""
+        `time` is the step's seconds (a finite number >= 0: anything else is a ValueError); without it,
+        from start() if called, else since the last step(), less the time this step spent capturing."""
+        if time is not None:
+            time = checked_seconds(time)
         if batch is not None:
             self.micro_batch(batch)
         end = self._mark()
@@ -138,6 +154,7 @@ class FlopsMeter:
             time = self._elapsed(begin, end, self._capturing)
         self._started = None
         self._capturing = 0.0
+        self._state_read = False
         self._last_mark = end
         stats = self._close(self._pending, time)
         self._pending = []
@@ -147,17 +164,25 @@ class FlopsMeter:
 
     # ---------------------------------------------------------------------------------- counting
 
-    def count(self, batch: Any) -> BatchCount | None:
-        """The forward + backward FLOPs of `batch` (None, warned once, if it cannot be counted)."""
+    def count(self, batch: Any, *, backward: bool = True) -> BatchCount | None:
+        """The forward + backward FLOPs of `batch` (`backward=False`: the forward's alone) for the model as
+        it is now (None, warned once, if it cannot be counted)."""
         try:
             args, kwargs = call_inputs(batch)
             tensors = tensors_in((args, kwargs))
             family = self._family(args, kwargs, tensors)
-            if family is None:
-                return None
             point = family.point(tensors)
-            fwd, bwd, dense = family.flops(point, self, tensors)
+            captures, capturing = family.captures, family.capturing
+            try:
+                fwd, bwd, dense_fwd, dense_bwd = family.flops(point, tensors)
+            finally:
+                self.captures += family.captures - captures
+                self._capturing += family.capturing - capturing
+        except _NotCaptured as failed:  # warned about when its capture failed
+            self._note_uncounted(str(failed))
+            return None
         except Exception as error:  # noqa: BLE001 - the meter never stops training
+            self._note_uncounted(first_line(error))
             self.warn_once(f"fxflops.FlopsMeter: could not count a batch of {_describe(batch)}: "
                            f"{first_line(error)}; the step is logged without FLOPs", key=type(error))
             return None
@@ -165,25 +190,50 @@ class FlopsMeter:
         tokens = samples * point["seq"] if "seq" in point else None
         mask = kwargs.get("attention_mask") if isinstance(kwargs, dict) else None
         real = mask.sum() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None  # read at log time
-        return BatchCount(fwd, bwd, samples, tokens, real, dense if self._effective else None)
+        if not backward:  # a forward alone (a teacher's, a reference pass): its FLOPs, but no samples trained
+            bwd = dense_bwd = 0
+            samples, tokens, real = 0, 0 if tokens is not None else None, 0 if real is not None else None
+        return BatchCount(fwd, bwd, samples, tokens, real, dense_fwd + dense_bwd if self._effective else None)
 
-    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Family | None:
-        key = structure(args, kwargs, tensors, self.model.training)
+    def _model_state(self) -> ModelState:
+        """The model's state (model_state), read once per step; a change drops what was derived from it."""
+        if not self._state_read:
+            state = model_state(self.model)
+            if state != self._state:
+                if self._state is not None:
+                    self._parameters = None  # 6N's N and the optimizer's trainable elements are read again
+                    self._optimizer_flops = False
+                    self._states.add(hash(self._state))
+                    if len(self._states) > _STATES_WARNED:
+                        self.warn_once(f"fxflops.FlopsMeter: the model has been in {len(self._states) + 1} states "
+                                       f"(last change: {state_change(self._state, state)}); each new state costs "
+                                       "a capture: a setting that changes every step (a counter kept as a module "
+                                       "attribute) is better kept elsewhere", key="states")
+                self._state = state
+            self._state_read = True
+        return self._state
+
+    def _family(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Family:
+        key = (structure(args, kwargs, tensors), self._model_state())
         family = self._families.get(key)
-        if family is not None and not family.fits(tensors):
+        if isinstance(family, Family) and not family.fits(tensors):
             # an axis the dims do not name changed size: that shape is a family of its own
             self.warn_once(f"fxflops.FlopsMeter: {family.misfit(tensors)}, an axis dims= does not name: each new "
                            "size there costs a capture; name it in dims= (e.g. dims={'batch': 0, 'seq': 1})",
                            key=("misfit", key))
             key = (key, tuple(tuple(t.shape) for t in tensors))
             family = self._families.get(key)
-        if key in self._families:
-            return family  # None: this family could not be captured, and was warned about
-        self._families[key] = None  # until captured: a failure is not tried again every step
+        if isinstance(family, _NotCaptured):
+            raise family  # a failure is not tried again every step
+        if family is not None:
+            return family
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
-            family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs))
+            family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs), self.warn_once)
+        except Exception as error:
+            self._families[key] = _NotCaptured(first_line(error))
+            raise
         finally:
             self._capturing += time.perf_counter() - begin
         self.captures += family.captures
@@ -240,10 +290,30 @@ class FlopsMeter:
             return local
         return all_reduced(local, group)
 
-    def summary(self) -> str:
-        """The run so far in a few lines: FLOPs per step, rates, MFU, and 6N beside the count."""
+    def uncounted(self) -> str | None:
+        """Why micro-batches were not counted since the last call (None if every one was): for a callback's
+        log, so a run whose capture failed keeps saying so, not only in a warning at its start."""
+        counts, self._uncounted = self._uncounted, {}
+        if not counts:
+            return None
+        return "; ".join(f"{n} micro-batch{'es' if n != 1 else ''}: {reason}" for reason, n in counts.items())
+
+    def _note_uncounted(self, reason: str) -> None:
+        if reason in self._uncounted or len(self._uncounted) < 8:  # bounded: a few reasons, each counted
+            self._uncounted[reason] = self._uncounted.get(reason, 0) + 1
+
+    def summary(self, job: bool = False) -> str:
+        """The run so far in a few lines: FLOPs per step, rates, MFU, and 6N beside the count.
+
+        Under torch.distributed the figures are this rank's and say so; `job=True` sums every rank's
+        (meter.reduce of the totals: a collective, call it on every rank)."""
         total = self.total()
-        lines = [f"fxflops: {total.steps} steps, {self.captures} capture{'s' if self.captures != 1 else ''}"]
+        world = _world_size()
+        if job:
+            total = self.reduce(total)
+        scope = ("" if world == 1 else f" (all {world} ranks)" if job else
+                 f" (rank {torch.distributed.get_rank()} of {world}: summary(job=True) for the job)")
+        lines = [f"fxflops: {total.steps} steps, {self.captures} capture{'s' if self.captures != 1 else ''}{scope}"]
         if total.flops is not None and total.steps:
             lines.append(f"  FLOPs per step (fwd+bwd): {_si(total.flops / total.steps)}")
         for label, value, unit in (("achieved", total.flops_per_sec, "FLOP/s"), ("tokens", total.tokens_per_sec, "/s"),
@@ -281,7 +351,7 @@ class FlopsMeter:
             step=self._count, micro_batches=len(counts),
             fwd_flops=sum(unread(c, "fwd_flops") for c in counted) if whole else None,  # read when asked for
             bwd_flops=sum(unread(c, "bwd_flops") for c in counted) if whole else None,
-            samples=sum(c.samples for c in counted), tokens=tokens,
+            samples=sum(c.samples for c in counted) if whole else None, tokens=tokens if whole else None,
             six_n_flops=6 * self._non_embedding_params() * tokens if tokens is not None else None,
             attention_flops=self._attention_flops(counted),
             optimizer_flops=self._optimizer_step_flops(), peak_flops=self._peak(),
@@ -341,8 +411,32 @@ class FlopsMeter:
     def _attention_flops(self, counted: list[BatchCount]) -> int | None:
         if not counted or any(c.tokens is None for c in counted):
             return None
-        terms = [attention_flops(self.model, c.samples, c.tokens // c.samples) for c in counted]
+        terms = [attention_flops(self.model, c.samples, c.tokens // c.samples) for c in counted if c.samples]
         return None if None in terms else sum(terms)
+
+
+class _NotCaptured(Exception):
+    """A family whose capture failed: why, in one line."""
+
+
+_STATES_WARNED = 16  # a model whose state changes more often than this likely changes every step: say so
+
+
+def checked_seconds(seconds: Any) -> float:
+    """A step's seconds as a float; NaN, infinite, negative or not a number is a ValueError that says so."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise ValueError(f"fxflops: a step time is a number of seconds; got {seconds!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"fxflops: a step time must be finite seconds, 0 or more; got {value!r}: a timer that "
+                         "failed (NaN), a sign error or an overflow, not a step to log")
+    return value
+
+
+def _world_size() -> int:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1
 
 
 def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:

@@ -34,6 +34,7 @@ from fxflops.timing.placement import (
     resolve_device,
     resolve_peak,
 )
+from fxflops.timing.model_state import model_state
 from fxflops.timing.preserving import moved_to, preserved
 from fxflops.capture import tensors_in
 from fxflops.capture.inputs import signature
@@ -74,8 +75,8 @@ def profile(
     `rules` and `leaf_modules` are estimate()'s. The model is left as it was: training flags,
     buffers (BatchNorm statistics), devices, RNG state; no hooks remain, also on exceptions.
 
-    `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the sum of the
-    output's floating tensors) and times it too: the whole backward without hooks, and per module by
+    `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the output's
+    own `loss` when it has one, else the sum of its floating tensors) and times it too: the whole backward without hooks, and per module by
     timing each autograd node and charging it to the module whose forward created it. Gradients the
     timed backwards leave in `.grad` are put back as they were.
     """
@@ -245,11 +246,13 @@ def build_measurements(
 
 
 class EstimateCache:
-    """Estimates the inputs of live root calls, once per input signature.
+    """Estimates the inputs of live root calls, once per input signature and model state.
 
-    Used as a ModuleTimer's `on_call`: it returns the call's signature (the record's tag), and
-    estimates new signatures from a private copy of the inputs before the call's clock starts.
-    Signatures that differ only in sizes are points of one sweep (`fxflops.sweep.SizeFamilies`).
+    Used as a ModuleTimer's `on_call`: it returns the call's key (the record's tag: its signature,
+    whether its backward is counted, and the model's state, `fxflops.timing.model_state`, last), and
+    estimates new keys from a private copy of the inputs before the call's clock starts, so a layer
+    frozen or a submodule switched to eval between calls is counted as it now is. Signatures that differ
+    only in sizes are points of one sweep (`fxflops.sweep.SizeFamilies`, one per model state).
     A failed estimate is kept and raised by `get`, so the user's own loop never breaks on it.
     """
 
@@ -263,20 +266,29 @@ class EstimateCache:
         self.with_backward = True  # False: get() gives the forward alone, even of estimates with a backward
         self.estimates: dict[tuple, Estimate] = {}
         self.errors: dict[tuple, Exception] = {}
-        from fxflops.sweeps import SizeFamilies  # sympy's import is paid only where calls are profiled
-
         # calls that differ only in sizes (decode steps with a growing cache) share one sweep's capture
-        self.families = SizeFamilies(model, **estimate_options)
+        self._families: dict[tuple, Any] = {}  # model state -> its SizeFamilies
+
+    @property
+    def captures(self) -> int:
+        """Captures made, over every model state seen."""
+        return sum(families.captures for families in self._families.values())
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple:
         backward = self.backward_when_grad and torch.is_grad_enabled() and any(
             p.requires_grad for p in self.model.parameters())
-        key = (signature((args, kwargs)), backward)
+        state = model_state(self.model)
+        key = (signature((args, kwargs)), backward, state)
         if key not in self.estimates and key not in self.errors:
             try:
+                families = self._families.get(state)
+                if families is None:
+                    from fxflops.sweeps import SizeFamilies  # sympy's import is paid only where calls are profiled
+
+                    families = self._families[state] = SizeFamilies(self.model, **self.options)
                 with preserved(self.model, self.device):
                     # the estimate leaves the inputs as they were (a KV cache is not grown)
-                    self.estimates[key] = self.families.estimate(tuple(args), dict(kwargs), backward)
+                    self.estimates[key] = families.estimate(tuple(args), dict(kwargs), backward)
             except Exception as error:  # noqa: BLE001 - reported by get(), see the class docstring
                 self.errors[key] = error
             gc.collect()  # the trace's garbage, collected before this call's clock starts

@@ -9,6 +9,7 @@ nanoGPT's attention term, recorded beside the count, are here too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,15 @@ class BatchCount:
 class _Rates:
     """Rates from a step's or a window's sums: flops, time, tokens, samples, six_n_flops, peak_flops."""
 
+    _SHOWN = ("time", "flops_per_sec", "mfu", "samples_per_sec", "tokens_per_sec")  # derived, in the repr too
+
+    def __repr__(self) -> str:
+        """The recorded fields, then the rates derived from them (those not known are left out)."""
+        fields = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr]
+        derived = [(name, getattr(self, name)) for name in self._SHOWN if name not in dict(fields)]
+        shown = ", ".join(f"{name}={value!r}" for name, value in fields + derived if value is not None)
+        return f"{type(self).__name__}({shown})"
+
     @property
     def flops_per_sec(self) -> float | None:
         return ratio(self.flops, self.time)
@@ -93,7 +103,7 @@ class _Rates:
         return ratio(self.six_n_flops, self.flops)
 
 
-@dataclass
+@dataclass(repr=False)
 class StepStats(_Rates):
     """One optimizer step: the sum of its micro-batches, and its time. Rates are derived on read."""
 
@@ -101,7 +111,7 @@ class StepStats(_Rates):
     micro_batches: int
     fwd_flops: int | None = ReadOnUse()  # type: ignore[assignment]  # None: some micro-batch was not counted
     bwd_flops: int | None = ReadOnUse()  # type: ignore[assignment]
-    samples: int
+    samples: int | None  # None: some micro-batch was not counted (its samples are not known either)
     tokens: int | None
     six_n_flops: int | None  # 6 x non-embedding params x tokens, transformers' total_flos per step
     attention_flops: int | None  # 12 x layers x heads x head dim x seq x tokens (6N + this: nanoGPT's, torchtitan's)
@@ -134,13 +144,14 @@ class StepStats(_Rates):
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class WindowStats(_Rates):
-    """Sums over several steps (a window, a whole run, or every rank's step); rates are sums over sums."""
+    """Sums over several steps (a window, a whole run, or every rank's step); rates are sums over sums.
+    Its repr shows the rates (flops_per_sec, mfu, ...) beside the sums."""
 
     steps: int
     flops: int | None
-    samples: int
+    samples: int | None
     tokens: int | None
     time: float | None  # the seconds the steps took (across ranks: the slowest rank's)
     six_n_flops: int | None
@@ -185,12 +196,13 @@ def summed(steps: Iterable[StepStats]) -> WindowStats:
     times = [s.time for s in steps]
     tokens = [s.tokens for s in steps]
     six_n = [s.six_n_flops for s in steps]
+    samples = [s.samples for s in steps]
     dense = [s.dense_flops for s in steps]
     peaks = {s.peak_flops for s in steps}
     return WindowStats(
         steps=len(steps),
         flops=sum(flops) if steps and None not in flops else None,
-        samples=sum(s.samples for s in steps),
+        samples=sum(samples) if steps and None not in samples else None,
         tokens=sum(tokens) if steps and None not in tokens else None,
         time=sum(times) if steps and None not in times else None,
         six_n_flops=sum(six_n) if steps and None not in six_n else None,
@@ -204,7 +216,7 @@ def combined(a: WindowStats, b: WindowStats) -> WindowStats:
         return None if x is None or y is None else x + y
 
     return WindowStats(steps=a.steps + b.steps, flops=both(a.flops, b.flops) if b.steps else a.flops,
-                       samples=a.samples + b.samples,
+                       samples=both(a.samples, b.samples) if b.steps else a.samples,
                        tokens=both(a.tokens, b.tokens) if b.steps else a.tokens,
                        time=both(a.time, b.time) if b.steps else a.time,
                        six_n_flops=both(a.six_n_flops, b.six_n_flops) if b.steps else a.six_n_flops,
