@@ -24,6 +24,7 @@ from fxflops.count import count_nodes
 from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step
+from fxflops.parallel.collectives import collectives
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
@@ -112,6 +113,7 @@ def estimate(
     attention: str = "dense",
     strict: bool = False,
     memory: Any = False,
+    parallel: Any = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -142,20 +144,44 @@ def estimate(
     `memory=True` (or a `fxflops.memory.MemoryOptions`) also reads the captured step as a timeline of
     live tensors: `Estimate.memory` (a `fxflops.memory.MemoryEstimate`) has the peak tensor bytes, what
     is alive there by kind, where it is, and the timeline (with `optimizer`, its state and step too).
+
+    Inside an initialized process group (torchrun, or torch.distributed's fake one) a model sharded with
+    torch's own APIs (DTensor, parallelize_module, fully_shard) counts the calling rank's local work, and
+    `Estimate.collectives` lists each collective it calls with its group and bytes. `parallel` (a
+    fxflops.Parallel, a dict such as {"tp": 8, "dp": 4} or text "tp=8,dp=4") estimates a plan without
+    the ranks: on a fake process group, the plan applied with torch's own APIs, one capture per rank
+    role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     _check_method(method)
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
     model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
+    if parallel is not None:
+        if optimizer is not None:
+            raise ValueError("optimizer= with parallel= is not counted yet (each rank steps its own shard); "
+                             "estimate the optimizer step without parallel=")
+        from fxflops.parallel.whatif import estimate_plan
+
+        count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
+                                  loss, None, progress, attention, strict, memory)
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
+    return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
+                     progress, attention, strict, memory)
+
+
+def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, conventions: str, rules: Any,
+              leaf_modules: Any, backward: bool, loss: Any, optimizer: Any, progress: Any, attention: str,
+              strict: bool, memory: Any, **capture_options: Any) -> Estimate:
     stage = progress or _no_progress
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
         stage("capture")
-        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
+        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, **capture_options)
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
+        result.collectives = collectives(captured.graph_module, result.nodes)
     if strict and result.unknown:
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:

@@ -15,6 +15,7 @@ import torch
 
 from fxflops.capture.backward import FORWARD
 from fxflops.capture.module_walk import walk_modules
+from fxflops.capture.sharded import local_numel
 from fxflops.results import ModuleInfo, WholeCall
 
 NAME_TAG = "_fxflops_qualified_name"  # set in a module's __dict__ while capturing only; export may copy modules
@@ -40,6 +41,7 @@ class ModuleTracker:
         self.call_log: list[str] = []  # each counted call's module, in order (what a block's calls were)
         self.whole_calls: list[WholeCall] = []
         self._handles: list[Any] = []
+        self._ending: dict[int, list[Any]] = {}  # id(module) -> the hooks that end its calls after its own hooks
 
     @property
     def calls(self) -> dict[str, int]:
@@ -71,6 +73,12 @@ class ModuleTracker:
             self.stack.append((name, type(module).__name__))
             if self._phase is None or self._phase() == FORWARD:
                 self.call_log.append(name)
+            if module._forward_hooks:
+                # its own forward hooks run after the global one that ends the call (a tensor-parallel plan's
+                # output redistribution, a user's hook): their ops are the module's too, as torch's
+                # CommDebugMode has it. A hook of ours, last, ends the call (isolation removes it again).
+                self._ending.setdefault(id(module), []).append(
+                    module.register_forward_hook(self._after_own_hooks, always_call=True))
 
     def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised: torch then calls every
@@ -78,11 +86,20 @@ class ModuleTracker:
         name = self.name_of(module)
         if name is None or not self.stack:
             return
-        self.stack.pop()
+        if not self._ending.get(id(module)):
+            self.stack.pop()
         if len(kwargs_and_output) == 2 and self._is_whole(module):
             kwargs, output = kwargs_and_output
             self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
                                               self._keep(output), FORWARD if self._phase is None else self._phase()))
+
+
+    def _after_own_hooks(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        handles = self._ending.get(id(module))
+        if handles:
+            handles.pop().remove()  # (a module calling itself: each call its own hook, innermost first)
+            if self.stack:
+                self.stack.pop()
 
 
 def tag_names(model: torch.nn.Module) -> None:
@@ -152,7 +169,7 @@ def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:
 
 def _numel(tensor: torch.Tensor) -> int:
     try:
-        return tensor.numel()
+        return local_numel(tensor)  # a sharded (DTensor) parameter: this rank's shard
     except (RuntimeError, ValueError):  # a lazy parameter the forward never materialized
         return 0
 

@@ -32,6 +32,7 @@ from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
+from fxflops.capture.sharded import dtensor_twin, is_dtensor
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -55,6 +56,8 @@ class FakeTwins:
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
             return tensor
+        if is_dtensor(tensor):  # a rank's shard: its local tensor gets the twin, the DTensor keeps its layout
+            return dtensor_twin(tensor, self)
         device = self.device if tensor.is_meta else tensor.device
         if id(tensor) in self.shapes:
             return self._symbolic(tensor, self.shapes[id(tensor)], device)
@@ -153,6 +156,8 @@ def capture(request: Request) -> Captured:
     replaying = request.replay and not request.backward and not global_hooks_present()
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
+        if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
+            request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
         args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     check_sweeps(sweeps)
+    if sweeps and args.parallel:
+        raise ModelSpecError("--parallel with --sweep is not built yet: estimate one plan at a time")
     check_device(args, sweeps)
     check_writable(args.output, "--output")
     check_writable(args.roofline, "--roofline")
@@ -133,7 +135,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         return swept, render_sweep(swept, sweeps, args)
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
-                                 attention=args.attention, strict=args.fail_on_unknown,
+                                 attention=args.attention, strict=args.fail_on_unknown, parallel=args.parallel,
                                  progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), memory=memory)
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:

@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="how attention ops count in the totals: dense (every (query, key) pair, as "
                                "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "
                                "keep); the summary shows both when they differ")
+    counting.add_argument("--parallel", default=None, metavar="PLAN",
+                          help="a what-if parallel plan, e.g. tp=8,dp=4 or tp=4,sequence_parallel=true: one rank's "
+                               "FLOPs and every collective's bytes, on torch.distributed's fake process group "
+                               "(keys: tp, dp, dp_shard, sequence_parallel, fsdp, reshard_after_forward, world_size; the "
+                               "inputs are one data-parallel rank's micro-batch)")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")

@@ -65,6 +65,12 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       "optimizer" (its formula, in words), "allowance" {rounding, context, collectives,
                       fragmentation, total} (apart: not in peak_bytes), "device_bytes" (peak +
                       allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes"}
+    collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
+                      node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
+    collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
+    parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
+    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes"}]   the plan's rank roles
+                      (this estimate is the first's rank); job_flops: int, every rank's flops together
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
@@ -94,6 +100,7 @@ from fxflops.capture.methods import describe
 from fxflops.report.formats import ENCODING_ERRORS, csv_cell
 from fxflops.results import (
     AttentionTotals,
+    Collective,
     Estimate,
     Measurements,
     ModuleStats,
@@ -257,6 +264,12 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         ],
         prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
+        collectives=[dataclasses.asdict(c) for c in estimate.collectives],
+        collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
+        parallel=estimate.parallel,
+        ranks=[{"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
+                "collective_wire_bytes": role.estimate.collective_wire_bytes} for role in estimate.ranks],
+        job_flops=estimate.job_flops,
     )
     if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
         record["memory"] = estimate.memory.to_dict()
@@ -385,6 +398,8 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         saved_node_status=record.get("node_status"),
         attention=(record.get("attention") or {}).get("reading", "dense"),
         saved_attention=_attention_from(record.get("attention")),
+        collectives=[Collective(**item) for item in record.get("collectives", [])],
+        parallel=record.get("parallel"),
     )
 
 
