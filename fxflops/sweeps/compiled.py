@@ -26,6 +26,8 @@ from fxflops.capture.dynamic import user_symbol
 _INT64_SAFE = 2.0 ** 60
 
 Sum = tuple[int, Mapping[Any, int]]  # constant + sum(weight * expression)
+_BINARY_KINDS = (sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge)
+_NARY_KINDS = (sympy.Add, sympy.Mul, sympy.Max, sympy.Min, sympy.And, sympy.Or, sympy.Not)
 
 
 class Program:
@@ -99,6 +101,7 @@ class _Writer:
         self._lines: list[str] = []
         self._vars: dict[Any, str] = {}
         self._fallbacks: list[Callable] = []
+        self._known: dict[Any, bool] = {}  # expression -> whether it has a Python form
 
     def function(self, result: str) -> Callable:
         import numpy as np
@@ -116,7 +119,7 @@ class _Writer:
         found = self._vars.get(expr)
         if found is not None:
             return found
-        text = self._text(expr)
+        text = self._text(expr) if self._supported(expr) else self.fallback(expr)
         if isinstance(expr, sympy.Symbol | sympy.Integer | sympy.logic.boolalg.BooleanAtom):
             self._vars[expr] = text
             return text
@@ -129,6 +132,28 @@ class _Writer:
     @property
     def symbols(self) -> tuple[Any, ...]:
         return tuple(self._args)
+
+    def _supported(self, expr: Any) -> bool:
+        """Whether every part of `expr` has a Python form (a rational inside a product has none: the
+        whole product is evaluated by sympy, never a part of it rounded)."""
+        found = self._known.get(expr)
+        if found is None:
+            from torch.utils._sympy.functions import CeilDiv, FloorDiv, Mod, PythonMod
+
+            if isinstance(expr, sympy.Integer | sympy.logic.boolalg.BooleanAtom):
+                found = True
+            elif isinstance(expr, sympy.Symbol):
+                found = expr in self._args
+            elif isinstance(expr, sympy.Pow):
+                found = isinstance(expr.exp, sympy.Integer) and expr.exp >= 0 and self._supported(expr.base)
+            elif isinstance(expr, _BINARY_KINDS + (FloorDiv, CeilDiv, PythonMod, Mod)):
+                found = len(expr.args) == 2 and all(self._supported(arg) for arg in expr.args)
+            elif isinstance(expr, _NARY_KINDS):
+                found = all(self._supported(arg) for arg in expr.args)
+            else:
+                found = False
+            self._known[expr] = found
+        return found
 
     def _text(self, expr: Any) -> str:
         from torch.utils._sympy.functions import CeilDiv, FloorDiv, Mod, PythonMod
