@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 
 
 class Deferred:
-    """A field's value given as the function that makes it: made on the field's first read, then kept.
-    A sweep's point fills its totals at once and its per-module and per-node tables this way, so a
-    caller that reads only the totals pays only for them."""
+    """A field's value given as the function that makes it from the record it is in (`make(record)`):
+    made on the field's first read, then kept. A sweep's point fills its totals at once and its
+    per-module and per-node tables this way, so a caller that reads only the totals pays only for
+    them. (The record is passed, not closed over: a closure over it would make every point a
+    reference cycle for the garbage collector.)"""
 
     __slots__ = ("make",)
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[Any], Any]) -> None:
         self.make = make
 
 
@@ -61,7 +63,7 @@ class _DeferredField:
             return self._default
         value = obj.__dict__[self._name]
         if type(value) is Deferred:
-            value = obj.__dict__[self._name] = value.make()
+            value = obj.__dict__[self._name] = value.make(obj)
         elif value is None and self._derive is not None:
             value = obj.__dict__[self._name] = self._derive(obj)
         return value

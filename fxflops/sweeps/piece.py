@@ -128,13 +128,11 @@ class Piece:
         result = Estimate(
             model_type=model_type, method=captured.method, conventions=conventions, attention=attention,
             total_macs=macs, total_flops=flops, backward=captured.backward, bwd_macs=bwd_macs, bwd_flops=bwd_flops,
-            total_params=params, modules=Deferred(lambda: programs.modules(sizes, model_type)),
-            nodes=Deferred(lambda: self._node_costs(point)), by_op=None, by_rule=None, unknown=list(programs.unknown),
-            input_shapes=Deferred(lambda: shapes_at(inputs, self.plan, point)),
+            total_params=params, modules=Deferred(lambda _: programs.modules(sizes, model_type)),
+            nodes=Deferred(lambda _: self._node_costs(point)), by_op=_BY_OP, by_rule=_BY_RULE,
+            unknown=list(programs.unknown), input_shapes=Deferred(lambda _: shapes_at(inputs, self.plan, point)),
             attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts], dtype=captured.dtype,
             training=captured.training, cautions=self.cautions_at(point), aliases=dict(captured.aliases))
-        result.by_op = Deferred(lambda: totals_by(result.nodes, lambda cost: cost.op))
-        result.by_rule = Deferred(lambda: totals_by(result.nodes, lambda cost: cost.rule_key))
         return result
 
     def programs(self) -> _Programs:
@@ -201,6 +199,10 @@ class Piece:
             self._terms = own
         return self._terms
 
+
+# a point's per-op and per-rule tables, summed from its nodes when first read
+_BY_OP = Deferred(lambda estimate: totals_by(estimate.nodes, lambda cost: cost.op))
+_BY_RULE = Deferred(lambda estimate: totals_by(estimate.nodes, lambda cost: cost.rule_key))
 
 # what a module sums of its nodes, in this order (then its params): the fields of ModuleStats they fill
 _OWN = ("macs", "flops", "bwd_macs", "bwd_flops", "bytes")
