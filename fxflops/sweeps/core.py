@@ -1,8 +1,9 @@
 """The Sweep object: costs of one model over named input sizes, queried at points and over grids.
 
 `sweep()` captures the model once with the named sizes symbolic and returns a `Sweep`. Its queries:
-`at(**sizes)` (an Estimate), `formula()` (a sympy expression), `explain()`, and over a grid
-`table()`, `points()` (streamed in constant memory) and `result()` (what the reports take). A point
+`at(**sizes)` (an Estimate, its totals from formulas compiled once), `formula()` (a sympy expression),
+`explain()`, and over a grid `grid()` (numpy arrays of totals, every point at once), `table()`,
+`points()` (streamed in constant memory) and `result()` (what the reports take). A point
 outside every piece's conditions is captured again there, as a new piece (`fxflops.sweeps.piece`).
 """
 
