@@ -12,9 +12,11 @@ sample moves by ±30% on a shared 2-core machine. Two columns per tool, each fro
                     torch._dynamo, ~1 s, which any fake-tensor tool pays once per process).
   imports included  what a user's first call in a fresh process costs: the tool's imports, torch's first
                     use of FakeTensorMode and the first call, timed together (`import torch`, the
-                    model's library and the model's construction stay untimed: importing torchvision or
-                    transformers imports torch._dynamo already, so on those rows the ~1 s first-use cost
-                    is paid by that import, outside both tools' times; the tiny row, torch alone, pays it). fxflops: `import fxflops` + estimate() (which
+                    model's library and the model's construction stay untimed, and before anything a
+                    meta copy of the model is built, so that both tools find the modules its
+                    construction imports loaded: torchvision and transformers' model modules import
+                    torch._dynamo, so on those rows the ~1 s first-use cost is paid by them, outside
+                    both tools' times; the tiny row, torch alone, pays it). fxflops: `import fxflops` + estimate() (which
                     makes the first fake tensors). FlopCounterMode: importing it and FakeTensorMode and
                     a first op under FakeTensorMode (timed), the model built under that mode (untimed),
                     then the counting call (timed).
@@ -81,16 +83,14 @@ def _build(model: str, use_cache: bool | None, seq: int):
     return build(zoo_model(model))
 
 
-def _import_builder(model: str) -> None:
-    """The library that defines the model, imported as a user has before any count (untimed)."""
-    import importlib
+def _import_builder(model: str, use_cache: bool | None, seq: int) -> None:
+    """Everything the model's construction imports, as a user has before any count (untimed): the
+    model built once on the meta device and dropped. (`import transformers` alone is lazy: the model
+    class' module, imported on construction, is what pays torch's first fake-tensor cost there.)"""
+    import torch
 
-    if model in ("7b", "70b"):
-        import transformers  # noqa: F401
-    elif model != "tiny":
-        from zoo_speed import zoo_model
-
-        importlib.import_module(zoo_model(model).source)
+    with torch.device("meta"):
+        _build(model, use_cache, seq)
 
 
 def worker(tool: str, model: str, use_cache: bool | None, seq: int, imports: bool = False) -> dict:
@@ -102,7 +102,7 @@ def worker(tool: str, model: str, use_cache: bool | None, seq: int, imports: boo
 
     warnings.filterwarnings("ignore")
     torch.backends.mha.set_fastpath_enabled(tool == "fxflops")  # FlopCounterMode does not count the fused kernel
-    _import_builder(model)
+    _import_builder(model, use_cache, seq)
     if not imports:
         _pay_fake_first_use()
     result: dict = {"tool": tool, "model": model, "use_cache": use_cache, "imports": imports}
