@@ -1,18 +1,24 @@
-"""100 points from one sweep against 100 estimate() calls, on the same models in the same process.
+"""100 points from one sweep against 100 estimate() calls, on the same models in the same process;
+and a 10,000-point grid of one sweep.
 
     python benchmarks/sweep_speed.py [--points 100] [--repeats 3] [--models ...] [--output FILE]
 
 For each model, in a fresh process: one warm-up estimate() (imports, first-use costs), then the sweep
-(its capture, then `at()` at every point), then estimate() at every point; every point's totals
-must agree exactly. Each model is measured in `--repeats` fresh processes, and each time shown is the
-least of them (process CPU seconds: another job on the machine moves one sample by tens of percent).
-The reference is measured in the same process, so the ratio is what it is on this machine; nothing
-here is asserted by the test suite.
+(its capture, then `at()` at every point, reading the totals), then estimate() at every point; every
+point's total MACs, FLOPs and params must agree exactly. Then, on the warm sweep, `at()` again per
+point (totals alone, and with the per-module table read), and the capture's cost against one fresh
+estimate() of the same model. The GQA Llama also runs `Sweep.grid` over 100 batch x 100 seq values
+(points no piece holds for are captured inside it; the time without them is shown too), checked
+against `at()` at 100 sampled points. Each model is measured in `--repeats` fresh processes, and each
+time shown is the least of them (process CPU seconds: another job on the machine moves one sample by
+tens of percent). The reference is measured in the same process, so the ratio is what it is on this
+machine; nothing here is asserted by the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -39,15 +45,18 @@ def gpt2_small():
         lambda i: {"seq": 64 + 37 * i}
 
 
-def llama_7b_shape():
+def llama3_8b_shape():
+    """A GQA Llama: Llama-3-8B's shape (32 query heads, 8 key-value heads)."""
     import transformers
 
-    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                      num_attention_heads=32, vocab_size=32000, max_position_embeddings=8192)
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      max_position_embeddings=8192)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).eval()
-    return model, lambda seq: (torch.zeros(1, seq, dtype=torch.long, device="meta"),), {"seq": 1}, \
-        lambda i: {"seq": 128 + 61 * i}
+    # batch 1..4 and seq 128..6167 together
+    return model, lambda batch, seq: (torch.zeros(batch, seq, dtype=torch.long, device="meta"),), \
+        {"batch": 0, "seq": 1}, lambda i: {"batch": 1 + 3 * i // 99, "seq": 128 + 61 * i}
 
 
 def resnet50():
@@ -55,31 +64,77 @@ def resnet50():
 
     with torch.device("meta"):
         model = torchvision.models.resnet50().eval()
-    # batch 1..64 and image size 33..517 together: point i of 100 has batch 1 + 63i/99, size 33 + 484i/99
+    # batch 1..6 and image size 33..517 together: point i of 100 has batch 1 + 5i/99, size 33 + 484i/99
     return model, lambda batch, size: (torch.empty(batch, 3, size, size, device="meta"),), \
-        {"batch": 0, "size": (2, 3)}, lambda i: {"batch": 1 + 63 * i // 99, "size": 33 + 484 * i // 99}
+        {"batch": 0, "size": (2, 3)}, lambda i: {"batch": 1 + 5 * i // 99, "size": 33 + 484 * i // 99}
 
 
-MODELS = {"gpt2 (small), seq": gpt2_small, "Llama-2-7B shape, seq": llama_7b_shape,
+MODELS = {"gpt2 (small), seq": gpt2_small, "Llama-3-8B shape (GQA), batch and seq": llama3_8b_shape,
           "resnet50, batch and image size": resnet50}
+GRID_MODEL = "Llama-3-8B shape (GQA), batch and seq"
 
 
 def measure(name: str, build, points: int) -> dict:
     model, inputs, dims, point_of = build()
     grid = [point_of(i) for i in range(points)]
+    totals = lambda e: (e.total_macs, e.total_flops, e.total_params)  # noqa: E731
     fxflops.estimate(model, inputs(*grid[0].values()))  # warm-up: imports and first-use costs
+    start = time.process_time()
+    fxflops.estimate(model, inputs(*grid[0].values()))
+    one_estimate = time.process_time() - start
     start = time.process_time()
     swept = sweep(model, inputs(*grid[0].values()), dims=dims)
     captured = time.process_time() - start
-    swept_totals = [swept.at(**point).total_macs for point in grid]
+    swept_totals = [totals(swept.at(**point)) for point in grid]
     swept_time = time.process_time() - start
     start = time.process_time()
-    fresh_totals = [fxflops.estimate(model, inputs(*point.values())).total_macs for point in grid]
+    fresh_totals = [totals(fxflops.estimate(model, inputs(*point.values()))) for point in grid]
     fresh_time = time.process_time() - start
     if swept_totals != fresh_totals:
         raise AssertionError(f"{name}: sweep and estimate() disagree")
-    return {"name": name, "points": points, "capture": captured, "sweep": swept_time, "estimates": fresh_time,
-            "pieces": len(swept.pieces), "first": grid[0], "last": grid[-1], "holds_for": swept.holds_for}
+    # the warm sweep: at() per point, totals alone and with the per-module table
+    repeats = 20
+    gc.collect()  # the estimates' garbage is not at()'s cost
+    start = time.process_time()
+    for _ in range(repeats):
+        for point in grid:
+            swept.at(**point).total_macs
+    at_totals = (time.process_time() - start) / (repeats * len(grid))
+    start = time.process_time()
+    for point in grid:
+        swept.at(**point).modules
+    at_modules = (time.process_time() - start) / len(grid)
+    found = {"name": name, "points": points, "capture": captured, "sweep": swept_time, "estimates": fresh_time,
+             "one_estimate": one_estimate, "at_totals_us": 1e6 * at_totals, "at_modules_ms": 1e3 * at_modules,
+             "pieces": len(swept.pieces), "first": grid[0], "last": grid[-1], "holds_for": swept.holds_for}
+    if name == GRID_MODEL:
+        found.update(grid_10k(swept))
+    return found
+
+
+def grid_10k(swept) -> dict:
+    """Sweep.grid over 100 batch x 100 seq values (10,000 points), checked against at() at 100 of them."""
+    import random
+
+    values = {"batch": range(1, 101), "seq": range(128, 128 + 61 * 100, 61)}
+    before = len(swept.pieces)
+    start = time.process_time()
+    first = swept.grid(**values)
+    with_captures = time.process_time() - start
+    start = time.process_time()
+    again = swept.grid(**values)
+    warm = time.process_time() - start
+    sampler = random.Random(0)
+    for _ in range(100):
+        i, j = sampler.randrange(100), sampler.randrange(100)
+        at = swept.at(batch=int(first["batch"][i, j]), seq=int(first["seq"][i, j]))
+        if (at.total_macs, at.total_flops, at.total_params) != (first["macs"][i, j], first["flops"][i, j],
+                                                                 first["params"][i, j]):
+            raise AssertionError("grid and at() disagree")
+    if not (first["macs"] == again["macs"]).all():
+        raise AssertionError("grid differs between runs")
+    return {"grid_points": int(first["macs"].size), "grid_s": with_captures, "grid_warm_s": warm,
+            "grid_new_pieces": len(swept.pieces) - before}
 
 
 def in_fresh_process(name: str, points: int) -> dict:
@@ -96,8 +151,10 @@ def in_fresh_process(name: str, points: int) -> dict:
 
 def least(runs: list[dict]) -> dict:
     """The runs' common facts, each time the least of the runs'."""
-    return {**runs[0], **{key: min(run[key] for run in runs) for key in ("capture", "sweep", "estimates")},
-            "at": min(run["sweep"] - run["capture"] for run in runs)}
+    keys = ("capture", "sweep", "estimates", "one_estimate", "at_totals_us", "at_modules_ms", "grid_s", "grid_warm_s")
+    return {**runs[0], **{key: min(run[key] for run in runs) for key in keys if key in runs[0]},
+            "at": min(run["sweep"] - run["capture"] for run in runs),
+            "capture_ratio": min(run["capture"] / run["one_estimate"] for run in runs)}
 
 
 def main() -> None:
@@ -117,15 +174,22 @@ def main() -> None:
         "# Sweep speed: one sweep's points against estimate() at each point", "",
         environment(("torch", "transformers", "torchvision")), "",
         f"Process CPU seconds, each the least of {options.repeats} fresh processes.", "",
-        "| model, swept size | points (first .. last) | sweep capture | points (at()) | sweep total | "
-        f"{options.points} estimate() calls | speed-up | captures | first capture holds for |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model, swept sizes | points (first .. last) | sweep capture | ÷ one estimate() | points (at()) | sweep total | "
+        f"{options.points} estimate() calls | speed-up | at(): totals | at(): + module table | captures |",
+        "|---|---|---|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['points']} ({r['first']} .. {r['last']}) | {r['capture']:.2f} s | "
-                     f"{r['at']:.2f} s | {r['sweep']:.2f} s | {r['estimates']:.2f} s | "
-                     f"{r['estimates'] / r['sweep']:.1f}x | {r['pieces']} | {r['holds_for']} |")
-    lines += ["", "Every point's total MACs agreed exactly between the sweep and estimate()."]
+                     f"{r['capture_ratio']:.1f}x | {r['at']:.3f} s | {r['sweep']:.2f} s | {r['estimates']:.2f} s | "
+                     f"{r['estimates'] / r['sweep']:.1f}x | {r['at_totals_us']:.0f} µs | {r['at_modules_ms']:.2f} ms | "
+                     f"{r['pieces']} |")
+    lines += ["", "Every point's total MACs, FLOPs and params agreed exactly between the sweep and estimate(). "
+              "`÷ one estimate()`: the sweep's capture over one warm estimate() of the same model (first point's sizes)."]
+    for r in rows:
+        if "grid_points" in r:
+            lines += ["", f"`Sweep.grid` of {r['name']} over batch 1..100 x seq 128..6167 ({r['grid_points']:,} points): "
+                      f"{r['grid_s']:.3f} s the first time ({r['grid_new_pieces']} new piece(s) captured inside it), "
+                      f"{r['grid_warm_s']:.3f} s on the warm sweep; equal to at() at 100 sampled points."]
     text = "\n".join(lines) + "\n"
     print(text)
     if options.output:

@@ -11,9 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import networkx as nx
-
 from fxflops.results import UNKNOWN, Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, OpTotals, UnknownOp
+from fxflops.results.estimate import module_tree  # noqa: F401 - where the rest of fxflops finds it
 
 
 def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], conventions: str,
@@ -36,7 +35,6 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
         by_op=totals_by(costs, lambda cost: cost.op),
         by_rule=totals_by(costs, lambda cost: cost.rule_key),
         unknown=unknown_ops(costs),
-        tree=module_tree(modules),
         input_shapes=captured.input_shapes,
         attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts],
         dtype=captured.dtype,
@@ -110,16 +108,6 @@ def module_sums(costs: Iterable[NodeCost], value: Callable[[NodeCost], float], a
         if parent is not None and parent in inclusive:
             inclusive[parent] += inclusive[name]
     return own, inclusive
-
-
-def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
-    """Parent -> child edges over qualified names; each node carries its ModuleStats as "stats"."""
-    tree = nx.DiGraph()
-    for name, stats in modules.items():
-        tree.add_node(name, stats=stats)
-        for child in stats.children:
-            tree.add_edge(name, child)
-    return tree
 
 
 def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
@@ -216,5 +204,5 @@ def forward_only(estimate: Estimate) -> Estimate:
     return dataclasses.replace(
         estimate, total_macs=estimate.fwd_macs, total_flops=estimate.fwd_flops, modules=modules, nodes=nodes,
         by_op=totals_by(nodes, lambda cost: cost.op), by_rule=totals_by(nodes, lambda cost: cost.rule_key),
-        unknown=unknown_ops(nodes), tree=module_tree(modules), backward=False, bwd_macs=0, bwd_flops=0,
+        unknown=unknown_ops(nodes), tree=None, backward=False, bwd_macs=0, bwd_flops=0,
     )

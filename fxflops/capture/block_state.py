@@ -32,7 +32,7 @@ def size_key(size: Any) -> Any:
     if type(size) is int:
         return size
     if isinstance(size, torch.SymInt):
-        return ("sym", str(size.node.expr))
+        return ("sym", size.node.expr)  # compared as sympy compares: printing it cost more than the capture
     raise Unsupported(f"a size {size!r}")
 
 
@@ -84,7 +84,7 @@ class CallKey:
                 raise Unsupported("a dict argument with keys other than strings")
             return (dict, tuple((key, self._value(item)) for key, item in value.items()))
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return ("sym", str(value.node.expr))
+            return ("sym", value.node.expr)
         # a cache object, a model output, a user's object: the block may change it or read it as it changes
         raise Unsupported(f"an argument of type {kind.__name__}")
 

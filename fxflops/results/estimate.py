@@ -8,10 +8,9 @@ is an Estimate whose modules carry the latencies a timed pass measured (`Measure
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from fxflops.results.parallel import Collective, RankRole
 from fxflops.results.costs import (
@@ -26,6 +25,67 @@ from fxflops.results.costs import (
     UnknownOp,
     attention_totals,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+
+class Deferred:
+    """A field's value given as the function that makes it from the record it is in (`make(record)`):
+    made on the field's first read, then kept. A sweep's point fills its totals at once and its
+    per-module and per-node tables this way, so a caller that reads only the totals pays only for
+    them. (The record is passed, not closed over: a closure over it would make every point a
+    reference cycle for the garbage collector.)"""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self.make = make
+
+
+_REQUIRED = object()
+
+
+class _DeferredField:
+    """A dataclass field that may hold a Deferred (resolved on first read), or, given `derive`, be left
+    None and derived from the rest of the record on first read (the module tree from the modules)."""
+
+    def __init__(self, default: Any = _REQUIRED, derive: Callable[[Any], Any] | None = None) -> None:
+        self._default = None if derive is not None else default
+        self._derive = derive
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self._default is _REQUIRED:
+                raise AttributeError(self._name)  # no class-level value: dataclass makes the field required
+            return self._default
+        value = obj.__dict__[self._name]
+        if type(value) is Deferred:
+            value = obj.__dict__[self._name] = value.make(obj)
+        elif value is None and self._derive is not None:
+            value = obj.__dict__[self._name] = self._derive(obj)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self._name] = value
+
+
+def module_tree(modules: dict[str, ModuleStats]) -> nx.DiGraph:
+    """Parent -> child edges over qualified names; each node carries its ModuleStats as "stats".
+
+    networkx is imported here, when a tree is first asked for: it costs ~0.25 s to import, and a count
+    needs no graph algorithm."""
+    import networkx as nx
+
+    tree = nx.DiGraph()
+    for name, stats in modules.items():
+        tree.add_node(name, stats=stats)
+        for child in stats.children:
+            tree.add_edge(name, child)
+    return tree
 
 @dataclass
 class Measurements:
@@ -72,13 +132,15 @@ class Estimate:
     total_macs: int
     total_flops: int
     total_params: int
-    modules: dict[str, ModuleStats]  # qualified name -> stats, pre-order (parents first)
-    nodes: list[NodeCost]
-    by_op: dict[str, OpTotals]
-    by_rule: dict[str, OpTotals]
-    unknown: list[UnknownOp]
-    tree: nx.DiGraph  # edges parent -> child over qualified names; node attr "stats"
-    input_shapes: Any = ()  # (args, kwargs) with every tensor replaced by its shape
+    # the tables may be given as Deferred (made on first read): a sweep's point does
+    modules: dict[str, ModuleStats] = _DeferredField()  # qualified name -> stats, pre-order (parents first)
+    nodes: list[NodeCost] = _DeferredField()
+    by_op: dict[str, OpTotals] = _DeferredField()
+    by_rule: dict[str, OpTotals] = _DeferredField()
+    unknown: list[UnknownOp] = _DeferredField()
+    # edges parent -> child over qualified names, node attr "stats": made from `modules` on first read
+    tree: nx.DiGraph = _DeferredField(derive=lambda estimate: module_tree(estimate.modules))
+    input_shapes: Any = _DeferredField(default=())  # (args, kwargs) with every tensor replaced by its shape
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (method, failure) before success
     measurements: Measurements | None = None
     dtype: str | None = None  # the model's floating dtype as counted
@@ -113,6 +175,9 @@ class Estimate:
         # model's own parameters): a pickled or copied Estimate is its numbers, without them
         state = dict(self.__dict__)
         state["source"] = None
+        for name, value in state.items():
+            if type(value) is Deferred:
+                state[name] = getattr(self, name)
         return state
 
     def attention_totals(self) -> AttentionTotals | None:

@@ -7,7 +7,8 @@ forward decided something from a size (a branch, a value it fixed), the capture'
 a point outside them is captured again at that point, as its own piece, never extrapolated.
 
 The package: `core` (the Sweep object, `sweep()`, grids), `piece` (one symbolic capture and its
-evaluation at a point), `expressions` (cost expressions compiled and conditions read) and
+evaluation at a point), `compiled` (a piece's costs as one generated Python function, on ints or
+numpy arrays), `expressions` (cost expressions compiled and conditions read) and
 `families` (a stream of calls counted one capture per family of sizes).
 """
 

@@ -1,8 +1,9 @@
 """The Sweep object: costs of one model over named input sizes, queried at points and over grids.
 
 `sweep()` captures the model once with the named sizes symbolic and returns a `Sweep`. Its queries:
-`at(**sizes)` (an Estimate), `formula()` (a sympy expression), `explain()`, and over a grid
-`table()`, `points()` (streamed in constant memory) and `result()` (what the reports take). A point
+`at(**sizes)` (an Estimate, its totals from formulas compiled once), `formula()` (a sympy expression),
+`explain()`, and over a grid `grid()` (numpy arrays of totals, every point at once), `table()`,
+`points()` (streamed in constant memory) and `result()` (what the reports take). A point
 outside every piece's conditions is captured again there, as a new piece (`fxflops.sweeps.piece`).
 """
 
@@ -89,22 +90,74 @@ class Sweep:
 
     def piece(self, /, **sizes: int) -> Piece:
         """The piece whose conditions hold at the point, captured there if none does yet."""
-        point = self.point(sizes)
+        return self._piece_at(self.point(sizes))
+
+    def _piece_at(self, point: dict[str, int]) -> Piece:
         for piece in self.pieces:
             if piece.holds(point):
                 return piece
         return self._add_piece(point)
 
     def at(self, /, **sizes: int) -> Estimate:
-        """The Estimate at these sizes (the example's for any not given): what estimate() gives there."""
+        """The Estimate at these sizes (the example's for any not given): what estimate() gives there.
+
+        Its totals are evaluated at once (compiled formulas: microseconds); its modules, nodes and
+        per-op tables when first read."""
         point = self.point(sizes)
         with collector_paused():
-            result = self.piece(**point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
-                                                  self._counting.attention)
+            result = self._piece_at(point).estimate(point, self.model_type, self._counting.conventions, self._inputs,
+                                                    self._counting.attention)
         if self._optimizer is not None:
             with deep_enough(self._model):
                 result.optimizer = optimizer_step(self._optimizer, self._model)
         warn_cautions(result.cautions)
+        return result
+
+    def grid(self, /, **values: Iterable[int]) -> dict[str, Any]:
+        """The totals at every combination of the given sizes (the example's for the others), at once:
+        {each given name, "macs", "flops", "params" (and "bwd_macs", "bwd_flops" with a backward):
+        numpy array}, each of shape (number of values of each name, in the order given).
+
+        Exact, equal to `at()` at each point: int64 arrays where no value can overflow them, else
+        arrays of Python ints. Each piece's compiled formulas run once over all the points they hold
+        for; a point no piece holds for is captured as `at()` captures it."""
+        import numpy as np
+
+        self.point({name: 0 for name in values})  # unknown names: the error at()'s would be
+        axes = [np.asarray(list(given), dtype=object) for given in values.values()]
+        for name, given in zip(values, axes):
+            for value in given:
+                self.point({name: value})  # each value a non-negative int, or at()'s error
+        meshed = np.meshgrid(*(axis.astype(np.int64) for axis in axes), indexing="ij") if axes else []
+        shape = meshed[0].shape if meshed else ()
+        sizes = {name: np.full(shape, value, dtype=np.int64) for name, value in self.example.items()}
+        sizes.update(zip(values, meshed))
+        quantities = ("macs", "flops", "bwd_macs", "bwd_flops", "params")
+        found = {quantity: np.zeros(shape, dtype=np.int64) for quantity in quantities}
+        remaining = np.ones(shape, dtype=bool)
+        done = 0
+        while remaining.any():
+            for piece in self.pieces[done:]:
+                inside = piece.holds_on_arrays(sizes) & remaining
+                if inside.any():
+                    at = {name: array[inside] for name, array in sizes.items()}
+                    totals = piece.programs().totals.on_arrays(*(at[name] for name in self.names))
+                    for quantity, array in zip(quantities, totals):
+                        if array.dtype == object and found[quantity].dtype != object:
+                            found[quantity] = found[quantity].astype(object)
+                        found[quantity][inside] = array
+                    self.cautions.update(dict.fromkeys(piece.cautions_on_arrays(at)))
+                    remaining &= ~inside
+            done = len(self.pieces)
+            if remaining.any():  # the first point no piece holds for: captured there
+                first = tuple(int(index[0]) for index in np.nonzero(remaining))
+                self._piece_at({name: int(array[first]) for name, array in sizes.items()})
+        if self.cautions:
+            warn_cautions(list(self.cautions))
+        result = {name: array for name, array in zip(values, meshed)}
+        result.update((quantity, found[quantity]) for quantity in ("macs", "flops", "params"))
+        if self.backward:
+            result.update(bwd_macs=found["bwd_macs"], bwd_flops=found["bwd_flops"])
         return result
 
     def formula(self, /, quantity: str = "macs", module: str | None = None, **sizes: int) -> sympy.Expr:

@@ -20,10 +20,11 @@ from torch.utils._pytree import tree_map
 from fxflops.capture.dynamic import SizePlan, holds, user_symbol
 from fxflops.capture.lookups import position_lookups
 from fxflops.capture.tensor_walk import tensors_in
-from fxflops.results import Captured, Estimate, ModuleInfo, NodeCost, SweepModule, SweepPoint
-from fxflops.sweeps.expressions import (CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy,
-                                       simple_bound)
-from fxflops.tree import build_estimate, owning_module, parent_name
+from fxflops.results import Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, SweepModule, SweepPoint
+from fxflops.results.estimate import Deferred
+from fxflops.sweeps.compiled import Program
+from fxflops.sweeps.expressions import CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.tree import owning_module, parent_name, totals_by, unknown_ops
 
 
 class Piece:
@@ -43,10 +44,11 @@ class Piece:
         self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
         self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
         # each region past a position table with its test at a point (compiled where it can be)
+        self._regions = _symbolic_lookups(captured)
         self._lookups = [(compile_expression(region) or (lambda point, r=region: holds([r], point)), caution)
-                         for region, caution in _symbolic_lookups(captured)]
-        checks = [compile_expression(condition) for condition in self.conditions]
-        self._checks = None if any(check is None for check in checks) else checks
+                         for region, caution in self._regions]
+        self._holds: Program | None = None  # the conditions as one compiled check, made on first use
+        self._programs: _Programs | None = None  # the costs compiled, made on the first point
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
         if unbound:
             raise ValueError(
@@ -55,9 +57,15 @@ class Piece:
                 "Sweep over inputs whose shapes fix every size, or use estimate() at each point.")
 
     def holds(self, point: Mapping[str, int]) -> bool:
-        if self._checks is None:
-            return holds(self.conditions, point)
-        return all(check(point) for check in self._checks)
+        if self._holds is None:
+            self._holds = Program(self.plan.names, conditions=self.conditions)
+        return self._holds(*(point[name] for name in self.plan.names))
+
+    def holds_on_arrays(self, sizes: Mapping[str, Any]) -> Any:
+        """Whether the conditions hold at each point of arrays of sizes (a boolean array)."""
+        if self._holds is None:
+            self._holds = Program(self.plan.names, conditions=self.conditions)
+        return self._holds.on_arrays(*(sizes[name] for name in self.plan.names))
 
     def describe(self) -> list[str]:
         """The conditions as text, e.g. 'seq >= 2', 'seq <= 1024'."""
@@ -111,18 +119,32 @@ class Piece:
 
     def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
                  attention: str = "dense") -> Estimate:
-        """The Estimate at `point`: every expression evaluated there."""
+        """The Estimate at `point`, what estimate() gives there: its totals from the compiled program at
+        once; its modules, nodes and per-op tables (`Deferred`) on first read."""
+        programs = self.programs()
+        sizes = tuple(point[name] for name in self.plan.names)
+        macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
+        captured = self.captured
+        result = Estimate(
+            model_type=model_type, method=captured.method, conventions=conventions, attention=attention,
+            total_macs=macs, total_flops=flops, backward=captured.backward, bwd_macs=bwd_macs, bwd_flops=bwd_flops,
+            total_params=params, modules=Deferred(lambda _: programs.modules(sizes, model_type)),
+            nodes=Deferred(lambda _: self._node_costs(point)), by_op=_BY_OP, by_rule=_BY_RULE,
+            unknown=list(programs.unknown), input_shapes=Deferred(lambda _: shapes_at(inputs, self.plan, point)),
+            attempts=[(attempt.method, attempt.reason) for attempt in captured.attempts], dtype=captured.dtype,
+            training=captured.training, cautions=self.cautions_at(point), aliases=dict(captured.aliases))
+        return result
+
+    def programs(self) -> _Programs:
+        """The piece's costs compiled (made on first use)."""
+        if self._programs is None:
+            self._programs = _Programs(self)
+        return self._programs
+
+    def _node_costs(self, point: Mapping[str, int]) -> list[NodeCost]:
         if self._templates is None:
             self._templates = CostTemplates(self.costs, self._compiled)
-        costs = self._templates.costs(point)
-        infos = self.infos
-        if self._symbolic_params:
-            value = Evaluator(point, self._compiled)
-            infos = {name: dataclasses.replace(info, params=value(info.params)) if not isinstance(info.params, int)
-                     else info for name, info in infos.items()}
-        captured = dataclasses.replace(self.captured, modules=infos, sizes=None, cautions=self.cautions_at(point),
-                                       input_shapes=shapes_at(inputs, self.plan, point))
-        return build_estimate(model_type, captured, costs, conventions, attention)
+        return self._templates.costs(point)
 
     def totals(self, point: Mapping[str, int], model_type: str, depth: int, top: int) -> SweepPoint:
         """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it:
@@ -148,6 +170,15 @@ class Piece:
         region of sizes)."""
         return self.captured.cautions + [caution for inside, caution in self._lookups if inside(point)]
 
+    def cautions_on_arrays(self, sizes: Mapping[str, Any]) -> list[str]:
+        """The cautions of any point of arrays of sizes (each lookup's once, if its region meets them)."""
+        names = self.plan.names
+        found = list(self.captured.cautions)
+        for region, caution in self._regions:
+            if Program(names, conditions=[region]).on_arrays(*(sizes[name] for name in names)).any():
+                found.append(caution)
+        return found
+
     def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
         """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
         module's subtree as `tree.module_stats` sums them. Made once per piece, on first use."""
@@ -167,6 +198,75 @@ class Piece:
                         mine.update(child)
             self._terms = own
         return self._terms
+
+
+# a point's per-op and per-rule tables, summed from its nodes when first read
+_BY_OP = Deferred(lambda estimate: totals_by(estimate.nodes, lambda cost: cost.op))
+_BY_RULE = Deferred(lambda estimate: totals_by(estimate.nodes, lambda cost: cost.rule_key))
+
+# what a module sums of its nodes, in this order (then its params): the fields of ModuleStats they fill
+_OWN = ("macs", "flops", "bwd_macs", "bwd_flops", "bytes")
+
+
+class _Programs:
+    """A piece's costs compiled: the whole model's totals as one program, each module's own sums and
+    params as another (summed up the tree as `tree.module_stats` sums them), its unknown ops (the same
+    at every point)."""
+
+    def __init__(self, piece: Piece) -> None:
+        infos, aliases = piece.infos, piece.captured.aliases
+        own = {name: [[0, Counter()] for _ in _OWN] for name in infos}
+        for cost in piece.costs:
+            sums = own[owning_module(cost.module, aliases, infos)]
+            values = (cost.macs, cost.flops) + ((cost.macs, cost.flops) if cost.is_backward else (0, 0)) + (cost.bytes,)
+            for entry, value in zip(sums, values):
+                if type(value) is int:
+                    entry[0] += value
+                else:
+                    entry[1][value] += 1
+        whole = [[0, Counter()] for _ in _OWN[:4]]
+        for sums in own.values():
+            for total, (constant, weighted) in zip(whole, sums):
+                total[0] += constant
+                total[1].update(weighted)
+        names = piece.plan.names
+        root_params = infos[""].params
+        self.totals = Program(names, [(constant, weighted) for constant, weighted in whole] + [_as_sum(root_params)])
+        outputs = []
+        for name, info in infos.items():
+            outputs += [(constant, weighted) for constant, weighted in own[name]] + [_as_sum(info.params)]
+        self._table = Program(names, outputs)
+        calls = piece.captured.module_calls
+        self._fixed = [(name, info.type, 0 if name == "" else name.count(".") + 1, calls.get(name, 0), info.extra_repr,
+                        info.children, parent_name(name)) for name, info in infos.items()]
+        self.unknown = tuple(unknown_ops(piece.costs))
+
+    def modules(self, sizes: tuple[int, ...], model_type: str) -> dict[str, ModuleStats]:
+        """Per-module stats at the point, equal to `tree.module_stats` of the costs evaluated there."""
+        values = self._table(*sizes)
+        stats: dict[str, ModuleStats] = {}
+        width = len(_OWN) + 1
+        for index, (name, kind, depth, calls, extra_repr, children, _) in enumerate(self._fixed):
+            macs, flops, bwd_macs, bwd_flops, bytes_, params = values[index * width:(index + 1) * width]
+            stats[name] = ModuleStats(
+                name=name, type=model_type if name == "" else kind, depth=depth, params=params, macs=macs,
+                flops=flops, self_macs=macs, self_flops=flops, calls=calls, extra_repr=extra_repr,
+                children=list(children), bwd_macs=bwd_macs, bwd_flops=bwd_flops, self_bwd_macs=bwd_macs,
+                self_bwd_flops=bwd_flops, bytes=bytes_, self_bytes=bytes_)
+        for name, _, _, _, _, _, parent in reversed(self._fixed):  # children come after their parent in pre-order
+            if parent is not None and parent in stats:
+                mine, child = stats[parent], stats[name]
+                mine.macs += child.macs
+                mine.flops += child.flops
+                mine.bwd_macs += child.bwd_macs
+                mine.bwd_flops += child.bwd_flops
+                mine.bytes += child.bytes
+        stats[""].calls = max(stats[""].calls, 1)
+        return stats
+
+
+def _as_sum(value: Any) -> tuple[int, dict[Any, int]]:
+    return (value, {}) if type(value) is int else (0, {value: 1})
 
 
 def _at_depth(names: list[str], depth: int) -> list[str]:

@@ -1,0 +1,44 @@
+"""What a user's first estimate() imports in a fresh process: what it uses, nothing heavier (issue 37).
+
+networkx (~0.25 s to import) is for Estimate.tree, built on first read; tabulate and the report
+modules are for printing; the sweep package (sympy formulas) is for sweeps. A count needs none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the child's modules after one estimate() of a small model, before anything else could import more
+_FIRST_CALL = """
+import json, sys, torch, fxflops
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10))
+est = fxflops.estimate(net, input_shape=(2, 3, 8, 8))
+before_tree = sorted(sys.modules)
+edges = sorted(est.tree.edges)
+print(json.dumps({"modules": before_tree, "macs": est.total_macs, "edges": edges,
+                  "tree_imports_networkx": "networkx" in sys.modules}))
+"""
+
+HEAVY = ("networkx", "tabulate", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
+         "fxflops.compare", "fxflops.cli")
+
+
+def test_first_estimate_imports_nothing_it_does_not_use():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    done = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    loaded = [name for name in found["modules"] if name.split(".")[0] in HEAVY or name.startswith(HEAVY)]
+    tops = sorted({name.split(".")[0] if not name.startswith("fxflops") else name for name in loaded})
+    assert loaded == [], f"estimate() of a small model imported {len(loaded)} modules it does not use: {tops[:10]}"
+    # by hand: conv 8*6*6 outputs x 3*3*3 per output x batch 2, linear 2 x 288 x 10
+    assert found["macs"] == 2 * 8 * 6 * 6 * 27 + 2 * 288 * 10
+    # the tree is still there, made on first read
+    assert found["edges"] == [["", "0"], ["", "1"], ["", "2"], ["", "3"]]
+    assert found["tree_imports_networkx"]
