@@ -111,6 +111,7 @@ def estimate(
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
     strict: bool = False,
+    routing: str | Sequence[int] | None = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -137,6 +138,11 @@ def estimate(
 
     `strict=True` raises UnknownOpsError, naming the ops and their modules, when any op matched no rule
     (a CI check that the count is complete), instead of warning and leaving them out of the totals.
+
+    Values the forward reads (`.item()`, `nonzero` on a mask) are computed from the real example inputs
+    they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
+    derive from the weights — a mixture-of-experts router's picks — `routing` says what topk is assumed
+    to pick: "balanced" (default), "worst", or per-expert token counts; the cautions say which was used.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -147,7 +153,7 @@ def estimate(
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
         stage("capture")
-        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
+        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, routing=routing)
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)

@@ -34,6 +34,8 @@ class Request:
     # are recorded whole; the others as the ops they decompose into
     knows_op: Callable[[Any, Any], bool] = _every_op
     replay: bool = True  # a repeated block's call copies its first call's nodes where provably the same (capture.replay)
+    # what a mixture-of-experts router's topk is assumed to pick where the forward reads the picks (capture.input_values)
+    routing: Any = None  # None or "balanced", "worst", or per-expert token counts
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))
