@@ -241,3 +241,30 @@ def test_a_value_the_weights_decide_on_a_meta_model_fails_naming_op_module_and_l
     assert "module '(root)' (Halting)" in eager.reason and "steps = int(self.proj(x).abs().sum())" in eager.reason
     trace = caught.value.attempts[-1]
     assert trace.method == "trace" and trace.reason.startswith("skipped") and "meta device" in trace.reason
+
+
+def test_repeated_blocks_reading_different_values_are_each_run_not_replayed():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x, length):
+            return x + self.proj(x[: int(length.sum())]).sum()
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x, *lengths):
+            for block, length in zip(self.blocks, lengths):
+                x = block(x, length)
+            return x
+
+    model = Stack()
+    inputs = (torch.randn(10, 8), torch.tensor([1]), torch.tensor([5]), torch.tensor([10]))
+    estimate = quietly(model, inputs, conventions="torch")
+    # three blocks of the same shapes, each reading its own length: 1 + 5 + 10 rows (a replay of the
+    # first block would count 1 + 1 + 1)
+    assert estimate.total_flops == 2 * 8 * 8 * 16 == oracle(model, *inputs)

@@ -94,6 +94,12 @@ class Routing:
         return order.reshape(k, rows).t().contiguous()
 
 
+def reads_values(op: Any) -> bool:
+    """Whether an op's result depends on tensor values, not only shapes (a value read, a value-made size):
+    a block that ran one is a program of those values (capture.replay copies no such block)."""
+    return isinstance(op, torch._ops.OpOverload) and any(tag in op.tags for tag in _DATA_DEPENDENT)
+
+
 class ValueReadError(RuntimeError):
     """A forward read a value that neither the inputs nor a stated assumption determine."""
 
@@ -137,7 +143,7 @@ class InputValues:
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
         known = all(s is not None for s in shadows)
-        data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
+        data_dependent = reads_values(func)
         if known and data_dependent and tensors:
             return self._from_values(func, args, kwargs, shadows)
         try:
