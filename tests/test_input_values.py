@@ -5,6 +5,7 @@ and line."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -183,6 +184,9 @@ def test_moe_on_the_meta_device_counts_balanced_routing_by_hand_and_says_so(grou
     # balanced: 6 tokens x top 2 / 4 experts = 3 rows each; grouped mm pads each expert's to 8
     assert estimate.total_flops == ROUTER + expert_flops(4 * 8 if grouped else 12)
     assert any("balanced routing" in caution for caution in estimate.cautions)
+    # and every report says it
+    reports = estimate.print(as_string=True), json.dumps(estimate.to_dict(), ensure_ascii=False), estimate.to_html()
+    assert all("balanced routing (tokens" in report for report in reports)
 
 
 def test_moe_routing_worst_case_and_given_counts_change_the_count_and_say_so():
