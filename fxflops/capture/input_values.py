@@ -168,16 +168,16 @@ class InputValues:
         return found[1] if found is not None and found[0] is tensor else None
 
     def _real_run(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """`func` on the shadows' real values (factory ops on the CPU, where the shadows live)."""
+        """`func` on the shadows' real values (a factory op meant for the meta device on the CPU)."""
         def real(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
                 return self._shadow(value).real
-            if isinstance(value, torch.device):
+            if isinstance(value, torch.device) and value.type == "meta":
                 return torch.device("cpu")
             return value
 
         real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
-        if "device" in real_kwargs and real_kwargs["device"] is not None:
+        if real_kwargs.get("device") in ("meta", torch.device("meta")):
             real_kwargs["device"] = torch.device("cpu")
         with unset_fake_temporarily(), torch.no_grad():
             return func(*real_args, **real_kwargs)
