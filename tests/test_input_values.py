@@ -78,6 +78,16 @@ def test_values_read_from_an_input_mask_are_computed_and_equal_the_oracle():
     assert estimate.total_flops == by_hand
 
 
+def test_the_backward_of_a_forward_reading_input_values_equals_the_oracle():
+    from tests.oracle import oracle_training_flops
+
+    model, inputs = JointAttention(), mochi_inputs()
+    with sdpa_kernel(SDPBackend.MATH):
+        estimate = quietly(model, inputs, conventions="torch", backward=True)
+    assert estimate.method == "eager"
+    assert (estimate.fwd_flops, estimate.bwd_flops) == oracle_training_flops(model, inputs)
+
+
 def test_a_meta_model_with_real_small_inputs_counts_the_same_without_running():
     real, inputs = JointAttention(), mochi_inputs()
     with torch.device("meta"):
