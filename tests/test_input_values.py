@@ -115,6 +115,23 @@ def test_the_users_inputs_are_not_changed_by_an_in_place_op_the_capture_computes
     assert estimate.total_flops == 2 * 5 * 4 * 4  # 1+1 + 2+1 = 5 rows
 
 
+def test_a_write_the_weights_decide_drops_the_values_of_the_tensor_and_its_views():
+    class Overwrite(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x, counts):
+            view = counts[:1]
+            counts.copy_(self.proj(x).sum(-1)[:2].long())  # the weights decide the counts now
+            return self.proj(x[: int(view.sum())])
+
+    with torch.device("meta"):
+        model = Overwrite()
+    with pytest.raises(fxflops.CaptureError, match="_local_scalar_dense.*int.view.sum"):
+        quietly(model, (torch.randn(8, 4), torch.tensor([1, 2])))
+
+
 class ValueShapedOps(nn.Module):
     """tolist, repeat_interleave with tensor repeats, bincount, masked_select and unique on inputs."""
 

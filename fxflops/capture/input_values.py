@@ -219,13 +219,21 @@ class InputValues:
         return pytree.tree_map(fake_of, real)
 
     def _forget_written(self, func: Any, args: tuple) -> None:
-        """An op that writes into a tensor with a shadow, from values without one, makes the shadow stale."""
+        """An op that writes into a tensor with a shadow, from values without one, makes its shadow and those
+        of its views (the shadows sharing its memory) stale: they are dropped."""
         schema = getattr(func, "_schema", None)
         if schema is None or not schema.is_mutable:
             return
         for argument, value in zip(schema.arguments, args):
-            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
-                self._shadows.pop(id(value), None)
+            if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.Tensor):
+                continue
+            written = self._shadow(value)
+            if written is None or not isinstance(written.real, torch.Tensor):
+                continue
+            memory = written.real.untyped_storage().data_ptr()
+            for key in [key for key, (_, shadow) in self._shadows.items()
+                        if shadow.real.untyped_storage().data_ptr() == memory]:
+                del self._shadows[key]
 
     # --- what the values do not determine ----------------------------------------------------------
 
