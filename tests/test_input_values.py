@@ -233,6 +233,29 @@ def test_moe_routing_worst_case_and_given_counts_change_the_count_and_say_so():
         quietly(model, input_shape=(1, 6, 16), routing="even")
 
 
+def test_a_top_one_router_by_argmax_counted_by_bincount_is_assumed_balanced():
+    class Switch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = nn.Linear(8, 4, bias=False)
+            self.experts = nn.ModuleList(nn.Linear(8, 8 * (e + 1), bias=False) for e in range(4))
+
+        def forward(self, x):
+            picks = self.router(x).argmax(dim=-1)
+            counts = torch.bincount(picks, minlength=4).tolist()
+            order = torch.argsort(picks, stable=True)
+            return [expert(part) for expert, part in zip(self.experts, torch.split(x[order], counts))]
+
+    with torch.device("meta"):
+        model = Switch()
+    estimate = quietly(model, input_shape=(6, 8), conventions="torch")
+    # balanced: 6 tokens round robin over 4 experts = 2, 2, 1, 1 rows; expert e is 8 -> 8(e + 1)
+    assert estimate.total_flops == 2 * 6 * 8 * 4 + sum(2 * rows * 8 * 8 * (e + 1) for e, rows in enumerate((2, 2, 1, 1)))
+    worst = quietly(model, input_shape=(6, 8), conventions="torch", routing="worst")
+    assert worst.total_flops == 2 * 6 * 8 * 4 + 2 * 6 * 8 * 8  # every token to expert 0
+    assert any("worst-case routing" in caution for caution in worst.cautions)
+
+
 def test_a_size_the_weights_decide_is_counted_at_its_bound_and_says_so():
     class Gate(nn.Module):
         def __init__(self) -> None:

@@ -20,6 +20,7 @@ Two cases where the value is not known:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,8 +158,8 @@ class InputValues:
         # the inputs' anyway, so nothing downstream of one has a shadow)
         if known and torch.Tag.nondeterministic_seeded not in func.tags and (tensors or _small_outputs(out)):
             self._shadow_outputs(func, args, kwargs, shadows, out)
-        elif func is _aten.topk.default and isinstance(out, tuple):
-            self._assume_routing(args, kwargs, out)
+        elif func in _ROUTERS:
+            self._assume_routing(func, args, kwargs, out)
         else:
             self._forget_written(func, args)
         return out
@@ -237,20 +238,29 @@ class InputValues:
 
     # --- what the values do not determine ----------------------------------------------------------
 
-    def _assume_routing(self, args: tuple, kwargs: dict, out: tuple) -> None:
-        """topk over scores without a shadow (the weights decide them): its indices get the routing
-        assumption's values, used only if the forward reads them."""
-        scores, k = args[0], int(args[1])
-        dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
-        indices = out[1]
-        if not isinstance(indices, torch.Tensor) or indices.dim() == 0 or not isinstance(k, int):
+    def _assume_routing(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """A router's picks over scores without a shadow (the weights decide them): topk's indices, or
+        argmax's / max's along a dim (top-1), get the routing assumption's values, used only if the
+        forward reads them."""
+        picks = _ROUTERS.get(func)
+        if picks is None:
             return
+        found = picks(args, kwargs, out)
+        if found is None:
+            return
+        scores, k, dim, indices = found
+        if not isinstance(indices, torch.Tensor) or scores.dim() == 0 or isinstance(k, torch.SymInt):
+            return
+        dim = dim % scores.dim()
+        shape = [int(size) for size in scores.shape]
+        shape[dim] = k
         choices = int(scores.shape[dim])
-        moved = indices.movedim(dim, -1) if indices.dim() > 1 else indices.unsqueeze(0)
-        rows = moved.numel() // max(k, 1)
+        rows = (math.prod(shape) // k) if k else 0
         with unset_fake_temporarily():
-            picked = self.routing.indices(rows, k, choices).reshape(tuple(moved.shape))
-            picked = picked.movedim(-1, dim) if indices.dim() > 1 else picked.squeeze(0)
+            moved = [*shape[:dim], *shape[dim + 1:], k]
+            picked = self.routing.indices(rows, k, choices).reshape(moved).movedim(-1, dim)
+            if tuple(indices.shape) != tuple(picked.shape):  # argmax / max without keepdim
+                picked = picked.squeeze(dim)
         self._shadows[id(indices)] = (indices, _Shadow(picked, frozenset({self.routing.describe()})))
 
     def _at_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -304,3 +314,17 @@ _BOUNDS: Mapping[str, Callable[[torch.Tensor, int, tuple], Any]] = {
 }
 _BOUND_WORDS = {"nonzero": "at most every element nonzero", "masked_select": "at most every element selected",
                 "_unique2": "at most every element distinct"}
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+# a router's picks: (scores, how many per row, along which dim, the indices tensor) from an op's call
+_ROUTERS: Mapping[Any, Callable[[tuple, dict, Any], tuple | None]] = {
+    _aten.topk.default: lambda args, kwargs, out: (
+        args[0], int(_argument(args, kwargs, 1, "k")), _argument(args, kwargs, 2, "dim", -1), out[1]),
+    _aten.argmax.default: lambda args, kwargs, out: None if _argument(args, kwargs, 1, "dim") is None else (
+        args[0], 1, _argument(args, kwargs, 1, "dim"), out),
+    _aten.max.dim: lambda args, kwargs, out: (args[0], 1, _argument(args, kwargs, 1, "dim"), out[1]),
+}
