@@ -210,7 +210,8 @@ def test_moe_on_the_meta_device_counts_balanced_routing_by_hand_and_says_so(grou
     assert estimate.method == "eager"
     # balanced: 6 tokens x top 2 / 4 experts = 3 rows each; grouped mm pads each expert's to 8
     assert estimate.total_flops == ROUTER + expert_flops(4 * 8 if grouped else 12)
-    assert any("balanced routing" in caution for caution in estimate.cautions)
+    assert any("balanced routing" in caution and "aten.topk.default in module '(root)' (RoutedExperts)" in caution
+               for caution in estimate.cautions)
     # and every report says it
     reports = estimate.print(as_string=True), json.dumps(estimate.to_dict(), ensure_ascii=False), estimate.to_html()
     assert all("balanced routing (tokens" in report for report in reports)

@@ -108,7 +108,7 @@ class ValueReadError(RuntimeError):
 @dataclass
 class _Shadow:
     real: Any
-    assumed: frozenset[str] = field(default_factory=frozenset)  # the assumptions it derives from
+    assumed: frozenset[str] = field(default_factory=frozenset)  # the assumed router picks it derives from
 
 
 class InputValues:
@@ -122,7 +122,20 @@ class InputValues:
         self._root_type = root_type
         self.routing = routing
         self._shadows: dict[int, tuple[torch.Tensor, _Shadow]] = {}  # id(fake) -> (fake, its shadow)
-        self.cautions: list[str] = []
+        self._bounded: list[str] = []  # cautions of sizes counted at their bound
+        self._routed: dict[str, None] = {}  # the router picks (op and module) a value read derived from, in order
+
+    @property
+    def cautions(self) -> list[str]:
+        """What the count assumed: sizes at their bound, and the routing of the router picks read."""
+        found = list(self._bounded)
+        if self._routed:
+            sites = list(self._routed)
+            more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+            found.append(f"values the weights decide were read (a router's picks: {sites[0]}{more}); counted "
+                         f"under {self.routing.describe()}; routing='balanced', 'worst' or per-expert token "
+                         "counts changes it")
+        return found
 
     # --- inputs ----------------------------------------------------------------------------------
 
@@ -202,10 +215,7 @@ class InputValues:
         their shapes (a tensor) or is the value itself (a scalar read)."""
         real = self._real_run(func, args, kwargs)
         assumed = frozenset().union(*(s.assumed for s in shadows))
-        for assumption in sorted(assumed):
-            caution = f"a value the weights decide was read, under {assumption}"
-            if caution not in self.cautions:
-                self.cautions.append(caution)
+        self._routed.update(dict.fromkeys(sorted(assumed)))
         device = next((t.device for t in tensors_in((args, kwargs))), torch.device("cpu"))
 
         def fake_of(value: Any) -> Any:
@@ -261,7 +271,9 @@ class InputValues:
             picked = self.routing.indices(rows, k, choices).reshape(moved).movedim(-1, dim)
             if tuple(indices.shape) != tuple(picked.shape):  # argmax / max without keepdim
                 picked = picked.squeeze(dim)
-        self._shadows[id(indices)] = (indices, _Shadow(picked, frozenset({self.routing.describe()})))
+        path, type_name = self._tracker.current()
+        site = f"{func} in module '{path or '(root)'}' ({type_name or self._root_type})"
+        self._shadows[id(indices)] = (indices, _Shadow(picked, frozenset({site})))
 
     def _at_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A size-making op without values, shaped at its largest output (a caution says so), or None."""
@@ -275,7 +287,7 @@ class InputValues:
             metas = _BOUNDS[name](source, kept, args)
         out = pytree.tree_map(lambda v: FakeTensor(self.mode, v, source.device) if isinstance(v, torch.Tensor) else v,
                               metas)
-        self.cautions.append(f"{func} in {self._where()} makes a size from tensor values fxflops does not know: "
+        self._bounded.append(f"{func} in {self._where()} makes a size from tensor values fxflops does not know: "
                              f"counted at its bound ({_BOUND_WORDS[name]}: {kept})")
         return out
 
