@@ -17,6 +17,7 @@ import torch
 
 from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
+from fxflops.capture.input_values import routing_assumed, routing_spread
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.capture.module_walk import walk_modules
@@ -157,6 +158,11 @@ def estimate(
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
+        if routing is None and routing_assumed(captured.cautions):  # the spread the default assumption hides
+            worst = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, routing="worst")
+            worst_flops = build_estimate(type(model).__name__, worst, counting.count(worst), conventions,
+                                         attention).total_flops
+            result.cautions.append(routing_spread(result.total_flops, worst_flops))
     if strict and result.unknown:
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:

@@ -212,6 +212,12 @@ def test_moe_on_the_meta_device_counts_balanced_routing_by_hand_and_says_so(grou
     assert estimate.total_flops == ROUTER + expert_flops(4 * 8 if grouped else 12)
     assert any("balanced routing" in caution and "aten.topk.default in module '(root)' (RoutedExperts)" in caution
                for caution in estimate.cautions)
+    # beside it, what worst-case routing would count: experts 0 and 1 take all 12 rows
+    worst = ROUTER + expert_flops(2 * 8 if grouped else 12)
+    spread = "worst-case routing counts the same FLOPs as balanced routing" if not grouped else (
+        f"worst-case routing (every token to the same top-k experts) counts {worst:,} FLOPs, "
+        f"{(worst - estimate.total_flops) / estimate.total_flops:+.1%} against balanced routing's {estimate.total_flops:,}")
+    assert any(caution.startswith(spread) for caution in estimate.cautions)
     # and every report says it
     reports = estimate.print(as_string=True), json.dumps(estimate.to_dict(), ensure_ascii=False), estimate.to_html()
     assert all("balanced routing (tokens" in report for report in reports)

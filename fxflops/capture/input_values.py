@@ -101,6 +101,22 @@ def reads_values(op: Any) -> bool:
     return isinstance(op, torch._ops.OpOverload) and any(tag in op.tags for tag in _DATA_DEPENDENT)
 
 
+ROUTED = "values the weights decide were read"  # how the routing caution begins
+
+
+def routing_assumed(cautions: Sequence[str]) -> bool:
+    """Whether a capture's count rests on the routing assumption (its cautions say so)."""
+    return any(caution.startswith(ROUTED) for caution in cautions)
+
+
+def routing_spread(balanced_flops: int, worst_flops: int) -> str:
+    """The caution stating what worst-case routing would count beside the balanced count."""
+    if worst_flops == balanced_flops:
+        return f"worst-case routing counts the same FLOPs as balanced routing ({balanced_flops:,})"
+    return (f"worst-case routing (every token to the same top-k experts) counts {worst_flops:,} FLOPs, "
+            f"{(worst_flops - balanced_flops) / balanced_flops:+.1%} against balanced routing's {balanced_flops:,}")
+
+
 class ValueReadError(RuntimeError):
     """A forward read a value that neither the inputs nor a stated assumption determine."""
 
@@ -132,7 +148,7 @@ class InputValues:
         if self._routed:
             sites = list(self._routed)
             more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
-            found.append(f"values the weights decide were read (a router's picks: {sites[0]}{more}); counted "
+            found.append(f"{ROUTED} (a router's picks: {sites[0]}{more}); counted "
                          f"under {self.routing.describe()}; routing='balanced', 'worst' or per-expert token "
                          "counts changes it")
         return found
