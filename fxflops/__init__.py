@@ -24,6 +24,7 @@ _EXPORTS = MappingProxyType({
     "profile_generate": "fxflops.timing.generate",
     **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.timing.meter"),
     "profile": "fxflops.timing.profiling",
+    "Parallel": "fxflops.parallel.plan",
     **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
     **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
     **dict.fromkeys(("sweep", "Sweep", "SweepCaptureError"), "fxflops.sweeps"),
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from fxflops.timing.generate import profile_generate
     from fxflops.timing.meter import FlopsMeter, FlopsMeterWarning
     from fxflops.timing.profiling import profile
+    from fxflops.parallel.plan import Parallel
     from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
     from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
     from fxflops.sweeps import Sweep, SweepCaptureError, sweep

@@ -25,6 +25,7 @@ from fxflops.count import count_nodes
 from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
 from fxflops.optimizer import optimizer_step
+from fxflops.parallel.collectives import collectives
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.tree import build_estimate
@@ -112,6 +113,8 @@ def estimate(
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
     strict: bool = False,
+    memory: Any = False,
+    parallel: Any = None,
     routing: str | Sequence[int] | None = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
@@ -140,6 +143,17 @@ def estimate(
     `strict=True` raises UnknownOpsError, naming the ops and their modules, when any op matched no rule
     (a CI check that the count is complete), instead of warning and leaving them out of the totals.
 
+    `memory=True` (or a `fxflops.memory.MemoryOptions`) also reads the captured step as a timeline of
+    live tensors: `Estimate.memory` (a `fxflops.memory.MemoryEstimate`) has the peak tensor bytes, what
+    is alive there by kind, where it is, and the timeline (with `optimizer`, its state and step too).
+
+    Inside an initialized process group (torchrun, or torch.distributed's fake one) a model sharded with
+    torch's own APIs (DTensor, parallelize_module, fully_shard) counts the calling rank's local work, and
+    `Estimate.collectives` lists each collective it calls with its group and bytes. `parallel` (a
+    fxflops.Parallel, a dict such as {"tp": 8, "dp": 4} or text "tp=8,dp=4") estimates a plan without
+    the ranks: on a fake process group, the plan applied with torch's own APIs, one capture per rank
+    role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch.
+
     Values the forward reads (`.item()`, `nonzero` on a mask) are computed from the real example inputs
     they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
     derive from the weights — a mixture-of-experts router's picks — `routing` says what topk is assumed
@@ -150,16 +164,35 @@ def estimate(
     _check_method(method)
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
     model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
+    if parallel is not None:
+        if optimizer is not None:
+            raise ValueError("optimizer= with parallel= is not counted yet (each rank steps its own shard); "
+                             "estimate the optimizer step without parallel=")
+        from fxflops.parallel.whatif import estimate_plan
+
+        count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
+                                  loss, None, progress, attention, strict, memory, routing=routing)
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
+    return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
+                     progress, attention, strict, memory, routing=routing)
+
+
+def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, conventions: str, rules: Any,
+              leaf_modules: Any, backward: bool, loss: Any, optimizer: Any, progress: Any, attention: str,
+              strict: bool, memory: Any, **capture_options: Any) -> Estimate:
     stage = progress or _no_progress
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
         stage("capture")
-        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, routing=routing)
+        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, **capture_options)
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
-        if routing is None and routing_assumed(captured.cautions):  # the spread the default assumption hides
-            worst = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, routing="worst")
+        result.collectives = collectives(captured.graph_module, result.nodes)
+        if capture_options.get("routing") is None and routing_assumed(captured.cautions):
+            # the spread the default (balanced) routing assumption hides
+            worst = counting.capture(model, args, kwargs, method, backward=backward, loss=loss,
+                                     **{**capture_options, "routing": "worst"})
             worst_flops = build_estimate(type(model).__name__, worst, counting.count(worst), conventions,
                                          attention).total_flops
             result.cautions.append(routing_spread(result.total_flops, worst_flops))
@@ -167,6 +200,11 @@ def estimate(
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:
         result.optimizer = optimizer_step(optimizer, model)
+    if memory:
+        from fxflops.memory import MemoryOptions, estimate_memory  # imported on use: estimate's first call stays lean
+
+        options = memory if isinstance(memory, MemoryOptions) else None
+        result.memory = estimate_memory(captured, optimizer if backward else None, options)
     warn_unknown(result.unknown)
     warn_cautions(result.cautions)
     return result

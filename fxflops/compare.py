@@ -58,12 +58,13 @@ class Comparison:
     forward: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # column -> forward (MACs, FLOPs)
     forward_modules: dict[str, dict[str, Any]] = field(default_factory=dict)  # module -> column -> forward FLOPs
 
-    def run_tools(self, model: Any, args: Any = (), kwargs: dict | None = None) -> list[Any]:
+    def run_tools(self, model: Any, args: Any = (), kwargs: dict | None = None, why_not_real: str = "") -> list[Any]:
         """Run the tools the presets reproduce (FlopCounterMode, fvcore, ptflops, DeepSpeed, where
-        installed) on `model(*args, **kwargs)` and keep their numbers beside ours (`tools`)."""
+        installed) on `model(*args, **kwargs)` and keep their numbers beside ours (`tools`).
+        `why_not_real`: why the model is on the meta device, said by the tools that need real weights."""
         from fxflops.tool_runs import run_tools
 
-        return run_tools(self, model, args if isinstance(args, tuple | list) else (args,), kwargs)
+        return run_tools(self, model, args if isinstance(args, tuple | list) else (args,), kwargs, why_not_real)
 
     def residue(self, name: str) -> tuple[Any, Any]:
         """What the causes leave unexplained of preset `name`'s difference: (0, 0) by construction."""

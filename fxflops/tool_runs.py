@@ -20,7 +20,12 @@ import torch
 
 from fxflops.rules import PRESET_TABLE
 
-__all__ = ["ToolRun", "run_tools"]
+__all__ = ["REAL_PARAMS_LIMIT", "ToolRun", "on_meta", "run_tools"]
+
+# The largest model (parameters) the command line builds again with real, random weights on the CPU
+# for the tools that run a real forward (--compare --run-tools): 200 M float32 parameters are 800 MB,
+# and one forward of them takes seconds on a laptop's CPU. Larger models are refused, in one line.
+REAL_PARAMS_LIMIT = 200_000_000
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,11 @@ class ToolRun:
                                  else str(b.convention_flops)} for b in self.blind_spots]}
 
 
-def run_tools(comparison: Any, model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None) -> list[ToolRun]:
+def run_tools(comparison: Any, model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
+              why_not_real: str = "") -> list[ToolRun]:
     """Run every tool a preset of the comparison reproduces, on `model(*args, **kwargs)`, and attach the
-    results to `comparison.tools` (also returned)."""
+    results to `comparison.tools` (also returned). `why_not_real`: why the caller could not give a model
+    with real weights, said by each tool that needs one when the model is on the meta device."""
     args, kwargs = _positional(model, tuple(args), dict(kwargs or {}))
     runs = []
     for name in comparison.presets:
@@ -76,7 +83,7 @@ def run_tools(comparison: Any, model: torch.nn.Module, args: tuple = (), kwargs:
                                 "attention='dense'"))
             continue
         with _left_as_found(model):
-            runs.append(runner(name, _ForwardView(comparison), model, tuple(args), kwargs))
+            runs.append(runner(name, _ForwardView(comparison), model, tuple(args), kwargs, why_not_real))
     comparison.tools = runs
     return runs
 
@@ -127,7 +134,8 @@ def _runner_for(tool: str) -> Any:
 # --- the tools ------------------------------------------------------------------------------------
 
 
-def _flop_counter_mode(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> ToolRun:
+def _flop_counter_mode(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+                       why_not_real: str = "") -> ToolRun:
     from torch.utils.flop_counter import FlopCounterMode
 
     tool = "FlopCounterMode"
@@ -146,9 +154,10 @@ def _flop_counter_mode(name: str, comparison: Any, model: torch.nn.Module, args:
                    blind_spots(comparison, name, per_module, total))
 
 
-def _fvcore(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> ToolRun:
+def _fvcore(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+            why_not_real: str = "") -> ToolRun:
     tool = "fvcore"
-    why = _cannot_run_real("fvcore", model, args, kwargs, keywords=False)
+    why = _cannot_run_real("fvcore", model, args, kwargs, keywords=False, why_not_real=why_not_real)
     if why:
         return ToolRun(tool, name, why)
     from fvcore.nn import FlopCountAnalysis
@@ -164,11 +173,12 @@ def _fvcore(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwa
                    blind_spots(comparison, name, dict(per_module), total))
 
 
-def _ptflops(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> ToolRun:
+def _ptflops(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+             why_not_real: str = "") -> ToolRun:
     tool_text = PRESET_TABLE.presets[name].tool or ""
     backend = "aten" if "backend='aten'" in tool_text or 'backend="aten"' in tool_text else "pytorch"
     tool = f"ptflops ({backend} backend)"
-    why = _cannot_run_real("ptflops", model, args, kwargs, keywords=True)
+    why = _cannot_run_real("ptflops", model, args, kwargs, keywords=True, why_not_real=why_not_real)
     if why:
         return ToolRun(tool, name, why, "MACs")
     if len(args) > 1 or (args and kwargs):
@@ -190,9 +200,10 @@ def _ptflops(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kw
     return ToolRun(tool, name, "ran", "MACs", int(macs), comparison.totals[name][0])
 
 
-def _deepspeed(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> ToolRun:
+def _deepspeed(name: str, comparison: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+               why_not_real: str = "") -> ToolRun:
     tool = "DeepSpeed"
-    why = _cannot_run_real("deepspeed", model, args, kwargs, keywords=True)
+    why = _cannot_run_real("deepspeed", model, args, kwargs, keywords=True, why_not_real=why_not_real)
     if why:
         return ToolRun(tool, name, why)
     try:
@@ -232,14 +243,25 @@ def _positional(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
     return args, kwargs
 
 
-def _cannot_run_real(package: str, model: torch.nn.Module, args: tuple, kwargs: dict, keywords: bool) -> str:
+def on_meta(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether any weight, buffer or input is on the meta device (or fake): no real forward can run."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in (*args, *(kwargs or {}).values()) if isinstance(t, torch.Tensor))]
+    return any(t.is_meta or isinstance(t, torch._subclasses.FakeTensor) for t in tensors)
+
+
+def real_tools_installed() -> list[str]:
+    """The installed tools that run a real forward (and so need real weights)."""
+    return [package for package in ("fvcore", "ptflops", "deepspeed") if importlib.util.find_spec(package)]
+
+
+def _cannot_run_real(package: str, model: torch.nn.Module, args: tuple, kwargs: dict, keywords: bool,
+                     why_not_real: str = "") -> str:
     """Why the tool cannot run here ('' when it can): not installed, or no real weights and inputs."""
     if importlib.util.find_spec(package) is None:
         return f"not installed (pip install {package})"
-    tensors = [*model.parameters(), *model.buffers(),
-               *(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))]
-    if any(t.is_meta or isinstance(t, torch._subclasses.FakeTensor) for t in tensors):
-        return "skipped: it runs a real forward, and the weights or inputs are on the meta device"
+    if on_meta(model, args, kwargs):
+        return f"skipped: it runs a real forward, and {why_not_real or 'the weights or inputs are on the meta device'}"
     if kwargs and not keywords:
         return "skipped: it takes positional inputs only"
     return ""

@@ -78,6 +78,7 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
             bwd_flops=bwd_flops[name],
             self_bwd_macs=bwd_macs[name],
             self_bwd_flops=bwd_flops[name],
+            shared=dict(info.shared),
         )
         for name, info in named.items()
     }

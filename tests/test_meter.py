@@ -328,10 +328,10 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
     import json
-    import os
-    import socket
 
     from torch.distributed import fsdp
+
+    from tests.torchrun import torchrun
 
     kinds = ["ddp", "fsdp"] if hasattr(fsdp, "fully_shard") else ["ddp"]
     try:
@@ -346,15 +346,7 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
         pass
     else:
         kinds.append("lightning")  # Lightning's own DDP strategy, with a FlopsMonitor
-    with socket.socket() as probe:  # a free port on 127.0.0.1
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), os.path.join(root, "tests", "distributed_meter.py"), ",".join(kinds),
-               str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    done = torchrun("distributed_meter.py", ",".join(kinds), str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     if "trainer" in kinds:
         ranks = [json.loads((tmp_path / f"trainer-rank{rank}.json").read_text()) for rank in range(2)]

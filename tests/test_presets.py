@@ -355,7 +355,6 @@ def test_ptflops_pytorch_backend_counts_hooks_and_patched_functions(make):
 
 # where the pytorch backend's hooks see what an aten op cannot tell apart (said in the README)
 PYTORCH_BACKEND_DIFFERS = {
-    "vit_b_16": "nn.MultiheadAttention's own hook formula (projections, softmax, scaling): not modelled",
     "mixed": "batch 2: ptflops divides its module hooks' counts by the batch, not its functions'",
 }
 

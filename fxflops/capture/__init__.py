@@ -45,7 +45,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             is_whole: Callable[[torch.nn.Module], bool] = lambda m: False, backward: bool = False,
             loss: Callable[[Any], torch.Tensor] | None = None, sizes: SizePlan | None = None,
             knows_op: Callable[[Any, Any], bool] = lambda op, function: True, replay: bool = True,
-            routing: Any = None) -> Captured:
+            prepare: Callable[[torch.nn.Module], None] | None = None, routing: Any = None) -> Captured:
     """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail.
 
     With `backward`, the graph also holds the backward autograd runs for `loss(output)`; with `sizes`,
@@ -53,14 +53,18 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     `knows_op(op, function)` says whether the rule table names a composite aten op (linear, einsum) or
     the builtin that called it: the eager and trace methods record those whole, and the rest as the
     ops they decompose into. `replay=False` runs every call of a repeated block (see capture.replay).
+    `prepare(model)` runs on the fake-tensor model before its forward (eager method only).
     `routing` ("balanced", "worst" or per-expert token counts) is what a router's topk is assumed to pick
     where the forward reads the picks' values (see capture.input_values)."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
     model = uncompiled(model)
     Routing.of(routing)  # a malformed routing fails here, before any method runs
-    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op, replay, routing)
+    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op, replay, prepare,
+                      routing)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
+    if prepare is not None:
+        methods = _able(methods, method, "runs_prepare", "cannot apply a parallel plan; a plan is applied")
     if backward:
         methods = _with_backward(methods, method)
     if sizes is not None:

@@ -15,6 +15,7 @@ import torch
 
 from fxflops.capture.backward import FORWARD
 from fxflops.capture.module_walk import walk_modules
+from fxflops.capture.sharded import local_numel
 from fxflops.results import ModuleInfo, WholeCall
 
 NAME_TAG = "_fxflops_qualified_name"  # set in a module's __dict__ while capturing only; export may copy modules
@@ -40,6 +41,7 @@ class ModuleTracker:
         self.call_log: list[str] = []  # each counted call's module, in order (what a block's calls were)
         self.whole_calls: list[WholeCall] = []
         self._handles: list[Any] = []
+        self._ending: dict[int, list[Any]] = {}  # id(module) -> the hooks that end its calls after its own hooks
 
     @property
     def calls(self) -> dict[str, int]:
@@ -71,6 +73,12 @@ class ModuleTracker:
             self.stack.append((name, type(module).__name__))
             if self._phase is None or self._phase() == FORWARD:
                 self.call_log.append(name)
+            if module._forward_hooks:
+                # its own forward hooks run after the global one that ends the call (a tensor-parallel plan's
+                # output redistribution, a user's hook): their ops are the module's too, as torch's
+                # CommDebugMode has it. A hook of ours, last, ends the call (isolation removes it again).
+                self._ending.setdefault(id(module), []).append(
+                    module.register_forward_hook(self._after_own_hooks, always_call=True))
 
     def _exit(self, module: torch.nn.Module, args: Any, *kwargs_and_output: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised: torch then calls every
@@ -78,11 +86,20 @@ class ModuleTracker:
         name = self.name_of(module)
         if name is None or not self.stack:
             return
-        self.stack.pop()
+        if not self._ending.get(id(module)):
+            self.stack.pop()
         if len(kwargs_and_output) == 2 and self._is_whole(module):
             kwargs, output = kwargs_and_output
             self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
                                               self._keep(output), FORWARD if self._phase is None else self._phase()))
+
+
+    def _after_own_hooks(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        handles = self._ending.get(id(module))
+        if handles:
+            handles.pop().remove()  # (a module calling itself: each call its own hook, innermost first)
+            if self.stack:
+                self.stack.pop()
 
 
 def tag_names(model: torch.nn.Module) -> None:
@@ -106,18 +123,43 @@ def module_infos(model: torch.nn.Module) -> tuple[dict[str, ModuleInfo], dict[st
             aliases[name] = alias_of
     names = {name for name, _ in order}
     children = {name: tuple(_children(name, module, names)) for name, module in order}
-    owned: dict[str, dict[int, int]] = {}
+    first = _first_owners(order)
+    params: dict[str, int] = {}
+    shared: dict[str, list[tuple[str, str]]] = {}
     for name, module in reversed(order):  # children before parents
-        params = {id(p): _numel(p) for p in module._parameters.values() if p is not None}
+        own = [(key, p) for key, p in module._parameters.items() if p is not None]
+        params[name] = sum(_numel(p) for key, p in own if first[id(p)] == _joined(name, key))
+        params[name] += sum(params[child] for child in children[name])
+        # a tied weight is left out here when its first owner lies outside this subtree: say where it counts
+        held = [(key, first[id(p)]) for key, p in own if first[id(p)] != _joined(name, key)]
         for child in children[name]:
-            params.update(owned[child])
-        owned[name] = params
+            held += [(_joined(child[len(name) + 1:] if name else child, key), owner) for key, owner in shared[child]]
+        shared[name] = [(key, owner) for key, owner in held if not _within(owner, name)]
     infos = {
         name: ModuleInfo(type=type(module).__name__, extra_repr=_extra_repr(module),
-                         children=children[name], params=sum(owned[name].values()))
+                         children=children[name], params=params[name], shared=tuple(shared[name]))
         for name, module in order
     }
     return infos, aliases
+
+
+def _first_owners(order: list[tuple[str, torch.nn.Module]]) -> dict[int, str]:
+    """id(parameter) -> the qualified name it has first in definition order (as model.named_parameters())."""
+    first: dict[int, str] = {}
+    for name, module in order:
+        for key, p in module._parameters.items():
+            if p is not None:
+                first.setdefault(id(p), _joined(name, key))
+    return first
+
+
+def _joined(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _within(qualified: str, module: str) -> bool:
+    """Whether a qualified parameter name belongs to `module` or one of its submodules."""
+    return module == "" or qualified.startswith(module + ".")
 
 
 def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:
@@ -127,7 +169,7 @@ def _children(name: str, module: torch.nn.Module, names: set[str]) -> list[str]:
 
 def _numel(tensor: torch.Tensor) -> int:
     try:
-        return tensor.numel()
+        return local_numel(tensor)  # a sharded (DTensor) parameter: this rank's shard
     except (RuntimeError, ValueError):  # a lazy parameter the forward never materialized
         return 0
 

@@ -26,10 +26,11 @@ from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
-__all__ = ["BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
+__all__ = ["AUTOGRAD_NODE", "BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
            "NothingToDifferentiateWarning", "SequenceRuns", "backward_roots", "cleared_grads", "differentiate",
            "graph_nodes", "ones_like_each", "parameter_owners", "restore_grads", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
+AUTOGRAD_NODE = "fxflops_autograd_node"  # node.meta key of a backward op: (class, sequence nr) of the autograd node running it
 OWNER = "fxflops_forward_node"  # autograd node.metadata key: the recorded forward node that created it
 
 Loss = Callable[[Any], torch.Tensor]
@@ -90,6 +91,7 @@ class GradOwners:
         self._forward_thread = threading.get_ident()
         self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
         self._runs = SequenceRuns()
+        self.seeds: list[torch.Tensor] = []  # the gradients the backward started from (memory reads their lifetime)
 
     def start(self) -> None:
         """Called before the forward: numbers handed out earlier belong to no recorded op."""
@@ -111,6 +113,13 @@ class GradOwners:
         if not self.in_backward:
             return FORWARD
         return RECOMPUTE if torch.is_grad_enabled() else BACKWARD
+
+    @staticmethod
+    def running() -> tuple[str, int] | None:
+        """The autograd node executing now, as (class name, sequence number); None outside one. One recorded
+        forward op can make several autograd nodes, each freeing what it holds when it returns (memory)."""
+        grad_fn = torch._C._current_autograd_node()
+        return None if grad_fn is None else (type(grad_fn).__name__, grad_fn._sequence_nr())
 
     def differentiated(self) -> torch.fx.Node | tuple[str, str] | None:
         """The recorded forward node whose autograd node is executing now; for a gradient being
@@ -164,6 +173,7 @@ def run_backward(roots: list[torch.Tensor], owners: GradOwners, seeds: Callable[
                       "with requires_grad=True", NothingToDifferentiateWarning, stacklevel=2)
         return
     grads = seeds(roots)
+    owners.seeds = [grad for grad in grads if isinstance(grad, torch.Tensor)]
     owners.tag(roots)
     owners.in_backward = True
     try:

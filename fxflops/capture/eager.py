@@ -26,12 +26,14 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
+from fxflops.capture.model_state import record_model_state
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.input_values import InputValues, Routing
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
+from fxflops.capture.sharded import dtensor_twin, is_dtensor
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -55,6 +57,8 @@ class FakeTwins:
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
             return tensor
+        if is_dtensor(tensor):  # a rank's shard: its local tensor gets the twin, the DTensor keeps its layout
+            return dtensor_twin(tensor, self)
         device = self.device if tensor.is_meta else tensor.device
         if id(tensor) in self.shapes:
             return self._symbolic(tensor, self.shapes[id(tensor)], device)
@@ -153,6 +157,8 @@ def capture(request: Request) -> Captured:
     replaying = request.replay and not request.backward and not global_hooks_present()
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         swap_tensors(modules, twins)
+        if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
+            request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
         # values the forward reads come from the real inputs (named sizes: the capture is shapes only)
@@ -174,6 +180,8 @@ def capture(request: Request) -> Captured:
                 differentiate(output, request.loss, owners, recorder.unrecorded)
         graph_module = recorder.finish(output)
         mark_inputs(graph_module, (args, kwargs))  # the twins: which placeholder is which input
+        record_model_state(graph_module, modules, owners.seeds if owners is not None else None,  # for memory
+                           tensors_in((args, kwargs)))
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward, sizes=sizes,

@@ -22,13 +22,14 @@ class Method:
     module: str  # where its `capture(request)` function lives (imported on first use)
     records_backward: bool = False  # it can also record the backward autograd runs
     symbolic_sizes: bool = False  # it can capture with named input sizes left symbolic
+    runs_prepare: bool = False  # it runs Request.prepare on the fake-tensor model first (a parallel plan)
 
     def capture_function(self) -> Callable[[Any], Captured]:
         return importlib.import_module(self.module).capture
 
 
 EAGER = Method("eager", "the model's own forward, run once on fake tensors (the eager code path; nothing computed)",
-               False, "fxflops.capture.eager", records_backward=True, symbolic_sizes=True)
+               False, "fxflops.capture.eager", records_backward=True, symbolic_sizes=True, runs_prepare=True)
 EXPORT = Method("export", "the program torch.export (non-strict) traces, export-only branches included",
                 False, "fxflops.capture.export")
 SYMBOLIC = Method("symbolic", "the graph torch.fx symbolic tracing records, shapes propagated on the meta device",

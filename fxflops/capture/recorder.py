@@ -23,9 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.backward import BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
+from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
+from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
@@ -70,6 +71,7 @@ class OpRecorder(TorchDispatchMode):
         self.cautions: list[str] = []  # what the recorded ops do differently from one run (torch.cond)
         self._branches: list[tuple[int, int]] = []  # the torch.cond branches running now, outermost first
         self._conds = 0
+        self._sharded = False  # whether DTensor ops ran (then its sharding propagation's own ops are skipped)
 
     supports_higher_order_operators = True  # torch.cond reaches __torch_dispatch__ (the others are refused)
 
@@ -77,9 +79,14 @@ class OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
+        if sharded_types(types):
+            self._sharded = True
+            return NotImplemented  # DTensor runs the op on its local shards, which come back here and are recorded
         if self._before is not None:
             self._before(func, args, kwargs)
         out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
+        if self._sharded and propagating_shardings():
+            return out  # DTensor shaping an op's global output on fake tensors: no rank runs it
         # prim::device and prim::layout are metadata queries fake tensors answer through the
         # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
         if not self.inside_opaque and func.namespace != "prim":
@@ -147,6 +154,8 @@ class OpRecorder(TorchDispatchMode):
             meta[SOURCE] = user_frame()
         if self.owners is not None:
             meta[PHASE] = phase
+            if phase != FORWARD:
+                meta[AUTOGRAD_NODE] = self.owners.running()
             self.owners.claim(node)
         self._register_outputs(node, out)
 
@@ -349,7 +358,9 @@ class CompositeOps(TorchFunctionMode):
         overloads = self._composites.get(func)
         if overloads is None:
             overloads = self._composites[func] = tuple(op for op in composite_overloads(func) if self._knows_op(op, func))
-        whole = overloads and not self._recorder.inside_opaque and not _under_function_transform()
+        # on DTensors, the composite runs as DTensor decomposes it, and the recorder sees the local ops
+        whole = overloads and not self._recorder.inside_opaque and not _under_function_transform() \
+            and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             return func(*args, **kwargs)

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     check_sweeps(sweeps)
+    if sweeps and args.parallel:
+        raise ModelSpecError("--parallel with --sweep is not built yet: estimate one plan at a time")
     check_device(args, sweeps)
     check_writable(args.output, "--output")
     check_writable(args.roofline, "--roofline")
@@ -96,7 +98,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_options(args: argparse.Namespace, sweeps: list) -> object:
+    """--memory: False, or the MemoryOptions to estimate with (the --device's memory, checked before loading)."""
+    if not getattr(args, "memory", False):
+        return False
+    if sweeps:
+        raise ModelSpecError("--memory estimates one step's peak; it does not combine with --sweep")
+    from fxflops.memory import MemoryOptions
+    from fxflops.memory.devices import device_capacity
+
+    if not args.device:
+        return MemoryOptions()
+    try:
+        label, capacity = device_capacity(args.device)
+    except ValueError as error:
+        raise ModelSpecError(f"--memory --device: {error}") from None
+    return MemoryOptions(device=label, device_bytes=capacity)
+
+
 def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: StageProgress) -> tuple:
+    memory = _memory_options(args, sweeps)
     progress(f"loading {args.model}")
     loaded = load(args.model, input_options(args))
     progress.done()
@@ -114,8 +135,8 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         return swept, render_sweep(swept, sweeps, args)
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
-                                 attention=args.attention, strict=args.fail_on_unknown,
-                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+                                 attention=args.attention, strict=args.fail_on_unknown, parallel=args.parallel,
+                                 progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), memory=memory)
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
@@ -165,7 +186,7 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
         if args.run_tools:
             if loaded.real_inputs is not None and loaded.made_up is None:  # the tools run the model: real inputs
                 loaded.args, loaded.kwargs = loaded.real_inputs()
-            comparison.run_tools(model, loaded.args, loaded.kwargs)
+            comparison.run_tools(*_real_for_tools(args, loaded, model, result.total_params))
         parts.append(comparison)
     if args.format == "json":
         import json
@@ -173,6 +194,29 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
         data = [part.to_dict() for part in parts]
         return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
     return "\n\n".join(str(part) for part in parts) + "\n"
+
+
+def _real_for_tools(args: argparse.Namespace, loaded, model, params: int) -> tuple:
+    """(model, args, kwargs, why_not_real) for --run-tools: fvcore, ptflops and DeepSpeed run a real
+    forward, so a model built on the meta device is built again on the CPU with random weights and zero
+    inputs when it is at most REAL_PARAMS_LIMIT parameters; otherwise the meta one, and why, in one line."""
+    import dataclasses
+
+    from fxflops.report.formats import params_to_string
+    from fxflops.tool_runs import REAL_PARAMS_LIMIT, on_meta, real_tools_installed
+
+    if not on_meta(model, loaded.args, loaded.kwargs) or not real_tools_installed():
+        return model, loaded.args, loaded.kwargs, ""
+    if params > REAL_PARAMS_LIMIT:
+        return model, loaded.args, loaded.kwargs, (
+            f"--run-tools builds models of at most {params_to_string(REAL_PARAMS_LIMIT)} params with real weights "
+            f"({args.model} has {params_to_string(params)}): run the tool from Python on a model you built")
+    rebuilt = load(args.model, dataclasses.replace(input_options(args), device="cpu"))
+    real = rebuilt.model.train() if args.train else rebuilt.model
+    if on_meta(real, rebuilt.args, rebuilt.kwargs):
+        return model, loaded.args, loaded.kwargs, (
+            f"{args.model} builds its model or inputs on the meta device itself; have it build them on the CPU")
+    return real, rebuilt.args, rebuilt.kwargs, ""
 
 
 def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progress: StageProgress) -> tuple:

@@ -218,7 +218,7 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
             "package.module:factory"
         ) from None
     try:
-        with torch.device("meta"):
+        with torch.device(options.device):
             model = example.build(**options.overrides)
     except TypeError as error:
         raise ModelSpecError(f"--set does not fit example {example.name}: {error}") from None
@@ -230,10 +230,12 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
     if options.input_shapes and example.takes_tokens:
         check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
     if options.input_shapes or options.named_shapes:
-        args = tensors_from_shapes(options.input_shapes, torch.device("meta"), example.takes_tokens, options.dtype)
+        args = tensors_from_shapes(options.input_shapes, torch.device(options.device), example.takes_tokens,
+                                   options.dtype)
     else:
-        args = example.inputs(batch=options.batch, seq_len=options.seq_len, device="meta")
-    loaded = ModelInputs(model, args, named_tensors(options, torch.device("meta")), f"built-in example {example.name}")
+        args = example.inputs(batch=options.batch, seq_len=options.seq_len, device=options.device)
+    loaded = ModelInputs(model, args, named_tensors(options, torch.device(options.device)),
+                         f"built-in example {example.name}")
     return finish_inputs(loaded, options)
 
 
@@ -268,7 +270,7 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else " (see torchvision.models.list_models())"
         raise ModelSpecError(f"unknown torchvision model {name!r}{hint}")
-    with torch.device("meta"):
+    with torch.device(options.device):
         model = torchvision.models.get_model(name, **_no_weights(torchvision, name, options.overrides))
     model.eval()
     refuse_seq_len(options, f"torchvision {name} takes images, not token sequences; give the image size with "
@@ -276,9 +278,9 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
     shapes = options.input_shapes
     if not shapes and not options.named_shapes:
         shapes = (_torchvision_input_shape(torchvision, name, model, options.batch),)
-    args = tensors_from_shapes(shapes, torch.device("meta"), False, options.dtype)
-    return finish_inputs(ModelInputs(model, args, named_tensors(options, torch.device("meta")), f"torchvision {name}"),
-                   options)
+    device = torch.device(options.device)
+    return finish_inputs(ModelInputs(model, tensors_from_shapes(shapes, device, False, options.dtype),
+                                     named_tensors(options, device), f"torchvision {name}"), options)
 
 
 def _no_weights(torchvision: Any, name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def load_huggingface(name: str, options: InputOptions) -> ModelInputs:
         setattr(config, key, value)
     build, what = _hf_builder(config, options)
     try:
-        with torch.device("meta"):
+        with torch.device(options.device):
             model = build()
     except ValueError as error:
         first = str(error).strip().splitlines()[0]
@@ -289,7 +289,7 @@ def _unknown_hf_name(name: str, model_types: list[str]) -> str:
 def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tuple, dict]:
     """Keyword inputs named after the model's main input; token ids unless it takes pixels."""
     main = getattr(model, "main_input_name", "input_ids")
-    device = torch.device("meta")
+    device = torch.device(options.device)
     if options.input_shapes or options.named_shapes:
         refuse_seq_len(options, "--input-shape gives the input sizes already; give one of the two")
         given = dict(options.named_shapes)

@@ -66,6 +66,9 @@ class InputOptions:
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
     hf_task: str = "auto"
     trust_remote_code: bool = False  # hf: may run the Python a config's auto_map names
+    # where models and inputs are built: "meta" to count; "cpu" with real (random) weights for the tools
+    # that run a real forward (--compare --run-tools); a FILE.py:FACTORY decides for itself
+    device: str = "meta"
 
 
 # ------------------------------------------------------------------------------- small parsers

@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="how attention ops count in the totals: dense (every (query, key) pair, as "
                                "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "
                                "keep); the summary shows both when they differ")
+    counting.add_argument("--parallel", default=None, metavar="PLAN",
+                          help="a what-if parallel plan, e.g. tp=8,dp=4 or tp=4,sequence_parallel=true: one rank's "
+                               "FLOPs and every collective's bytes, on torch.distributed's fake process group "
+                               "(keys: tp, dp, dp_shard, sequence_parallel, fsdp, reshard_after_forward, world_size; the "
+                               "inputs are one data-parallel rank's micro-batch)")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")
@@ -147,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count the model in training mode (dropout, batch statistics); default: as built")
     counting.add_argument("--optimizer", choices=OPTIMIZERS,
                           help="add one optimizer step's FLOPs over the trainable parameters")
+    counting.add_argument("--memory", action="store_true",
+                          help="the step's peak tensor bytes per rank (with --backward: saved activations and "
+                               "gradients; with --optimizer: its state and step), by kind and where, the "
+                               "allocator's allowance apart, and with --device whether it fits")
     counting.add_argument("--sweep", action="append", default=[], metavar="NAME=VALUES",
                           help="count at many sizes from one capture, with the formula: seq=128,256,1024, "
                                "batch=1..64*2, size[2,3]=160..320:32 (several make a grid; batch, seq, "
@@ -185,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "to the convention that causes it (json with --format json)")
     report.add_argument("--run-tools", action="store_true",
                         help="with --compare: also run FlopCounterMode, fvcore, ptflops and DeepSpeed where "
-                             "installed, and show their own numbers beside ours")
+                             "installed, and show their own numbers beside ours; fvcore, ptflops and DeepSpeed run "
+                             "a real forward, on the model built again on the CPU with random weights when it has "
+                             "at most 200 M params")
     report.add_argument("--roofline", metavar="FILE.svg",
                         help="with --device: also write the roofline picture of every module as an SVG image")
     parser.add_argument("--quiet", "-q", action="store_true",

@@ -65,6 +65,7 @@ def subtree_signatures(estimate: Estimate) -> dict[str, Hashable]:
             stats.bwd_macs,
             stats.bwd_flops,
             stats.calls,
+            tuple(stats.shared.items()),
             children,
         )
     return signatures

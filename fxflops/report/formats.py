@@ -91,6 +91,12 @@ def _joined(num: float, unit: str, precision: int, thousands: str = "K") -> str:
     return f"{text} {suffix}" if suffix else text
 
 
+def shared_to_string(shared: dict[str, str]) -> str:
+    """`weight = transformer.wte.weight`: the tied parameters a module's params leave out (name relative
+    to the module = the first owner's qualified name, where they are counted)."""
+    return ", ".join(f"{name} = {owner}" for name, owner in shared.items())
+
+
 def params_to_string(params: float, precision: int = PRECISION) -> str:
     """Parameter count: `61.71 k`, `336.23 M`, `156`, `0`."""
     if abs(params) < 1000:

@@ -20,6 +20,7 @@ from fxflops.report.formats import (
     number_to_string,
     params_to_string,
     percent,
+    shared_to_string,
 )
 from fxflops.results import ROOT_LABEL, Estimate, ModuleStats
 
@@ -138,6 +139,7 @@ def _info(estimate: Estimate, group: folding.Group, stats: ModuleStats, metrics:
     fwd = forward_prefix(estimate)
     rows += [
         ["params", f"{params_to_string(stats.params)} ({percent(stats.params, estimate.total_params)})"],
+        *([["tied params", f"{shared_to_string(stats.shared)} (counted there)"]] if stats.shared else []),
         [f"{fwd}MACs", f"{macs_to_string(stats.fwd_macs)} ({percent(stats.fwd_macs, estimate.fwd_macs)})"],
         [f"{fwd}FLOPs", f"{number_to_string(stats.fwd_flops)} ({percent(stats.fwd_flops, estimate.fwd_flops)})"],
     ]

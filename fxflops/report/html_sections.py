@@ -17,6 +17,7 @@ from fxflops.report.formats import (
     macs_to_string,
     number_to_string,
     params_to_string,
+    shared_to_string,
 )
 from fxflops.report.html_data import Metric, forward_prefix, timed, unknown_modules
 from fxflops.report.text_summary import attention_text, inputs_text
@@ -26,9 +27,11 @@ from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate
 def header(estimate: Estimate) -> str:
     what = "profile (measured)" if estimate.measurements is not None else "estimate"
     shapes = escape(inputs_text(estimate.input_shapes))
-    mode = "" if estimate.training is None else f" · mode {'train' if estimate.training else 'eval'}"
+    # the training flag (dropout, batch statistics) and the passes counted are two things: say both
+    mode = "" if estimate.training is None else f" · model in {'train' if estimate.training else 'eval'} mode"
+    passes = "forward + backward" if estimate.backward else "forward"
     return (f"<h1>{escape(estimate.model_type)}</h1>"
-            f'<p class="sub">fxflops {what} · method {escape(estimate.method)} · conventions '
+            f'<p class="sub">fxflops {what} · counts the {passes} · method {escape(estimate.method)} · conventions '
             f"{escape(estimate.conventions)} · dtype {escape(str(estimate.dtype))}{mode} · inputs {shapes}</p>")
 
 
@@ -43,7 +46,7 @@ def cards(estimate: Estimate) -> str:
         cards += [("bwd MACs", macs_to_string(estimate.bwd_macs)), ("bwd FLOPs", number_to_string(estimate.bwd_flops))]
     totals = estimate.attention_totals()
     if totals is not None and totals.differ:
-        cards.append((f"attention FLOPs, dense / effective ({', '.join(totals.patterns)})",
+        cards.append((f"attention FLOPs{_both_passes(estimate)}, dense / effective ({', '.join(totals.patterns)})",
                        f"{number_to_string(totals.dense_flops)} / {number_to_string(totals.effective_flops)}"))
     if estimate.total_bytes:
         cards.append(("bytes moved", bytes_to_string(estimate.total_bytes)))
@@ -57,6 +60,11 @@ def cards(estimate: Estimate) -> str:
         f'<div class="card{" bad" if label == "unknown ops" and unknown else ""}">'
         f'<div class="value">{escape(value)}</div><div class="label">{escape(label)}</div></div>'
         for label, value in cards)
+
+
+def _both_passes(estimate: Estimate) -> str:
+    """Attention totals hold both passes when the backward was counted, beside cards of the forward's."""
+    return " (fwd + bwd)" if estimate.backward else ""
 
 
 def icicle_section(metrics: list[Metric]) -> str:
@@ -85,7 +93,7 @@ def cautions_section(estimate: Estimate) -> str:
     notes = list(estimate.cautions)
     attention = attention_text(estimate)
     if attention is not None:
-        notes.append(f"attention FLOPs: {attention}")
+        notes.append(f"attention FLOPs{_both_passes(estimate)}: {attention}")
     if estimate.input_values:
         notes.insert(0, f"the model ran once, on {estimate.input_values}")
     if not notes:
@@ -121,6 +129,9 @@ def modules_table(estimate: Estimate) -> str:
         headers += [("latency", True), ("achieved", True)]
     if prediction is not None:
         headers += [("predicted", True), ("bound", False)]
+    tied = any(stats.shared for stats in estimate.modules.values())
+    if tied:  # params count a tied weight once, at its first owner: the others name it here
+        headers += [("tied params (counted at)", False)]
     unknown = unknown_modules(estimate)
     rows = []
     for name, stats in estimate.modules.items():
@@ -151,6 +162,8 @@ def modules_table(estimate: Estimate) -> str:
             cells += [_cell("" if predicted is None else duration_to_string(predicted.latency),
                             -1 if predicted is None else predicted.latency),
                       _cell("" if predicted is None else predicted.bound)]
+        if tied:
+            cells.append(_cell(shared_to_string(stats.shared)))
         cls = ' class="unknown"' if name in unknown else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     return _table("modules", headers, rows)

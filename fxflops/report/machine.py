@@ -42,7 +42,11 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                   fwd_macs, fwd_flops, bwd_fwd_ratio: float|null, achieved_bwd_flops: float|null,
                   bytes, self_bytes (memory read + written by its ops, inclusive / own; see
                   fxflops.traffic), intensity: float|null (flops per byte),
-                  predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction)}
+                  predicted_latency: float|null, bound: "compute"|"memory"|null (with a prediction),
+                  shared: {name: name} tied weights under the module that `params` leaves out because
+                  an earlier module holds them: the parameter's name relative to the module -> the first
+                  owner's qualified name, e.g. {"weight": "transformer.wte.weight"} for GPT-2's lm_head;
+                  each parameter counts once, at its first owner, so module params add up to totals}
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}   e.g.
                       "aten.mm.default"; status: "counted", "zero" or "unknown" ("/"-joined when mixed)
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}
@@ -52,6 +56,21 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       "memory_bound_share", "ridge" (flops per byte), "source"}
     measurements      null, or every `fxflops.results.Measurements` field (seconds, FLOP/s)
                       plus derived "achieved_flops", "utilization", "hook_overhead"
+    memory            present only with estimate(memory=...) (fxflops.memory.MemoryEstimate): tensor
+                      bytes one rank holds through the step: {"peak_bytes", "by_kind" (parameters,
+                      buffers, gradients, optimizer, inputs, activations, temporaries at the peak),
+                      "peak_at": {module, phase, op, node}, "by_module" (activations and temporaries
+                      alive at the peak, by the module that made them), "saved_by_module" (activations
+                      alive when the forward ends), "model_states", "phase_peaks" {phase: bytes},
+                      "optimizer" (its formula, in words), "allowance" {rounding, context, collectives,
+                      fragmentation, total} (apart: not in peak_bytes), "device_bytes" (peak +
+                      allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes"}
+    collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
+                      node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
+    collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
+    parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
+    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes"}]   the plan's rank roles
+                      (this estimate is the first's rank); job_flops: int, every rank's flops together
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
@@ -60,10 +79,10 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
-and bound without a prediction. Numbers are written as numbers. A text cell (a module's name, type or
-extra_repr) that starts like a spreadsheet formula (=, +, -, @, tab, CR) is written with a leading `'`, as
-OWASP's CSV-injection guidance advises, and control characters in text cells as escapes (`\x1b`); JSON
-escapes them itself.
+and bound without a prediction; shared is `name=first owner` pairs joined by `;` (empty: none). Numbers are
+written as numbers. A text cell (a module's name, type or extra_repr) that starts like a spreadsheet formula
+(=, +, -, @, tab, CR) is written with a leading `'`, as OWASP's CSV-injection guidance advises, and control
+characters in text cells as escapes (`\x1b`); JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -81,6 +100,7 @@ from fxflops.capture.methods import describe
 from fxflops.report.formats import ENCODING_ERRORS, csv_cell
 from fxflops.results import (
     AttentionTotals,
+    Collective,
     Estimate,
     Measurements,
     ModuleStats,
@@ -115,10 +135,13 @@ MODULE_FIELDS = (
     "self_bwd_flops",
     "bytes",
     "self_bytes",
+    "shared",
 )
 DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops", "intensity")  # written, not read back
 PREDICTED_FIELDS = ("predicted_latency", "bound")  # empty without a prediction
-CSV_COLUMNS = tuple(field for field in MODULE_FIELDS if field != "children") + DERIVED_FIELDS + PREDICTED_FIELDS
+# shared last, so the columns before it keep their places; its cell reads `weight=transformer.wte.weight`
+CSV_COLUMNS = (tuple(field for field in MODULE_FIELDS if field not in ("children", "shared"))
+               + DERIVED_FIELDS + PREDICTED_FIELDS + ("shared",))
 
 
 def jsonable(value: Any) -> Any:
@@ -154,6 +177,7 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, Any]]:
 def _module_dict(stats: ModuleStats, backward: bool, prediction: Any = None) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
     record["children"] = list(stats.children)
+    record["shared"] = dict(stats.shared)
     for field in DERIVED_FIELDS:
         record[field] = getattr(stats, field)
     if not backward:  # no backward counted: no ratio, rather than 0
@@ -240,7 +264,15 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         ],
         prediction=_prediction_dict(estimate.prediction),
         measurements=_measurements_dict(estimate),
+        collectives=[dataclasses.asdict(c) for c in estimate.collectives],
+        collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
+        parallel=estimate.parallel,
+        ranks=[{"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
+                "collective_wire_bytes": role.estimate.collective_wire_bytes} for role in estimate.ranks],
+        job_flops=estimate.job_flops,
     )
+    if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
+        record["memory"] = estimate.memory.to_dict()
     if include_nodes:
         record["nodes"] = [_node_dict(node) for node in estimate.nodes]
     return record
@@ -261,10 +293,12 @@ def to_json(
 
 def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
     """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
-    return [
-        {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
-        for stats in estimate.modules.values()
-    ]
+    rows = []
+    for stats in estimate.modules.values():
+        row = {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
+        row["shared"] = ";".join(f"{name}={owner}" for name, owner in stats.shared.items())
+        rows.append(row)
+    return rows
 
 
 def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
@@ -286,6 +320,7 @@ def to_csv(estimate: Estimate, path: str | Path | None = None) -> str:
 def _module_from(record: dict[str, Any]) -> ModuleStats:
     values = {field: record[field] for field in MODULE_FIELDS if field in record}
     values["children"] = list(values.get("children", []))
+    values["shared"] = dict(values.get("shared", {}))
     return ModuleStats(**values)
 
 
@@ -363,6 +398,8 @@ def from_dict(record: dict[str, Any]) -> Estimate:
         saved_node_status=record.get("node_status"),
         attention=(record.get("attention") or {}).get("reading", "dense"),
         saved_attention=_attention_from(record.get("attention")),
+        collectives=[Collective(**item) for item in record.get("collectives", [])],
+        parallel=record.get("parallel"),
     )
 
 

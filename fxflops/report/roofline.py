@@ -20,7 +20,7 @@ from fxflops.report.formats import duration_to_string, flops_to_string
 from fxflops.results import ROOT_LABEL, Estimate
 
 WIDTH, HEIGHT = 880, 560
-LEFT, RIGHT, TOP, BOTTOM = 90, 30, 50, 60
+LEFT, RIGHT, TOP, BOTTOM = 100, 30, 50, 60  # LEFT: tick labels clear of the axis title
 LABELED = 8  # spots named beside their points, the most time first
 CHAR_WIDTH, LINE_HEIGHT = 6.2, 13  # of the 11 px label text, for keeping labels apart
 LEGEND_BOX = (LEFT, TOP, LEFT + 260, TOP + 62)
@@ -29,6 +29,7 @@ LEGEND_BOX = (LEFT, TOP, LEFT + 260, TOP + 62)
 def roofline_svg(estimate: Estimate, prediction: Any) -> str:
     """The SVG document of `estimate`'s modules under `prediction`'s roofs."""
     points = _points(estimate, prediction)
+    measured = any(p["measured"] for p in points)  # the legend and axis speak of measurements only then
     x_range = _decades([p["intensity"] for p in points] + [prediction.ridge, prediction.vector_flops / prediction.bandwidth])
     y_range = _decades([p["rate"] for p in points] + [prediction.peak_flops, prediction.vector_flops])
     scale = _Scale(x_range, y_range)
@@ -43,11 +44,11 @@ def roofline_svg(estimate: Estimate, prediction: Any) -> str:
         f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="15">'
         f'{escape(estimate.model_type)} on {escape(prediction.device)} ({escape(prediction.dtype)}): roofline, '
         f'predicted {escape(duration_to_string(prediction.latency))}</text>',
-        *_axes(scale),
+        *_axes(scale, measured),
         *roofs,
         *(_point(scale, p) for p in sorted(points, key=lambda p: -p["share"])),
         *_labels(scale, points, circles, taken, lines),
-        *_legend(),
+        *_legend(measured),
         "</svg>",
     ]
     return "\n".join(parts) + "\n"
@@ -92,7 +93,7 @@ class _Scale:
         return HEIGHT - BOTTOM - (math.log10(value) - low) / (high - low) * (HEIGHT - TOP - BOTTOM)
 
 
-def _axes(scale: _Scale) -> list[str]:
+def _axes(scale: _Scale, measured: bool) -> list[str]:
     parts = [f'<rect x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{HEIGHT - TOP - BOTTOM}" '
              'fill="none" stroke="#444"/>']
     for exponent in range(scale.x_range[0], scale.x_range[1] + 1):
@@ -106,8 +107,9 @@ def _axes(scale: _Scale) -> list[str]:
                      f'{escape(flops_to_string(10.0 ** exponent))}</text>')
     parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{HEIGHT - 18}" text-anchor="middle">'
                  'arithmetic intensity (FLOPs per byte moved)</text>')
-    parts.append(f'<text x="18" y="{(TOP + HEIGHT - BOTTOM) / 2}" text-anchor="middle" '
-                 f'transform="rotate(-90 18 {(TOP + HEIGHT - BOTTOM) / 2})">FLOP/s (measured, else predicted)</text>')
+    what = "measured, else predicted" if measured else "predicted"
+    parts.append(f'<text x="14" y="{(TOP + HEIGHT - BOTTOM) / 2}" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {(TOP + HEIGHT - BOTTOM) / 2})">FLOP/s ({what})</text>')
     return parts
 
 
@@ -119,10 +121,12 @@ def _roofs(scale: _Scale, prediction: Any, circles: list[Box], taken: list[Box])
                   dashed=True)]
 
 
-def _legend() -> list[str]:
+def _legend(measured: bool) -> list[str]:
+    """The legend; it names measured points only where some module was timed."""
     x, y = LEFT + 12, TOP + 18
     entries = [("#c0392b", "#c0392b", "memory-bound"), ("#2e86c1", "#2e86c1", "compute-bound"),
-               ("#444", "white", "hollow: predicted FLOP/s, filled: measured")]
+               ("#444", "white", "hollow: predicted FLOP/s, filled: measured" if measured
+                else "hollow: predicted FLOP/s (nothing measured)")]
     parts = []
     for index, (stroke, fill, text) in enumerate(entries):
         parts.append(f'<circle cx="{x}" cy="{y + 16 * index - 4}" r="5" fill="{fill}" fill-opacity="0.6" '
@@ -134,7 +138,8 @@ def _roof(scale: _Scale, peak: float, bandwidth: float, color: str, label: str, 
           taken: list[Box], dashed: bool = False) -> str:
     low, high = (10.0 ** e for e in scale.x_range)
     ridge = min(max(peak / bandwidth, low), high)
-    corners = [(low, min(peak, bandwidth * low)), (ridge, min(peak, bandwidth * ridge)), (high, peak)]
+    start = min(max(low, 10.0 ** scale.y_range[0] / bandwidth), ridge)  # where the slope enters the plot
+    corners = [(start, min(peak, bandwidth * start)), (ridge, min(peak, bandwidth * ridge)), (high, peak)]
     path = " ".join(f"{scale.x(x):.1f},{scale.y(y):.1f}" for x, y in corners)
     dash = ' stroke-dasharray="6 4"' if dashed else ""
     text = f"{label}: {flops_to_string(peak)}"
@@ -208,34 +213,59 @@ def _clear_spot(candidates: list[tuple[float, float]], width: float, boxes: list
 
 def _labels(scale: _Scale, points: list[dict[str, Any]], circles: list[Box], taken: list[Box],
             lines: list[Box]) -> list[str]:
-    """Names of the spots that take the most time, each on a leader line, clear of points and labels."""
-    parts: list[str] = []
-    labels: list[Box] = []  # placed label texts, which later leaders must not cross
-    leaders: list[tuple[tuple[float, float], tuple[float, float]]] = []  # nor later labels these
-    for spot in _spots(scale, points)[:LABELED]:
+    """Names of the spots that take the most time, each on a leader line, clear of points and labels.
+
+    A label on another text (legend, roof label, label), a leader through a text, or a label outside the
+    plot is a clash: a spot with no place free of clashes goes unnamed (it still names itself on hover).
+    Labels are placed most time first; when one finds no place, placing it first is tried too, and
+    whichever order names more spots wins.
+    """
+    spots = _spots(scale, points)[:LABELED]
+    best = _placed(spots, circles, taken, lines)
+    for missed in [index for index, part in enumerate(best) if part is None]:
+        order = [missed] + [index for index in range(len(spots)) if index != missed]
+        tried = _placed([spots[index] for index in order], circles, taken, lines)
+        tried = [tried[order.index(index)] for index in range(len(spots))]
+        if sum(part is not None for part in tried) > sum(part is not None for part in best):
+            best = tried
+    return [part for part in best if part is not None]
+
+
+def _placed(spots: list[dict[str, Any]], circles: list[Box], taken: list[Box], lines: list[Box]) -> list[str | None]:
+    """Each spot's label and leader in this order, each clear of those before it (None: no clear place)."""
+    taken = list(taken)
+    leaders: list[tuple[tuple[float, float], tuple[float, float]]] = []  # placed leaders: later labels keep off
+    parts: list[str | None] = []
+    for spot in spots:
         x, y, radius = spot["x"], spot["y"], spot["radius"]
         width = len(spot["label"]) * CHAR_WIDTH
-        best, best_cost = None, math.inf
-        for distance in (28, 48, 72, 100, 130, 160, 190):
-            for degrees in _DIRECTIONS:
-                box, anchor = _label_box(x, y, distance, math.radians(degrees), width)
+        best, best_cost = None, (math.inf, math.inf)
+        for distance in _DISTANCES:
+            for box, anchor in (found for degrees in _DIRECTIONS
+                                for found in _label_boxes(x, y, distance, math.radians(degrees), width)):
                 leader = _leader(x, y, radius, box)
-                cost = (sum(_overlap(box, other) for other in circles + taken)
-                        + 400 * sum(_crosses(leader, other) for other in labels)
-                        + 400 * sum(_crosses(other, box) for other in leaders)
+                samples = _samples(leader)
+                clashes = (sum(_overlap(box, other) > 0 for other in taken)
+                           + sum(_hits(samples, other) for other in taken)
+                           + sum(_crosses(other, box) for other in leaders)
+                           + (0 if _inside(box) else 1))
+                if clashes > best_cost[0]:
+                    continue
+                cost = (clashes, sum(_overlap(box, other) for other in circles)
                         + 400 * sum(_overlap(box, line) > 0 for line in lines)
                         # a leader may leave a point on a roof, not run along it
-                        + 100 * max(0, sum(_crosses(leader, line) for line in lines) - 2)
-                        + (0 if _inside(box) else 1e6))
+                        + 100 * max(0, sum(_hits(samples, line) for line in lines) - 2))
                 if cost < best_cost:
                     best, best_cost = (box, leader, anchor), cost
-                if cost == 0:
+                if cost == (0, 0):
                     break
-            if best_cost == 0:
+            if best_cost == (0, 0):  # the nearest clean place
                 break
+        if best_cost[0]:
+            parts.append(None)
+            continue
         box, leader, anchor = best
-        taken.append(box)
-        labels.append(box)
+        taken.append(box)  # which later labels and leaders must keep off
         leaders.append(leader)
         (x1, y1), (x2, y2) = leader
         # anchored on the side the leader meets, so the line touches the text whatever its real width
@@ -246,23 +276,25 @@ def _labels(scale: _Scale, points: list[dict[str, Any]], circles: list[Box], tak
     return parts
 
 
+_DISTANCES = (28, 48, 72, 100, 130, 160, 190, 230, 280)  # px from a point to its label
 # where a label may go from its point, in order of preference (degrees, y down): below right first,
 # the emptiest side of points that sit on a roof
 _DIRECTIONS = (45, 90, 135, 22, 67, 112, 157, 0, 180, -22, -45, -67, -90, -112, -135, -157)
 
 
-def _label_box(x: float, y: float, distance: float, angle: float, width: float) -> tuple[Box, str]:
-    """The box of a label `distance` px from (x, y) at `angle`, on the side facing away from the point,
-    and the text anchor that keeps its near side there."""
+def _label_boxes(x: float, y: float, distance: float, angle: float, width: float) -> list[tuple[Box, str]]:
+    """Boxes of a label `distance` px from (x, y) at `angle`, on the side facing away from the point,
+    each with the text anchor that keeps its near side there: beside the leader's end when it leaves
+    sideways; centred on it, or hanging to either side, when it leaves up or down."""
     end_x, end_y = x + distance * math.cos(angle), y + distance * math.sin(angle) * 0.8
     if math.cos(angle) > 0.3:
-        start, anchor = end_x + 3, "start"
+        starts = [(end_x + 3, "start")]
     elif math.cos(angle) < -0.3:
-        start, anchor = end_x - width - 3, "end"
+        starts = [(end_x - width - 3, "end")]
     else:
-        start, anchor = end_x - width / 2, "middle"
+        starts = [(end_x - width / 2, "middle"), (end_x - 3, "start"), (end_x - width + 3, "end")]
     baseline = end_y + (LINE_HEIGHT - 2 if math.sin(angle) > 0.3 else -2 if math.sin(angle) < -0.3 else 4)
-    return _text_box(start, baseline, width), anchor
+    return [(_text_box(start, baseline, width), anchor) for start, anchor in starts]
 
 
 def _leader(x: float, y: float, radius: float, box: Box) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -274,10 +306,22 @@ def _leader(x: float, y: float, radius: float, box: Box) -> tuple[tuple[float, f
 
 def _crosses(segment: tuple[tuple[float, float], tuple[float, float]], box: Box) -> int:
     """Whether the segment passes through the box (sampled every 3 px)."""
+    return _hits(_samples(segment), box)
+
+
+def _samples(segment: tuple[tuple[float, float], tuple[float, float]]) -> tuple[Box, list[tuple[float, float]]]:
+    """The segment's bounds and its points every 3 px, to test against many boxes."""
     (x1, y1), (x2, y2) = segment
     steps = max(1, int(math.hypot(x2 - x1, y2 - y1) / 3))
-    return int(any(box[0] < x1 + (x2 - x1) * i / steps < box[2] and box[1] < y1 + (y2 - y1) * i / steps < box[3]
-                   for i in range(steps + 1)))
+    points = [(x1 + (x2 - x1) * i / steps, y1 + (y2 - y1) * i / steps) for i in range(steps + 1)]
+    return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)), points
+
+
+def _hits(samples: tuple[Box, list[tuple[float, float]]], box: Box) -> int:
+    bounds, points = samples
+    if bounds[2] <= box[0] or bounds[0] >= box[2] or bounds[3] <= box[1] or bounds[1] >= box[3]:
+        return 0
+    return int(any(box[0] < x < box[2] and box[1] < y < box[3] for x, y in points))
 
 
 def _spots(scale: _Scale, points: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from fxflops.report.formats import (
     macs_to_string,
     number_to_string,
     params_to_string,
+    shared_to_string,
     percent,
 )
 from fxflops.results import ROOT_LABEL, Estimate, OpTotals
@@ -96,6 +97,9 @@ def module_rows(
     headers += ["bytes", "flops/byte"]
     if estimate.prediction is not None:
         headers += ["predicted", "bound"] + (["measured/predicted"] if measured else [])
+    tied = any(stats.shared for stats in estimate.modules.values())
+    if tied:  # params count a tied weight once, at its first owner: the others name it here
+        headers += ["tied params (counted at)"]
     total_latency = folding.root_latency(estimate)
     display: dict[tuple[str, ...], str] = {}
     rows = []
@@ -103,7 +107,10 @@ def module_rows(
         name = display.get(group.names, ROOT_LABEL if group.depth == 0 else group.label)
         for child in children:
             display[child.names] = _display_name("" if group.depth == 0 else name, child)
-        rows.append(_module_row(estimate, group, name, measured, total_latency, raw, bwd_timed))
+        row = _module_row(estimate, group, name, measured, total_latency, raw, bwd_timed)
+        if tied:
+            row.append(shared_to_string(folding.stats_of(estimate, group).shared))
+        rows.append(row)
     return headers, rows
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from fxflops.report.collectives import collective_lines
 from fxflops.report.formats import ENCODING_ERRORS, encodable, printable
 from fxflops.report.tables import op_table
 from fxflops.report.text_aggregated import aggregated_lines
@@ -66,7 +67,7 @@ def render(
     by_rule: bool = True,
 ) -> str:
     """The whole report as one string."""
-    lines = summary_lines(estimate)
+    lines = summary_lines(estimate) + collective_lines(estimate)
     if by_rule and (estimate.by_rule or estimate.unknown):
         lines += ["", "Cost per rule:", op_table(estimate, "rule", tablefmt="simple")]
     if top_modules > 0:  # top 0 asks for no aggregated profile, not for empty {} per depth

@@ -14,6 +14,7 @@ from fxflops.report.formats import (
     macs_to_string,
     params_to_string,
     percent,
+    shared_to_string,
 )
 from fxflops.report.text_layout import _is_measured, _per, _rule_line
 from fxflops.results import Estimate
@@ -44,6 +45,11 @@ def _detailed_header(estimate: Estimate, folded: bool) -> list[str]:
             f"{len(notes) + 1}. `(a-b): n x Type(...)` stands for n identical numbered repeats and "
             "shows the numbers of one of them" + (" (latency: their mean)" if measured else "")
             + "; fold=False (--no-fold) shows each."
+        )
+    if any(stats.shared for stats in estimate.modules.values()):
+        notes.append(
+            f"{len(notes) + 1}. A parameter several modules hold (tied weights) counts once, at its first "
+            "owner: `tied: weight = a.b.weight` says which it leaves out and where it counts."
         )
     if measured:
         notes.append(
@@ -91,6 +97,8 @@ def module_fields(
         fields += [f"{duration_to_string(bwd_latency)} bwd",
                    f"{flops_to_string(stats.bwd_flops / bwd_latency if bwd_latency else 0.0)} bwd"]
     fields += _predicted_fields(estimate, group, measured)
+    if stats.shared:
+        fields.append(f"tied: {shared_to_string(stats.shared)}")
     if stats.calls == 0 and not _ran(estimate, group.name):
         fields.append("not called")
     elif stats.calls > 1:

@@ -20,6 +20,7 @@ from fxflops.report.formats import (
     params_to_string,
     percent,
 )
+from fxflops.report.memory_text import memory_lines
 from fxflops.report.text_layout import _device_word, _per, _row, _rule_line
 from fxflops.report.text_measured import _latency_lines, _parallel_lines, generation_lines
 from fxflops.results import COUNTED, RECOMPUTE, ROOT_LABEL, UNKNOWN, ZERO, Estimate
@@ -83,6 +84,7 @@ def summary_lines(estimate: Estimate) -> list[str]:
     lines += _model_lines(estimate)
     lines += _parallel_lines(m)
     lines += _count_lines(estimate)
+    lines += memory_lines(estimate)
     lines += prediction_lines(estimate)
     if m is not None:
         lines += _latency_lines(estimate, m)

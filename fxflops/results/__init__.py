@@ -9,6 +9,7 @@ The names below are what the rest of fxflops imports from `fxflops.results`.
 """
 
 from fxflops.results.captured import BACKWARD, FORWARD, PHASE, RECOMPUTE, Attempt, Captured, CountSource, ModuleInfo, WholeCall
+from fxflops.results.parallel import Collective, RankRole
 from fxflops.results.costs import (
     COUNTED,
     ROOT_LABEL,
@@ -28,7 +29,7 @@ from fxflops.results.sweep import SweepFormula, SweepModule, SweepPoint, SweepRe
 
 __all__ = [
     "BACKWARD", "COUNTED", "FORWARD", "PHASE", "RECOMPUTE", "ROOT_LABEL", "UNKNOWN", "UNKNOWN_RULE", "ZERO", "Attempt",
-    "AttentionTotals", "Captured", "CountSource", "Estimate", "Measurements", "ModuleInfo", "ModuleStats", "NodeCost",
-    "OpTotals", "OptimizerStep", "Profile", "SweepFormula", "SweepModule", "SweepPoint", "SweepResult", "UnknownOp",
+    "AttentionTotals", "Captured", "Collective", "CountSource", "Estimate", "Measurements", "ModuleInfo", "ModuleStats", "NodeCost",
+    "OpTotals", "OptimizerStep", "Profile", "RankRole", "SweepFormula", "SweepModule", "SweepPoint", "SweepResult", "UnknownOp",
     "WholeCall", "attention_totals",
 ]

@@ -52,7 +52,10 @@ class ModuleInfo:
     type: str  # class name
     extra_repr: str
     children: tuple[str, ...]  # qualified names, definition order
-    params: int  # parameters of this module and its submodules, shared ones once
+    params: int  # parameters of this module and its submodules, each counted once at its first owner
+    # parameters under this module counted elsewhere (tied weights): (name relative to this module,
+    # qualified name of the first owner's parameter)
+    shared: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -121,7 +121,7 @@ class ModuleStats:
     name: str  # qualified name, "" for the root
     type: str  # class name
     depth: int  # root = 0
-    params: int  # parameters owned by this module and its submodules, shared ones once
+    params: int  # parameters of this module and its submodules, each counted once at its first owner
     macs: int
     flops: int
     self_macs: int
@@ -138,6 +138,9 @@ class ModuleStats:
     self_bwd_flops: int = 0
     bytes: int = 0  # inclusive memory traffic: bytes its ops read and write (fxflops.traffic)
     self_bytes: int = 0
+    # tied weights under this module that `params` leaves out because an earlier module (in definition
+    # order) holds them: name relative to this module -> the first owner's qualified parameter name
+    shared: dict[str, str] = field(default_factory=dict)
 
     @property
     def intensity(self) -> float | None:

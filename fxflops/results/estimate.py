@@ -13,6 +13,7 @@ from typing import Any
 
 import networkx as nx
 
+from fxflops.results.parallel import Collective, RankRole
 from fxflops.results.costs import (
     COUNTED,
     UNKNOWN,
@@ -99,6 +100,13 @@ class Estimate:
     source: Any = field(default=None, repr=False, compare=False)
     attention: str = "dense"  # how attention ops are in the totals: "dense" or "effective" (see attention_totals)
     saved_attention: AttentionTotals | None = None  # attention_totals() of an estimate read back without nodes
+    memory: Any = None  # a fxflops.memory.MemoryEstimate when estimate(memory=...) asked for it
+    # every collective call of the counted rank (fxflops.parallel.collectives), in execution order
+    collectives: list[Collective] = field(default_factory=list)
+    # a what-if parallel plan (estimate(..., parallel=...)): the plan as {"tp": 8, ...}, and one role per
+    # set of ranks that run the same ops; this estimate is the first role's rank
+    parallel: dict[str, Any] | None = None
+    ranks: list[RankRole] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, Any]:
         # the capture behind explain()/compare() holds graph modules (and, under symbolic tracing, the
@@ -126,6 +134,41 @@ class Estimate:
     def intensity(self) -> float | None:
         """The whole model's arithmetic intensity: FLOPs per byte moved."""
         return self.root.intensity
+
+    @property
+    def collective_bytes(self) -> int:
+        """Payload bytes of every collective the counted rank calls in one step (see Collective.bytes)."""
+        return sum(c.bytes for c in self.collectives)
+
+    @property
+    def collective_wire_bytes(self) -> int:
+        """Bytes the counted rank puts on the wire in one step (ring algorithms, see Collective.wire_bytes)."""
+        return sum(c.wire_bytes for c in self.collectives)
+
+    @property
+    def job_flops(self) -> int:
+        """FLOPs of every rank of the plan together (this estimate's total_flops without a plan)."""
+        return sum(r.estimate.total_flops * len(r.ranks) for r in self.ranks) if self.ranks else self.total_flops
+
+    @property
+    def job_collective_wire_bytes(self) -> int:
+        """Bytes every rank of the plan puts on the wire together, per step."""
+        if not self.ranks:
+            return self.collective_wire_bytes
+        return sum(r.estimate.collective_wire_bytes * len(r.ranks) for r in self.ranks)
+
+    def collective_totals(self, by: str = "op") -> dict[Any, dict[str, int]]:
+        """{"count", "bytes", "wire_bytes"} per value of a Collective field (`by`: "op", "module", "phase",
+        "group", "group_desc"; or a tuple of them), in first-call order."""
+        keys = (by,) if isinstance(by, str) else tuple(by)
+        totals: dict[Any, dict[str, int]] = {}
+        for c in self.collectives:
+            key = getattr(c, keys[0]) if len(keys) == 1 else tuple(getattr(c, k) for k in keys)
+            entry = totals.setdefault(key, {"count": 0, "bytes": 0, "wire_bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += c.bytes
+            entry["wire_bytes"] += c.wire_bytes
+        return totals
 
     @property
     def fwd_macs(self) -> int:

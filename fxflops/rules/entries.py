@@ -125,6 +125,9 @@ class Rule:
         under `preset` as `cost` counts the dense reading (the rule's `effective_*` formulas)."""
         if self.effective is None:
             raise ValueError(f"{self.label} has no effective formulas")
+        override = self.presets.get(preset.name)
+        if override is not None:  # a tool's own count (ptflops' MultiheadAttention hook): every pair, as it counts
+            return self._counts(override, call, preset.name)
         if not preset.counts(family):
             return 0, 0
         call = dataclasses.replace(call, names={**call.names, KEPT_PAIRS: kept_pairs})

@@ -1,0 +1,80 @@
+"""Time and peak memory of a what-if parallel plan against its world size (issue 38).
+
+A Llama-2-7B-shaped LlamaForCausalLM (hidden 4096, 32 heads, intermediate 11008, vocab 32000; `--layers`
+of them, default 4, so a run takes seconds), built on the meta device, batch 1 x `--seq` tokens,
+forward + backward under `fxflops.estimate(..., parallel=plan)`. Each plan runs in its own subprocess
+(peak RSS = that process' VmHWM, imports and the meta model included); wall and CPU time are of the
+estimate call only. The counted rank's FLOPs must not depend on dp (each rank runs its own micro-batch):
+the script checks that too.
+
+    python benchmarks/parallel_world_size.py [--layers 4] [--seq 512] [--plans "tp=8" "tp=8,dp=16" ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import ROOT, environment, status_kib  # noqa: E402
+
+PLANS = ("tp=8", "tp=8,dp=16", "tp=8,dp=128", "tp=8,dp=512", "tp=8,dp=16,dp_shard=8")
+
+
+def one(plan: str, layers: int, seq: int) -> dict:
+    import warnings
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import fxflops
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=layers, num_attention_heads=32,
+                         vocab_size=32000, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    ids = torch.zeros(1, seq, dtype=torch.long)
+    before = status_kib("VmRSS")
+    wall, cpu = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fxflops.estimate(model, (ids,), backward=True, parallel=plan)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"plan": plan, "ranks": sum(len(r.ranks) for r in est.ranks), "wall": wall, "cpu": cpu,
+            "rss_before_mib": before / 1024, "peak_mib": status_kib("VmHWM") / 1024, "flops": est.total_flops,
+            "collectives": len(est.collectives), "wire_bytes": est.collective_wire_bytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--plans", nargs="*", default=list(PLANS))
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.layers, args.seq)))
+        return
+    print(environment())
+    print(f"Llama-2-7B shapes, {args.layers} layers, batch 1 x seq {args.seq}, forward + backward, deepspeed conventions")
+    print("| plan | ranks | wall s | CPU s | peak RSS MiB (before) | rank FLOPs | collectives | wire bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    flops_by_tp = {}
+    for plan in args.plans:
+        done = subprocess.run([sys.executable, __file__, "--one", plan, "--layers", str(args.layers), "--seq", str(args.seq)],
+                              capture_output=True, text=True, cwd=ROOT, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        key = tuple(part for part in plan.split(",") if not part.startswith("dp"))
+        flops_by_tp.setdefault(key, set()).add(row["flops"])
+        print(f"| {plan} | {row['ranks']:,} | {row['wall']:.1f} | {row['cpu']:.1f} | {row['peak_mib']:.0f} "
+              f"({row['rss_before_mib']:.0f}) | {row['flops']:,} | {row['collectives']} | {row['wire_bytes']:,} |")
+    assert all(len(values) == 1 for values in flops_by_tp.values()), f"rank FLOPs depend on dp: {flops_by_tp}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""est.memory: the captured step's timeline, the optimizer's share, the peak and the allowance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fxflops.capture.model_state import MODEL_STATE
+from fxflops.memory.devices import device_capacity
+from fxflops.memory.optimizer_state import optimizer_memory
+from fxflops.memory.records import (
+    ACTIVATIONS,
+    BUFFERS,
+    GRADIENTS,
+    OPTIMIZER,
+    PARAMETERS,
+    TEMPORARIES,
+    Allowance,
+    AllowanceBytes,
+    MemoryEstimate,
+)
+from fxflops.memory.timeline import build_timeline, live_at
+from fxflops.results import FORWARD, Captured
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How the step is run. `master_weights`: the optimizer keeps fp32 master weights and moments for
+    half-precision parameters (Megatron, DeepSpeed; torch.optim itself keeps moments like the parameter).
+    `allowance`: what the device needs beyond tensor bytes (stated apart, never in peak_bytes)."""
+
+    master_weights: bool = False
+    allowance: Allowance = field(default_factory=Allowance)
+    device: str | None = None  # a device of the peaks table ("H100 SXM"): whether the step fits on it
+    device_bytes: int | None = None  # its memory, when the table has none or you know better
+    # the gradients exist when the step starts: a micro-batch after the first under gradient accumulation,
+    # or zero_grad(set_to_none=False); the backward adds into them
+    grads_at_start: bool = False
+
+
+def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer | None = None,
+                    options: MemoryOptions | None = None) -> MemoryEstimate:
+    """The tensor bytes one rank holds through the captured step (and the optimizer step, if given)."""
+    options = options or MemoryOptions()
+    device, capacity = options.device, options.device_bytes
+    if device is not None and capacity is None:
+        device, capacity = device_capacity(device)  # before the work: an unknown device is one line
+    graph_module = captured.graph_module
+    state = graph_module.meta.get(MODEL_STATE)
+    if state is None:
+        raise ValueError(f"memory=True reads the eager capture's record; this model was captured by "
+                         f"{captured.method!r}: pass method='eager' (or leave memory off)")
+    if captured.sizes is not None:
+        raise ValueError("memory needs concrete sizes: estimate the step at one size (no sizes=)")
+    notes = []
+    optimizer_state = optimizer_step = 0
+    label = ""
+    if optimizer is not None:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        else:
+            params = [p for p in state.parameters.values() if p.requires_grad]
+        found = optimizer_memory(optimizer, params, master_weights=options.master_weights)
+        optimizer_state, optimizer_step, label = found.state_bytes, found.step_bytes, found.how
+        notes.append("a step after the first: the optimizer's state exists from the start; "
+                     "zero_grad(set_to_none=True) frees the gradients after the step")
+    points, storages = build_timeline(graph_module, optimizer_state=optimizer_state, optimizer_step=optimizer_step,
+                                      optimizer_label=label, grads_at_start=options.grads_at_start)
+    peak = max(points, key=lambda point: point.total)  # the first point at the highest total
+    alive = live_at(storages, peak.index)
+    by_module: dict[str, int] = {}
+    for storage in alive:
+        if storage.kind in (ACTIVATIONS, TEMPORARIES):
+            by_module[storage.module] = by_module.get(storage.module, 0) + storage.nbytes
+    by_module = dict(sorted(by_module.items(), key=lambda item: -item[1]))
+    forward_end = max((point.index for point in points if point.phase == FORWARD), default=0)
+    saved: dict[str, int] = {}
+    for storage in live_at(storages, forward_end, lambda s: s.kind == ACTIVATIONS):
+        saved[storage.module] = saved.get(storage.module, 0) + storage.nbytes
+    start = points[0].by_kind
+    model_states = {kind: start[kind] for kind in (PARAMETERS, BUFFERS, OPTIMIZER)}
+    model_states[GRADIENTS] = sum(s.nbytes for s in storages.values() if s.kind == GRADIENTS)
+    if options.grads_at_start:
+        notes.append("the gradients exist from the start (accumulation, or zero_grad(set_to_none=False))")
+    allowance = options.allowance
+    sizes = [s.nbytes for s in alive]
+    if optimizer_state:  # the optimizer's state rounded as one block (per tensor: at most 511 bytes more each)
+        sizes.append(optimizer_state)
+    allowance_bytes = AllowanceBytes(allowance.rounding(sizes), allowance.context_bytes, allowance.collective_bytes,
+                                     int(allowance.fragmentation * peak.total))
+    return MemoryEstimate(peak.total, dict(peak.by_kind), peak, by_module, points, model_states,
+                          label or None, allowance, allowance_bytes, notes, saved, device, capacity)

@@ -1,0 +1,329 @@
+"""A captured step read as a timeline of live storages: when each is made, when it is last used.
+
+Every op node of a captured graph carries its fake output (meta["val"]); fake tensors keep storage
+identity (a view or an in-place result shares its base's storage), so a storage is counted once, by
+its nbytes, from the first node that makes it to the last node that reads or writes it:
+
+- the model's parameters, buffers and inputs, and the optimizer's state, are alive all step;
+- a parameter's gradient (its .grad after the backward) from the op that makes it to the step's end;
+- a forward value the backward reads is an activation: autograd saved it and frees it when the
+  autograd node that reads it returns (what a node reads, its incoming gradient too, lives until
+  then); one the forward alone reads is a temporary, freed after its last use;
+- a tensor autograd saved inside an op recorded whole (the mask of a dropout recorded as one op)
+  first shows up in the backward: it was made by the forward op that backward differentiates;
+- the backward's seed gradients live through the backward; the model's output through the step
+  (the caller holds it until the step ends);
+- the optimizer step adds its temporaries on top of everything still alive after the backward.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from fxflops.capture.backward import AUTOGRAD_NODE, DIFFERENTIATES
+from fxflops.capture.inputs import INPUT_INDEX
+from fxflops.capture.model_state import MODEL_STATE, ModelState
+from fxflops.capture.tensor_walk import tensors_in
+from fxflops.memory.records import (
+    ACTIVATIONS,
+    BUFFERS,
+    GRADIENTS,
+    INPUTS,
+    KINDS,
+    OPTIMIZER,
+    OPTIMIZER_STEP,
+    PARAMETERS,
+    START,
+    TEMPORARIES,
+    Point,
+)
+from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
+
+
+@dataclass
+class Storage:
+    """One storage's life in points of the timeline (inclusive)."""
+
+    nbytes: int
+    kind: str
+    module: str
+    born: int
+    last: int
+
+
+@dataclass(frozen=True)
+class _Op:
+    node: torch.fx.Node
+    phase: str
+    module: str
+
+
+def storage_key(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """The storage a (fake) tensor's bytes live in, and their number; None for tensors without one."""
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # sparse, nested and other storage-less tensors: not counted
+    nbytes = storage.nbytes()
+    if not isinstance(nbytes, int):
+        raise ValueError("memory needs concrete sizes: this capture's sizes are symbolic (sweep or sizes=); "
+                         "estimate the step at one size instead")
+    return storage._cdata, nbytes
+
+
+def _storages(value: object, alias: dict[int, int] | None = None) -> Iterable[tuple[int, int]]:
+    for tensor in tensors_in(value):
+        found = storage_key(tensor)
+        if found is not None and found[1]:
+            yield (alias.get(found[0], found[0]), found[1]) if alias else found
+
+
+def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = False) -> dict[int, int]:
+    """Gradient copies the capture made that a real backward does not: storage of the copy -> storage
+    of the gradient autograd would keep instead.
+
+    AccumulateGrad keeps the incoming gradient itself as .grad (a detach, no bytes) when nothing else
+    holds it and its strides are the parameter's; otherwise it copies it into a new tensor
+    (new_empty_strided + copy_). While a capture records, its record holds every value, so the capture
+    always sees the copy: where the source has the parameter's strides and nothing reads it after the
+    copy, the real step steals it, and the copy's storage is the source's. With `accumulate` (the
+    parameter has a .grad already), AccumulateGrad adds the source into it in place: no copy either.
+    """
+    last_read: dict[int, int] = {}
+    for index, node in enumerate(ops):
+        for source in node.all_input_nodes:
+            for key, _ in _storages(source.meta.get("val")):
+                last_read[key] = index
+    alias = {}
+    for index, node in enumerate(ops):
+        if node.target is not torch.ops.aten.copy_.default or DIFFERENTIATES in node.meta \
+                or node.meta.get(PHASE, FORWARD) == FORWARD or len(node.args) < 2:
+            continue
+        target, source = node.args[0], node.args[1]
+        if not isinstance(target, torch.fx.Node) or not isinstance(source, torch.fx.Node) \
+                or target.target is not torch.ops.aten.new_empty_strided.default:
+            continue
+        made, given = target.meta.get("val"), source.meta.get("val")
+        if not isinstance(made, torch.Tensor) or not isinstance(given, torch.Tensor):
+            continue
+        made_key, given_key = storage_key(made), storage_key(given)
+        if made_key is None or given_key is None or made_key[0] not in grads:
+            continue
+        if accumulate or made.shape == given.shape and made.stride() == given.stride() \
+                and last_read.get(given_key[0]) == index:
+            alias[made_key[0]] = given_key[0]
+    return alias
+
+
+def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
+                   optimizer_label: str = "", grads_at_start: bool = False) -> tuple[list[Point], dict[int, Storage]]:
+    """The live bytes at each op of the captured step, and each storage's life.
+
+    Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer
+    step (its temporaries, `optimizer_step` bytes, on top of what is alive) when `optimizer_label`.
+    `grads_at_start`: every parameter's .grad exists when the step starts (a micro-batch after the first
+    under gradient accumulation, or zero_grad(set_to_none=False)): the backward's gradients are added
+    into them and freed.
+    """
+    state: ModelState = graph_module.meta.get(MODEL_STATE) or ModelState()
+    ops = [node for node in graph_module.graph.nodes if node.op == "call_function"]
+    infos = [_Op(node, node.meta.get(PHASE, FORWARD), node.meta.get("fxflops_module", ("", ""))[0]) for node in ops]
+    point_of = {node: index + 1 for index, node in enumerate(ops)}
+    first_backward = next((point_of[i.node] for i in infos if i.phase != FORWARD), None)
+    last_op = len(ops)
+    end = last_op + (1 if optimizer_label else 0)
+
+    storages: dict[int, Storage] = {}
+
+    def persistent(tensors: Iterable[torch.Tensor], kind: str) -> None:
+        for key, nbytes in _storages(list(tensors)):
+            storages.setdefault(key, Storage(nbytes, kind, "", 0, end))
+
+    persistent(state.parameters.values(), PARAMETERS)
+    persistent(state.buffers.values(), BUFFERS)
+    inputs = [node.meta.get("val") for node in graph_module.graph.find_nodes(op="placeholder")
+              if INPUT_INDEX in node.meta]
+    persistent(inputs, INPUTS)
+    grads = {key for key, _ in _storages(list(state.grads.values()))}
+    alias = stolen_grads(ops, grads, accumulate=grads_at_start)
+    grads = {alias.get(key, key) for key in grads}
+    if grads_at_start:  # the .grad tensors, there all step; what the backward makes is added into them
+        for index, grad in enumerate(state.grads.values()):
+            storages[-1 - index] = Storage(grad.untyped_storage().nbytes(), GRADIENTS, "", 0, end)
+        grads = set()
+    input_grads = {key for key, _ in _storages(state.input_grads)}  # an input's .grad: made, then kept
+    alias.update(stolen_grads(ops, input_grads))
+    grads |= {alias.get(key, key) for key in input_grads}
+    seeds = {key for key, _ in _storages(state.seeds)}
+    node_by_name = {node.name: node for node in ops}
+
+    held = _autograd_node_ends(infos)
+    for info in infos:
+        here = point_of[info.node]
+        reads_until = held.get(here, here)
+        for source in info.node.all_input_nodes:
+            for key, nbytes in _storages(source.meta.get("val"), alias):
+                found = storages.get(key)
+                if found is None:  # a placeholder first read here: a constant, a seed, or saved inside an op
+                    found = storages[key] = _first_read(key, nbytes, info, seeds, first_backward, node_by_name,
+                                                        point_of, end)
+                # a recomputed value is handed to the node by checkpoint's unpack hook, not held by it
+                recomputed = 0 < found.born <= len(infos) and infos[found.born - 1].phase == RECOMPUTE
+                found.last = max(found.last, here if recomputed else reads_until)
+                if info.phase != FORWARD and found.kind == TEMPORARIES and found.born < (first_backward or 0):
+                    found.kind = ACTIVATIONS  # made in the forward, read by the backward: saved for it
+        for key, nbytes in _storages(info.node.meta.get("val"), alias):  # after its inputs: a view is no birth
+            found = storages.get(key)
+            if found is None:
+                storages[key] = Storage(nbytes, GRADIENTS if key in grads else TEMPORARIES, info.module, here, here)
+            else:
+                found.last = max(found.last, here)
+
+    spans = _reentrant_recomputes(infos)
+    if spans:
+        by_birth = sorted(storages.values(), key=lambda storage: storage.born)
+        births = [storage.born for storage in by_birth]
+        for start, stop in spans:  # the recomputed outputs, held by the checkpoint's backward
+            for storage in by_birth[bisect.bisect_left(births, start):bisect.bisect_right(births, stop)]:
+                if storage.last == storage.born:
+                    storage.last = stop
+
+    held_to = end  # the caller holds the output (and autograd's seeds hold through the backward)
+    output = next(iter(graph_module.graph.find_nodes(op="output")), None)
+    if output is not None:
+        for source in output.all_input_nodes:
+            for key, _ in _storages(source.meta.get("val"), alias):
+                if key in storages and storages[key].kind not in (PARAMETERS, BUFFERS, INPUTS):
+                    storages[key].last = held_to
+                    if storages[key].kind == TEMPORARIES:
+                        storages[key].kind = ACTIVATIONS
+    for key in seeds:  # autograd.backward's caller holds its seeds until the backward returns
+        if key in storages:
+            storages[key].last = max(storages[key].last, last_op)
+    for key in grads:
+        if key in storages:
+            storages[key].kind = GRADIENTS
+            storages[key].last = end
+
+    points = _points(storages, infos, end, optimizer_state, optimizer_step, optimizer_label)
+    return points, storages
+
+
+def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:
+    """Point of a backward op -> the last point of the autograd node running it (the run of ops the
+    capture saw under the same autograd node). Autograd holds a node's incoming gradient and its saved tensors
+    until the node returns, so what any of its ops reads stays alive until then."""
+    ends: dict[int, int] = {}
+    point_of = {info.node: index for index, info in enumerate(infos, start=1)}
+    run: list[int] = []
+    current: object = None
+
+    def close() -> None:
+        # the engine adds a node's output into a gradient another node gave before (an add reading a
+        # value from before the node) after the node returned and released what it held
+        while run and _accumulates(infos[run[-1] - 1].node, run[0], point_of):
+            run.pop()
+        for point in run:
+            ends[point] = run[-1]
+
+    for index, info in enumerate(infos, start=1):
+        node = info.node
+        while node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]  # a multi-output op's element: the op's own autograd node
+        owner = node.meta.get(AUTOGRAD_NODE) or node.meta.get(DIFFERENTIATES) if info.phase == BACKWARD else None
+        if owner is None or owner != current:
+            close()
+            run = []
+        current = owner
+        if owner is not None:
+            run.append(index)
+    close()
+    return ends
+
+
+def _reentrant_recomputes(infos: list[_Op]) -> list[tuple[int, int]]:
+    """(first, last) point of each reentrant checkpoint's backward: its recomputed forward and the inner
+    backward it runs, which autograd records under nodes made by the recompute (or accumulating grads).
+
+    CheckpointFunction.backward holds the recomputed outputs in a local until its inner backward returns;
+    nothing in the graph reads them (autograd reads only their grad_fn)."""
+    spans = []
+    index = 0
+    while index < len(infos):
+        info = infos[index]
+        running = info.node.meta.get(AUTOGRAD_NODE)
+        if info.phase != RECOMPUTE or not running or "Checkpoint" not in running[0]:
+            index += 1
+            continue
+        start = index
+        recomputed = set()
+        while index < len(infos):
+            here = infos[index]
+            differentiates = here.node.meta.get(DIFFERENTIATES)
+            node = here.node.meta.get(AUTOGRAD_NODE)
+            if here.phase == RECOMPUTE:
+                recomputed.add(here.node.name)
+            elif not (differentiates in recomputed or node == running or node and node[0] == "AccumulateGrad"):
+                break
+            index += 1
+        spans.append((start + 1, index))
+    return spans
+
+
+def _accumulates(node: torch.fx.Node, start: int, point_of: dict[torch.fx.Node, int]) -> bool:
+    return node.target is torch.ops.aten.add.Tensor and any(
+        point_of.get(source, 0) < start for source in node.all_input_nodes)
+
+
+def _first_read(key: int, nbytes: int, info: _Op, seeds: set[int], first_backward: int | None,
+                node_by_name: dict[str, torch.fx.Node], point_of: dict[torch.fx.Node, int], end: int) -> Storage:
+    if key in seeds:
+        return Storage(nbytes, TEMPORARIES, info.module, first_backward or point_of[info.node], point_of[info.node])
+    if info.phase == FORWARD:  # a tensor the forward met without making it (a plain attribute): all step
+        return Storage(nbytes, BUFFERS, info.module, 0, end)
+    # saved inside a forward op recorded whole: made when that op ran
+    forward = node_by_name.get(info.node.meta.get(DIFFERENTIATES) or "")
+    born = point_of[forward] if forward is not None else point_of[info.node]
+    module = forward.meta.get("fxflops_module", ("", ""))[0] if forward is not None else info.module
+    return Storage(nbytes, ACTIVATIONS, module, born, point_of[info.node])
+
+
+def _points(storages: dict[int, Storage], infos: list[_Op], end: int, optimizer_state: int, optimizer_step: int,
+            optimizer_label: str) -> list[Point]:
+    """Sweep births and deaths into live bytes per point, by kind."""
+    born: dict[int, list[Storage]] = {}
+    dies: dict[int, list[Storage]] = {}
+    for storage in storages.values():
+        born.setdefault(storage.born, []).append(storage)
+        dies.setdefault(storage.last, []).append(storage)
+    live = dict.fromkeys(KINDS, 0)
+    live[OPTIMIZER] = optimizer_state
+    points = []
+    labels = [(START, START, "", START)] + [(i.node.name, str(i.node.target), i.module, i.phase) for i in infos]
+    if optimizer_label:
+        labels.append((OPTIMIZER_STEP, optimizer_label, "", OPTIMIZER_STEP))
+    for index, (node, op, module, phase) in enumerate(labels):
+        for storage in born.get(index, ()):
+            live[storage.kind] += storage.nbytes
+        by_kind = dict(live)
+        if phase == OPTIMIZER_STEP:
+            by_kind[TEMPORARIES] += optimizer_step
+        points.append(Point(index, node, op, module, phase, sum(by_kind.values()), by_kind))
+        for storage in dies.get(index, ()):
+            if storage.last < end:
+                live[storage.kind] -= storage.nbytes
+    return points
+
+
+def live_at(storages: dict[int, Storage], index: int,
+            keep: Callable[[Storage], bool] = lambda storage: True) -> list[Storage]:
+    """The storages alive at point `index`."""
+    return [s for s in storages.values() if s.born <= index <= s.last and keep(s)]
+
+
+__all__ = ["Storage", "build_timeline", "live_at", "stolen_grads", "storage_key"]

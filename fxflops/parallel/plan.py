@@ -1,0 +1,182 @@
+"""A parallel plan as data: degrees of each kind of parallelism, checked against the model.
+
+`Parallel(tp=8, dp=4)` or the dict / CLI text "tp=8,dp=4" say how a job splits the model; `check`
+turns each bad plan into one clear line before anything is built. torch.distributed is not imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxflops.capture.module_walk import walk_modules
+
+# attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
+_HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
+_KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
+_NOT_YET = {"pp": "pipeline parallelism", "ep": "expert parallelism", "cp": "context parallelism"}
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a job splits the model over ranks; the world size is the product of the degrees.
+
+    `tp`: tensor parallel degree (a Megatron-style plan derived for Llama/GPT-style blocks, or `tp_plan`,
+    torch's {module path: ParallelStyle} for parallelize_module, which wins). `sequence_parallel`: norms
+    and residuals sharded along the sequence (all-gather + reduce-scatter instead of all-reduce).
+    `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`, the only kind built yet)
+    over each repeated block and the root; `reshard_after_forward` as fully_shard takes it; `dp_shard`
+    below dp makes it HSDP (dp / dp_shard replicas, each sharded dp_shard ways).
+    `pp`, `ep`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
+    when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    fsdp: bool = True
+    dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
+    reshard_after_forward: bool = True
+    tp_plan: dict[str, Any] | None = field(default=None, compare=False)
+    world_size: int | None = None  # when given, it must equal the product of the degrees
+
+    @property
+    def size(self) -> int:
+        """The number of ranks the plan needs."""
+        return self.tp * self.dp * self.pp * self.cp
+
+    @property
+    def shard(self) -> int:
+        """FSDP's shard degree (dp unless dp_shard says otherwise)."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
+        dp_replicate x dp_shard under HSDP."""
+        dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
+            else (("dp", self.dp),)
+        return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
+                if degree > 1}
+
+    def data_parallel_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard)."""
+        return tuple(name for name in self.degrees() if name.startswith("dp"))
+
+    def as_dict(self) -> dict[str, Any]:
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tp_plan"}
+        record["tp_plan"] = None if self.tp_plan is None else {key: type(style).__name__ for key, style in self.tp_plan.items()}
+        return record
+
+    @classmethod
+    def of(cls, plan: Parallel | dict[str, Any] | str) -> Parallel:
+        """A Parallel from itself, a dict of its fields, or text such as "tp=8,dp=4,sequence_parallel=true"."""
+        if isinstance(plan, cls):
+            return plan
+        if isinstance(plan, str):
+            plan = _parse(plan)
+        if not isinstance(plan, dict):
+            raise TypeError(f"parallel= takes a fxflops.Parallel, a dict or text like 'tp=8,dp=4'; got {type(plan).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(plan) - names)
+        if unknown:
+            raise ValueError(f"parallel plan: unknown key {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(sorted(names))}")
+        made = cls(**plan)
+        made._check_degrees()
+        return made
+
+    def _check_degrees(self) -> None:
+        for name in ("tp", "dp", "pp", "ep", "cp", "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"parallel plan: {name} must be a whole number >= 1; got {value!r}")
+        if self.world_size is not None and self.world_size != self.size:
+            raise ValueError(f"parallel plan: world size {self.world_size} is not pp*dp*cp*tp = "
+                             f"{self.pp}*{self.dp}*{self.cp}*{self.tp} = {self.size}")
+        if self.dp_shard is not None and (self.dp_shard < 1 or self.dp % self.dp_shard):
+            raise ValueError(f"parallel plan: dp_shard={self.dp_shard} must divide dp={self.dp} "
+                             "(HSDP: dp / dp_shard replicas of dp_shard shards)")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("parallel plan: sequence_parallel splits the sequence over the tp ranks; give tp > 1")
+
+    def check(self, model: torch.nn.Module) -> None:
+        """One clear ValueError for a plan this model cannot run; NotImplementedError for parts not built."""
+        self._check_degrees()
+        names = [name for name, _, alias in walk_modules(model) if alias is None]
+        if self.tp_plan is not None:
+            for key in self.tp_plan:
+                if not any(fnmatch.fnmatchcase(name, key) for name in names):
+                    raise ValueError(f"parallel plan: tp_plan names module {key!r}, which {type(model).__name__} "
+                                     f"does not have (its modules: {', '.join(n for n in names[1:6] if n)}, ...)")
+        if self.tp > 1:
+            for where, heads in attention_heads(model):
+                if heads % self.tp:
+                    raise ValueError(f"parallel plan: tp={self.tp} does not divide the {heads} heads of {where}; "
+                                     f"pick a tp that divides {heads}")
+        if self.pp > 1:
+            layers = len(repeated_blocks(model))
+            if self.pp > layers:
+                raise ValueError(f"parallel plan: pp={self.pp} stages for {layers} layers; pp can be at most {layers}")
+        for name, what in _NOT_YET.items():
+            if getattr(self, name) > 1:
+                raise NotImplementedError(f"parallel plan: {name}={getattr(self, name)} ({what}) is not built yet; "
+                                          "tp (with sequence_parallel) and dp (FSDP2) are")
+        if self.dp > 1 and not self.fsdp:
+            raise NotImplementedError("parallel plan: dp without fsdp (DDP's gradient all-reduce) is not built yet; "
+                                      "use fsdp=True")
+
+
+def _parse(text: str) -> dict[str, Any]:
+    plan: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"parallel plan: {item!r} is not key=value (e.g. 'tp=8,dp=4')")
+        key, value = key.strip(), value.strip()
+        if value.lower() in ("true", "false", "yes", "no", "on", "off"):
+            plan[key] = value.lower() in ("true", "yes", "on")
+        else:
+            try:
+                plan[key] = int(value)
+            except ValueError:
+                raise ValueError(f"parallel plan: {key}={value!r} is not a whole number") from None
+    return plan
+
+
+def attention_heads(model: torch.nn.Module) -> list[tuple[str, int]]:
+    """(where, head count) for every head count the model declares: its config's and its modules'."""
+    found = []
+    config = getattr(model, "config", None)
+    for attribute in (*_HEAD_ATTRIBUTES, *_KV_HEAD_ATTRIBUTES):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append((f"config.{attribute}", value))
+    for name, module, alias in walk_modules(model):
+        if alias is not None:
+            continue
+        for attribute in (*_HEAD_ATTRIBUTES, *_KV_HEAD_ATTRIBUTES):
+            value = module.__dict__.get(attribute)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((f"{name or type(model).__name__}.{attribute}", value))
+    return found
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's layers: the children of its largest ModuleList/Sequential of same-class modules that
+    hold parameters (transformer blocks), with their qualified names; [] when it has none."""
+    best: list[tuple[str, torch.nn.Module]] = []
+    for name, module, alias in walk_modules(model):
+        if alias is not None or not isinstance(module, torch.nn.ModuleList | torch.nn.Sequential | torch.nn.ModuleDict):
+            continue
+        children = [(f"{name}.{key}" if name else key, child) for key, child in module.named_children()]
+        if len(children) > len(best) and len({type(child) for _, child in children}) == 1 \
+                and any(True for _ in children[0][1].parameters()):
+            best = children
+    return best

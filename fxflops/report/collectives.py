@@ -1,0 +1,57 @@
+"""The text report's parallel section: the plan and its rank roles, then what the counted rank sends per
+step, by phase, kind and group."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from fxflops.report.formats import bytes_to_string
+from fxflops.report.text_layout import _row
+from fxflops.results import ROOT_LABEL, Estimate
+
+
+def plan_lines(estimate: Estimate) -> list[str]:
+    """A what-if plan's degrees, its rank roles and the job's totals (nothing without a plan)."""
+    plan = estimate.parallel
+    if plan is None:
+        return []
+    degrees = ", ".join(f"{key}={plan[key]}" for key in ("pp", "dp", "cp", "tp", "ep") if plan.get(key, 1) > 1)
+    options = [key for key in ("sequence_parallel",) if plan.get(key)]
+    if plan.get("dp", 1) > 1:
+        options.append(f"FSDP2, reshard_after_forward={plan.get('reshard_after_forward')}")
+    ranks = sum(len(role.ranks) for role in estimate.ranks)
+    lines = ["", "Parallel plan (what if; torch.distributed's fake process group):",
+             _row("plan:", f"{degrees or 'one rank'}{' (' + '; '.join(options) + ')' if options else ''}, {ranks:,} ranks"),
+             _row("counted rank:", "rank 0; the figures above are this rank's local work")]
+    for role in estimate.ranks:
+        lines.append(_row(f"rank role '{role.name}':", f"{len(role.ranks):,} ranks, {role.estimate.total_flops:,} flops each"))
+    lines.append(_row("job flops (every rank):", f"{estimate.job_flops:,}"))
+    lines.append(_row("job wire bytes (every rank):", bytes_to_string(estimate.job_collective_wire_bytes)))
+    return lines
+
+
+def collective_lines(estimate: Estimate) -> list[str]:
+    """The plan (if any); collective totals, then one row per (phase, collective, process group): calls,
+    payload and wire bytes, and the modules that call it. Nothing without a plan or collectives."""
+    if not estimate.collectives:
+        return plan_lines(estimate)
+    lines = plan_lines(estimate) + ["", "Collectives of this rank per step (payload = the buffer per rank; wire = bytes sent, ring algorithms):",
+             _row("collective calls:", f"{len(estimate.collectives):,}"),
+             _row("payload bytes:", f"{bytes_to_string(estimate.collective_bytes)} ({estimate.collective_bytes:,} B)"),
+             _row("wire bytes:", f"{bytes_to_string(estimate.collective_wire_bytes)} "
+                                 f"({estimate.collective_wire_bytes:,} B)")]
+    modules: dict[tuple, list[str]] = {}
+    for c in estimate.collectives:
+        names = modules.setdefault((c.phase, c.op, c.group_desc or c.group, c.group_size), [])
+        if (c.module or ROOT_LABEL) not in names:
+            names.append(c.module or ROOT_LABEL)
+    totals = estimate.collective_totals(("phase", "op", "group_desc", "group_size"))
+    rows = []
+    for key, total in totals.items():
+        names = modules.get(key, [])
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+        rows.append([key[0], key[1], key[2], key[3], total["count"], bytes_to_string(total["bytes"]),
+                     bytes_to_string(total["wire_bytes"]), shown])
+    lines.append(tabulate(rows, headers=["phase", "collective", "group", "ranks", "calls", "payload", "wire", "modules"],
+                          tablefmt="simple"))
+    return lines
