@@ -17,6 +17,7 @@ import torch
 
 from fxflops.capture import capture, inputs_from_shape, tensors_in, uncompiled
 from fxflops.capture.attribution import label_modules
+from fxflops.capture.input_values import routing_assumed, routing_spread
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.capture.module_walk import walk_modules
@@ -114,6 +115,7 @@ def estimate(
     strict: bool = False,
     memory: Any = False,
     parallel: Any = None,
+    routing: str | Sequence[int] | None = None,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -151,6 +153,11 @@ def estimate(
     fxflops.Parallel, a dict such as {"tp": 8, "dp": 4} or text "tp=8,dp=4") estimates a plan without
     the ranks: on a fake process group, the plan applied with torch's own APIs, one capture per rank
     role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch.
+
+    Values the forward reads (`.item()`, `nonzero` on a mask) are computed from the real example inputs
+    they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
+    derive from the weights — a mixture-of-experts router's picks — `routing` says what topk is assumed
+    to pick: "balanced" (default), "worst", or per-expert token counts; the cautions say which was used.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -164,10 +171,10 @@ def estimate(
         from fxflops.parallel.whatif import estimate_plan
 
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, None, progress, attention, strict, memory)
+                                  loss, None, progress, attention, strict, memory, routing=routing)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
-                     progress, attention, strict, memory)
+                     progress, attention, strict, memory, routing=routing)
 
 
 def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, conventions: str, rules: Any,
@@ -182,6 +189,13 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)
         result.collectives = collectives(captured.graph_module, result.nodes)
+        if capture_options.get("routing") is None and routing_assumed(captured.cautions):
+            # the spread the default (balanced) routing assumption hides
+            worst = counting.capture(model, args, kwargs, method, backward=backward, loss=loss,
+                                     **{**capture_options, "routing": "worst"})
+            worst_flops = build_estimate(type(model).__name__, worst, counting.count(worst), conventions,
+                                         attention).total_flops
+            result.cautions.append(routing_spread(result.total_flops, worst_flops))
     if strict and result.unknown:
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:

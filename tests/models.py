@@ -38,14 +38,16 @@ class SharedTwice(nn.Module):
 
 
 class ValueDependent(nn.Module):
-    """A Linear whose forward branches on the values of its input: fake tensors cannot decide it."""
+    """A Linear whose forward branches on the values of its output: fake tensors cannot decide it (the
+    weights do; a branch on the input's values alone is decided from the example input)."""
 
     def __init__(self, width: int = 4) -> None:
         super().__init__()
         self.proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) if x.sum() > 0 else -self.proj(x)
+        y = self.proj(x)
+        return y if y.sum() > 0 else -y
 
 
 def tiny_transformers_model(kind: str, device: str = "cpu") -> tuple[nn.Module, dict]:

@@ -19,6 +19,7 @@ import torch
 from fxflops.capture.branches import control_flow_cautions
 from fxflops.capture.diagnosis import CaptureError, describe_failure
 from fxflops.capture.dynamic import SizePlan
+from fxflops.capture.input_values import Routing
 from fxflops.capture.inputs import floating_dtype, inputs_from_shape, nothing_to_run, shapes_of
 from fxflops.capture.isolation import in_turn
 from fxflops.capture.kernel_checks import rejected_ops
@@ -44,7 +45,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
             is_whole: Callable[[torch.nn.Module], bool] = lambda m: False, backward: bool = False,
             loss: Callable[[Any], torch.Tensor] | None = None, sizes: SizePlan | None = None,
             knows_op: Callable[[Any, Any], bool] = lambda op, function: True, replay: bool = True,
-            prepare: Callable[[torch.nn.Module], None] | None = None) -> Captured:
+            prepare: Callable[[torch.nn.Module], None] | None = None, routing: Any = None) -> Captured:
     """Capture with the requested method, or with each in turn for "auto"; raise CaptureError if all fail.
 
     With `backward`, the graph also holds the backward autograd runs for `loss(output)`; with `sizes`,
@@ -52,11 +53,15 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     `knows_op(op, function)` says whether the rule table names a composite aten op (linear, einsum) or
     the builtin that called it: the eager and trace methods record those whole, and the rest as the
     ops they decompose into. `replay=False` runs every call of a repeated block (see capture.replay).
-    `prepare(model)` runs on the fake-tensor model before its forward (eager method only)."""
+    `prepare(model)` runs on the fake-tensor model before its forward (eager method only).
+    `routing` ("balanced", "worst" or per-expert token counts) is what a router's topk is assumed to pick
+    where the forward reads the picks' values (see capture.input_values)."""
     if method not in CHOICES:
         raise ValueError(f"method must be one of {', '.join(CHOICES)}; got {method!r}")
     model = uncompiled(model)
-    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op, replay, prepare)
+    Routing.of(routing)  # a malformed routing fails here, before any method runs
+    request = Request(model, tuple(args), dict(kwargs), is_leaf, is_whole, backward, loss, sizes, knows_op, replay, prepare,
+                      routing)
     methods = AUTO_ORDER if method == AUTO else (METHODS[method],)
     if prepare is not None:
         methods = _able(methods, method, "runs_prepare", "cannot apply a parallel plan; a plan is applied")

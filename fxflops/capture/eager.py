@@ -29,6 +29,7 @@ from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
 from fxflops.capture.model_state import record_model_state
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
+from fxflops.capture.input_values import InputValues, Routing
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
@@ -158,10 +159,14 @@ def capture(request: Request) -> Captured:
         swap_tensors(modules, twins)
         if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
             request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
-        args, kwargs = inputs.with_twins(twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
-        recorder = OpRecorder(tracker, type(model).__name__, run=twins.run, owners=owners)
+        # values the forward reads come from the real inputs (named sizes: the capture is shapes only)
+        values = InputValues(mode, twins.run, tracker, type(model).__name__, Routing.of(request.routing)) \
+            if sizes is None else None
+        args, kwargs = inputs.with_twins(values.twin_input(twins) if values is not None else twins)
+        recorder = OpRecorder(tracker, type(model).__name__, run=values.run if values is not None else twins.run,
+                              owners=owners)
         replays = Replays(model, recorder, tracker, mode) if replaying else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
@@ -179,7 +184,8 @@ def capture(request: Request) -> Captured:
                            tensors_in((args, kwargs)))
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
-                    tracker.whole_calls, backward=request.backward, sizes=sizes, cautions=recorder.cautions)
+                    tracker.whole_calls, backward=request.backward, sizes=sizes,
+                    cautions=[*recorder.cautions, *(values.cautions if values is not None else ())])
 
 
 def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:

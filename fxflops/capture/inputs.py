@@ -20,12 +20,18 @@ from fxflops.capture.tensor_walk import iter_tensors, tensors_in
 
 
 def inputs_from_shape(model: torch.nn.Module, input_shape: Any) -> tuple[torch.Tensor, ...]:
-    """Meta tensors for DeepSpeed's `input_shape=` convenience: one shape, or a list of shapes."""
+    """Meta tensors for DeepSpeed's `input_shape=` convenience: one shape, or a list of shapes.
+
+    In a list, a real tensor may stand in place of a shape: it is that input, values and all, for the
+    few small inputs whose values the forward reads (a mask, lengths, ids; see capture.input_values)."""
     if not isinstance(input_shape, tuple | list | torch.Size) or not input_shape:
         raise ValueError(f"input_shape must be a tuple of ints such as (1, 3, 224, 224), or a list of them "
                          f"(one per input), got {input_shape!r}")
     shapes = [input_shape] if isinstance(input_shape[0], int) else list(input_shape)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    if any(isinstance(shape, torch.Tensor) for shape in shapes):
+        return tuple(shape if isinstance(shape, torch.Tensor) else inputs_from_shape(model, [shape])[0]
+                     for shape in shapes)
     for shape in shapes:
         if not isinstance(shape, tuple | list | torch.Size) or not all(
                 isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape):

@@ -39,6 +39,7 @@ from torch.utils._mode_utils import no_dispatch
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
 from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
+from fxflops.capture.input_values import reads_values
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
@@ -245,6 +246,8 @@ class Replays:
             return "its forward changed its modules' state"
         if again.key != call.key or any(a is not b for a, b in zip(again.tensors, call.tensors)):
             return "its forward changed its arguments"
+        if any(node.op == "call_function" and reads_values(node.target) for node in nodes):
+            return "it read tensor values (capture.input_values), which another call's tensors need not share"
         inside = set(nodes)
         externals: dict[torch.fx.Node, tuple] = {}
         for node in nodes:

@@ -37,6 +37,8 @@ class Request:
     # run on the model once its tensors are fake twins, inside the fake mode, before the forward (a parallel
     # plan applies itself there: fxflops.parallel); what it changes is undone with the rest (isolation)
     prepare: Callable[[torch.nn.Module], None] | None = None
+    # what a mixture-of-experts router's topk is assumed to pick where the forward reads the picks (capture.input_values)
+    routing: Any = None  # None or "balanced", "worst", or per-expert token counts
 
     def whole_paths(self) -> frozenset[str]:
         return frozenset(name for name, module in unique_modules(self.model) if self.is_whole(module))

@@ -1,0 +1,358 @@
+"""Values a forward reads, computed from the real example inputs while the capture runs on fake tensors.
+
+A forward that reads a tensor's value (`.item()`, `.tolist()`, `int(t)`) or makes an op whose output
+size depends on values (`nonzero`, `masked_select`, `unique`, `bincount`, `repeat_interleave` with
+tensor repeats) cannot be shaped by fake tensors alone. When the tensor derives only from the example
+inputs and constants (a mask, a length, positions, a grid size) its value is known: every op whose
+tensor arguments all have a real value ("shadow") runs on those real values too, beside its fake run,
+so the read value is the one eager execution would see. Weights never get a shadow, so nothing the
+weights determine is ever computed, and only the inputs and the small input-derived tensors are.
+
+Two cases where the value is not known:
+
+- routing (weights decide): `topk`'s indices over weight-derived scores get a shadow under a stated
+  assumption (`Routing`: balanced by default, the worst case, or given per-expert counts); a value
+  read from them is stated in the capture's cautions.
+- an op whose output size is data-dependent on a tensor without a shadow is shaped at its bound
+  (`nonzero` and `masked_select`: every element kept; `unique`: every element distinct) and a caution
+  says so; a plain value read (`.item()`) with no shadow fails, naming the op, module and line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.utils import _pytree as pytree
+
+from fxflops.capture.attribution import ModuleTracker
+from fxflops.capture.recorder import source_text, user_frame
+from fxflops.capture.tensor_walk import tensors_in
+
+# an input with more elements gets no shadow (its copy would cost memory; forwards read values from
+# masks, lengths and ids, not from images)
+MAX_SHADOWED_INPUT = 1 << 24
+# a factory op's output (arange, zeros, full) gets a shadow only up to this size (a tensor of constants)
+MAX_SHADOWED_CONSTANT = 1 << 20
+
+_aten = torch.ops.aten
+_DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What `topk` over weight-derived scores (a mixture-of-experts router) is assumed to pick, where the
+    forward reads the picks' values (routed token counts): "balanced" (tokens·top_k/experts per expert,
+    round robin), "worst" (every token to the same top_k experts) or given per-expert token counts."""
+
+    kind: str = "balanced"
+    counts: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(value: str | Sequence[int] | Routing | None) -> Routing:
+        if value is None:
+            return Routing()
+        if isinstance(value, Routing):
+            return value
+        if isinstance(value, str):
+            if value not in ("balanced", "worst"):
+                raise ValueError(f"routing must be 'balanced', 'worst' or a list of per-expert token counts, got {value!r}")
+            return Routing(value)
+        counts = tuple(int(c) for c in value)
+        if not counts or any(c < 0 for c in counts):
+            raise ValueError(f"routing counts must be non-negative ints, one per expert, got {value!r}")
+        return Routing("counts", counts)
+
+    def describe(self) -> str:
+        if self.kind == "counts":
+            return f"the given per-expert token counts {list(self.counts)}"
+        if self.kind == "worst":
+            return "worst-case routing (every token to the same top-k experts)"
+        return "balanced routing (tokens·top_k/experts tokens per expert)"
+
+    def indices(self, rows: int, k: int, choices: int) -> torch.Tensor:
+        """[rows, k] expert indices, distinct within a row, with this routing's per-expert counts."""
+        if self.kind == "worst":
+            return torch.arange(k).expand(rows, k).clone()
+        if self.kind == "balanced":
+            return (torch.arange(rows * k) % choices).reshape(rows, k)
+        if len(self.counts) != choices or sum(self.counts) != rows * k or max(self.counts, default=0) > rows:
+            raise ValueError(f"routing counts {list(self.counts)} do not fit topk over {choices} experts: they must "
+                             f"be {choices} counts summing to tokens·top_k = {rows * k}, each at most {rows}")
+        # experts in order, each repeated by its count, dealt out slot by slot: a run of one expert
+        # (at most `rows` long) lands on distinct rows
+        order = torch.repeat_interleave(torch.arange(choices), torch.tensor(self.counts))
+        return order.reshape(k, rows).t().contiguous()
+
+
+def reads_values(op: Any) -> bool:
+    """Whether an op's result depends on tensor values, not only shapes (a value read, a value-made size):
+    a block that ran one is a program of those values (capture.replay copies no such block)."""
+    return isinstance(op, torch._ops.OpOverload) and any(tag in op.tags for tag in _DATA_DEPENDENT)
+
+
+ROUTED = "values the weights decide were read"  # how the routing caution begins
+
+
+def routing_assumed(cautions: Sequence[str]) -> bool:
+    """Whether a capture's count rests on the routing assumption (its cautions say so)."""
+    return any(caution.startswith(ROUTED) for caution in cautions)
+
+
+def routing_spread(balanced_flops: int, worst_flops: int) -> str:
+    """The caution stating what worst-case routing would count beside the balanced count."""
+    if worst_flops == balanced_flops:
+        return f"worst-case routing counts the same FLOPs as balanced routing ({balanced_flops:,})"
+    return (f"worst-case routing (every token to the same top-k experts) counts {worst_flops:,} FLOPs, "
+            f"{(worst_flops - balanced_flops) / balanced_flops:+.1%} against balanced routing's {balanced_flops:,}")
+
+
+class ValueReadError(RuntimeError):
+    """A forward read a value that neither the inputs nor a stated assumption determine."""
+
+
+@dataclass
+class _Shadow:
+    real: Any
+    assumed: frozenset[str] = field(default_factory=frozenset)  # the assumed router picks it derives from
+
+
+class InputValues:
+    """Runs ops on fake tensors through `run`, and on the real values of input-derived tensors beside them."""
+
+    def __init__(self, mode: FakeTensorMode, run: Callable[[Any, tuple, dict], Any], tracker: ModuleTracker,
+                 root_type: str, routing: Routing) -> None:
+        self.mode = mode
+        self._run = run
+        self._tracker = tracker
+        self._root_type = root_type
+        self.routing = routing
+        self._shadows: dict[int, tuple[torch.Tensor, _Shadow]] = {}  # id(fake) -> (fake, its shadow)
+        self._bounded: list[str] = []  # cautions of sizes counted at their bound
+        self._routed: dict[str, None] = {}  # the router picks (op and module) a value read derived from, in order
+
+    @property
+    def cautions(self) -> list[str]:
+        """What the count assumed: sizes at their bound, and the routing of the router picks read."""
+        found = list(self._bounded)
+        if self._routed:
+            sites = list(self._routed)
+            more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+            found.append(f"{ROUTED} (a router's picks: {sites[0]}{more}); counted "
+                         f"under {self.routing.describe()}; routing='balanced', 'worst' or per-expert token "
+                         "counts changes it")
+        return found
+
+    # --- inputs ----------------------------------------------------------------------------------
+
+    def twin_input(self, twin: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`twin`, also giving each real example input (not meta, not too large) a shadow: a copy, so an
+        in-place op the forward runs on it never touches the user's tensor."""
+        def made(tensor: torch.Tensor) -> torch.Tensor:
+            fake = twin(tensor)
+            if not tensor.is_meta and not isinstance(tensor, FakeTensor) and tensor.numel() <= MAX_SHADOWED_INPUT:
+                with unset_fake_temporarily(), torch.no_grad():
+                    self._shadows[id(fake)] = (fake, _Shadow(tensor.detach().clone()))
+            return fake
+        return made
+
+    # --- ops -------------------------------------------------------------------------------------
+
+    def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """What `func` gives on fake tensors; a value it reads or a size it makes comes from the shadows."""
+        tensors = tensors_in((args, kwargs))
+        shadows = [self._shadow(t) for t in tensors]
+        known = all(s is not None for s in shadows)
+        data_dependent = reads_values(func)
+        if known and data_dependent and tensors:
+            return self._from_values(func, args, kwargs, shadows)
+        try:
+            out = self._run(func, args, kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            bounded = self._at_bound(func, args, kwargs)
+            if bounded is None:
+                raise self._unknown(func) from None
+            return bounded
+        # a random op is not run for real: it would draw from the user's generator (its values are not
+        # the inputs' anyway, so nothing downstream of one has a shadow)
+        if known and torch.Tag.nondeterministic_seeded not in func.tags and (tensors or _small_outputs(out)):
+            self._shadow_outputs(func, args, kwargs, shadows, out)
+        elif func in _ROUTERS:
+            self._assume_routing(func, args, kwargs, out)
+        else:
+            self._forget_written(func, args)
+        return out
+
+    def _shadow(self, tensor: torch.Tensor) -> _Shadow | None:
+        found = self._shadows.get(id(tensor))
+        return found[1] if found is not None and found[0] is tensor else None
+
+    def _real_run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`func` on the shadows' real values (a factory op meant for the meta device on the CPU)."""
+        def real(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return self._shadow(value).real
+            if isinstance(value, torch.device) and value.type == "meta":
+                return torch.device("cpu")
+            return value
+
+        real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+        if real_kwargs.get("device") in ("meta", torch.device("meta")):
+            real_kwargs["device"] = torch.device("cpu")
+        with unset_fake_temporarily(), torch.no_grad():
+            return func(*real_args, **real_kwargs)
+
+    def _shadow_outputs(self, func: Any, args: tuple, kwargs: dict, shadows: list[_Shadow], out: Any) -> None:
+        try:
+            real = self._real_run(func, args, kwargs)
+        except Exception:  # noqa: BLE001 - a kernel stricter than the fake one (kernel_checks says so): no shadow
+            self._forget_written(func, args)
+            return
+        assumed = frozenset().union(*(s.assumed for s in shadows))
+        fakes, reals = pytree.tree_leaves(out), pytree.tree_leaves(real)
+        if len(fakes) != len(reals):
+            return
+        for fake, value in zip(fakes, reals):
+            if isinstance(fake, torch.Tensor) and isinstance(value, torch.Tensor):
+                self._shadows[id(fake)] = (fake, _Shadow(value, assumed))
+
+    def _from_values(self, func: Any, args: tuple, kwargs: dict, shadows: list[_Shadow]) -> Any:
+        """A data-dependent op on input-derived tensors: run on the real values; the fake output takes
+        their shapes (a tensor) or is the value itself (a scalar read)."""
+        real = self._real_run(func, args, kwargs)
+        assumed = frozenset().union(*(s.assumed for s in shadows))
+        self._routed.update(dict.fromkeys(sorted(assumed)))
+        device = next((t.device for t in tensors_in((args, kwargs))), torch.device("cpu"))
+
+        def fake_of(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            with unset_fake_temporarily():
+                meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            fake = FakeTensor(self.mode, meta, device)
+            self._shadows[id(fake)] = (fake, _Shadow(value, assumed))
+            return fake
+
+        return pytree.tree_map(fake_of, real)
+
+    def _forget_written(self, func: Any, args: tuple) -> None:
+        """An op that writes into a tensor with a shadow, from values without one, makes its shadow and those
+        of its views (the shadows sharing its memory) stale: they are dropped."""
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return
+        for argument, value in zip(schema.arguments, args):
+            if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.Tensor):
+                continue
+            written = self._shadow(value)
+            if written is None or not isinstance(written.real, torch.Tensor):
+                continue
+            memory = written.real.untyped_storage().data_ptr()
+            for key in [key for key, (_, shadow) in self._shadows.items()
+                        if shadow.real.untyped_storage().data_ptr() == memory]:
+                del self._shadows[key]
+
+    # --- what the values do not determine ----------------------------------------------------------
+
+    def _assume_routing(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """A router's picks over scores without a shadow (the weights decide them): topk's indices, or
+        argmax's / max's along a dim (top-1), get the routing assumption's values, used only if the
+        forward reads them."""
+        picks = _ROUTERS.get(func)
+        if picks is None:
+            return
+        found = picks(args, kwargs, out)
+        if found is None:
+            return
+        scores, k, dim, indices = found
+        if not isinstance(indices, torch.Tensor) or scores.dim() == 0 or isinstance(k, torch.SymInt):
+            return
+        dim = dim % scores.dim()
+        shape = [int(size) for size in scores.shape]
+        shape[dim] = k
+        choices = int(scores.shape[dim])
+        rows = (math.prod(shape) // k) if k else 0
+        with unset_fake_temporarily():
+            moved = [*shape[:dim], *shape[dim + 1:], k]
+            picked = self.routing.indices(rows, k, choices).reshape(moved).movedim(-1, dim)
+            if tuple(indices.shape) != tuple(picked.shape):  # argmax / max without keepdim
+                picked = picked.squeeze(dim)
+        path, type_name = self._tracker.current()
+        site = f"{func} in module '{path or '(root)'}' ({type_name or self._root_type})"
+        self._shadows[id(indices)] = (indices, _Shadow(picked, frozenset({site})))
+
+    def _at_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A size-making op without values, shaped at its largest output (a caution says so), or None."""
+        name = func.overloadpacket.__name__
+        if name not in _BOUNDS or not isinstance(args[0], torch.Tensor):
+            return None
+        source = args[0]
+        kept = int(source.numel()) if name != "masked_select" else int(torch.broadcast_shapes(
+            source.shape, args[1].shape).numel())
+        with unset_fake_temporarily():
+            metas = _BOUNDS[name](source, kept, args)
+        out = pytree.tree_map(lambda v: FakeTensor(self.mode, v, source.device) if isinstance(v, torch.Tensor) else v,
+                              metas)
+        self._bounded.append(f"{func} in {self._where()} makes a size from tensor values fxflops does not know: "
+                             f"counted at its bound ({_BOUND_WORDS[name]}: {kept})")
+        return out
+
+    def _unknown(self, func: Any) -> ValueReadError:
+        return ValueReadError(
+            f"the forward reads a tensor's value ({func}) that derives from the weights or from an input given "
+            f"without values, so its control flow or sizes depend on tensor values fake tensors do not have, in "
+            f"{self._where()}: give real values for that input (a tensor, also in input_shape's list), or pass "
+            "method='trace' with real weights")
+
+    def _where(self) -> str:
+        path, type_name = self._tracker.current()
+        text = source_text(user_frame())
+        return f"module '{path or '(root)'}' ({type_name or self._root_type})" + (f" at {text}" if text else "")
+
+
+def _small_outputs(out: Any) -> bool:
+    """Whether a factory op's outputs are small enough to hold for real (constants such as arange)."""
+    return all(t.numel() <= MAX_SHADOWED_CONSTANT for t in tensors_in(out))
+
+
+def _meta(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+# the bound each size-making op is shaped at when its input has no values: every element kept (nonzero,
+# masked_select) or distinct (unique); outputs as meta tensors
+_BOUNDS: Mapping[str, Callable[[torch.Tensor, int, tuple], Any]] = {
+    "nonzero": lambda source, kept, args: _meta((kept, source.dim()), torch.int64),
+    "masked_select": lambda source, kept, args: _meta((kept,), source.dtype),
+    # _unique2(self, sorted, return_inverse, return_counts) -> (values, inverse, counts)
+    "_unique2": lambda source, kept, args: (
+        _meta((kept,), source.dtype),
+        _meta(tuple(source.shape) if len(args) > 2 and args[2] else (0,), torch.int64),
+        _meta((kept,) if len(args) > 3 and args[3] else (0,), torch.int64)),
+}
+_BOUND_WORDS = {"nonzero": "at most every element nonzero", "masked_select": "at most every element selected",
+                "_unique2": "at most every element distinct"}
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+# a router's picks: (scores, how many per row, along which dim, the indices tensor) from an op's call
+_ROUTERS: Mapping[Any, Callable[[tuple, dict, Any], tuple | None]] = {
+    _aten.topk.default: lambda args, kwargs, out: (
+        args[0], int(_argument(args, kwargs, 1, "k")), _argument(args, kwargs, 2, "dim", -1), out[1]),
+    _aten.argmax.default: lambda args, kwargs, out: None if _argument(args, kwargs, 1, "dim") is None else (
+        args[0], 1, _argument(args, kwargs, 1, "dim"), out),
+    _aten.max.dim: lambda args, kwargs, out: (args[0], 1, _argument(args, kwargs, 1, "dim"), out[1]),
+}
