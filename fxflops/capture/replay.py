@@ -27,6 +27,9 @@ calls, nor keep state there. Forward-only captures: a backward needs every op to
 
 from __future__ import annotations
 
+import os
+import types
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -38,26 +41,31 @@ from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
-from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
+from fxflops.capture.block_reads import ReadLog, Tracer
+from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Keyer, Unsupported, structure_ids
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
 REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
 _MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
+_MAX_OUTSIDE = 4096  # globals and namespace entries a reference may read and still be replayed
+_MISSING = object()
+VERIFY_ENV = "FXFLOPS_VERIFY_REPLAY"  # set (not "0"): every matched call runs too, and a difference warns
 
 
 class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "reads")
+                 "log", "outside")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
         self.path = path
         self.site = site  # the user's line that called the block: the source of ops run in library code
-        self.free: frozenset[tuple[str, str]] = frozenset()  # attributes watched and never read
-        self.reads: frozenset[tuple[str, str]] = frozenset()
+        self.free: frozenset[tuple[str, str]] = frozenset()  # attributes its code never read
+        self.log = ReadLog()
+        self.outside: list[tuple[Any, str, Any]] = []  # (namespace, name, key): globals and the like it read
         self.refused: str | None = None
         self.nodes: list[torch.fx.Node] = []
         self.externals: list[tuple[torch.fx.Node, tuple]] = []
@@ -74,6 +82,11 @@ class Template:
             return False
         return all(entry == mine[relative] or self._differ_where_free(relative, mine[relative], entry)
                    for relative, entry in theirs.items())
+
+    def outside_same(self) -> bool:
+        """Whether every global (and module or class attribute) the reference read holds what it held."""
+        keyer = Keyer()
+        return all(keyer.key(namespace.get(name, _MISSING)) == key for namespace, name, key in self.outside)
 
     def _differ_where_free(self, relative: str, mine: tuple, theirs: tuple) -> bool:
         """Whether two states of a module differ only in attributes the reference never read."""
@@ -97,28 +110,30 @@ class Replays:
         self._with_siblings = {id(module) for module in modules if counts[self._structures[id(module)]] > 1}
         self._calls: dict[int, int] = {}
         self._templates: dict[tuple, list[Template]] = {}
-        self._reads: list[tuple[int, str]] = []  # (id(module), attribute) read while a reference records
-        self._watchers: dict[tuple[type, tuple[str, ...]], type] = {}
-        self._watched_class: dict[type, type] = {}  # watching subclass -> the module's own class
+        self._tracer = Tracer()
+        self._torch_classes: dict[type, bool] = {}
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
+        self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
+        self.mismatches: list[str] = []  # with verification on: each call whose replay would have differed
 
     def install(self) -> None:
+        """Route each module's calls through `_call`, by the slot `Module.__call__` reads first
+        (`_compiled_call_impl`, torch's, None unless the module was compiled; `isolation` takes it out of
+        the instance again): the class, the model's attributes and `forward` stay as they are, and a
+        `forward()` called directly is not seen (its ops are its caller's, as it runs them)."""
         for module in self._modules:
-            if isinstance(module, torch.jit.ScriptModule):  # its forward is TorchScript's, not an attribute
+            state = module.__dict__
+            if isinstance(module, torch.jit.ScriptModule) or state.get("_compiled_call_impl") is not None:
                 continue
-            original = module.__dict__.get("forward") or type(module).forward.__get__(module)
-            module.__dict__["forward"] = self._forward(module, original)
+            state["_compiled_call_impl"] = self._entry(module)
 
-    def _forward(self, module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return self._call(module, original, args, kwargs)
-        forward.__wrapped__ = original  # inspect.signature(module.forward) still reads the model's
-        return forward
+    def _entry(self, module: torch.nn.Module) -> Callable[..., Any]:
+        run = module._call_impl
 
-    def class_of(self, module: torch.nn.Module) -> type:
-        cls = type(module)
-        return self._watched_class.get(cls, cls)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(module, run, args, kwargs)
+        return call
 
     # --- a call ------------------------------------------------------------------------------------
 
@@ -146,16 +161,18 @@ class Replays:
             return original(*args, **kwargs)
         try:
             with torch._C.DisableTorchFunction():
-                state = BlockState(module, self._tracker.name_of, path, self.class_of)
+                state = BlockState(module, self._tracker.name_of, path)
         except Unsupported:
             return original(*args, **kwargs)
         for template in templates:
-            if template.matches(state):
+            if template.matches(state) and (template.refused is not None or template.outside_same()):
                 if template.refused is not None:
                     return original(*args, **kwargs)
+                if self._verify:
+                    return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
                     return self._replay(template, path, call, state)
-        if self._recording:
+        if self._recording or not self._tracer.available():
             return original(*args, **kwargs)
         if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
             self._given_up.add(key)
@@ -170,23 +187,27 @@ class Replays:
         site = user_frame()
         mark = recorder.last_node()
         first_call = len(tracker.call_log)
-        wholes, cautions, first_read = len(tracker.whole_calls), len(recorder.cautions), len(self._reads)
-        watched, swapped = self._watch(state)
+        wholes, cautions = len(tracker.whole_calls), len(recorder.cautions)
         exclusive = not templates  # the first of its kind: its parts wait (see _call); a second one may not repeat
         self._recording += exclusive
+        self._tracer.start()
         try:
             out = original(*args, **kwargs)
         finally:
+            log = self._tracer.stop()
             self._recording -= exclusive
-            for child, cls in swapped:
-                child.__class__ = cls
         template = Template(state, path, site)
         templates.append(template)
         with torch._C.DisableTorchFunction():
-            ids = {id(child): relative for relative, child in state.modules}
-            reads = frozenset((ids[key], name) for key, name in self._reads[first_read:] if key in ids)
-            template.reads, template.free = reads, frozenset(watched - reads)
-            if len(tracker.whole_calls) != wholes or len(recorder.cautions) != cautions:
+            template.log = log
+            if not log.reflective:
+                template.free = frozenset(key for key in self._watched(state) if key[1] not in log.names)
+            template.refused = log.refused
+            if template.refused is None:
+                template.refused = self._outside(template, state)
+            if template.refused is not None:
+                pass
+            elif len(tracker.whole_calls) != wholes or len(recorder.cautions) != cautions:
                 template.refused = "a module counted whole, or torch.cond, ran in it"
             else:
                 template.refused = self._fill(template, module, call, recorder.nodes_after(mark), out,
@@ -194,54 +215,71 @@ class Replays:
             template.calls = _moved_calls(tracker.call_log[first_call:], path)
         return out
 
-    def _watch(self, state: BlockState) -> tuple[set[tuple[str, str]], list[tuple[torch.nn.Module, type]]]:
-        """Swap each module's class for one whose properties log reads of its own attributes."""
-        watched: set[tuple[str, str]] = set()
-        swapped = []
+    def _watched(self, state: BlockState) -> set[tuple[str, str]]:
+        """The attributes whose reads the trace sees: those of modules of the user's classes (torch's own
+        modules read theirs in torch's code, which is not traced: all of theirs count as read)."""
+        watched = set()
         for relative, module in state.modules:
-            cls = type(module)
-            if cls in self._watched_class:  # an enclosing reference watches it already
-                watched.update((relative, name) for name in self._watcher_names(cls))
-                continue
-            names = tuple(sorted(key for key in module.__dict__
-                                 if key not in MODULE_INTERNALS and not hasattr(cls, key)))
-            if not names:
-                continue
-            try:
-                module.__class__ = self._watcher(cls, names)
-            except Exception:  # a class whose layout or __init_subclass__ forbids it: its attributes must then be equal
-                continue
-            swapped.append((module, cls))
-            watched.update((relative, name) for name in names)
-        return watched, swapped
+            if not self._torch_class(type(module)):
+                watched.update((relative, key) for key in module.__dict__ if key not in MODULE_INTERNALS)
+        return watched
 
-    def _watcher_names(self, watcher: type) -> tuple[str, ...]:
-        return watcher.__dict__.get("_fxflops_watched_names", ())
+    def _torch_class(self, cls: type) -> bool:
+        found = self._torch_classes.get(cls)
+        if found is None:
+            found = self._torch_classes[cls] = any(
+                base.__module__.startswith("torch.") for base in cls.__mro__ if base not in (torch.nn.Module, object))
+        return found
 
-    def _watcher(self, cls: type, names: tuple[str, ...]) -> type:
-        found = self._watchers.get((cls, names))
-        if found is not None:
-            return found
-        reads = self._reads
-        namespace: dict[str, Any] = {name: _logged_attribute(name, reads) for name in names}
-        namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _fxflops_watched_names=names)
-        watcher = type(cls.__name__, (cls,), namespace)
-        # what a base's __init_subclass__ added (transformers wraps each subclass's forward): not ours
-        for key in set(watcher.__dict__) - set(namespace) - {"__doc__", "__dict__", "__weakref__"}:
-            delattr(watcher, key)
-        self._watchers[(cls, names)] = watcher
-        self._watched_class[watcher] = cls
-        return watcher
+    def _outside(self, template: Template, state: BlockState) -> str | None:
+        """Key what the reference read outside its modules and arguments: the globals its code read, and
+        the attributes (by the names its code read) of the modules and classes it reached, its modules'
+        classes included. Says why not, where one cannot be keyed or may have been changed by the call."""
+        log = template.log
+        names = log.names
+        pending = list(log.outside.values())
+        spaces: set[int] = set()
+
+        def reach(space: Any) -> None:
+            if id(space) not in spaces:
+                spaces.add(id(space))
+                namespace = vars(space)
+                pending.extend((namespace, name) for name in names if name in namespace)
+
+        for _, module in state.modules:
+            for cls in type(module).__mro__:
+                if not self._torch_class(cls) and cls not in (torch.nn.Module, object):
+                    reach(cls)
+        index = 0
+        while index < len(pending):
+            namespace, name = pending[index]
+            index += 1
+            value = namespace.get(name, _MISSING)
+            if isinstance(value, types.ModuleType | type):
+                reach(value)
+            if len(pending) > _MAX_OUTSIDE:
+                return "it reads too many globals to compare"
+        first, again = Keyer(), Keyer()
+        for namespace, name in pending:
+            value = namespace.get(name, _MISSING)
+            key = first.key(value)
+            if key != again.key(value):
+                return f"it reads {name}, which cannot be compared between calls"
+            if isinstance(value, types.ModuleType | type) and name in log.stored \
+                    or log.mutates and _mutable(value):
+                return f"it may change {name}, which it reads"
+            template.outside.append((namespace, name, key))
+        return None
 
     def _fill(self, template: Template, module: torch.nn.Module, call: CallKey, nodes: list[torch.fx.Node],
               out: Any, args: tuple, kwargs: dict) -> str | None:
         """Fill in how to copy the reference; or say why it cannot stand for another call."""
         try:
-            after = BlockState(module, self._tracker.name_of, template.path, self.class_of)
+            after = BlockState(module, self._tracker.name_of, template.path)
             again = CallKey(args, kwargs)
         except Unsupported as why:
             return str(why)
-        if after.entries != template.state.entries:
+        if not template.matches(after):
             return "its forward changed its modules' state"
         if again.key != call.key or any(a is not b for a, b in zip(again.tensors, call.tensors)):
             return "its forward changed its arguments"
@@ -321,9 +359,28 @@ class Replays:
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
         out = rebuild(template.output, fresh, call, modules)
-        self._reads.extend((id(modules[relative]), name) for relative, name in template.reads if relative in modules)
+        self._tracer.replayed(template.log)
         for (inside, name), count in template.calls:
-            self._tracker.call_log.extend([f"{path}.{name}" if inside else name] * count)
+            self._tracker.call_log.extend([(f"{path}.{name}" if name else path) if inside else name] * count)
+        return out
+
+    def _verified(self, template: Template, original: Callable[..., Any], path: str, args: tuple,
+                  kwargs: dict) -> Any:
+        """Run a call that would be replayed, and compare what it recorded with what the replay would copy."""
+        recorder, tracker = self._recorder, self._tracker
+        mark, first_call = recorder.last_node(), len(tracker.call_log)
+        out = original(*args, **kwargs)
+        ran = [_signature(node, None, None) for node in recorder.nodes_after(mark) if node.op != "placeholder"]
+        copied = [_signature(node, template.path, path) for node in template.nodes]
+        calls = _moved_calls(tracker.call_log[first_call:], path)
+        if ran != copied or Counter(dict(calls)) != Counter(dict(template.calls)):
+            where = next((index for index, (a, b) in enumerate(zip(ran, copied)) if a != b), min(len(ran), len(copied)))
+            what = f"op {where}: ran {ran[where] if where < len(ran) else 'nothing'}, replay would copy " \
+                   f"{copied[where] if where < len(copied) else 'nothing'}" if ran != copied else "its module calls"
+            message = f"{path}: replaying {template.path} would differ from running it ({what})"
+            self.mismatches.append(message)
+            warnings.warn(f"fxflops: {message}; please report it (replay=False runs every call)", ReplayMismatch,
+                          stacklevel=2)
         return out
 
     def _tensor_at(self, where: tuple, node: torch.fx.Node, call: CallKey,
@@ -350,23 +407,35 @@ class Replays:
         return made.requires_grad_(True) if like.requires_grad else made
 
 
-def _logged_attribute(name: str, reads: list[tuple[int, str]]) -> property:
-    def get(module: Any) -> Any:
-        reads.append((id(module), name))
-        try:
-            return module.__dict__[name]
-        except KeyError:
-            raise AttributeError(name) from None
+def _mutable(value: Any) -> bool:
+    """Whether a value read from outside holds data that could be changed in place (a list, a dict, an
+    object with attributes; not code: modules, classes, functions, descriptors, callables)."""
+    if isinstance(value, list | dict | set | bytearray):
+        return True
+    return hasattr(value, "__dict__") and not isinstance(value, types.ModuleType | type) and not callable(value) \
+        and not hasattr(type(value), "__get__")
 
-    def put(module: Any, value: Any) -> None:
-        reads.append((id(module), name))
-        module.__dict__[name] = value
 
-    def drop(module: Any) -> None:
-        reads.append((id(module), name))
-        del module.__dict__[name]
+class ReplayMismatch(RuntimeWarning):
+    """With FXFLOPS_VERIFY_REPLAY set: a call that replay would have copied ran a different program."""
 
-    return property(get, put, drop)
+
+def _signature(node: torch.fx.Node, reference: str | None, path: str | None) -> tuple:
+    """What a node contributes to a count: its op, module (moved to `path`), and its values' metadata."""
+    where = node.meta.get("fxflops_module")
+    module = where[0] if where is not None else None
+    if module is not None and reference is not None:
+        module = _moved(module, reference, path)
+    return (node.target, module, _metadata(node.meta.get("val")),
+            tuple(_metadata(used.meta.get("val")) for used in node.all_input_nodes))
+
+
+def _metadata(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, tuple | list):
+        return tuple(_metadata(item) for item in value)
+    return type(value).__name__
 
 
 def _moved(name: str, reference: str, path: str) -> str:
@@ -381,5 +450,5 @@ def _moved(name: str, reference: str, path: str) -> str:
 def _moved_calls(names: list[str], path: str) -> list[tuple[Any, int]]:
     """The module calls made inside a reference call, by name relative to its block where inside it."""
     inside = path + "."
-    return [((True, name[len(inside):]), count) if name.startswith(inside) else ((False, name), count)
-            for name, count in Counter(names).items()]
+    return [((True, name[len(inside):]), count) if name.startswith(inside) else
+            ((True, ""), count) if name == path else ((False, name), count) for name, count in Counter(names).items()]
