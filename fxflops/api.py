@@ -87,6 +87,7 @@ def estimate(
     optimizer: str | torch.optim.Optimizer | None = None,
     progress: Callable[[str], None] | None = None,
     attention: str = "dense",
+    replay: bool = True,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -110,6 +111,10 @@ def estimate(
     or "effective" (only the pairs the mask keeps: is_causal, sliding windows and other masks the
     model builds from positions; a mask that is data stays dense, and says so). Both readings are in
     every attention node and `Estimate.attention_totals()`.
+
+    `replay=False` runs every call of a repeated block; by default a call that provably runs the
+    program an earlier call of its kind ran is copied from it instead (the eager method, forward only;
+    FXFLOPS_VERIFY_REPLAY=1 in the environment runs those calls too and warns at any difference).
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -119,7 +124,7 @@ def estimate(
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
         stage("capture")
-        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss)
+        captured = counting.capture(model, args, kwargs, method, backward=backward, loss=loss, replay=replay)
         stage("count")
         result = build_estimate(type(model).__name__, captured, counting.count(captured), conventions, attention)
         result.source = CountSource(captured, counting.table)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import sys
 import types
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -384,3 +386,47 @@ def test_an_estimate_leaves_no_trace():
     assert [(type(m), dict(m.__dict__)) for m in model.modules()] == classes
     assert REGISTRY == registry and sys.gettrace() is trace
     assert set(sys.modules) - set(modules) <= {name for name in sys.modules if name.startswith("fxflops")}
+
+
+# --- the switch and the self-check --------------------------------------------------------------------------
+
+
+LEVEL = 0
+
+
+class ReadsLevel(Block):
+    def extra(self, x):
+        return LEVEL
+
+
+class SetsLevel(Stack):
+    def forward(self, x):
+        global LEVEL
+        for index, block in enumerate(self.blocks):
+            LEVEL = index // 2
+            x = block(x)
+        return x
+
+
+def test_verification_runs_what_would_be_replayed_and_reports_a_difference(monkeypatch):
+    from fxflops.capture import block_reads
+    from fxflops.capture.replay import ReplayMismatch
+
+    model = SetsLevel([ReadsLevel() for _ in range(4)])
+    count = functools.partial(fxflops.estimate, model, X, conventions="torch")
+    full = count(replay=False)
+    assert full.total_flops == oracle_flops(model, X) == count().total_flops
+    # a tracer blind to this file misses the global read: replay is then wrong, and verification says so
+    monkeypatch.setattr(block_reads, "_UNTRACED", (*block_reads._UNTRACED, str(Path(__file__).parent) + os.sep))
+    assert count().total_flops != full.total_flops
+    monkeypatch.setenv("FXFLOPS_VERIFY_REPLAY", "1")
+    with pytest.warns(ReplayMismatch, match=r"blocks\.[23]: replaying blocks\.1 would differ"):
+        verified = count()
+    assert verified.total_flops == full.total_flops
+
+
+def test_the_cli_switch():
+    from fxflops.cli.parser import build_parser
+
+    assert build_parser().parse_args(["lenet5", "--no-replay"]).replay is False
+    assert build_parser().parse_args(["lenet5"]).replay is True

@@ -233,6 +233,23 @@ class Tracer:
         return log
 
 
+class paused_tracing:  # noqa: N801 - a context manager, named as one
+    """No line tracing inside an op's dispatch (fake kernels and the recorder: torch's and our code, and
+    most of a reference's Python calls), where the tracer is a replay's."""
+
+    __slots__ = ("_trace",)
+
+    def __enter__(self) -> None:
+        trace = sys.gettrace()
+        self._trace = trace if getattr(trace, "__func__", None) is Tracer._call else None
+        if self._trace is not None:
+            sys.settrace(None)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._trace is not None:
+            sys.settrace(self._trace)
+
+
 def _kind(filename: str) -> bool | None:
     """True: traced; False: not; None: traced where called from traced code (the standard library, and
     code made by exec: a dataclass's __init__)."""

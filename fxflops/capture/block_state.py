@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import NAME_TAG
+from fxflops.capture.reach import slot_names
 
 # a module's own bookkeeping (parameter/buffer/submodule tables, hook tables): read as structure below
 MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {NAME_TAG, "_compiled_call_impl"}
@@ -116,7 +117,8 @@ class BlockState:
 
     __slots__ = ("modules", "entries", "tensors", "keyer")
 
-    def __init__(self, block: torch.nn.Module, name_of: Callable[[torch.nn.Module], str | None], path: str) -> None:
+    def __init__(self, block: torch.nn.Module, name_of: Callable[[torch.nn.Module], str | None], path: str,
+                 slots: dict[type, tuple[str, ...]] | None = None) -> None:
         self.modules: list[tuple[str, torch.nn.Module]] = []
         self.entries: dict[str, tuple] = {}
         self.tensors: dict[int, tuple[str, str, str]] = {}  # id(tensor) -> (relative path, table, name)
@@ -134,7 +136,7 @@ class BlockState:
             if children:
                 stack.extend(reversed([(f"{relative}.{key}" if relative else key, child)
                                        for key, child in children.items() if child is not None]))
-        self.keyer = Keyer(seen)
+        self.keyer = Keyer(seen, slots)
         for relative, module in self.modules:
             self.entries[relative] = self._read(relative, module, moved_name(name_of(module), path))
         for relative, original in aliases:
@@ -168,12 +170,12 @@ class BlockState:
 
 def torch_state() -> tuple:
     """torch's global settings a block's code can read or its ops depend on (grad and inference mode,
-    autocast per device with its dtype, determinism, the default dtype and device, attention kernel
-    switches, the mode stacks)."""
+    autocast per device with its dtype, determinism, the default dtype, attention kernel switches, the
+    mode stacks)."""
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
             torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled(),
-            torch.get_default_dtype(), torch.get_default_device(),
+            torch.get_default_dtype(),  # (a default device is a function mode: the stack's length below)
             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
             torch.is_anomaly_enabled(), torch.backends.mha.get_fastpath_enabled(),
             torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
@@ -203,13 +205,19 @@ class Keyer:
     deeper by identity (it is wired as the same tensor). Every object keyed by identity is held, so no
     other object takes its id while the key lives. Modules of the block are keyed by relative path."""
 
-    __slots__ = ("held", "_memo", "_budget", "_block")
+    __slots__ = ("held", "_memo", "_budget", "_block", "_slots")
 
-    def __init__(self, block: dict[int, str] | None = None) -> None:
+    def __init__(self, block: dict[int, str] | None = None, slots: dict[type, tuple[str, ...]] | None = None) -> None:
         self.held: list[Any] = []
         self._memo: dict[int, Any] = {}
         self._budget = _DEEP_LIMIT
         self._block = block if block is not None else {}
+        self._slots = slots if slots is not None else {}  # type -> its instances' slot names (kept by Replays)
+
+    @staticmethod
+    def by_identity(value: Any) -> bool:
+        """Whether a value's key is its identity or its immutable value: the same object, the same key."""
+        return type(value) in _PLAIN or type(value) is float or isinstance(value, _BY_IDENTITY)
 
     def key(self, value: Any, owner: Any = None, top: bool = False) -> Any:
         kind = type(value)
@@ -217,6 +225,8 @@ class Keyer:
             return (kind, value)
         if kind is float:
             return (float, value.hex())
+        if kind is tuple:  # immutable, and no cycle runs through a tuple alone: no memo needed
+            return (tuple, tuple([self.key(item, owner) for item in value]))
         if kind is complex:
             return (complex, value.real.hex(), value.imag.hex())
         if isinstance(value, torch.Tensor):
@@ -261,6 +271,8 @@ class Keyer:
             return ("id", id(value))
         if isinstance(value, enum.Enum):
             return (kind, value.name)
+        if isinstance(value, int | float | complex | str | bytes):  # a subclass (numpy.float64, a str enum)
+            return (kind, repr(value), self._attributes(value, owner))
         state = self._attributes(value, owner)
         if state is None:
             return Unkeyable(f"a {kind.__name__}")
@@ -269,8 +281,9 @@ class Keyer:
     def _attributes(self, value: Any, owner: Any) -> Any:
         """An object's own attributes (its __dict__ and __slots__), keyed; None when it has neither."""
         state = getattr(value, "__dict__", None)
-        slots = [name for cls in type(value).__mro__ for name in cls.__dict__.get("__slots__", ())
-                 if name not in ("__dict__", "__weakref__")]
+        slots = self._slots.get(type(value))
+        if slots is None:
+            slots = self._slots[type(value)] = tuple(slot_names(value))
         if type(state) is not dict and not slots:
             return () if isinstance(value, tuple | list | dict | types.FunctionType) else None
         found = [(key, self.key(item, owner)) for key, item in (state or {}).items()]
@@ -285,9 +298,6 @@ class Keyer:
             return ("empty",)
 
 
-def value_key(value: Any, keyer: Keyer | None = None) -> Any:
-    """A key for a value (see Keyer)."""
-    return (keyer or Keyer()).key(value)
 
 
 def moved_name(name: str | None, path: str) -> Any:

@@ -1,28 +1,35 @@
 """Repeated blocks: a module call that provably runs the program an earlier call ran is not run again;
 the earlier call's nodes are copied in its place.
 
-A block's first call (the reference) runs and is recorded as usual, every attribute read of its modules
-logged (for that call their classes are read-logging subclasses). A later call of a module of the same
-class replays the reference when:
+Calls reach `_call` through torch's own per-instance slot `_compiled_call_impl` (nothing of the model
+is swapped: class, `forward` and attributes stay as they are; a `forward()` called directly runs as it
+is). A block's first call (the reference) runs and is recorded as usual while `block_reads.Tracer`
+notes the lines of code it runs. A later call of a module of the same class replays the reference when:
 
 - its arguments are equal: tensors by shape, strides, dtype, device and flags (fake tensors hold no
-  values), plain values by value, the same tensor in the same places, and nothing else (a cache object,
-  which the block would update, makes the call run);
+  values; a real one's values are keyed), plain values by value (floats by their bits), the same
+  tensor in the same places, and nothing else (a cache object, which the block would update, makes
+  the call run); and torch's global settings are equal (grad, inference mode, autocast per device and
+  its dtype, determinism, default dtype and device, attention kernels: `block_state.torch_state`);
 - its state is equal (`BlockState`): every module of the block by class, training flag, name and
-  submodules, parameters and buffers by metadata, attributes by value, shared objects (a config) by
-  identity and what they hold, except attributes the reference never read (a layer index that only
-  picks a cache slot when no cache is given);
-- the reference was self-contained: it wrote into no tensor from outside the block, changed no module
-  attribute nor an argument's contents, ran no torch.cond and no module counted whole, had no hook, and
-  returned tensors (made in the block, or its inputs or its own tensors) and plain values in tuples,
-  lists and dicts.
+  submodules, parameters and buffers by metadata, attributes as deep as they go (`Keyer`), except
+  attributes whose names occur on no line the reference ran (a layer index that only picks a cache
+  slot when no cache is given) — unless it read attributes by computed names (`vars`, `__dict__`);
+- what the reference read outside its modules and arguments holds what it held: the globals its code
+  read, and the attributes (by the names it read) of the modules and classes it reached;
+- the reference was self-contained and keyable: it wrote into no tensor from outside the block, changed
+  no module attribute nor an argument's contents, wrote no global nor an enclosing function's variable,
+  read no object identity, frame or whole namespace, may not have changed a mutable global it read,
+  ran no torch.cond and no module counted whole, had no hook, and returned tensors (made in the block,
+  or its inputs or its own tensors) and plain values in tuples, lists and dicts.
 
 The block's program is then a function of what was compared, so the call would run the same ops on
 the same shapes: the reference's nodes are copied with their module paths moved to this call's and
 their inputs wired to this call's tensors, the module calls it made are counted again, and fresh fake
-tensors shaped like the reference's outputs are returned. Assumed, and not checked: a block does not
-read Python state outside its modules and arguments (a module-level global) that changes between
-calls, nor keep state there. Forward-only captures: a backward needs every op to have run.
+tensors shaped like the reference's outputs are returned. What cannot be proven is left to the plain
+path: the call runs. With FXFLOPS_VERIFY_REPLAY=1 every call that would be replayed runs as well, and a
+difference from the copy warns (`ReplayMismatch`). Forward-only captures: a backward needs every op to
+have run.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ class Template:
         self.site = site  # the user's line that called the block: the source of ops run in library code
         self.free: frozenset[tuple[str, str]] = frozenset()  # attributes its code never read
         self.log = ReadLog()
-        self.outside: list[tuple[Any, str, Any]] = []  # (namespace, name, key): globals and the like it read
+        self.outside: list[tuple[Any, str, Any, Any]] = []  # (namespace, name, value, key): globals and the like
         self.refused: str | None = None
         self.nodes: list[torch.fx.Node] = []
         self.externals: list[tuple[torch.fx.Node, tuple]] = []
@@ -83,10 +90,14 @@ class Template:
         return all(entry == mine[relative] or self._differ_where_free(relative, mine[relative], entry)
                    for relative, entry in theirs.items())
 
-    def outside_same(self) -> bool:
+    def outside_same(self, slots: dict[type, tuple[str, ...]]) -> bool:
         """Whether every global (and module or class attribute) the reference read holds what it held."""
-        keyer = Keyer()
-        return all(keyer.key(namespace.get(name, _MISSING)) == key for namespace, name, key in self.outside)
+        keyer = Keyer(slots=slots)
+        for namespace, name, value, key in self.outside:
+            now = namespace.get(name, _MISSING)
+            if not (now is value and Keyer.by_identity(value)) and keyer.key(now) != key:
+                return False
+        return True
 
     def _differ_where_free(self, relative: str, mine: tuple, theirs: tuple) -> bool:
         """Whether two states of a module differ only in attributes the reference never read."""
@@ -112,6 +123,7 @@ class Replays:
         self._templates: dict[tuple, list[Template]] = {}
         self._tracer = Tracer()
         self._torch_classes: dict[type, bool] = {}
+        self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
         self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
@@ -161,11 +173,11 @@ class Replays:
             return original(*args, **kwargs)
         try:
             with torch._C.DisableTorchFunction():
-                state = BlockState(module, self._tracker.name_of, path)
+                state = BlockState(module, self._tracker.name_of, path, self._slots)
         except Unsupported:
             return original(*args, **kwargs)
         for template in templates:
-            if template.matches(state) and (template.refused is not None or template.outside_same()):
+            if template.matches(state) and (template.refused is not None or template.outside_same(self._slots)):
                 if template.refused is not None:
                     return original(*args, **kwargs)
                 if self._verify:
@@ -259,7 +271,7 @@ class Replays:
                 reach(value)
             if len(pending) > _MAX_OUTSIDE:
                 return "it reads too many globals to compare"
-        first, again = Keyer(), Keyer()
+        first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
         for namespace, name in pending:
             value = namespace.get(name, _MISSING)
             key = first.key(value)
@@ -268,14 +280,14 @@ class Replays:
             if isinstance(value, types.ModuleType | type) and name in log.stored \
                     or log.mutates and _mutable(value):
                 return f"it may change {name}, which it reads"
-            template.outside.append((namespace, name, key))
+            template.outside.append((namespace, name, value, key))
         return None
 
     def _fill(self, template: Template, module: torch.nn.Module, call: CallKey, nodes: list[torch.fx.Node],
               out: Any, args: tuple, kwargs: dict) -> str | None:
         """Fill in how to copy the reference; or say why it cannot stand for another call."""
         try:
-            after = BlockState(module, self._tracker.name_of, template.path)
+            after = BlockState(module, self._tracker.name_of, template.path, self._slots)
             again = CallKey(args, kwargs)
         except Unsupported as why:
             return str(why)

@@ -100,7 +100,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         return swept, render_sweep(swept, sweeps, args)
     result = estimate(model, loaded.args, loaded.kwargs, method=args.method, conventions=args.conventions,
                       rules=args.rules, backward=args.backward, optimizer=args.optimizer, attention=args.attention,
-                      progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
+                      replay=args.replay, progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)))
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:
         result.prediction = result.predict(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth)
