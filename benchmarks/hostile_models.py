@@ -274,6 +274,30 @@ def _nonlocal_counter() -> Callable[[], int]:
     return tick
 
 
+def _leveled() -> tuple[Callable[[int], None], Callable]:
+    level = 0
+
+    def set_level(value: int) -> None:
+        nonlocal level
+        level = value
+
+    def decorate(extra: Callable) -> Callable:
+        @functools.wraps(extra)
+        def wrapper(self: Any, x: torch.Tensor) -> int:
+            return extra(self, x) + level
+        return wrapper
+    return set_level, decorate
+
+
+SET_LEVEL, LEVELED = _leveled()
+
+
+class Decorated(Layer):
+    @LEVELED
+    def extra(self, x):
+        return 0
+
+
 class Nonlocal(Layer):
     def extra(self, x):
         return self.tick()
@@ -402,6 +426,7 @@ CHANNELS: dict[str, tuple[type, Callable[[list[nn.Module], list[int]], dict]]] =
     "helper_method": (HelperMethod, _shared("helper", Helper(), lambda h, v: setattr(h, "state", v))),
     "global_helper": (GlobalHelper, _before(lambda host, layer, v: setattr(G_HELPER, "state", v))),
     "forward_called_directly": (Direct, _each("v", int)),
+    "decorator_closure": (Decorated, _before(lambda host, layer, v: SET_LEVEL(v))),
 }
 
 
@@ -429,6 +454,7 @@ def build(name: str) -> tuple[nn.Module, tuple, Callable[[], None]]:
         global G_INT, G_CALLS, G_TICKS
         G_INT, G_CALLS, G_TICKS = 0, 0, itertools.count()
         G_DICT["v"], G_OBJ.v, G_COUNT["n"], G_HELPER.state = 0, 0, 0, 0
+        SET_LEVEL(0)
         os.environ.pop(ENV, None)
         _mutable_default.__defaults__[0].clear()
         if channel == "nonlocal_counter":

@@ -377,6 +377,46 @@ def test_state_outside_the_block_is_detected():
     assert_same_as_full(GlobalMasks([ByGlobalMask() for _ in range(4)]), X)
 
 
+def _leveled():
+    level = 0
+
+    def set_level(value):
+        nonlocal level
+        level = value
+
+    def decorate(forward):
+        @functools.wraps(forward)
+        def wrapper(self, x):
+            x = forward(self, x)
+            for _ in range(level):
+                x = self.proj(x)
+            return x
+        return wrapper
+    return set_level, decorate
+
+
+SET_LEVEL, LEVELED = _leveled()
+
+
+class Leveled(Block):
+    @LEVELED
+    def forward(self, x):
+        return self.proj(x)
+
+
+class SetsClosureLevel(Stack):
+    def forward(self, x):
+        for index, block in enumerate(self.blocks):
+            SET_LEVEL(index // 2)
+            x = block(x)
+        return x
+
+
+def test_a_closure_changed_between_calls_is_keyed():
+    # the decorator's wrapper reads `level` from its closure, which a function outside the block rebinds
+    agrees(SetsClosureLevel([Leveled() for _ in range(4)]))
+
+
 def test_an_estimate_leaves_no_trace():
     model = blocks(SeesItsType, n=[0, 0, 1, 1])
     modules = dict(sys.modules)

@@ -121,9 +121,10 @@ def _literal_name_follows(instructions: list[dis.Instruction], index: int) -> bo
 class ReadLog:
     """What a reference's code read: names, globals (namespace, name), and what refuses it."""
 
-    __slots__ = ("names", "outside", "stored", "reflective", "refused", "mutates")
+    __slots__ = ("names", "outside", "stored", "reflective", "refused", "mutates", "codes")
 
     def __init__(self) -> None:
+        self.codes: set[types.CodeType] = set()  # the code that ran
         self.names: set[str] = set()
         self.stored: set[str] = set()
         self.outside: dict[tuple[int, str], tuple[Any, str]] = {}  # (id(namespace), name) -> (namespace, name)
@@ -132,6 +133,7 @@ class ReadLog:
         self.mutates = False
 
     def merge(self, other: ReadLog) -> None:
+        self.codes |= other.codes
         self.names |= other.names
         self.stored |= other.stored
         self.outside.update(other.outside)
@@ -218,6 +220,7 @@ class Tracer:
     def _log(self, lines: set[tuple[types.CodeType, int]], given: set[types.CodeType]) -> ReadLog:
         log = ReadLog()
         for code, line in lines:
+            log.codes.add(code)
             reads = self._reads(code)[0].get(line)
             if reads is None:
                 continue

@@ -243,6 +243,37 @@ class Replays:
                 base.__module__.startswith("torch.") for base in cls.__mro__ if base not in (torch.nn.Module, object))
         return found
 
+    def _closures(self, log: ReadLog, state: BlockState, classes: set[type], pending: list) -> str | None:
+        """Find the function of each closure that ran and was not made during the call (a decorator's
+        wrapper, a function a global holds): its variables are then keyed with it (pending gets it).
+        Says why not, where one cannot be found."""
+        ran = log.codes
+        # (a method's only free variable `__class__`, for super(), is its class for good)
+        kept = [code for code in ran if code.co_freevars not in ((), ("__class__",))
+                and not any(code in outer.co_consts for outer in ran)]
+        if not kept:
+            return None
+        found: dict[types.CodeType, Any] = {}
+        values = [value for cls in classes for value in vars(cls).values()]
+        values += [module.__dict__[key] for _, module in state.modules for key in module.__dict__
+                   if key not in MODULE_INTERNALS]
+        values += [namespace.get(name) for namespace, name in pending]
+        objects = [value for value in values if not isinstance(value, type | types.ModuleType | types.FunctionType)]
+        values += [item for value in objects for cls in type(value).__mro__[:-1] for item in vars(cls).values()]
+        values += [item for value in objects if type(getattr(value, "__dict__", None)) is dict
+                   for item in value.__dict__.values()]  # an object's methods and the functions it holds
+        while values:
+            value = values.pop()
+            value = getattr(value, "__func__", None) or getattr(value, "fget", None) or value
+            if isinstance(value, types.FunctionType) and value.__code__ not in found:
+                found[value.__code__] = value
+                values.append(getattr(value, "__wrapped__", None))
+        for code in kept:
+            if code not in found:
+                return f"it runs {code.co_qualname}, a closure whose variables cannot be compared"
+            pending.append(({code.co_qualname: found[code]}, code.co_qualname))
+        return None
+
     def _outside(self, template: Template, state: BlockState) -> str | None:
         """Key what the reference read outside its modules and arguments: the globals its code read, and
         the attributes (by the names its code read) of the modules and classes it reached, its modules'
@@ -258,10 +289,10 @@ class Replays:
                 namespace = vars(space)
                 pending.extend((namespace, name) for name in names if name in namespace)
 
-        for _, module in state.modules:
-            for cls in type(module).__mro__:
-                if not self._torch_class(cls) and cls not in (torch.nn.Module, object):
-                    reach(cls)
+        classes = {cls for _, module in state.modules for cls in type(module).__mro__
+                   if not self._torch_class(cls) and cls not in (torch.nn.Module, object)}
+        for cls in classes:
+            reach(cls)
         index = 0
         while index < len(pending):
             namespace, name = pending[index]
@@ -271,6 +302,9 @@ class Replays:
                 reach(value)
             if len(pending) > _MAX_OUTSIDE:
                 return "it reads too many globals to compare"
+        why = self._closures(log, state, classes, pending)
+        if why is not None:
+            return why
         first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
         for namespace, name in pending:
             value = namespace.get(name, _MISSING)
