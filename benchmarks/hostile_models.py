@@ -10,6 +10,7 @@ replay_architectures.py --hostile compares replay=True, replay=False and FXFLOPS
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -411,7 +412,7 @@ CHANNELS: dict[str, tuple[type, Callable[[list[nn.Module], list[int]], dict]]] =
     "weakref_parent": (WeakParent, _refer("parent", True)),
     "unregistered_module": (Unregistered, _refer("owner", False)),
     "environ": (Environ, _before(lambda host, layer, v: os.environ.__setitem__(ENV, str(v)))),
-    "inference_mode": (InferenceMode, _context(lambda v: torch.inference_mode(bool(v)))),
+    "inference_mode": (InferenceMode, _context(lambda v: torch.inference_mode() if v else contextlib.nullcontext())),
     "cpu_autocast": (Autocast, _context(lambda v: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(v)))),
     "deterministic": (Deterministic, _before(_deterministic)),
     "real_tensor_table": (RealTable, _each("table", lambda v: [torch.tensor(v)])),

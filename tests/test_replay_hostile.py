@@ -290,6 +290,16 @@ class CountsInADict(Block):
         return COUNTER["calls"] % 2
 
 
+def _appends(acc: list = []) -> int:  # noqa: B006 - the hostile part
+    acc.append(1)
+    return len(acc) % 2
+
+
+class MutableDefault(Block):
+    def extra(self, x):
+        return _appends()
+
+
 class ById(Block):
     def extra(self, x):
         return BY_ID.get(id(self), 0)
@@ -363,6 +373,8 @@ def test_state_outside_the_block_is_detected():
     agrees(blocks(CountsGlobally))  # four calls a run: each run starts at an even count
     COUNTER["calls"] = 0
     agrees(blocks(CountsInADict))
+    _appends.__defaults__[0].clear()
+    agrees(blocks(MutableDefault))  # four calls a run: the list's length is even at each run's start
     model = blocks(ById)
     BY_ID.update({id(model.blocks[2]): 1, id(model.blocks[3]): 2})
     agrees(model)

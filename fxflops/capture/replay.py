@@ -34,6 +34,7 @@ have run.
 
 from __future__ import annotations
 
+import functools
 import os
 import types
 import warnings
@@ -453,13 +454,29 @@ class Replays:
         return made.requires_grad_(True) if like.requires_grad else made
 
 
-def _mutable(value: Any) -> bool:
-    """Whether a value read from outside holds data that could be changed in place (a list, a dict, an
-    object with attributes; not code: modules, classes, functions, descriptors, callables)."""
-    if isinstance(value, list | dict | set | bytearray):
+def _mutable(value: Any, seen: set[int] | None = None) -> bool:
+    """Whether a value read from outside holds data that could be changed in place: a list, a dict, an
+    object with attributes (not code: modules, classes, descriptors, callables), a function whose
+    defaults or closure hold one, a partial (its keywords)."""
+    if isinstance(value, list | dict | set | bytearray | functools.partial):
         return True
+    if isinstance(value, types.FunctionType):
+        seen = seen if seen is not None else set()
+        if id(value) in seen:  # functions that hold each other
+            return False
+        seen.add(id(value))
+        held = (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(),
+                *(_contents(cell) for cell in value.__closure__ or ()))
+        return any(_mutable(item, seen) for item in held)
     return hasattr(value, "__dict__") and not isinstance(value, types.ModuleType | type) and not callable(value) \
         and not hasattr(type(value), "__get__")
+
+
+def _contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # empty
+        return None
 
 
 class ReplayMismatch(RuntimeWarning):
