@@ -10,11 +10,18 @@ is skipped when its two full captures differ; models whose forward takes use_cac
 use_cache=False and with the default) and every node's cost row, the module call counts and the cautions compared exactly, as
 tests/test_replay.py's assert_same_as_full does.
 
+Each is captured a third time with FXFLOPS_VERIFY_REPLAY=1 (every call replay would copy runs as well and
+is compared with the copy): its rows must equal the full capture's and it must warn no ReplayMismatch.
+Beside them (`--hostile with`, the default), the generated hostile models of benchmarks/hostile_models.py
+(issue 36: a few hundred custom models, each reading a per-layer value through one channel a replay key
+could miss), each captured three times from the same outside state.
+
 A model that fails to build or capture in both modes is skipped (with the reason); one that fails in only
 one mode or differs is a finding. Each model runs in a worker process with a per-model timeout.
 
     nice -n 10 python benchmarks/replay_architectures.py                 # writes results/replay_architectures.md
     python benchmarks/replay_architectures.py --only llama,resnet18 --output ''   # quick look
+    python benchmarks/replay_architectures.py --hostile only --output benchmarks/results/replay_hostile.md
 """
 
 from __future__ import annotations
