@@ -18,28 +18,11 @@ import torch
 from torch import nn
 
 import fxflops
-from benchmarks.hostile_models import Host, build
+from benchmarks.hostile_models import Host, Layer, build
 from tests.oracle import oracle_flops
 from tests.test_replay import _replayed_modules, _Stack, assert_same_as_full
 
 X = (torch.zeros(3, 8),)
-
-
-class Block(nn.Module):
-    """A Linear, then as many extra Linear applications as `extra(self)` says."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(8, 8)
-
-    def extra(self, x: torch.Tensor) -> int:
-        return 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.proj(x)
-        for _ in range(self.extra(x)):
-            x = self.proj(x)
-        return x
 
 
 def agrees(model: nn.Module, args: tuple = X, reset: Any = lambda: None) -> None:
@@ -86,7 +69,7 @@ def test_each_cause_gives_what_a_full_capture_gives(channel, pattern):
     agrees(model, args, reset)
 
 
-class ReadsADict(Block):
+class ReadsADict(Layer):
     def extra(self, x):
         return int(self.sizes["n"])
 
@@ -117,7 +100,7 @@ class Registered(nn.Module):
         REGISTRY.append(cls)
 
 
-class SeesItsType(Registered, Block):
+class SeesItsType(Registered, Layer):
     def extra(self, x):
         return (type(self) is SeesItsType) + (self.__class__ == SeesItsType) + ("forward" in self.__dict__) \
             + {SeesItsType: 1}.get(type(self), 0) + self.n
@@ -161,7 +144,7 @@ def test_a_shared_context_objects_tensor_is_this_calls():
 # --- 5. CPU autocast ------------------------------------------------------------------------------------
 
 
-class BranchesOnDtype(Block):
+class BranchesOnDtype(Layer):
     def forward(self, x):
         y = self.proj(x)
         return self.proj(y.float()) if y.dtype == torch.bfloat16 else y.float()
@@ -222,7 +205,7 @@ def test_an_estimate_leaves_no_trace():
 LEVEL = 0
 
 
-class ReadsLevel(Block):
+class ReadsLevel(Layer):
     def extra(self, x):
         return LEVEL
 
