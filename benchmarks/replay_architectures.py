@@ -10,11 +10,18 @@ is skipped when its two full captures differ; models whose forward takes use_cac
 use_cache=False and with the default) and every node's cost row, the module call counts and the cautions compared exactly, as
 tests/test_replay.py's assert_same_as_full does.
 
+Each is captured a third time with FXFLOPS_VERIFY_REPLAY=1 (every call replay would copy runs as well and
+is compared with the copy): its rows must equal the full capture's and it must warn no ReplayMismatch.
+Beside them (`--hostile with`, the default), the generated hostile models of benchmarks/hostile_models.py
+(issue 36: a few hundred custom models, each reading a per-layer value through one channel a replay key
+could miss), each captured three times from the same outside state.
+
 A model that fails to build or capture in both modes is skipped (with the reason); one that fails in only
 one mode or differs is a finding. Each model runs in a worker process with a per-model timeout.
 
     nice -n 10 python benchmarks/replay_architectures.py                 # writes results/replay_architectures.md
     python benchmarks/replay_architectures.py --only llama,resnet18 --output ''   # quick look
+    python benchmarks/replay_architectures.py --hostile only --output benchmarks/results/replay_hostile.md
 """
 
 from __future__ import annotations
@@ -96,6 +103,35 @@ def _first_difference(replayed: tuple, full: tuple) -> str | None:
     return None
 
 
+def _verified(model: Any, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
+    """A capture with FXFLOPS_VERIFY_REPLAY=1: its rows (those of a full capture), and every mismatch it warned."""
+    import warnings
+
+    from fxflops.capture.replay import VERIFY_ENV, ReplayMismatch
+
+    os.environ[VERIFY_ENV] = "1"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ReplayMismatch)
+            rows, error = _attempt(model, args, kwargs, True)
+    finally:
+        del os.environ[VERIFY_ENV]
+    return rows if error is None else error, [str(w.message) for w in caught if w.category is ReplayMismatch]
+
+
+def _verdict(replayed: Any, full: Any, verified: tuple[Any, list[str]]) -> dict:
+    """Identical, or the first difference: replay against full, verification's rows against full, or a
+    mismatch verification reported."""
+    difference = _first_difference(replayed, full)
+    if difference:
+        return {"verdict": "finding", "detail": difference, "copied": replayed[3]}
+    rows, mismatches = verified
+    if isinstance(rows, str) or _first_difference(rows, full) or mismatches:
+        detail = rows if isinstance(rows, str) else _first_difference(rows, full) or mismatches[0]
+        return {"verdict": "finding", "detail": f"verification: {detail}", "copied": replayed[3]}
+    return {"verdict": "identical", "copied": replayed[3], "nodes": len(full[0])}
+
+
 def compare(model: Any, args: tuple, kwargs: dict) -> dict:
     """One case, both modes: 'identical', 'skipped' (both fail) or 'finding'.
 
@@ -114,10 +150,30 @@ def compare(model: Any, args: tuple, kwargs: dict) -> dict:
         replayed, replay_error = _attempt(model, args, kwargs, True)
     if replay_error or full_error:
         return {"verdict": "finding", "detail": f"replay: {replay_error or 'ok'}; full: {full_error or 'ok'}"}
-    difference = _first_difference(replayed, full)
-    if difference:
-        return {"verdict": "finding", "detail": difference, "copied": replayed[3]}
-    return {"verdict": "identical", "copied": replayed[3], "nodes": len(full[0])}
+    return _verdict(replayed, full, _verified(model, args, kwargs))
+
+
+def check_hostile(name: str) -> list[dict]:
+    """One generated hostile model (benchmarks/hostile_models.py): replay, full and verified captures,
+    each from the same outside state."""
+    from benchmarks.hostile_models import build
+
+    model, args, reset = build(name)
+    captures = []
+    for replay in (True, False):
+        reset()
+        captures.append(_attempt(model, args, {}, replay))
+    reset()
+    verified = _verified(model, args, {})
+    (replayed, replay_error), (full, full_error) = captures
+    if replay_error and full_error:
+        result = {"verdict": "skipped", "reason": f"capture: {full_error}"}
+    elif replay_error or full_error:
+        result = {"verdict": "finding", "detail": f"replay: {replay_error or 'ok'}; full: {full_error or 'ok'}"}
+    else:
+        result = _verdict(replayed, full, verified)
+    result.update(case=name.split("/", 1)[1], config="hostile")
+    return [result]
 
 
 def _shrunk(config_class: type, tiny: bool) -> Any:
@@ -260,6 +316,8 @@ def serve(requests: Any, answers: Any, check: Callable[[tuple], list[dict]]) -> 
 
 def _check(job: tuple) -> list[dict]:
     kind, *names = job
+    if kind == "hostile":
+        return check_hostile(*names)
     return check_hf(*names) if kind == "hf" else check_torchvision(*names)
 
 
@@ -338,6 +396,8 @@ def run(jobs: list[tuple], workers: int, timeout: float, budget: float,
 
 
 def job_name(job: tuple) -> str:
+    if job[0] == "hostile":
+        return f"hostile {job[1]}"
     return f"{job[1]} ({job[2]})" if job[0].startswith("hf") else f"torchvision {job[1]}"
 
 
@@ -387,12 +447,14 @@ def report(results: dict, not_reached: list[tuple], seconds: float) -> str:
         "# Replay against a full capture, over architectures",
         "",
         "`python benchmarks/replay_architectures.py` (see its docstring): each model captured eagerly with",
-        "`replay=True` and `replay=False`, every node's cost row, module call count and caution compared.",
+        "`replay=True` and `replay=False`, every node's cost row, module call count and caution compared, and",
+        "a third time with `FXFLOPS_VERIFY_REPLAY=1` (its rows must be the full capture's, with no ReplayMismatch).",
         "",
         environment(("torch", "transformers", "torchvision")) + f" Sweep took {seconds:.0f} s.",
         "",
         f"- models checked: {len(results)} ({sum(1 for j in results if j[0] == 'hf')} Hugging Face types, "
-        f"{sum(1 for j in results if j[0] == 'tv')} torchvision); not reached in the time budget: {len(not_reached)}",
+        f"{sum(1 for j in results if j[0] == 'tv')} torchvision, {sum(1 for j in results if j[0] == 'hostile')} "
+        f"generated hostile models); not reached in the time budget: {len(not_reached)}",
         f"- identical in every case: {counts['identical']} models ({cases} cases, {copied} nodes replayed in all)",
         f"- skipped (failed in both modes): {counts['skipped']}",
         f"- findings (differ, or fail in one mode only): {counts['finding']} models, {len(findings)} cases",
@@ -440,11 +502,24 @@ def publish(text: str, output: str) -> None:
     print(text)
 
 
+def hostile_jobs(only: str = "") -> list[tuple]:
+    """The generated hostile models (benchmarks/hostile_models.py), or those whose channel `only` names."""
+    from benchmarks.hostile_models import cases
+
+    wanted = set(only.split(",")) if only else None
+    return [("hostile", name) for name in cases() if wanted is None or name.split("/")[0] in wanted]
+
+
 def main() -> None:
-    options = sweep_parser(__doc__, "replay_architectures", workers=2, budget=22 * 60,
-                           timeout_help="seconds per model").parse_args()
+    parser = sweep_parser(__doc__, "replay_architectures", workers=2, budget=22 * 60, timeout_help="seconds per model")
+    parser.add_argument("--hostile", choices=("with", "only", "none"), default="with",
+                        help="the generated hostile models: beside the architectures (default), alone, or not")
+    options = parser.parse_args()
     start = time.monotonic()
-    results, not_reached = run(selected_jobs(options.only), options.workers, options.timeout, options.budget)
+    jobs = [] if options.hostile == "only" else selected_jobs(options.only)
+    if options.hostile != "none":
+        jobs = hostile_jobs(options.only if options.hostile == "only" else "") + jobs
+    results, not_reached = run(jobs, options.workers, options.timeout, options.budget)
     publish(report(results, not_reached, time.monotonic() - start), options.output)
 
 

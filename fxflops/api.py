@@ -116,6 +116,7 @@ def estimate(
     memory: Any = False,
     parallel: Any = None,
     routing: str | Sequence[int] | None = None,
+    replay: bool = True,
 ) -> Estimate:
     """MACs, FLOPs and parameters of one forward of `model` (and its backward), per module, without running it.
 
@@ -158,6 +159,10 @@ def estimate(
     they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
     derive from the weights — a mixture-of-experts router's picks — `routing` says what topk is assumed
     to pick: "balanced" (default), "worst", or per-expert token counts; the cautions say which was used.
+
+    `replay=False` runs every call of a repeated block; by default a call that provably runs the
+    program an earlier call of its kind ran is copied from it instead (the eager method, forward only;
+    FXFLOPS_VERIFY_REPLAY=1 in the environment runs those calls too and warns at any difference).
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -174,7 +179,7 @@ def estimate(
                                   loss, None, progress, attention, strict, memory, routing=routing)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
-                     progress, attention, strict, memory, routing=routing)
+                     progress, attention, strict, memory, routing=routing, replay=replay)
 
 
 def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, conventions: str, rules: Any,

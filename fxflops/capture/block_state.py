@@ -7,20 +7,30 @@ recorder's function mode would cost five times more.
 
 from __future__ import annotations
 
+import enum
+import functools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import NAME_TAG
+from fxflops.capture.reach import slot_names
 
 # a module's own bookkeeping (parameter/buffer/submodule tables, hook tables): read as structure below
-MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {NAME_TAG, "forward"}
-_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
+MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {NAME_TAG, "_compiled_call_impl"}
+_PLAIN = frozenset({type(None), type(NotImplemented), type(Ellipsis), bool, int, str, bytes, torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
-_SHALLOW_LIMIT = 512  # attributes of a shared object (a config) read into the key; more: the object is refused
+_DEEP_LIMIT = 20_000  # values keyed per block (every layer's config, nested); more: the rest cannot be keyed
+_MISSING = object()
+_VALUES_LIMIT = 64  # a real tensor's values keyed up to this many
+_BY_IDENTITY = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType, types.MethodWrapperType,
+                types.WrapperDescriptorType, types.MethodDescriptorType, types.GetSetDescriptorType,
+                torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
 class Unsupported(Exception):
@@ -44,6 +54,12 @@ def tensor_key(tensor: torch.Tensor) -> tuple:
             raise Unsupported("a tensor with values")
     elif kind not in (torch.Tensor, torch.nn.Parameter):
         raise Unsupported(f"a {kind.__name__}")
+    elif not tensor.is_meta:  # a real tensor: its values can be read
+        if tensor.numel() > _VALUES_LIMIT:
+            raise Unsupported("a real tensor")
+        with no_dispatch():
+            values = tuple(tensor.detach().flatten().tolist())
+        return (kind, tuple(tensor.shape), tensor.dtype, tensor.device, tensor.requires_grad, values)
     if tensor._has_symbolic_sizes_strides:
         layout = (tuple(map(size_key, tensor.shape)), tuple(map(size_key, tensor.stride())),
                   size_key(tensor.storage_offset()))
@@ -60,8 +76,7 @@ class CallKey:
     def __init__(self, args: tuple, kwargs: dict) -> None:
         self.tensors: list[torch.Tensor] = []
         self._positions: dict[int, int] = {}
-        self.key = (self._value(args), self._value(kwargs), torch.is_grad_enabled(),
-                    torch.is_autocast_enabled(), torch.get_default_dtype())
+        self.key = (self._value(args), self._value(kwargs), torch_state())
 
     def position(self, tensor: torch.Tensor) -> int | None:
         return self._positions.get(id(tensor))
@@ -70,6 +85,8 @@ class CallKey:
         kind = type(value)
         if kind in _PLAIN:
             return (kind, value)
+        if kind is float:
+            return (float, value.hex())
         if isinstance(value, torch.Tensor):
             seen = self._positions.get(id(value))
             if seen is not None:  # the same tensor again: an alias the block may rely on
@@ -93,34 +110,37 @@ class BlockState:
     """A block's modules (relative path, module), the key of each one's state, and its tensors by place.
 
     `entries` maps each module's relative path to (structure, attributes): its class, training flag,
-    name, submodules, parameters and buffers by metadata; then each attribute's key: plain values by
-    value, shared objects (a config) by identity and what they hold. Two calls whose entries are equal
-    run on equal state; an attribute may differ where the block's code never reads it (`Template.free`).
+    name, submodules, parameters and buffers by metadata; then each attribute's key (`Keyer`: as deep
+    as it goes). Two calls whose entries are equal run on equal state; an attribute may differ where
+    the block's code never reads it (`Template.free`).
     """
 
-    __slots__ = ("modules", "entries", "tensors", "_class_of", "_shared")
+    __slots__ = ("modules", "entries", "tensors", "keyer")
 
     def __init__(self, block: torch.nn.Module, name_of: Callable[[torch.nn.Module], str | None], path: str,
-                 class_of: Callable[[torch.nn.Module], type] = type) -> None:
-        self._class_of = class_of
-        self._shared: dict[int, Any] = {}
+                 slots: dict[type, tuple[str, ...]] | None = None) -> None:
         self.modules: list[tuple[str, torch.nn.Module]] = []
         self.entries: dict[str, tuple] = {}
         self.tensors: dict[int, tuple[str, str, str]] = {}  # id(tensor) -> (relative path, table, name)
         seen: dict[int, str] = {}
+        aliases: list[tuple[str, str]] = []
         stack = [("", block)]
         while stack:
             relative, module = stack.pop()
             if id(module) in seen:  # registered twice inside the block: the same module both times
-                self.entries[relative] = (("alias", seen[id(module)]), ())
+                aliases.append((relative, seen[id(module)]))
                 continue
             seen[id(module)] = relative
             self.modules.append((relative, module))
-            self.entries[relative] = self._read(relative, module, moved_name(name_of(module), path))
             children = module._modules
             if children:
                 stack.extend(reversed([(f"{relative}.{key}" if relative else key, child)
                                        for key, child in children.items() if child is not None]))
+        self.keyer = Keyer(seen, slots)
+        for relative, module in self.modules:
+            self.entries[relative] = self._read(relative, module, moved_name(name_of(module), path))
+        for relative, original in aliases:
+            self.entries[relative] = (("alias", original), ())
 
     def _read(self, relative: str, module: torch.nn.Module, name: Any) -> tuple:
         state = module.__dict__
@@ -137,50 +157,147 @@ class BlockState:
                 tensors.setdefault(id(tensor), (relative, table, key))
                 held.append((table, key, tensor_key(tensor)))
         attributes = []
+        keyer = self.keyer
         for key, value in state.items():
             if key in MODULE_INTERNALS:
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))
-            attributes.append((key, value_key(value, module, 0, self._shared)))
-        wrapped = state.get("forward")
-        if wrapped is not None:  # a forward set on the instance (ours wraps it; the original is its state)
-            attributes.append(("forward", value_key(getattr(wrapped, "__wrapped__", wrapped), module)))
-        structure = (self._class_of(module), module.training, name, tuple(module._modules), tuple(held))
+            attributes.append((key, keyer.key(value, module, top=True)))
+        structure = (type(module), module.training, name, tuple(module._modules), tuple(held))
         return structure, tuple(attributes)
 
 
-def value_key(value: Any, owner: Any = None, depth: int = 0, shared: dict[int, Any] | None = None) -> Any:
-    """A key for an attribute's value: plain values by value, tensors by metadata, containers item by
-    item, methods by function, other objects by identity plus their own plain attributes (`shared`
-    keeps each object's key once per block: every layer's modules hold the same config)."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)
-    if isinstance(value, torch.Tensor):
-        return tensor_key(value)
-    if kind is tuple or kind is list or kind is frozenset or kind is set:
-        items = sorted(value, key=repr) if kind in (set, frozenset) else value
-        return (kind, tuple(value_key(item, owner, depth, shared) for item in items))
-    if kind is dict:
-        return (dict, tuple((value_key(key), value_key(item, owner, depth, shared)) for key, item in value.items()))
-    if kind is types.MethodType:
-        return ("method", id(value.__func__), "own" if value.__self__ is owner else id(value.__self__))
-    if isinstance(value, torch.nn.Module):  # a module held outside the module table: its identity
-        return ("module", id(value))
-    if depth == 0 and not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
-        found = shared.get(id(value)) if shared is not None else None
+def torch_state() -> tuple:
+    """torch's global settings a block's code can read or its ops depend on (grad and inference mode,
+    autocast per device with its dtype, determinism, the default dtype, attention kernel switches, the
+    mode stacks)."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled(),
+            torch.get_default_dtype(),  # (a default device is a function mode: the stack's length below)
+            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.is_anomaly_enabled(), torch.backends.mha.get_fastpath_enabled(),
+            torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
+            torch._C._get_math_sdp_enabled(), torch._C._len_torch_dispatch_stack(),
+            torch._C._len_torch_function_stack())
+
+
+class Unkeyable:
+    """A value whose influence on a program cannot be keyed (a module outside the block, an object too
+    large or opaque): equal to nothing, so what holds it matches only where the block never reads it."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+class Keyer:
+    """Keys for values, as deep as they go: plain values by value (-0.0 is not 0.0), containers item by
+    item, functions by code, defaults and closure, partials by what they hold, objects by identity and
+    everything in them; a tensor held directly by a module by metadata (it is wired by place), one
+    deeper by identity (it is wired as the same tensor). Every object keyed by identity is held, so no
+    other object takes its id while the key lives. Modules of the block are keyed by relative path."""
+
+    __slots__ = ("held", "_memo", "_budget", "_block", "_slots")
+
+    def __init__(self, block: dict[int, str] | None = None, slots: dict[type, tuple[str, ...]] | None = None) -> None:
+        self.held: list[Any] = []
+        self._memo: dict[int, Any] = {}
+        self._budget = _DEEP_LIMIT
+        self._block = block if block is not None else {}
+        self._slots = slots if slots is not None else {}  # type -> its instances' slot names (kept by Replays)
+
+    @staticmethod
+    def by_identity(value: Any) -> bool:
+        """Whether a value's key is its identity or its immutable value: the same object, the same key."""
+        return type(value) in _PLAIN or type(value) is float or isinstance(value, _BY_IDENTITY)
+
+    def key(self, value: Any, owner: Any = None, top: bool = False) -> Any:
+        kind = type(value)
+        if kind in _PLAIN:
+            return (kind, value)
+        if kind is float:
+            return (float, value.hex())
+        if kind is tuple:  # immutable, and no cycle runs through a tuple alone: no memo needed
+            return (tuple, tuple([self.key(item, owner) for item in value]))
+        if kind is complex:
+            return (complex, value.real.hex(), value.imag.hex())
+        if isinstance(value, torch.Tensor):
+            if top:
+                return tensor_key(value)
+            self.held.append(value)
+            return ("tensor", id(value))
+        self._budget -= 1
+        if self._budget < 0:
+            return Unkeyable("an object too large to compare")
+        found = self._memo.get(id(value))
         if found is not None:
             return found
+        if isinstance(value, torch.nn.Module):
+            relative = self._block.get(id(value))
+            return ("module", relative) if relative is not None else Unkeyable("a module outside the block")
+        if kind is types.MethodType:
+            return ("method", self.key(value.__func__), "own" if value.__self__ is owner else self.key(value.__self__))
+        self._memo[id(value)] = ("cycle", id(value))
+        self.held.append(value)
+        found = self._object(kind, value, owner)
+        self._memo[id(value)] = found
+        return found
+
+    def _object(self, kind: type, value: Any, owner: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return (kind, tuple(self.key(item, owner) for item in value), self._attributes(value, owner))
+        if isinstance(value, dict):
+            return (kind, tuple((self.key(key), self.key(item, owner)) for key, item in value.items()),
+                    self._attributes(value, owner))
+        if isinstance(value, set | frozenset):
+            return (kind, tuple(sorted((self.key(item, owner) for item in value), key=repr)))
+        if kind is types.FunctionType:
+            cells = tuple(self._cell(cell) for cell in value.__closure__ or ())
+            return ("function", id(value), id(value.__code__), self.key(value.__defaults__),
+                    self.key(value.__kwdefaults__), cells, self._attributes(value, owner))
+        if kind is functools.partial:
+            return ("partial", self.key(value.func), self.key(value.args), self.key(value.keywords))
+        if kind is weakref.ref:
+            return ("weakref", self.key(value()))
+        if isinstance(value, _BY_IDENTITY):  # code: what it does is what the trace reads
+            return ("id", id(value))
+        if isinstance(value, enum.Enum):
+            return (kind, value.name)
+        if isinstance(value, int | float | complex | str | bytes):  # a subclass (numpy.float64, a str enum)
+            return (kind, repr(value), self._attributes(value, owner))
+        state = self._attributes(value, owner)
+        if state is None:
+            return Unkeyable(f"a {kind.__name__}")
+        return ("object", kind, id(value), state)
+
+    def _attributes(self, value: Any, owner: Any) -> Any:
+        """An object's own attributes (its __dict__ and __slots__), keyed; None when it has neither."""
         state = getattr(value, "__dict__", None)
-        if type(state) is dict:  # a shared object (a config): what it holds now, one level deep
-            if len(state) > _SHALLOW_LIMIT:
-                raise Unsupported(f"an attribute of type {kind.__name__} holding {len(state)} values")
-            found = ("object", id(value), tuple((key, value_key(item, None, 1)) for key, item in state.items()))
-            if shared is not None:
-                shared[id(value)] = found
-            return found
-    return ("object", id(value))
+        slots = self._slots.get(type(value))
+        if slots is None:
+            slots = self._slots[type(value)] = tuple(slot_names(value))
+        if type(state) is not dict and not slots:
+            return () if isinstance(value, tuple | list | dict | types.FunctionType) else None
+        found = [(key, self.key(item, owner)) for key, item in (state or {}).items()]
+        for name in slots:
+            found.append((name, self.key(getattr(value, name, _MISSING), owner)))
+        return tuple(found)
+
+    def _cell(self, cell: types.CellType) -> Any:
+        try:
+            return self.key(cell.cell_contents)
+        except ValueError:  # empty
+            return ("empty",)
+
+
 
 
 def moved_name(name: str | None, path: str) -> Any:

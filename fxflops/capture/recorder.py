@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from fxflops.capture.block_reads import paused_tracing
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FORWARD, PHASE, GradOwners
 from fxflops.capture.branches import both_branches_caution, where
@@ -82,15 +83,16 @@ class OpRecorder(TorchDispatchMode):
         if sharded_types(types):
             self._sharded = True
             return NotImplemented  # DTensor runs the op on its local shards, which come back here and are recorded
-        if self._before is not None:
-            self._before(func, args, kwargs)
-        out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
-        if self._sharded and propagating_shardings():
-            return out  # DTensor shaping an op's global output on fake tensors: no rank runs it
-        # prim::device and prim::layout are metadata queries fake tensors answer through the
-        # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
-        if not self.inside_opaque and func.namespace != "prim":
-            self.record(func, args, kwargs, out)
+        with paused_tracing():
+            if self._before is not None:
+                self._before(func, args, kwargs)
+            out = func(*args, **kwargs) if self._run is None else self._run(func, args, kwargs)
+            if self._sharded and propagating_shardings():
+                return out  # DTensor shaping an op's global output on fake tensors: no rank runs it
+            # prim::device and prim::layout are metadata queries fake tensors answer through the
+            # dispatcher: no arithmetic, no tensor out, and a third of a transformer's calls
+            if not self.inside_opaque and func.namespace != "prim":
+                self.record(func, args, kwargs, out)
         return out
 
     def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:

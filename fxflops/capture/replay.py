@@ -1,32 +1,43 @@
 """Repeated blocks: a module call that provably runs the program an earlier call ran is not run again;
 the earlier call's nodes are copied in its place.
 
-A block's first call (the reference) runs and is recorded as usual, every attribute read of its modules
-logged (for that call their classes are read-logging subclasses). A later call of a module of the same
-class replays the reference when:
+Calls reach `_call` through torch's own per-instance slot `_compiled_call_impl` (nothing of the model
+is swapped: class, `forward` and attributes stay as they are; a `forward()` called directly runs as it
+is). A block's first call (the reference) runs and is recorded as usual while `block_reads.Tracer`
+notes the lines of code it runs. A later call of a module of the same class replays the reference when:
 
 - its arguments are equal: tensors by shape, strides, dtype, device and flags (fake tensors hold no
-  values), plain values by value, the same tensor in the same places, and nothing else (a cache object,
-  which the block would update, makes the call run);
+  values; a real one's values are keyed), plain values by value (floats by their bits), the same
+  tensor in the same places, and nothing else (a cache object, which the block would update, makes
+  the call run); and torch's global settings are equal (grad, inference mode, autocast per device and
+  its dtype, determinism, default dtype and device, attention kernels: `block_state.torch_state`);
 - its state is equal (`BlockState`): every module of the block by class, training flag, name and
-  submodules, parameters and buffers by metadata, attributes by value, shared objects (a config) by
-  identity and what they hold, except attributes the reference never read (a layer index that only
-  picks a cache slot when no cache is given);
-- the reference was self-contained: it wrote into no tensor from outside the block, changed no module
-  attribute nor an argument's contents, ran no torch.cond and no module counted whole, had no hook, and
-  returned tensors (made in the block, or its inputs or its own tensors) and plain values in tuples,
-  lists and dicts.
+  submodules, parameters and buffers by metadata, attributes as deep as they go (`Keyer`), except
+  attributes whose names occur on no line the reference ran (a layer index that only picks a cache
+  slot when no cache is given) — unless it read attributes by computed names (`vars`, `__dict__`);
+- what the reference read outside its modules and arguments holds what it held: the globals its code
+  read, and the attributes (by the names it read) of the modules and classes it reached;
+- the reference was self-contained and keyable: it wrote into no tensor from outside the block, changed
+  no module attribute nor an argument's contents, wrote no global nor an enclosing function's variable,
+  read no object identity, frame or whole namespace, may not have changed a mutable global it read,
+  ran no torch.cond and no module counted whole, had no hook, and returned tensors (made in the block,
+  or its inputs or its own tensors) and plain values in tuples, lists and dicts.
 
 The block's program is then a function of what was compared, so the call would run the same ops on
 the same shapes: the reference's nodes are copied with their module paths moved to this call's and
 their inputs wired to this call's tensors, the module calls it made are counted again, and fresh fake
-tensors shaped like the reference's outputs are returned. Assumed, and not checked: a block does not
-read Python state outside its modules and arguments (a module-level global) that changes between
-calls, nor keep state there. Forward-only captures: a backward needs every op to have run.
+tensors shaped like the reference's outputs are returned. What cannot be proven is left to the plain
+path: the call runs. With FXFLOPS_VERIFY_REPLAY=1 every call that would be replayed runs as well, and a
+difference from the copy warns (`ReplayMismatch`). Forward-only captures: a backward needs every op to
+have run.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import types
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -38,27 +49,32 @@ from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
-from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Unsupported, structure_ids
+from fxflops.capture.block_reads import ReadLog, Tracer
+from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Keyer, Unsupported, structure_ids
 from fxflops.capture.input_values import reads_values
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
 REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
 _MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
+_MAX_OUTSIDE = 4096  # globals and namespace entries a reference may read and still be replayed
+_MISSING = object()
+VERIFY_ENV = "FXFLOPS_VERIFY_REPLAY"  # set (not "0"): every matched call runs too, and a difference warns
 
 
 class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "reads")
+                 "log", "outside")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
         self.path = path
         self.site = site  # the user's line that called the block: the source of ops run in library code
-        self.free: frozenset[tuple[str, str]] = frozenset()  # attributes watched and never read
-        self.reads: frozenset[tuple[str, str]] = frozenset()
+        self.free: frozenset[tuple[str, str]] = frozenset()  # attributes its code never read
+        self.log = ReadLog()
+        self.outside: list[tuple[Any, str, Any, Any]] = []  # (namespace, name, value, key): globals and the like
         self.refused: str | None = None
         self.nodes: list[torch.fx.Node] = []
         self.externals: list[tuple[torch.fx.Node, tuple]] = []
@@ -75,6 +91,15 @@ class Template:
             return False
         return all(entry == mine[relative] or self._differ_where_free(relative, mine[relative], entry)
                    for relative, entry in theirs.items())
+
+    def outside_same(self, slots: dict[type, tuple[str, ...]]) -> bool:
+        """Whether every global (and module or class attribute) the reference read holds what it held."""
+        keyer = Keyer(slots=slots)
+        for namespace, name, value, key in self.outside:
+            now = namespace.get(name, _MISSING)
+            if not (now is value and Keyer.by_identity(value)) and keyer.key(now) != key:
+                return False
+        return True
 
     def _differ_where_free(self, relative: str, mine: tuple, theirs: tuple) -> bool:
         """Whether two states of a module differ only in attributes the reference never read."""
@@ -98,28 +123,31 @@ class Replays:
         self._with_siblings = {id(module) for module in modules if counts[self._structures[id(module)]] > 1}
         self._calls: dict[int, int] = {}
         self._templates: dict[tuple, list[Template]] = {}
-        self._reads: list[tuple[int, str]] = []  # (id(module), attribute) read while a reference records
-        self._watchers: dict[tuple[type, tuple[str, ...]], type] = {}
-        self._watched_class: dict[type, type] = {}  # watching subclass -> the module's own class
+        self._tracer = Tracer()
+        self._torch_classes: dict[type, bool] = {}
+        self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
+        self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
+        self.mismatches: list[str] = []  # with verification on: each call whose replay would have differed
 
     def install(self) -> None:
+        """Route each module's calls through `_call`, by the slot `Module.__call__` reads first
+        (`_compiled_call_impl`, torch's, None unless the module was compiled; `isolation` takes it out of
+        the instance again): the class, the model's attributes and `forward` stay as they are, and a
+        `forward()` called directly is not seen (its ops are its caller's, as it runs them)."""
         for module in self._modules:
-            if isinstance(module, torch.jit.ScriptModule):  # its forward is TorchScript's, not an attribute
+            state = module.__dict__
+            if isinstance(module, torch.jit.ScriptModule) or state.get("_compiled_call_impl") is not None:
                 continue
-            original = module.__dict__.get("forward") or type(module).forward.__get__(module)
-            module.__dict__["forward"] = self._forward(module, original)
+            state["_compiled_call_impl"] = self._entry(module)
 
-    def _forward(self, module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return self._call(module, original, args, kwargs)
-        forward.__wrapped__ = original  # inspect.signature(module.forward) still reads the model's
-        return forward
+    def _entry(self, module: torch.nn.Module) -> Callable[..., Any]:
+        run = module._call_impl
 
-    def class_of(self, module: torch.nn.Module) -> type:
-        cls = type(module)
-        return self._watched_class.get(cls, cls)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(module, run, args, kwargs)
+        return call
 
     # --- a call ------------------------------------------------------------------------------------
 
@@ -147,16 +175,18 @@ class Replays:
             return original(*args, **kwargs)
         try:
             with torch._C.DisableTorchFunction():
-                state = BlockState(module, self._tracker.name_of, path, self.class_of)
+                state = BlockState(module, self._tracker.name_of, path, self._slots)
         except Unsupported:
             return original(*args, **kwargs)
         for template in templates:
-            if template.matches(state):
+            if template.matches(state) and (template.refused is not None or template.outside_same(self._slots)):
                 if template.refused is not None:
                     return original(*args, **kwargs)
+                if self._verify:
+                    return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
                     return self._replay(template, path, call, state)
-        if self._recording:
+        if self._recording or not self._tracer.available():
             return original(*args, **kwargs)
         if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
             self._given_up.add(key)
@@ -171,23 +201,27 @@ class Replays:
         site = user_frame()
         mark = recorder.last_node()
         first_call = len(tracker.call_log)
-        wholes, cautions, first_read = len(tracker.whole_calls), len(recorder.cautions), len(self._reads)
-        watched, swapped = self._watch(state)
+        wholes, cautions = len(tracker.whole_calls), len(recorder.cautions)
         exclusive = not templates  # the first of its kind: its parts wait (see _call); a second one may not repeat
         self._recording += exclusive
+        self._tracer.start()
         try:
             out = original(*args, **kwargs)
         finally:
+            log = self._tracer.stop()
             self._recording -= exclusive
-            for child, cls in swapped:
-                child.__class__ = cls
         template = Template(state, path, site)
         templates.append(template)
         with torch._C.DisableTorchFunction():
-            ids = {id(child): relative for relative, child in state.modules}
-            reads = frozenset((ids[key], name) for key, name in self._reads[first_read:] if key in ids)
-            template.reads, template.free = reads, frozenset(watched - reads)
-            if len(tracker.whole_calls) != wholes or len(recorder.cautions) != cautions:
+            template.log = log
+            if not log.reflective:
+                template.free = frozenset(key for key in self._watched(state) if key[1] not in log.names)
+            template.refused = log.refused
+            if template.refused is None:
+                template.refused = self._outside(template, state)
+            if template.refused is not None:
+                pass
+            elif len(tracker.whole_calls) != wholes or len(recorder.cautions) != cautions:
                 template.refused = "a module counted whole, or torch.cond, ran in it"
             else:
                 template.refused = self._fill(template, module, call, recorder.nodes_after(mark), out,
@@ -195,54 +229,105 @@ class Replays:
             template.calls = _moved_calls(tracker.call_log[first_call:], path)
         return out
 
-    def _watch(self, state: BlockState) -> tuple[set[tuple[str, str]], list[tuple[torch.nn.Module, type]]]:
-        """Swap each module's class for one whose properties log reads of its own attributes."""
-        watched: set[tuple[str, str]] = set()
-        swapped = []
+    def _watched(self, state: BlockState) -> set[tuple[str, str]]:
+        """The attributes whose reads the trace sees: those of modules of the user's classes (torch's own
+        modules read theirs in torch's code, which is not traced: all of theirs count as read)."""
+        watched = set()
         for relative, module in state.modules:
-            cls = type(module)
-            if cls in self._watched_class:  # an enclosing reference watches it already
-                watched.update((relative, name) for name in self._watcher_names(cls))
-                continue
-            names = tuple(sorted(key for key in module.__dict__
-                                 if key not in MODULE_INTERNALS and not hasattr(cls, key)))
-            if not names:
-                continue
-            try:
-                module.__class__ = self._watcher(cls, names)
-            except Exception:  # a class whose layout or __init_subclass__ forbids it: its attributes must then be equal
-                continue
-            swapped.append((module, cls))
-            watched.update((relative, name) for name in names)
-        return watched, swapped
+            if not self._torch_class(type(module)):
+                watched.update((relative, key) for key in module.__dict__ if key not in MODULE_INTERNALS)
+        return watched
 
-    def _watcher_names(self, watcher: type) -> tuple[str, ...]:
-        return watcher.__dict__.get("_fxflops_watched_names", ())
+    def _torch_class(self, cls: type) -> bool:
+        found = self._torch_classes.get(cls)
+        if found is None:
+            found = self._torch_classes[cls] = any(
+                base.__module__.startswith("torch.") for base in cls.__mro__ if base not in (torch.nn.Module, object))
+        return found
 
-    def _watcher(self, cls: type, names: tuple[str, ...]) -> type:
-        found = self._watchers.get((cls, names))
-        if found is not None:
-            return found
-        reads = self._reads
-        namespace: dict[str, Any] = {name: _logged_attribute(name, reads) for name in names}
-        namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _fxflops_watched_names=names)
-        watcher = type(cls.__name__, (cls,), namespace)
-        # what a base's __init_subclass__ added (transformers wraps each subclass's forward): not ours
-        for key in set(watcher.__dict__) - set(namespace) - {"__doc__", "__dict__", "__weakref__"}:
-            delattr(watcher, key)
-        self._watchers[(cls, names)] = watcher
-        self._watched_class[watcher] = cls
-        return watcher
+    def _closures(self, log: ReadLog, state: BlockState, classes: set[type], pending: list) -> str | None:
+        """Find the function of each closure that ran and was not made during the call (a decorator's
+        wrapper, a function a global holds): its variables are then keyed with it (pending gets it).
+        Says why not, where one cannot be found."""
+        ran = log.codes
+        # (a method's only free variable `__class__`, for super(), is its class for good)
+        kept = [code for code in ran if code.co_freevars not in ((), ("__class__",))
+                and not any(code in outer.co_consts for outer in ran)]
+        if not kept:
+            return None
+        found: dict[types.CodeType, Any] = {}
+        values = [value for cls in classes for value in vars(cls).values()]
+        values += [module.__dict__[key] for _, module in state.modules for key in module.__dict__
+                   if key not in MODULE_INTERNALS]
+        values += [namespace.get(name) for namespace, name in pending]
+        objects = [value for value in values if not isinstance(value, type | types.ModuleType | types.FunctionType)]
+        values += [item for value in objects for cls in type(value).__mro__[:-1] for item in vars(cls).values()]
+        values += [item for value in objects if type(getattr(value, "__dict__", None)) is dict
+                   for item in value.__dict__.values()]  # an object's methods and the functions it holds
+        while values:
+            value = values.pop()
+            value = getattr(value, "__func__", None) or getattr(value, "fget", None) or value
+            if isinstance(value, types.FunctionType) and value.__code__ not in found:
+                found[value.__code__] = value
+                values.append(getattr(value, "__wrapped__", None))
+        for code in kept:
+            if code not in found:
+                return f"it runs {code.co_qualname}, a closure whose variables cannot be compared"
+            pending.append(({code.co_qualname: found[code]}, code.co_qualname))
+        return None
+
+    def _outside(self, template: Template, state: BlockState) -> str | None:
+        """Key what the reference read outside its modules and arguments: the globals its code read, and
+        the attributes (by the names its code read) of the modules and classes it reached, its modules'
+        classes included. Says why not, where one cannot be keyed or may have been changed by the call."""
+        log = template.log
+        names = log.names
+        pending = list(log.outside.values())
+        spaces: set[int] = set()
+
+        def reach(space: Any) -> None:
+            if id(space) not in spaces:
+                spaces.add(id(space))
+                namespace = vars(space)
+                pending.extend((namespace, name) for name in names if name in namespace)
+
+        classes = {cls for _, module in state.modules for cls in type(module).__mro__
+                   if not self._torch_class(cls) and cls not in (torch.nn.Module, object)}
+        for cls in classes:
+            reach(cls)
+        index = 0
+        while index < len(pending):
+            namespace, name = pending[index]
+            index += 1
+            value = namespace.get(name, _MISSING)
+            if isinstance(value, types.ModuleType | type):
+                reach(value)
+            if len(pending) > _MAX_OUTSIDE:
+                return "it reads too many globals to compare"
+        why = self._closures(log, state, classes, pending)
+        if why is not None:
+            return why
+        first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
+        for namespace, name in pending:
+            value = namespace.get(name, _MISSING)
+            key = first.key(value)
+            if key != again.key(value):
+                return f"it reads {name}, which cannot be compared between calls"
+            if isinstance(value, types.ModuleType | type) and name in log.stored \
+                    or log.mutates and _mutable(value):
+                return f"it may change {name}, which it reads"
+            template.outside.append((namespace, name, value, key))
+        return None
 
     def _fill(self, template: Template, module: torch.nn.Module, call: CallKey, nodes: list[torch.fx.Node],
               out: Any, args: tuple, kwargs: dict) -> str | None:
         """Fill in how to copy the reference; or say why it cannot stand for another call."""
         try:
-            after = BlockState(module, self._tracker.name_of, template.path, self.class_of)
+            after = BlockState(module, self._tracker.name_of, template.path, self._slots)
             again = CallKey(args, kwargs)
         except Unsupported as why:
             return str(why)
-        if after.entries != template.state.entries:
+        if not template.matches(after):
             return "its forward changed its modules' state"
         if again.key != call.key or any(a is not b for a, b in zip(again.tensors, call.tensors)):
             return "its forward changed its arguments"
@@ -324,9 +409,28 @@ class Replays:
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
         out = rebuild(template.output, fresh, call, modules)
-        self._reads.extend((id(modules[relative]), name) for relative, name in template.reads if relative in modules)
+        self._tracer.replayed(template.log)
         for (inside, name), count in template.calls:
-            self._tracker.call_log.extend([f"{path}.{name}" if inside else name] * count)
+            self._tracker.call_log.extend([(f"{path}.{name}" if name else path) if inside else name] * count)
+        return out
+
+    def _verified(self, template: Template, original: Callable[..., Any], path: str, args: tuple,
+                  kwargs: dict) -> Any:
+        """Run a call that would be replayed, and compare what it recorded with what the replay would copy."""
+        recorder, tracker = self._recorder, self._tracker
+        mark, first_call = recorder.last_node(), len(tracker.call_log)
+        out = original(*args, **kwargs)
+        ran = [_signature(node, None, None) for node in recorder.nodes_after(mark) if node.op != "placeholder"]
+        copied = [_signature(node, template.path, path) for node in template.nodes]
+        calls = _moved_calls(tracker.call_log[first_call:], path)
+        if ran != copied or Counter(dict(calls)) != Counter(dict(template.calls)):
+            where = next((index for index, (a, b) in enumerate(zip(ran, copied)) if a != b), min(len(ran), len(copied)))
+            what = f"op {where}: ran {ran[where] if where < len(ran) else 'nothing'}, replay would copy " \
+                   f"{copied[where] if where < len(copied) else 'nothing'}" if ran != copied else "its module calls"
+            message = f"{path}: replaying {template.path} would differ from running it ({what})"
+            self.mismatches.append(message)
+            warnings.warn(f"fxflops: {message}; please report it (replay=False runs every call)", ReplayMismatch,
+                          stacklevel=2)
         return out
 
     def _tensor_at(self, where: tuple, node: torch.fx.Node, call: CallKey,
@@ -353,23 +457,51 @@ class Replays:
         return made.requires_grad_(True) if like.requires_grad else made
 
 
-def _logged_attribute(name: str, reads: list[tuple[int, str]]) -> property:
-    def get(module: Any) -> Any:
-        reads.append((id(module), name))
-        try:
-            return module.__dict__[name]
-        except KeyError:
-            raise AttributeError(name) from None
+def _mutable(value: Any, seen: set[int] | None = None) -> bool:
+    """Whether a value read from outside holds data that could be changed in place: a list, a dict, an
+    object with attributes (not code: modules, classes, descriptors, callables), a function whose
+    defaults or closure hold one, a partial (its keywords)."""
+    if isinstance(value, list | dict | set | bytearray | functools.partial):
+        return True
+    if isinstance(value, types.FunctionType):
+        seen = seen if seen is not None else set()
+        if id(value) in seen:  # functions that hold each other
+            return False
+        seen.add(id(value))
+        held = (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(),
+                *(_contents(cell) for cell in value.__closure__ or ()))
+        return any(_mutable(item, seen) for item in held)
+    return hasattr(value, "__dict__") and not isinstance(value, types.ModuleType | type) and not callable(value) \
+        and not hasattr(type(value), "__get__")
 
-    def put(module: Any, value: Any) -> None:
-        reads.append((id(module), name))
-        module.__dict__[name] = value
 
-    def drop(module: Any) -> None:
-        reads.append((id(module), name))
-        del module.__dict__[name]
+def _contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # empty
+        return None
 
-    return property(get, put, drop)
+
+class ReplayMismatch(RuntimeWarning):
+    """With FXFLOPS_VERIFY_REPLAY set: a call that replay would have copied ran a different program."""
+
+
+def _signature(node: torch.fx.Node, reference: str | None, path: str | None) -> tuple:
+    """What a node contributes to a count: its op, module (moved to `path`), and its values' metadata."""
+    where = node.meta.get("fxflops_module")
+    module = where[0] if where is not None else None
+    if module is not None and reference is not None:
+        module = _moved(module, reference, path)
+    return (node.target, module, _metadata(node.meta.get("val")),
+            tuple(_metadata(used.meta.get("val")) for used in node.all_input_nodes))
+
+
+def _metadata(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, tuple | list):
+        return tuple(_metadata(item) for item in value)
+    return type(value).__name__
 
 
 def _moved(name: str, reference: str, path: str) -> str:
@@ -384,5 +516,5 @@ def _moved(name: str, reference: str, path: str) -> str:
 def _moved_calls(names: list[str], path: str) -> list[tuple[Any, int]]:
     """The module calls made inside a reference call, by name relative to its block where inside it."""
     inside = path + "."
-    return [((True, name[len(inside):]), count) if name.startswith(inside) else ((False, name), count)
-            for name, count in Counter(names).items()]
+    return [((True, name[len(inside):]), count) if name.startswith(inside) else
+            ((True, ""), count) if name == path else ((False, name), count) for name, count in Counter(names).items()]

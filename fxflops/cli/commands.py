@@ -136,6 +136,7 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                                  attention=args.attention, strict=args.fail_on_unknown, parallel=args.parallel,
+                                 replay=args.replay,
                                  progress=lambda stage: progress(_STAGE_WORDS.get(stage, stage)), memory=memory)
     result.cautions[:0] = loaded.cautions  # how the model was built comes first
     if args.device or args.peak_flops is not None:

@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")
+    counting.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
+                          help="copy a repeated block's call from an earlier one where provably the same "
+                               "(default); --no-replay runs every call")
     counting.add_argument("--backward", action="store_true",
                           help="also count the backward autograd runs for the sum of the outputs, op by op "
                                "(frozen parameters get no gradient; checkpointing's recompute is counted)")
