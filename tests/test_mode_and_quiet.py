@@ -59,7 +59,7 @@ def test_the_api_report_and_json_state_the_mode(capsys):
     from fxflops.report.html import to_html
 
     page = to_html(result)
-    assert "mode train" in page and "training mode" in page  # the header and the cautions section
+    assert "model in train mode" in page and "training mode" in page  # the header and the cautions section
 
 
 def test_readme_api_example_counts_what_the_cli_counts(capsys):
