@@ -3,7 +3,8 @@
 A training step's FLOPs depend on more than the batch's shapes: which parameters are trainable
 (`requires_grad`: a frozen layer gets no weight gradient), each submodule's training flag (dropout,
 batch norm, a checkpointed block recomputes only in training), flags such as transformers'
-`gradient_checkpointing`, which modules are in the tree (a head replaced) and the parameters' dtype.
+`gradient_checkpointing`, which modules are in the tree (a head replaced) and their classes, the
+parameters' dtype and shape, and the forward (pre-)hooks registered on each module (pruning's, a user's).
 `model_state(model)` reads all of them in one walk of the module tree, as a tuple of plain values
 that compares equal exactly when none of them changed: the meter and the profiler key their counts by
 it, so a change costs one new capture and never a stale count. It reads attributes only (no tensor
@@ -46,8 +47,8 @@ class ModelState:
 
 
 def model_state(model: torch.nn.Module) -> ModelState:
-    """The model's count-relevant state (see the module's docstring): per module its identity, training
-    flag and plain public settings, per parameter requires_grad and dtype."""
+    """The model's count-relevant state (see the module's docstring): per module its identity and class,
+    training flag, plain public settings and forward hooks, per parameter requires_grad, dtype and shape."""
     state: list[Any] = []
     append = state.append
     seen: set[int] = set()
@@ -59,6 +60,7 @@ def model_state(model: torch.nn.Module) -> ModelState:
         seen.add(id(module))
         attributes = module.__dict__
         append(id(module))
+        append(type(module))  # its forward: a class swapped on the same object (or an id reused) is another model
         for key, value in attributes.items():
             if type(value) in _PLAIN and key not in _BOOKKEEPING and (key == "training" or key[0] != "_"):
                 append(key)
@@ -67,6 +69,10 @@ def model_state(model: torch.nn.Module) -> ModelState:
             if parameter is not None:
                 append(parameter.requires_grad)
                 append(parameter.dtype)
+                append(parameter.shape)  # a parameter replaced by one of another size (a head resized in place)
+        for hooks in (attributes["_forward_pre_hooks"], attributes["_forward_hooks"]):
+            if hooks:  # a hook runs in the forward and may compute (pruning's mask multiply, a user's projection):
+                append(tuple(hooks))  # its handle ids, new for every hook registered
         children = attributes["_modules"]
         if children:
             stack.extend(child for child in reversed(children.values()) if child is not None)

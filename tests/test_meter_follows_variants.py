@@ -1,0 +1,90 @@
+"""Issue 35, variants the first tests did not name: what changes a training step's count and must change the
+meter's (forward hooks, pruning, a parameter resized in place, a module's class), and the options every
+public entry point spells back. Oracles: FlopCounterMode on the real step (conventions="torch"), hand counts,
+or estimate(backward=True) where the meter must equal it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.utils.prune as prune
+from torch import nn
+
+import fxflops
+from fxflops import FlopsMeter
+from fxflops.timing.model_state import model_state
+from tests.oracle import oracle_training_flops
+
+
+def quiet_estimate(model: nn.Module, *args, **kwargs) -> fxflops.Estimate:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxflops.estimate(model, *args, **kwargs)
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def test_a_forward_hook_added_and_removed_changes_the_count_as_flop_counter_mode_counts_it():
+    model = mlp()
+    x = torch.randn(5, 8)
+    meter = FlopsMeter(model, x, conventions="torch", peak_flops=1e12)
+    plain = meter.step(x, time=1.0).flops
+    assert plain == sum(oracle_training_flops(model, (x,)))
+    project = torch.randn(4, 32)
+    handle = model[2].register_forward_hook(lambda module, args, out: out @ project)  # the hook's product counts
+    hooked = meter.step(x, time=1.0)
+    # by hand: the hook's (5, 4) @ (4, 32) forward, and its input gradient backward (project needs none)
+    assert (hooked.fwd_flops, hooked.bwd_flops) == oracle_training_flops(model, (x,), loss=lambda out: out.sum())
+    assert hooked.flops == plain + 2 * 5 * 4 * 32 * 2
+    handle.remove()
+    assert meter.step(x, time=1.0).flops == plain
+
+
+def test_pruning_a_layer_changes_the_count_as_estimate_counts_it():
+    model = mlp()
+    x = torch.randn(5, 8)
+    meter = FlopsMeter(model, x, peak_flops=1e12)
+    plain = meter.step(x, time=1.0).flops
+    prune.l1_unstructured(model[0], "weight", amount=0.5)  # weight = weight_orig * weight_mask, every forward
+    pruned = meter.step(x, time=1.0).flops
+    assert pruned == quiet_estimate(model, (x,), backward=True).total_flops
+    # by hand: the mask's multiply, 16 * 8 elements forward, and its gradient's multiply backward
+    assert pruned == plain + 2 * 16 * 8
+
+
+def test_a_parameter_resized_in_place_changes_the_count_as_flop_counter_mode_counts_it():
+    model = mlp()
+    x = torch.randn(5, 8)
+    meter = FlopsMeter(model, x, conventions="torch", peak_flops=1e12)
+    meter.step(x, time=1.0)
+    model[2].weight = nn.Parameter(torch.randn(40, 16))  # the head resized: same module, new parameters
+    model[2].bias = nn.Parameter(torch.randn(40))
+    resized = meter.step(x, time=1.0)
+    assert (resized.fwd_flops, resized.bwd_flops) == oracle_training_flops(model, (x,))
+    assert resized.fwd_flops == 2 * 5 * 8 * 16 + 2 * 5 * 16 * 40
+
+
+def test_a_module_whose_class_changed_is_counted_as_its_new_class():
+    model = mlp()
+    x = torch.randn(5, 8)
+    meter = FlopsMeter(model, x, peak_flops=1e12)
+    meter.step(x, time=1.0)
+    model[1].__class__ = nn.Identity  # the same object (its id, its attributes), another forward
+    assert meter.step(x, time=1.0).flops == quiet_estimate(model, (x,), backward=True).total_flops
+
+
+def test_model_state_changes_with_hooks_parameter_shapes_and_classes():
+    changes = [lambda m: m[0].register_forward_hook(lambda *a: None),
+               lambda m: m[0].register_forward_pre_hook(lambda *a: None),
+               lambda m: setattr(m[2], "bias", nn.Parameter(torch.zeros(5))),
+               lambda m: setattr(m[1], "__class__", nn.Identity)]
+    for change in changes:
+        model = mlp()
+        state = model_state(model)
+        change(model)
+        assert model_state(model) != state, change
