@@ -88,3 +88,38 @@ def test_model_state_changes_with_hooks_parameter_shapes_and_classes():
         state = model_state(model)
         change(model)
         assert model_state(model) != state, change
+
+
+# ------------------------------------------------------------------- 18. every entry point spells back
+
+
+def test_the_meter_refuses_a_misspelt_convention_or_reading_at_construction_with_the_closest_spelling():
+    model = mlp()
+    # a misspelt option is the caller's mistake, refused at once (before, the meter warned at its first count
+    # and trained on with no FLOPs logged)
+    with pytest.raises(ValueError, match="did you mean 'torch'"):
+        FlopsMeter(model, conventions="torh")
+    with pytest.raises(ValueError, match="did you mean 'effective'"):
+        FlopsMeter(model, attention="efective")
+
+
+def test_compare_spells_back_a_misspelt_preset_once():
+    estimate = quiet_estimate(mlp(), (torch.randn(2, 8),))
+    with pytest.raises(ValueError, match="did you mean 'deepspeed'") as raised:
+        estimate.compare(["deepsped"])
+    assert str(raised.value).count("did you mean") == 1
+    with pytest.raises(ValueError) as raised:  # estimate's own check says it once too
+        fxflops.estimate(mlp(), (torch.randn(2, 8),), conventions="deepsped")
+    assert str(raised.value).count("did you mean") == 1
+
+
+@pytest.mark.parametrize("call, wrong, right", [
+    (lambda: FlopsMeter(mlp(), conventons="torch"), "conventons", "conventions"),
+    (lambda: quiet_estimate(mlp(), (torch.randn(2, 8),)).print(modul_depth=1), "modul_depth", "module_depth"),
+    (lambda: fxflops.annotate(torch.fx.symbolic_trace(mlp()), conventons="torch"), "conventons", "conventions"),
+    (lambda: __import__("fxflops.compat").compat.get_model_profile(mlp(), input_shape=(2, 8), print_profil=False),
+     "print_profil", "print_profile"),
+])
+def test_a_misspelt_keyword_names_the_closest_one(call, wrong, right):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{wrong}'; did you mean '{right}'"):
+        call()

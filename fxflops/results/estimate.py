@@ -13,6 +13,7 @@ from typing import Any
 
 import networkx as nx
 
+from fxflops.spelling import spelled_keywords
 from fxflops.results.costs import (
     COUNTED,
     UNKNOWN,
@@ -173,6 +174,7 @@ class Estimate:
         return predict(self, device, dtype=dtype, peak_flops=peak_flops, bandwidth=bandwidth)
 
     # Rendering lives in fxflops.report; imported lazily because report imports this module.
+    @spelled_keywords
     def print(
         self,
         module_depth: int = -1,

@@ -31,6 +31,8 @@ import torch
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
 from fxflops.count.attention import check_attention
+from fxflops.rules import preset
+from fxflops.spelling import spelled_keywords
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
 from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
@@ -68,6 +70,7 @@ class FlopsMeter:
     forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
     """
 
+    @spelled_keywords
     def __init__(
         self,
         model: torch.nn.Module,
@@ -86,6 +89,7 @@ class FlopsMeter:
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be 1 or more steps, got {window}")
+        preset(conventions)  # a misspelt preset is refused now, not warned at every count with no FLOPs logged
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # the same arithmetic; the wrapper's forward would synchronize buffers
         self.model = model
