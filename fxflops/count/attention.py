@@ -30,7 +30,8 @@ def check_attention(attention: str) -> None:
     """A ValueError naming the readings for anything but "dense" or "effective"."""
     if attention not in ATTENTION_READINGS:
         raise ValueError(f"attention={attention!r}: say 'dense' (every (query, key) pair, as FlopCounterMode "
-                         f"counts) or 'effective' (only the pairs the mask keeps){did_you_mean(attention, ATTENTION_READINGS)}")
+                         "counts) or 'effective' (only the pairs the mask keeps)"
+                         f"{did_you_mean(attention, ATTENTION_READINGS)}")
 
 
 def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: torch.fx.Node, rule: Rule,
