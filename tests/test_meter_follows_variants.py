@@ -123,3 +123,22 @@ def test_compare_spells_back_a_misspelt_preset_once():
 def test_a_misspelt_keyword_names_the_closest_one(call, wrong, right):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{wrong}'; did you mean '{right}'"):
         call()
+
+
+# --------------------------------------------------------------------------------- 7. step times, variants
+
+
+@pytest.mark.parametrize("seconds", ["1.0", b"1", True, 10 ** 400, [1.0]])
+def test_a_step_time_that_is_not_a_number_of_seconds_is_refused_with_a_clear_message(seconds):
+    meter = FlopsMeter(mlp(), None, peak_flops=1e12)
+    with pytest.raises(ValueError, match="step time"):  # a string, a flag or an overflow: no step to log
+        meter.step(torch.randn(2, 8), time=seconds)
+    assert len(meter.steps) == 0
+
+
+def test_numbers_that_are_seconds_are_taken():
+    import numpy as np
+
+    meter = FlopsMeter(mlp(), None, peak_flops=1e12)
+    for seconds in (np.float32(0.5), torch.tensor(0.5), 1, 0.25):
+        assert meter.step(torch.randn(2, 8), time=seconds).time == float(seconds)
