@@ -142,3 +142,26 @@ def test_numbers_that_are_seconds_are_taken():
     meter = FlopsMeter(mlp(), None, peak_flops=1e12)
     for seconds in (np.float32(0.5), torch.tensor(0.5), 1, 0.25):
         assert meter.step(torch.randn(2, 8), time=seconds).time == float(seconds)
+
+
+# ------------------------------------------------------------------------- 19. strict, every entry point
+
+
+class Kth(nn.Module):
+    def forward(self, x):
+        return x.kthvalue(1, dim=-1)[0] * 2  # aten.kthvalue: no shipped rule counts it
+
+
+def test_strict_refuses_an_incomplete_count_in_sweep_and_profile_and_a_user_rule_completes_it(tmp_path):
+    x = torch.randn(3, 4)
+    for call in (lambda **k: fxflops.sweep(Kth(), (x,), dims={"batch": 0}, **k),
+                 lambda **k: fxflops.profile(Kth(), (x,), warm_up=0, steps=1, **k)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # refused before any warning about the same ops
+            with pytest.raises(fxflops.UnknownOpsError, match="aten.kthvalue"):
+                call(strict=True)
+    rule = tmp_path / "kth.toml"
+    rule.write_text('[[rule]]\nname = "kth"\nops = ["aten.kthvalue"]\nmacs = "0"\nflops = "numel(self)"\n')
+    # by hand: kthvalue reads the 3 x 4 input (12), the multiply writes 3 elements
+    assert fxflops.sweep(Kth(), (x,), dims={"batch": 0}, rules=[rule], strict=True).at(batch=5).total_flops == 5 * 4 + 5
+    assert fxflops.profile(Kth(), (x,), warm_up=0, steps=1, rules=[rule], strict=True).total_flops == 12 + 3
