@@ -165,3 +165,35 @@ def test_strict_refuses_an_incomplete_count_in_sweep_and_profile_and_a_user_rule
     # by hand: kthvalue reads the 3 x 4 input (12), the multiply writes 3 elements
     assert fxflops.sweep(Kth(), (x,), dims={"batch": 0}, rules=[rule], strict=True).at(batch=5).total_flops == 5 * 4 + 5
     assert fxflops.profile(Kth(), (x,), warm_up=0, steps=1, rules=[rule], strict=True).total_flops == 12 + 3
+
+
+class Adapted(nn.Module):
+    """A LoRA-style layer as peft writes it: its switch is a private flag (peft's `_disable_adapters`,
+    `disable_adapter_layers()`), its step counter a private int that changes every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(8, 8)
+        self.lora_a = nn.Linear(8, 2, bias=False)
+        self.lora_b = nn.Linear(2, 8, bias=False)
+        self._disable_adapters = False
+        self._calls = 0
+
+    def forward(self, x):
+        self._calls += 1
+        out = self.base(x)
+        return out if self._disable_adapters else out + self.lora_b(self.lora_a(x))
+
+
+def test_a_private_flag_that_switches_an_adapter_changes_the_count_and_a_private_counter_does_not():
+    model = Adapted()
+    x = torch.randn(5, 8)
+    meter = FlopsMeter(model, x, conventions="torch", peak_flops=1e12)
+    with_adapter = meter.step(x, time=1.0)
+    assert (with_adapter.fwd_flops, with_adapter.bwd_flops) == oracle_training_flops(model, (x,))
+    model._disable_adapters = True
+    without = meter.step(x, time=1.0)
+    assert (without.fwd_flops, without.bwd_flops) == oracle_training_flops(model, (x,))
+    assert without.fwd_flops == 2 * 5 * 8 * 8  # by hand: the base layer alone
+    meter.step(x, time=1.0)
+    assert meter.captures == 2  # the counter moved every forward: no capture of its own
