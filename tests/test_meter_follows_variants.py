@@ -16,12 +16,7 @@ import fxflops
 from fxflops import FlopsMeter
 from fxflops.timing.model_state import model_state
 from tests.oracle import oracle_training_flops
-
-
-def quiet_estimate(model: nn.Module, *args, **kwargs) -> fxflops.Estimate:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fxflops.estimate(model, *args, **kwargs)
+from tests.test_meter_follows import quiet_estimate
 
 
 def mlp() -> nn.Sequential:
