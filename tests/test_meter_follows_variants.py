@@ -192,3 +192,18 @@ def test_a_private_flag_that_switches_an_adapter_changes_the_count_and_a_private
     assert without.fwd_flops == 2 * 5 * 8 * 8  # by hand: the base layer alone
     meter.step(x, time=1.0)
     assert meter.captures == 2  # the counter moved every forward: no capture of its own
+
+
+# ------------------------------------------------------------------- 14. the meter's warnings, variants
+
+
+def test_the_meters_warnings_point_at_the_users_line():
+    class Kaput(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("no forward today")
+
+    meter = FlopsMeter(Kaput(), None, peak_flops=1e12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        meter.step(torch.randn(2, 8), time=1.0)  # the line the warning names
+    assert caught and {record.filename for record in caught} == {__file__}

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fxflops.api import _callers_level
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
 from fxflops.count.attention import check_attention
@@ -343,7 +344,7 @@ class FlopsMeter:
         key = message if key is None else key
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, FlopsMeterWarning, stacklevel=3)
+            warnings.warn(message, FlopsMeterWarning, stacklevel=_callers_level())  # the user's line
 
     # ----------------------------------------------------------------------------------- helpers
 
