@@ -207,3 +207,10 @@ def test_the_meters_warnings_point_at_the_users_line():
         warnings.simplefilter("always")
         meter.step(torch.randn(2, 8), time=1.0)  # the line the warning names
     assert caught and {record.filename for record in caught} == {__file__}
+
+
+def test_the_cli_spells_back_a_misspelt_dtype(capsys):
+    from fxflops.cli.main import main
+
+    assert main(["resnet18", "--dtype", "bflaot16"]) != 0
+    assert "did you mean 'bfloat16'?" in capsys.readouterr().err
