@@ -28,6 +28,7 @@ from fxflops.optimizer import optimizer_step
 from fxflops.parallel.collectives import collectives
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
+from fxflops.spelling import spelled_keywords
 from fxflops.tree import build_estimate
 
 
@@ -75,25 +76,17 @@ def deep_enough(model: Any) -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
-def deep_models(function: Callable) -> Callable:
+def deep_models(function: Callable, also: Iterable[str] = ()) -> Callable:
     """An entry point whose first argument is the model, run under `deep_enough(model)`; a keyword it does
-    not take is a TypeError naming the closest one it does (convention= for conventions=)."""
-    parameters = inspect.signature(function).parameters
-    # (a function taking **kwargs takes any name)
-    takes = () if any(p.kind is p.VAR_KEYWORD for p in parameters.values()) else tuple(parameters)
+    not take is a TypeError naming the closest one it does (convention= for conventions=; `also`: what a
+    function taking **options passes them on to takes, see spelling.spelled_keywords)."""
 
     @functools.wraps(function)
     def entry(model: Any, *args: Any, **kwargs: Any) -> Any:
-        unknown = [name for name in kwargs if name not in takes] if takes else []
-        if unknown:
-            from fxflops.spelling import did_you_mean
-
-            raise TypeError(f"{function.__name__}() got an unexpected keyword argument {unknown[0]!r}"
-                            f"{did_you_mean(unknown[0], takes)}")
         with deep_enough(model):
             return function(model, *args, **kwargs)
 
-    return entry
+    return spelled_keywords(entry, also)  # (the signature read is function's: wraps sets __wrapped__)
 
 
 @deep_models
@@ -246,6 +239,7 @@ class Counting:
         return count_nodes(captured, self.table, self.conventions, self.attention)
 
 
+@spelled_keywords
 def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conventions: str = "deepspeed",
              rules: Iterable[RuleSpec] | RuleSpec | None = None) -> torch.fx.GraphModule:
     """Write each op node's cost into node.meta["fxflops"] (macs, flops, rule, status, module); return the graph.
@@ -298,15 +292,11 @@ def collector_paused() -> Iterator[None]:
 
 
 def _check_conventions(conventions: str) -> None:
-    from fxflops.rules import CONVENTIONS
-
-    _spelled(preset, conventions, CONVENTIONS)  # a ValueError naming the valid presets for any other name
+    preset(conventions)  # a ValueError naming the valid presets (and the closest) for any other name
 
 
 def _check_attention(attention: str) -> None:
-    from fxflops.count.attention import ATTENTION_READINGS
-
-    _spelled(check_attention, attention, ATTENTION_READINGS)
+    check_attention(attention)  # likewise for the attention readings
 
 
 def _check_method(method: str) -> None:

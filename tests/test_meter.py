@@ -366,7 +366,8 @@ def test_each_rank_counts_its_own_steps_and_the_reduction_sums_them(tmp_path):
         ranks = [json.loads((tmp_path / f"{kind}-rank{rank}.json").read_text()) for rank in range(2)]
         for seen in ranks:
             assert seen["local"] == seen["estimates"]  # each rank: its own steps, as estimate() counts them
-            assert seen["captures"] == 1
+            # fully_shard after the meter was built changes the model's classes and hooks: one capture more
+            assert seen["captures"] == (2 if kind == "fsdp" else 1)
             assert seen["world"] == 2 and seen["peak"] == 2 * 1e12
         assert ranks[0]["logged"] == ranks[1]["logged"] == [ranks[0]["local"][1] + ranks[1]["local"][1]]
         assert ranks[0]["total"] == ranks[1]["total"] == sum(ranks[0]["local"]) + sum(ranks[1]["local"])

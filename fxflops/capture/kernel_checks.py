@@ -42,6 +42,11 @@ _ONE_DTYPE = {
     "einsum": ("operands",),
     **dict.fromkeys(("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
                      "conv_transpose2d", "conv_transpose3d"), ("input", "weight", "bias")),
+    # the index/scatter family reads its source into self's dtype: real kernels refuse another one
+    **dict.fromkeys(("index_add", "index_add_", "index_copy", "index_copy_", "masked_scatter", "masked_scatter_"),
+                    ("self", "source")),
+    **dict.fromkeys(("scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"),
+                    ("self", "src")),
     **dict.fromkeys(("scaled_dot_product_attention", "_scaled_dot_product_attention_math",
                      "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_flash_attention_for_cpu"), ("query", "key", "value")),
@@ -111,7 +116,7 @@ def _problems(node: torch.fx.Node, packet: str, names: tuple[str, ...], promoted
         yield from _mixed(bound, _ONE_DTYPE[packet])
     elif packet in _NORMS:
         yield from _norm_mixed(bound, *_NORMS[packet])
-    elif names:  # (an in-place op: its first argument is written)
+    if names and torch.Tag.inplace in op.tags:  # (an in-place op: its first argument is written)
         destination = bound.get(names[0])
         if isinstance(destination, torch.Tensor):
             yield from _inplace(op, packet, node, destination, promoted)

@@ -35,22 +35,9 @@ def run_sweep(model, loaded, sweeps: list[tuple[str, tuple[int, ...], list[int]]
     """Capture once with the swept sizes symbolic: the Sweep (its points are counted as they are written)."""
     from fxflops.sweeps import sweep
 
-    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                  method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
-                  optimizer=args.optimizer, attention=args.attention)
-    return _complete(swept, args)
-
-
-def _complete(swept, args: argparse.Namespace):
-    """The sweep; with --fail-on-unknown, an UnknownOpsError when its capture holds ops no rule counts."""
-    if args.fail_on_unknown:
-        from fxflops.api import UnknownOpsError
-        from fxflops.tree import unknown_ops
-
-        unknown = unknown_ops(swept.pieces[0].costs)
-        if unknown:
-            raise UnknownOpsError(unknown)
-    return swept
+    return sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                 method=args.method, conventions=args.conventions, rules=args.rules, backward=args.backward,
+                 optimizer=args.optimizer, attention=args.attention, strict=args.fail_on_unknown)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -225,9 +212,9 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
     from fxflops.sweeps import sweep
 
     progress("capturing with symbolic sizes")
-    swept = _complete(sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
-                            method=args.method, conventions=args.conventions, rules=args.rules,
-                            backward=args.backward, attention=args.attention), args)
+    swept = sweep(model, loaded.args, loaded.kwargs, dims={name: axes for name, axes, _ in sweeps},
+                  method=args.method, conventions=args.conventions, rules=args.rules,
+                  backward=args.backward, attention=args.attention, strict=args.fail_on_unknown)
     progress.done()
     try:
         explanation = swept.explain(args.explain)

@@ -159,7 +159,10 @@ def parse_dtype(text: str | None) -> torch.dtype | None:
     try:
         return DTYPES[text.lower().removeprefix("torch.")]
     except KeyError:
-        raise ModelSpecError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}") from None
+        from fxflops.spelling import did_you_mean
+
+        raise ModelSpecError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}"
+                             f"{did_you_mean(text.lower(), DTYPES)}") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:

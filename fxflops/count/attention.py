@@ -19,6 +19,7 @@ from fxflops.results import ROOT_LABEL, NodeCost
 from fxflops.rules import Rule, RuleEvaluationError, RuleTable
 from fxflops.rules.flex import attention_kept_pairs
 from fxflops.rules.kept_pairs import FULL, KeptPairs, attention_grid
+from fxflops.spelling import did_you_mean
 
 DENSE = "dense"
 EFFECTIVE = "effective"
@@ -29,7 +30,8 @@ def check_attention(attention: str) -> None:
     """A ValueError naming the readings for anything but "dense" or "effective"."""
     if attention not in ATTENTION_READINGS:
         raise ValueError(f"attention={attention!r}: say 'dense' (every (query, key) pair, as FlopCounterMode "
-                         "counts) or 'effective' (only the pairs the mask keeps)")
+                         "counts) or 'effective' (only the pairs the mask keeps)"
+                         f"{did_you_mean(attention, ATTENTION_READINGS)}")
 
 
 def with_effective(cost: NodeCost, graph_module: torch.fx.GraphModule, node: torch.fx.Node, rule: Rule,

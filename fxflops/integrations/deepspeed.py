@@ -9,6 +9,8 @@ the model gets no attributes; every hook is removed by `stop_profile()` / `end_p
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +29,7 @@ from fxflops.timing.profiling import profile
 __all__ = ["Accelerator", "FlopsProfiler", "get_accelerator", "get_model_profile", "print_profile_report"]
 
 
-@deep_models
+@functools.partial(deep_models, also=inspect.signature(profile).parameters)  # **options go on to profile()
 def get_model_profile(
     model: nn.Module,
     input_shape: tuple[int, ...] | None = None,

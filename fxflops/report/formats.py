@@ -30,7 +30,8 @@ def encodable(text: str, encoding: str | None) -> str:
 # CR and BS overwrite what was shown) and the bidirectional overrides that reorder what is shown. Names in a
 # report come from the user's model (module, class and op names, extra_repr, source paths): a report shows
 # them, it never lets them drive the terminal.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# (the bidirectional controls are the Trojan Source list, CVE-2021-42574: the Arabic letter mark too)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str, keep: str = "\n") -> str:

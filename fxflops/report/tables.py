@@ -125,8 +125,8 @@ def _module_row(
 ) -> list:
     stats = folding.stats_of(estimate, group)
     row = [
-        name,
-        stats.type,
+        printable(name, keep=""),  # a newline in a name would make a row of its own (tabulate splits cells)
+        printable(stats.type, keep=""),
         group.count,
         stats.params if raw else params_to_string(stats.params),
         percent(stats.params, estimate.total_params),

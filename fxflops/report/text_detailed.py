@@ -14,6 +14,7 @@ from fxflops.report.formats import (
     macs_to_string,
     params_to_string,
     percent,
+    printable,
     shared_to_string,
 )
 from fxflops.report.text_layout import _is_measured, _per, _rule_line
@@ -126,8 +127,9 @@ def _ran(estimate: Estimate, name: str) -> bool:
 
 def _head(group: folding.Group, type_name: str) -> str:
     count = f"{group.count} x " if group.folded else ""
-    label = f"({group.label}): " if group.depth else ""
-    return f"{label}{count}{type_name}("
+    # a name holds no newline of its own (one printed would forge a line of the report): escaped here
+    label = f"({printable(group.label, keep='')}): " if group.depth else ""
+    return f"{label}{count}{printable(type_name, keep='')}("
 
 
 def detailed_lines(estimate: Estimate, module_depth: int = -1, fold: bool = True) -> list[str]:

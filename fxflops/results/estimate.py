@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fxflops.results.parallel import Collective, RankRole
+from fxflops.spelling import spelled_keywords
 from fxflops.results.costs import (
     COUNTED,
     UNKNOWN,
@@ -281,6 +282,7 @@ class Estimate:
         return predict(self, device, dtype=dtype, peak_flops=peak_flops, bandwidth=bandwidth)
 
     # Rendering lives in fxflops.report; imported lazily because report imports this module.
+    @spelled_keywords
     def print(
         self,
         module_depth: int = -1,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fxflops.rules.formula import Formula, FormulaError
+from fxflops.spelling import did_you_mean
 
 PRESETS_FILE = "presets.toml"  # in the rules folder, beside the rule files
 ALL_FAMILIES = "*"  # in a preset's `count`: every family it does not list
@@ -72,7 +73,8 @@ class PresetTable:
         try:
             return self.presets[name]
         except (KeyError, TypeError):
-            raise ValueError(f"conventions must be one of {', '.join(self.presets)}; got {name!r}") from None
+            raise ValueError(f"conventions must be one of {', '.join(self.presets)}; got {name!r}"
+                             f"{did_you_mean(name, self.presets)}") from None
 
     def check_family(self, family: Any, where: str) -> str:
         if not isinstance(family, str) or family not in self.families:

@@ -17,7 +17,9 @@ from typing import Any
 import sympy
 import torch
 
-from fxflops.api import Counting, collector_paused, deep_enough, deep_models, normalize_inputs, warn_cautions, warn_unknown
+from fxflops.api import (
+    Counting, UnknownOpsError, collector_paused, deep_enough, deep_models, normalize_inputs, warn_cautions, warn_unknown,
+)
 from fxflops.capture import uncompiled
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.dynamic import Dims, SizePlan, plan_from_dims
@@ -58,6 +60,7 @@ class Sweep:
         self._counting = counting
         self._options = options  # method, backward, loss
         self._optimizer = options.pop("optimizer", None)
+        strict = options.pop("strict", False)
         first = _raised(self.example)
         try:
             self.pieces.append(self._capture(first))
@@ -65,7 +68,10 @@ class Sweep:
             if first == self.example:
                 raise
             self.pieces.append(self._capture(self.example))  # the model insists on its example's sizes
-        warn_unknown(unknown_ops(self.pieces[0].costs))
+        unknown = unknown_ops(self.pieces[0].costs)
+        if strict and unknown:
+            raise UnknownOpsError(unknown)
+        warn_unknown(unknown)
 
     @property
     def conditions(self) -> list[str]:
@@ -293,6 +299,7 @@ def sweep(
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | torch.optim.Optimizer | None = None,
     attention: str = "dense",
+    strict: bool = False,
 ) -> Sweep:
     """Capture `model` once with the input sizes named in `dims` symbolic; see `Sweep`.
 
@@ -300,7 +307,8 @@ def sweep(
     {"batch": 0, "seq": 1} for token ids and their mask, {"batch": 0, "size": (2, 3)} for square
     images. A name is carried by that axis of every input tensor whose size there equals the first
     such tensor's. The other arguments are estimate()'s; the eager method is the one that captures
-    symbolic sizes, so `method` may be "auto" or "eager".
+    symbolic sizes, so `method` may be "auto" or "eager"; `strict=True` raises UnknownOpsError when the
+    capture holds ops no rule counts, as estimate(strict=True) does.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -308,7 +316,7 @@ def sweep(
     model = uncompiled(model)  # a torch.compile'd model: its original module, as estimate() counts it
     counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     plan = plan_from_dims(args, kwargs, dims)
-    options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer}
+    options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer, "strict": strict}
     return Sweep(model, args, kwargs, plan, counting, options)
 
 

@@ -28,9 +28,13 @@ from typing import Any
 
 import torch
 
+from fxflops.api import _callers_level
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import to_meta
 from fxflops.count.attention import check_attention
+from fxflops.rules import preset
+from fxflops.rules.formula import clip
+from fxflops.spelling import spelled_keywords
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
 from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
@@ -68,6 +72,7 @@ class FlopsMeter:
     forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
     """
 
+    @spelled_keywords
     def __init__(
         self,
         model: torch.nn.Module,
@@ -86,6 +91,7 @@ class FlopsMeter:
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be 1 or more steps, got {window}")
+        preset(conventions)  # a misspelt preset is refused now, not warned at every count with no FLOPs logged
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # the same arithmetic; the wrapper's forward would synchronize buffers
         self.model = model
@@ -338,7 +344,7 @@ class FlopsMeter:
         key = message if key is None else key
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, FlopsMeterWarning, stacklevel=3)
+            warnings.warn(message, FlopsMeterWarning, stacklevel=_callers_level())  # the user's line
 
     # ----------------------------------------------------------------------------------- helpers
 
@@ -424,10 +430,14 @@ _STATES_WARNED = 16  # a model whose state changes more often than this likely c
 
 def checked_seconds(seconds: Any) -> float:
     """A step's seconds as a float; NaN, infinite, negative or not a number is a ValueError that says so."""
+    # float() also reads text ("1.0", b"1") and flags (True): a caller's mistake, not seconds
+    refused = isinstance(seconds, (str, bytes, bytearray, bool))
     try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        raise ValueError(f"fxflops: a step time is a number of seconds; got {seconds!r}") from None
+        value = float("nan" if refused else seconds)
+    except (TypeError, ValueError, OverflowError):  # (an int past float's range overflows)
+        refused = True
+    if refused:
+        raise ValueError(f"fxflops: a step time is a number of seconds; got {clip(repr(seconds), 60)}") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"fxflops: a step time must be finite seconds, 0 or more; got {value!r}: a timer that "
                          "failed (NaN), a sign error or an overflow, not a step to log")

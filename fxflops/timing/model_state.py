@@ -3,12 +3,16 @@
 A training step's FLOPs depend on more than the batch's shapes: which parameters are trainable
 (`requires_grad`: a frozen layer gets no weight gradient), each submodule's training flag (dropout,
 batch norm, a checkpointed block recomputes only in training), flags such as transformers'
-`gradient_checkpointing`, which modules are in the tree (a head replaced) and the parameters' dtype.
+`gradient_checkpointing` or a private switch such as peft's `_disable_adapters`, which modules are in
+the tree (a head replaced) and their classes, the parameters' dtype and shape, and the forward
+(pre-)hooks registered on each module (pruning's, a user's).
 `model_state(model)` reads all of them in one walk of the module tree, as a tuple of plain values
 that compares equal exactly when none of them changed: the meter and the profiler key their counts by
 it, so a change costs one new capture and never a stale count. It reads attributes only (no tensor
 data, no device synchronization): about 1.5-2 us a module on a busy 2-core CPU (GPT-2 small 0.25 ms,
-a Llama-2-7B shape 0.7-0.9 ms; benchmarks/meter_overhead.py), once per optimizer step.
+a Llama-2-7B shape 0.7-0.9 ms; benchmarks/meter_overhead.py) before classes, hooks, shapes and private
+flags were read, ~1.3-1.45x that since (GPT-2 small on meta, both reads in one run, under contention),
+once per optimizer step.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ _BOOKKEEPING = frozenset(torch.nn.Module().__dict__) - {"training"}
 # settings read by value; any other attribute (a tensor cache, a config object) is not read: a tensor
 # cache reassigned every forward would otherwise look like a new model every step
 _PLAIN = frozenset({bool, int, float, str, type(None)})
+# of private attributes only flags and names: a switch kept private (peft's `_disable_adapters`,
+# `_active_adapter`) changes the forward, a private number is more often a counter moved every step
+_PRIVATE = frozenset({bool, str})
 
 
 class ModelState:
@@ -46,8 +53,9 @@ class ModelState:
 
 
 def model_state(model: torch.nn.Module) -> ModelState:
-    """The model's count-relevant state (see the module's docstring): per module its identity, training
-    flag and plain public settings, per parameter requires_grad and dtype."""
+    """The model's count-relevant state (see the module's docstring): per module its identity and class,
+    training flag, plain public settings, private flags and names, and forward hooks, per parameter
+    requires_grad, dtype and shape."""
     state: list[Any] = []
     append = state.append
     seen: set[int] = set()
@@ -59,14 +67,19 @@ def model_state(model: torch.nn.Module) -> ModelState:
         seen.add(id(module))
         attributes = module.__dict__
         append(id(module))
+        append(type(module))  # its forward: a class swapped on the same object (or an id reused) is another model
         for key, value in attributes.items():
-            if type(value) in _PLAIN and key not in _BOOKKEEPING and (key == "training" or key[0] != "_"):
+            if type(value) in (_PLAIN if key[0] != "_" else _PRIVATE) and key not in _BOOKKEEPING:
                 append(key)
                 append(value)
         for parameter in attributes["_parameters"].values():
             if parameter is not None:
                 append(parameter.requires_grad)
                 append(parameter.dtype)
+                append(parameter.shape)  # a parameter replaced by one of another size (a head resized in place)
+        for hooks in (attributes["_forward_pre_hooks"], attributes["_forward_hooks"]):
+            if hooks:  # a hook runs in the forward and may compute (pruning's mask multiply, a user's projection):
+                append(tuple(hooks))  # its handle ids, new for every hook registered
         children = attributes["_modules"]
         if children:
             stack.extend(child for child in reversed(children.values()) if child is not None)

@@ -63,6 +63,7 @@ def profile(
     leaf_modules: Any = None,
     backward: bool = False,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    strict: bool = False,
 ) -> Profile:
     """Estimate one forward of `model` (as `estimate()` does) and time it on its device.
 
@@ -72,8 +73,9 @@ def profile(
     `torch.no_grad()` unless `grad=True`. `peak_flops` (FLOP/s) overrides the GPU peak table and
     is the only way to get a CPU utilization. `mp_size`/`dp_size` (or torch.distributed) fill the
     parallel sizes of the summary. Modules of `skip_types` are not timed. `method`, `conventions`,
-    `rules` and `leaf_modules` are estimate()'s. The model is left as it was: training flags,
-    buffers (BatchNorm statistics), devices, RNG state; no hooks remain, also on exceptions.
+    `rules`, `leaf_modules` and `strict` are estimate()'s (strict: an incomplete count is refused before
+    anything is timed). The model is left as it was: training flags, buffers (BatchNorm statistics),
+    devices, RNG state; no hooks remain, also on exceptions.
 
     `backward=True` counts the backward of `loss(output)` (estimate()'s default loss: the output's
     own `loss` when it has one, else the sum of its floating tensors) and times it too: the whole backward without hooks, and per module by
@@ -86,7 +88,7 @@ def profile(
     with preserved(model, target) as writes, moved_to(model, target if device is not None else None):
         args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
         static = estimate(model, args, kwargs, method=method, conventions=conventions, rules=rules,
-                          leaf_modules=leaf_modules, backward=backward, loss=loss)
+                          leaf_modules=leaf_modules, backward=backward, loss=loss, strict=strict)
         plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
                                          grad=grad or backward, skip_types=skip_types, watch=writes.watching())
         plain_bwd, bwd_records = measure_backward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,

@@ -30,7 +30,9 @@ def all_reduced(local: WindowStats, group: Any) -> WindowStats:
     counts = [local.flops, local.samples, local.tokens, local.six_n_flops, local.dense_flops]
     limbs: list[int] = []
     for value in counts:
-        value = int(value) if value is not None else 0  # exact for |value| < 2^94 over up to 2^31 ranks
+        # exact while the job's sum stays below 2^94 (the high limbs' sum within int64) over up to 2^31 ranks
+        # (the low limbs' sum within int64): 2^94 FLOPs is ~10^28, past any training run's
+        value = int(value) if value is not None else 0
         limbs += [value >> _LIMB, value & ((1 << _LIMB) - 1)]  # hi * 2^32 + lo, also for a negative value
     missing = [int(value is None) for value in counts]
     integers = torch.tensor([*limbs, *missing], dtype=torch.int64, device=device)
