@@ -24,6 +24,7 @@ from fxflops.capture.module_walk import walk_modules
 from fxflops.count import count_nodes
 from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
+from fxflops.rules.table import resolve_name
 from fxflops.optimizer import optimizer_step
 from fxflops.parallel.collectives import collectives
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
@@ -226,7 +227,8 @@ class Counting:
         user_entries = load_user_entries(rules)  # each file read and checked once
         table = table_with(user_entries)
         user_table = RuleTable(user_entries) if user_entries else None
-        return cls(table, conventions, _whole_predicate(user_table, leaf_modules), attention)
+        return cls(table, conventions, _whole_predicate(user_table, leaf_modules, preset(conventions).whole_modules),
+                   attention)
 
     def capture(self, model: torch.nn.Module, args: tuple, kwargs: dict, method: str, **options: Any) -> Captured:
         # a backward is recorded as autograd runs it, and a real forward guards its writes with version
@@ -339,12 +341,17 @@ def normalize_inputs(model: torch.nn.Module, args: Any, kwargs: dict | None, inp
     return args, kwargs
 
 
-def _whole_predicate(user_table: RuleTable | None,
-                     leaf_modules: Iterable[type | str] | None) -> Callable[[torch.nn.Module], bool]:
+def _whole_predicate(user_table: RuleTable | None, leaf_modules: Iterable[type | str] | None,
+                     preset_whole: Iterable[str] = ()) -> Callable[[torch.nn.Module], bool]:
     classes = tuple(c for c in (leaf_modules or ()) if isinstance(c, type))
     names = {c for c in (leaf_modules or ()) if isinstance(c, str)}
+    # the preset's own (rules/presets.toml `whole_modules`): exactly those classes, as the tool it
+    # reproduces hooks type(module); a name that does not import (an absent package) matches nothing
+    exact = frozenset(c for c in map(resolve_name, preset_whole) if isinstance(c, type))
 
     def is_whole(module: torch.nn.Module) -> bool:
+        if type(module) in exact:
+            return True
         if classes and isinstance(module, classes):
             return True
         if names and any(f"{c.__module__}.{c.__qualname__}" in names or c.__name__ in names

@@ -101,6 +101,8 @@ def test_unknown_family_in_a_user_rule_is_refused_with_the_known_ones(tmp_path):
      "only macs, flops and extra"),
     ("[families]\nother = 'x'\n[preset.a]\ncount = { other = {} }\n", "missing 'doc'"),
     ("[families]\nm = 'x'\n[preset.a]\ndoc = 'a'\ncount = { m = {} }\n", "must list 'other'"),
+    ("[families]\nother = 'x'\n[preset.a]\ndoc = 'a'\ncount = { other = {} }\nwhole_modules = 'torch.nn.GRU'\n",
+     "'whole_modules' must be a list of dotted class names"),
 ])
 def test_a_bad_preset_table_names_the_problem(tmp_path, text, problem):
     path = tmp_path / "presets.toml"

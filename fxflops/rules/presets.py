@@ -48,6 +48,9 @@ class Preset:
     doc: str
     tool: str | None
     count: Mapping[str, Treatment]  # family (or ALL_FAMILIES) -> how its ops are counted
+    # dotted names of module classes counted as a whole by their rule, as the tool counts them by a
+    # module hook and not by the ops they run (exactly these classes: the tool hooks type(module))
+    whole_modules: tuple[str, ...] = ()
 
     def treatment(self, family: str) -> Treatment | None:
         """How this preset counts `family`, or None when it does not count it (0 MACs, 0 FLOPs)."""
@@ -82,7 +85,7 @@ class PresetTable:
         return family
 
 
-_PRESET_KEYS = {"doc", "tool", "macs", "flops", "count"}
+_PRESET_KEYS = {"doc", "tool", "macs", "flops", "count", "whole_modules"}
 _FORMULA_NAMES = frozenset({"macs", "flops", "extra"})
 
 
@@ -130,7 +133,12 @@ def _parse_preset(name: str, raw: Any, families: Mapping[str, str], path: Path) 
         merged = {**default, **own}
         treatments[family] = Treatment(_formula(merged["macs"], where, family, "macs"),
                                        _formula(merged["flops"], where, family, "flops"))
-    return Preset(name=name, doc=" ".join(raw["doc"].split()), tool=raw.get("tool"), count=treatments)
+    whole = raw.get("whole_modules", [])
+    if not isinstance(whole, list) or not all(isinstance(n, str) and "." in n for n in whole):
+        raise PresetFileError(f"{where}: 'whole_modules' must be a list of dotted class names, "
+                              f"e.g. [\"torch.nn.MultiheadAttention\"]")
+    return Preset(name=name, doc=" ".join(raw["doc"].split()), tool=raw.get("tool"), count=treatments,
+                  whole_modules=tuple(whole))
 
 
 def _formula(source: Any, where: str, family: str, field_name: str) -> Formula:

@@ -221,6 +221,11 @@ def _names_an_object(op: str) -> bool:
     return op.partition(".")[0] not in ("Tensor", "aten", "prims", "prim")
 
 
+def resolve_name(spelling: str) -> Any:
+    """The Python object a dotted name ("torch.nn.MultiheadAttention") refers to, or None."""
+    return _resolve(spelling)
+
+
 @functools.lru_cache(maxsize=4096)
 def _resolve(spelling: str) -> Any:
     """The Python object a dotted name refers to, or None when it cannot be imported.
