@@ -43,7 +43,6 @@ class CaptureError(RuntimeError):
             return f"could not capture {self.model_type}: " + "; ".join(f"{a.method} {a.reason}" for a in self.attempts)
         decisive = ran[0]
         where = f" in module '{decisive.module or ROOT_LABEL}'" if decisive.module is not None else ""
-        where += f", op {decisive.op}" if decisive.op and where else ""
         at = f" at {decisive.source}" if decisive.source else ""
         others = [f"{a.method} {'skipped' if a.reason.startswith('skipped') else 'failed'}"
                   for a in self.attempts if a is not decisive]
@@ -76,7 +75,7 @@ def _failing_op(error: BaseException) -> str | None:
 
 
 def _first_lines(error: BaseException, limit: int = 3) -> str:
-    if reads_values(error):
+    if _torch_value_error(error):  # torch's words say little; ours (ValueReadError, export's) say it already
         first = (str(error).strip().splitlines() or [""])[0][:200]
         return (f"{type(error).__name__}: the forward reads a tensor's value ({first}: .item(), "
                 "bool(), or a size taken from data), so its control flow or sizes depend on tensor values, "
@@ -93,16 +92,23 @@ class DataDependentSizes(RuntimeError):
 def reads_values(error: BaseException) -> bool:
     """Whether the failure came from a tensor's value (control flow or a size read from data), here or in
     the error it wraps (export and dynamo re-raise torch's own): the one kind a run on real inputs can fix."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from fxflops.capture.input_values import ValueReadError
 
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException, DataDependentSizes)) \
-                or type(error).__name__ == "GuardOnDataDependentSymNode":
+        if isinstance(error, (ValueReadError, DataDependentSizes)) or _torch_value_error(error):
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+def _torch_value_error(error: BaseException) -> bool:
+    """torch's own exceptions for a value or a data-dependent size that fake tensors do not have."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)) \
+        or type(error).__name__ == "GuardOnDataDependentSymNode"
 
 
 def _failing_module(error: BaseException, model: torch.nn.Module) -> str | None:

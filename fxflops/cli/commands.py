@@ -160,7 +160,8 @@ def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
         except CaptureError as error:  # (trace was skipped: the inputs hold no values)
             static = [a for a in error.attempts if a.method != TRACE.name]
             if not any(a.reads_values for a in static):
-                error.advice = _NOT_RUN_ON_ZEROS
+                ops = sorted({a.op for a in static if a.op})
+                error.advice = (f"failed at op {', '.join(ops)}; " if ops else "") + _NOT_RUN_ON_ZEROS
                 raise
             failed = [(a.method, a.reason) for a in static]
     loaded.args, loaded.kwargs = loaded.real_inputs()
