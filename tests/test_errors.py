@@ -163,3 +163,18 @@ def test_positions_past_an_embedding_table_are_a_caution():
         warnings.simplefilter("error", fxflops.CautionWarning)
         assert fxflops.estimate(Positions(13).to("meta"), (x,)).cautions == []
         assert fxflops.estimate(Positions(3, sliced=True).to("meta"), (x,)).cautions == []
+
+
+def test_failures_on_tensor_values_are_told_from_others():
+    """Only a failure on a tensor's value can be fixed by a run on real inputs (the CLI's fallback to trace
+    on made-up inputs asks this); torch's own exceptions count, also wrapped as another's cause."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from fxflops.capture.diagnosis import DataDependentSizes, reads_values
+
+    op = torch.ops.aten.nonzero.default
+    wrapped = RuntimeError("export failed")
+    wrapped.__cause__ = DynamicOutputShapeException(op)
+    assert reads_values(DataDependentOutputException(op)) and reads_values(wrapped)
+    assert reads_values(DataDependentSizes("sizes from values"))
+    assert not reads_values(RuntimeError("Expected tensor for argument #1 'indices' to have ... Long, Int"))

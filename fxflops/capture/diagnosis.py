@@ -20,6 +20,7 @@ class CaptureError(RuntimeError):
     def __init__(self, model_type: str, attempts: Sequence[Attempt]) -> None:
         self.model_type = model_type
         self.attempts = list(attempts)
+        self.advice: str | None = None  # what the caller knows to try, appended to summary()
         lines = [f"fxflops could not capture {model_type}: every method failed."]
         for attempt in attempts:
             lines.append(f"  - {attempt.method}: {attempt.reason}")
@@ -46,7 +47,7 @@ class CaptureError(RuntimeError):
         others = [f"{a.method} {'skipped' if a.reason.startswith('skipped') else 'failed'}"
                   for a in self.attempts if a is not decisive]
         return (f"could not capture {self.model_type}: {decisive.method}: {decisive.reason}{where}{at}"
-                + (f" ({', '.join(others)})" if others else ""))
+                + (f" ({', '.join(others)})" if others else "") + (f"; {self.advice}" if self.advice else ""))
 
 
 def describe_failure(method: str, error: BaseException, model: torch.nn.Module) -> Attempt:
@@ -57,7 +58,8 @@ def describe_failure(method: str, error: BaseException, model: torch.nn.Module) 
     if user_frames:
         frame = user_frames[-1]
         source = f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-    return Attempt(method, _first_lines(error), _failing_module(error, model), source, _failing_op(error))
+    return Attempt(method, _first_lines(error), _failing_module(error, model), source, _failing_op(error),
+                   reads_values(error))
 
 
 def _failing_op(error: BaseException) -> str | None:
@@ -73,7 +75,7 @@ def _failing_op(error: BaseException) -> str | None:
 
 
 def _first_lines(error: BaseException, limit: int = 3) -> str:
-    if _reads_values(error):
+    if _torch_value_error(error):  # torch's words say little; ours (ValueReadError, export's) say it already
         first = (str(error).strip().splitlines() or [""])[0][:200]
         return (f"{type(error).__name__}: the forward reads a tensor's value ({first}: .item(), "
                 "bool(), or a size taken from data), so its control flow or sizes depend on tensor values, "
@@ -83,10 +85,30 @@ def _first_lines(error: BaseException, limit: int = 3) -> str:
     return f"{type(error).__name__}: " + " | ".join(line.strip() for line in lines)
 
 
-def _reads_values(error: BaseException) -> bool:
-    from torch._subclasses.fake_tensor import DataDependentOutputException
+class DataDependentSizes(RuntimeError):
+    """A captured graph whose sizes depend on tensor values (export succeeded; costs need real sizes)."""
 
-    return isinstance(error, DataDependentOutputException) or type(error).__name__ == "GuardOnDataDependentSymNode"
+
+def reads_values(error: BaseException) -> bool:
+    """Whether the failure came from a tensor's value (control flow or a size read from data), here or in
+    the error it wraps (export and dynamo re-raise torch's own): the one kind a run on real inputs can fix."""
+    from fxflops.capture.input_values import ValueReadError
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (ValueReadError, DataDependentSizes)) or _torch_value_error(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _torch_value_error(error: BaseException) -> bool:
+    """torch's own exceptions for a value or a data-dependent size that fake tensors do not have."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)) \
+        or type(error).__name__ == "GuardOnDataDependentSymNode"
 
 
 def _failing_module(error: BaseException, model: torch.nn.Module) -> str | None:

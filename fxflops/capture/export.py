@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.attribution import ModuleTracker, label_modules, module_infos, tag_names
+from fxflops.capture.diagnosis import DataDependentSizes
 from fxflops.capture.inputs import is_plain, refuse_lazy_output
 from fxflops.capture.isolation import isolated
 from fxflops.capture.methods import EXPORT
@@ -88,7 +89,7 @@ def _refuse_data_dependent_sizes(graph_module: torch.fx.GraphModule) -> None:
         for node in module.graph.nodes:
             if node.op != "placeholder" and free_unbacked_symbols(node.meta.get("val")):
                 where = (node.meta.get("stack_trace") or "").strip().splitlines()[-2:]
-                raise RuntimeError(
+                raise DataDependentSizes(
                     f"the output size of {node.target} depends on tensor values (data-dependent: "
                     f"{node.meta['val'].shape if hasattr(node.meta['val'], 'shape') else node.meta['val']}); "
                     f"costs need concrete sizes. {' '.join(line.strip() for line in where)}"

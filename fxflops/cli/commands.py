@@ -137,10 +137,16 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     return result, report
 
 
+_NOT_RUN_ON_ZEROS = ("not run on all-zero inputs: nothing failed on a tensor's value, so a run would fail alike. "
+                     "Check --input-shape against the model's forward, and --input-dtype (e.g. long for token "
+                     "ids or an nn.Embedding's indices; default floating)")
+
+
 def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
     """estimate() on the loaded inputs. Inputs made from --input-shape are meta tensors; a model with real
-    weights that can be counted only by running it (every static method failed, or --method trace) runs
-    on all-zero tensors made then, and says so (loaded.made_up)."""
+    weights that can be counted only by running it (--method trace, or every static method failed on a
+    tensor's value) runs on all-zero tensors made then, and says so (loaded.made_up). A static failure of
+    another kind (a dtype, a shape) would fail on zeros alike: it is reported, and nothing is allocated."""
     from fxflops.api import estimate
     from fxflops.capture import CaptureError
     from fxflops.capture.methods import AUTO, TRACE
@@ -152,7 +158,12 @@ def _estimate_on_shapes(model, loaded, args: argparse.Namespace, **options):
         try:
             return estimate(model, loaded.args, loaded.kwargs, **options)
         except CaptureError as error:  # (trace was skipped: the inputs hold no values)
-            failed = [(a.method, a.reason) for a in error.attempts if a.method != TRACE.name]
+            static = [a for a in error.attempts if a.method != TRACE.name]
+            if not any(a.reads_values for a in static):
+                ops = sorted({a.op for a in static if a.op})
+                error.advice = (f"failed at op {', '.join(ops)}; " if ops else "") + _NOT_RUN_ON_ZEROS
+                raise
+            failed = [(a.method, a.reason) for a in static]
     loaded.args, loaded.kwargs = loaded.real_inputs()
     loaded.made_up = ZERO_INPUTS
     result = estimate(model, loaded.args, loaded.kwargs, **{**options, "method": TRACE.name})

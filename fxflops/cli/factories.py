@@ -60,11 +60,12 @@ def load_factory(target: str, attribute: str, options: InputOptions) -> ModelInp
         # shapes become meta tensors, as input_shape= makes them: nothing is allocated for a count. Only a
         # run (method trace) needs values: then all-zero tensors on the model's device, made when it runs
         meta = torch.device("meta")
-        args, kwargs = tensors_from_shapes(options.input_shapes, meta, False, options.dtype), named_tensors(options, meta)
+        args = tensors_from_shapes(options.input_shapes, meta, False, options.dtype, options.input_dtype)
+        kwargs = named_tensors(options, meta)
         device = _device_of(model)
         if device.type != "meta":
             def real_inputs() -> tuple[tuple, dict]:
-                return (tensors_from_shapes(options.input_shapes, device, False, options.dtype),
+                return (tensors_from_shapes(options.input_shapes, device, False, options.dtype, options.input_dtype),
                         named_tensors(options, device))
     elif inputs is None:
         raise ModelSpecError(f"{target}:{attribute} returned no inputs; give --input-shape")
@@ -231,7 +232,7 @@ def load_example(name: str, options: InputOptions) -> ModelInputs:
         check_token_ranks(example.name, {"input_ids": options.input_shapes[0]})
     if options.input_shapes or options.named_shapes:
         args = tensors_from_shapes(options.input_shapes, torch.device(options.device), example.takes_tokens,
-                                   options.dtype)
+                                   options.dtype, options.input_dtype)
     else:
         args = example.inputs(batch=options.batch, seq_len=options.seq_len, device=options.device)
     loaded = ModelInputs(model, args, named_tensors(options, torch.device(options.device)),
@@ -279,7 +280,8 @@ def load_torchvision(name: str, options: InputOptions) -> ModelInputs:
     if not shapes and not options.named_shapes:
         shapes = (_torchvision_input_shape(torchvision, name, model, options.batch),)
     device = torch.device(options.device)
-    return finish_inputs(ModelInputs(model, tensors_from_shapes(shapes, device, False, options.dtype),
+    return finish_inputs(ModelInputs(model, tensors_from_shapes(shapes, device, False, options.dtype,
+                                                                options.input_dtype),
                                      named_tensors(options, device), f"torchvision {name}"), options)
 
 

@@ -296,7 +296,8 @@ def _hf_inputs(model: nn.Module, config: Any, options: InputOptions) -> tuple[tu
         if options.input_shapes:
             given = {main: options.input_shapes[0], **given}
         check_token_ranks(type(model).__name__, given)
-        tensors = tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype)
+        tensors = tensors_from_shapes(options.input_shapes, device, main == "input_ids", options.dtype,
+                                      options.input_dtype)
         kwargs = {main: tensors[0]} if tensors else {}
         return tuple(tensors[1:]), {**kwargs, **named_tensors(options, device)}
     if main != "input_ids":

@@ -77,8 +77,9 @@ def _token_name(name: str) -> bool:
 
 
 def named_tensors(options: InputOptions, device: torch.device) -> dict[str, torch.Tensor]:
-    """--input-shape NAME=SHAPE inputs: long for token ids and masks, else floating."""
-    return {name: torch.zeros(shape, dtype=torch.long if _token_name(name) else (options.dtype or torch.float32),
+    """--input-shape NAME=SHAPE inputs: --input-dtype's, else long for token ids and masks, else floating."""
+    return {name: torch.zeros(shape, dtype=options.input_dtype or (torch.long if _token_name(name) else
+                                                                   (options.dtype or torch.float32)),
                               device=device)
             for name, shape in options.named_shapes}
 
@@ -98,9 +99,12 @@ def refuse_seq_len(options: InputOptions, why: str) -> None:
 
 
 def tensors_from_shapes(
-    shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None
+    shapes: Sequence[tuple[int, ...]], device: torch.device, tokens: bool, dtype: torch.dtype | None,
+    input_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    kind = torch.long if tokens else (dtype or torch.float32)
+    """All-zero tensors of these shapes: of `input_dtype` (--input-dtype) when given, else long for token
+    ids, else floating."""
+    kind = input_dtype or (torch.long if tokens else (dtype or torch.float32))
     try:
         return tuple(torch.zeros(shape, dtype=kind, device=device) for shape in shapes)
     except RuntimeError as error:

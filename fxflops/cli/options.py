@@ -30,6 +30,9 @@ DTYPES = {
     "float64": torch.float64,
     "double": torch.float64,
 }
+# --input-dtype: what the inputs made from --input-shape hold (integer ones for token ids or an Embedding)
+INPUT_DTYPES = {**DTYPES, "long": torch.long, "int64": torch.long, "int": torch.int32, "int32": torch.int32,
+                "bool": torch.bool}
 
 
 class ModelSpecError(ValueError):
@@ -63,6 +66,7 @@ class InputOptions:
     named_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # keyword inputs: (name, shape)
     seq_len_given: bool = False  # the user set seq_len (the CLI's --seq-len): refused where it means nothing
     dtype: torch.dtype | None = None
+    input_dtype: torch.dtype | None = None  # of the inputs made from shapes (--input-dtype); None: by name/kind
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config / constructor values
     hf_task: str = "auto"
     trust_remote_code: bool = False  # hf: may run the Python a config's auto_map names
@@ -153,16 +157,16 @@ def _sweep_values(item: str, text: str) -> list[int]:
     return list(range(start, stop + 1, step))
 
 
-def parse_dtype(text: str | None) -> torch.dtype | None:
+def parse_dtype(text: str | None, names: Mapping[str, torch.dtype] = DTYPES) -> torch.dtype | None:
     if text is None:
         return None
     try:
-        return DTYPES[text.lower().removeprefix("torch.")]
+        return names[text.lower().removeprefix("torch.")]
     except KeyError:
         from fxflops.spelling import did_you_mean
 
-        raise ModelSpecError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}"
-                             f"{did_you_mean(text.lower(), DTYPES)}") from None
+        raise ModelSpecError(f"unknown dtype {text!r}; use one of {', '.join(names)}"
+                             f"{did_you_mean(text.lower(), names)}") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -14,7 +14,8 @@ from typing import NoReturn
 
 from fxflops.capture.methods import AUTO, CHOICES
 from fxflops.cli.hf_specs import HF_TASKS
-from fxflops.cli.options import InputOptions, ModelSpecError, parse_dtype, parse_input_shape, parse_override
+from fxflops.cli.options import (INPUT_DTYPES, InputOptions, ModelSpecError, parse_dtype, parse_input_shape,
+                                 parse_override)
 from fxflops.optimizer import NAMES as OPTIMIZERS
 from fxflops.rules import CONVENTIONS, PRESET_TABLE
 
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--seq-len", type=int, help="sequence length for token models (default 128; refused for "
                                                    "models that take no token sequence)")
     inputs.add_argument("--dtype", help="cast model and floating inputs: float32, float16, bfloat16, float64")
+    inputs.add_argument("--input-dtype", help="dtype of the inputs made from --input-shape, e.g. long for token "
+                                              "ids or an nn.Embedding's indices (default: long for input_ids-like "
+                                              "names, else floating)")
     inputs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="config field (hf:), constructor or factory argument, e.g. n_layer=2")
     inputs.add_argument("--hf-task", default="auto", choices=sorted(HF_TASKS),
@@ -213,6 +217,8 @@ def input_options(args: argparse.Namespace) -> InputOptions:
         raise ModelSpecError("--batch and --seq-len must be positive")
     shapes = [parse_input_shape(text) for text in args.input_shape]
     named = [name for name, _ in shapes if name is not None]
+    if args.input_dtype is not None and not shapes:
+        raise ModelSpecError("--input-dtype sets the dtype of the inputs made from --input-shape; give --input-shape")
     if len(set(named)) < len(named):
         raise ModelSpecError(f"--input-shape names {sorted({n for n in named if named.count(n) > 1})[0]} twice")
     return InputOptions(
@@ -222,6 +228,7 @@ def input_options(args: argparse.Namespace) -> InputOptions:
         input_shapes=tuple(shape for name, shape in shapes if name is None),
         named_shapes=tuple((name, shape) for name, shape in shapes if name is not None),
         dtype=parse_dtype(args.dtype),
+        input_dtype=parse_dtype(args.input_dtype, INPUT_DTYPES),
         overrides=dict(parse_override(text) for text in args.overrides),
         hf_task=args.hf_task,
         trust_remote_code=args.trust_remote_code,

@@ -31,6 +31,8 @@ class Attempt:
     module: str | None = None  # qualified name of the module whose forward raised, when known
     source: str | None = None  # "file:line: code" of the user's line where capture broke
     op: str | None = None  # the op being run when it broke, when known
+    # it broke on a tensor's value (.item(), bool(), a data-dependent size): a run on real inputs may succeed
+    reads_values: bool = False
 
 
 @dataclass(frozen=True)
