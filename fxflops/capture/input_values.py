@@ -44,6 +44,9 @@ from fxflops.capture.tensor_walk import tensors_in
 MAX_SHADOWED_INPUT = 1 << 24
 # a factory op's output (arange, zeros, full) gets a shadow only up to this size (a tensor of constants)
 MAX_SHADOWED_CONSTANT = 1 << 20
+# an op whose output is larger is not run for real: a value read downstream of it then counts at its bound
+# or fails, saying so (a 4096-token causal mask, 2**24 elements, cost a 70B first estimate 0.1 s for nothing)
+MAX_SHADOWED_OUTPUT = 1 << 22
 
 _aten = torch.ops.aten
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -185,7 +188,8 @@ class InputValues:
             return bounded
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
-        if known and torch.Tag.nondeterministic_seeded not in func.tags and (tensors or _small_outputs(out)):
+        if known and torch.Tag.nondeterministic_seeded not in func.tags \
+                and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
             self._shadow_outputs(func, args, kwargs, shadows, out)
         elif func in _ROUTERS:
             self._assume_routing(func, args, kwargs, out)
@@ -320,9 +324,9 @@ class InputValues:
         return f"module '{path or '(root)'}' ({type_name or self._root_type})" + (f" at {text}" if text else "")
 
 
-def _small_outputs(out: Any) -> bool:
-    """Whether a factory op's outputs are small enough to hold for real (constants such as arange)."""
-    return all(t.numel() <= MAX_SHADOWED_CONSTANT for t in tensors_in(out))
+def _small_outputs(out: Any, limit: int) -> bool:
+    """Whether an op's outputs are small enough to compute and hold for real."""
+    return all(t.numel() <= limit for t in tensors_in(out))
 
 
 def _meta(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
