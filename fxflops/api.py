@@ -171,7 +171,7 @@ def estimate(
 
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, None, progress, attention, strict, memory, routing=routing)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False), args)
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

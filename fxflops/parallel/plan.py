@@ -18,7 +18,7 @@ from fxflops.capture.module_walk import walk_modules
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
-_NOT_YET = {"pp": "pipeline parallelism", "ep": "expert parallelism", "cp": "context parallelism"}
+_NOT_YET = {"ep": "expert parallelism", "cp": "context parallelism"}
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,17 @@ class Parallel:
     `tp`: tensor parallel degree (a Megatron-style plan derived for Llama/GPT-style blocks, or `tp_plan`,
     torch's {module path: ParallelStyle} for parallelize_module, which wins). `sequence_parallel`: norms
     and residuals sharded along the sequence (all-gather + reduce-scatter instead of all-reduce).
-    `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`, the only kind built yet)
-    over each repeated block and the root; `reshard_after_forward` as fully_shard takes it; `dp_shard`
-    below dp makes it HSDP (dp / dp_shard replicas, each sharded dp_shard ways).
-    `pp`, `ep`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
-    when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
+    `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
+    the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
+    the root); `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
+    (dp / dp_shard replicas, each sharded dp_shard ways).
+    `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
+    into pp * virtual_stages contiguous stages (fxflops.parallel.pipeline).
+    `microbatch` (samples per micro-batch), `microbatches` (micro-batches per step and data-parallel rank:
+    the pipeline's micro-batches, or gradient accumulation steps) and `batch` (the global batch: samples
+    per optimizer step over the job) are tied by batch = microbatch * microbatches * dp; give any of them.
+    `ep` and `cp` are accepted and checked, and refused as not built yet when above 1.
+    The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
     dp: int = 1
@@ -44,6 +50,9 @@ class Parallel:
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
+    microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
+    microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)
+    batch: int | None = None  # the global batch per optimizer step (default: microbatch * microbatches * dp)
     tp_plan: dict[str, Any] | None = field(default=None, compare=False)
     world_size: int | None = None  # when given, it must equal the product of the degrees
 
@@ -51,6 +60,11 @@ class Parallel:
     def size(self) -> int:
         """The number of ranks the plan needs."""
         return self.tp * self.dp * self.pp * self.cp
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: pp ranks times virtual stages each."""
+        return self.pp * self.virtual_stages
 
     @property
     def shard(self) -> int:
@@ -105,6 +119,44 @@ class Parallel:
                              "(HSDP: dp / dp_shard replicas of dp_shard shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel plan: sequence_parallel splits the sequence over the tp ranks; give tp > 1")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError(f"parallel plan: virtual_stages={self.virtual_stages} are stages per pipeline rank; "
+                             "give pp > 1 with them")
+        if self.dp_shard is not None and not self.fsdp:
+            raise ValueError("parallel plan: dp_shard shards parameters (FSDP/HSDP); DDP (fsdp=False) replicates them")
+        for name in ("microbatch", "microbatches", "batch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"parallel plan: {name} must be a whole number >= 1; got {value!r}")
+        if self.microbatch is not None or self.microbatches is not None:
+            self.batches()  # (the micro-batch size may come from the inputs: estimate_plan checks again)
+
+    def batches(self, inputs_batch: int | None = None) -> tuple[int | None, int, int | None]:
+        """(microbatch, microbatches, batch) resolved: batch = microbatch * microbatches * dp, the micro-batch
+        defaulting to `inputs_batch` (the inputs' leading dimension); one clear ValueError where they disagree."""
+        micro = self.microbatch if self.microbatch is not None else inputs_batch
+        if self.microbatch is not None and inputs_batch is not None and inputs_batch != self.microbatch:
+            raise ValueError(f"parallel plan: microbatch={self.microbatch}, but the inputs (one micro-batch) have "
+                             f"{inputs_batch} samples along their first dimension; give inputs of {self.microbatch}")
+        if self.batch is None:
+            count = self.microbatches or 1
+            return micro, count, None if micro is None else micro * count * self.dp
+        if micro is None:
+            if self.microbatches is None:
+                raise ValueError(f"parallel plan: batch={self.batch} needs the micro-batch size: give microbatch "
+                                 "or microbatches")
+            if self.batch % (self.microbatches * self.dp):
+                raise ValueError(f"parallel plan: batch={self.batch} does not split into microbatches * dp = "
+                                 f"{self.microbatches}*{self.dp} = {self.microbatches * self.dp} equal micro-batches")
+            return self.batch // (self.microbatches * self.dp), self.microbatches, self.batch
+        if self.batch % (micro * self.dp):
+            raise ValueError(f"parallel plan: batch={self.batch} is not a multiple of microbatch * dp = "
+                             f"{micro}*{self.dp} = {micro * self.dp}: the micro-batches do not divide the batch")
+        count = self.batch // (micro * self.dp)
+        if self.microbatches is not None and self.microbatches != count:
+            raise ValueError(f"parallel plan: batch={self.batch} is {count} micro-batches of {micro} per dp rank "
+                             f"(batch / (microbatch * dp)), not microbatches={self.microbatches}")
+        return micro, count, self.batch
 
     def check(self, model: torch.nn.Module) -> None:
         """One clear ValueError for a plan this model cannot run; NotImplementedError for parts not built."""
@@ -124,13 +176,13 @@ class Parallel:
             layers = len(repeated_blocks(model))
             if self.pp > layers:
                 raise ValueError(f"parallel plan: pp={self.pp} stages for {layers} layers; pp can be at most {layers}")
+            if self.stages > layers:
+                raise ValueError(f"parallel plan: pp*virtual_stages = {self.pp}*{self.virtual_stages} = {self.stages} "
+                                 f"stages for {layers} layers; at most {layers} stages (one layer each)")
         for name, what in _NOT_YET.items():
             if getattr(self, name) > 1:
                 raise NotImplementedError(f"parallel plan: {name}={getattr(self, name)} ({what}) is not built yet; "
-                                          "tp (with sequence_parallel) and dp (FSDP2) are")
-        if self.dp > 1 and not self.fsdp:
-            raise NotImplementedError("parallel plan: dp without fsdp (DDP's gradient all-reduce) is not built yet; "
-                                      "use fsdp=True")
+                                          "tp (with sequence_parallel), pp and dp (FSDP2, HSDP or DDP) are")
 
 
 def _parse(text: str) -> dict[str, Any]:

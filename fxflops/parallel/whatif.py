@@ -19,33 +19,63 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fxflops.capture.module_walk import walk_modules
 from fxflops.parallel.megatron import megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import Estimate, RankRole
+from fxflops.results.parallel import ALL_REDUCE, REDUCE_SCATTER, Collective
+from fxflops.tree import parent_name
 
 Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate]) -> Estimate:
+                  count: Callable[[Prepare | None], Estimate], inputs: Any = ()) -> Estimate:
     """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
-    once per rank role under the plan; the first role's estimate, with every role in `ranks`."""
+    on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
+    pipeline's stages differ: fxflops.parallel.pipeline); the first role's estimate, with every role in
+    `ranks`. `inputs`: estimate()'s positional inputs, one micro-batch (their leading dimension is its size)."""
     plan = Parallel.of(parallel)
     plan.check(model)
+    micro, micro_batches, batch = plan.batches(_leading_dimension(inputs))
     if dist.is_available() and dist.is_initialized():
         raise ValueError("a what-if plan (parallel=...) builds its own fake process group, and one is already "
                          "initialized: to count your own sharded model, call estimate() without parallel=")
     styles = tp_styles(model, plan)
-    roles = [RankRole("every rank", tuple(range(plan.size)), None)]  # tp and FSDP ranks all run the same ops
-    done = []
-    for role in roles:
-        with fake_world(plan.size, role.ranks[0]), composable_states_restored():
-            mesh = _mesh(plan)
-            estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
-        done.append(RankRole(role.name, role.ranks, estimate))
+    with fake_world(plan.size, 0), composable_states_restored():
+        mesh = _mesh(plan)
+        estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
+        if plan.dp > 1:
+            estimate.collectives = gradient_reductions_marked(estimate.collectives, plan, mesh)
+        if plan.pp > 1:
+            from fxflops.parallel.pipeline import pipeline_roles
+
+            pp_group = mesh["pp"].get_group()
+            roles = pipeline_roles(model, estimate, plan, (pp_group.group_name, pp_group.group_desc))
+        else:
+            roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]
+    record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
+    if plan.tp > 1:
+        from fxflops.parallel.replicated import replicated_work
+
+        record["replicated"] = replicated_work(roles, count(None), plan.tp)
     # the roles keep their own estimates (no cycle through `ranks`); replace() keeps the capture behind
     # explain() and compare(), which a copy (through __getstate__) would drop
-    return dataclasses.replace(done[0].estimate, parallel=plan.as_dict(), ranks=done)
+    return dataclasses.replace(roles[0].estimate, parallel=record, ranks=roles)
+
+
+def gradient_reductions_marked(collectives: list[Collective], plan: Parallel, mesh: DeviceMesh) -> list[Collective]:
+    """The collectives, the backward all-reduces and reduce-scatters over a data-parallel group marked
+    per_step (gradient synchronisation: once per optimizer step, see Collective.per_step)."""
+    groups = {mesh[dim].get_group().group_name for dim in plan.data_parallel_dims()}
+    return [dataclasses.replace(c, per_step=True) if c.is_backward and c.op in (ALL_REDUCE, REDUCE_SCATTER)
+            and c.group in groups else c for c in collectives]
+
+
+def _leading_dimension(inputs: Any) -> int | None:
+    """The first positional input's first dimension (the micro-batch's samples), if it is a tensor."""
+    first = inputs[0] if isinstance(inputs, tuple | list) and inputs else None
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
 
 
 @contextlib.contextmanager
@@ -100,10 +130,35 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
     if styles:
         parallelize_module(model, mesh["tp"], styles)
     if plan.dp > 1:
-        from torch.distributed.fsdp import fully_shard
-
         dims = plan.data_parallel_dims()
         dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
-        for _, block in repeated_blocks(model):
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
+        if plan.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            def wrap(module: torch.nn.Module) -> None:
+                fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
+        else:  # DDP as torch builds it on FSDP2's machinery: parameters whole, gradients all-reduced per unit
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+
+            def wrap(module: torch.nn.Module) -> None:
+                replicate(module, mesh=dp_mesh)
+        for unit in data_parallel_units(model, plan):
+            wrap(unit)
+        wrap(model)
+
+
+def data_parallel_units(model: torch.nn.Module, plan: Parallel) -> list[torch.nn.Module]:
+    """The modules sharded (or replicated) as one unit each before the root: every repeated block; under a
+    pipeline also each module outside the blocks that holds parameters (the embedding, the final norm, the
+    head), so that each stage gathers and reduces only what it holds, as a pipeline's stage modules do."""
+    blocks = repeated_blocks(model)
+    units = [block for _, block in blocks]
+    if plan.pp > 1:
+        inside = tuple(f"{name}." for name, _ in blocks)
+        containers = {""} | {name.rsplit(".", i)[0] for name, _ in blocks for i in range(1, name.count(".") + 1)}
+        for name, module, alias in walk_modules(model):
+            if alias is None and name not in containers and not name.startswith(inside) \
+                    and (parent_name(name) or "") in containers and next(module.parameters(), None) is not None \
+                    and all(name != block for block, _ in blocks):
+                units.append(module)
+    return units

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from fxflops.report.formats import bytes_to_string
+from fxflops.report.parallel_work import step_lines
 from fxflops.report.text_layout import _row
 from fxflops.results import ROOT_LABEL, Estimate
 
@@ -18,13 +19,15 @@ def plan_lines(estimate: Estimate) -> list[str]:
     degrees = ", ".join(f"{key}={plan[key]}" for key in ("pp", "dp", "cp", "tp", "ep") if plan.get(key, 1) > 1)
     options = [key for key in ("sequence_parallel",) if plan.get(key)]
     if plan.get("dp", 1) > 1:
-        options.append(f"FSDP2, reshard_after_forward={plan.get('reshard_after_forward')}")
+        options.append(f"FSDP2, reshard_after_forward={plan.get('reshard_after_forward')}" if plan.get("fsdp", True)
+                       else "DDP (torch's replicate)")
     ranks = sum(len(role.ranks) for role in estimate.ranks)
     lines = ["", "Parallel plan (what if; torch.distributed's fake process group):",
              _row("plan:", f"{degrees or 'one rank'}{' (' + '; '.join(options) + ')' if options else ''}, {ranks:,} ranks"),
              _row("counted rank:", "rank 0; the figures above are this rank's local work")]
     for role in estimate.ranks:
         lines.append(_row(f"rank role '{role.name}':", f"{len(role.ranks):,} ranks, {role.estimate.total_flops:,} flops each"))
+    lines += step_lines(estimate)
     lines.append(_row("job flops (every rank):", f"{estimate.job_flops:,}"))
     lines.append(_row("job wire bytes (every rank):", bytes_to_string(estimate.job_collective_wire_bytes)))
     return lines

@@ -66,7 +66,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       fragmentation, total} (apart: not in peak_bytes), "device_bytes" (peak +
                       allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes"}
     collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
-                      node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
+                      node, per_step}]   every collective call of the counted rank in one step (fxflops.results.Collective)
     collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
     ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes"}]   the plan's rank roles

@@ -212,16 +212,28 @@ class Estimate:
         return sum(c.wire_bytes for c in self.collectives)
 
     @property
+    def micro_batches(self) -> int:
+        """Micro-batches per optimizer step and data-parallel rank under a plan (gradient accumulation steps,
+        a pipeline's micro-batches); 1 without one. Every per-rank figure is of one micro-batch."""
+        return (self.parallel or {}).get("microbatches") or 1
+
+    @property
     def job_flops(self) -> int:
-        """FLOPs of every rank of the plan together (this estimate's total_flops without a plan)."""
-        return sum(r.estimate.total_flops * len(r.ranks) for r in self.ranks) if self.ranks else self.total_flops
+        """FLOPs of every rank of the plan together per optimizer step: each role's FLOPs per micro-batch x
+        its ranks x micro_batches (this estimate's total_flops without a plan)."""
+        if not self.ranks:
+            return self.total_flops
+        return self.micro_batches * sum(r.estimate.total_flops * len(r.ranks) for r in self.ranks)
 
     @property
     def job_collective_wire_bytes(self) -> int:
-        """Bytes every rank of the plan puts on the wire together, per step."""
+        """Bytes every rank of the plan puts on the wire together per optimizer step: each collective once per
+        micro-batch, the data-parallel gradient reductions once per step (Collective.per_step)."""
         if not self.ranks:
             return self.collective_wire_bytes
-        return sum(r.estimate.collective_wire_bytes * len(r.ranks) for r in self.ranks)
+        n = self.micro_batches
+        return sum(len(r.ranks) * sum(c.wire_bytes * (1 if c.per_step else n) for c in r.estimate.collectives)
+                   for r in self.ranks)
 
     def collective_totals(self, by: str = "op") -> dict[Any, dict[str, int]]:
         """{"count", "bytes", "wire_bytes"} per value of a Collective field (`by`: "op", "module", "phase",

@@ -42,6 +42,11 @@ class Collective:
     bytes: int
     wire_bytes: int
     node: str = ""  # the graph node that recorded it
+    # a what-if plan's data-parallel gradient reduction (DDP's all-reduce, FSDP's reduce-scatter, HSDP's
+    # all-reduce): once per optimizer step under gradient accumulation (no_sync() / set_requires_gradient_sync
+    # (False) until the last micro-batch, as torch.distributed.pipelining's schedules do); every other
+    # collective runs once per micro-batch
+    per_step: bool = False
 
     @property
     def is_backward(self) -> bool:
