@@ -223,3 +223,39 @@ def test_a_pipeline_stage_explains_its_own_modules(llama):
     assert "aten.mm.default" in str(last.explain("output"))
     assert set(last.modules) >= {"", "layers", "layers.2", "layers.3", "norm", "output"}
     assert "layers.0" not in last.modules and "tok_embeddings" not in last.modules
+
+
+def test_a_plain_stack_of_linears_with_a_constant_backward_seed():
+    # the input needs no gradient: the first linear's backward is its weight gradient only; the gradients
+    # of the others read no input (the backward's seed is a constant) and still go by what they differentiate
+    n, width, tokens_ = 8, 64, 32
+    with torch.device("meta"):
+        stack = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(n)))
+    est = fxflops.estimate(stack, (torch.randn(tokens_, width, device="meta"),), conventions="torch", backward=True,
+                           parallel={"pp": 4})
+    one = 2 * tokens_ * width * width
+    assert roles(est) == {"pipeline stage 0 (first)": ((0,), 2 * one, 3 * one),
+                          "pipeline stages 1-2 (middle)": ((1, 2), 2 * one, 4 * one),
+                          "pipeline stage 3 (last)": ((3,), 2 * one, 4 * one)}
+    assert est.job_flops == (n + 2 * n - 1) * one
+
+
+def test_hf_llama_stages_send_the_hidden_state_and_the_rotary_tables():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kv_heads, head_dim = 4, D // HEADS
+    config = LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                         num_attention_heads=HEADS, num_key_value_heads=kv_heads, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    est = plan_estimate(model, pp=2, tp=2)
+    kv = kv_heads * head_dim
+    attention_linear = 2 * T * D * (2 * D + 2 * kv)
+    layer = (attention_linear + FFN + SDPA) // 2  # tp=2 splits the block's matmuls
+    first, last = (role.estimate for role in est.ranks)
+    assert (first.fwd_flops, last.fwd_flops) == (2 * layer, 2 * layer + HEAD)
+    # the residual stream (b·s·h) and the rotary cos and sin (1·s·head_dim each) the next stage's layers read
+    rotary = S * head_dim * FP32
+    assert sorted(p2p(first)) == sorted([("send", "forward", ACTIVATION, ACTIVATION), ("send", "forward", rotary, rotary),
+                                         ("send", "forward", rotary, rotary), ("recv", "backward", ACTIVATION, 0)])
+    assert [(r["module"], r["extra_flops"]) for r in est.parallel["replicated"]] == [("lm_head", 3 * HEAD)]

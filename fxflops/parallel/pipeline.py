@@ -92,8 +92,10 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
             continue
         owner = owning_module(cost.module, captured.aliases, modules)
         in_block = block_stage(owner)
-        if node.name not in reads_inputs and node.users:
-            free.append(node)  # (an FSDP all-gather, prefetched while another block runs, included)
+        if node.name not in reads_inputs and cost.differentiates is None and node.users:
+            # (an FSDP all-gather, prefetched while another block runs, included; a gradient can read no input
+            # when the backward's seed is a constant, and goes by what it differentiates)
+            free.append(node)
             continue
         if cost.phase == FORWARD:
             stage = in_block if in_block is not None else forward_stage
