@@ -2,7 +2,8 @@
 
 A Llama-2-7B-shaped LlamaForCausalLM (hidden 4096, 32 heads, intermediate 11008, vocab 32000; `--layers`
 of them, default 4, so a run takes seconds), built on the meta device, batch 1 x `--seq` tokens,
-forward + backward under `fxflops.estimate(..., parallel=plan)`. Each plan runs in its own subprocess
+forward + backward under `fxflops.estimate(..., parallel=plan)`, pipeline plans included (one capture,
+cut into stages; with tp the unsharded model is captured once more for the replicated-work report). Each plan runs in its own subprocess
 (peak RSS = that process' VmHWM, imports and the meta model included); wall and CPU time are of the
 estimate call only. The counted rank's FLOPs must not depend on dp (each rank runs its own micro-batch):
 the script checks that too.
@@ -23,7 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import ROOT, environment, status_kib  # noqa: E402
 
-PLANS = ("tp=8", "tp=8,dp=16", "tp=8,dp=128", "tp=8,dp=512", "tp=8,dp=16,dp_shard=8")
+PLANS = ("tp=8", "tp=8,dp=16", "tp=8,dp=128", "tp=8,dp=512", "tp=8,dp=16,dp_shard=8",
+         # pipelines (4 stages of the 4 layers: first, middle, last roles), with micro-batches, FSDP and DDP
+         "pp=4", "tp=8,pp=4,dp=32,microbatches=8", "tp=8,pp=4,dp=512,microbatches=8", "pp=4,dp=256,fsdp=false")
 
 
 def one(plan: str, layers: int, seq: int) -> dict:
@@ -45,7 +48,7 @@ def one(plan: str, layers: int, seq: int) -> dict:
         warnings.simplefilter("ignore")
         est = fxflops.estimate(model, (ids,), backward=True, parallel=plan)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"plan": plan, "ranks": sum(len(r.ranks) for r in est.ranks), "wall": wall, "cpu": cpu,
+    return {"plan": plan, "ranks": sum(len(r.ranks) for r in est.ranks), "roles": len(est.ranks), "wall": wall, "cpu": cpu,
             "rss_before_mib": before / 1024, "peak_mib": status_kib("VmHWM") / 1024, "flops": est.total_flops,
             "collectives": len(est.collectives), "wire_bytes": est.collective_wire_bytes}
 
@@ -62,8 +65,8 @@ def main() -> None:
         return
     print(environment())
     print(f"Llama-2-7B shapes, {args.layers} layers, batch 1 x seq {args.seq}, forward + backward, deepspeed conventions")
-    print("| plan | ranks | wall s | CPU s | peak RSS MiB (before) | rank FLOPs | collectives | wire bytes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| plan | ranks | roles | wall s | CPU s | peak RSS MiB (before) | rank FLOPs | collectives | wire bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     flops_by_tp = {}
     for plan in args.plans:
         done = subprocess.run([sys.executable, __file__, "--one", plan, "--layers", str(args.layers), "--seq", str(args.seq)],
@@ -71,7 +74,7 @@ def main() -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         key = tuple(part for part in plan.split(",") if not part.startswith("dp"))
         flops_by_tp.setdefault(key, set()).add(row["flops"])
-        print(f"| {plan} | {row['ranks']:,} | {row['wall']:.1f} | {row['cpu']:.1f} | {row['peak_mib']:.0f} "
+        print(f"| {plan} | {row['ranks']:,} | {row['roles']} | {row['wall']:.1f} | {row['cpu']:.1f} | {row['peak_mib']:.0f} "
               f"({row['rss_before_mib']:.0f}) | {row['flops']:,} | {row['collectives']} | {row['wire_bytes']:,} |")
     assert all(len(values) == 1 for values in flops_by_tp.values()), f"rank FLOPs depend on dp: {flops_by_tp}"
 

@@ -27,6 +27,7 @@ from fxflops.rules.formula import clip
 from fxflops.rules.table import resolve_name
 from fxflops.optimizer import optimizer_step
 from fxflops.parallel.collectives import collectives
+from fxflops.parallel.stage import is_pipeline_stage, stage_inputs, stage_records
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.spelling import spelled_keywords
@@ -147,7 +148,9 @@ def estimate(
     `Estimate.collectives` lists each collective it calls with its group and bytes. `parallel` (a
     fxflops.Parallel, a dict such as {"tp": 8, "dp": 4} or text "tp=8,dp=4") estimates a plan without
     the ranks: on a fake process group, the plan applied with torch's own APIs, one capture per rank
-    role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch.
+    role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch. A
+    torch.distributed.pipelining `PipelineStage` counts its stage module on one micro-batch of its inputs,
+    with the send/recv of its activations and their gradients.
 
     Values the forward reads (`.item()`, `nonzero` on a mask) are computed from the real example inputs
     they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
@@ -161,7 +164,16 @@ def estimate(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     _check_method(method)
+    stage = None
+    if is_pipeline_stage(model):  # torch.distributed.pipelining's stage: its module, with what it sends and receives
+        stage, model = model, model.submod
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
+    if stage is not None:
+        args = stage_inputs(stage, args, backward)
+        result = _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
+                           progress, attention, strict, memory, routing=routing, replay=replay)
+        result.collectives = stage_records(stage, args, result)
+        return result
     model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
     if parallel is not None:
         if optimizer is not None:
@@ -171,7 +183,8 @@ def estimate(
 
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, None, progress, attention, strict, memory, routing=routing)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False), args)
+        # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None), args)
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

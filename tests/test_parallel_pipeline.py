@@ -259,3 +259,30 @@ def test_hf_llama_stages_send_the_hidden_state_and_the_rotary_tables():
     assert sorted(p2p(first)) == sorted([("send", "forward", ACTIVATION, ACTIVATION), ("send", "forward", rotary, rotary),
                                          ("send", "forward", rotary, rotary), ("recv", "backward", ACTIVATION, 0)])
     assert [(r["module"], r["extra_flops"]) for r in est.parallel["replicated"]] == [("lm_head", 3 * HEAD)]
+
+
+@pytest.mark.parametrize(("index", "sends"), [(0, "first"), (1, "middle"), (3, "last")])
+def test_a_pipeline_stage_of_torch_pipelining_counts_its_module_and_its_send_recv(index, sends):
+    from torch.distributed.pipelining import PipelineStage
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    width, rows = 64, 32
+    with torch.device("meta"):
+        submodule = torch.nn.Sequential(torch.nn.Linear(width, width, bias=False), torch.nn.Linear(width, width, bias=False))
+    x = torch.randn(rows, width, device="meta")
+    dist.init_process_group("fake", store=FakeStore(), rank=index, world_size=4)
+    try:
+        stage = PipelineStage(submodule, index, 4, torch.device("cpu"))
+        est = fxflops.estimate(stage, (x,), conventions="torch", backward=True)
+    finally:
+        dist.destroy_process_group()
+    one, size = 2 * rows * width * width, rows * width * FP32
+    # a received activation needs its gradient (sent back); the first stage's input needs none
+    assert (est.fwd_flops, est.bwd_flops) == (2 * one, (3 if sends == "first" else 4) * one)
+    expected = {"first": [("send", "forward", size), ("recv", "backward", size)],
+                "middle": [("recv", "forward", size), ("send", "forward", size), ("recv", "backward", size),
+                           ("send", "backward", size)],
+                "last": [("recv", "forward", size), ("send", "backward", size)]}[sends]
+    assert [(c.op, c.phase, c.bytes) for c in est.collectives] == expected
+    assert all(c.group_size == 4 and c.wire_bytes == (c.bytes if c.op == "send" else 0) for c in est.collectives)
+    assert not x.requires_grad  # the caller's tensor as it was

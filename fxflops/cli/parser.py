@@ -142,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "FlopCounterMode) or effective (only the pairs causal / sliding-window masks "
                                "keep); the summary shows both when they differ")
     counting.add_argument("--parallel", default=None, metavar="PLAN",
-                          help="a what-if parallel plan, e.g. tp=8,dp=4 or tp=4,sequence_parallel=true: one rank's "
-                               "FLOPs and every collective's bytes, on torch.distributed's fake process group "
-                               "(keys: tp, dp, dp_shard, sequence_parallel, fsdp, reshard_after_forward, world_size; the "
-                               "inputs are one data-parallel rank's micro-batch)")
+                          help="a what-if parallel plan, e.g. tp=8,pp=4,dp=32,batch=1024 or tp=4,sequence_parallel=true: "
+                               "each rank role's FLOPs and every collective's bytes, on torch.distributed's fake process "
+                               "group (keys: tp, pp, virtual_stages, dp, dp_shard, sequence_parallel, fsdp (false: DDP), "
+                               "reshard_after_forward, microbatch, microbatches, batch, world_size; the inputs are one "
+                               "data-parallel rank's micro-batch)")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "
                                "export; symbolic; trace: one real forward (default auto: each in turn)")

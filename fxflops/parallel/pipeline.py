@@ -161,7 +161,10 @@ def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, g
     its ranks and the estimate of what it runs per micro-batch. `group`: the pp mesh group (name, desc)."""
     stages = plan.stages
     split = cut(model, estimate, stages)
-    per_rank = [_rank_estimate(estimate, split, plan, tuple(range(r, stages, plan.pp)), group)
+    by_stage: dict[int, list[NodeCost]] = {}
+    for cost in estimate.nodes:  # grouped once: a plan may have dozens of pipeline ranks
+        by_stage.setdefault(split.stage_of.get(cost.name, 0), []).append(cost)
+    per_rank = [_rank_estimate(estimate, split, plan, tuple(range(r, stages, plan.pp)), by_stage, group)
                 for r in range(plan.pp)]
     groups: dict[Any, list[int]] = {}
     for r, rank_estimate in enumerate(per_rank):
@@ -174,10 +177,12 @@ def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, g
 
 
 def _rank_estimate(estimate: Estimate, split: Cut, plan: Parallel, mine: tuple[int, ...],
-                   group: tuple[str, str]) -> Estimate:
+                   by_stage: dict[int, list[NodeCost]], group: tuple[str, str]) -> Estimate:
     source = estimate.source
     captured = source.captured
-    nodes = [cost for cost in estimate.nodes if split.stage_of.get(cost.name) in mine]
+    nodes = [cost for stage in mine for cost in by_stage.get(stage, [])]
+    if len(mine) > 1:  # virtual stages: back in graph order
+        nodes.sort(key=lambda cost: split.order[cost.name])
     kept = {cost.name for cost in nodes}
     modules = _stage_modules(captured, split, mine)
     mine_captured = dataclasses.replace(captured, modules=modules)
