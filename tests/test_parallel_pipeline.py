@@ -217,6 +217,20 @@ def test_bad_pipeline_and_batch_plans_are_one_clear_line(llama, plan, message):
     assert not dist.is_initialized()
 
 
+def test_a_pipeline_needs_repeated_blocks():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    with pytest.raises(ValueError, match="pp=2 cuts the repeated blocks into stages, and Two has none"):
+        fxflops.estimate(Two(), (torch.randn(2, 8),), parallel={"pp": 2})
+    assert not dist.is_initialized()
+
+
 def test_a_pipeline_stage_explains_its_own_modules(llama):
     est = plan_estimate(llama, pp=2)
     last = est.ranks[1].estimate

@@ -83,19 +83,22 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
     free: list[torch.fx.Node] = []  # ops on parameters and constants alone: their readers' stage
     reads_inputs: set[str] = set()
     forward_stage, backward_stage = 0, stages - 1
+    in_backward = False
     for position, node in enumerate(captured.graph_module.graph.nodes):
         order[node.name] = position
-        if INPUT_INDEX in node.meta or any(arg.name in reads_inputs for arg in node.all_input_nodes):
+        if INPUT_INDEX in node.meta or any(arg.name in reads_inputs for arg in node.all_input_nodes) \
+                or (node.op == "placeholder" and in_backward and not isinstance(node.meta.get("val"), torch.nn.Parameter)):
+            # a model input, what is computed from one, and what the backward reads first: the gradients'
+            # seed and the tensors autograd saved (new placeholders there, parameters aside)
             reads_inputs.add(node.name)
         cost = costs.get(node.name)
         if cost is None:
             continue
+        in_backward = in_backward or cost.is_backward
         owner = owning_module(cost.module, captured.aliases, modules)
         in_block = block_stage(owner)
-        if node.name not in reads_inputs and cost.differentiates is None and node.users:
-            # (an FSDP all-gather, prefetched while another block runs, included; a gradient can read no input
-            # when the backward's seed is a constant, and goes by what it differentiates)
-            free.append(node)
+        if node.name not in reads_inputs and node.users:
+            free.append(node)  # (an FSDP all-gather, also prefetched while another block runs)
             continue
         if cost.phase == FORWARD:
             stage = in_block if in_block is not None else forward_stage

@@ -174,6 +174,9 @@ class Parallel:
                                      f"pick a tp that divides {heads}")
         if self.pp > 1:
             layers = len(repeated_blocks(model))
+            if not layers:
+                raise ValueError(f"parallel plan: pp={self.pp} cuts the repeated blocks into stages, and "
+                                 f"{type(model).__name__} has none (a ModuleList or Sequential of layers of one class)")
             if self.pp > layers:
                 raise ValueError(f"parallel plan: pp={self.pp} stages for {layers} layers; pp can be at most {layers}")
             if self.stages > layers:
