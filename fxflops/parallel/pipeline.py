@@ -27,11 +27,9 @@ import torch
 from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.parallel.collectives import wire_bytes
 from fxflops.parallel.plan import Parallel, repeated_blocks
-from fxflops.results import FORWARD, Captured, CountSource, Estimate, ModuleInfo, NodeCost, RankRole
+from fxflops.results import BACKWARD, FORWARD, Captured, CountSource, Estimate, ModuleInfo, NodeCost, RankRole
 from fxflops.results.parallel import RECV, SEND, Collective
 from fxflops.tree import build_estimate, owning_module, parent_name
-
-_BACKWARD_PHASE = "backward"
 
 
 def layer_stages(layers: int, stages: int) -> list[int]:
@@ -222,12 +220,12 @@ def _boundary_records(split: Cut, plan: Parallel, mine: tuple[int, ...], nodes: 
             for node, producer, _, size, grad in split.crossing[stage]:
                 record(SEND, FORWARD, producer, size, node, last.get((stage, False), 0) + 0.5)
                 if grad:
-                    record(RECV, _BACKWARD_PHASE, producer, grad, node, first.get((stage, True), 0) - 0.5)
+                    record(RECV, BACKWARD, producer, grad, node, first.get((stage, True), 0) - 0.5)
         if stage > 0:  # its inputs come in; their gradients go back
             for node, _, consumer, size, grad in split.crossing[stage - 1]:
                 record(RECV, FORWARD, consumer, size, node, first.get((stage, False), 0) - 0.5)
                 if grad:
-                    record(SEND, _BACKWARD_PHASE, consumer, grad, node, last.get((stage, True), 0) + 0.5)
+                    record(SEND, BACKWARD, consumer, grad, node, last.get((stage, True), 0) + 0.5)
     return records
 
 

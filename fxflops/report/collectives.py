@@ -38,7 +38,8 @@ def collective_lines(estimate: Estimate) -> list[str]:
     payload and wire bytes, and the modules that call it. Nothing without a plan or collectives."""
     if not estimate.collectives:
         return plan_lines(estimate)
-    lines = plan_lines(estimate) + ["", "Collectives of this rank per step (payload = the buffer per rank; wire = bytes sent, ring algorithms):",
+    lines = plan_lines(estimate) + ["", "Collectives of this rank per step (under a plan: per micro-batch; payload = the buffer per rank; "
+                                         "wire = bytes sent, ring algorithms):",
              _row("collective calls:", f"{len(estimate.collectives):,}"),
              _row("payload bytes:", f"{bytes_to_string(estimate.collective_bytes)} ({estimate.collective_bytes:,} B)"),
              _row("wire bytes:", f"{bytes_to_string(estimate.collective_wire_bytes)} "
