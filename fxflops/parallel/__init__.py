@@ -1,6 +1,10 @@
 """Parallel jobs: what one rank of a sharded model runs, and what it sends.
 
 `collectives` reads the collective calls out of a captured graph (records with group, payload and wire
-bytes). `plan` (what-if plans: a fake mesh, torch's own parallelize_module / fully_shard, one capture per
-rank role) imports torch.distributed; nothing here is imported by `import fxflops`.
+bytes). `plan` is a plan as data, checked against the model; `whatif` (what-if plans: a fake mesh,
+torch's own parallelize_module / fully_shard / replicate, one capture per plan) imports torch.distributed;
+`pipeline` cuts that capture into pipeline stages (one estimate per distinct pipeline rank, the send/recv
+of what crosses each cut) and `replicated` finds the work every tp rank repeats; `stage` counts a
+torch.distributed.pipelining PipelineStage. estimate() imports `collectives` and `stage` only, and
+neither imports torch.distributed.
 """
