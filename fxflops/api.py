@@ -184,7 +184,8 @@ def estimate(
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, None, progress, attention, strict, memory, routing=routing)
         # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None), args)
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None),
+                             (*args, *kwargs.values()))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

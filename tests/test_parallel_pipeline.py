@@ -300,3 +300,15 @@ def test_a_pipeline_stage_of_torch_pipelining_counts_its_module_and_its_send_rec
     assert [(c.op, c.phase, c.bytes) for c in est.collectives] == expected
     assert all(c.group_size == 4 and c.wire_bytes == (c.bytes if c.op == "send" else 0) for c in est.collectives)
     assert not x.requires_grad  # the caller's tensor as it was
+
+
+def test_the_micro_batch_size_comes_from_keyword_inputs_too():
+    class Tokens(Llama):
+        def forward(self, input_ids):
+            return super().forward(input_ids)
+
+    with torch.device("meta"):
+        model = Tokens(V, D, L, HEADS, F)
+    est = fxflops.estimate(model, kwargs={"input_ids": tokens()}, conventions="torch", parallel={"pp": 2, "batch": 8})
+    assert (est.parallel["microbatch"], est.parallel["microbatches"], est.parallel["batch"]) == (B, 4, 8)
+    assert est.job_flops == 4 * (L * LAYER_FWD + HEAD)

@@ -34,7 +34,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
     on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
     pipeline's stages differ: fxflops.parallel.pipeline); the first role's estimate, with every role in
-    `ranks`. `inputs`: estimate()'s positional inputs, one micro-batch (their leading dimension is its size)."""
+    `ranks`. `inputs`: estimate()'s inputs, positional then keyword: one micro-batch (the first tensor's
+    leading dimension is its size)."""
     plan = Parallel.of(parallel)
     plan.check(model)
     micro, micro_batches, batch = plan.batches(_leading_dimension(inputs))
@@ -73,7 +74,7 @@ def gradient_reductions_marked(collectives: list[Collective], plan: Parallel, me
 
 
 def _leading_dimension(inputs: Any) -> int | None:
-    """The first positional input's first dimension (the micro-batch's samples), if it is a tensor."""
+    """The first input's first dimension (the micro-batch's samples), if that input is a tensor."""
     first = inputs[0] if isinstance(inputs, tuple | list) and inputs else None
     return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
 
