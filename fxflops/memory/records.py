@@ -11,14 +11,15 @@ import math
 from dataclasses import dataclass, field
 
 # what a storage holds, in report order
-PARAMETERS = "parameters"
+PARAMETERS = "parameters"  # as the rank holds them: a sharded (DTensor) parameter's local shard
+GATHERED = "gathered"  # FSDP's all-gathered (unsharded) parameters while a layer runs, and its all-gather buffer
 BUFFERS = "buffers"
 GRADIENTS = "gradients"
 OPTIMIZER = "optimizer"
 INPUTS = "inputs"
 ACTIVATIONS = "activations"  # forward values the backward reads (autograd saves them), and the model's output
 TEMPORARIES = "temporaries"  # values freed after their last use in the same pass (incl. gradients in flight)
-KINDS = (PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER, INPUTS, ACTIVATIONS, TEMPORARIES)
+KINDS = (PARAMETERS, GATHERED, BUFFERS, GRADIENTS, OPTIMIZER, INPUTS, ACTIVATIONS, TEMPORARIES)
 
 # the step's phases beyond the graph's own (forward, backward, recompute)
 START = "start"
