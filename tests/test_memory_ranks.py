@@ -17,7 +17,7 @@ import fxflops
 from fxflops.memory import MemoryOptions
 from fxflops.memory.formulas import model_state_bytes
 from fxflops.memory.records import GATHERED
-from parallel_models import Llama
+from tests.parallel_models import Llama
 
 LAYER = 2 * 64 + 4 * 64 * 64 + 3 * 64 * 128
 ROOT = 256 * 64 + 64 + 64 * 256
