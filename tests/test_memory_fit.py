@@ -52,7 +52,9 @@ def test_training_step_answer_holds_at_it_and_fails_one_above():
     options = MemoryOptions(device_bytes=capacity, allowance=Allowance(context_bytes=1 << 20))
     measure, tried = measurer(mlp(), options, backward=True, optimizer="adamw")
     found = largest_micro_batch(measure, capacity)
-    assert len(tried) <= 8
+    # three captures, then a few near the guess (the block rounding is known to within a block per storage)
+    assert tried[:3] == list(SAMPLES) and len(tried) <= 3 + 4
+    assert {found.largest, found.largest + 1} <= set(tried)
     model = mlp()  # the oracle: estimates of their own at the answer and one above
     at, above = (fxflops.estimate(model, (torch.randn(batch, 64),), backward=True, optimizer="adamw",
                                   memory=options).memory.device_bytes for batch in (found.largest, found.largest + 1))

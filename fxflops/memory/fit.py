@@ -2,11 +2,12 @@
 
 Every tensor a step holds grows with the batch as a polynomial of low degree (most linearly; the
 parameters, their gradients and the optimizer's state not at all), so the tensor bytes alive at each op
-of the step are, point by point, affine in the micro-batch b: a(i) + k(i)·b. Three captures (b = 1, 2, 3)
-give a and k and check them; the peak is the highest line, max over i of a(i) + k(i)·b, and the
-allowance (block rounding, fragmentation: the CUDA context and collective buffers stay constant) is
-fitted beside it. Where the step's ops differ between the three sizes, or a point is not affine, the
-device bytes themselves are fitted with the quadratic through the three captures. Either way the answer
+of the step are, point by point, affine in the micro-batch b: a(i) + k(i)·b. Three captures (b = 2, 3, 4: torch
+takes other paths at 1) give a and k and check them; the peak is the highest line, max over i of a(i) + k(i)·b, and the
+allowance is added as it grows: the CUDA context and collective buffers constant, fragmentation its
+share of the peak, the block rounding (under a block per storage alive at the peak, whatever the
+batch) at the most the captures saw. Where the step's ops differ between the three sizes, or a point
+is not affine, the device bytes themselves are fitted with the quadratic through the three captures. Either way the answer
 is then checked by capturing the step at it and at it + 1, and moved (by bisection over captures) until
 the one fits and the next does not: the answer is always one the estimate itself confirms.
 """
@@ -127,15 +128,17 @@ def _last_true(holds: Callable[[int], bool], low: int, high: int) -> int:
 
 def _predictor(samples: list[MemoryEstimate]) -> tuple[Callable[[int], float], str]:
     """Device bytes as a function of the micro-batch, from the captures at SAMPLES, and how, in words."""
-    # the allowance: its block rounding is nearly affine (each storage rounds up by less than a block)
-    extra = [memory.device_bytes - memory.peak_bytes for memory in samples]
+    # the allowance: the context and collective buffers constant, fragmentation a share of the peak, the
+    # block rounding bounded (under a block per storage alive at the peak, however large): its most seen
     lines = _point_lines(samples)
     if lines is not None:
-        slope = Fraction(extra[2] - extra[0], SAMPLES[2] - SAMPLES[0])
-        base = extra[0] - SAMPLES[0] * slope
+        allowance = samples[0].allowance
+        fixed = max(memory.allowance_bytes.rounding for memory in samples) + samples[0].allowance_bytes.context \
+            + samples[0].allowance_bytes.collectives
 
         def predict(batch: int) -> float:
-            return max(a + k * batch for a, k in lines) + float(base + slope * batch)
+            peak = max(a + k * batch for a, k in lines)
+            return peak + int(allowance.fragmentation * peak) + fixed
 
         steepest = max(lines, key=lambda line: (line[1], line[0]))
         return predict, (f"each op's live bytes affine in the micro-batch b (captured at b = 2, 3, 4); the peak grows "
