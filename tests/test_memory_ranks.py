@@ -107,3 +107,19 @@ def test_fsdp_frees_what_it_gathered_when_it_reshards(llama):
     after = [point for point in memory.timeline if point.phase == "optimizer step"]
     assert after[0].by_kind[GATHERED] == 0  # every gathered parameter freed after the backward
     assert after[0].by_kind["gradients"] == 4 * PARAMS // 2
+
+
+def test_sequence_parallel_norms_save_the_ranks_share_of_the_sequence(llama):
+    single = planned(llama, None).memory
+    ranked = planned(llama, {"tp": 2, "sequence_parallel": True}).memory
+    # RMSNorm saves x·rsqrt (b·s·h) and rsqrt (b·s) for its backward, its output for the linear after it;
+    # under sequence parallelism its output is all-gathered first (the gathered copy is what wq saves)
+    b, s, h = 2, 16, 64
+    assert single.saved_by_module["layers.0.attention_norm"] == (2 * b * s * h + b * s) * 4
+    assert ranked.saved_by_module["layers.0.attention_norm"] == (b * s // 2 * h + b * s // 2) * 4
+
+
+def test_fsdp_over_tensor_parallel_shards_the_local_shards(llama):
+    local = 2 * (2 * 64 + (4 * 64 * 64 + 3 * 64 * 128) // 2) + ROOT
+    memory = planned(llama, {"tp": 2, "dp": 2}).memory
+    assert memory.model_states["parameters"] == memory.model_states["gradients"] == 4 * local // 2

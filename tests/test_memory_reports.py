@@ -79,6 +79,7 @@ def test_json_has_the_whole_timeline_and_module_peaks(tp_step):
     assert memory["module_peaks"][""] == memory["peak_bytes"]
     root = next(m for m in record["modules"] if m["name"] == "")
     assert root["peak_memory"] == memory["peak_bytes"] and root["collective_calls"] == CALLS
+    assert record["ranks"][0]["peak_bytes"] == tp_step.ranks[0].estimate.memory.peak_bytes == memory["peak_bytes"]
 
 
 def test_text_table_has_a_peak_memory_column(tp_step):

@@ -76,7 +76,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
     collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
-    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes"}]   the plan's rank roles
+    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes", "peak_bytes" (with memory=: the
+                      role's own peak tensor bytes, else null)}]   the plan's rank roles
                       (this estimate is the first's rank); job_flops: int, every rank's flops together
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
@@ -291,7 +292,9 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
         parallel=estimate.parallel,
         ranks=[{"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
-                "collective_wire_bytes": role.estimate.collective_wire_bytes} for role in estimate.ranks],
+                "collective_wire_bytes": role.estimate.collective_wire_bytes,
+                "peak_bytes": role.estimate.memory.peak_bytes if role.estimate.memory is not None else None}
+               for role in estimate.ranks],
         job_flops=estimate.job_flops,
     )
     if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
