@@ -76,8 +76,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       node}]   every collective call of the counted rank in one step (fxflops.results.Collective)
     collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
-    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes", "peak_bytes" (with memory=: the
-                      role's own peak tensor bytes, else null)}]   the plan's rank roles
+    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes", "peak_bytes" (only with memory=:
+                      the role's own peak tensor bytes)}]   the plan's rank roles
                       (this estimate is the first's rank); job_flops: int, every rank's flops together
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
@@ -245,6 +245,14 @@ def _attention_from(record: dict[str, Any] | None) -> AttentionTotals | None:
                               "patterns": tuple(totals.get("patterns", ()))})
 
 
+def _rank_dict(role: Any) -> dict[str, Any]:
+    record = {"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
+              "collective_wire_bytes": role.estimate.collective_wire_bytes}
+    if role.estimate.memory is not None:  # the role's own peak, with memory=
+        record["peak_bytes"] = role.estimate.memory.peak_bytes
+    return record
+
+
 def _node_dict(node: NodeCost) -> dict[str, Any]:
     return jsonable(dataclasses.asdict(node))
 
@@ -291,10 +299,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         collectives=[dataclasses.asdict(c) for c in estimate.collectives],
         collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
         parallel=estimate.parallel,
-        ranks=[{"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
-                "collective_wire_bytes": role.estimate.collective_wire_bytes,
-                "peak_bytes": role.estimate.memory.peak_bytes if role.estimate.memory is not None else None}
-               for role in estimate.ranks],
+        ranks=[_rank_dict(role) for role in estimate.ranks],
         job_flops=estimate.job_flops,
     )
     if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
