@@ -127,3 +127,21 @@ def test_the_memory_plot_is_drawn_in_a_browser(tp_step, tmp_path):
     for kind in ("parameters", "gradients", "optimizer", "activations"):
         colour = bytes.fromhex(COLORS[kind][1:])
         assert colour in seen, f"{kind} is not drawn"
+
+
+def test_a_profiles_trace_places_collectives_at_their_modules_first_call():
+    import dataclasses
+
+    from fxflops import profile
+    from fxflops.results import Collective
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8)).eval()
+    measured = profile(model, (torch.randn(2, 4),), steps=2)
+    sent = Collective(op="all_reduce", target="_c10d_functional.all_reduce.default", module="2", phase="forward",
+                      group="0", group_desc="mesh_tp", group_size=2, dtype="float32", bytes=64, wire_bytes=64, node="n")
+    events = trace_events(dataclasses.replace(measured, collectives=[sent]))["traceEvents"]
+    start = next(e["ts"] for e in events if e["ph"] == "X" and e["args"]["module"] == "2")
+    instant = next(e for e in events if e.get("cat") == "collective")
+    assert instant["ph"] == "i" and instant["ts"] == start and instant["tid"] == 1
+    assert instant["args"]["payload bytes"] == 64 and instant["args"]["group"] == "mesh_tp"
