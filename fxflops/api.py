@@ -176,13 +176,11 @@ def estimate(
         return result
     model = uncompiled(model)  # a torch.compile'd model: its original module (not run through dynamo)
     if parallel is not None:
-        if optimizer is not None:
-            raise ValueError("optimizer= with parallel= is not counted yet (each rank steps its own shard); "
-                             "estimate the optimizer step without parallel=")
         from fxflops.parallel.whatif import estimate_plan
 
+        # each rank steps (and holds the optimizer state of) its own shards: counted from its capture
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, None, progress, attention, strict, memory, routing=routing)
+                                  loss, optimizer, progress, attention, strict, memory, routing=routing)
         # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None),
                              (*args, *kwargs.values()))
@@ -212,7 +210,7 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
     if strict and result.unknown:
         raise UnknownOpsError(result.unknown)
     if optimizer is not None:
-        result.optimizer = optimizer_step(optimizer, model)
+        result.optimizer = optimizer_step(optimizer, model, rank_parameters(captured))
     if memory:
         from fxflops.memory import MemoryOptions, estimate_memory  # imported on use: estimate's first call stays lean
 
@@ -221,6 +219,18 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
     warn_unknown(result.unknown)
     warn_cautions(result.cautions)
     return result
+
+
+def rank_parameters(captured: Captured) -> list[torch.Tensor] | None:
+    """The local shards of a sharded (DTensor) model's parameters, as the capture held them: what one rank's
+    optimizer steps; None for a model none of whose parameters is sharded (the model's own are stepped)."""
+    from fxflops.capture.model_state import MODEL_STATE
+    from fxflops.capture.sharded import is_dtensor
+
+    state = captured.graph_module.meta.get(MODEL_STATE)
+    if state is None or not any(is_dtensor(p) for p in state.parameters.values()):
+        return None
+    return [p._local_tensor if is_dtensor(p) else p for p in state.parameters.values() if p.requires_grad]
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ if TYPE_CHECKING:  # torch is imported when a step is counted: the CLI lists NAM
 NAMES = ("sgd", "adam", "adamw")
 
 
-def optimizer_step(optimizer: str | torch.optim.Optimizer, model: torch.nn.Module) -> OptimizerStep:
-    """The FLOPs of one step of `optimizer` (a name, using torch's defaults, or an instance)."""
+def optimizer_step(optimizer: str | torch.optim.Optimizer, model: torch.nn.Module,
+                   parameters: list[torch.Tensor] | None = None) -> OptimizerStep:
+    """The FLOPs of one step of `optimizer` (a name, using torch's defaults, or an instance). `parameters`:
+    the ones one rank steps (its local shards under a parallel plan) instead of the model's or the
+    instance's groups (counted with the instance's defaults)."""
     import torch
 
     if isinstance(optimizer, str):
@@ -36,10 +39,13 @@ def optimizer_step(optimizer: str | torch.optim.Optimizer, model: torch.nn.Modul
         if not name:
             raise ValueError(f"optimizer {type(optimizer).__name__} has no FLOP formula yet; known: "
                              f"{', '.join(NAMES)}. Count it as one of those, or leave optimizer= out")
-        groups = [(_trainable(group["params"]), group) for group in optimizer.param_groups]
+        groups = [(_trainable(group["params"]), group) for group in optimizer.param_groups] \
+            if parameters is None else [(0, optimizer.defaults)]
     else:
         raise TypeError(f"optimizer must be a name ({', '.join(NAMES)}) or a torch.optim.Optimizer; "
                         f"got {type(optimizer).__name__}")
+    if parameters is not None:
+        groups = [(sum(p.numel() for p in parameters), groups[0][1])]  # trainable ones, as the caller chose
     params = 0
     flops = 0
     formulas = []

@@ -124,6 +124,10 @@ OPTIMIZERS = {
     "adamw-foreach": lambda model: torch.optim.AdamW(model.parameters(), foreach=True),
     "adam-coupled-decay": lambda model: torch.optim.Adam(model.parameters(), weight_decay=0.1),
     "sgd-momentum": lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
+    "adamw-fused": lambda model: torch.optim.AdamW(model.parameters(), fused=True),
+    "adam-fused-amsgrad": lambda model: torch.optim.Adam(model.parameters(), fused=True, amsgrad=True),
+    "adamw-foreach-amsgrad": lambda model: torch.optim.AdamW(model.parameters(), foreach=True, amsgrad=True),
+    "sgd-fused": lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1, fused=True),
     "none": None,
 }
 

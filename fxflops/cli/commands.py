@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             progress.done()
         return 0
     try:
-        result, report = _estimate_and_render(args, sweeps, progress)
+        result, report, fits = _estimate_and_render(args, sweeps, progress)
     finally:
         progress.done()
     from fxflops.report.formats import ENCODING_ERRORS
@@ -80,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
             say(f"wrote the {args.format} report on {result.model_type} to {args.output}")
     else:
         _write_report(report, _Encodable(sys.stdout))
+    if fits:  # --train --device: the one line on the step's fit (stdout under a text report there, else stderr)
+        if args.format == "text" and not args.output:
+            _Encodable(sys.stdout).write(fits + "\n")
+        else:
+            say(fits)
     if sweeps:  # the points' cautions (a lookup past a table), each once, once they are counted
         _say_cautions(list(getattr(result, "cautions", ())), args, on_terminal(report, args))
     return 0
@@ -112,14 +117,14 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
         say(f"note: {note}")
     model = loaded.model.train() if args.train else loaded.model
     if sweeps and args.explain is not None:
-        return _explain_sweep(model, loaded, sweeps, args, progress)
+        return (*_explain_sweep(model, loaded, sweeps, args, progress), None)
     if sweeps:
         progress("capturing with symbolic sizes")
         swept = run_sweep(model, loaded, sweeps, args)
         progress.done()
         _say_cautions(loaded.cautions, args)  # how the model was built; the points' own come with them
         progress("counting every point")
-        return swept, render_sweep(swept, sweeps, args)
+        return swept, render_sweep(swept, sweeps, args), None
     result = _estimate_on_shapes(model, loaded, args, method=args.method, conventions=args.conventions,
                                  rules=args.rules, backward=args.backward, optimizer=args.optimizer,
                                  attention=args.attention, strict=args.fail_on_unknown, parallel=args.parallel,
@@ -134,7 +139,14 @@ def _estimate_and_render(args: argparse.Namespace, sweeps: list, progress: Stage
     report = _views(result, loaded, model, args) if args.explain is not None or args.compare else render(result, args)
     progress.done()
     _say_cautions(result.cautions, args, on_terminal(report, args))
-    return result, report
+    fits = None
+    if args.train and args.device and args.explain is None and not args.compare:
+        from fxflops.cli.fit import fit_line
+
+        progress("fitting the training step in memory")
+        fits = fit_line(model, loaded, args)
+        progress.done()
+    return result, report, fits
 
 
 _NOT_RUN_ON_ZEROS = ("not run on all-zero inputs: nothing failed on a tensor's value, so a run would fail alike. "

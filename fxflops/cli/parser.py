@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also count the backward autograd runs for the sum of the outputs, op by op "
                                "(frozen parameters get no gradient; checkpointing's recompute is counted)")
     counting.add_argument("--train", action="store_true",
-                          help="count the model in training mode (dropout, batch statistics); default: as built")
+                          help="count the model in training mode (dropout, batch statistics); default: as built. "
+                               "With --device: one more line, whether a training step (forward, backward, "
+                               "--optimizer) fits in its memory and the largest micro-batch that does")
     counting.add_argument("--optimizer", choices=OPTIMIZERS,
                           help="add one optimizer step's FLOPs over the trainable parameters")
     counting.add_argument("--memory", action="store_true",

@@ -20,7 +20,8 @@ from fxflops.memory.records import (
     AllowanceBytes,
     MemoryEstimate,
 )
-from fxflops.memory.timeline import build_timeline, live_at
+from fxflops.capture.sharded import is_dtensor
+from fxflops.memory.timeline import build_timeline, live_at, local
 from fxflops.results import FORWARD, Captured
 
 
@@ -57,10 +58,11 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     optimizer_state = optimizer_step = 0
     label = ""
     if optimizer is not None:
-        if isinstance(optimizer, torch.optim.Optimizer):
+        sharded = any(is_dtensor(p) for p in state.parameters.values())
+        if isinstance(optimizer, torch.optim.Optimizer) and not sharded:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        else:
-            params = [p for p in state.parameters.values() if p.requires_grad]
+        else:  # under a parallel plan: the rank's local shards, which its optimizer steps
+            params = [local(p) for p in state.parameters.values() if p.requires_grad]
         found = optimizer_memory(optimizer, params, master_weights=options.master_weights)
         optimizer_state, optimizer_step, label = found.state_bytes, found.step_bytes, found.how
         notes.append("a step after the first: the optimizer's state exists from the start; "

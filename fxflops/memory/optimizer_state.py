@@ -10,6 +10,8 @@ state exists at the start of a step (a step after the first); what a step alloca
   both alive for a moment — while the previous parameter's `denom` is still bound (freed when the
   name is rebound). Foreach step: per device-and-dtype group, `_foreach_sqrt` of every exp_avg_sq
   (and, coupled decay, a copy of every gradient, deleted before it), the previous group's alive.
+  Fused step (`fused=True`: torch._fused_adam(w)_, CUDA and CPU): one kernel updates each group in
+  place, no temporaries.
 - SGD: momentum_buffer per parameter when momentum != 0; a step's temporaries are the coupled weight
   decay's `grad.add(param)` and nesterov's `grad.add(buf)`.
 - Mixed precision with fp32 master weights (Megatron/DeepSpeed style, not torch.optim's own): the
@@ -55,7 +57,7 @@ def optimizer_memory(optimizer: str | torch.optim.Optimizer, params: Sequence[to
         momentum = bool(options.get("momentum", 0))
         state = sum(sizes) if momentum else 0
         per_param = int(bool(options.get("weight_decay", 0))) + int(bool(options.get("nesterov", False)))
-        step = per_param * (sum(groups.values()) if foreach else max(sizes, default=0))
+        step = 0 if options.get("fused") else per_param * (sum(groups.values()) if foreach else max(sizes, default=0))
         formula = f"sgd: momentum buffer {'1' if momentum else '0'}× params; step {per_param}× " + \
                   ("each group" if foreach else "the largest parameter")
     else:
@@ -63,11 +65,13 @@ def optimizer_memory(optimizer: str | torch.optim.Optimizer, params: Sequence[to
         state = copies * sum(sizes) + _STEP_BYTES * len(sizes)
         coupled = name == "adam" and bool(options.get("weight_decay", 0)) and \
             not options.get("decoupled_weight_decay", False)
-        step = _adam_foreach_step(list(groups.values())) if foreach else _adam_loop_step(sizes, coupled)
+        fused = bool(options.get("fused"))
+        step = 0 if fused else _adam_foreach_step(list(groups.values())) if foreach else _adam_loop_step(sizes, coupled)
         moments = "exp_avg + exp_avg_sq" + (" + max_exp_avg_sq" if copies == 3 else "")
-        temporaries = "foreach sqrt of each group" if foreach else "sqrt and quotient of one parameter"
+        temporaries = "none (one fused kernel per group, in place)" if fused else \
+            "foreach sqrt of each group" if foreach else "sqrt and quotient of one parameter"
         formula = f"{name}: {moments} like each parameter + a 4-byte step; step: {temporaries}"
-    form = "foreach" if foreach else "single-tensor"
+    form = "fused" if options.get("fused") else "foreach" if foreach else "single-tensor"
     master_note = ", fp32 master weights and moments; the gradients cast to fp32 not counted" if master_weights else ""
     how = f"{formula} ({form} form{master_note})"
     return OptimizerMemory(state + master, step, how)

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 # what a storage holds, in report order
-PARAMETERS = "parameters"
+PARAMETERS = "parameters"  # as the rank holds them: a sharded (DTensor) parameter's local shard
+GATHERED = "gathered"  # FSDP's all-gathered (unsharded) parameters while a layer runs, and its all-gather buffer
 BUFFERS = "buffers"
 GRADIENTS = "gradients"
 OPTIMIZER = "optimizer"
 INPUTS = "inputs"
 ACTIVATIONS = "activations"  # forward values the backward reads (autograd saves them), and the model's output
 TEMPORARIES = "temporaries"  # values freed after their last use in the same pass (incl. gradients in flight)
-KINDS = (PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER, INPUTS, ACTIVATIONS, TEMPORARIES)
+KINDS = (PARAMETERS, GATHERED, BUFFERS, GRADIENTS, OPTIMIZER, INPUTS, ACTIVATIONS, TEMPORARIES)
 
 # the step's phases beyond the graph's own (forward, backward, recompute)
 START = "start"
@@ -124,8 +126,23 @@ class MemoryEstimate:
             peaks[point.phase] = max(peaks.get(point.phase, 0), point.total)
         return peaks
 
+    @cached_property
+    def module_peaks(self) -> dict[str, int]:
+        """The highest total tensor bytes while each module (itself or a submodule) runs an op, forward,
+        backward or recompute; "" is the whole step (the optimizer step included)."""
+        peaks: dict[str, int] = {}
+        for point in self.timeline:
+            name = "" if point.phase in (START, OPTIMIZER_STEP) else point.module
+            while True:
+                if peaks.get(name, -1) < point.total:
+                    peaks[name] = point.total
+                if not name:
+                    break
+                name = name.rpartition(".")[0]
+        return peaks
+
     def to_dict(self) -> dict:
-        """Raw integers for JSON (the timeline as phase peaks; `timeline` itself stays in Python)."""
+        """Raw integers for JSON, the whole timeline included (a point per op)."""
         return {
             "peak_bytes": self.peak_bytes,
             "by_kind": dict(self.by_kind),
@@ -135,6 +152,11 @@ class MemoryEstimate:
             "saved_by_module": dict(self.saved_by_module),
             "model_states": dict(self.model_states),
             "phase_peaks": self.phase_peaks(),
+            "module_peaks": dict(self.module_peaks),
+            "kinds": list(KINDS),
+            # a point per op: [index, phase, module, op, node, total, bytes per kind in "kinds" order]
+            "timeline": [[p.index, p.phase, p.module, p.op, p.node, p.total, [p.by_kind.get(kind, 0) for kind in KINDS]]
+                         for p in self.timeline],
             "optimizer": self.optimizer,
             "allowance": {"rounding": self.allowance_bytes.rounding, "context": self.allowance_bytes.context,
                           "collectives": self.allowance_bytes.collectives,

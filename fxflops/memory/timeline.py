@@ -13,13 +13,18 @@ its nbytes, from the first node that makes it to the last node that reads or wri
   first shows up in the backward: it was made by the forward op that backward differentiates;
 - the backward's seed gradients live through the backward; the model's output through the step
   (the caller holds it until the step ends);
-- the optimizer step adds its temporaries on top of everything still alive after the backward.
+- the optimizer step adds its temporaries on top of everything still alive after the backward;
+- under a parallel plan a sharded (DTensor) parameter, and its gradient, hold their local shard; FSDP2
+  frees its all-gathered parameters by resizing their storage to 0 bytes (no op records it) and gathers
+  into the same storage again: each copy-out into it (fsdp.split_with_sizes_copy) begins a new life, and
+  the storage's size is its tensors' (what the copy-out writes), not the 0 bytes it has at the end.
 """
 
 from __future__ import annotations
 
 import bisect
 import operator
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,10 +33,12 @@ import torch
 from fxflops.capture.backward import AUTOGRAD_NODE, DIFFERENTIATES
 from fxflops.capture.inputs import INPUT_INDEX
 from fxflops.capture.model_state import MODEL_STATE, ModelState
+from fxflops.capture.sharded import is_dtensor
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.memory.records import (
     ACTIVATIONS,
     BUFFERS,
+    GATHERED,
     GRADIENTS,
     INPUTS,
     KINDS,
@@ -73,7 +80,79 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, int] | None:
     if not isinstance(nbytes, int):
         raise ValueError("memory needs concrete sizes: this capture's sizes are symbolic (sweep or sizes=); "
                          "estimate the step at one size instead")
+    if nbytes == 0 and tensor.numel():  # resized to 0 since (FSDP2 frees what it gathered so): the bytes it spanned
+        nbytes = (tensor.storage_offset() + tensor.numel()) * tensor.element_size()
     return storage._cdata, nbytes
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose bytes this rank holds: a DTensor's local shard, any other tensor itself."""
+    return tensor._local_tensor if is_dtensor(tensor) else tensor
+
+
+# ops that read a tensor's sizes, not its bytes: FSDP2 reads them of storages it has freed
+_METADATA = frozenset({torch.ops.aten.numel.default, torch.ops.aten.size.int, torch.ops.aten.size.default,
+                       torch.ops.aten.stride.int, torch.ops.aten.stride.default, torch.ops.aten.sym_size.int,
+                       torch.ops.aten.sym_numel.default, torch.ops.aten.sym_stride.int,
+                       torch.ops.aten.sym_storage_offset.default})
+_FSDP_COPY_IN = "all_gather_copy_in"
+_MARKER = re.compile(r"FSDP::(\w+)(?: \((.*)\))?")
+_FSDP_COPY_OUT = "split_with_sizes_copy"
+
+
+def _fsdp_op(node: torch.fx.Node) -> str:
+    """The name of FSDP2's own op (namespace fsdp) a node runs, "" for any other."""
+    target = node.target
+    if getattr(target, "namespace", None) != "fsdp":
+        return ""
+    packet = getattr(target, "_overloadpacket", None)
+    return getattr(packet, "__name__", "")
+
+
+def _fsdp_markers(ops: list[torch.fx.Node]) -> list[tuple[int, str, str]]:
+    """(point, event, FSDP module) of each record_function FSDP2 enters ("FSDP::post_forward (layers.0)";
+    the root's carry no module): when it gathers into and frees a module's parameters."""
+    found = []
+    for point, node in enumerate(ops, start=1):
+        if node.target is not torch.ops.profiler._record_function_enter_new.default or not node.args:
+            continue
+        match = _MARKER.fullmatch(str(node.args[0]))
+        if match:
+            found.append((point, match.group(1), match.group(2) or ""))
+    return found
+
+
+def _regathers(ops: list[torch.fx.Node], point_of: dict[torch.fx.Node, int],
+               markers: list[tuple[int, str, str]]) -> dict[int, list[tuple[torch.fx.Node, str]]]:
+    """Point -> (out-view, FSDP module) of what FSDP2's copy-out writes whose (re)allocation that point begins:
+    each out tensor's life begins at the first view of it made for the copy-out (after alloc_storage resized
+    it back); the module is the one the copy-out's own marker names."""
+    starts: dict[int, list[tuple[torch.fx.Node, str]]] = {}
+    copy_outs = [(point, module) for point, event, module in markers if event == "all_gather_copy_out"]
+    for node in ops:
+        if _fsdp_op(node) != _FSDP_COPY_OUT:
+            continue
+        here = point_of[node]
+        module = next((module for point, module in reversed(copy_outs) if point < here), "")
+        outs = node.kwargs.get("out", node.args[3] if len(node.args) > 3 else ())
+        for out in outs if isinstance(outs, list | tuple) else ():
+            if isinstance(out, torch.fx.Node):
+                first = out  # out is t.view(world_size, -1) (and .view(uint8)): the first of those views
+                while first.target is torch.ops.aten.view.default and first.args \
+                        and isinstance(first.args[0], torch.fx.Node) and first.args[0].target is torch.ops.aten.view.default:
+                    first = first.args[0]
+                starts.setdefault(point_of.get(first, here), []).append((out, module))
+    return starts
+
+
+def _freed_by_fsdp(lives: dict[object, list[tuple[Storage, str]]], markers: list[tuple[int, str, str]]) -> None:
+    """Each life of a gathered parameter lasts until FSDP2 frees it, not its last read: the module's next
+    reshard after that read (post_forward, when gathered again later; else post_backward_reshard)."""
+    for found in lives.values():
+        for index, (life, module) in enumerate(found):
+            events = ("post_forward", "post_backward_reshard") if index + 1 < len(found) else ("post_backward_reshard",)
+            life.last = next((point for point, event, where in markers
+                              if point >= life.last and where == module and event in events), life.last)
 
 
 def _storages(value: object, alias: dict[int, int] | None = None) -> Iterable[tuple[int, int]]:
@@ -121,7 +200,7 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = F
 
 
 def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
-                   optimizer_label: str = "", grads_at_start: bool = False) -> tuple[list[Point], dict[int, Storage]]:
+                   optimizer_label: str = "", grads_at_start: bool = False) -> tuple[list[Point], dict[object, Storage]]:
     """The live bytes at each op of the captured step, and each storage's life.
 
     Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer
@@ -138,23 +217,23 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
     last_op = len(ops)
     end = last_op + (1 if optimizer_label else 0)
 
-    storages: dict[int, Storage] = {}
+    storages: dict[object, Storage] = {}
 
     def persistent(tensors: Iterable[torch.Tensor], kind: str) -> None:
         for key, nbytes in _storages(list(tensors)):
             storages.setdefault(key, Storage(nbytes, kind, "", 0, end))
 
-    persistent(state.parameters.values(), PARAMETERS)
-    persistent(state.buffers.values(), BUFFERS)
+    persistent(map(local, state.parameters.values()), PARAMETERS)
+    persistent(map(local, state.buffers.values()), BUFFERS)
     inputs = [node.meta.get("val") for node in graph_module.graph.find_nodes(op="placeholder")
               if INPUT_INDEX in node.meta]
     persistent(inputs, INPUTS)
-    grads = {key for key, _ in _storages(list(state.grads.values()))}
+    grads = {key for key, _ in _storages([local(grad) for grad in state.grads.values()])}
     alias = stolen_grads(ops, grads, accumulate=grads_at_start)
     grads = {alias.get(key, key) for key in grads}
     if grads_at_start:  # the .grad tensors, there all step; what the backward makes is added into them
         for index, grad in enumerate(state.grads.values()):
-            storages[-1 - index] = Storage(grad.untyped_storage().nbytes(), GRADIENTS, "", 0, end)
+            storages[-1 - index] = Storage(local(grad).untyped_storage().nbytes(), GRADIENTS, "", 0, end)
         grads = set()
     input_grads = {key for key, _ in _storages(state.input_grads)}  # an input's .grad: made, then kept
     alias.update(stolen_grads(ops, input_grads))
@@ -163,18 +242,36 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
     node_by_name = {node.name: node for node in ops}
 
     held = _autograd_node_ends(infos)
+    markers = _fsdp_markers(ops)
+    regathers = _regathers(ops, point_of, markers)
+    lives: dict[object, list[tuple[Storage, str]]] = {}  # storage -> each life FSDP2 gathered into it, its module
     for info in infos:
         here = point_of[info.node]
         reads_until = held.get(here, here)
+        for out, fsdp_module in regathers.get(here, ()):  # FSDP2 gathers into it (again): a new life
+            for key, nbytes in _storages(out.meta.get("val"), alias):
+                found = storages.get(key)
+                if found is None or found.kind == GATHERED:
+                    found = storages[key] = Storage(nbytes, GATHERED, info.module, here, here)
+                found.kind = GATHERED  # (the first life began at the allocation, a temporary until now)
+                lives.setdefault(key, []).append((found, fsdp_module))
+        if _fsdp_op(info.node) == _FSDP_COPY_IN:  # the flat all-gather buffer it fills
+            for key, _ in _storages(info.node.meta.get("val"), alias):
+                if key in storages:
+                    storages[key].kind = GATHERED
+        metadata = info.node.target in _METADATA
         for source in info.node.all_input_nodes:
             for key, nbytes in _storages(source.meta.get("val"), alias):
                 found = storages.get(key)
+                if metadata and found is not None and found.kind == GATHERED:
+                    continue  # FSDP2 reads the sizes of what it freed: the bytes are not held for it
                 if found is None:  # a placeholder first read here: a constant, a seed, or saved inside an op
                     found = storages[key] = _first_read(key, nbytes, info, seeds, first_backward, node_by_name,
                                                         point_of, end)
                 # a recomputed value is handed to the node by checkpoint's unpack hook, not held by it
                 recomputed = 0 < found.born <= len(infos) and infos[found.born - 1].phase == RECOMPUTE
-                found.last = max(found.last, here if recomputed else reads_until)
+                # (FSDP2's gathered bytes are freed by FSDP2 when it reshards, not by an autograd node)
+                found.last = max(found.last, here if recomputed or found.kind == GATHERED else reads_until)
                 if info.phase != FORWARD and found.kind == TEMPORARIES and found.born < (first_backward or 0):
                     found.kind = ACTIVATIONS  # made in the forward, read by the backward: saved for it
         for key, nbytes in _storages(info.node.meta.get("val"), alias):  # after its inputs: a view is no birth
@@ -210,6 +307,10 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
             storages[key].kind = GRADIENTS
             storages[key].last = end
 
+    _freed_by_fsdp(lives, markers)
+    for key, found in lives.items():  # the ended lives under keys of their own
+        for index, (life, _) in enumerate(found[:-1]):
+            storages[(key, index)] = life
     points = _points(storages, infos, end, optimizer_state, optimizer_step, optimizer_label)
     return points, storages
 
@@ -293,7 +394,7 @@ def _first_read(key: int, nbytes: int, info: _Op, seeds: set[int], first_backwar
     return Storage(nbytes, ACTIVATIONS, module, born, point_of[info.node])
 
 
-def _points(storages: dict[int, Storage], infos: list[_Op], end: int, optimizer_state: int, optimizer_step: int,
+def _points(storages: dict[object, Storage], infos: list[_Op], end: int, optimizer_state: int, optimizer_step: int,
             optimizer_label: str) -> list[Point]:
     """Sweep births and deaths into live bytes per point, by kind."""
     born: dict[int, list[Storage]] = {}
@@ -320,10 +421,10 @@ def _points(storages: dict[int, Storage], infos: list[_Op], end: int, optimizer_
     return points
 
 
-def live_at(storages: dict[int, Storage], index: int,
+def live_at(storages: dict[object, Storage], index: int,
             keep: Callable[[Storage], bool] = lambda storage: True) -> list[Storage]:
     """The storages alive at point `index`."""
     return [s for s in storages.values() if s.born <= index <= s.last and keep(s)]
 
 
-__all__ = ["Storage", "build_timeline", "live_at", "stolen_grads", "storage_key"]
+__all__ = ["Storage", "build_timeline", "live_at", "local", "stolen_grads", "storage_key"]

@@ -8,7 +8,22 @@ from tabulate import tabulate
 from fxflops.report.formats import bytes_to_string
 from fxflops.report.parallel_work import step_lines
 from fxflops.report.text_layout import _row
-from fxflops.results import ROOT_LABEL, Estimate
+from fxflops.results import ROOT_LABEL, Collective, Estimate
+
+
+def module_collectives(collectives: list[Collective]) -> dict[str, tuple[int, int, int]]:
+    """Module -> (calls, payload bytes, wire bytes) of the collectives it and its submodules call
+    ("" holds them all)."""
+    totals: dict[str, tuple[int, int, int]] = {}
+    for c in collectives:
+        name = c.module
+        while True:
+            calls, payload, wire = totals.get(name, (0, 0, 0))
+            totals[name] = (calls + 1, payload + c.bytes, wire + c.wire_bytes)
+            if not name:
+                break
+            name = name.rpartition(".")[0]
+    return totals
 
 
 def plan_lines(estimate: Estimate) -> list[str]:

@@ -2,7 +2,8 @@
 
 The page holds the summary, an icicle of the module tree (sized by MACs, FLOPs, params, bytes,
 measured or predicted latency; click to zoom in and out, hover for numbers), the roofline when a
-prediction was asked for, and sortable tables of modules, ops and rules with unknown ops marked.
+prediction was asked for, memory over the step (with memory=), the collectives
+a parallel rank calls, and sortable tables of modules, ops and rules with unknown ops marked.
 Everything is inline — CSS, the data as JSON and hand-written JavaScript — so the file opens
 offline in any browser and can be mailed or kept beside the model. Numbers are formatted here, in
 Python, by the same functions as the text report, so both read alike; the script only lays out,
@@ -31,6 +32,7 @@ from fxflops.report.html_sections import (
     rules_table,
     unknown_section,
 )
+from fxflops.report.html_step import collectives_section, memory_section
 from fxflops.report.text_summary import summary_lines
 from fxflops.results import ROOT_LABEL, Estimate
 
@@ -53,6 +55,8 @@ def to_html(estimate: Estimate, path: str | Path | None = None, fold: bool = Tru
         cards=cards(estimate),
         icicle=icicle_section(metrics),
         roofline=roofline_section(estimate),
+        memory=memory_section(estimate),
+        collectives=collectives_section(estimate),
         cautions=cautions_section(estimate),
         summary=escape("\n".join(summary_lines(estimate))),
         modules=modules_table(estimate),
@@ -96,6 +100,8 @@ _TEMPLATE = """<!DOCTYPE html>
 <section id="hierarchy"><h2>Where the compute goes</h2>{icicle}<div id="tooltip" class="tooltip" hidden></div>
 <details id="explain-box" open><summary>Why it costs what it does</summary><pre id="explain"></pre></details></section>
 {roofline}
+{memory}
+{collectives}
 <section id="module-table"><h2>Modules</h2>
 <input id="filter" type="search" placeholder="filter modules by name or type" aria-label="filter modules">
 <div class="scroll">{modules}</div></section>

@@ -19,6 +19,7 @@ from fxflops.report.formats import (
     params_to_string,
     shared_to_string,
 )
+from fxflops.report.memory_text import memory_to_string
 from fxflops.report.html_data import Metric, forward_prefix, timed, unknown_modules
 from fxflops.report.text_summary import attention_text, inputs_text
 from fxflops.results import ROOT_LABEL, UNKNOWN_RULE, Estimate
@@ -129,6 +130,9 @@ def modules_table(estimate: Estimate) -> str:
         headers += [("latency", True), ("achieved", True)]
     if prediction is not None:
         headers += [("predicted", True), ("bound", False)]
+    peaks = estimate.memory.module_peaks if estimate.memory is not None else None
+    if peaks is not None:  # the highest tensor bytes while the module runs
+        headers += [("peak memory", True)]
     tied = any(stats.shared for stats in estimate.modules.values())
     if tied:  # params count a tied weight once, at its first owner: the others name it here
         headers += [("tied params (counted at)", False)]
@@ -162,6 +166,9 @@ def modules_table(estimate: Estimate) -> str:
             cells += [_cell("" if predicted is None else duration_to_string(predicted.latency),
                             -1 if predicted is None else predicted.latency),
                       _cell("" if predicted is None else predicted.bound)]
+        if peaks is not None:
+            peak = peaks.get(name)
+            cells.append(_cell("" if peak is None else memory_to_string(peak), -1 if peak is None else peak))
         if tied:
             cells.append(_cell(shared_to_string(stats.shared)))
         cls = ' class="unknown"' if name in unknown else ""

@@ -46,7 +46,11 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                   shared: {name: name} tied weights under the module that `params` leaves out because
                   an earlier module holds them: the parameter's name relative to the module -> the first
                   owner's qualified name, e.g. {"weight": "transformer.wte.weight"} for GPT-2's lm_head;
-                  each parameter counts once, at its first owner, so module params add up to totals}
+                  each parameter counts once, at its first owner, so module params add up to totals,
+                  peak_memory: int|null (with memory=: the highest tensor bytes alive while the module
+                  or a submodule runs an op, fxflops.memory.MemoryEstimate.module_peaks),
+                  collective_calls, collective_bytes, collective_wire_bytes (the collectives it and its
+                  submodules call: count, payload, wire bytes)}
     by_op             {op key: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}   e.g.
                       "aten.mm.default"; status: "counted", "zero" or "unknown" ("/"-joined when mixed)
     by_rule           {rule name: {"count", "macs", "flops", "bwd_macs", "bwd_flops", "status"}}
@@ -64,12 +68,16 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       alive when the forward ends), "model_states", "phase_peaks" {phase: bytes},
                       "optimizer" (its formula, in words), "allowance" {rounding, context, collectives,
                       fragmentation, total} (apart: not in peak_bytes), "device_bytes" (peak +
-                      allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes"}
+                      allowance), "device", "capacity", "fits", "headroom" (null without a device), "notes",
+                      "module_peaks" {module: the highest total while it (or a submodule) runs an op; "":
+                      the whole step}, "kinds" [kind names], "timeline" [[index, phase, module, op, node,
+                      total, [bytes per kind, in "kinds" order]]] a point per op: the whole step}
     collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
                       node, per_step}]   every collective call of the counted rank in one step (fxflops.results.Collective)
     collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
-    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes"}]   the plan's rank roles
+    ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes", "peak_bytes" (only with memory=:
+                      the role's own peak tensor bytes)}]   the plan's rank roles
                       (this estimate is the first's rank); job_flops: int, every rank's flops together
     nodes             present only with include_nodes=True: [{name, op, status, rule, module,
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
@@ -78,7 +86,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       effective_macs, effective_flops (null: not knowable without data)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
-CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, predicted_latency
+CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, peak_memory without memory=, predicted_latency
 and bound without a prediction; shared is `name=first owner` pairs joined by `;` (empty: none). Numbers are
 written as numbers. A text cell (a module's name, type or extra_repr) that starts like a spreadsheet formula
 (=, +, -, @, tab, CR) is written with a leading `'`, as OWASP's CSV-injection guidance advises, and control
@@ -97,6 +105,7 @@ from typing import Any
 import networkx as nx
 
 from fxflops.capture.methods import describe
+from fxflops.report.collectives import module_collectives
 from fxflops.report.formats import ENCODING_ERRORS, csv_cell
 from fxflops.results import (
     AttentionTotals,
@@ -139,9 +148,12 @@ MODULE_FIELDS = (
 )
 DERIVED_FIELDS = ("fwd_macs", "fwd_flops", "bwd_fwd_ratio", "achieved_flops", "achieved_bwd_flops", "intensity")  # written, not read back
 PREDICTED_FIELDS = ("predicted_latency", "bound")  # empty without a prediction
-# shared last, so the columns before it keep their places; its cell reads `weight=transformer.wte.weight`
+# with memory=, and where collectives were called (zeros otherwise); in JSON's module records and the CSV
+STEP_FIELDS = ("peak_memory", "collective_calls", "collective_bytes", "collective_wire_bytes")
+# shared after the older columns, so they keep their places; its cell reads `weight=transformer.wte.weight`;
+# the newer columns after it
 CSV_COLUMNS = (tuple(field for field in MODULE_FIELDS if field not in ("children", "shared"))
-               + DERIVED_FIELDS + PREDICTED_FIELDS + ("shared",))
+               + DERIVED_FIELDS + PREDICTED_FIELDS + ("shared",) + STEP_FIELDS)
 
 
 def jsonable(value: Any) -> Any:
@@ -174,8 +186,18 @@ def _totals(values: dict[str, OpTotals]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _module_dict(stats: ModuleStats, backward: bool, prediction: Any = None) -> dict[str, Any]:
+def _step_fields(estimate: Estimate) -> dict[str, dict[str, Any]]:
+    """Module -> its STEP_FIELDS: peak memory (null without memory=) and the collectives under it."""
+    peaks = estimate.memory.module_peaks if estimate.memory is not None else {}
+    calls = module_collectives(estimate.collectives)
+    return {name: {"peak_memory": peaks.get(name) if estimate.memory is not None else None,
+                   **dict(zip(STEP_FIELDS[1:], calls.get(name, (0, 0, 0))))} for name in estimate.modules}
+
+
+def _module_dict(stats: ModuleStats, backward: bool, prediction: Any = None,
+                 step: dict[str, Any] | None = None) -> dict[str, Any]:
     record = {field: getattr(stats, field) for field in MODULE_FIELDS}
+    record.update(step or dict.fromkeys(STEP_FIELDS))
     record["children"] = list(stats.children)
     record["shared"] = dict(stats.shared)
     for field in DERIVED_FIELDS:
@@ -223,6 +245,14 @@ def _attention_from(record: dict[str, Any] | None) -> AttentionTotals | None:
                               "patterns": tuple(totals.get("patterns", ()))})
 
 
+def _rank_dict(role: Any) -> dict[str, Any]:
+    record = {"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
+              "collective_wire_bytes": role.estimate.collective_wire_bytes}
+    if role.estimate.memory is not None:  # the role's own peak, with memory=
+        record["peak_bytes"] = role.estimate.memory.peak_bytes
+    return record
+
+
 def _node_dict(node: NodeCost) -> dict[str, Any]:
     return jsonable(dataclasses.asdict(node))
 
@@ -230,6 +260,7 @@ def _node_dict(node: NodeCost) -> dict[str, Any]:
 def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
     """The estimate as plain JSON-ready data (schema in this module's docstring)."""
     record: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+    step = _step_fields(estimate)
     record.update(_versions())
     record.update(
         model_type=estimate.model_type,
@@ -255,7 +286,8 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         optimizer=dataclasses.asdict(estimate.optimizer) if estimate.optimizer is not None else None,
         node_status=estimate.node_status_counts(),
         attention=_attention_dict(estimate),
-        modules=[_module_dict(stats, estimate.backward, estimate.prediction) for stats in estimate.modules.values()],
+        modules=[_module_dict(stats, estimate.backward, estimate.prediction, step.get(stats.name))
+                 for stats in estimate.modules.values()],
         by_op=_totals(estimate.by_op),
         by_rule=_totals(estimate.by_rule),
         unknown=[
@@ -267,8 +299,7 @@ def to_dict(estimate: Estimate, include_nodes: bool = False) -> dict[str, Any]:
         collectives=[dataclasses.asdict(c) for c in estimate.collectives],
         collective_bytes={"bytes": estimate.collective_bytes, "wire_bytes": estimate.collective_wire_bytes},
         parallel=estimate.parallel,
-        ranks=[{"name": role.name, "ranks": list(role.ranks), "flops": role.estimate.total_flops,
-                "collective_wire_bytes": role.estimate.collective_wire_bytes} for role in estimate.ranks],
+        ranks=[_rank_dict(role) for role in estimate.ranks],
         job_flops=estimate.job_flops,
     )
     if estimate.memory is not None:  # estimate(memory=...): peak tensor bytes, by kind, allowance, fit
@@ -294,8 +325,10 @@ def to_json(
 def csv_rows(estimate: Estimate) -> list[dict[str, Any]]:
     """One dict per module in pre-order with the `CSV_COLUMNS` keys."""
     rows = []
+    step = _step_fields(estimate)
     for stats in estimate.modules.values():
-        row = {column: _module_dict(stats, estimate.backward, estimate.prediction)[column] for column in CSV_COLUMNS}
+        record = _module_dict(stats, estimate.backward, estimate.prediction, step.get(stats.name))
+        row = {column: record[column] for column in CSV_COLUMNS}
         row["shared"] = ";".join(f"{name}={owner}" for name, owner in stats.shared.items())
         rows.append(row)
     return rows

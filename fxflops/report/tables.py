@@ -9,6 +9,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from fxflops.report import fold as folding
+from fxflops.report.memory_text import memory_to_string
 from fxflops.report.formats import (
     printable,
     bytes_to_string,
@@ -97,6 +98,9 @@ def module_rows(
     headers += ["bytes", "flops/byte"]
     if estimate.prediction is not None:
         headers += ["predicted", "bound"] + (["measured/predicted"] if measured else [])
+    peaks = estimate.memory.module_peaks if estimate.memory is not None else None
+    if peaks is not None:  # with memory=: the highest tensor bytes while it runs (folded: its highest instance)
+        headers += ["peak memory"]
     tied = any(stats.shared for stats in estimate.modules.values())
     if tied:  # params count a tied weight once, at its first owner: the others name it here
         headers += ["tied params (counted at)"]
@@ -108,6 +112,9 @@ def module_rows(
         for child in children:
             display[child.names] = _display_name("" if group.depth == 0 else name, child)
         row = _module_row(estimate, group, name, measured, total_latency, raw, bwd_timed)
+        if peaks is not None:
+            peak = max((peaks[member] for member in group.names if member in peaks), default=None)
+            row.append(peak if raw or peak is None else memory_to_string(peak))
         if tied:
             row.append(shared_to_string(folding.stats_of(estimate, group).shared))
         rows.append(row)
