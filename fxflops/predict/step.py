@@ -371,9 +371,11 @@ def tokens_of(inputs: Any) -> tuple[int, int]:
 
 def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, sequence_parallel: bool = False,
                   dtype: Any = None, loss: Any = None, layers: int | None = None, memory: bool = False,
-                  placed: dict[str, int] | None = None, tokens: int | None = None) -> LayerCosts:
+                  placed: dict[str, int] | None = None, tokens: int | None = None,
+                  tp_plan: dict[str, Any] | None = None) -> LayerCosts:
     """One capture of `model` on `inputs` (one micro-batch of one data-parallel rank) under tp (and sequence
-    parallelism), read as per-layer costs on `cluster`'s device."""
+    parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan),
+    read as per-layer costs on `cluster`'s device."""
     import torch
 
     import fxflops
@@ -381,7 +383,7 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
     dtype = dtype or torch.bfloat16
     batch, counted_tokens = tokens_of(inputs)
-    parallel = {"tp": tp, "sequence_parallel": sequence_parallel} if tp > 1 else None
+    parallel = {"tp": tp, "sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if tp > 1 else None
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory)
     placed = placed or {"tp": min(tp, cluster.gpus_per_node)}
@@ -405,7 +407,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
     `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp > 1:
     FSDP; False: replicated parameters with the gradients all-reduced, or reduce-scattered with
-    `distributed_optimizer`), `ep` and `cp` (not predicted yet: above 1 they are refused). `global_batch`
+    `distributed_optimizer`), `ep` and `cp` (not predicted yet: above 1 they are refused), `tp_plan` ({module path: ParallelStyle}, as
+    fxflops.Parallel takes it; default: the derived Megatron-style plan). `global_batch`
     (default: one micro-batch per data-parallel rank) sets the micro-batches per step. `recompute`: "none",
     "selective" (attention kernels recomputed) or "full" (each layer's forward recomputed in its backward).
     `sequence_parallel` applies when tp > 1. The model is captured once (fxflops.estimate with backward=True
@@ -418,10 +421,10 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     from fxflops.device.peaks import dtype_key
 
     parallel = dict(parallel or {})
-    unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel"}
+    unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan"}
     if unknown:
         raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; "
-                         "known: tp, pp, dp, ep, cp, virtual_stages, fsdp, sequence_parallel")
+                         "known: tp, pp, dp, ep, cp, virtual_stages, fsdp, sequence_parallel, tp_plan")
     for key in ("ep", "cp"):
         if parallel.get(key, 1) > 1:
             raise NotImplementedError(f"predict_step: {key}={parallel[key]} is not predicted yet; tp, pp "
@@ -441,7 +444,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     grad_bytes=grad_bytes)
     placed = dim_ranks_per_node(plan, the_cluster)
     costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, dtype=dtype, loss=loss,
-                          layers=layers, placed=placed)
+                          layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
     if trace is not None:
         prediction.to_chrome_trace(trace)
