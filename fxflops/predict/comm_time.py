@@ -1,5 +1,5 @@
-"""Time per collective on a cluster: an α-β model per link type, ring and tree algorithms, hierarchical
-collectives when a group spans nodes.
+"""Time per collective on a cluster: an α-β model per link type, ring and tree algorithms, and a
+hierarchical algorithm when a group spans nodes.
 
 A step over one link costs α (its latency) plus bytes / β (its bandwidth). With `n` ranks in one node,
 bandwidth B and latency α (the cluster's intra-node link), on a payload of S bytes (the `Collective.bytes`
@@ -19,15 +19,23 @@ all-to-all's input, the tensor sent):
 B is the bus bandwidth as NCCL-tests defines it (busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
 all-gather and reduce-scatter): a ring all-reduce of S bytes at bus bandwidth B takes 2(n-1)/n · S/B. The
 tree's bandwidth term is the ring's: NCCL's double binary tree reaches the same bus bandwidth on large
-messages, its gain is the log-depth latency. `algorithm="auto"` takes the faster of the two.
+messages; its gain is the log-depth latency.
 
-A group spanning nodes (`ranks_per_node` < group size) runs hierarchically, as NCCL does: an intra-node
-reduce-scatter, then an all-reduce among the nodes (each of a node's g ranks on its 1/g of the buffer, over
-its share of the node's adapters), then an intra-node all-gather. All-gather and reduce-scatter are the
-inter-node step and the intra-node step; all-to-all sends the share addressed off the node over the
-network and the rest over the intra-node link at the same time. Every GPU of a node is assumed to talk
-across nodes at once (data-parallel groups run in lockstep), so a rank gets its node's network bandwidth
-divided by its GPUs (`Cluster.inter_bandwidth_per_gpu`): one rail each on a DGX.
+A group spanning nodes (g = `ranks_per_node` ranks on each of N nodes, n = g·N):
+
+- ring and tree run over all n ranks as NCCL runs them, one channel per network adapter: the bus bandwidth
+  is the slower of the intra-node link and the group's share of its node's adapters, min(B, g·b) with b =
+  `Cluster.inter_bandwidth_per_gpu`; every ring step waits for the slowest hop, α_inter, and the tree is
+  log2(N) network hops deep plus a chain of g-1 NVLink hops in each node.
+- "hierarchical" runs three phases one after the other: an intra-node reduce-scatter, an all-reduce
+  among the nodes (each of a node's g ranks on its 1/g of the buffer over its adapter share b), an
+  intra-node all-gather (all-gather and reduce-scatter: the network phase and the node phase).
+- "auto" takes the fastest, as NCCL's tuner picks among its algorithms.
+
+Every GPU of a node is assumed to talk across nodes at once (data-parallel groups run in lockstep), so a
+rank's share of the network is its node's adapters' bandwidth over its GPUs: one rail each on a DGX.
+All-to-all sends what it addresses off the node over the network and the rest over the intra-node link
+at the same time; a send to another node uses one adapter.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from typing import Any
 
 from fxflops.predict.hardware import Cluster, cluster as load_cluster
 
-ALGORITHMS = ("auto", "ring", "tree")
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 _OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
         "send", "recv", "barrier")
 
@@ -82,7 +90,8 @@ def collective_seconds(op: str, payload_bytes: int, group_size: int, cluster: Cl
                        algorithm: str = "auto") -> float:
     """Predicted seconds of one collective: `op` a `Collective.op` kind ("all_reduce", "all_gather", ...),
     `payload_bytes` its `Collective.bytes`, over `group_size` ranks of which `ranks_per_node` share a node
-    (the rest on other nodes, as many per node). `algorithm`: "auto" (the faster), "ring" or "tree"."""
+    (the rest on other nodes, as many per node). `algorithm`: "auto" (the fastest), "ring", "tree" or
+    "hierarchical" (across nodes; on one node it is "auto")."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     if op not in _OPS:
@@ -93,29 +102,39 @@ def collective_seconds(op: str, payload_bytes: int, group_size: int, cluster: Cl
         return 0.0
     g = max(1, min(int(ranks_per_node), n, spec.gpus_per_node))
     if g >= n:  # one node
-        return flat_seconds(op, payload_bytes, n, spec.intra_bandwidth, spec.intra_latency, algorithm)
+        return flat_seconds(op, payload_bytes, n, spec.intra_bandwidth, spec.intra_latency,
+                            "auto" if algorithm == "hierarchical" else algorithm)
     nodes = math.ceil(n / g)
-    inter_bw, inter_lat = spec.inter_bandwidth_per_gpu, spec.inter_latency
-    intra_bw, intra_lat = spec.intra_bandwidth, spec.intra_latency
     size = float(payload_bytes)
-    if op == "all_reduce":
-        return (flat_seconds("reduce_scatter", size, g, intra_bw, intra_lat)
-                + flat_seconds("all_reduce", size / g, nodes, inter_bw, inter_lat, algorithm)
-                + flat_seconds("all_gather", size, g, intra_bw, intra_lat))
-    if op in ("all_gather", "reduce_scatter", "gather", "scatter"):
-        return (flat_seconds(op, size / g, nodes, inter_bw, inter_lat)
-                + flat_seconds(op, size, g, intra_bw, intra_lat))
-    if op == "all_to_all":
-        off_node = size * (n - g) / n  # what this rank addresses to ranks on other nodes
-        on_node = size * (g - 1) / n
-        return max(off_node / inter_bw + (nodes - 1) * inter_lat,
-                   on_node / intra_bw + (g - 1) * intra_lat)
-    if op in ("broadcast", "reduce"):
-        return (flat_seconds(op, size, nodes, inter_bw, inter_lat, algorithm)
-                + flat_seconds(op, size, g, intra_bw, intra_lat, algorithm))
+    per_gpu, inter_lat = spec.inter_bandwidth_per_gpu, spec.inter_latency
+    intra_bw, intra_lat = spec.intra_bandwidth, spec.intra_latency
+    bus = min(intra_bw, g * per_gpu)  # the group's bottleneck: its NVLink or its share of the node's adapters
     if op in ("send", "recv"):  # the peer is on another node: one adapter
         return size / spec.inter_bandwidth + inter_lat
-    return flat_seconds("barrier", 0, nodes, inter_bw, inter_lat) + flat_seconds("barrier", 0, g, intra_bw, intra_lat)
+    if op == "all_to_all":
+        off_node, on_node = size * (n - g) / n, size * (g - 1) / n
+        return max(off_node / per_gpu + (nodes - 1) * inter_lat, on_node / intra_bw + (g - 1) * intra_lat)
+    if op == "barrier":
+        return 2 * (_log2(nodes) * inter_lat + _log2(g) * intra_lat)
+    chain = (g - 1) * intra_lat  # the tree's hops inside a node
+    if op == "all_reduce":
+        ring = 2 * (n - 1) / n * size / bus + 2 * (n - 1) * inter_lat
+        tree = 2 * (n - 1) / n * size / bus + 2 * (_log2(nodes) * inter_lat + chain)
+        hierarchical = (flat_seconds("reduce_scatter", size, g, intra_bw, intra_lat)
+                        + flat_seconds("all_reduce", size / g, nodes, per_gpu, inter_lat)
+                        + flat_seconds("all_gather", size, g, intra_bw, intra_lat))
+    elif op in ("all_gather", "reduce_scatter", "gather", "scatter"):
+        ring = tree = (n - 1) / n * size / bus + (n - 1) * inter_lat
+        hierarchical = (flat_seconds(op, size / g, nodes, per_gpu, inter_lat)
+                        + flat_seconds(op, size, g, intra_bw, intra_lat))
+    else:  # broadcast, reduce
+        ring = size / bus + (n - 1) * inter_lat
+        tree = size / bus + _log2(nodes) * inter_lat + chain
+        hierarchical = (flat_seconds(op, size, nodes, per_gpu * g, inter_lat)
+                        + flat_seconds(op, size, g, intra_bw, intra_lat))
+    if algorithm == "auto":
+        return min(ring, tree, hierarchical)
+    return {"ring": ring, "tree": tree, "hierarchical": hierarchical}[algorithm]
 
 
 def collective_record_seconds(c: Any, cluster: Cluster | str, ranks_per_node: int, algorithm: str = "auto") -> float:
