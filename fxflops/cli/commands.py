@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "examples":
         sys.stdout.write(examples_listing())
         return 0
+    if args.model == "explain" and (args.cluster or args.device):
+        _Encodable(sys.stdout).write(_hardware_constants(args))
+        return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     check_sweeps(sweeps)
     if sweeps and args.parallel:
@@ -273,3 +276,14 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}
+
+
+def _hardware_constants(args: argparse.Namespace) -> str:
+    """`fxflops explain --cluster NAME` / `--device NAME`: every constant of the time model with its source."""
+    from fxflops.predict.hardware import cluster, constants_text, device_model
+
+    try:
+        thing = cluster(args.cluster) if args.cluster else device_model(args.device)
+    except ValueError as error:
+        raise ModelSpecError(f"{'--cluster' if args.cluster else '--device'}: {error}") from None
+    return constants_text(thing)
