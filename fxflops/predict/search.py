@@ -101,9 +101,13 @@ class PlanSearch:
         return "\n".join(lines)
 
     def __str__(self) -> str:
+        return self.render()
+
+    def render(self, top: int = 10) -> str:
+        """The summary, the `top` fastest plans that fit, the notes and the stated error."""
         lines = [f"plans for {self.gpus} x {self.device} ({self.cluster}), global batch {self.global_batch}: "
                  f"{self.evaluated} evaluated from {self.captures} captures, {len(self.rows)} fit in "
-                 f"{self.capacity / GiB:.0f} GiB, {len(self.dropped)} do not", self.table()]
+                 f"{self.capacity / GiB:.0f} GiB, {len(self.dropped)} do not", self.table(top)]
         lines += [f"note: {note}" for note in self.notes]
         lines.append(f"({self.error})")
         return "\n".join(lines)
@@ -176,26 +180,40 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     notes: list[str] = []
     costs_by: dict[tuple[int, int], LayerCosts] = {}
     sp_of: dict[int, bool] = {}
+    sp_works = True
     captures = 0
+    failed: set[int] = set()
     for t in tps:
         for mb in micro_batch:
-            if not any(global_batch % (gpus // (t * p) * mb) == 0 for p in _pipeline_degrees(gpus // t, depth, pp)):
+            if t in failed or not any(global_batch % (gpus // (t * p) * mb) == 0
+                                      for p in _pipeline_degrees(gpus // t, depth, pp)):
                 continue
             placed = {"tp": min(t, gpn)}
-            want_sp = sequence_parallel and t > 1 and sp_of.get(t, True)
-            try:
-                costs = capture_costs(probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=want_sp,
-                                      dtype=dtype, loss=loss, layers=depth, memory=True, placed=placed)
-            except Exception as error:  # sequence parallelism the model cannot run: the plan without it
-                if not want_sp:
-                    raise
-                notes.append(f"tp={t}: sequence parallelism failed on this model ({_first_line(error)}); "
-                             "plans at this tp run without it")
-                sp_of[t] = want_sp = False
-                costs = capture_costs(probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=False,
-                                      dtype=dtype, loss=loss, layers=depth, memory=True, placed=placed)
+
+            def capture(sp: bool) -> LayerCosts:
+                nonlocal captures
                 captures += 1
-            captures += 1
+                return capture_costs(probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp, dtype=dtype,  # noqa: B023
+                                     loss=loss, layers=depth, memory=True, placed=placed)  # noqa: B023
+
+            # a model that cannot run sequence parallel at one tp will not at another: tried until it fails once
+            want_sp = sequence_parallel and t > 1 and sp_of.get(t, sp_works)
+            try:
+                costs = capture(want_sp)
+            except Exception as error:
+                if t == 1:
+                    raise
+                try:
+                    if not want_sp:
+                        raise
+                    costs = capture(False)  # sequence parallelism the model cannot run: the plan without it
+                    notes.append(f"sequence parallelism failed on this model at tp={t} ({_first_line(error)}); "
+                                 "plans run without it")
+                    sp_of[t] = want_sp = sp_works = False
+                except Exception as again:  # a tp the model cannot split: plans without it
+                    notes.append(f"tp={t} left out: {_first_line(again)}")
+                    failed.add(t)
+                    continue
             sp_of.setdefault(t, want_sp)
             costs_by[(t, mb)] = costs
     rows, dropped = [], []

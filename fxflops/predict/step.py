@@ -262,7 +262,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                 for j in range(n):  # layers finish in reverse order through the chunk's backward
                     ready = e.start + (j + 1) / n * (e.end - e.start) if plan.overlap_grad_reduce else ends[rank]
                     buckets.append((ready, layer_reduce))
-                for params in extra:
+                for params in filter(None, extra):  # no parameters, no collective
                     seconds = collective_seconds(reduce, params * grad_bytes, plan.dp, cluster, placed["dp"])
                     buckets.append((e.end if plan.overlap_grad_reduce else ends[rank], seconds))
             free = 0.0
