@@ -201,6 +201,14 @@ def test_estimate_seconds_sums_per_phase_and_module():
     assert got["modules"]["0"]["forward"] == pytest.approx(
         sum(s for n, s in each if n.module == "0" and n.phase == FORWARD), rel=1e-12)
     assert got["ops"] == sum(1 for _, s in each if s > 0)
+    assert sum(got["inclusive"][""].values()) == pytest.approx(got["total"], rel=1e-12)
+    assert got["inclusive"]["0"] == pytest.approx(got["modules"]["0"], rel=1e-12)
+
+
+def test_stream_seconds_by_hand():
+    from fxflops.predict.op_time import stream_seconds
+
+    assert stream_seconds(16e9, "A100", kernels=3) == pytest.approx(16e9 / (2039e9 * 0.9) + 3 * 2e-6, rel=1e-12)
 
 
 # --- time per collective ------------------------------------------------------------------------------
@@ -350,3 +358,13 @@ def test_cli_explain_cluster_prints_every_constant_with_its_source(capsys, tmp_p
     assert f"from your file {path}: measured by us" in capsys.readouterr().out
     assert main(["explain", "--cluster", "DGX H200"]) == 2
     assert "did you mean 'DGX H100'" in capsys.readouterr().err
+
+
+def test_the_guide_lists_every_preset_constant_and_its_source():
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "time.md").read_text()
+    for kind, load in (("clusters", cluster), ("devices", device_model)):
+        for name in preset_names(kind):
+            for constant in load(name).constants.values():
+                assert constant.source.replace("|", "/") in guide, (name, constant.name)

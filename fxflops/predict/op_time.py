@@ -149,6 +149,7 @@ def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None) -> 
 
     Returns {"total": s, "phases": {"forward": s, "backward": s, "recompute": s},
     "modules": {qualified name: {phase: s}} (each op at its innermost module, "" = the model),
+    "inclusive": {qualified name: {phase: s}} (a module with everything under it; "" is the total),
     "kinds": {op kind: s}, "ops": number of ops timed, "device": name, "dtype": key}. Collective calls
     are not in it (comm_time times them). `dtype`: the compute dtype; default the estimate's own."""
     device = device_model(device)
@@ -171,5 +172,24 @@ def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str) -> dic
         per_module = modules.setdefault(node.module, {})
         per_module[node.phase] = per_module.get(node.phase, 0.0) + timing.seconds
         kinds[timing.kind] = kinds.get(timing.kind, 0.0) + timing.seconds
-    return {"total": sum(phases.values()), "phases": phases, "modules": modules, "kinds": kinds, "ops": timed,
-            "device": device.name, "dtype": key}
+    inclusive: dict[str, dict[str, float]] = {}
+    for name, per_phase in modules.items():
+        for owner in _owners(name):
+            into = inclusive.setdefault(owner, {})
+            for phase, seconds in per_phase.items():
+                into[phase] = into.get(phase, 0.0) + seconds
+    return {"total": sum(phases.values()), "phases": phases, "modules": modules, "inclusive": inclusive,
+            "kinds": kinds, "ops": timed, "device": device.name, "dtype": key}
+
+
+def _owners(name: str) -> list[str]:
+    """The module and every module above it, by qualified name: "a.b.c" -> "", "a", "a.b", "a.b.c"."""
+    parts = name.split(".") if name else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def stream_seconds(nbytes: float, device: DeviceModel | str, kernels: int = 1) -> float:
+    """Seconds to stream `nbytes` through memory in `kernels` memory-bound kernels (an optimizer step,
+    a gradient copy): bytes / sustained bandwidth plus one launch overhead each."""
+    device = device_model(device)
+    return nbytes / device.sustained + kernels * device.launch_overhead
