@@ -303,6 +303,21 @@ def test_calibrate_recovers_known_constants(tmp_path):
     assert "calibrate" in path.read_text() and 'base = "H100 SXM"' in path.read_text()
 
 
+def test_calibrate_reads_a_profile_of_one_op_modules():
+    """A CPU profile stands in for a GPU run (the pairing is what is checked, not the numbers)."""
+    import fxflops
+    from fxflops.predict.calibrate import pairs_from_profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    profile = fxflops.profile(model, (torch.randn(16, 64),), steps=2, warm_up=1)
+    pairs = pairs_from_profile(profile)
+    assert [(node.op, node.module) for node, _ in pairs] == [
+        ("aten.linear.default", "0"), ("aten.gelu.default", "1"), ("aten.linear.default", "2")]
+    assert [seconds for _, seconds in pairs] == [profile.modules[name].latency for name in ("0", "1", "2")]
+    fitted = calibrate(profile, "H100 SXM", "fp32")
+    assert fitted.name == "H100 SXM" and fitted.constants["launch_overhead"].origin == "given in code"
+
+
 def test_calibrate_without_usable_ops_says_so():
     with pytest.raises(ValueError, match="no measured op to fit"):
         calibrate([], "H100", "bf16")
@@ -358,6 +373,11 @@ def test_cli_explain_cluster_prints_every_constant_with_its_source(capsys, tmp_p
     assert f"from your file {path}: measured by us" in capsys.readouterr().out
     assert main(["explain", "--cluster", "DGX H200"]) == 2
     assert "did you mean 'DGX H100'" in capsys.readouterr().err
+    assert main(["explain", "--device", "MI300X"]) == 0
+    assert capsys.readouterr().out.startswith("device MI300X (preset fxflops/predict/data/devices/mi300x.toml)")
+    assert main(["explain"]) == 2
+    err = capsys.readouterr().err
+    assert "give --cluster NAME (DGX A100 80GB, DGX H100, GB200 NVL72, MI300X, TPU v5p)" in err and "\n" not in err.strip()
 
 
 def test_the_guide_lists_every_preset_constant_and_its_source():
