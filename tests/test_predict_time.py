@@ -188,6 +188,22 @@ def test_attention_by_hand():
     assert node_seconds(small_heads, h100, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
+def test_attention_layouts_and_masks():
+    import dataclasses
+
+    h100 = device_model("H100 SXM")
+    full = attention(1, 16, 4096, 128)
+    # the flash kernel's own op takes (batch, seq, heads, dim): the same time as SDPA's (batch, heads, seq, dim)
+    seq_first = dataclasses.replace(full, op="aten._flash_attention_forward.default",
+                                    input_shapes=((1, 4096, 16, 128),) * 3)
+    assert node_seconds(seq_first, h100, "bf16") == pytest.approx(node_seconds(full, h100, "bf16"), rel=1e-12)
+    # a sliding window is a band: the kept pairs' FLOPs at the causal curve; any other mask: every pair
+    window = dataclasses.replace(full, attention="sliding window 1024", effective_flops=full.flops // 4)
+    assert node_seconds(window, h100, "bf16") == pytest.approx(full.flops // 4 / (989.4 * T * 0.585) + 2e-6, rel=1e-12)
+    masked = dataclasses.replace(full, attention="mask from data", effective_flops=None)
+    assert node_seconds(masked, h100, "bf16") == pytest.approx(node_seconds(full, h100, "bf16"), rel=1e-12)
+
+
 def test_estimate_seconds_sums_per_phase_and_module():
     import fxflops
 

@@ -97,12 +97,18 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
 
 
 def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
-    """(query length, head dim, causal) of an attention op: its first input is (..., L, E)."""
+    """(query length, head dim, banded) of an attention op. Its first input is (B, H, L, E), or (B, L, H, E)
+    for the flash/efficient kernels' own ops. Banded: a causal or sliding-window mask, which flash kernels
+    apply by skipping blocks (any other mask is applied to every block)."""
+    from fxflops.rules.kept_pairs import CAUSAL, SEQ_FIRST
+
     query = node.input_shapes[0] if node.input_shapes else ()
-    seq = query[-2] if len(query) >= 2 else 1
+    seq_axis = -3 if node.op.startswith(SEQ_FIRST) else -2
+    seq = query[seq_axis] if len(query) >= -seq_axis else 1
     head_dim = query[-1] if query else 128
-    causal = node.attention is not None and "causal" in node.attention
-    return seq, head_dim, causal
+    pattern = node.attention or ""
+    banded = pattern.startswith(CAUSAL) or pattern.startswith("sliding window")
+    return seq, head_dim, banded
 
 
 def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
@@ -123,7 +129,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
-            flops = node.effective_flops  # a flash kernel skips the masked blocks
+            flops = node.effective_flops  # a flash kernel skips the blocks a band mask drops
         efficiency = device.attention_fraction(seq, head_dim, backward=_is_backward_op(node),
                                                causal=causal)
         compute = flops / (device.peak(key) * efficiency)
