@@ -285,6 +285,16 @@ def test_validation_multi_node_all_reduce_bus_bandwidth():
         assert 400e9 * 0.9 <= busbw <= 450e9 * 1.1, (nodes, busbw)
 
 
+def test_ranks_per_node_of_strided_groups():
+    from fxflops.predict.comm_time import ranks_per_node
+
+    assert ranks_per_node(8, 1, "DGX H100") == 8  # tensor parallel inside a node
+    assert ranks_per_node(64, 8, "DGX H100") == 1  # data parallel across nodes with tp = 8
+    assert ranks_per_node(64, 2, "DGX H100") == 4  # tp = 2: four dp ranks per node
+    assert ranks_per_node(4, 1, "DGX H100") == 4
+    assert ranks_per_node(16, 4, "GB200 NVL72") == 16  # 72 GPUs in one NVLink domain hold the whole group
+
+
 def test_collective_record():
     record = Collective(op="reduce_scatter", target="c10d._reduce_scatter_base_.default", module="", phase="backward",
                         group="0", group_desc="mesh_dp", group_size=8, dtype="torch.bfloat16", bytes=1 << 28,
