@@ -188,6 +188,22 @@ def test_attention_by_hand():
     assert node_seconds(small_heads, h100, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
+def test_attention_layouts_and_masks():
+    import dataclasses
+
+    h100 = device_model("H100 SXM")
+    full = attention(1, 16, 4096, 128)
+    # the flash kernel's own op takes (batch, seq, heads, dim): the same time as SDPA's (batch, heads, seq, dim)
+    seq_first = dataclasses.replace(full, op="aten._flash_attention_forward.default",
+                                    input_shapes=((1, 4096, 16, 128),) * 3)
+    assert node_seconds(seq_first, h100, "bf16") == pytest.approx(node_seconds(full, h100, "bf16"), rel=1e-12)
+    # a sliding window is a band: the kept pairs' FLOPs at the causal curve; any other mask: every pair
+    window = dataclasses.replace(full, attention="sliding window 1024", effective_flops=full.flops // 4)
+    assert node_seconds(window, h100, "bf16") == pytest.approx(full.flops // 4 / (989.4 * T * 0.585) + 2e-6, rel=1e-12)
+    masked = dataclasses.replace(full, attention="mask from data", effective_flops=None)
+    assert node_seconds(masked, h100, "bf16") == pytest.approx(node_seconds(full, h100, "bf16"), rel=1e-12)
+
+
 def test_estimate_seconds_sums_per_phase_and_module():
     import fxflops
 
@@ -201,6 +217,14 @@ def test_estimate_seconds_sums_per_phase_and_module():
     assert got["modules"]["0"]["forward"] == pytest.approx(
         sum(s for n, s in each if n.module == "0" and n.phase == FORWARD), rel=1e-12)
     assert got["ops"] == sum(1 for _, s in each if s > 0)
+    assert sum(got["inclusive"][""].values()) == pytest.approx(got["total"], rel=1e-12)
+    assert got["inclusive"]["0"] == pytest.approx(got["modules"]["0"], rel=1e-12)
+
+
+def test_stream_seconds_by_hand():
+    from fxflops.predict.op_time import stream_seconds
+
+    assert stream_seconds(16e9, "A100", kernels=3) == pytest.approx(16e9 / (2039e9 * 0.9) + 3 * 2e-6, rel=1e-12)
 
 
 # --- time per collective ------------------------------------------------------------------------------
@@ -261,6 +285,16 @@ def test_validation_multi_node_all_reduce_bus_bandwidth():
         assert 400e9 * 0.9 <= busbw <= 450e9 * 1.1, (nodes, busbw)
 
 
+def test_ranks_per_node_of_strided_groups():
+    from fxflops.predict.comm_time import ranks_per_node
+
+    assert ranks_per_node(8, 1, "DGX H100") == 8  # tensor parallel inside a node
+    assert ranks_per_node(64, 8, "DGX H100") == 1  # data parallel across nodes with tp = 8
+    assert ranks_per_node(64, 2, "DGX H100") == 4  # tp = 2: four dp ranks per node
+    assert ranks_per_node(4, 1, "DGX H100") == 4
+    assert ranks_per_node(16, 4, "GB200 NVL72") == 16  # 72 GPUs in one NVLink domain hold the whole group
+
+
 def test_collective_record():
     record = Collective(op="reduce_scatter", target="c10d._reduce_scatter_base_.default", module="", phase="backward",
                         group="0", group_desc="mesh_dp", group_size=8, dtype="torch.bfloat16", bytes=1 << 28,
@@ -293,6 +327,21 @@ def test_calibrate_recovers_known_constants(tmp_path):
     rows = {name: source for name, _, _, source in constants(fitted)}
     assert rows["sustained_bandwidth"].startswith(f"from your file {path}: median of 3 memory-bound ops in a synthetic run")
     assert "calibrate" in path.read_text() and 'base = "H100 SXM"' in path.read_text()
+
+
+def test_calibrate_reads_a_profile_of_one_op_modules():
+    """A CPU profile stands in for a GPU run (the pairing is what is checked, not the numbers)."""
+    import fxflops
+    from fxflops.predict.calibrate import pairs_from_profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    profile = fxflops.profile(model, (torch.randn(16, 64),), steps=2, warm_up=1)
+    pairs = pairs_from_profile(profile)
+    assert [(node.op, node.module) for node, _ in pairs] == [
+        ("aten.linear.default", "0"), ("aten.gelu.default", "1"), ("aten.linear.default", "2")]
+    assert [seconds for _, seconds in pairs] == [profile.modules[name].latency for name in ("0", "1", "2")]
+    fitted = calibrate(profile, "H100 SXM", "fp32")
+    assert fitted.name == "H100 SXM" and fitted.constants["launch_overhead"].origin == "given in code"
 
 
 def test_calibrate_without_usable_ops_says_so():
@@ -350,3 +399,18 @@ def test_cli_explain_cluster_prints_every_constant_with_its_source(capsys, tmp_p
     assert f"from your file {path}: measured by us" in capsys.readouterr().out
     assert main(["explain", "--cluster", "DGX H200"]) == 2
     assert "did you mean 'DGX H100'" in capsys.readouterr().err
+    assert main(["explain", "--device", "MI300X"]) == 0
+    assert capsys.readouterr().out.startswith("device MI300X (preset fxflops/predict/data/devices/mi300x.toml)")
+    assert main(["explain"]) == 2
+    err = capsys.readouterr().err
+    assert "give --cluster NAME (DGX A100 80GB, DGX H100, GB200 NVL72, MI300X, TPU v5p)" in err and "\n" not in err.strip()
+
+
+def test_the_guide_lists_every_preset_constant_and_its_source():
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "time.md").read_text()
+    for kind, load in (("clusters", cluster), ("devices", device_model)):
+        for name in preset_names(kind):
+            for constant in load(name).constants.values():
+                assert constant.source.replace("|", "/") in guide, (name, constant.name)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "examples":
         sys.stdout.write(examples_listing())
         return 0
-    if args.model == "explain" and (args.cluster or args.device):
+    if args.model == "explain":
         _Encodable(sys.stdout).write(_hardware_constants(args))
         return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
@@ -280,8 +280,12 @@ _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"
 
 def _hardware_constants(args: argparse.Namespace) -> str:
     """`fxflops explain --cluster NAME` / `--device NAME`: every constant of the time model with its source."""
-    from fxflops.predict.hardware import cluster, constants_text, device_model
+    from fxflops.predict.hardware import cluster, constants_text, device_model, preset_names
 
+    if not (args.cluster or args.device):
+        raise ModelSpecError("explain prints the time model's constants and their sources: give --cluster NAME "
+                             f"({', '.join(preset_names('clusters'))}) or --device NAME, or a TOML file's path "
+                             "(to explain a model's count: fxflops MODEL --explain PATH)")
     try:
         thing = cluster(args.cluster) if args.cluster else device_model(args.device)
     except ValueError as error:

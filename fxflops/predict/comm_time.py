@@ -137,6 +137,17 @@ def collective_seconds(op: str, payload_bytes: int, group_size: int, cluster: Cl
     return {"ring": ring, "tree": tree, "hierarchical": hierarchical}[algorithm]
 
 
+def ranks_per_node(group_size: int, stride: int, cluster: Cluster | str) -> int:
+    """How many ranks of a group share a node when its members are `stride` apart in the global rank order
+    and ranks fill nodes in order (Megatron's layout: tensor-parallel ranks adjacent, stride 1; a
+    data-parallel group of a tp x pp plan, stride tp): gpus_per_node / stride of them, at least 1, at most
+    the group."""
+    spec = load_cluster(cluster)
+    if stride <= 0 or group_size <= 0:
+        raise ValueError(f"group_size and stride must be positive, got {group_size} and {stride}")
+    return max(1, min(group_size, spec.gpus_per_node // stride))
+
+
 def collective_record_seconds(c: Any, cluster: Cluster | str, ranks_per_node: int, algorithm: str = "auto") -> float:
     """collective_seconds() of a recorded `fxflops.results.parallel.Collective` (its op, bytes and group size)."""
     return collective_seconds(c.op, c.bytes, c.group_size, cluster, ranks_per_node, algorithm)

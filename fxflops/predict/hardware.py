@@ -212,7 +212,9 @@ def device_model(name_or_path: str | Path | DeviceModel) -> DeviceModel:
     """A device preset by name ("H100 SXM", "A100 80GB SXM", "MI300X", ...) or a TOML file's path."""
     if isinstance(name_or_path, DeviceModel):
         return name_or_path
-    return _device(*_resolve("devices", name_or_path))
+    if _is_path(str(name_or_path), "devices"):
+        return _device(*_resolve("devices", name_or_path))
+    return _device_preset(str(name_or_path))
 
 
 def cluster(name_or_path: str | Path | Cluster) -> Cluster:
@@ -220,7 +222,28 @@ def cluster(name_or_path: str | Path | Cluster) -> Cluster:
     file's path."""
     if isinstance(name_or_path, Cluster):
         return name_or_path
-    return _cluster(*_resolve("clusters", name_or_path))
+    if _is_path(str(name_or_path), "clusters"):
+        return _cluster(*_resolve("clusters", name_or_path))
+    return _cluster_preset(str(name_or_path))
+
+
+# Presets are read once per name (a plan search times thousands of ops); a user's file is read each time
+# it is named, so an edit to it counts at once.
+@cache
+def _device_preset(name: str) -> DeviceModel:
+    return _device(*_resolve("devices", name))
+
+
+@cache
+def _cluster_preset(name: str) -> Cluster:
+    return _cluster(*_resolve("clusters", name))
+
+
+def _is_path(text: str, kind: str) -> bool:
+    """A file's path: it ends in .toml, or names no preset and an existing file."""
+    if text.endswith(".toml"):
+        return True
+    return _squashed(text) not in _presets(kind) and Path(text).expanduser().is_file()
 
 
 def preset_names(kind: str) -> list[str]:
@@ -262,7 +285,7 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
     """(constant name -> (value, source, origin), the file's other keys, origin of the file)."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    if path.suffix == ".toml" or path.is_file():
+    if _is_path(text, kind):
         if not path.is_file():
             raise ValueError(f"{kind[:-1]} file {text!r} does not exist")
         origin = f"your file {path}"

@@ -97,12 +97,18 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
 
 
 def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
-    """(query length, head dim, causal) of an attention op: its first input is (..., L, E)."""
+    """(query length, head dim, banded) of an attention op. Its first input is (B, H, L, E), or (B, L, H, E)
+    for the flash/efficient kernels' own ops. Banded: a causal or sliding-window mask, which flash kernels
+    apply by skipping blocks (any other mask is applied to every block)."""
+    from fxflops.rules.kept_pairs import CAUSAL, SEQ_FIRST
+
     query = node.input_shapes[0] if node.input_shapes else ()
-    seq = query[-2] if len(query) >= 2 else 1
+    seq_axis = -3 if node.op.startswith(SEQ_FIRST) else -2
+    seq = query[seq_axis] if len(query) >= -seq_axis else 1
     head_dim = query[-1] if query else 128
-    causal = node.attention is not None and "causal" in node.attention
-    return seq, head_dim, causal
+    pattern = node.attention or ""
+    banded = pattern.startswith(CAUSAL) or pattern.startswith("sliding window")
+    return seq, head_dim, banded
 
 
 def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
@@ -123,7 +129,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
-            flops = node.effective_flops  # a flash kernel skips the masked blocks
+            flops = node.effective_flops  # a flash kernel skips the blocks a band mask drops
         efficiency = device.attention_fraction(seq, head_dim, backward=_is_backward_op(node),
                                                causal=causal)
         compute = flops / (device.peak(key) * efficiency)
@@ -149,6 +155,7 @@ def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None) -> 
 
     Returns {"total": s, "phases": {"forward": s, "backward": s, "recompute": s},
     "modules": {qualified name: {phase: s}} (each op at its innermost module, "" = the model),
+    "inclusive": {qualified name: {phase: s}} (a module with everything under it; "" is the total),
     "kinds": {op kind: s}, "ops": number of ops timed, "device": name, "dtype": key}. Collective calls
     are not in it (comm_time times them). `dtype`: the compute dtype; default the estimate's own."""
     device = device_model(device)
@@ -171,5 +178,24 @@ def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str) -> dic
         per_module = modules.setdefault(node.module, {})
         per_module[node.phase] = per_module.get(node.phase, 0.0) + timing.seconds
         kinds[timing.kind] = kinds.get(timing.kind, 0.0) + timing.seconds
-    return {"total": sum(phases.values()), "phases": phases, "modules": modules, "kinds": kinds, "ops": timed,
-            "device": device.name, "dtype": key}
+    inclusive: dict[str, dict[str, float]] = {}
+    for name, per_phase in modules.items():
+        for owner in _owners(name):
+            into = inclusive.setdefault(owner, {})
+            for phase, seconds in per_phase.items():
+                into[phase] = into.get(phase, 0.0) + seconds
+    return {"total": sum(phases.values()), "phases": phases, "modules": modules, "inclusive": inclusive,
+            "kinds": kinds, "ops": timed, "device": device.name, "dtype": key}
+
+
+def _owners(name: str) -> list[str]:
+    """The module and every module above it, by qualified name: "a.b.c" -> "", "a", "a.b", "a.b.c"."""
+    parts = name.split(".") if name else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def stream_seconds(nbytes: float, device: DeviceModel | str, kernels: int = 1) -> float:
+    """Seconds to stream `nbytes` through memory in `kernels` memory-bound kernels (an optimizer step,
+    a gradient copy): bytes / sustained bandwidth plus one launch overhead each."""
+    device = device_model(device)
+    return nbytes / device.sustained + kernels * device.launch_overhead
