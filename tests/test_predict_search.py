@@ -29,12 +29,12 @@ def search():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fxflops.plan(build, gpus=16, cluster="DGX A100 80GB", global_batch=32, seq_len=256, layers=8,
-                            micro_batch=(1, 2), tp=(1, 2, 4))
+                            micro_batch=(1, 2), tp=(1, 2))
 
 
 def test_plans_enumerated_ranked_and_filtered(search) -> None:
-    # tp in (1, 2, 4) x micro-batch (1, 2): 6 captures (sequence parallel at tp > 1), every other choice derived
-    assert search.captures == 6
+    # tp in (1, 2) x micro-batch (1, 2): 4 captures (sequence parallel at tp > 1), every other choice derived
+    assert search.captures == 4
     times = [row.step_time for row in search.rows]
     assert times == sorted(times)
     assert search.evaluated == len(search.rows) + len(search.dropped) >= 100

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from fxflops.predict.comm_time import ranks_per_node
 from fxflops.predict.hardware import Cluster
 from fxflops.predict.hardware import cluster as named_cluster
 from fxflops.predict.layers import LayerCosts
@@ -188,7 +189,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
             if t in failed or not any(global_batch % (gpus // (t * p) * mb) == 0
                                       for p in _pipeline_degrees(gpus // t, depth, pp)):
                 continue
-            placed = {"tp": min(t, gpn)}
+            placed = {"tp": ranks_per_node(t, 1, the_cluster)}
 
             def capture(sp: bool) -> LayerCosts:
                 nonlocal captures

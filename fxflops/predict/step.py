@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxflops.predict.comm_time import collective_seconds
+from fxflops.predict.comm_time import collective_seconds, ranks_per_node
 from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts
+from fxflops.predict.op_time import stream_seconds
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate
 
 RECOMPUTE = ("none", "selective", "full")
@@ -169,13 +170,8 @@ class StepPrediction:
 def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
     """How many ranks of one group of each mesh dimension share a node, ranks numbered tp fastest, then dp,
     then pp (Megatron's order: tp inside a node first)."""
-    gpn = cluster.gpus_per_node
-    placed: dict[str, int] = {}
-    stride = 1
-    for name, size in (("tp", plan.tp), ("dp", plan.dp), ("pp", plan.pp)):
-        placed[name] = max(1, min(size, gpn // stride)) if stride < gpn else 1
-        stride *= size
-    return placed
+    return {"tp": ranks_per_node(plan.tp, 1, cluster), "dp": ranks_per_node(plan.dp, plan.tp, cluster),
+            "pp": ranks_per_node(plan.pp, plan.tp * plan.dp, cluster)}
 
 
 def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key: str = "bf16") -> StepPrediction:
@@ -288,7 +284,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         rank_params = rank_layers * block.params + (pre.params if 0 in rank_chunks else 0) \
             + (post.params if len(chunks) - 1 in rank_chunks else 0)
         per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
-        optimizer = rank_params / shard * per_param / device.sustained + after_step[rank]
+        optimizer = (stream_seconds(rank_params / shard * per_param, device) if rank_params else 0.0) \
+            + after_step[rank]
         step_end = max(step_end, ends[rank] + optimizer)
         flops = m * (rank_layers * (block.forward_flops + block.backward_flops)
                      + (pre.forward_flops + pre.backward_flops if 0 in rank_chunks else 0)
@@ -386,7 +383,7 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
     parallel = {"tp": tp, "sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if tp > 1 else None
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory)
-    placed = placed or {"tp": min(tp, cluster.gpus_per_node)}
+    placed = placed or {"tp": ranks_per_node(tp, 1, cluster)}
 
     def per_node(group_desc: str) -> int:
         # the capture's only mesh dimension is tp: at tp alone it is the default group ("default_pg")
