@@ -147,9 +147,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     post = _whole(sums.get(POST, {}), params[POST], saved.get(POST, 0))
     element = torch.empty((), dtype=dtype).element_size()
     boundary = _boundary_bytes(nodes, of_module, element)
-    notes = []
-    if memory is None:
-        notes.append("saved activations unknown (captured without memory=True): memory per rank is not predicted")
+    notes: list[str] = []
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes))
 

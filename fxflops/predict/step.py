@@ -298,6 +298,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         exposed = busy - compute + (ends[rank] - max((e.end for e in timeline.rank_events(rank)
                                                       if e.stream == "compute"), default=0.0))
         bubble = step_end - optimizer - compute - exposed
+        bubble = 0.0 if abs(bubble) <= 1e-12 * step_end else bubble  # rounding, not waiting
         role = "every rank" if p == 1 else "first stage" if rank == 0 else "last stage" if rank == p - 1 \
             else f"stage {rank}"
         ranks.append(RankTime(role, plan.tp * plan.dp, compute, exposed, bubble, optimizer, flops, re_flops,
