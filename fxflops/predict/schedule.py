@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 GPIPE = "gpipe"
 ONE_F_ONE_B = "1f1b"
@@ -37,10 +38,9 @@ class ChunkCost:
     p2p: float = 0.0
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One pass of one chunk for one micro-batch on one rank (stream COMPUTE), or one transfer (stream P2P,
-    on the sending rank)."""
+    on the sending rank). A named tuple: a search simulates hundreds of thousands of them."""
 
     rank: int
     kind: str  # FORWARD | BACKWARD | "send forward" | "send backward"
@@ -59,12 +59,17 @@ class Timeline:
     stages: int  # p, the pipeline ranks
     virtual_stages: int  # v, chunks per rank
     microbatches: int  # m
-    events: list[Event] = field(default_factory=list)
+    by_rank: list[list[Event]] = field(default_factory=list)  # each rank's events, in the order they ran
     step_time: float = 0.0  # the last backward's end on any rank
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event, rank by rank."""
+        return [e for events in self.by_rank for e in events]
 
     def busy(self, rank: int) -> float:
         """Compute time of one rank (its passes' durations)."""
-        return sum(e.end - e.start for e in self.events if e.rank == rank and e.stream == COMPUTE)
+        return sum(e.end - e.start for e in self.by_rank[rank] if e.stream == COMPUTE)
 
     def bubble(self, rank: int) -> float:
         """Idle time of one rank within the step: step time minus its compute."""
@@ -89,8 +94,8 @@ class Timeline:
         """The most micro-batch chunks whose forward has run on `rank` and whose backward has not yet
         ended: how many chunks' activations the rank holds at once (1F1B's first stage: p)."""
         marks = []
-        for e in self.events:
-            if e.rank == rank and e.stream == COMPUTE:
+        for e in self.by_rank[rank]:
+            if e.stream == COMPUTE:
                 # a forward holds its activations from its start; a backward frees them at its end
                 marks.append((e.start, 1) if e.kind == FORWARD else (e.end, -1))
         most = live = 0
@@ -100,7 +105,7 @@ class Timeline:
         return most
 
     def rank_events(self, rank: int) -> list[Event]:
-        return [e for e in self.events if e.rank == rank]
+        return self.by_rank[rank]
 
 
 def order(schedule: str, stages: int, microbatches: int, virtual_stages: int, rank: int) -> list[tuple[str, int, int]]:
@@ -168,7 +173,7 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
     position = [0] * p
     free = [0.0] * p
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, chunk) -> end time
-    timeline = Timeline(schedule, p, v, m)
+    timeline = Timeline(schedule, p, v, m, [[] for _ in range(p)])
     remaining = sum(len(q) for q in queues)
     while remaining:
         progressed = False
@@ -181,7 +186,7 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
                 start = max(free[rank], ready)
                 cost = chunks[c].forward if kind == FORWARD else chunks[c].backward
                 end = start + cost
-                timeline.events.append(Event(rank, kind, mb, c, start, end))
+                timeline.by_rank[rank].append(Event(rank, kind, mb, c, start, end))
                 _send(timeline, kind, mb, c, n, p, chunks, end)
                 done[(kind, mb, c)] = end
                 free[rank] = end
@@ -211,6 +216,6 @@ def _send(timeline: Timeline, kind: str, mb: int, c: int, n: int, p: int, chunks
           end: float) -> None:
     """The transfer a pass ends with, as a P2P event on the sending rank (none past either end)."""
     if kind == FORWARD and c < n - 1 and chunks[c].p2p:
-        timeline.events.append(Event(c % p, "send forward", mb, c, end, end + chunks[c].p2p, P2P))
+        timeline.by_rank[c % p].append(Event(c % p, "send forward", mb, c, end, end + chunks[c].p2p, P2P))
     elif kind == BACKWARD and c > 0 and chunks[c].p2p:
-        timeline.events.append(Event(c % p, "send backward", mb, c, end, end + chunks[c].p2p, P2P))
+        timeline.by_rank[c % p].append(Event(c % p, "send backward", mb, c, end, end + chunks[c].p2p, P2P))
