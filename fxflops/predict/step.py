@@ -189,16 +189,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     grad_bytes = plan.grad_bytes or costs.param_bytes
     notes = list(costs.notes)
 
-    # one layer, one micro-batch: forward and backward as the compute stream sees them
-    recompute_time = {"none": 0.0, "selective": block.attention_forward,
-                      "full": block.forward + block.comm_forward}[plan.recompute]
-    recompute_flops = {"none": 0, "selective": block.attention_flops, "full": block.forward_flops}[plan.recompute]
-    layer_fwd_compute, layer_bwd_compute = block.forward, block.backward + (block.attention_forward
-                                                                            if plan.recompute == "selective" else
-                                                                            block.forward if plan.recompute == "full"
-                                                                            else 0.0)
-    layer_fwd_comm = block.comm_forward
-    layer_bwd_comm = block.comm_backward + (block.comm_forward if plan.recompute == "full" else 0.0)
+    layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
+        _layer_passes(costs, plan.recompute)
 
     # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward
     fsdp = plan.fsdp and plan.dp > 1
@@ -234,44 +226,19 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     schedule = INTERLEAVED if v > 1 else plan.schedule
     timeline = simulate(chunk_costs, m, schedule, stages=p)
 
-    # data parallel without FSDP: gradients reduced once per step, bucket by layer, as the last micro-batch's
-    # backward of each chunk produces them
     comm_events: list[tuple[int, str, float, float]] = []
-    ends = [timeline.step_time] * p
-    for rank in range(p):
-        ends[rank] = max((e.end for e in timeline.rank_events(rank) if e.stream == "compute"), default=0.0)
+    compute_ends = [max((e.end for e in timeline.rank_events(rank) if e.stream == "compute"), default=0.0)
+                    for rank in range(p)]
+    ends = list(compute_ends)  # when each rank is done with the step's compute and communication
     after_step = [0.0] * p
     if plan.dp > 1 and not fsdp:
-        reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
-        layer_reduce = collective_seconds(reduce, block.params * grad_bytes, plan.dp, cluster, placed["dp"])
         for rank in range(p):
-            buckets: list[tuple[float, float]] = []  # (ready, seconds)
-            for e in timeline.rank_events(rank):
-                if e.stream != "compute" or e.kind != "backward" or e.microbatch != m - 1:
-                    continue
-                n = chunks[e.chunk]
-                extra = []
-                if e.chunk == 0:
-                    extra.append(pre.params)
-                if e.chunk == len(chunks) - 1:
-                    extra.append(post.params)
-                for j in range(n):  # layers finish in reverse order through the chunk's backward
-                    ready = e.start + (j + 1) / n * (e.end - e.start) if plan.overlap_grad_reduce else ends[rank]
-                    buckets.append((ready, layer_reduce))
-                for params in filter(None, extra):  # no parameters, no collective
-                    seconds = collective_seconds(reduce, params * grad_bytes, plan.dp, cluster, placed["dp"])
-                    buckets.append((e.end if plan.overlap_grad_reduce else ends[rank], seconds))
-            free = 0.0
-            for ready, seconds in sorted(buckets):
-                start = max(free, ready)
-                free = start + seconds
-                comm_events.append((rank, f"dp {reduce}", start, free))
-            ends[rank] = max(ends[rank], free)
-            if plan.distributed_optimizer:
-                rank_params = sum(chunks[c] for c in range(rank, len(chunks), p)) * block.params \
-                    + (pre.params if rank == 0 else 0) + (post.params if rank == (len(chunks) - 1) % p else 0)
-                after_step[rank] = collective_seconds("all_gather", rank_params * costs.param_bytes, plan.dp,
-                                                      cluster, placed["dp"])
+            ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed["dp"],
+                                                     ends[rank])
+            comm_events += events
+            if plan.distributed_optimizer:  # the updated parameter shards gathered back after the step
+                after_step[rank] = collective_seconds("all_gather", _rank_params(rank, chunks, p, costs)
+                                                      * costs.param_bytes, plan.dp, cluster, placed["dp"])
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
     shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
@@ -281,8 +248,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     for rank in range(p):
         rank_chunks = list(range(rank, len(chunks), p))
         rank_layers = sum(chunks[c] for c in rank_chunks)
-        rank_params = rank_layers * block.params + (pre.params if 0 in rank_chunks else 0) \
-            + (post.params if len(chunks) - 1 in rank_chunks else 0)
+        rank_params = _rank_params(rank, chunks, p, costs)
         per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
         optimizer = (stream_seconds(rank_params / shard * per_param, device) if rank_params else 0.0) \
             + after_step[rank]
@@ -295,8 +261,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     ranks = []
     for rank, rank_layers, compute, optimizer, flops, re_flops in roles:
         busy = sum(e.end - e.start for e in timeline.rank_events(rank) if e.stream == "compute")
-        exposed = busy - compute + (ends[rank] - max((e.end for e in timeline.rank_events(rank)
-                                                      if e.stream == "compute"), default=0.0))
+        exposed = busy - compute + (ends[rank] - compute_ends[rank])  # waits inside the passes, and after them
         bubble = step_end - optimizer - compute - exposed
         bubble = 0.0 if abs(bubble) <= 1e-12 * step_end else bubble  # rounding, not waiting
         role = "every rank" if p == 1 else "first stage" if rank == 0 else "last stage" if rank == p - 1 \
@@ -317,6 +282,61 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes)
+
+
+def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, float, float, int]:
+    """One layer, one micro-batch, as the compute stream sees it: forward compute, backward compute (with
+    what is recomputed), forward and backward tensor-parallel communication, and the recomputed FLOPs."""
+    block = costs.block
+    if recompute == "full":  # the forward and its collectives again, before the backward
+        return (block.forward, block.backward + block.forward, block.comm_forward,
+                block.comm_backward + block.comm_forward, block.forward_flops)
+    if recompute == "selective":  # the attention kernels again
+        return (block.forward, block.backward + block.attention_forward, block.comm_forward, block.comm_backward,
+                block.attention_flops)
+    return block.forward, block.backward, block.comm_forward, block.comm_backward, 0
+
+
+def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
+    """Parameter elements a pipeline rank holds: its chunks' layers, the embedding with the first chunk,
+    the head with the last."""
+    layers = sum(chunks[c] for c in range(rank, len(chunks), stages))
+    return layers * costs.block.params + (costs.pre.params if rank == 0 else 0) \
+        + (costs.post.params if rank == (len(chunks) - 1) % stages else 0)
+
+
+def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs: LayerCosts, plan: StepPlan,
+                        cluster: Cluster, dp_per_node: int, compute_end: float
+                        ) -> tuple[float, list[tuple[int, str, float, float]]]:
+    """Data parallelism without FSDP: each layer's gradients reduced once per step, queued on the rank's
+    communication stream as the last micro-batch's backward of its chunk produces them (the layers of a chunk
+    finish evenly through that backward, last layer first), or all after the backward without overlap.
+    Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
+    reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
+    grad_bytes = plan.grad_bytes or costs.param_bytes
+
+    def seconds(params: int) -> float:
+        return collective_seconds(reduce, params * grad_bytes, plan.dp, cluster, dp_per_node)
+
+    layer = seconds(costs.block.params)
+    buckets: list[tuple[float, float]] = []  # (ready, seconds)
+    last = plan.microbatches - 1
+    for e in timeline.rank_events(rank):
+        if e.stream != "compute" or e.kind != "backward" or e.microbatch != last:
+            continue
+        n = chunks[e.chunk]
+        for j in range(n):
+            ready = e.start + (j + 1) / n * (e.end - e.start) if plan.overlap_grad_reduce else compute_end
+            buckets.append((ready, layer))
+        ends_model = [costs.pre.params if e.chunk == 0 else 0, costs.post.params if e.chunk == len(chunks) - 1 else 0]
+        for params in filter(None, ends_model):  # the embedding / head, when this chunk holds them
+            buckets.append((e.end if plan.overlap_grad_reduce else compute_end, seconds(params)))
+    free, events = 0.0, []
+    for ready, duration in sorted(buckets):
+        start = max(free, ready)
+        free = start + duration
+        events.append((rank, f"dp {reduce}", start, free))
+    return max(compute_end, free), events
 
 
 def _split(layers: int, chunks: int) -> list[int]:
