@@ -61,6 +61,19 @@ def test_heavier_first_stage_the_embedding_by_hand() -> None:
     assert timeline.step_time == 10.0 and timeline.ideal == 8.0 and timeline.bubble_fraction == 0.25
 
 
+def test_critical_path_by_hand() -> None:
+    # the first-stage-heavier case above: rank 1's passes, waiting on rank 0's first forward, set the step; rank
+    # 0's last backward waits on rank 1's
+    timeline = simulate([ChunkCost(2.0, 2.0), UNIFORM], 2, "1f1b")
+    path = [(e.rank, e.kind, e.microbatch) for e in timeline.critical_path()]
+    assert path == [(0, FORWARD, 0), (1, FORWARD, 0), (1, BACKWARD, 0), (1, FORWARD, 1), (1, BACKWARD, 1),
+                    (0, BACKWARD, 1)]
+    # uniform 1F1B: the first micro-batch down the pipe, the last rank's steady state, the last gradient back up
+    path = simulate([UNIFORM] * 3, 4, "1f1b").critical_path()
+    assert path[0].start == 0.0 and path[-1].end == simulate([UNIFORM] * 3, 4, "1f1b").step_time
+    assert sum(e.end - e.start for e in path) == simulate([UNIFORM] * 3, 4, "1f1b").step_time  # no waits in it
+
+
 def test_p2p_time_delays_the_next_stage() -> None:
     # GPipe, p = 2, m = 1, 0.5 s each way: F 0-1 | send 1-1.5 | F 1.5-2.5, B 2.5-4.5 | send | B 5-7
     timeline = simulate([ChunkCost(1.0, 2.0, 0.5)] * 2, 1, "gpipe")

@@ -126,7 +126,14 @@ def test_predict_step_end_to_end(tmp_path) -> None:
     assert ERROR_STATEMENT in str(prediction) and prediction.as_dict()["error"] == ERROR_STATEMENT
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}
-    assert sum(1 for e in trace["traceEvents"] if e["name"].startswith("forward")) == 2 * 4
+    compute = [e for e in trace["traceEvents"] if e["tid"] == "compute"]
+    assert sum(1 for e in compute if e["name"].startswith("forward")) == 2 * 4  # 2 stages x 4 micro-batches
+    critical = [e for e in trace["traceEvents"] if e["tid"] == "critical path"]
+    assert critical and all(e["args"]["critical"] for e in critical)
+    assert max(e["ts"] + e["dur"] for e in critical) == max(e["ts"] + e["dur"] for e in compute)
+    page = prediction.to_html(tmp_path / "step.html")
+    assert page.count("<rect") == len([e for e in trace["traceEvents"] if e["tid"] != "critical path"])
+    assert page.count('stroke="black"') == len(critical) and ERROR_STATEMENT in page
 
 
 def test_predict_step_refuses_what_it_does_not_predict() -> None:

@@ -61,6 +61,20 @@ class Timeline:
     microbatches: int  # m
     by_rank: list[list[Event]] = field(default_factory=list)  # each rank's events, in the order they ran
     step_time: float = 0.0  # the last backward's end on any rank
+    # each compute event's cause: the event whose end let it start (its rank's previous pass, or the pass whose
+    # output it waited for), None at the start of the step
+    causes: dict[Event, Event | None] = field(default_factory=dict, repr=False)
+
+    def critical_path(self) -> list[Event]:
+        """The chain of passes that sets the step time, first to last: from the pass that ends last, back
+        through whatever each one waited for (a transfer's time lies between a pass and its cause)."""
+        ends = [e for events in self.by_rank for e in events if e.stream == COMPUTE]
+        if not ends:
+            return []
+        path = [max(ends, key=lambda e: e.end)]
+        while (cause := self.causes.get(path[-1])) is not None:
+            path.append(cause)
+        return path[::-1]
 
     @property
     def events(self) -> list[Event]:
@@ -172,7 +186,8 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
     queues = [order(schedule, p, m, v, rank) for rank in range(p)]
     position = [0] * p
     free = [0.0] * p
-    done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, chunk) -> end time
+    done: dict[tuple[str, int, int], Event] = {}  # (kind, micro-batch, chunk) -> its event
+    last: list[Event | None] = [None] * p  # each rank's latest pass
     timeline = Timeline(schedule, p, v, m, [[] for _ in range(p)])
     remaining = sum(len(q) for q in queues)
     while remaining:
@@ -180,15 +195,18 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
         for rank in range(p):
             while position[rank] < len(queues[rank]):
                 kind, mb, c = queues[rank][position[rank]]
-                ready = _ready(kind, mb, c, n, chunks, done)
-                if ready is None:
+                waited = _ready(kind, mb, c, n, chunks, done)
+                if waited is None:
                     break
+                ready, needed = waited
                 start = max(free[rank], ready)
                 cost = chunks[c].forward if kind == FORWARD else chunks[c].backward
                 end = start + cost
-                timeline.by_rank[rank].append(Event(rank, kind, mb, c, start, end))
+                event = Event(rank, kind, mb, c, start, end)
+                timeline.by_rank[rank].append(event)
+                timeline.causes[event] = needed if needed is not None and ready >= free[rank] else last[rank]
                 _send(timeline, kind, mb, c, n, p, chunks, end)
-                done[(kind, mb, c)] = end
+                done[(kind, mb, c)] = last[rank] = event
                 free[rank] = end
                 position[rank] += 1
                 remaining -= 1
@@ -199,17 +217,19 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
     return timeline
 
 
-def _ready(kind: str, mb: int, c: int, n: int, chunks: Sequence[ChunkCost], done: dict) -> float | None:
-    """When the input of a pass is on its rank; None while the pass it waits for has not run."""
+def _ready(kind: str, mb: int, c: int, n: int, chunks: Sequence[ChunkCost], done: dict
+           ) -> tuple[float, Event | None] | None:
+    """(when the input of a pass is on its rank, the pass it came from); None while that pass has not run."""
     if kind == FORWARD:
         if c == 0:
-            return 0.0
-        end = done.get((FORWARD, mb, c - 1))
-        return None if end is None else end + chunks[c - 1].p2p
+            return 0.0, None
+        before = done.get((FORWARD, mb, c - 1))
+        return None if before is None else (before.end + chunks[c - 1].p2p, before)
     if c == n - 1:
-        return done.get((FORWARD, mb, c))
-    end = done.get((BACKWARD, mb, c + 1))
-    return None if end is None else end + chunks[c + 1].p2p
+        own = done.get((FORWARD, mb, c))
+        return None if own is None else (own.end, own)
+    after = done.get((BACKWARD, mb, c + 1))
+    return None if after is None else (after.end + chunks[c + 1].p2p, after)
 
 
 def _send(timeline: Timeline, kind: str, mb: int, c: int, n: int, p: int, chunks: Sequence[ChunkCost],

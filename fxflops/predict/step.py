@@ -149,22 +149,23 @@ class StepPrediction:
         return "\n".join(lines)
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
-        """The pipeline ranks' timelines (compute and p2p per rank, the data-parallel reduction) as a Chrome
-        trace (chrome://tracing, Perfetto); written to `path` when given."""
-        events = []
-        if self.timeline is not None:
-            for e in self.timeline.events:
-                name = f"{e.kind} mb{e.microbatch} chunk{e.chunk}"
-                events.append({"name": name, "ph": "X", "pid": e.rank, "tid": e.stream, "ts": e.start * 1e6,
-                               "dur": (e.end - e.start) * 1e6, "cat": e.kind})
-        for rank, name, start, end in self.comm_events:
-            events.append({"name": name, "ph": "X", "pid": rank, "tid": "dp comm", "ts": start * 1e6,
-                           "dur": (end - start) * 1e6, "cat": "communication"})
-        trace = {"traceEvents": events, "displayTimeUnit": "ms",
-                 "otherData": {"prediction": self.as_dict(), "note": self.error}}
+        """The pipeline ranks' timelines (compute and p2p per rank, the data-parallel reduction, the critical
+        path) as a Chrome trace (chrome://tracing, Perfetto); written to `path` when given."""
+        from fxflops.predict.trace import chrome_trace
+
+        trace = chrome_trace(self)
         if path is not None:
             Path(path).write_text(json.dumps(trace))
         return trace
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The step as an HTML page: one lane per pipeline rank, the critical path outlined."""
+        from fxflops.predict.trace import html_timeline
+
+        page = html_timeline(self)
+        if path is not None:
+            Path(path).write_text(page, encoding="utf-8")
+        return page
 
 
 def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
@@ -431,8 +432,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     "selective" (attention kernels recomputed) or "full" (each layer's forward recomputed in its backward).
     `sequence_parallel` applies when tp > 1. The model is captured once (fxflops.estimate with backward=True
     and the tp plan) and its repeated blocks give the per-layer costs; `layers` says the depth the model stands
-    for when it is built shallower. Returns a StepPrediction: step_time, breakdown, mfu, hfu, tokens_per_sec,
-    per rank role. A prediction is a model with a stated error, not a measurement."""
+    for when it is built shallower. `trace` writes the per-rank timeline with its critical path: an HTML page
+    for a path ending .html, a Chrome trace otherwise. Returns a StepPrediction: step_time, breakdown, mfu, hfu,
+    tokens_per_sec, per rank role. A prediction is a model with a stated error, not a measurement."""
     import torch
 
     from fxflops.predict.hardware import cluster as named_cluster
@@ -464,6 +466,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, dtype=dtype, loss=loss,
                           layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
-    if trace is not None:
+    if trace is not None and str(trace).endswith((".html", ".htm")):
+        prediction.to_html(trace)
+    elif trace is not None:
         prediction.to_chrome_trace(trace)
     return prediction
