@@ -144,3 +144,19 @@ def test_predict_step_refuses_what_it_does_not_predict() -> None:
         fxflops.predict_step(small_gpt(), (ids,), {"tpp": 2})
     with pytest.raises(ValueError, match="micro_batch=4 but the inputs hold a batch of 1"):
         fxflops.predict_step(small_gpt(), (ids,), micro_batch=4)
+
+
+def test_sequence_parallel_a_model_cannot_run_is_left_out_and_said() -> None:
+    # Hugging Face Llama's rotary embeddings read the sequence-sharded stream: the step is predicted without
+    # sequence parallelism, and the prediction's notes say so
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prediction = fxflops.predict_step(model, (torch.zeros(1, 64, dtype=torch.long),), {"tp": 2}, "DGX H100")
+    assert not prediction.plan.sequence_parallel
+    assert any(note.startswith("sequence parallelism failed on this model") for note in prediction.notes)

@@ -22,6 +22,7 @@ The result is a prediction, a model with a stated error, not a measurement (see 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -463,9 +464,22 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
                     grad_bytes=grad_bytes)
     placed = dim_ranks_per_node(plan, the_cluster)
-    costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, dtype=dtype, loss=loss,
-                          layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
+    options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
+    note = None
+    try:
+        costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
+    except Exception as error:
+        if not sp:
+            raise
+        # a model whose forward cannot run sequence-sharded (Hugging Face Llama's rotary embeddings read the
+        # stream's length): predicted without sequence parallelism, and the prediction says so
+        costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=False, **options)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it"
+        plan = dataclasses.replace(plan, sequence_parallel=False)
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
+    if note:
+        prediction.notes.append(note)
     if trace is not None and str(trace).endswith((".html", ".htm")):
         prediction.to_html(trace)
     elif trace is not None:
