@@ -401,6 +401,13 @@ def test_cli_explain_cluster_prints_every_constant_with_its_source(capsys, tmp_p
     assert "did you mean 'DGX H100'" in capsys.readouterr().err
     assert main(["explain", "--device", "MI300X"]) == 0
     assert capsys.readouterr().out.startswith("device MI300X (preset fxflops/predict/data/devices/mi300x.toml)")
+    assert main(["explain", "--cluster", "MI300X", "--format", "json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["name"] == "MI300X" and data["constants"][0] == {
+        "name": "gpus_per_node", "value": 8, "unit": "GPUs",
+        "source": "AMD Instinct MI300X platform datasheet: 8 MI300X OAM modules"}
     assert main(["explain"]) == 2
     err = capsys.readouterr().err
     assert "give --cluster NAME (DGX A100 80GB, DGX H100, GB200 NVL72, MI300X, TPU v5p)" in err and "\n" not in err.strip()

@@ -290,4 +290,12 @@ def _hardware_constants(args: argparse.Namespace) -> str:
         thing = cluster(args.cluster) if args.cluster else device_model(args.device)
     except ValueError as error:
         raise ModelSpecError(f"{'--cluster' if args.cluster else '--device'}: {error}") from None
+    if args.format == "json":
+        import json
+
+        from fxflops.predict.hardware import constants
+
+        rows = [{"name": name, "value": value, "unit": unit, "source": source}
+                for name, value, unit, source in constants(thing)]
+        return json.dumps({"name": thing.name, "origin": thing.origin, "constants": rows}, indent=2) + "\n"
     return constants_text(thing)

@@ -346,21 +346,22 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
     if gpu:
         row = peaks.named(gpu)
         table = f"{PRESET} {PEAKS_TABLE}"
-        values.setdefault("peak_flops", (dict(row.flops), f"{row.label}: {row.source}", table))
+        cited = f"{row.source} ({PEAKS_TABLE}, row {row.label})"
+        values.setdefault("peak_flops", (dict(row.flops), cited, table))
         vector = {key: row.vector.get(key, row.flops[key]) for key in ("fp32", "fp64") if key in row.flops}
-        values.setdefault("vector_flops", (vector, f"{row.label}: {row.source}", table))
-        values.setdefault("hbm_bandwidth", (row.bandwidth, f"{row.label}: {row.source}", table))
+        values.setdefault("vector_flops", (vector, cited, table))
+        values.setdefault("hbm_bandwidth", (row.bandwidth, cited, table))
         from fxflops.memory.devices import CAPACITY_GIB, GiB
 
         if row.label in CAPACITY_GIB:
-            values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB, f"{row.label} datasheet",
-                                               f"{PRESET} {CAPACITY_TABLE}"))
+            values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB,
+                                               f"{row.label} datasheet ({CAPACITY_TABLE})", f"{PRESET} {CAPACITY_TABLE}"))
         gpu = row.label
     missing = [key for key in DEVICE_CONSTANTS if key not in values]
     if missing:
         raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
-    constants = {key: Constant(key, _checked(key, value, origin), DEVICE_CONSTANTS[key][0], source, where)
-                 for key, (value, source, where) in values.items()}
+    constants = {key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1], values[key][2])
+                 for key, (unit, _) in DEVICE_CONSTANTS.items()}  # the schema's order, whoever set them
     v = {key: constant.value for key, constant in constants.items()}
     return DeviceModel(name=name, gpu=gpu, constants=constants, origin=origin, **_typed(DEVICE_CONSTANTS, v))
 
@@ -372,8 +373,8 @@ def _cluster(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) -
         missing.insert(0, "gpu")
     if missing:
         raise ValueError(f"cluster {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
-    constants = {key: Constant(key, _checked(key, value, origin), CLUSTER_CONSTANTS[key][0], source, where)
-                 for key, (value, source, where) in values.items()}
+    constants = {key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1], values[key][2])
+                 for key, (unit, _) in CLUSTER_CONSTANTS.items()}
     v = {key: constant.value for key, constant in constants.items()}
     gpu = meta["gpu"]
     override = None
@@ -439,7 +440,8 @@ def with_constant(thing: DeviceModel | Cluster, name: str, value: Any, source: s
         raise ValueError(f"{thing.name!r} has no constant {name!r} (it has {', '.join(constants)})")
     checked = _checked(name, value, "given")
     constants[name] = replace(constants[name], value=checked, source=source, origin="given in code")
-    return replace(thing, **{name: checked}, constants=constants)
+    schema = DEVICE_CONSTANTS if isinstance(thing, DeviceModel) else CLUSTER_CONSTANTS
+    return replace(thing, **_typed({name: schema[name]}, {name: checked}), constants=constants)
 
 
 def constants(thing: DeviceModel | Cluster | str) -> list[tuple[str, Any, str, str]]:
