@@ -216,7 +216,7 @@ def test_estimate_seconds_sums_per_phase_and_module():
     assert got["phases"]["backward"] == pytest.approx(sum(s for n, s in each if n.phase == BACKWARD), rel=1e-12)
     assert got["modules"]["0"]["forward"] == pytest.approx(
         sum(s for n, s in each if n.module == "0" and n.phase == FORWARD), rel=1e-12)
-    assert got["ops"] == sum(1 for _, s in each if s > 0)
+    assert got["ops"] == sum(1 for _, s in each if s > 0) and got["unknown"] == 0
     assert sum(got["inclusive"][""].values()) == pytest.approx(got["total"], rel=1e-12)
     assert got["inclusive"]["0"] == pytest.approx(got["modules"]["0"], rel=1e-12)
 
