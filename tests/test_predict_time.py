@@ -158,6 +158,27 @@ def test_gemm_tile_quantization_and_alignment_by_hand():
     assert a100.gemm_fraction(300, 128, 4096, 2) == pytest.approx(0.859 * (300 / 512) * (2 / 108), rel=1e-12)
 
 
+def test_grouped_gemm_and_conv_shapes_by_hand():
+    from fxflops.predict.op_time import gemm_shape
+
+    h100 = device_model("H100 SXM")
+    experts, tokens, k, n = 8, 4096, 4096, 1536  # 4096 tokens routed to each of 8 experts
+    grouped = NodeCost(name="gmm", op="aten._grouped_mm.default", status=COUNTED, rule="grouped_mm", module="moe",
+                       module_type="MoE", input_shapes=((experts * tokens, k), (experts, k, n), (experts,)),
+                       output_shapes=((experts * tokens, n),), macs=experts * tokens * k * n,
+                       flops=2 * experts * tokens * k * n, bytes=0)
+    assert gemm_shape(grouped) == (tokens, n, k, experts)
+    # per expert 16 x 12 tiles of 256x128; 8 experts' 1536 tiles in one launch: 12 waves of 132 (1584 slots)
+    efficiency = 0.801 * (1536 / 1584) * 0.85
+    assert node_seconds(grouped, h100, "bf16") == pytest.approx(grouped.flops / (989.4 * T * efficiency) + 2e-6,
+                                                                 rel=1e-12)
+    conv = NodeCost(name="conv", op="aten.convolution.default", status=COUNTED, rule="conv", module="c",
+                    module_type="Conv2d", input_shapes=((32, 64, 56, 56), (128, 64, 3, 3)),
+                    output_shapes=((32, 128, 56, 56),), macs=32 * 128 * 56 * 56 * 64 * 9,
+                    flops=2 * 32 * 128 * 56 * 56 * 64 * 9, bytes=0)
+    assert gemm_shape(conv) == (32 * 56 * 56, 128, 64 * 9, 1)  # an implicit GEMM: N = output channels
+
+
 def test_memory_bound_op_by_hand():
     node = elementwise(1 << 26)  # reads and writes 128 MiB each in bf16
     expected = (2 * (1 << 26) * 2) / (3350e9 * 0.9) + 2e-6
@@ -216,7 +237,7 @@ def test_estimate_seconds_sums_per_phase_and_module():
     assert got["phases"]["backward"] == pytest.approx(sum(s for n, s in each if n.phase == BACKWARD), rel=1e-12)
     assert got["modules"]["0"]["forward"] == pytest.approx(
         sum(s for n, s in each if n.module == "0" and n.phase == FORWARD), rel=1e-12)
-    assert got["ops"] == sum(1 for _, s in each if s > 0)
+    assert got["ops"] == sum(1 for _, s in each if s > 0) and got["unknown"] == 0
     assert sum(got["inclusive"][""].values()) == pytest.approx(got["total"], rel=1e-12)
     assert got["inclusive"]["0"] == pytest.approx(got["modules"]["0"], rel=1e-12)
 
@@ -401,6 +422,13 @@ def test_cli_explain_cluster_prints_every_constant_with_its_source(capsys, tmp_p
     assert "did you mean 'DGX H100'" in capsys.readouterr().err
     assert main(["explain", "--device", "MI300X"]) == 0
     assert capsys.readouterr().out.startswith("device MI300X (preset fxflops/predict/data/devices/mi300x.toml)")
+    assert main(["explain", "--cluster", "MI300X", "--format", "json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["name"] == "MI300X" and data["constants"][0] == {
+        "name": "gpus_per_node", "value": 8, "unit": "GPUs",
+        "source": "AMD Instinct MI300X platform datasheet: 8 MI300X OAM modules"}
     assert main(["explain"]) == 2
     err = capsys.readouterr().err
     assert "give --cluster NAME (DGX A100 80GB, DGX H100, GB200 NVL72, MI300X, TPU v5p)" in err and "\n" not in err.strip()

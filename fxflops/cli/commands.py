@@ -192,6 +192,7 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
         parts.append(comparison)
     if args.format == "json":
         import json
+        from collections.abc import Mapping
 
         data = [part.to_dict() for part in parts]
         return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
@@ -236,6 +237,7 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
         raise ModelSpecError(f"--explain: {error.args[0]}") from None
     if args.format == "json":
         import json
+        from collections.abc import Mapping
 
         return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
     return swept, str(explanation) + "\n"
@@ -290,4 +292,14 @@ def _hardware_constants(args: argparse.Namespace) -> str:
         thing = cluster(args.cluster) if args.cluster else device_model(args.device)
     except ValueError as error:
         raise ModelSpecError(f"{'--cluster' if args.cluster else '--device'}: {error}") from None
+    if args.format == "json":
+        import json
+        from collections.abc import Mapping
+
+        from fxflops.predict.hardware import constants
+
+        rows = [{"name": name, "value": dict(value) if isinstance(value, Mapping) else value, "unit": unit,
+                 "source": source}
+                for name, value, unit, source in constants(thing)]
+        return json.dumps({"name": thing.name, "origin": thing.origin, "constants": rows}, indent=2) + "\n"
     return constants_text(thing)

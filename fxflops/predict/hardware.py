@@ -19,10 +19,12 @@ import bisect
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 PRESET = "preset"
@@ -87,8 +89,8 @@ class DeviceModel:
 
     name: str
     gpu: str  # the row of fxflops.device.peaks it stands for (its label), or "" when the file gives the peaks
-    peak_flops: dict[str, float]  # dtype key ("bf16", "fp16", "tf32", "fp32", "fp8", "fp64") -> FLOP/s
-    vector_flops: dict[str, float]
+    peak_flops: Mapping[str, float]  # dtype key ("bf16", "fp16", "tf32", "fp32", "fp8", "fp64") -> FLOP/s
+    vector_flops: Mapping[str, float]
     hbm_bandwidth: float
     sustained_bandwidth: float
     gemm_max_efficiency: float
@@ -103,7 +105,7 @@ class DeviceModel:
     attention_head_dim: Curve
     launch_overhead: float
     memory_bytes: int
-    constants: dict[str, Constant] = field(compare=False, repr=False)
+    constants: Mapping[str, Constant] = field(compare=False, repr=False)
     origin: str = ""  # the file it was read from
 
     def peak(self, dtype_key: str) -> float:
@@ -176,7 +178,7 @@ class Cluster:
     inter_bandwidth: float  # B/s per NIC
     nics_per_node: int
     inter_latency: float  # s
-    constants: dict[str, Constant] = field(compare=False, repr=False)
+    constants: Mapping[str, Constant] = field(compare=False, repr=False)
     origin: str = ""
     device_override: DeviceModel | None = field(default=None, compare=False, repr=False)
 
@@ -346,21 +348,23 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
     if gpu:
         row = peaks.named(gpu)
         table = f"{PRESET} {PEAKS_TABLE}"
-        values.setdefault("peak_flops", (dict(row.flops), f"{row.label}: {row.source}", table))
+        cited = f"{row.source} ({PEAKS_TABLE}, row {row.label})"
+        values.setdefault("peak_flops", (dict(row.flops), cited, table))
         vector = {key: row.vector.get(key, row.flops[key]) for key in ("fp32", "fp64") if key in row.flops}
-        values.setdefault("vector_flops", (vector, f"{row.label}: {row.source}", table))
-        values.setdefault("hbm_bandwidth", (row.bandwidth, f"{row.label}: {row.source}", table))
+        values.setdefault("vector_flops", (vector, cited, table))
+        values.setdefault("hbm_bandwidth", (row.bandwidth, cited, table))
         from fxflops.memory.devices import CAPACITY_GIB, GiB
 
         if row.label in CAPACITY_GIB:
-            values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB, f"{row.label} datasheet",
-                                               f"{PRESET} {CAPACITY_TABLE}"))
+            values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB,
+                                               f"{row.label} datasheet ({CAPACITY_TABLE})", f"{PRESET} {CAPACITY_TABLE}"))
         gpu = row.label
     missing = [key for key in DEVICE_CONSTANTS if key not in values]
     if missing:
         raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
-    constants = {key: Constant(key, _checked(key, value, origin), DEVICE_CONSTANTS[key][0], source, where)
-                 for key, (value, source, where) in values.items()}
+    constants = MappingProxyType({key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1],
+                                                values[key][2])
+                                  for key, (unit, _) in DEVICE_CONSTANTS.items()})  # the schema's order
     v = {key: constant.value for key, constant in constants.items()}
     return DeviceModel(name=name, gpu=gpu, constants=constants, origin=origin, **_typed(DEVICE_CONSTANTS, v))
 
@@ -372,8 +376,9 @@ def _cluster(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) -
         missing.insert(0, "gpu")
     if missing:
         raise ValueError(f"cluster {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
-    constants = {key: Constant(key, _checked(key, value, origin), CLUSTER_CONSTANTS[key][0], source, where)
-                 for key, (value, source, where) in values.items()}
+    constants = MappingProxyType({key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1],
+                                                values[key][2])
+                                  for key, (unit, _) in CLUSTER_CONSTANTS.items()})
     v = {key: constant.value for key, constant in constants.items()}
     gpu = meta["gpu"]
     override = None
@@ -393,8 +398,8 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
         value = values[key]
         if unit in ("SMs", "GPUs", "NICs", "B"):
             value = int(value)
-        elif unit in ("FLOP/s",):
-            value = dict(value)
+        elif unit == "FLOP/s":
+            value = MappingProxyType(dict(value))
         elif not unit.startswith("["):
             value = float(value)
         typed[key] = value
@@ -420,11 +425,11 @@ def _checked(key: str, value: Any, origin: str) -> Any:
         if not curve or any(x <= 0 or y <= 0 for x, y in curve) or list(curve) != sorted(curve):
             raise fail("a non-empty list of positive [x, y] pairs, x ascending")
         return curve
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         if (not value and key != "vector_flops") or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                                 for v in value.values()):
             raise fail("a table of positive numbers per dtype")
-        return {str(k): float(v) for k, v in value.items()}
+        return MappingProxyType({str(k): float(v) for k, v in value.items()})
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise fail("a positive number")
     if unit == "fraction" and value > 1:
@@ -439,7 +444,8 @@ def with_constant(thing: DeviceModel | Cluster, name: str, value: Any, source: s
         raise ValueError(f"{thing.name!r} has no constant {name!r} (it has {', '.join(constants)})")
     checked = _checked(name, value, "given")
     constants[name] = replace(constants[name], value=checked, source=source, origin="given in code")
-    return replace(thing, **{name: checked}, constants=constants)
+    schema = DEVICE_CONSTANTS if isinstance(thing, DeviceModel) else CLUSTER_CONSTANTS
+    return replace(thing, **_typed({name: schema[name]}, {name: checked}), constants=MappingProxyType(constants))
 
 
 def constants(thing: DeviceModel | Cluster | str) -> list[tuple[str, Any, str, str]]:
@@ -475,7 +481,7 @@ def constants_text(thing: DeviceModel | Cluster | str) -> str:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
     if isinstance(value, tuple):
         return "[" + ", ".join(_shown(v) for v in value) + "]"

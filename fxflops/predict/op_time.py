@@ -25,7 +25,7 @@ from typing import Any
 
 from fxflops.predict.hardware import DeviceModel, device_model
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
-from fxflops.results.costs import ZERO, NodeCost
+from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
 
 GEMM, GROUPED_GEMM, ATTENTION, MEMORY, NONE = "gemm", "grouped_gemm", "attention", "elementwise", "none"
 _COLLECTIVE_RULES = ("collective", "collective wait")  # rules/collectives.toml: timed by comm_time instead
@@ -156,7 +156,8 @@ def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None) -> 
     Returns {"total": s, "phases": {"forward": s, "backward": s, "recompute": s},
     "modules": {qualified name: {phase: s}} (each op at its innermost module, "" = the model),
     "inclusive": {qualified name: {phase: s}} (a module with everything under it; "" is the total),
-    "kinds": {op kind: s}, "ops": number of ops timed, "device": name, "dtype": key}. Collective calls
+    "kinds": {op kind: s}, "ops": number of ops timed, "unknown": ops no rule counts that were timed by
+    their bytes alone (their FLOPs are not known), "device": name, "dtype": key}. Collective calls
     are not in it (comm_time times them). `dtype`: the compute dtype; default the estimate's own."""
     device = device_model(device)
     key = dtype_key(dtype if dtype is not None else (getattr(est, "dtype", None) or "float32"))
@@ -168,12 +169,13 @@ def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str) -> dic
     phases = {FORWARD: 0.0, BACKWARD: 0.0, RECOMPUTE: 0.0}
     modules: dict[str, dict[str, float]] = {}
     kinds: dict[str, float] = {}
-    timed = 0
+    timed = unknown = 0
     for node in nodes:
         timing = op_time(node, device, key)
         if timing.kind == NONE:
             continue
         timed += 1
+        unknown += node.status == UNKNOWN
         phases[node.phase] = phases.get(node.phase, 0.0) + timing.seconds
         per_module = modules.setdefault(node.module, {})
         per_module[node.phase] = per_module.get(node.phase, 0.0) + timing.seconds
@@ -185,7 +187,7 @@ def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str) -> dic
             for phase, seconds in per_phase.items():
                 into[phase] = into.get(phase, 0.0) + seconds
     return {"total": sum(phases.values()), "phases": phases, "modules": modules, "inclusive": inclusive,
-            "kinds": kinds, "ops": timed, "device": device.name, "dtype": key}
+            "kinds": kinds, "ops": timed, "unknown": unknown, "device": device.name, "dtype": key}
 
 
 def _owners(name: str) -> list[str]:
