@@ -105,7 +105,7 @@ def test_bad_plans_are_one_line() -> None:
 
 def small_gpt() -> GPT:
     with torch.device("meta"):
-        return GPT(2, 256, 4, vocab=1024, seq=128).to(torch.bfloat16)
+        return GPT(2, 256, 8, vocab=1024, seq=128).to(torch.bfloat16)
 
 
 def test_predict_step_end_to_end(tmp_path) -> None:
@@ -160,3 +160,25 @@ def test_sequence_parallel_a_model_cannot_run_is_left_out_and_said() -> None:
         prediction = fxflops.predict_step(model, (torch.zeros(1, 64, dtype=torch.long),), {"tp": 2}, "DGX H100")
     assert not prediction.plan.sequence_parallel
     assert any(note.startswith("sequence parallelism failed on this model") for note in prediction.notes)
+
+
+def test_per_layer_costs_hold_what_one_rank_holds() -> None:
+    # GPT of width 256 (8 heads, MLP 1024, vocabulary 1024, 128 positions) at tp=2 with sequence parallelism,
+    # one sequence of 128 tokens. A block: 4 x 256^2 + 2 x 256 x 1024 = 786,432 weights split 2 ways, the
+    # column-parallel biases (q, k, v: 768; dense_h_to_4h: 1024) split, the row-parallel biases (2 x 256) and
+    # the two LayerNorms (4 x 256) whole: 393,216 + 896 + 1,536 = 395,648.
+    from fxflops.predict.step import capture_costs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        costs = capture_costs(small_gpt(), (torch.zeros(1, 128, dtype=torch.long),), A100, tp=2,
+                              sequence_parallel=True, loss=lm_loss, layers=12)
+    assert costs.block.params == 395_648
+    assert costs.pre.params == (1024 * 256 + 128 * 256) // 2  # both embeddings split under sequence parallelism
+    assert costs.post.params == 1024 * 256 // 2 + 2 * 256  # the head split, the final LayerNorm whole
+    assert costs.params == 12 * 395_648 + costs.pre.params + costs.post.params
+    assert costs.boundary_bytes == 1 * (128 // 2) * 256 * 2  # the sequence-sharded stream, bf16
+    assert costs.tokens == 128 and costs.captured_layers == 2 and costs.layers == 12
+    assert costs.block.forward > 0 and costs.block.backward > costs.block.forward
+    # sequence parallelism: per block two all-gathers and two reduce-scatters forward, as many backward
+    assert costs.block.comm_forward > 0 and costs.block.comm_backward > 0

@@ -129,7 +129,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         key = POST if key == -1 else key
         seconds = collective_record_seconds(record, cluster, ranks_per_node(record.group_desc))
         _add(sums.setdefault(key, {}), "comm_forward" if record.phase == FORWARD else "comm_backward", seconds)
-    params = _params(model, blocks, of_module, pre_modules, tp)
+    params = _params(estimate, of_module, pre_modules)
     memory = getattr(estimate, "memory", None)
     saved = {}
     if memory is not None:
@@ -191,25 +191,20 @@ def _is_attention(op: str) -> bool:
     return "attention" in op or "flash" in op
 
 
-def _params(model: torch.nn.Module, blocks: list[str], of_module: Callable[[str], int], pre_modules: set[str],
-            tp: int) -> dict[str, int]:
-    """Parameter elements one tp rank holds: per block (the first block's), before and after the blocks.
-    Weights of linears and embeddings (matrices) are split tp ways; vectors (norms, biases of row-parallel
-    linears) are replicated, as the Megatron-style plan does (a bias of a column-parallel linear is split,
-    counted here as replicated: a few elements per layer)."""
+def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str]) -> dict[str, int]:
+    """Parameter elements this rank holds (the capture's own count: local shards under tp, a shared parameter
+    once): in the first block, before the blocks and after them."""
     found = {"block": 0, PRE: 0, POST: 0}
-    seen: set[int] = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
+    modules = estimate.modules
+    for name, stats in modules.items():
+        own = stats.params - sum(modules[child].params for child in stats.children if child in modules)
+        if own <= 0:
             continue
-        seen.add(id(param))
-        module = name.rpartition(".")[0]
-        elements = param.numel() // tp if param.dim() >= 2 else param.numel()
-        index = of_module(module)
+        index = of_module(name)
         if index == 0:
-            found["block"] += elements
+            found["block"] += own
         elif index < 0:
-            found[PRE if module in pre_modules else POST] += elements
+            found[PRE if name in pre_modules else POST] += own
     return found
 
 
