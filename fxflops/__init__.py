@@ -25,6 +25,8 @@ _EXPORTS = MappingProxyType({
     **dict.fromkeys(("FlopsMeter", "FlopsMeterWarning"), "fxflops.timing.meter"),
     "profile": "fxflops.timing.profiling",
     "Parallel": "fxflops.parallel.plan",
+    "predict_step": "fxflops.predict.step",
+    "plan": "fxflops.predict.search",
     **dict.fromkeys(("Estimate", "Measurements", "ModuleStats", "NodeCost", "Profile", "UnknownOp"), "fxflops.results"),
     **dict.fromkeys(("CONVENTIONS", "OpCall", "RuleFileError", "RuleFileWarning"), "fxflops.rules"),
     **dict.fromkeys(("sweep", "Sweep", "SweepCaptureError"), "fxflops.sweeps"),
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from fxflops.timing.meter import FlopsMeter, FlopsMeterWarning
     from fxflops.timing.profiling import profile
     from fxflops.parallel.plan import Parallel
+    from fxflops.predict.search import plan
+    from fxflops.predict.step import predict_step
     from fxflops.results import Estimate, Measurements, ModuleStats, NodeCost, Profile, UnknownOp
     from fxflops.rules import CONVENTIONS, OpCall, RuleFileError, RuleFileWarning
     from fxflops.sweeps import Sweep, SweepCaptureError, sweep

@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "examples":
         sys.stdout.write(examples_listing())
         return 0
+    if args.model == "explain":
+        _Encodable(sys.stdout).write(_hardware_constants(args))
+        return 0
     sweeps = [parse_sweep(text) for text in args.sweep]
     check_sweeps(sweeps)
     if sweeps and args.parallel:
@@ -201,6 +204,7 @@ def _views(result, loaded, model, args: argparse.Namespace) -> str:
         parts.append(comparison)
     if args.format == "json":
         import json
+        from collections.abc import Mapping
 
         data = [part.to_dict() for part in parts]
         return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
@@ -245,6 +249,7 @@ def _explain_sweep(model, loaded, sweeps: list, args: argparse.Namespace, progre
         raise ModelSpecError(f"--explain: {error.args[0]}") from None
     if args.format == "json":
         import json
+        from collections.abc import Mapping
 
         return swept, json.dumps(explanation.to_dict(), indent=2) + "\n"
     return swept, str(explanation) + "\n"
@@ -285,3 +290,28 @@ def _training_step(args: argparse.Namespace, progress: StageProgress) -> str:
 
 
 _STAGE_WORDS = {"capture": "capturing the forward", "count": "counting every op"}
+
+
+def _hardware_constants(args: argparse.Namespace) -> str:
+    """`fxflops explain --cluster NAME` / `--device NAME`: every constant of the time model with its source."""
+    from fxflops.predict.hardware import cluster, constants_text, device_model, preset_names
+
+    if not (args.cluster or args.device):
+        raise ModelSpecError("explain prints the time model's constants and their sources: give --cluster NAME "
+                             f"({', '.join(preset_names('clusters'))}) or --device NAME, or a TOML file's path "
+                             "(to explain a model's count: fxflops MODEL --explain PATH)")
+    try:
+        thing = cluster(args.cluster) if args.cluster else device_model(args.device)
+    except ValueError as error:
+        raise ModelSpecError(f"{'--cluster' if args.cluster else '--device'}: {error}") from None
+    if args.format == "json":
+        import json
+        from collections.abc import Mapping
+
+        from fxflops.predict.hardware import constants
+
+        rows = [{"name": name, "value": dict(value) if isinstance(value, Mapping) else value, "unit": unit,
+                 "source": source}
+                for name, value, unit, source in constants(thing)]
+        return json.dumps({"name": thing.name, "origin": thing.origin, "constants": rows}, indent=2) + "\n"
+    return constants_text(thing)

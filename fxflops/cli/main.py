@@ -13,7 +13,7 @@ import contextlib
 import logging
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.cli.commands import run
@@ -51,14 +51,24 @@ def _library_logging_quiet() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:  # `fxflops plan MODEL ...`: the plan search has options of its own
+        from fxflops.cli.plan import main as plan_main
+
+        return _guarded(lambda: plan_main(argv[1:]), "--debug" in argv)
     args = build_parser().parse_args(argv)
-    if args.debug:
-        return run(args)
+    return _guarded(lambda: run(args), args.debug)
+
+
+def _guarded(command: Callable[[], int], debug: bool) -> int:
+    """Run a command with library warnings quiet and any error as one line (--debug: as raised)."""
+    if debug:
+        return command()
     try:
         with warnings.catch_warnings(), _library_logging_quiet():
             # The report lists unknown ops itself; library chatter would bury it.
             warnings.simplefilter("ignore")
-            return run(args)
+            return command()
     except ModelSpecError as error:
         say(f"error: {error}")
         return EXIT_USAGE

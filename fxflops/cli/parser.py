@@ -26,6 +26,8 @@ EXIT_USAGE = 2
 EPILOG = """\
 MODEL is one of:
   NAME                    a built-in example: fxflops examples
+  explain                 with --cluster NAME|FILE or --device NAME|FILE: every constant of the time
+                          model (bandwidths, latencies, peaks, efficiencies) with its source
   torchvision:NAME        e.g. torchvision:resnet50 (weights are never downloaded)
   hf:NAME                 a checkpoint fxflops knows the config of (fxflops examples lists them),
                           e.g. hf:gpt2, hf:facebook/opt-350m; or a model type with its config
@@ -107,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", metavar="MODEL", help="what to estimate (see below), or 'examples'")
+    parser.add_argument("model", metavar="MODEL",
+                        help="what to estimate (see below), 'examples', or 'explain' with --cluster or --device: "
+                             "the time model's constants and their sources")
     inputs = parser.add_argument_group("inputs")
     inputs.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE",
                         help="shape of one positional input, e.g. 1,3,224,224, or of a keyword input by "
@@ -183,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     counting.add_argument("--bandwidth", type=_rate, metavar="BYTES/S",
                           help="the memory bandwidth to predict with, e.g. 3.35T (bytes/s): with --peak-flops, or "
                                "with --device to override its bandwidth")
+    predicting = parser.add_argument_group("time prediction")
+    predicting.add_argument("--cluster", metavar="NAME|FILE",
+                            help="a cluster preset ('DGX A100 80GB', 'DGX H100', 'GB200 NVL72', 'MI300X', 'TPU v5p') "
+                                 "or your TOML file; `fxflops explain --cluster NAME` prints every constant of it "
+                                 "(and of its GPU) with its source")
     report = parser.add_argument_group("report")
     report.add_argument("--format", default="text", choices=FORMATS,
                         help="html: one self-contained page (zoomable module icicle, sortable tables); "

@@ -84,6 +84,11 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
              "NVIDIA Ada Lovelace architecture whitepaper"),
     GpuPeaks("RTX 3090", r"RTX 3090", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
              936 * G, "NVIDIA Ampere GA102 whitepaper"),
+    # NVIDIA GB200 NVL72 datasheet, per rack of 72 Blackwell GPUs (with sparsity): FP16/BF16 360 PF, FP8 720 PF,
+    # TF32 180 PF, FP64 3,240 TF; halved for dense and divided by 72 per GPU. HBM3e 576 TB/s per rack: 8 TB/s a GPU.
+    # The sheet gives no plain fp32 rate: the fp64 one stands in (it only bounds elementwise ops, memory-bound anyway).
+    GpuPeaks("GB200", r"GB200", {"fp64": 45 * T, "fp32": 45 * T, "tf32": 1250 * T, "bf16": 2500 * T, "fp16": 2500 * T,
+                                 "fp8": 5000 * T}, 8000 * G, "NVIDIA GB200 NVL72 datasheet (per GPU, dense)"),
     # AMD Instinct MI250X datasheet: FP64/FP32 matrix 95.7, vector 47.9, FP16/BF16 383 TFLOPS (CDNA 2 has
     # no tf32 or fp8); 128 GB HBM2e on an 8192-bit bus at 3.2 Gbps: 3276.8 GB/s.
     GpuPeaks("MI250X", r"MI250X", {"fp64": 95.7 * T, "fp32": 95.7 * T, "bf16": 383 * T, "fp16": 383 * T},

@@ -1,0 +1,60 @@
+"""Time of a plan search: Llama-2-70B shapes on 512 GPUs of DGX H100 nodes, global batch 1024 x 4096 tokens.
+
+`fxflops.plan` with the model given as a factory (LlamaForCausalLM built on the meta device at the depth it
+is asked for: the captures run at two layers, the plans are for 80): one capture per (tp, micro-batch),
+every plan derived from those per-layer costs. Reports wall and CPU time of the search, the plans evaluated,
+the captures, and the best plan with its predicted memory against the device's. Writes
+benchmarks/results/plan_search.md. Issue 41's target: >= 200 plans in under a minute on 2 cores.
+
+    python benchmarks/plan_search.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import ROOT, environment  # noqa: E402
+
+
+def build(layers: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
+                         num_key_value_heads=8, vocab_size=32000, attn_implementation="sdpa")
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16)
+
+
+def main() -> None:
+    import fxflops
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        search = fxflops.plan(build, gpus=512, cluster="DGX H100", global_batch=1024, seq_len=4096, layers=80)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    best = search.best
+    text = "\n".join([
+        "# plan_search.py", "", environment(), "Machine shared with other jobs (wall time above CPU time).", "",
+        "Llama-2-70B shapes (80 layers, GQA 64/8 heads), 512 x H100 SXM (DGX H100), global batch 1024 x 4096 tokens.",
+        "", "| plans evaluated | fit | captures | wall s | CPU s |", "|---|---|---|---|---|",
+        f"| {search.evaluated} | {len(search.rows)} | {search.captures} | {wall:.1f} | {cpu:.1f} |", "",
+        f"Best plan: {best.parallel}, micro-batch {best.plan.micro_batch}, recompute {best.plan.recompute}: "
+        f"predicted step {best.step_time:.3f} s, MFU {best.prediction.mfu:.1%}, predicted memory of its fullest rank "
+        f"{best.peak_bytes / 2**30:.1f} GiB of {search.capacity / 2**30:.0f} GiB "
+        f"({', '.join(f'{k} {v / 2**30:.1f}' for k, v in best.memory.items())} GiB, plus the 0.5 GiB allowance).", "",
+        "```", search.render(10), "```", ""])
+    path = os.path.join(ROOT, "benchmarks", "results", "plan_search.md")
+    with open(path, "w") as stream:
+        stream.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Predicted vs published step time / per-GPU TFLOP/s of Megatron-LM GPT runs (issue 41's validation).
+
+Each run of fxflops.predict.validation.RUNS (Korthikanti et al. 2022 Tables 3/5: iteration time; Narayanan
+et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula) is predicted with predict_step on the
+DGX A100 80GB preset, the model captured at two layers (the costs stand for the run's depth). The constants
+come from fxflops/predict/data and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
+
+    python benchmarks/predict_validation.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import ROOT, environment  # noqa: E402
+
+
+def main() -> None:
+    from fxflops.predict.validation import RUNS, predict_run
+
+    rows, errors = [], []
+    for run in RUNS:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            predicted, prediction = predict_run(run)
+        error = (predicted - run.measured) / run.measured
+        errors.append(abs(error))
+        b = prediction.breakdown
+        unit = "s" if run.metric == "step_time" else "TFLOP/s/GPU"
+        rows.append(f"| {run.name} | {run.source.split(',')[0]} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
+                    f"dp={run.dp}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | {unit} | "
+                    f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "
+                    f"{b['exposed_comm']:.2f} / {b['bubble']:.2f} / {b['optimizer']:.2f} | "
+                    f"{time.perf_counter() - start:.1f} |")
+        print(rows[-1], flush=True)
+    mean, worst = sum(errors) / len(errors), max(errors)
+    text = "\n".join([
+        "# predict_validation.py", "", environment(), "", "Cluster preset: DGX A100 80GB. Breakdown of the step's",
+        "critical rank in seconds: compute / exposed communication / bubble / optimizer.", "",
+        "| run | publication | plan | metric | measured | predicted | error | breakdown (s) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        f"Mean absolute error {mean:.1%} over {len(errors)} runs; largest {worst:.1%}.", ""])
+    path = os.path.join(ROOT, "benchmarks", "results", "predict_validation.md")
+    with open(path, "w") as stream:
+        stream.write(text)
+    print(f"mean abs error {mean:.1%}, max {worst:.1%}; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""`fxflops plan MODEL --gpus 512 --cluster "DGX H100" --batch 1024 --seq-len 4096`: rank parallel plans.
+
+MODEL is any form `fxflops MODEL` takes. An hf: model is built at a depth of two layers for the captures (its
+config's depth is what the plans are for: the blocks are the same); any other MODEL is captured as built.
+Prints the fastest plans that fit with their breakdown; --csv / --json write every plan evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from fxflops.cli.model_spec import load
+from fxflops.cli.options import InputOptions
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fxflops plan", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="what to plan for (the forms `fxflops MODEL` takes, e.g. hf:meta-llama/Llama-2-70b-hf)")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the job")
+    parser.add_argument("--cluster", default="DGX H100", help="a cluster preset or a cluster TOML file (default: DGX H100)")
+    parser.add_argument("--batch", type=int, required=True, help="global batch, in sequences")
+    parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to try")
+    parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
+    parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
+    parser.add_argument("--json", help="write every plan evaluated to this JSON file")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    from fxflops.predict.search import plan
+
+    args = build_parser().parse_args(list(argv))
+    dtype = DTYPES[args.dtype]
+    if args.model.startswith("hf:"):
+        from fxflops.cli.hf_specs import resolve_hf_config
+
+        config, _ = resolve_hf_config(args.model.removeprefix("hf:"))
+        layers = config.num_hidden_layers
+
+        def build(depth: int) -> torch.nn.Module:
+            options = InputOptions(batch=1, seq_len=args.seq_len, dtype=dtype, overrides={"num_hidden_layers": depth})
+            return load(args.model, options).model
+
+        model, depth = build, layers
+    else:
+        model, depth = load(args.model, InputOptions(batch=1, seq_len=args.seq_len, dtype=dtype)).model, None
+    result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
+                  layers=depth, dtype=dtype, micro_batch=args.micro_batch)
+    sys.stdout.write(result.render(args.top) + "\n")
+    if args.csv:
+        result.to_csv(args.csv)
+    if args.json:
+        result.to_json(args.json)
+    return 0

@@ -1,0 +1,490 @@
+"""The hardware a prediction runs on: a `DeviceModel` (one GPU) and a `Cluster` (GPUs, nodes, links).
+
+Both are data: TOML files under `fxflops/predict/data/devices/` and `.../clusters/`, one per preset,
+every constant with the published source it was read from (datasheets, vendor GEMM benchmarks,
+NCCL-tests bus bandwidths, the FlashAttention papers' kernel measurements; never end-to-end training
+times, which are what predictions are checked against). A device's peak FLOP/s and HBM bandwidth
+come from `fxflops.device.peaks` unless its file sets them.
+
+`device_model(name_or_path)` and `cluster(name_or_path)` take a preset's name (any case and spacing,
+or one of its aliases) or the path of a TOML file. A user's file may name a preset as `base` and
+set only the constants it changes; each constant then reads "from your file PATH", so `explain`
+shows which numbers are the user's. A constant is written either as a bare value or as a table
+`{value = ..., source = "..."}`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+PRESET = "preset"
+PEAKS_TABLE = "fxflops/device/peaks.py"
+CAPACITY_TABLE = "fxflops/memory/devices.py"
+
+# The constants each kind of file holds: name -> (unit, what it is). A file may hold no others.
+DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
+    "peak_flops": ("FLOP/s", "dense tensor-core peak per dtype"),
+    "vector_flops": ("FLOP/s", "peak of ops that do not run on tensor cores (elementwise, reductions)"),
+    "hbm_bandwidth": ("B/s", "datasheet memory bandwidth"),
+    "sustained_bandwidth": ("fraction", "share of hbm_bandwidth a large streaming kernel reaches"),
+    "gemm_max_efficiency": ("fraction", "fraction of peak the best-shaped large GEMM reaches (the plateau)"),
+    "gemm_tile": ("[M, N] elements", "output tile of one thread block: tile and wave quantization are counted in it"),
+    "sm_count": ("SMs", "streaming multiprocessors (compute units) that run tiles at once: one wave"),
+    "gemm_size_correction": ("[size, factor]", "factor on the GEMM model by size = (M*N*K)**(1/3), interpolated in "
+                                               "log(size); what calibrate fits from measured GEMMs (1.0: none)"),
+    "gemm_alignment": ("[bytes, factor]", "factor on GEMM efficiency by the alignment in bytes of the GEMM's "
+                                          "contiguous dimensions (K, N): the largest row whose bytes divide both"),
+    "grouped_gemm_efficiency": ("factor", "a grouped GEMM (MoE experts) relative to one dense GEMM of a group's shape"),
+    "attention_forward": ("[seq, fraction]", "fraction of peak a fused attention forward reaches by sequence "
+                                             "length, head dim 128, no mask"),
+    "attention_forward_causal": ("[seq, fraction]", "the same with a causal mask (FLOPs of the kept pairs)"),
+    "attention_backward": ("[seq, fraction]", "fraction of peak of the attention backward, head dim 128, no mask "
+                                              "(with a mask: scaled by the forward's causal/no-mask ratio)"),
+    "attention_head_dim": ("[head dim, factor]", "factor on the attention curves by head dimension"),
+    "launch_overhead": ("s", "per-kernel launch and fixed overhead"),
+    "memory_bytes": ("B", "device memory capacity"),
+}
+CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
+    "gpus_per_node": ("GPUs", "GPUs that share the intra-node fabric (NVLink/NVSwitch, Infinity Fabric, ICI)"),
+    "intra_bandwidth": ("B/s", "per-GPU bus bandwidth of the intra-node fabric (NCCL-tests busbw)"),
+    "intra_latency": ("s", "per-step latency of a collective inside a node"),
+    "inter_bandwidth": ("B/s", "bandwidth of one network adapter (InfiniBand/RoCE), one direction"),
+    "nics_per_node": ("NICs", "compute-network adapters per node"),
+    "inter_latency": ("s", "per-step latency of a collective across nodes"),
+}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """One number of a device or cluster and where it comes from."""
+
+    name: str
+    value: Any
+    unit: str
+    source: str  # the publication or table it was read from
+    origin: str  # "preset FILE" for the shipped data, "your file PATH" for a user's file
+
+    @property
+    def cited(self) -> str:
+        """The source, prefixed with the user's file when the value is theirs."""
+        return self.source if self.origin.startswith(PRESET) else f"from {self.origin}: {self.source}"
+
+
+Curve = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One accelerator as the time model sees it. Read the numbers through `constants()` for their sources."""
+
+    name: str
+    gpu: str  # the row of fxflops.device.peaks it stands for (its label), or "" when the file gives the peaks
+    peak_flops: Mapping[str, float]  # dtype key ("bf16", "fp16", "tf32", "fp32", "fp8", "fp64") -> FLOP/s
+    vector_flops: Mapping[str, float]
+    hbm_bandwidth: float
+    sustained_bandwidth: float
+    gemm_max_efficiency: float
+    gemm_tile: tuple[int, int]
+    sm_count: int
+    gemm_size_correction: Curve
+    gemm_alignment: Curve
+    grouped_gemm_efficiency: float
+    attention_forward: Curve
+    attention_forward_causal: Curve
+    attention_backward: Curve
+    attention_head_dim: Curve
+    launch_overhead: float
+    memory_bytes: int
+    constants: Mapping[str, Constant] = field(compare=False, repr=False)
+    origin: str = ""  # the file it was read from
+
+    def peak(self, dtype_key: str) -> float:
+        """Tensor-core peak FLOP/s for a dtype key; one-line error naming the keys the device has."""
+        if dtype_key == "tf32" and "tf32" not in self.peak_flops and "fp32" in self.peak_flops:
+            dtype_key = "fp32"
+        try:
+            return self.peak_flops[dtype_key]
+        except KeyError:
+            raise ValueError(f"device {self.name!r} has no {dtype_key} peak (it has "
+                             f"{', '.join(self.peak_flops)}); pick one of those dtypes") from None
+
+    def vector_peak(self, dtype_key: str) -> float:
+        """FLOP/s of elementwise work: fp64 at the fp64 vector rate, everything else at fp32's."""
+        key = "fp64" if dtype_key == "fp64" else "fp32"
+        # a TPU publishes its MXU rate only: elementwise work is then bounded by memory, at that rate
+        return self.vector_flops.get(key) or self.peak_flops.get(key) or self.peak(dtype_key)
+
+    @property
+    def sustained(self) -> float:
+        """Bytes/s a memory-bound kernel moves."""
+        return self.hbm_bandwidth * self.sustained_bandwidth
+
+    def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> float:
+        """Fraction of peak an (m x k) @ (k x n) GEMM reaches (`groups` of them in one kernel: a batched or
+        grouped GEMM): the plateau, times tile quantization (the last row and column of tiles are partly
+        empty), times wave quantization (the last wave of tiles leaves SMs idle), times the alignment
+        factor and the calibrated size correction."""
+        if min(m, n, k) <= 0:
+            return self.gemm_max_efficiency
+        tile_m, tile_n = self.gemm_tile
+        rows, cols = math.ceil(m / tile_m), math.ceil(n / tile_n)
+        tiles = rows * cols * max(groups, 1)
+        tile_use = (m * n) / (rows * tile_m * cols * tile_n)
+        wave_use = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
+        size = (float(m) * n * k) ** (1 / 3)
+        return (self.gemm_max_efficiency * tile_use * wave_use * self.alignment_factor((k, n), element_bytes)
+                * interpolate(self.gemm_size_correction, size))
+
+    def alignment_factor(self, dims: tuple[int, ...], element_bytes: int) -> float:
+        """The gemm_alignment factor of the largest alignment (bytes) dividing every dim's row in bytes."""
+        for alignment, factor in sorted(self.gemm_alignment, reverse=True):
+            if all((dim * element_bytes) % alignment == 0 for dim in dims):
+                return factor
+        return min(factor for _, factor in self.gemm_alignment)
+
+    def attention_fraction(self, seq: int, head_dim: int, backward: bool = False, causal: bool = False) -> float:
+        """Fraction of peak a fused attention kernel reaches at this query length and head dimension
+        (of the FLOPs it does: with a causal mask, those of the kept pairs)."""
+        seq = max(seq, 1)
+        forward = interpolate(self.attention_forward_causal if causal else self.attention_forward, seq)
+        if backward:
+            fraction = interpolate(self.attention_backward, seq)
+            if causal:  # no published causal backward curve: the forward's causal / no-mask ratio
+                fraction *= forward / interpolate(self.attention_forward, seq)
+        else:
+            fraction = forward
+        return fraction * interpolate(self.attention_head_dim, max(head_dim, 1), log=False)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs in nodes: an intra-node fabric and a network between nodes, each an α-β link."""
+
+    name: str
+    gpu: str  # the DeviceModel's name (or a file path)
+    gpus_per_node: int
+    intra_bandwidth: float  # B/s per GPU
+    intra_latency: float  # s
+    inter_bandwidth: float  # B/s per NIC
+    nics_per_node: int
+    inter_latency: float  # s
+    constants: Mapping[str, Constant] = field(compare=False, repr=False)
+    origin: str = ""
+    device_override: DeviceModel | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def device(self) -> DeviceModel:
+        """The DeviceModel of its GPUs."""
+        return self.device_override if self.device_override is not None else device_model(self.gpu)
+
+    @property
+    def inter_bandwidth_per_gpu(self) -> float:
+        """A GPU's share of its node's network when every GPU of the node talks across nodes at once."""
+        return self.inter_bandwidth * self.nics_per_node / self.gpus_per_node
+
+
+def interpolate(curve: Curve, x: float, log: bool = True) -> float:
+    """Piecewise-linear value of `curve` ((x, y) points, x ascending) at x, in log(x) when `log`; flat
+    beyond its ends."""
+    xs = [point[0] for point in curve]
+    if x <= xs[0]:
+        return curve[0][1]
+    if x >= xs[-1]:
+        return curve[-1][1]
+    i = bisect.bisect_right(xs, x)
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if log else (x - x0) / (x1 - x0)
+    return y0 + t * (y1 - y0)
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+
+def device_model(name_or_path: str | Path | DeviceModel) -> DeviceModel:
+    """A device preset by name ("H100 SXM", "A100 80GB SXM", "MI300X", ...) or a TOML file's path."""
+    if isinstance(name_or_path, DeviceModel):
+        return name_or_path
+    if _is_path(str(name_or_path), "devices"):
+        return _device(*_resolve("devices", name_or_path))
+    return _device_preset(str(name_or_path))
+
+
+def cluster(name_or_path: str | Path | Cluster) -> Cluster:
+    """A cluster preset by name ("DGX A100 80GB", "DGX H100", "GB200 NVL72", "MI300X", "TPU v5p") or a TOML
+    file's path."""
+    if isinstance(name_or_path, Cluster):
+        return name_or_path
+    if _is_path(str(name_or_path), "clusters"):
+        return _cluster(*_resolve("clusters", name_or_path))
+    return _cluster_preset(str(name_or_path))
+
+
+# Presets are read once per name (a plan search times thousands of ops); a user's file is read each time
+# it is named, so an edit to it counts at once.
+@cache
+def _device_preset(name: str) -> DeviceModel:
+    return _device(*_resolve("devices", name))
+
+
+@cache
+def _cluster_preset(name: str) -> Cluster:
+    return _cluster(*_resolve("clusters", name))
+
+
+def _is_path(text: str, kind: str) -> bool:
+    """A file's path: it ends in .toml, or names no preset and an existing file."""
+    if text.endswith(".toml"):
+        return True
+    return _squashed(text) not in _presets(kind) and Path(text).expanduser().is_file()
+
+
+def preset_names(kind: str) -> list[str]:
+    """The presets' names of one kind ("devices" or "clusters")."""
+    return [data["name"] for data, _ in _presets(kind).values() if data.get("_primary")]
+
+
+def _squashed(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.lower())
+
+
+@cache
+def _presets(kind: str) -> dict[str, tuple[dict, str]]:
+    """Squashed name or alias -> (parsed file, file name), for the shipped files of one kind."""
+    found: dict[str, tuple[dict, str]] = {}
+    folder = resources.files("fxflops.predict").joinpath("data").joinpath(kind)
+    for entry in sorted(folder.iterdir(), key=lambda item: item.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        data = _parse(entry.read_text(encoding="utf-8"), f"fxflops/predict/data/{kind}/{entry.name}")
+        data["_primary"] = True
+        found[_squashed(data["name"])] = (data, entry.name)
+        for alias in data.get("aliases", ()):
+            found[_squashed(alias)] = ({**data, "_primary": False}, entry.name)
+    return found
+
+
+def _parse(text: str, where: str) -> dict:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{where}: not valid TOML ({error})") from None
+    if not isinstance(data.get("name"), str) and "base" not in data:
+        raise ValueError(f"{where}: needs name = \"...\" (or base = \"a preset\" to start from)")
+    return data
+
+
+def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, str, str]], dict, str]:
+    """(constant name -> (value, source, origin), the file's other keys, origin of the file)."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if _is_path(text, kind):
+        if not path.is_file():
+            raise ValueError(f"{kind[:-1]} file {text!r} does not exist")
+        origin = f"your file {path}"
+        data = _parse(path.read_text(encoding="utf-8"), str(path))
+        values: dict[str, tuple[Any, str, str]] = {}
+        meta: dict = {}
+        if "base" in data:
+            values, meta, _ = _resolve(kind, data["base"])
+        meta = {**meta, **{k: v for k, v in data.items() if k not in _schema(kind) and k != "base"}}
+        meta.setdefault("name", str(path))
+        meta["_dir"] = str(path.parent)
+        values.update(_values(kind, data, origin, str(path)))
+        return values, meta, origin
+    presets = _presets(kind)
+    found = presets.get(_squashed(text))
+    if found is None:
+        import difflib
+
+        names = preset_names(kind)
+        close = difflib.get_close_matches(text, names, n=3, cutoff=0.3)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise ValueError(f"no {kind[:-1]} named {text!r}; {hint}presets: {', '.join(names)}; or give a TOML file's path")
+    data, file_name = found
+    origin = f"{PRESET} fxflops/predict/data/{kind}/{file_name}"
+    meta = {k: v for k, v in data.items() if k not in _schema(kind) and not k.startswith("_")}
+    return _values(kind, data, origin, file_name), meta, origin
+
+
+def _schema(kind: str) -> dict[str, tuple[str, str]]:
+    return DEVICE_CONSTANTS if kind == "devices" else CLUSTER_CONSTANTS
+
+
+def _values(kind: str, data: dict, origin: str, where: str) -> dict[str, tuple[Any, str, str]]:
+    schema = _schema(kind)
+    known_keys = {"name", "aliases", "gpu", "base", "description", "_primary"}
+    values = {}
+    for key, raw in data.items():
+        if key in known_keys:
+            continue
+        if key not in schema:
+            from fxflops.spelling import did_you_mean
+
+            raise ValueError(f"{where}: unknown constant {key!r}{did_you_mean(key, schema)} "
+                             f"(known: {', '.join(schema)})")
+        if isinstance(raw, dict) and "value" in raw:
+            value, source = raw["value"], raw.get("source", "no source given")
+        else:
+            value, source = raw, "no source given"
+        values[key] = (value, str(source), origin)
+    return values
+
+
+def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) -> DeviceModel:
+    from fxflops.device import peaks
+
+    name = meta["name"]
+    gpu = meta.get("gpu", "")
+    if gpu:
+        row = peaks.named(gpu)
+        table = f"{PRESET} {PEAKS_TABLE}"
+        cited = f"{row.source} ({PEAKS_TABLE}, row {row.label})"
+        values.setdefault("peak_flops", (dict(row.flops), cited, table))
+        vector = {key: row.vector.get(key, row.flops[key]) for key in ("fp32", "fp64") if key in row.flops}
+        values.setdefault("vector_flops", (vector, cited, table))
+        values.setdefault("hbm_bandwidth", (row.bandwidth, cited, table))
+        from fxflops.memory.devices import CAPACITY_GIB, GiB
+
+        if row.label in CAPACITY_GIB:
+            values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB,
+                                               f"{row.label} datasheet ({CAPACITY_TABLE})", f"{PRESET} {CAPACITY_TABLE}"))
+        gpu = row.label
+    missing = [key for key in DEVICE_CONSTANTS if key not in values]
+    if missing:
+        raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
+    constants = MappingProxyType({key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1],
+                                                values[key][2])
+                                  for key, (unit, _) in DEVICE_CONSTANTS.items()})  # the schema's order
+    v = {key: constant.value for key, constant in constants.items()}
+    return DeviceModel(name=name, gpu=gpu, constants=constants, origin=origin, **_typed(DEVICE_CONSTANTS, v))
+
+
+def _cluster(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) -> Cluster:
+    name = meta["name"]
+    missing = [key for key in CLUSTER_CONSTANTS if key not in values]
+    if "gpu" not in meta:
+        missing.insert(0, "gpu")
+    if missing:
+        raise ValueError(f"cluster {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
+    constants = MappingProxyType({key: Constant(key, _checked(key, values[key][0], origin), unit, values[key][1],
+                                                values[key][2])
+                                  for key, (unit, _) in CLUSTER_CONSTANTS.items()})
+    v = {key: constant.value for key, constant in constants.items()}
+    gpu = meta["gpu"]
+    override = None
+    if isinstance(gpu, str) and gpu.endswith(".toml"):  # a device file beside the cluster file
+        path = Path(gpu) if Path(gpu).is_absolute() else Path(meta.get("_dir", ".")) / gpu
+        override = device_model(path)
+    else:
+        device_model(gpu)  # an unknown GPU fails here, naming it, not at the first prediction
+    return Cluster(name=name, gpu=gpu, constants=constants, origin=origin, device_override=override,
+                   **_typed(CLUSTER_CONSTANTS, v))
+
+
+def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[str, Any]:
+    """The constants as the dataclass fields hold them: counts as int, rates and fractions as float."""
+    typed = {}
+    for key, (unit, _) in schema.items():
+        value = values[key]
+        if unit in ("SMs", "GPUs", "NICs", "B"):
+            value = int(value)
+        elif unit == "FLOP/s":
+            value = MappingProxyType(dict(value))
+        elif not unit.startswith("["):
+            value = float(value)
+        typed[key] = value
+    return typed
+
+
+def _checked(key: str, value: Any, origin: str) -> Any:
+    """The value in its stored form (curves as tuples of pairs), or a one-line error naming the constant."""
+    unit = (DEVICE_CONSTANTS.get(key) or CLUSTER_CONSTANTS[key])[0]
+
+    def fail(what: str) -> ValueError:
+        return ValueError(f"{key} ({origin}) must be {what}, got {value!r}")
+
+    if unit == "[M, N] elements":
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and x > 0 for x in value)):
+            raise fail("two positive integers [M, N]")
+        return (value[0], value[1])
+    if unit.startswith("["):
+        try:
+            curve = tuple((float(x), float(y)) for x, y in value)
+        except (TypeError, ValueError):
+            raise fail("a list of [x, y] pairs") from None
+        if not curve or any(x <= 0 or y <= 0 for x, y in curve) or list(curve) != sorted(curve):
+            raise fail("a non-empty list of positive [x, y] pairs, x ascending")
+        return curve
+    if isinstance(value, Mapping):
+        if (not value and key != "vector_flops") or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                for v in value.values()):
+            raise fail("a table of positive numbers per dtype")
+        return MappingProxyType({str(k): float(v) for k, v in value.items()})
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise fail("a positive number")
+    if unit == "fraction" and value > 1:
+        raise fail("a fraction in (0, 1]")
+    return value
+
+
+def with_constant(thing: DeviceModel | Cluster, name: str, value: Any, source: str = "given") -> DeviceModel | Cluster:
+    """A copy of a device or cluster with one constant changed (what-if questions in code, not files)."""
+    constants = dict(thing.constants)
+    if name not in constants:
+        raise ValueError(f"{thing.name!r} has no constant {name!r} (it has {', '.join(constants)})")
+    checked = _checked(name, value, "given")
+    constants[name] = replace(constants[name], value=checked, source=source, origin="given in code")
+    schema = DEVICE_CONSTANTS if isinstance(thing, DeviceModel) else CLUSTER_CONSTANTS
+    return replace(thing, **_typed({name: schema[name]}, {name: checked}), constants=MappingProxyType(constants))
+
+
+def constants(thing: DeviceModel | Cluster | str) -> list[tuple[str, Any, str, str]]:
+    """Every constant as (name, value, unit, source); a cluster's list goes on with its GPU's ("gpu.NAME").
+    A value from a user's file has "from your file PATH: " before its source."""
+    if isinstance(thing, str):
+        try:
+            thing = cluster(thing)
+        except ValueError:
+            thing = device_model(thing)
+    rows = [(c.name, c.value, c.unit, c.cited) for c in thing.constants.values()]
+    if isinstance(thing, Cluster):
+        rows += [(f"gpu.{name}", value, unit, source) for name, value, unit, source in constants(thing.device)]
+    return rows
+
+
+def constants_text(thing: DeviceModel | Cluster | str) -> str:
+    """Every constant of a device or cluster with its unit and source, as `fxflops explain` prints it."""
+    if isinstance(thing, str):
+        try:
+            thing = cluster(thing)
+        except ValueError:
+            thing = device_model(thing)
+    kind = "cluster" if isinstance(thing, Cluster) else "device"
+    lines = [f"{kind} {thing.name} ({thing.origin})"]
+    if isinstance(thing, Cluster):
+        lines[0] += f", GPU {thing.device.name} ({thing.device.origin})"
+    lines.append("a prediction from these constants is a model with a stated error, not a measurement")
+    for name, value, unit, source in constants(thing):
+        lines.append(f"  {name} = {_shown(value)} {unit}")
+        lines.append(f"      {source}")
+    return "\n".join(lines) + "\n"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,316 @@
+"""Which plan is fastest: enumerate parallel plans, drop those that do not fit, rank by predicted step time.
+
+`plan(model, ...)` captures the model once per (tensor-parallel degree, micro-batch) as per-layer costs
+(`layers.LayerCosts`) and derives every other choice from them without capturing again: pipeline depth
+and virtual stages (the layers cut into chunks, simulated micro-batch by micro-batch), data parallelism
+(FSDP or replicated with a distributed optimizer), recomputation (none, selective, full). Memory per rank
+comes from the same captures: the activations each layer saves (fxflops.memory's timeline) times the
+micro-batches the schedule keeps in flight on the rank, plus parameters, gradients and optimizer state
+divided as the plan divides them. `model` may be a callable building the model at a given depth: the
+captures then run at a shallow depth (the same blocks, fewer of them), which is what keeps a search over
+a 70B model in seconds. Every step time is a prediction (a model with a stated error), not a measurement.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxflops.predict.comm_time import ranks_per_node
+from fxflops.predict.hardware import Cluster
+from fxflops.predict.hardware import cluster as named_cluster
+from fxflops.predict.layers import LayerCosts
+from fxflops.predict.step import ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, simulate_plan
+
+GiB = 1 << 30
+PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
+OPTIMIZER_STATE_BYTES = 12  # Adam with fp32 master weights: master copy, first and second moments (4 B each)
+
+
+@dataclass
+class PlanRow:
+    """One plan: its degrees and choices, the predicted step, and the memory per rank it needs."""
+
+    plan: StepPlan
+    prediction: StepPrediction
+    peak_bytes: int  # the highest predicted memory of any rank (tensor bytes + allowance)
+    memory: dict[str, int]  # that rank's bytes by kind
+    fits: bool
+
+    @property
+    def parallel(self) -> dict[str, Any]:
+        """The plan as predict_step's parallel dict."""
+        p = self.plan
+        return {"tp": p.tp, "pp": p.pp, "dp": p.dp, "virtual_stages": p.virtual_stages, "fsdp": p.fsdp,
+                "sequence_parallel": p.sequence_parallel}
+
+    @property
+    def step_time(self) -> float:
+        return self.prediction.step_time
+
+    def record(self) -> dict[str, Any]:
+        p, pred = self.plan, self.prediction
+        return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "dp": p.dp, "fsdp": p.fsdp,
+                "sequence_parallel": p.sequence_parallel, "micro_batch": p.micro_batch,
+                "microbatches": p.microbatches, "recompute": p.recompute, "step_time_s": pred.step_time,
+                **{f"{k}_s": v for k, v in pred.breakdown.items()}, "mfu": pred.mfu, "hfu": pred.hfu,
+                "tokens_per_sec": pred.tokens_per_sec, "peak_memory_gib": self.peak_bytes / GiB,
+                **{f"{k}_gib": v / GiB for k, v in self.memory.items()}, "fits": self.fits}
+
+
+@dataclass
+class PlanSearch:
+    """The plans a search ranked (fastest first), those it dropped for memory, and what it assumed."""
+
+    rows: list[PlanRow]  # the plans that fit, fastest first
+    dropped: list[PlanRow]  # the plans that do not fit in memory
+    gpus: int
+    cluster: str
+    device: str
+    capacity: int
+    global_batch: int
+    captures: int
+    notes: list[str] = field(default_factory=list)
+    error: str = ERROR_STATEMENT
+
+    @property
+    def best(self) -> PlanRow | None:
+        return self.rows[0] if self.rows else None
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.rows) + len(self.dropped)
+
+    def table(self, top: int = 10) -> str:
+        """The top plans with their breakdown, one line each."""
+        head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'fsdp':>5} {'mb':>3} {'recompute':>9} "
+                f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'optim':>6} {'MFU':>6} {'mem GiB':>8}")
+        lines = [head]
+        for i, row in enumerate(self.rows[:top], 1):
+            p, b = row.plan, row.prediction.breakdown
+            lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {p.dp:>5} {str(p.fsdp):>5} "
+                         f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
+                         f"{b['exposed_comm']:>7.3f} {b['bubble']:>7.3f} {b['optimizer']:>6.3f} "
+                         f"{row.prediction.mfu:>6.1%} {row.peak_bytes / GiB:>8.1f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def render(self, top: int = 10) -> str:
+        """The summary, the `top` fastest plans that fit, the notes and the stated error."""
+        lines = [f"plans for {self.gpus} x {self.device} ({self.cluster}), global batch {self.global_batch}: "
+                 f"{self.evaluated} evaluated from {self.captures} captures, {len(self.rows)} fit in "
+                 f"{self.capacity / GiB:.0f} GiB, {len(self.dropped)} do not", self.table(top)]
+        lines += [f"note: {note}" for note in self.notes]
+        lines.append(f"({self.error})")
+        return "\n".join(lines)
+
+    def to_csv(self, path: str | Path | None = None, include_dropped: bool = True) -> str:
+        rows = [r.record() for r in self.rows + (self.dropped if include_dropped else [])]
+        out = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        if path is not None:
+            Path(path).write_text(out.getvalue())
+        return out.getvalue()
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps({"gpus": self.gpus, "cluster": self.cluster, "device": self.device,
+                           "capacity_bytes": self.capacity, "global_batch": self.global_batch,
+                           "captures": self.captures, "notes": self.notes, "error": self.error,
+                           "plans": [r.record() for r in self.rows], "dropped": [r.record() for r in self.dropped]},
+                          indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+
+def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any = None, *, gpus: int,
+         cluster: str | Cluster = "DGX H100", global_batch: int, seq_len: int | None = None, layers: int | None = None,
+         dtype: torch.dtype = torch.bfloat16, tp: Sequence[int] | None = None, pp: Sequence[int] | None = None,
+         virtual_stages: Sequence[int] = (1, 2, 4), micro_batch: Sequence[int] = (1, 2, 4),
+         recompute: Sequence[str] = ("none", "selective", "full"), fsdp: Sequence[bool] = (False, True),
+         sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
+         memory_margin: int = 0) -> PlanSearch:
+    """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
+
+    `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
+    depth, is required and the captures run at a depth of 2). `inputs`: a callable `inputs(micro_batch)` giving
+    one micro-batch, or None for token ids of shape (micro_batch, seq_len). Plans: tp (default: the divisors of
+    the GPUs per node that divide the attention heads), pp (default: the divisors of gpus / tp that divide the
+    layers), `virtual_stages` (interleaved 1F1B; layers must split evenly into pp x v chunks and the
+    micro-batches into pp), dp = the rest, with `fsdp` and without (replicated parameters, the optimizer's state
+    sharded dp ways), each `micro_batch` dividing global_batch / dp, each `recompute`. A plan fits when its
+    busiest rank's predicted memory is under the device's memory less the allowance (`memory_margin` more
+    bytes kept free)."""
+    from fxflops.memory import Allowance
+    from fxflops.parallel.plan import attention_heads, repeated_blocks
+
+    the_cluster = named_cluster(cluster)
+    device = the_cluster.device
+    capacity = device.memory_bytes
+    usable = capacity - Allowance().context_bytes - memory_margin
+    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
+    if build is not None and layers is None:
+        raise ValueError("plan(): a model factory needs layers=, the depth of the real model")
+    probe = build(PROBE_LAYERS if layers is None or layers > PROBE_LAYERS else layers) if build else model
+    depth = layers or len(repeated_blocks(probe))
+    heads = [count for _, count in attention_heads(probe)]
+    make_inputs = inputs if callable(inputs) else None
+    if inputs is not None and make_inputs is None:
+        raise ValueError("plan(): inputs= is a callable inputs(micro_batch) (each micro-batch size is captured), "
+                         "or None for token ids (micro_batch, seq_len)")
+    if make_inputs is None:
+        if seq_len is None:
+            raise ValueError("plan(): give seq_len= (token ids of that length are made) or inputs=")
+        def make_inputs(mb: int) -> torch.Tensor:  # noqa: E306
+            return torch.zeros(mb, seq_len, dtype=torch.long)
+    gpn = the_cluster.gpus_per_node
+    tps = list(tp) if tp is not None else [t for t in _divisors(min(gpn, gpus)) if gpus % t == 0
+                                          and all(h % t == 0 for h in heads)]
+    notes: list[str] = []
+    costs_by: dict[tuple[int, int], LayerCosts] = {}
+    sp_of: dict[int, bool] = {}
+    sp_works = True
+    captures = 0
+    failed: set[int] = set()
+    for t in tps:
+        for mb in micro_batch:
+            if t in failed or not any(global_batch % (gpus // (t * p) * mb) == 0
+                                      for p in _pipeline_degrees(gpus // t, depth, pp)):
+                continue
+            placed = {"tp": ranks_per_node(t, 1, the_cluster)}
+
+            def capture(sp: bool) -> LayerCosts:
+                nonlocal captures
+                captures += 1
+                return capture_costs(probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp, dtype=dtype,  # noqa: B023
+                                     loss=loss, layers=depth, memory=True, placed=placed)  # noqa: B023
+
+            # a model that cannot run sequence parallel at one tp will not at another: tried until it fails once
+            want_sp = sequence_parallel and t > 1 and sp_of.get(t, sp_works)
+            try:
+                costs = capture(want_sp)
+            except Exception as error:
+                if t == 1:
+                    raise
+                try:
+                    if not want_sp:
+                        raise
+                    costs = capture(False)  # sequence parallelism the model cannot run: the plan without it
+                    notes.append(f"sequence parallelism failed on this model at tp={t} ({_first_line(error)}); "
+                                 "plans run without it")
+                    sp_of[t] = want_sp = sp_works = False
+                except Exception as again:  # a tp the model cannot split: plans without it
+                    notes.append(f"tp={t} left out: {_first_line(again)}")
+                    failed.add(t)
+                    continue
+            sp_of.setdefault(t, want_sp)
+            costs_by[(t, mb)] = costs
+    rows, dropped = [], []
+    dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
+    for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp):
+        costs = costs_by[(step_plan.tp, step_plan.micro_batch)]
+        prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
+        peak, by_kind = rank_memory(costs, step_plan, prediction)
+        row = PlanRow(step_plan, prediction, peak, by_kind, peak <= usable)
+        (rows if row.fits else dropped).append(row)
+    rows.sort(key=lambda r: r.step_time)
+    dropped.sort(key=lambda r: r.peak_bytes)
+    if build is not None:
+        notes.append(f"captured at a depth of {PROBE_LAYERS} layers (the same blocks), costs scaled to {depth}")
+    return PlanSearch(rows, dropped, gpus, the_cluster.name, device.name, capacity, global_batch, captures, notes)
+
+
+def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction) -> tuple[int, dict[str, int]]:
+    """The predicted memory of the plan's fullest rank: (bytes with the allowance, bytes by kind).
+
+    Parameters, gradients and optimizer state of the layers the rank holds (tp-sharded in the capture;
+    FSDP divides all three dp ways, the distributed optimizer its state); activations: the bytes one layer's
+    forward saves (from the capture's memory timeline) times the layer-micro-batches the simulated schedule
+    keeps in flight on the rank (full recomputation keeps each layer's input only, plus one layer's
+    activations while it is recomputed); FSDP adds two gathered layers (the one running and the prefetch)."""
+    from fxflops.memory import Allowance
+
+    timeline = prediction.timeline
+    p, v = plan.pp, plan.virtual_stages
+    chunks = p * v
+    block, pre, post = costs.block, costs.pre, costs.post
+    grad_bytes = plan.grad_bytes or costs.param_bytes
+    fsdp = plan.fsdp and plan.dp > 1
+    best: tuple[int, dict[str, int]] = (-1, {})
+    for rank in range(p):
+        rank_layers = prediction.ranks[rank].layers
+        params = rank_layers * block.params + (pre.params if rank == 0 else 0) + \
+            (post.params if rank == (chunks - 1) % p else 0)
+        shard = plan.dp if fsdp else 1
+        state_shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
+        kinds = {"parameters": params * costs.param_bytes // shard,
+                 "gradients": params * grad_bytes // shard,
+                 "optimizer": params * OPTIMIZER_STATE_BYTES // state_shard}
+        if fsdp:
+            kinds["parameters"] += 2 * block.params * costs.param_bytes
+        in_flight = timeline.in_flight(rank) if timeline is not None else 1
+        per_chunk_layers = rank_layers / v
+        if plan.recompute == "full":
+            per_layer = costs.boundary_bytes
+            transient = block.saved_bytes
+        else:
+            per_layer, transient = block.saved_bytes, 0
+        activations = int(in_flight * per_chunk_layers * per_layer) + transient
+        if rank == 0:
+            activations += in_flight * pre.saved_bytes // max(v, 1)
+        if rank == (chunks - 1) % p:
+            activations += post.saved_bytes
+        kinds["activations"] = activations
+        total = sum(kinds.values()) + Allowance().context_bytes
+        if total > best[0]:
+            best = (total, kinds)
+    return best
+
+
+def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, int], LayerCosts],
+           sp_of: dict[int, bool], pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str],
+           fsdp: Iterable[bool]) -> Iterable[StepPlan]:
+    for (t, mb) in sorted(costs_by):
+        for p in _pipeline_degrees(gpus // t, layers, pp):
+            dp = gpus // (t * p)
+            if global_batch % (dp * mb):
+                continue
+            m = global_batch // (dp * mb)
+            for v in virtual_stages:
+                if v > 1 and (p == 1 or layers % (p * v) or m % p):
+                    continue
+                for shard in fsdp:
+                    if shard and dp == 1:
+                        continue
+                    for r in recompute:
+                        yield StepPlan(tp=t, pp=p, dp=dp, virtual_stages=v, sequence_parallel=sp_of.get(t, False),
+                                       fsdp=shard, micro_batch=mb, global_batch=global_batch, recompute=r,
+                                       distributed_optimizer=not shard and dp > 1)
+
+
+def _pipeline_degrees(rest: int, layers: int, pp: Sequence[int] | None) -> list[int]:
+    candidates = pp if pp is not None else _divisors(rest)
+    return [p for p in candidates if rest % p == 0 and p <= layers and layers % p == 0]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:160]
+
+

@@ -1,0 +1,487 @@
+"""A training step predicted per rank: compute and communication streams, pipeline, overlap, optimizer.
+
+From one rank's per-layer costs (`layers.LayerCosts`, one capture) and a plan, `simulate_plan` builds the
+step as it runs on each pipeline rank:
+
+- each layer's forward and backward compute (times of its ops), with its tensor-parallel collectives on
+  the critical path (Megatron's all-reduces / all-gathers + reduce-scatters are not overlapped);
+- recomputation: "full" runs each layer's forward (and its collectives) again before its backward,
+  "selective" runs the attention kernels again (Korthikanti et al. 2022); counted in HFU, not MFU;
+- FSDP (fsdp=True, dp > 1): each layer's parameters all-gathered before its forward and again before its
+  backward (resharded after the forward), prefetched one layer ahead on a communication stream, and its
+  gradients reduce-scattered after its backward, micro-batch by micro-batch;
+- data parallel without FSDP: the gradients reduced once per step (all-reduce, or reduce-scatter with a
+  distributed optimizer, whose parameters are all-gathered after the step), bucket by layer as the last
+  micro-batch's backward produces them, overlapped with what is left of it;
+- the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
+  simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages;
+- the optimizer step: memory-bound, every local parameter's state read and written once.
+
+The result is a prediction, a model with a stated error, not a measurement (see ERROR_STATEMENT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxflops.predict.comm_time import collective_seconds, ranks_per_node
+from fxflops.predict.hardware import Cluster
+from fxflops.predict.layers import LayerCosts
+from fxflops.predict.op_time import stream_seconds
+from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate
+
+RECOMPUTE = ("none", "selective", "full")
+ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
+                   "was not fitted to, see docs/guide/predict.md for the per-run errors")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The plan a step runs: degrees, batch, recomputation and how data parallelism reduces."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    fsdp: bool = False  # FSDP (ZeRO-3) over dp; False: replicated parameters, gradients reduced once per step
+    micro_batch: int = 1
+    global_batch: int = 1
+    recompute: str = "none"
+    schedule: str = ONE_F_ONE_B  # "gpipe", "1f1b" ("interleaved" when virtual_stages > 1)
+    distributed_optimizer: bool = False  # without FSDP: reduce-scatter grads, all-gather params (ZeRO-1)
+    overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
+    grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
+    optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per data-parallel rank per step."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def check(self, layers: int) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={self.recompute!r}: pick one of {', '.join(RECOMPUTE)}")
+        if self.global_batch % (self.dp * self.micro_batch):
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch = "
+                             f"{self.dp} x {self.micro_batch}; pick sizes that divide it")
+        if self.pp * self.virtual_stages > layers:
+            raise ValueError(f"pp x virtual_stages = {self.pp * self.virtual_stages} chunks for {layers} layers: "
+                             "at most one chunk per layer")
+
+
+@dataclass
+class RankTime:
+    """One pipeline rank's step: its share of the step time, each seconds."""
+
+    role: str  # "first stage", "stage 3", "last stage", "every rank"
+    ranks: int  # how many ranks of the job play this role (tp x dp of them per pipeline stage)
+    compute: float  # its ops' time (recomputation included)
+    exposed_comm: float  # communication it waited for: tp collectives, FSDP gathers not hidden, dp reduction left
+    bubble: float  # idle, waiting on other pipeline stages (p2p transfers included)
+    optimizer: float
+    flops: int  # FLOPs it runs per step, recomputation excluded
+    recompute_flops: int
+    layers: int  # layers it holds
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.exposed_comm + self.bubble + self.optimizer
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "ranks": self.ranks, "compute": self.compute, "exposed_comm": self.exposed_comm,
+                "bubble": self.bubble, "optimizer": self.optimizer, "flops": self.flops,
+                "recompute_flops": self.recompute_flops, "layers": self.layers}
+
+
+@dataclass
+class StepPrediction:
+    """A predicted training step. `step_time` in seconds; `breakdown` of the rank that sets it."""
+
+    plan: StepPlan
+    cluster: str
+    device: str
+    step_time: float
+    breakdown: dict[str, float]  # compute, exposed_comm, bubble, optimizer (sum: step_time)
+    mfu: float
+    hfu: float
+    tokens_per_sec: float
+    tflops_per_gpu: float  # model FLOPs per GPU per second, / 1e12
+    hardware_tflops_per_gpu: float  # recomputation included
+    ranks: list[RankTime]
+    timeline: Timeline | None = field(default=None, repr=False)
+    comm_events: list[tuple[int, str, float, float]] = field(default_factory=list, repr=False)
+    notes: list[str] = field(default_factory=list)
+    error: str = ERROR_STATEMENT
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.as_dict(), "cluster": self.cluster, "device": self.device,
+                "step_time": self.step_time, "breakdown": dict(self.breakdown), "mfu": self.mfu, "hfu": self.hfu,
+                "tokens_per_sec": self.tokens_per_sec, "tflops_per_gpu": self.tflops_per_gpu,
+                "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+                "ranks": [r.as_dict() for r in self.ranks], "notes": list(self.notes), "error": self.error}
+
+    def __str__(self) -> str:
+        p = self.plan
+        lines = [f"predicted step on {p.gpus} x {self.device} ({self.cluster}): tp={p.tp} pp={p.pp} "
+                 f"v={p.virtual_stages} dp={p.dp}{' (FSDP)' if p.fsdp else ''} sp={p.sequence_parallel} "
+                 f"micro-batch {p.micro_batch} x {p.microbatches} per step, recompute={p.recompute}",
+                 f"  step time {self.step_time * 1e3:,.1f} ms   MFU {self.mfu:.1%}   HFU {self.hfu:.1%}   "
+                 f"{self.tokens_per_sec:,.0f} tokens/s   {self.tflops_per_gpu:.1f} TFLOP/s per GPU",
+                 "  " + "   ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in self.breakdown.items())]
+        if len(self.ranks) > 1:
+            for rank in self.ranks:
+                lines.append(f"  {rank.role:<12} x{rank.ranks:<6} compute {rank.compute * 1e3:,.1f} ms  exposed comm "
+                             f"{rank.exposed_comm * 1e3:,.1f} ms  bubble {rank.bubble * 1e3:,.1f} ms  "
+                             f"({rank.layers} layers)")
+        lines += [f"  note: {note}" for note in self.notes]
+        lines.append(f"  ({self.error})")
+        return "\n".join(lines)
+
+    def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
+        """The pipeline ranks' timelines (compute and p2p per rank, the data-parallel reduction, the critical
+        path) as a Chrome trace (chrome://tracing, Perfetto); written to `path` when given."""
+        from fxflops.predict.trace import chrome_trace
+
+        trace = chrome_trace(self)
+        if path is not None:
+            Path(path).write_text(json.dumps(trace))
+        return trace
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The step as an HTML page: one lane per pipeline rank, the critical path outlined."""
+        from fxflops.predict.trace import html_timeline
+
+        page = html_timeline(self)
+        if path is not None:
+            Path(path).write_text(page, encoding="utf-8")
+        return page
+
+
+def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
+    """How many ranks of one group of each mesh dimension share a node, ranks numbered tp fastest, then dp,
+    then pp (Megatron's order: tp inside a node first)."""
+    return {"tp": ranks_per_node(plan.tp, 1, cluster), "dp": ranks_per_node(plan.dp, plan.tp, cluster),
+            "pp": ranks_per_node(plan.pp, plan.tp * plan.dp, cluster)}
+
+
+def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key: str = "bf16") -> StepPrediction:
+    """The step of `plan` from one tp rank's per-layer costs (captured at plan.tp and plan.micro_batch)."""
+    if costs.tp != plan.tp or costs.micro_batch != plan.micro_batch:
+        raise ValueError(f"per-layer costs were captured at tp={costs.tp}, micro-batch {costs.micro_batch}; "
+                         f"the plan has tp={plan.tp}, micro-batch {plan.micro_batch}")
+    layers = costs.layers
+    plan.check(layers)
+    p, v, m = plan.pp, plan.virtual_stages, plan.microbatches
+    if m < 1:
+        raise ValueError(f"global batch {plan.global_batch} gives no micro-batch per data-parallel rank")
+    placed = dim_ranks_per_node(plan, cluster)
+    block, pre, post = costs.block, costs.pre, costs.post
+    grad_bytes = plan.grad_bytes or costs.param_bytes
+    notes = list(costs.notes)
+
+    layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
+        _layer_passes(costs, plan.recompute)
+
+    # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward
+    fsdp = plan.fsdp and plan.dp > 1
+    gather = scatter = 0.0
+    if fsdp:
+        gather = collective_seconds("all_gather", block.params * costs.param_bytes, plan.dp, cluster, placed["dp"])
+        scatter = collective_seconds("reduce_scatter", block.params * grad_bytes, plan.dp, cluster, placed["dp"])
+
+    chunks = _split(layers, p * v)
+    chunk_costs, chunk_compute = [], []
+    for c, n in enumerate(chunks):
+        first, last = c == 0, c == len(chunks) - 1
+        fwd = [layer_fwd_compute + layer_fwd_comm] * n
+        bwd = [layer_bwd_compute + layer_bwd_comm] * n
+        if fsdp:
+            fwd_time = _prefetched(fwd, [gather] * n, [0.0] * n)
+            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n)
+        else:
+            fwd_time, bwd_time = sum(fwd), sum(bwd)
+        if first:
+            fwd_time += pre.forward + pre.comm_forward
+            bwd_time += pre.backward + pre.comm_backward
+        if last:
+            fwd_time += post.forward + post.comm_forward
+            bwd_time += post.backward + post.comm_backward
+        p2p = 0.0
+        if p > 1 and not last:
+            p2p = collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"])
+        chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p))
+        compute = n * (layer_fwd_compute + layer_bwd_compute) + (pre.forward + pre.backward if first else 0.0) \
+            + (post.forward + post.backward if last else 0.0)
+        chunk_compute.append(compute)
+    schedule = INTERLEAVED if v > 1 else plan.schedule
+    timeline = simulate(chunk_costs, m, schedule, stages=p)
+
+    comm_events: list[tuple[int, str, float, float]] = []
+    compute_ends = [max((e.end for e in timeline.rank_events(rank) if e.stream == "compute"), default=0.0)
+                    for rank in range(p)]
+    ends = list(compute_ends)  # when each rank is done with the step's compute and communication
+    after_step = [0.0] * p
+    if plan.dp > 1 and not fsdp:
+        for rank in range(p):
+            ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed["dp"],
+                                                     ends[rank])
+            comm_events += events
+            if plan.distributed_optimizer:  # the updated parameter shards gathered back after the step
+                after_step[rank] = collective_seconds("all_gather", _rank_params(rank, chunks, p, costs)
+                                                      * costs.param_bytes, plan.dp, cluster, placed["dp"])
+    # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
+    # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
+    shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
+    roles = []
+    step_end = 0.0
+    device = cluster.device
+    for rank in range(p):
+        rank_chunks = list(range(rank, len(chunks), p))
+        rank_layers = sum(chunks[c] for c in rank_chunks)
+        rank_params = _rank_params(rank, chunks, p, costs)
+        per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
+        optimizer = (stream_seconds(rank_params / shard * per_param, device) if rank_params else 0.0) \
+            + after_step[rank]
+        step_end = max(step_end, ends[rank] + optimizer)
+        flops = m * (rank_layers * (block.forward_flops + block.backward_flops)
+                     + (pre.forward_flops + pre.backward_flops if 0 in rank_chunks else 0)
+                     + (post.forward_flops + post.backward_flops if len(chunks) - 1 in rank_chunks else 0))
+        compute = m * sum(chunk_compute[c] for c in rank_chunks)
+        roles.append((rank, rank_layers, compute, optimizer, flops, m * rank_layers * recompute_flops))
+    ranks = []
+    for rank, rank_layers, compute, optimizer, flops, re_flops in roles:
+        busy = sum(e.end - e.start for e in timeline.rank_events(rank) if e.stream == "compute")
+        exposed = busy - compute + (ends[rank] - compute_ends[rank])  # waits inside the passes, and after them
+        bubble = step_end - optimizer - compute - exposed
+        bubble = 0.0 if abs(bubble) <= 1e-12 * step_end else bubble  # rounding, not waiting
+        role = "every rank" if p == 1 else "first stage" if rank == 0 else "last stage" if rank == p - 1 \
+            else f"stage {rank}"
+        ranks.append(RankTime(role, plan.tp * plan.dp, compute, exposed, bubble, optimizer, flops, re_flops,
+                              rank_layers))
+    critical = max(ranks, key=lambda r: (r.compute + r.exposed_comm, -ranks.index(r)))
+    breakdown = {"compute": critical.compute, "exposed_comm": critical.exposed_comm, "bubble": critical.bubble,
+                 "optimizer": critical.optimizer}
+    gpus = plan.gpus
+    job_flops = sum(r.flops for r in ranks) * plan.tp * plan.dp
+    job_hw_flops = job_flops + sum(r.recompute_flops for r in ranks) * plan.tp * plan.dp
+    peak = device.peak(dtype_key)
+    tflops = job_flops / gpus / step_end / 1e12
+    hw_tflops = job_hw_flops / gpus / step_end / 1e12
+    if len(set(chunks)) > 1:
+        notes.append(f"{layers} layers do not split evenly into {p * v} chunks: {chunks}")
+    return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
+                          hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
+                          tflops, hw_tflops, ranks, timeline, comm_events, notes)
+
+
+def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, float, float, int]:
+    """One layer, one micro-batch, as the compute stream sees it: forward compute, backward compute (with
+    what is recomputed), forward and backward tensor-parallel communication, and the recomputed FLOPs."""
+    block = costs.block
+    if recompute == "full":  # the forward and its collectives again, before the backward
+        return (block.forward, block.backward + block.forward, block.comm_forward,
+                block.comm_backward + block.comm_forward, block.forward_flops)
+    if recompute == "selective":  # the attention kernels again
+        return (block.forward, block.backward + block.attention_forward, block.comm_forward, block.comm_backward,
+                block.attention_flops)
+    return block.forward, block.backward, block.comm_forward, block.comm_backward, 0
+
+
+def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
+    """Parameter elements a pipeline rank holds: its chunks' layers, the embedding with the first chunk,
+    the head with the last."""
+    layers = sum(chunks[c] for c in range(rank, len(chunks), stages))
+    return layers * costs.block.params + (costs.pre.params if rank == 0 else 0) \
+        + (costs.post.params if rank == (len(chunks) - 1) % stages else 0)
+
+
+def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs: LayerCosts, plan: StepPlan,
+                        cluster: Cluster, dp_per_node: int, compute_end: float
+                        ) -> tuple[float, list[tuple[int, str, float, float]]]:
+    """Data parallelism without FSDP: each layer's gradients reduced once per step, queued on the rank's
+    communication stream as the last micro-batch's backward of its chunk produces them (the layers of a chunk
+    finish evenly through that backward, last layer first), or all after the backward without overlap.
+    Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
+    reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
+    grad_bytes = plan.grad_bytes or costs.param_bytes
+
+    def seconds(params: int) -> float:
+        return collective_seconds(reduce, params * grad_bytes, plan.dp, cluster, dp_per_node)
+
+    layer = seconds(costs.block.params)
+    buckets: list[tuple[float, float]] = []  # (ready, seconds)
+    last = plan.microbatches - 1
+    for e in timeline.rank_events(rank):
+        if e.stream != "compute" or e.kind != "backward" or e.microbatch != last:
+            continue
+        n = chunks[e.chunk]
+        for j in range(n):
+            ready = e.start + (j + 1) / n * (e.end - e.start) if plan.overlap_grad_reduce else compute_end
+            buckets.append((ready, layer))
+        ends_model = [costs.pre.params if e.chunk == 0 else 0, costs.post.params if e.chunk == len(chunks) - 1 else 0]
+        for params in filter(None, ends_model):  # the embedding / head, when this chunk holds them
+            buckets.append((e.end if plan.overlap_grad_reduce else compute_end, seconds(params)))
+    free, events = 0.0, []
+    for ready, duration in sorted(buckets):
+        start = max(free, ready)
+        free = start + duration
+        events.append((rank, f"dp {reduce}", start, free))
+    return max(compute_end, free), events
+
+
+def _split(layers: int, chunks: int) -> list[int]:
+    """Layers per chunk, as even as they go (the first chunks take the remainder)."""
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def _prefetched(compute: list[float], before: list[float], after: list[float]) -> float:
+    """Layers run one after another on the compute stream, each waiting for its `before` collective (FSDP's
+    all-gather, issued on the communication stream when the previous layer starts: one layer of prefetch);
+    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends. Returns
+    when both streams are done."""
+    if not compute:
+        return 0.0
+    comm = ready = before[0]
+    end = 0.0
+    for i, seconds in enumerate(compute):
+        start = max(end, ready)
+        if i + 1 < len(compute):
+            comm = ready = max(comm, start) + before[i + 1]
+        end = start + seconds
+        if after[i]:
+            comm = max(comm, end) + after[i]
+    return max(end, comm)
+
+
+def tokens_of(inputs: Any) -> tuple[int, int]:
+    """(batch, tokens) of a micro-batch: the first tensor's first dimension, and batch x its second (token ids)
+    or its first two dimensions' product."""
+    import torch
+
+    def first(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list | tuple):
+            for item in value:
+                found = first(item)
+                if found is not None:
+                    return found
+        return None
+
+    tensor = first(inputs)
+    if tensor is None or tensor.dim() < 1:
+        raise ValueError("predict_step: the inputs hold no tensor to read the micro-batch from; give tokens=")
+    batch = int(tensor.shape[0])
+    return batch, batch * (int(tensor.shape[1]) if tensor.dim() > 1 else 1)
+
+def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, sequence_parallel: bool = False,
+                  dtype: Any = None, loss: Any = None, layers: int | None = None, memory: bool = False,
+                  placed: dict[str, int] | None = None, tokens: int | None = None,
+                  tp_plan: dict[str, Any] | None = None) -> LayerCosts:
+    """One capture of `model` on `inputs` (one micro-batch of one data-parallel rank) under tp (and sequence
+    parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan),
+    read as per-layer costs on `cluster`'s device."""
+    import torch
+
+    import fxflops
+    from fxflops.predict.layers import layer_costs
+
+    dtype = dtype or torch.bfloat16
+    batch, counted_tokens = tokens_of(inputs)
+    parallel = {"tp": tp, "sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if tp > 1 else None
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory)
+    placed = placed or {"tp": ranks_per_node(tp, 1, cluster)}
+
+    def per_node(group_desc: str) -> int:
+        # the capture's only mesh dimension is tp: at tp alone it is the default group ("default_pg")
+        return placed.get(group_desc.removeprefix("mesh_"), placed["tp"])
+
+    return layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
+                       micro_batch=batch, tokens=tokens or counted_tokens, layers=layers)
+
+
+def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None, cluster: str | Cluster = "DGX A100",
+                 global_batch: int | None = None, micro_batch: int | None = None, dtype: Any = None,
+                 recompute: str = "none", sequence_parallel: bool = True, *, schedule: str = ONE_F_ONE_B,
+                 distributed_optimizer: bool = False, overlap_grad_reduce: bool = True, loss: Any = None,
+                 layers: int | None = None, grad_bytes: int | None = None,
+                 trace: str | Path | None = None) -> StepPrediction:
+    """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
+
+    `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
+    `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp > 1:
+    FSDP; False: replicated parameters with the gradients all-reduced, or reduce-scattered with
+    `distributed_optimizer`), `ep` and `cp` (not predicted yet: above 1 they are refused), `tp_plan` ({module path: ParallelStyle}, as
+    fxflops.Parallel takes it; default: the derived Megatron-style plan). `global_batch`
+    (default: one micro-batch per data-parallel rank) sets the micro-batches per step. `recompute`: "none",
+    "selective" (attention kernels recomputed) or "full" (each layer's forward recomputed in its backward).
+    `sequence_parallel` applies when tp > 1. The model is captured once (fxflops.estimate with backward=True
+    and the tp plan) and its repeated blocks give the per-layer costs; `layers` says the depth the model stands
+    for when it is built shallower. `trace` writes the per-rank timeline with its critical path: an HTML page
+    for a path ending .html, a Chrome trace otherwise. Returns a StepPrediction: step_time, breakdown, mfu, hfu,
+    tokens_per_sec, per rank role. A prediction is a model with a stated error, not a measurement."""
+    import torch
+
+    from fxflops.predict.hardware import cluster as named_cluster
+    from fxflops.device.peaks import dtype_key
+
+    parallel = dict(parallel or {})
+    unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan"}
+    if unknown:
+        raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; "
+                         "known: tp, pp, dp, ep, cp, virtual_stages, fsdp, sequence_parallel, tp_plan")
+    for key in ("ep", "cp"):
+        if parallel.get(key, 1) > 1:
+            raise NotImplementedError(f"predict_step: {key}={parallel[key]} is not predicted yet; tp, pp "
+                                      "(with virtual_stages), dp and fsdp are")
+    the_cluster = named_cluster(cluster)
+    dtype = dtype or torch.bfloat16
+    tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
+    sp = bool(parallel.get("sequence_parallel", sequence_parallel)) and tp > 1
+    batch, _ = tokens_of(inputs)
+    if micro_batch is not None and micro_batch != batch:
+        raise ValueError(f"predict_step: micro_batch={micro_batch} but the inputs hold a batch of {batch}: "
+                         "give the inputs of one micro-batch")
+    plan = StepPlan(tp=tp, pp=pp, dp=dp, virtual_stages=parallel.get("virtual_stages", 1), sequence_parallel=sp,
+                    fsdp=bool(parallel.get("fsdp", dp > 1)), micro_batch=batch,
+                    global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
+                    distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
+                    grad_bytes=grad_bytes)
+    placed = dim_ranks_per_node(plan, the_cluster)
+    options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
+    note = None
+    try:
+        costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
+    except Exception as error:
+        if not sp:
+            raise
+        # a model whose forward cannot run sequence-sharded (Hugging Face Llama's rotary embeddings read the
+        # stream's length): predicted without sequence parallelism, and the prediction says so
+        costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=False, **options)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it"
+        plan = dataclasses.replace(plan, sequence_parallel=False)
+    prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
+    if note:
+        prediction.notes.append(note)
+    if trace is not None and str(trace).endswith((".html", ".htm")):
+        prediction.to_html(trace)
+    elif trace is not None:
+        prediction.to_chrome_trace(trace)
+    return prediction

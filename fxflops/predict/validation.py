@@ -1,0 +1,211 @@
+"""Published training runs the step prediction is checked against, and the Megatron-style GPT they trained.
+
+The runs' constants (device peaks, efficiency curves, link bandwidths) come from `fxflops/predict/data/`,
+each from a microbenchmark or datasheet; none was fitted to these runs. Each row names its publication,
+table and what the publication measured; where a publication leaves a setting out (a micro-batch size,
+the pipeline schedule), the row says what is assumed, and the assumption is the same for every row of
+that publication.
+
+`gpt(layers, hidden, heads)` builds the model the runs trained (Megatron-LM's GPT: learned positions,
+pre-LayerNorm blocks, GeLU MLP of 4h, vocabulary 51,200, sequence 2,048) with module names the Megatron-style
+tensor-parallel plan recognizes (query/key/value column-parallel, out_proj row-parallel, dense_h_to_4h /
+dense_4h_to_h); on the meta device it allocates nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB = 51200
+SEQ = 2048
+NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
+             "Megatron-LM (SC21, arXiv:2104.04473), Table 1")
+KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models "
+               "(MLSys 2023, arXiv:2205.05198), Tables 3 and 5")
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.num_heads = heads
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # heads as the last-but-one dim from the local width: under tensor parallelism each rank holds heads / tp
+        head_dim = self.out_proj.in_features // self.num_heads
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.view(b, t, -1, head_dim).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
+                                             is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(hidden, 4 * hidden)
+        self.dense_4h_to_h = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(hidden)
+        self.attention = Attention(hidden, heads)
+        self.post_attention_layernorm = nn.LayerNorm(hidden)
+        self.mlp = MLP(hidden)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.input_layernorm(x)))
+        return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class GPT(nn.Module):
+    """Megatron-LM's GPT (untied output head; attention dropout left out, hidden dropout 0.1)."""
+
+    def __init__(self, layers: int, hidden: int, heads: int, vocab: int = VOCAB, seq: int = SEQ,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.num_attention_heads = heads
+        self.word_embeddings = nn.Embedding(vocab, hidden)
+        self.position_embeddings = nn.Embedding(seq, hidden)
+        self.layers = nn.ModuleList(Block(hidden, heads, dropout) for _ in range(layers))
+        self.final_layernorm = nn.LayerNorm(hidden)
+        self.output = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)[None]  # (1, seq): shardable along the sequence
+        x = self.word_embeddings(ids) + self.position_embeddings(positions)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.final_layernorm(x))
+
+
+def gpt(layers: int, hidden: int, heads: int, dtype: torch.dtype = torch.bfloat16) -> GPT:
+    """A Megatron-style GPT on the meta device (no memory allocated), training mode."""
+    with torch.device("meta"):
+        return GPT(layers, hidden, heads).to(dtype)
+
+
+def megatron_lm_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+    """The tensor-parallel plan Megatron-LM runs: fxflops' derived Megatron-style plan, with the word embedding
+    vocabulary-parallel and the output layer column-parallel also without sequence parallelism (the derived
+    plan splits them only with it; Megatron-LM always does)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from fxflops.parallel.megatron import megatron_plan
+
+    styles = megatron_plan(model, sequence_parallel)
+    if not sequence_parallel:
+        styles["word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        styles["output"] = ColwiseParallel(output_layouts=Replicate())
+    return styles
+
+
+def lm_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits against token 0 (the targets' values do not change the work)."""
+    targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A measured training run: the model, the plan, and what was measured."""
+
+    name: str
+    source: str
+    layers: int
+    hidden: int
+    heads: int
+    gpus: int
+    tp: int
+    pp: int
+    global_batch: int
+    micro_batch: int
+    virtual_stages: int
+    recompute: str
+    sequence_parallel: bool
+    metric: str  # "step_time" (s) or "tflops_per_gpu" (the publication's own FLOP formula)
+    measured: float
+    assumed: str = ""  # settings the publication leaves out, as assumed here
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    def published_flops(self) -> float:
+        """FLOPs per iteration by Narayanan et al.'s Eq. 3 (full recomputation included):
+        96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+        b, s, l, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
+        return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+_N_ASSUMED = ("Table 1 gives no micro-batch size or schedule: micro-batch 1, non-interleaved 1F1B, full "
+              "recomputation (the paper's FLOP count includes it), gradients all-reduced after the backward")
+_K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
+_K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
+
+RUNS: tuple[PublishedRun, ...] = (
+    PublishedRun("22B, SP + selective", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "selective", True,
+                 "step_time", 1.10, _K_SELECTIVE),
+    PublishedRun("22B, full recompute", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "full", False,
+                 "step_time", 1.42, _K_FULL),
+    PublishedRun("175B, SP + selective", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "selective", True,
+                 "step_time", 13.75, _K_SELECTIVE),
+    PublishedRun("175B, full recompute", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "full", False,
+                 "step_time", 18.13, _K_FULL),
+    PublishedRun("530B, SP + selective", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "selective", True,
+                 "step_time", 37.83, _K_SELECTIVE),
+    PublishedRun("530B, full recompute", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "full", False,
+                 "step_time", 49.05, _K_FULL),
+    PublishedRun("1T, SP + selective", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "selective", True,
+                 "step_time", 71.49, _K_SELECTIVE),
+    PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
+                 "step_time", 94.42, _K_FULL),
+    PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 1, 1, "full", False,
+                 "tflops_per_gpu", 135, _N_ASSUMED),
+    PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 1, 1, "full", False,
+                 "tflops_per_gpu", 138, _N_ASSUMED),
+    PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 1, 1, "full", False,
+                 "tflops_per_gpu", 140, _N_ASSUMED),
+    PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 1, 1, "full", False,
+                 "tflops_per_gpu", 148, _N_ASSUMED),
+    PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 1, "full", False,
+                 "tflops_per_gpu", 155, _N_ASSUMED),
+    PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
+                 "tflops_per_gpu", 163, _N_ASSUMED),
+)
+
+
+def predict_run(run: PublishedRun, cluster: str = "DGX A100 80GB") -> tuple[float, Any]:
+    """(predicted value in the run's metric, the StepPrediction), the model captured at two layers."""
+    from fxflops.predict.step import predict_step
+
+    model = gpt(2, run.hidden, run.heads)
+    ids = torch.zeros(run.micro_batch, SEQ, dtype=torch.long)
+    parallel = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "virtual_stages": run.virtual_stages,
+                "fsdp": False, "sequence_parallel": run.sequence_parallel,
+                "tp_plan": megatron_lm_plan(model, run.sequence_parallel)}
+    overlap = run.source != NARAYANAN  # Narayanan et al. reduce after the backward (assumed, see _N_ASSUMED)
+    prediction = predict_step(model, (ids,), parallel, cluster, global_batch=run.global_batch,
+                              recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
+                              layers=run.layers, overlap_grad_reduce=overlap)
+    if run.metric == "step_time":
+        return prediction.step_time, prediction
+    return run.published_flops() / run.gpus / prediction.step_time / 1e12, prediction

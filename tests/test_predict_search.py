@@ -1,0 +1,87 @@
+"""The plan search (fxflops.plan / `fxflops plan`): enumeration, memory filter, ranking, outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import warnings
+
+import pytest
+import torch
+
+import fxflops
+from fxflops.cli.main import main
+from fxflops.predict.hardware import cluster
+from fxflops.predict.layers import LayerCosts, Part
+from fxflops.predict.search import OPTIMIZER_STATE_BYTES, rank_memory
+from fxflops.predict.step import StepPlan, simulate_plan
+from fxflops.predict.validation import GPT
+
+
+def build(layers: int) -> GPT:
+    with torch.device("meta"):
+        return GPT(layers, 256, 8, vocab=1024, seq=256).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def search():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxflops.plan(build, gpus=16, cluster="DGX A100 80GB", global_batch=32, seq_len=256, layers=8,
+                            micro_batch=(1, 2), tp=(1, 2))
+
+
+def test_plans_enumerated_ranked_and_filtered(search) -> None:
+    # tp in (1, 2) x micro-batch (1, 2): 4 captures (sequence parallel at tp > 1), every other choice derived
+    assert search.captures == 4
+    times = [row.step_time for row in search.rows]
+    assert times == sorted(times)
+    assert search.evaluated == len(search.rows) + len(search.dropped) >= 100
+    for row in search.rows + search.dropped:
+        p = row.plan
+        assert p.tp * p.pp * p.dp == 16 and 8 % (p.pp * p.virtual_stages) == 0
+        assert 32 % (p.dp * p.micro_batch) == 0
+        assert row.fits == (row.peak_bytes <= search.capacity - (512 << 20))
+    best = search.best
+    assert best.fits and best.parallel["tp"] * best.parallel["pp"] * best.parallel["dp"] == 16
+    assert "a prediction, a model with stated error" in str(search)
+
+
+def test_outputs_hold_every_plan(search, tmp_path) -> None:
+    rows = list(csv.DictReader(io.StringIO(search.to_csv(tmp_path / "plans.csv"))))
+    assert len(rows) == search.evaluated and (tmp_path / "plans.csv").exists()
+    data = json.loads(search.to_json(tmp_path / "plans.json"))
+    assert len(data["plans"]) == len(search.rows) and data["plans"][0]["step_time_s"] == search.best.step_time
+
+
+def test_rank_memory_by_hand() -> None:
+    # 8 layers of 1,000 parameters saving 100 bytes each per micro-batch; pp = 2 with 1F1B and m = 4: the first
+    # stage holds 4 layers' state and 2 micro-batches in flight
+    block = Part(forward=1.0, backward=2.0, params=1000, saved_bytes=100)
+    costs = LayerCosts(1, False, 1, 10, 8, block, Part(), Part(), 40, 2, "bfloat16", "A100", 8)
+    a100 = cluster("DGX A100 80GB")
+    plan = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True)
+    peak, kinds = rank_memory(costs, plan, simulate_plan(costs, plan, a100))
+    assert kinds == {"parameters": 4 * 1000 * 2, "gradients": 4 * 1000 * 2,
+                     "optimizer": 4 * 1000 * OPTIMIZER_STATE_BYTES // 2, "activations": 2 * 4 * 100}
+    assert peak == sum(kinds.values()) + (512 << 20)
+    # full recomputation keeps each layer's input (40 bytes) and one layer's activations while recomputing it
+    full = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True, recompute="full")
+    _, kinds = rank_memory(costs, full, simulate_plan(costs, full, a100))
+    assert kinds["activations"] == 2 * 4 * 40 + 100
+
+
+def test_cli_plan(tmp_path, capsys) -> None:
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16",
+                 "--seq-len", "128", "--micro-batch", "2", "--top", "3", "--csv", str(tmp_path / "p.csv")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plans for 8 x A100 80GB SXM (DGX A100 80GB), global batch 16:")
+    assert len([line for line in out.splitlines() if line[:3].strip().isdigit()]) == 3
+    assert (tmp_path / "p.csv").read_text().startswith("tp,pp,virtual_stages")
+
+
+def test_cli_plan_errors_are_one_line(capsys) -> None:
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX Z9", "--batch", "16", "--seq-len", "128"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fxflops: error:") and len(err.strip().splitlines()) == 1

@@ -1,0 +1,184 @@
+"""The step simulation (fxflops.predict.step): pipeline, overlap, recomputation, worked out by hand on
+synthetic per-layer costs, and predict_step end to end on a small Megatron-style GPT."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+
+import fxflops
+from fxflops.predict.comm_time import collective_seconds
+from fxflops.predict.hardware import cluster
+from fxflops.predict.layers import LayerCosts, Part
+from fxflops.predict.step import ERROR_STATEMENT, StepPlan, _prefetched, simulate_plan
+from fxflops.predict.validation import GPT, lm_loss
+
+A100 = cluster("DGX A100 80GB")
+# the same cluster with links of no latency: an empty pipeline transfer then takes no time
+NO_LATENCY = dataclasses.replace(A100, intra_latency=0.0, inter_latency=0.0)
+
+
+def costs(layers: int = 8, forward: float = 1.0, backward: float = 2.0, pre: Part | None = None,
+          post: Part | None = None, params: int = 0, comm: float = 0.0, attention: float = 0.0) -> LayerCosts:
+    block = Part(forward=forward, backward=backward, comm_forward=comm, comm_backward=comm,
+                 attention_forward=attention, forward_flops=100, backward_flops=200, attention_flops=10, params=params)
+    return LayerCosts(1, False, 1, 1000, layers, block, pre or Part(), post or Part(), 0, 2, "bfloat16", "A100",
+                      layers)
+
+
+def no_optimizer(plan: StepPlan, **changes) -> StepPlan:
+    return StepPlan(**{**plan.as_dict(), **changes})
+
+
+def test_uniform_pipeline_bubble_is_p_minus_1_over_m() -> None:
+    # 8 layers of 1 s / 2 s, pp = 4 (2 layers a stage), m = 8: each rank computes 8 x 2 x 3 s = 48 s, and
+    # the bubble is (p-1) stage passes = 3 x 6 s = 18 s = (p-1)/m of 48 s. No parameters: no optimizer time.
+    plan = StepPlan(pp=4, micro_batch=1, global_batch=8)
+    prediction = simulate_plan(costs(), plan, NO_LATENCY)
+    assert prediction.step_time == 48.0 + 18.0
+    assert prediction.breakdown == {"compute": 48.0, "exposed_comm": 0.0, "bubble": 18.0, "optimizer": 0.0}
+    assert [r.role for r in prediction.ranks] == ["first stage", "stage 1", "stage 2", "last stage"]
+    interleaved = simulate_plan(costs(), no_optimizer(plan, virtual_stages=2), NO_LATENCY)
+    assert interleaved.breakdown["bubble"] == 9.0  # (p-1)/(m v) of 48 s
+
+
+def test_embedding_on_the_first_stage_is_its_extra_time() -> None:
+    # one stage: the embedding's forward (0.5 s) and backward (0.25 s) per micro-batch add to the compute
+    prediction = simulate_plan(costs(pre=Part(forward=0.5, backward=0.25)), StepPlan(micro_batch=1, global_batch=4),
+                               A100)
+    assert prediction.breakdown["compute"] == 4 * (8 * 3.0 + 0.75)
+    assert prediction.breakdown["bubble"] == 0.0
+
+
+def test_tensor_parallel_comm_is_exposed_and_recomputed_with_full_recompute() -> None:
+    plan = StepPlan(micro_batch=1, global_batch=2)
+    none = simulate_plan(costs(comm=0.125), plan, A100)
+    assert none.breakdown["exposed_comm"] == 2 * 8 * 0.25  # forward and backward collectives, every layer
+    full = simulate_plan(costs(comm=0.125), no_optimizer(plan, recompute="full"), A100)
+    assert full.breakdown["compute"] == 2 * 8 * (3.0 + 1.0)  # the forward again in the backward
+    assert full.breakdown["exposed_comm"] == 2 * 8 * (0.25 + 0.125)  # and its collectives
+    selective = simulate_plan(costs(attention=0.25), no_optimizer(plan, recompute="selective"), A100)
+    assert selective.breakdown["compute"] == 2 * 8 * (3.0 + 0.25)
+    # MFU counts the model's FLOPs, HFU adds the recomputed forward's
+    assert full.ranks[0].flops == 2 * 8 * 300 and full.ranks[0].recompute_flops == 2 * 8 * 100
+    assert full.hfu / full.mfu == pytest.approx(400 / 300)
+
+
+def test_data_parallel_reduction_overlaps_the_last_backward() -> None:
+    # one stage, dp = 2, 4 layers with 2 s backwards; each layer's gradient all-reduce queues when its part of
+    # the last micro-batch's backward ends: every reduce but the last is hidden when one takes under 2 s
+    params = 50_000_000
+    plan = StepPlan(dp=2, micro_batch=1, global_batch=4, optimizer_bytes_per_param=0)
+    layer = collective_seconds("all_reduce", params * 2, 2, A100, 2)
+    assert layer < 2.0
+    prediction = simulate_plan(costs(layers=4, params=params), plan, A100)
+    compute = 2 * 4 * 3.0
+    # gradient read, parameter written, in one memory-bound kernel
+    optimizer = 4 * params * (2 + 2) / A100.device.sustained + A100.device.launch_overhead
+    assert prediction.breakdown["compute"] == compute
+    assert prediction.breakdown["exposed_comm"] == pytest.approx(layer)
+    assert prediction.step_time == pytest.approx(compute + layer + optimizer)
+    after = simulate_plan(costs(layers=4, params=params), no_optimizer(plan, overlap_grad_reduce=False), A100)
+    assert after.breakdown["exposed_comm"] == pytest.approx(4 * layer)
+
+
+def test_fsdp_gathers_are_prefetched_one_layer_ahead() -> None:
+    # compute 1 s per layer, gathers 0.5 s: only the first is exposed; gathers of 2 s: each layer waits
+    assert _prefetched([1.0] * 4, [0.5] * 4, [0.0] * 4) == 0.5 + 4.0
+    assert _prefetched([1.0] * 4, [2.0] * 4, [0.0] * 4) == 4 * 2.0 + 1.0
+    # reduce-scatters of 0.25 s after each layer share the stream: the last one ends after the compute
+    assert _prefetched([1.0] * 3, [0.5] * 3, [0.25] * 3) == 0.5 + 3.0 + 0.25
+
+
+def test_bad_plans_are_one_line() -> None:
+    with pytest.raises(ValueError, match="recompute='some'"):
+        simulate_plan(costs(), StepPlan(recompute="some"), A100)
+    with pytest.raises(ValueError, match="not a multiple of dp x micro-batch"):
+        simulate_plan(costs(), StepPlan(dp=3, global_batch=4), A100)
+    with pytest.raises(ValueError, match="at most one chunk per layer"):
+        simulate_plan(costs(layers=4), StepPlan(pp=4, virtual_stages=2, global_batch=8), A100)
+
+
+def small_gpt() -> GPT:
+    with torch.device("meta"):
+        return GPT(2, 256, 8, vocab=1024, seq=128).to(torch.bfloat16)
+
+
+def test_predict_step_end_to_end(tmp_path) -> None:
+    model = small_gpt()
+    ids = torch.zeros(2, 128, dtype=torch.long)
+    before = {name: p.shape for name, p in model.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prediction = fxflops.predict_step(model, (ids,), {"tp": 2, "pp": 2, "dp": 2}, "DGX A100 80GB",
+                                          global_batch=16, recompute="full", loss=lm_loss, layers=4,
+                                          trace=tmp_path / "trace.json")
+    assert {name: p.shape for name, p in model.named_parameters()} == before
+    assert sum(prediction.breakdown.values()) == pytest.approx(prediction.step_time)
+    assert prediction.plan.microbatches == 4 and prediction.plan.fsdp
+    assert prediction.tokens_per_sec == pytest.approx(16 * 128 / prediction.step_time)
+    assert prediction.hfu > prediction.mfu > 0
+    assert [r.layers for r in prediction.ranks] == [2, 2]
+    assert ERROR_STATEMENT in str(prediction) and prediction.as_dict()["error"] == ERROR_STATEMENT
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}
+    compute = [e for e in trace["traceEvents"] if e["tid"] == "compute"]
+    assert sum(1 for e in compute if e["name"].startswith("forward")) == 2 * 4  # 2 stages x 4 micro-batches
+    critical = [e for e in trace["traceEvents"] if e["tid"] == "critical path"]
+    assert critical and all(e["args"]["critical"] for e in critical)
+    assert max(e["ts"] + e["dur"] for e in critical) == max(e["ts"] + e["dur"] for e in compute)
+    page = prediction.to_html(tmp_path / "step.html")
+    assert page.count("<rect") == len([e for e in trace["traceEvents"] if e["tid"] != "critical path"])
+    assert page.count('stroke="black"') == len(critical) and ERROR_STATEMENT in page
+
+
+def test_predict_step_refuses_what_it_does_not_predict() -> None:
+    ids = torch.zeros(1, 128, dtype=torch.long)
+    with pytest.raises(NotImplementedError, match="ep=2 is not predicted yet"):
+        fxflops.predict_step(small_gpt(), (ids,), {"ep": 2})
+    with pytest.raises(ValueError, match="unknown parallel key 'tpp'|unknown parallel key tpp"):
+        fxflops.predict_step(small_gpt(), (ids,), {"tpp": 2})
+    with pytest.raises(ValueError, match="micro_batch=4 but the inputs hold a batch of 1"):
+        fxflops.predict_step(small_gpt(), (ids,), micro_batch=4)
+
+
+def test_sequence_parallel_a_model_cannot_run_is_left_out_and_said() -> None:
+    # Hugging Face Llama's rotary embeddings read the sequence-sharded stream: the step is predicted without
+    # sequence parallelism, and the prediction's notes say so
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prediction = fxflops.predict_step(model, (torch.zeros(1, 64, dtype=torch.long),), {"tp": 2}, "DGX H100")
+    assert not prediction.plan.sequence_parallel
+    assert any(note.startswith("sequence parallelism failed on this model") for note in prediction.notes)
+
+
+def test_per_layer_costs_hold_what_one_rank_holds() -> None:
+    # GPT of width 256 (8 heads, MLP 1024, vocabulary 1024, 128 positions) at tp=2 with sequence parallelism,
+    # one sequence of 128 tokens. A block: 4 x 256^2 + 2 x 256 x 1024 = 786,432 weights split 2 ways, the
+    # column-parallel biases (q, k, v: 768; dense_h_to_4h: 1024) split, the row-parallel biases (2 x 256) and
+    # the two LayerNorms (4 x 256) whole: 393,216 + 896 + 1,536 = 395,648.
+    from fxflops.predict.step import capture_costs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        costs = capture_costs(small_gpt(), (torch.zeros(1, 128, dtype=torch.long),), A100, tp=2,
+                              sequence_parallel=True, loss=lm_loss, layers=12)
+    assert costs.block.params == 395_648
+    assert costs.pre.params == (1024 * 256 + 128 * 256) // 2  # both embeddings split under sequence parallelism
+    assert costs.post.params == 1024 * 256 // 2 + 2 * 256  # the head split, the final LayerNorm whole
+    assert costs.params == 12 * 395_648 + costs.pre.params + costs.post.params
+    assert costs.boundary_bytes == 1 * (128 // 2) * 256 * 2  # the sequence-sharded stream, bf16
+    assert costs.tokens == 128 and costs.captured_layers == 2 and costs.layers == 12
+    assert costs.block.forward > 0 and costs.block.backward > costs.block.forward
+    # sequence parallelism: per block two all-gathers and two reduce-scatters forward, as many backward
+    assert costs.block.comm_forward > 0 and costs.block.comm_backward > 0
