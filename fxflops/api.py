@@ -169,8 +169,11 @@ def estimate(
                              "estimate the optimizer step without parallel=")
         from fxflops.parallel.whatif import estimate_plan
 
+        # the routing named (balanced by default): a plan's capture does not capture worst-case routing beside it
+        # (expert parallelism's rank roles come from one routing); routing="worst" shows that case
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, None, progress, attention, strict, memory, routing=routing)
+                                  loss, None, progress, attention, strict, memory,
+                                  routing="balanced" if routing is None else routing)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)

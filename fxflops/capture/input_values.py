@@ -49,6 +49,10 @@ MAX_SHADOWED_CONSTANT = 1 << 20
 MAX_SHADOWED_OUTPUT = 1 << 22
 
 _aten = torch.ops.aten
+# ops whose output memory is uninitialized: never a value (FSDP2 all-gathers parameters into torch.empty
+# buffers; a "value" read there was garbage that decided a router's picks)
+_UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+                            _aten.new_empty_strided})
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
 
@@ -188,7 +192,7 @@ class InputValues:
             return bounded
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
-        if known and torch.Tag.nondeterministic_seeded not in func.tags \
+        if known and torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNINITIALIZED \
                 and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
             self._shadow_outputs(func, args, kwargs, shadows, out)
         elif func in _ROUTERS:

@@ -18,7 +18,7 @@ from fxflops.capture.module_walk import walk_modules
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
-_NOT_YET = {"pp": "pipeline parallelism", "ep": "expert parallelism", "cp": "context parallelism"}
+_NOT_YET = {"pp": "pipeline parallelism", "cp": "context parallelism"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class Parallel:
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`, the only kind built yet)
     over each repeated block and the root; `reshard_after_forward` as fully_shard takes it; `dp_shard`
     below dp makes it HSDP (dp / dp_shard replicas, each sharded dp_shard ways).
-    `pp`, `ep`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
+    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` of the dp ranks, tokens
+    dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
+    `pp`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
     when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
@@ -61,12 +63,15 @@ class Parallel:
         """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
         dp_replicate x dp_shard under HSDP."""
         dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
-            else (("dp", self.dp),)
+            else (("dp_mod_ep", self.dp // self.ep), ("ep", self.ep)) if self.ep > 1 else (("dp", self.dp),)
         return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
                 if degree > 1}
 
     def data_parallel_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard)."""
+        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard; under expert
+        parallelism "dp", dp_mod_ep x ep flattened, or "ep" itself when dp = ep)."""
+        if self.ep > 1:
+            return ("dp",) if self.dp > self.ep else ("ep",)
         return tuple(name for name in self.degrees() if name.startswith("dp"))
 
     def as_dict(self) -> dict[str, Any]:
@@ -120,6 +125,12 @@ class Parallel:
                 if heads % self.tp:
                     raise ValueError(f"parallel plan: tp={self.tp} does not divide the {heads} heads of {where}; "
                                      f"pick a tp that divides {heads}")
+        if self.ep > 1:
+            if self.shard != self.dp:
+                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; give ep with dp alone")
+            from fxflops.parallel.experts import check_experts
+
+            check_experts(model, self.ep, self.dp)
         if self.pp > 1:
             layers = len(repeated_blocks(model))
             if self.pp > layers:
@@ -127,7 +138,7 @@ class Parallel:
         for name, what in _NOT_YET.items():
             if getattr(self, name) > 1:
                 raise NotImplementedError(f"parallel plan: {name}={getattr(self, name)} ({what}) is not built yet; "
-                                          "tp (with sequence_parallel) and dp (FSDP2) are")
+                                          "tp (with sequence_parallel), dp (FSDP2) and ep are")
         if self.dp > 1 and not self.fsdp:
             raise NotImplementedError("parallel plan: dp without fsdp (DDP's gradient all-reduce) is not built yet; "
                                       "use fsdp=True")

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
 from fxflops.parallel.megatron import megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import Estimate, RankRole
@@ -36,13 +37,19 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
         raise ValueError("a what-if plan (parallel=...) builds its own fake process group, and one is already "
                          "initialized: to count your own sharded model, call estimate() without parallel=")
     styles = tp_styles(model, plan)
-    roles = [RankRole("every rank", tuple(range(plan.size)), None)]  # tp and FSDP ranks all run the same ops
-    done = []
-    for role in roles:
-        with fake_world(plan.size, role.ranks[0]), composable_states_restored():
+
+    def capture(rank: int) -> tuple[Estimate, RoutedCounts]:
+        seen = RoutedCounts()
+        with fake_world(plan.size, rank), composable_states_restored():
             mesh = _mesh(plan)
-            estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
-        done.append(RankRole(role.name, role.ranks, estimate))
+            return count(None if mesh is None else
+                         lambda fake_model: apply_plan(fake_model, plan, mesh, styles, seen)), seen
+
+    first, seen = capture(0)
+    done = [RankRole("every rank", tuple(range(plan.size)), first)]  # tp and FSDP ranks all run the same ops
+    if plan.ep > 1:  # ranks whose experts receive other token counts run other ops: a role each
+        roles = expert_roles(seen, plan.degrees(), plan.size)
+        done = [RankRole(name, ranks, first if ranks[0] == 0 else capture(ranks[0])[0]) for name, ranks in roles]
     # the roles keep their own estimates (no cycle through `ranks`); replace() keeps the capture behind
     # explain() and compare(), which a copy (through __getstate__) would drop
     return dataclasses.replace(done[0].estimate, parallel=plan.as_dict(), ranks=done)
@@ -64,7 +71,10 @@ def _mesh(plan: Parallel) -> DeviceMesh | None:
     degrees = plan.degrees()
     if not degrees:
         return None
-    return init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+    mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+    if plan.ep > 1 and "dp_mod_ep" in degrees:  # FSDP shards the non-expert parameters over both
+        mesh["dp_mod_ep", "ep"]._flatten("dp")
+    return mesh
 
 
 @contextlib.contextmanager
@@ -93,17 +103,32 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
     return styles
 
 
-def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any]) -> None:
-    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles)."""
+def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
+               seen: RoutedCounts | None = None) -> None:
+    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
+    `seen` collects the tokens routed to each expert under expert parallelism)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
         parallelize_module(model, mesh["tp"], styles)
+    experts = apply_experts(model, mesh["ep"], seen if seen is not None else RoutedCounts()) if plan.ep > 1 else []
     if plan.dp > 1:
         from torch.distributed.fsdp import fully_shard
 
         dims = plan.data_parallel_dims()
-        dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
+        dp_mesh = mesh[dims[0]] if len(dims) == 1 or plan.ep > 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
+        if plan.ep > 1 and plan.dp > plan.ep:
+            # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
+            for module in {id(m): m for m in _owners(model, experts)}.values():
+                fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
+            experts = []
+        ignored = set(experts)  # dp == ep: each rank's experts are its own whole
         for _, block in repeated_blocks(model):
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward, ignored_params=ignored)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward, ignored_params=ignored)
+
+
+def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.nn.Module]:
+    """The modules holding `params` directly."""
+    wanted = {id(p) for p in params}
+    return [m for m in model.modules() if any(id(p) in wanted for p in m.parameters(recurse=False))]
