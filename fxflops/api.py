@@ -174,7 +174,7 @@ def estimate(
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, None, progress, attention, strict, memory,
                                   routing="balanced" if routing is None else routing)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False))
+        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=False), (args, kwargs))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

@@ -184,7 +184,7 @@ def test_bad_plans_are_one_clear_line(llama, plan, message):
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("plan", [{"pp": 2}, {"ep": 2}, {"cp": 2}, {"dp": 2, "fsdp": False}])
+@pytest.mark.parametrize("plan", [{"pp": 2}, {"dp": 2, "fsdp": False}])
 def test_parts_not_built_yet_say_so(llama, plan):
     with pytest.raises(NotImplementedError, match="not built yet"):
         fxflops.estimate(llama, (tokens(),), parallel=plan)

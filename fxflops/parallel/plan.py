@@ -18,7 +18,7 @@ from fxflops.capture.module_walk import walk_modules
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
-_NOT_YET = {"pp": "pipeline parallelism", "cp": "context parallelism"}
+_NOT_YET = {"pp": "pipeline parallelism"}
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,9 @@ class Parallel:
     below dp makes it HSDP (dp / dp_shard replicas, each sharded dp_shard ways).
     `ep`: expert parallel degree, the experts of each MoE layer split over `ep` of the dp ranks, tokens
     dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
-    `pp`, `cp` and `virtual_stages` are accepted and checked, and refused as not built yet
-    when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
+    `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and attention run as torch's
+    ring attention (fxflops.parallel.context); FSDP then shards over dp x cp, as torchtitan does.
+    `pp` and `virtual_stages` are accepted and checked, and refused as not built yet when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
     dp: int = 1
@@ -69,9 +70,11 @@ class Parallel:
 
     def data_parallel_dims(self) -> tuple[str, ...]:
         """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard; under expert
-        parallelism "dp", dp_mod_ep x ep flattened, or "ep" itself when dp = ep)."""
+        parallelism dp_mod_ep x ep, which apply_plan flattens)."""
         if self.ep > 1:
-            return ("dp",) if self.dp > self.ep else ("ep",)
+            return ("dp_mod_ep", "ep") if self.dp > self.ep else ("ep",)
+        if self.cp > 1:  # context-parallel ranks hold other positions of the same batch: gradients reduced over both
+            return ("dp", "cp") if self.dp > 1 else ("cp",)
         return tuple(name for name in self.degrees() if name.startswith("dp"))
 
     def as_dict(self) -> dict[str, Any]:
@@ -128,6 +131,8 @@ class Parallel:
         if self.ep > 1:
             if self.shard != self.dp:
                 raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; give ep with dp alone")
+            if self.cp > 1:
+                raise NotImplementedError("parallel plan: ep with cp is not built yet; give one of them")
             from fxflops.parallel.experts import check_experts
 
             check_experts(model, self.ep, self.dp)
@@ -138,7 +143,7 @@ class Parallel:
         for name, what in _NOT_YET.items():
             if getattr(self, name) > 1:
                 raise NotImplementedError(f"parallel plan: {name}={getattr(self, name)} ({what}) is not built yet; "
-                                          "tp (with sequence_parallel), dp (FSDP2) and ep are")
+                                          "tp (with sequence_parallel), dp (FSDP2), ep and cp are")
         if self.dp > 1 and not self.fsdp:
             raise NotImplementedError("parallel plan: dp without fsdp (DDP's gradient all-reduce) is not built yet; "
                                       "use fsdp=True")

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fxflops.parallel.context import apply_context, check_context
 from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
 from fxflops.parallel.megatron import megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
@@ -28,11 +29,14 @@ Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate]) -> Estimate:
+                  count: Callable[[Prepare | None], Estimate], inputs: tuple[tuple, dict] = ((), {})) -> Estimate:
     """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
-    once per rank role under the plan; the first role's estimate, with every role in `ranks`."""
+    once per rank role under the plan; the first role's estimate, with every role in `ranks`. `inputs`
+    (args, kwargs): the example inputs, checked against the plan."""
     plan = Parallel.of(parallel)
     plan.check(model)
+    if plan.cp > 1:
+        check_context(plan.cp, *inputs)
     if dist.is_available() and dist.is_initialized():
         raise ValueError("a what-if plan (parallel=...) builds its own fake process group, and one is already "
                          "initialized: to count your own sharded model, call estimate() without parallel=")
@@ -71,10 +75,7 @@ def _mesh(plan: Parallel) -> DeviceMesh | None:
     degrees = plan.degrees()
     if not degrees:
         return None
-    mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
-    if plan.ep > 1 and "dp_mod_ep" in degrees:  # FSDP shards the non-expert parameters over both
-        mesh["dp_mod_ep", "ep"]._flatten("dp")
-    return mesh
+    return init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
 
 
 @contextlib.contextmanager
@@ -112,12 +113,17 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
     if styles:
         parallelize_module(model, mesh["tp"], styles)
     experts = apply_experts(model, mesh["ep"], seen if seen is not None else RoutedCounts()) if plan.ep > 1 else []
-    if plan.dp > 1:
+    if plan.cp > 1:
+        apply_context(model, mesh["cp"])
+    if plan.dp > 1 or plan.cp > 1:
         from torch.distributed.fsdp import fully_shard
 
         dims = plan.data_parallel_dims()
-        dp_mesh = mesh[dims[0]] if len(dims) == 1 or plan.ep > 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
+        dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
         if plan.ep > 1 and plan.dp > plan.ep:
+            dp_mesh = mesh["dp_mod_ep", "ep"]._flatten("dp")  # the non-expert parameters: over all dp ranks
+        elif plan.cp > 1 and plan.dp > 1:
+            dp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
             # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
             for module in {id(m): m for m in _owners(model, experts)}.values():
                 fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
