@@ -109,7 +109,8 @@ def test_dp_above_ep_shards_the_experts_over_the_ranks_holding_the_same_ones():
 
 
 @pytest.mark.filterwarnings("ignore:values the weights decide")
-def test_hugging_face_mixtral_experts():
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
+def test_hugging_face_mixtral_experts(implementation):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     heads, kv = 4, 2
@@ -118,6 +119,7 @@ def test_hugging_face_mixtral_experts():
                            num_experts_per_tok=K, attn_implementation="sdpa")
     with torch.device("meta"):
         model = MixtralForCausalLM(config)
+    model.config._experts_implementation = implementation  # transformers' experts kernels: the same count
     est = plan_estimate(model, ep=2, dp=2)
     head_dim = D // heads
     attention = 2 * T * D * (2 * D + 2 * kv * head_dim)  # q, o: D x D; k, v: D x kv heads
@@ -129,6 +131,29 @@ def test_hugging_face_mixtral_experts():
         found = all_to_alls(est, phase)
         assert len(found) == 2 * L and sum(c.bytes for c in found) == 2 * L * ROUTED
     assert {c.module for c in all_to_alls(est, "forward")} == {f"model.layers.{i}.mlp.experts" for i in range(L)}
+
+
+@pytest.mark.filterwarnings("ignore:values the weights decide")
+@pytest.mark.parametrize("routing", ["balanced", "worst"])
+def test_hugging_face_qwen2_moe_with_its_shared_expert(routing):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    heads, kv = 4, 2
+    config = Qwen2MoeConfig(vocab_size=V, hidden_size=D, intermediate_size=H, moe_intermediate_size=H,
+                            shared_expert_intermediate_size=H, num_hidden_layers=L, num_attention_heads=heads,
+                            num_key_value_heads=kv, num_experts=E, num_experts_per_tok=K, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = Qwen2MoeForCausalLM(config)
+    est = plan_estimate(model, routing=routing, ep=2, dp=2)
+    head_dim = D // heads
+    # q, k, v (their biases are not matmul FLOPs), o; the router, the shared expert and its gate
+    dense = 2 * T * D * (2 * D + 2 * kv * head_dim) + ROUTER + SHARED + 2 * T * D
+    sdpa = 2 * (2 * B * heads * S * S * head_dim)
+    rows = {"balanced": [T * K, T * K], "worst": [2 * T * K, 0]}[routing]  # per expert-parallel rank
+    assert [r.ranks for r in est.ranks] == ([(0, 1)] if routing == "balanced" else [(0,), (1,)])
+    for role, received in zip(est.ranks, rows):
+        assert role.estimate.fwd_flops == L * (dense + experts(received) + sdpa) + HEAD
+        assert role.estimate.bwd_flops == 2 * (L * (dense + experts(received)) + HEAD) + L * 5 * sdpa // 2
 
 
 def test_the_model_is_left_as_it_was():
