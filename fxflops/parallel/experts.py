@@ -78,7 +78,7 @@ def _layout(name: str, module: torch.nn.Module) -> str:
     else:
         params = list(module.parameters(recurse=False))
         leading = {int(p.shape[0]) for p in params if p.dim() >= 3}
-        grouped = params and len(leading) == 1 and all(p.dim() >= 3 for p in params) \
+        grouped = bool(params) and len(leading) == 1 and all(p.dim() >= 3 for p in params) \
             and not any(True for child in module.children() for _ in child.parameters())
         names = list(inspect.signature(module.forward).parameters)[:3]
         if grouped and len(names) >= 3 and "index" in names[1]:
@@ -189,9 +189,10 @@ class _Exchange:
 
     # --- the all-to-alls ---------------------------------------------------------------------------
 
-    def _dispatch(self, routed: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def _dispatch(self, routed: torch.Tensor, sizes: list[int], extra: Any = None) -> tuple[torch.Tensor, list[int]]:
         """Rows sorted by (global) expert to the ranks holding the experts; the rows this rank's experts
-        received, per local expert then per source rank, and how many each local expert has."""
+        received, per local expert then per source rank, and how many each local expert has. `extra`: what
+        the combine needs besides."""
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         self.seen.calls.append((self.path, tuple(sizes)))
@@ -205,7 +206,7 @@ class _Exchange:
         for position, row in enumerate(order):
             inverse[row] = position
         index = _constant(order, torch.long, routed.device)
-        self._pending.append((send, receive, _constant(inverse, torch.long, routed.device), None))
+        self._pending.append((send, receive, _constant(inverse, torch.long, routed.device), extra))
         return received[index], [ep * size for size in local]
 
     def _return(self, output: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -243,9 +244,7 @@ class _Exchange:
         sizes = [int(c) for c in torch.bincount(flat, minlength=experts).tolist()]  # the routing assumption's
         order = torch.argsort(flat, stable=True)
         k = picks.shape[-1]
-        received, local = self._dispatch(tokens[order // k], sizes)
-        send, receive, inverse, _ = self._pending.pop()
-        self._pending.append((send, receive, inverse, (order, weights, tokens.shape)))
+        received, local = self._dispatch(tokens[order // k], sizes, (order, weights, tokens.shape))
         rows = sum(local)
         bound.arguments[names[0]] = received
         bound.arguments[names[1]] = torch.repeat_interleave(

@@ -35,7 +35,8 @@ class Parallel:
     dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
     `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and attention run as torch's
     ring attention (fxflops.parallel.context); FSDP then shards over dp x cp, as torchtitan does.
-    `pp` and `virtual_stages` are accepted and checked, and refused as not built yet when above 1. The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
+    `pp` and `virtual_stages` are accepted and checked, and refused as not built yet when above 1.
+    The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
     dp: int = 1
@@ -130,12 +131,16 @@ class Parallel:
                                      f"pick a tp that divides {heads}")
         if self.ep > 1:
             if self.shard != self.dp:
-                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; give ep with dp alone")
+                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; "
+                                          "give ep with dp alone")
             if self.cp > 1:
                 raise NotImplementedError("parallel plan: ep with cp is not built yet; give one of them")
             from fxflops.parallel.experts import check_experts
 
             check_experts(model, self.ep, self.dp)
+        if self.cp > 1 and (self.shard != self.dp or not self.fsdp):
+            raise NotImplementedError("parallel plan: cp shards the parameters with FSDP2 over dp x cp; cp with HSDP "
+                                      "(dp_shard) or without fsdp is not built yet")
         if self.pp > 1:
             layers = len(repeated_blocks(model))
             if self.pp > layers:

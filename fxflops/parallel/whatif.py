@@ -119,11 +119,13 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
         from torch.distributed.fsdp import fully_shard
 
         dims = plan.data_parallel_dims()
-        dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
+        if len(dims) == 1:
+            dp_mesh = mesh[dims[0]]
+        elif plan.ep > 1 or plan.cp > 1:  # one FSDP dimension over both (flattened)
+            dp_mesh = mesh[dims]._flatten("_".join(dims))
+        else:
+            dp_mesh = mesh[dims]  # 2-D under HSDP: replicate, shard
         if plan.ep > 1 and plan.dp > plan.ep:
-            dp_mesh = mesh["dp_mod_ep", "ep"]._flatten("dp")  # the non-expert parameters: over all dp ranks
-        elif plan.cp > 1 and plan.dp > 1:
-            dp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
             # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
             for module in {id(m): m for m in _owners(model, experts)}.values():
                 fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
