@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tests.parallel_models import FeedForward as Expert  # w1, w3, w2 with SiLU: an expert or a shared expert
+
 
 class GroupedExperts(torch.nn.Module):
     """torchtitan's GroupedExperts: [experts, ...] weights; a for-loop over the experts or grouped mm."""
@@ -30,17 +32,6 @@ class GroupedExperts(torch.nn.Module):
                             * torch.matmul(part, self.w3[e].transpose(-2, -1)), self.w2[e].transpose(-2, -1))
                for e, part in enumerate(parts)]
         return torch.cat(out, dim=0)
-
-
-class Expert(torch.nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = torch.nn.Linear(dim, hidden, bias=False)
-        self.w2 = torch.nn.Linear(hidden, dim, bias=False)
-        self.w3 = torch.nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class MoE(torch.nn.Module):
