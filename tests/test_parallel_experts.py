@@ -42,8 +42,9 @@ def plan_estimate(model, routing=None, **plan):
     return est
 
 
-def all_to_alls(est, phase):
-    return [c for c in est.collectives if c.op == "all_to_all" and c.phase == phase]
+def all_to_alls(est, phase, dtype="float32"):
+    """The rank's all-to-alls of one phase: of the rows (float32), or of torchtitan's counts (int64)."""
+    return [c for c in est.collectives if c.op == "all_to_all" and c.phase == phase and c.dtype == dtype]
 
 
 @pytest.mark.filterwarnings("ignore:values the weights decide")
@@ -65,6 +66,11 @@ def test_balanced_routing_each_rank_runs_its_experts_on_the_tokens_routed_to_the
         assert {c.group_size for c in found} == {ep} and {c.module for c in found} == \
             {f"layers.{i}.moe.experts" + (f".{e}" if layout == "list" else "") for i in range(L)
              for e in range(E)}
+    # torchtitan's experts first exchange the tokens per expert (E int64), forward only
+    counts = all_to_alls(est, "forward", "int64")
+    expected = [] if layout == "list" else [(E * 8, E * 8 * (ep - 1) // ep)] * L
+    assert [(c.bytes, c.wire_bytes) for c in counts] == expected
+    assert all_to_alls(est, "backward", "int64") == []
     # the rank's parameters: its E/ep experts whole (dp = ep: FSDP leaves them be), the rest sharded ep ways
     other = 2 * V * D + L * (D + D * E + 3 * D * H)
     assert est.total_params == other // ep + L * (E // ep) * 3 * D * H

@@ -12,7 +12,8 @@ a rank receives from each of the `ep` ranks the tokens it routed to the rank's e
 Recognized experts (a module named `experts`, found in every MoE layer):
 
 - grouped weights called with the routed tokens sorted by expert and the tokens per expert, as
-  torchtitan's `GroupedExperts(x, num_tokens_per_expert)` (its for-loop or grouped-mm code alike);
+  torchtitan's `GroupedExperts(x, num_tokens_per_expert)` (its for-loop or grouped-mm code alike); as in
+  torchtitan, the per-expert counts are exchanged by an all-to-all of their own first;
 - grouped weights called with every token, its top-k expert indices and weights, as Hugging Face's
   Mixtral / Qwen-MoE / OLMoE experts in transformers 5 (`experts(hidden_states, top_k_index, top_k_weights)`);
 - a ModuleList of expert modules its MoE layer calls one by one on their tokens (Mixtral / Qwen-MoE
@@ -225,6 +226,11 @@ class _Exchange:
         if routed.shape[0] != sum(sizes):
             raise ValueError(f"expert parallelism: '{self.path}' got {routed.shape[0]} rows for {sum(sizes)} routed "
                              "tokens; rows padded before the experts are not split yet")
+        # torchtitan first tells each rank how many rows of each of its experts come (its output's values
+        # are the routing assumption's, as every rank routes alike: the constant below)
+        from torch.distributed._functional_collectives import all_to_all_single
+
+        all_to_all_single(counts, None, None, self.group)
         received, local = self._dispatch(routed, sizes)
         bound.arguments[names[0]] = received
         bound.arguments[names[1]] = _constant(local, counts.dtype, counts.device)
