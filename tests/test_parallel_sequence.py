@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import fxflops
 
@@ -50,3 +51,51 @@ def test_hf_llama_sequence_parallel_flops_and_bytes(hf_llama, tp):
     layer_ops = sorted(c.op for c in est.collectives if c.module.startswith("model.layers.") and c.phase == "backward")
     assert layer_ops == ["all_gather"] * 2 * L + ["reduce_scatter"] * 2 * L
     assert all(c.group_size == tp and c.wire_bytes == (tp - 1) * c.bytes // tp for c in est.collectives)
+
+
+def test_the_derived_sequence_parallel_plan_runs_for_real_with_the_collectives_comm_debug_mode_counts():
+    """The plan applied to a real Hugging Face Llama on torch's fake process group runs (the residual
+    stream a DTensor), and CommDebugMode's collectives per module equal the estimate's of the same model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fxflops.parallel.megatron import megatron_plan
+    from tests.test_parallel import _inclusive_counts
+
+    config = LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                         num_attention_heads=HEADS, num_key_value_heads=KV, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, V, (B, S))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        parallelize_module(model, mesh, megatron_plan(model, sequence_parallel=True))
+        with CommDebugMode() as comm:
+            logits = model(ids).logits
+            assert logits.shape == (B, S, V)  # the whole sequence's logits, replicated
+            logits.sum().backward()
+        expected = {}
+        for name, phases in comm.comm_module_counts.items():
+            if name == "Global":
+                continue
+            module = name.split(".", 1)[1] if "." in name else ""
+            for phase, ops in phases.items():
+                if sum(ops.values()):
+                    expected[(module, phase)] = sum(ops.values())
+        model.zero_grad(set_to_none=True)
+        est = fxflops.estimate(model, (ids,), conventions="torch", backward=True)
+        # (a ModuleList is never called: CommDebugMode has no entry for it)
+        ours = {key: count for key, count in _inclusive_counts(est).items() if key[0] != "model.layers"}
+        # the one difference: the block input's gradient reduce-scatter, which fxflops gives the attention /
+        # MLP whose input hook made it and CommDebugMode's backward tracker the first linear reading it
+        firsts = {(f"model.layers.{i}.{name}", "backward") for i in range(L)
+                  for name in ("self_attn.q_proj", "mlp.gate_proj")}
+        assert {key: count for key, count in expected.items() if key not in firsts} == ours
+        assert all(expected[key] == 1 for key in firsts)
+        assert est.fwd_flops == (L * (ATTN_LINEAR + FFN + SDPA) + HEAD) // 2
+    finally:
+        dist.destroy_process_group()
