@@ -194,3 +194,44 @@ def test_bad_expert_plans_are_one_clear_line(model, plan, message):
         fxflops.estimate(model(), (tokens(),), parallel=plan)
     assert "\n" not in str(caught.value)
     assert not dist.is_initialized()
+
+
+def test_the_expert_split_runs_for_real_with_the_all_to_alls_comm_debug_mode_counts():
+    """The hooks that split the experts run on real tensors too (the real routing decides the rows), and
+    CommDebugMode's all-to-alls per module equal the estimate's of the same split model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fxflops.parallel.experts import RoutedCounts, apply_experts
+
+    torch.manual_seed(0)
+    model = MoEModel(V, D, H, E, K, L, "loop")
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.1)
+    # equal scores send every token to the same two experts (topk breaks the tie); the test runs as the rank
+    # holding both, the one whose buffers are non-empty both ways (the fake group runs no other)
+    for layer in model.layers:
+        torch.nn.init.zeros_(layer.moe.gate.weight)
+    picked = torch.topk(torch.zeros(1, E), K).indices.flatten() // (E // 2)
+    assert picked.min() == picked.max()
+    dist.init_process_group("fake", store=FakeStore(), rank=int(picked[0]), world_size=2)
+    try:
+        apply_experts(model, init_device_mesh("cpu", (2,), mesh_dim_names=("ep",)), RoutedCounts())
+        with CommDebugMode() as comm:
+            model(tokens()).sum().backward()
+        expected = {(name.split(".", 1)[1], phase): sum(ops.values()) for name, phases in
+                    comm.comm_module_counts.items() if name.endswith("experts") for phase, ops in phases.items()
+                    if sum(ops.values())}
+        model.zero_grad(set_to_none=True)
+        with pytest.warns(fxflops.CautionWarning):
+            est = fxflops.estimate(model, (tokens(),), conventions="torch", backward=True)
+        found: dict = {}
+        for c in est.collectives:
+            found[(c.module, c.phase)] = found.get((c.module, c.phase), 0) + 1
+        # per layer: the counts, the rows and the results forward; the results' and rows' gradients backward
+        assert found == expected == {**{(f"layers.{i}.moe.experts", "forward"): 3 for i in range(L)},
+                                     **{(f"layers.{i}.moe.experts", "backward"): 2 for i in range(L)}}
+        assert est.fwd_flops == fwd(T * K)
+    finally:
+        dist.destroy_process_group()
