@@ -228,9 +228,9 @@ class _Exchange:
                              "tokens; rows padded before the experts are not split yet")
         # torchtitan first tells each rank how many rows of each of its experts come (its output's values
         # are the routing assumption's, as every rank routes alike: the constant below)
-        from torch.distributed._functional_collectives import all_to_all_single
+        from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
 
-        all_to_all_single(counts, None, None, self.group)
+        wait_tensor(all_to_all_single(counts, None, None, self.group))
         received, local = self._dispatch(routed, sizes)
         bound.arguments[names[0]] = received
         bound.arguments[names[1]] = _constant(local, counts.dtype, counts.device)
