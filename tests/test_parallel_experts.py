@@ -235,3 +235,14 @@ def test_the_expert_split_runs_for_real_with_the_all_to_alls_comm_debug_mode_cou
         assert est.fwd_flops == fwd(T * K)
     finally:
         dist.destroy_process_group()
+
+
+def test_received_rows_are_regrouped_per_expert_and_back():
+    from fxflops.parallel.experts import _regroup
+
+    sizes = [2, 0, 1]  # rows of each local expert from each of 3 source ranks
+    rows = torch.tensor([(source, expert) for source in range(3) for expert, size in enumerate(sizes)
+                         for _ in range(size)])
+    grouped = _regroup(rows, 3, sizes, by_inner=True)
+    assert grouped.tolist() == [[s, e] for e, size in enumerate(sizes) for s in range(3) for _ in range(size)]
+    assert torch.equal(_regroup(grouped, 3, sizes, by_inner=False), rows)

@@ -171,13 +171,17 @@ def _constant(values: list[int], dtype: torch.dtype, device: torch.device) -> to
     return torch.cat([torch.full((1,), value, dtype=dtype, device=device) for value in values])
 
 
-def _expert_major(sizes: list[int], ep: int) -> list[int]:
-    """The order that takes received rows (per source rank, then per local expert, `sizes` rows each) to
-    per local expert, then per source rank: how the local experts read them."""
-    starts = [sum(sizes[:e]) for e in range(len(sizes))]
-    block = sum(sizes)
-    return [source * block + starts[e] + row for e in range(len(sizes)) for source in range(ep)
-            for row in range(sizes[e])]
+def _regroup(rows: torch.Tensor, outer: int, sizes: list[int], by_inner: bool) -> torch.Tensor:
+    """Rows in `outer` blocks of len(sizes) groups (`sizes` rows each), regrouped group-major (by_inner) or
+    back block-major: received rows come per source rank, then per local expert; the experts read them per
+    expert, then per source rank. Views and one copy, whatever the row count."""
+    if outer == 1 or len(sizes) == 1 or not sum(sizes):
+        return rows
+    if by_inner:
+        pieces = [block.split(sizes) for block in rows.split(sum(sizes))]
+        return torch.cat([pieces[source][group] for group in range(len(sizes)) for source in range(outer)])
+    pieces = rows.split([size for size in sizes for _ in range(outer)])
+    return torch.cat([pieces[group * outer + source] for source in range(outer) for group in range(len(sizes))])
 
 
 class _Exchange:
@@ -185,7 +189,7 @@ class _Exchange:
 
     def __init__(self, path: str, ep: int, index: int, per: int, group: Any, seen: RoutedCounts) -> None:
         self.path, self.ep, self.index, self.per, self.group, self.seen = path, ep, index, per, group, seen
-        self._pending: list[tuple[list[int], list[int], torch.Tensor | None, Any]] = []
+        self._pending: list[tuple[list[int], list[int], list[int] | None, Any]] = []
         self._last = -1  # the last listed expert called: a lower number starts the layer's next call
 
     # --- the all-to-alls ---------------------------------------------------------------------------
@@ -202,19 +206,15 @@ class _Exchange:
         local = sizes[self.index * per:(self.index + 1) * per]
         receive = [sum(local)] * ep  # each rank routes its tokens as this one does (one routing assumption)
         received = all_to_all_single_autograd(routed, receive, send, self.group)
-        order = _expert_major(local, ep)
-        inverse = [0] * len(order)
-        for position, row in enumerate(order):
-            inverse[row] = position
-        index = _constant(order, torch.long, routed.device)
-        self._pending.append((send, receive, _constant(inverse, torch.long, routed.device), extra))
-        return received[index], [ep * size for size in local]
+        self._pending.append((send, receive, local, extra))
+        return _regroup(received, ep, local, by_inner=True), [ep * size for size in local]
 
     def _return(self, output: torch.Tensor) -> tuple[torch.Tensor, Any]:
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-        send, receive, inverse, extra = self._pending.pop()
-        return all_to_all_single_autograd(output[inverse], send, receive, self.group), extra
+        send, receive, local, extra = self._pending.pop()
+        back = _regroup(output, self.ep, local, by_inner=False)
+        return all_to_all_single_autograd(back, send, receive, self.group), extra
 
     # --- torchtitan: experts(x sorted by expert, tokens per expert) ----------------------------------
 
