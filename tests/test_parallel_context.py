@@ -148,3 +148,31 @@ def test_an_explicit_attention_mask_is_refused_naming_it():
     with pytest.raises(fxflops.CaptureError, match="attention with an explicit mask"):
         fxflops.estimate(model, (torch.randn(B, S, D, device="meta"),), parallel={"cp": 2})
     assert not dist.is_initialized() and torch._C._len_torch_function_stack() == 0
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_hand_count_is_what_torchs_own_ring_attention_runs_on_every_rank(cp):
+    """torch's _templated_ring_attention (load balancing on, its default) on the fake process group as
+    each rank: the SDPA calls it makes, costed with FlopCounterMode's own formula, sum to ring(cp)."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import (
+        _cp_options,
+        _templated_ring_attention,
+    )
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    assert _cp_options.enable_load_balance
+    for rank in range(cp):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+        try:
+            q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
+            calls = []
+
+            def op(q, k, v, is_causal, **kwargs):
+                calls.append(sdpa_flop_count(q.shape, k.shape, v.shape))
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, **kwargs)
+
+            _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
+            assert sum(calls) == ring(cp)
+        finally:
+            dist.destroy_process_group()
