@@ -65,6 +65,12 @@ def expert_sites(model: torch.nn.Module) -> list[ExpertSite]:
     return sites
 
 
+def moe_layers(model: torch.nn.Module) -> list[str]:
+    """The modules holding a child named `experts` (whatever its layout): the MoE layers."""
+    return [name for name, module, alias in walk_modules(model)
+            if alias is None and "experts" in dict(module.named_children())]
+
+
 def _count(module: torch.nn.Module) -> int:
     if isinstance(module, torch.nn.ModuleList):
         return len(module)

@@ -129,6 +129,13 @@ class Parallel:
                 if heads % self.tp:
                     raise ValueError(f"parallel plan: tp={self.tp} does not divide the {heads} heads of {where}; "
                                      f"pick a tp that divides {heads}")
+        if self.sequence_parallel:
+            from fxflops.parallel.experts import moe_layers
+
+            layers = moe_layers(model)
+            if layers:
+                raise NotImplementedError(f"parallel plan: sequence_parallel with mixture-of-experts layers "
+                                          f"('{layers[0]}') is not built yet; give tp without it")
         if self.ep > 1:
             if self.shard != self.dp:
                 raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; "
