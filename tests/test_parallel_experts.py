@@ -206,6 +206,7 @@ def test_the_expert_split_runs_for_real_with_the_all_to_alls_comm_debug_mode_cou
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from fxflops.parallel.experts import RoutedCounts, apply_experts
+    from tests.test_parallel import comm_debug_counts
 
     torch.manual_seed(0)
     model = MoEModel(V, D, H, E, K, L, "loop")
@@ -222,9 +223,7 @@ def test_the_expert_split_runs_for_real_with_the_all_to_alls_comm_debug_mode_cou
         apply_experts(model, init_device_mesh("cpu", (2,), mesh_dim_names=("ep",)), RoutedCounts())
         with CommDebugMode() as comm:
             model(tokens()).sum().backward()
-        expected = {(name.split(".", 1)[1], phase): sum(ops.values()) for name, phases in
-                    comm.comm_module_counts.items() if name.endswith("experts") for phase, ops in phases.items()
-                    if sum(ops.values())}
+        expected = {key: count for key, count in comm_debug_counts(comm).items() if key[0].endswith("experts")}
         model.zero_grad(set_to_none=True)
         with pytest.warns(fxflops.CautionWarning):
             est = fxflops.estimate(model, (tokens(),), conventions="torch", backward=True)

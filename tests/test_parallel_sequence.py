@@ -63,7 +63,7 @@ def test_the_derived_sequence_parallel_plan_runs_for_real_with_the_collectives_c
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from fxflops.parallel.megatron import megatron_plan
-    from tests.test_parallel import _inclusive_counts
+    from tests.test_parallel import _inclusive_counts, comm_debug_counts
 
     config = LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
                          num_attention_heads=HEADS, num_key_value_heads=KV, attn_implementation="sdpa")
@@ -78,14 +78,7 @@ def test_the_derived_sequence_parallel_plan_runs_for_real_with_the_collectives_c
             logits = model(ids).logits
             assert logits.shape == (B, S, V)  # the whole sequence's logits, replicated
             logits.sum().backward()
-        expected = {}
-        for name, phases in comm.comm_module_counts.items():
-            if name == "Global":
-                continue
-            module = name.split(".", 1)[1] if "." in name else ""
-            for phase, ops in phases.items():
-                if sum(ops.values()):
-                    expected[(module, phase)] = sum(ops.values())
+        expected = comm_debug_counts(comm)
         model.zero_grad(set_to_none=True)
         est = fxflops.estimate(model, (ids,), conventions="torch", backward=True)
         # (a ModuleList is never called: CommDebugMode has no entry for it)
