@@ -178,12 +178,15 @@ def estimate(
     if parallel is not None:
         from fxflops.parallel.whatif import estimate_plan
 
-        # each rank steps (and holds the optimizer state of) its own shards: counted from its capture
+        # each rank steps (and holds the optimizer state of) its own shards: counted from its capture.
+        # The routing named (balanced by default): a plan's capture does not capture worst-case routing beside
+        # it (expert parallelism's rank roles come from one routing); routing="worst" shows that case
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, optimizer, progress, attention, strict, memory, routing=routing)
+                                  loss, optimizer, progress, attention, strict, memory,
+                                  routing="balanced" if routing is None else routing)
         # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
         return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None),
-                             (*args, *kwargs.values()))
+                             (args, kwargs))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

@@ -329,3 +329,25 @@ def test_repeated_blocks_reading_different_values_are_each_run_not_replayed():
     # three blocks of the same shapes, each reading its own length: 1 + 5 + 10 rows (a replay of the
     # first block would count 1 + 1 + 1)
     assert estimate.total_flops == 2 * 8 * 8 * 16 == oracle(model, *inputs)
+
+
+def test_an_out_argument_the_weights_write_drops_its_values_and_uninitialized_memory_has_none():
+    class OutWrite(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Parameter(torch.ones(10))
+            self.proj = nn.Linear(8, 8, bias=False)
+
+        def forward(self, x, keep):
+            kept = keep.clone()  # input values: 2 of 10 rows kept
+            torch.mul(self.gate, 1.0, out=kept)  # now the weights decide them (an out= keyword argument)
+            buffer = torch.empty(10)  # uninitialized: no value, whatever its memory holds
+            return self.proj(x[torch.nonzero(kept).flatten()]), self.proj(x[torch.nonzero(buffer).flatten()])
+
+    with torch.device("meta"):
+        model = OutWrite()
+    keep = torch.tensor([1.0, 1.0] + [0.0] * 8)
+    estimate = quietly(model, (torch.randn(10, 8), keep), conventions="torch")
+    # neither the stale input values (2 rows) nor garbage: both nonzero counted at their bound, 10 rows
+    assert estimate.total_flops == 2 * (2 * 10 * 8 * 8)
+    assert sum("counted at its bound" in caution for caution in estimate.cautions) == 2

@@ -96,6 +96,19 @@ def _inclusive_counts(est) -> dict[tuple[str, str], int]:
     return counts
 
 
+def comm_debug_counts(comm) -> dict[tuple[str, str], int]:
+    """CommDebugMode's collective calls per (module path, phase), inclusive of submodules as it counts them."""
+    counts = {}
+    for name, phases in comm.comm_module_counts.items():
+        if name == "Global":
+            continue
+        module = name.split(".", 1)[1] if "." in name else ""
+        for phase, ops in phases.items():
+            if sum(ops.values()):
+                counts[(module, phase)] = sum(ops.values())
+    return counts
+
+
 def test_collective_counts_per_module_equal_comm_debug_mode(fake_group):
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -103,14 +116,7 @@ def test_collective_counts_per_module_equal_comm_debug_mode(fake_group):
     x = torch.randn(2, 8, H, requires_grad=True)
     with CommDebugMode() as comm:
         model(x).sum().backward()
-    expected = {}
-    for name, phases in comm.comm_module_counts.items():
-        if name == "Global":
-            continue
-        module = name.split(".", 1)[1] if "." in name else ""
-        for phase, ops in phases.items():
-            if sum(ops.values()):
-                expected[(module, phase)] = sum(ops.values())
+    expected = comm_debug_counts(comm)
     for parameter in model.parameters():
         parameter.grad = None
     est = fxflops.estimate(model, (x,), backward=True)

@@ -147,19 +147,48 @@ def test_predict_step_refuses_what_it_does_not_predict() -> None:
 
 
 def test_sequence_parallel_a_model_cannot_run_is_left_out_and_said() -> None:
-    # Hugging Face Llama's rotary embeddings read the sequence-sharded stream: the step is predicted without
-    # sequence parallelism, and the prediction's notes say so
+    # sequence parallelism with mixture-of-experts layers is not built (the plan refuses it): the step is
+    # predicted without it, and the prediction's notes say so
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=512, num_local_experts=4, num_experts_per_tok=2,
+                           attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = MixtralForCausalLM(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prediction = fxflops.predict_step(model, (torch.zeros(1, 64, dtype=torch.long),), {"tp": 2}, "DGX H100")
+    assert not prediction.plan.sequence_parallel
+    assert any(note.startswith("sequence parallelism failed on this model (parallel plan: sequence_parallel with "
+                               "mixture-of-experts layers ('model.layers.0.mlp')") for note in prediction.notes)
+
+
+def test_hugging_face_llama_runs_sequence_parallel() -> None:
+    # the residual stream stays a sequence-sharded DTensor, so Hugging Face Llama's rotary positions see the
+    # whole sequence: predicted with sequence parallelism, no note. Width 128 (4 heads, 2 kv heads of 32),
+    # MLP 256, vocabulary 512, 64 tokens at tp=2. A block: q, o 128^2 each, k, v 128 x 64 each, three MLP
+    # matrices 128 x 256: 147,456 weights split 2 ways, plus two RMSNorms of 128 whole = 73,984.
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fxflops.predict.step import capture_costs
 
     config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=512, attn_implementation="sdpa")
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+    ids = torch.zeros(1, 64, dtype=torch.long)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prediction = fxflops.predict_step(model, (torch.zeros(1, 64, dtype=torch.long),), {"tp": 2}, "DGX H100")
-    assert not prediction.plan.sequence_parallel
-    assert any(note.startswith("sequence parallelism failed on this model") for note in prediction.notes)
+        prediction = fxflops.predict_step(model, (ids,), {"tp": 2}, "DGX H100")
+        costs = capture_costs(model, (ids,), cluster("DGX H100"), tp=2, sequence_parallel=True)
+    assert prediction.plan.sequence_parallel and prediction.notes == []
+    assert costs.block.params == 73_984
+    assert costs.pre.params == 512 * 128 // 2  # the embedding vocabulary-parallel
+    assert costs.post.params == 512 * 128 // 2 + 128  # the head split, the final norm whole
+    assert costs.boundary_bytes == 1 * (64 // 2) * 128 * 2  # the sequence-sharded stream, bf16
+    # per block two all-gathers and two reduce-scatters forward
+    assert costs.block.comm_forward > 0
 
 
 def test_per_layer_costs_hold_what_one_rank_holds() -> None:

@@ -49,6 +49,11 @@ MAX_SHADOWED_CONSTANT = 1 << 20
 MAX_SHADOWED_OUTPUT = 1 << 22
 
 _aten = torch.ops.aten
+# ops whose output memory is uninitialized: no value. A collective the capture does not see as a write
+# fills such a buffer (FSDP2 all-gathers its parameters into one), and its garbage decided router picks;
+# a forward that fills one in place and reads it fails loudly instead of silently
+_UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+                            _aten.new_empty_strided})
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
 
@@ -188,13 +193,13 @@ class InputValues:
             return bounded
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
-        if known and torch.Tag.nondeterministic_seeded not in func.tags \
+        if known and torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNINITIALIZED \
                 and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
             self._shadow_outputs(func, args, kwargs, shadows, out)
         elif func in _ROUTERS:
             self._assume_routing(func, args, kwargs, out)
         else:
-            self._forget_written(func, args)
+            self._forget_written(func, args, kwargs)
         return out
 
     def _shadow(self, tensor: torch.Tensor) -> _Shadow | None:
@@ -220,7 +225,7 @@ class InputValues:
         try:
             real = self._real_run(func, args, kwargs)
         except Exception:  # noqa: BLE001 - a kernel stricter than the fake one (kernel_checks says so): no shadow
-            self._forget_written(func, args)
+            self._forget_written(func, args, kwargs)
             return
         assumed = frozenset().union(*(s.assumed for s in shadows))
         fakes, reals = pytree.tree_leaves(out), pytree.tree_leaves(real)
@@ -249,22 +254,29 @@ class InputValues:
 
         return pytree.tree_map(fake_of, real)
 
-    def _forget_written(self, func: Any, args: tuple) -> None:
+    def _forget_written(self, func: Any, args: tuple, kwargs: dict) -> None:
         """An op that writes into a tensor with a shadow, from values without one, makes its shadow and those
         of its views (the shadows sharing its memory) stale: they are dropped."""
         schema = getattr(func, "_schema", None)
         if schema is None or not schema.is_mutable:
             return
-        for argument, value in zip(schema.arguments, args):
-            if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.Tensor):
+        for position, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
                 continue
-            written = self._shadow(value)
-            if written is None or not isinstance(written.real, torch.Tensor):
-                continue
-            memory = written.real.untyped_storage().data_ptr()
-            for key in [key for key, (_, shadow) in self._shadows.items()
-                        if shadow.real.untyped_storage().data_ptr() == memory]:
-                del self._shadows[key]
+            value = args[position] if position < len(args) else kwargs.get(argument.name)
+            # a list of written tensors too (FSDP2's split_with_sizes_copy(out=[...]) into its parameters)
+            for tensor in (value if isinstance(value, list | tuple) else (value,)):
+                if isinstance(tensor, torch.Tensor):
+                    self._forget(tensor)
+
+    def _forget(self, tensor: torch.Tensor) -> None:
+        written = self._shadow(tensor)
+        if written is None or not isinstance(written.real, torch.Tensor):
+            return
+        memory = written.real.untyped_storage().data_ptr()
+        for key in [key for key, (_, shadow) in self._shadows.items()
+                    if shadow.real.untyped_storage().data_ptr() == memory]:
+            del self._shadows[key]
 
     # --- what the values do not determine ----------------------------------------------------------
 

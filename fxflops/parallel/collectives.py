@@ -82,11 +82,31 @@ def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -
         cost = by_name.get(node.name)
         name, desc, size = _group(node)
         payload, dtype = _payload(node)
+        wire = wire_bytes(kind, payload, size)
+        if kind == ALL_TO_ALL and "functional" in key:
+            payload, wire = _all_to_all_v(node, payload, wire)
         found.append(Collective(
             op=kind, target=str(node.target), module=cost.module if cost else "", phase=cost.phase if cost else FORWARD,
-            group=name, group_desc=desc, group_size=size, dtype=dtype, bytes=payload,
-            wire_bytes=wire_bytes(kind, payload, size), node=node.name))
+            group=name, group_desc=desc, group_size=size, dtype=dtype, bytes=payload, wire_bytes=wire, node=node.name))
     return found
+
+
+def _all_to_all_v(node: torch.fx.Node, payload: int, wire: int) -> tuple[int, int]:
+    """A functional all_to_all_single(input, output_split_sizes, input_split_sizes, group): its payload is the
+    input this rank sends (the rows it receives may be more or fewer), and what goes on the wire is all of
+    it but the split it keeps (all-to-all-v: the splits need not be equal)."""
+    tensors = _tensors(node.args[0]) if node.args else []
+    if not tensors:
+        return payload, wire
+    sent = tensors[0].numel() * tensors[0].element_size()
+    splits = node.args[2] if len(node.args) > 2 else None
+    distributed = sys.modules.get("torch.distributed")
+    group = _as_group(node.args[3], distributed) if len(node.args) > 3 else None
+    if not splits or group is None:
+        return sent, wire_bytes(ALL_TO_ALL, sent, group.size() if group is not None else 1)
+    rows = sum(int(size) for size in splits)
+    kept = int(splits[distributed.get_group_rank(group, distributed.get_rank())])
+    return sent, sent - (sent * kept // rows if rows else 0)
 
 
 def _packet_key(target: Any) -> str | None:

@@ -4,7 +4,10 @@ In each attention and MLP, the linears that read the block's input are column pa
 writes its output row parallel: one all-reduce forward and one backward per attention and per MLP
 (Megatron's f and g). With sequence parallelism, norms (and the residual stream between blocks) are
 sharded along the sequence: the all-reduce becomes an all-gather before and a reduce-scatter after;
-the embedding is then vocabulary-parallel and the output head gathers the sequence back. Modules are
+the embedding is then vocabulary-parallel and the output head gathers the sequence back. The residual
+stream between them stays a DTensor sharded along the sequence (embedding and row-parallel outputs are
+not made local): code that reads its length — Hugging Face models make the rotary positions and the
+causal mask from the embeddings' shape — sees the whole sequence, as the attention does. Modules are
 found by the names common architectures give them (Hugging Face Llama/Mistral/Qwen, torchtitan, GPT-NeoX
 style fc1/fc2); a user's tp_plan replaces the derived one.
 """
@@ -25,6 +28,7 @@ COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "query", "ke
                     "gate_proj", "up_proj", "w1", "w3", "fc1", "fc_in", "c_fc", "dense_h_to_4h"})
 ROW = frozenset({"o_proj", "wo", "out_proj", "down_proj", "w2", "fc2", "fc_out", "dense_4h_to_h"})
 NORMS = (torch.nn.LayerNorm, torch.nn.RMSNorm)
+NORM_SUFFIXES = ("RMSNorm", "LayerNorm")  # a model's own norm class (LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm)
 HEAD_NAMES = ("lm_head", "output")
 
 
@@ -71,7 +75,8 @@ def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> di
         plan[name] = BlockInput(Shard(1) if sequence_parallel else Replicate())
         for key in columns:
             plan[prefix + key] = ColwiseParallel()
-        plan[prefix + rows[0]] = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+        plan[prefix + rows[0]] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False) \
+            if sequence_parallel else RowwiseParallel()
     if sequence_parallel and plan:
         plan.update(_sequence_plan(model))
     return plan
@@ -83,10 +88,20 @@ def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
     plan: dict[str, ParallelStyle] = {}
     blocks = {name for name, _ in repeated_blocks(model)}
     for name, module, alias in walk_modules(model):
-        if alias is None and isinstance(module, NORMS):
+        if alias is None and _is_norm(module):
             plan[name] = SequenceParallel()
         elif alias is None and isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
-            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
         elif alias is None and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
             plan[name] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     return plan
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    """torch's norms, and a model's own (its class named ...RMSNorm / ...LayerNorm) holding only 1-D
+    parameters (a scale, maybe a shift): they normalize each position alone, so they run sequence-sharded."""
+    if isinstance(module, NORMS):
+        return True
+    params = list(module.parameters(recurse=False))
+    return type(module).__name__.endswith(NORM_SUFFIXES) and not list(module.children()) and bool(params) \
+        and all(p.dim() == 1 for p in params)

@@ -18,7 +18,6 @@ from fxflops.capture.module_walk import walk_modules
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
-_NOT_YET = {"ep": "expert parallelism", "cp": "context parallelism"}
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,14 @@ class Parallel:
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
     into pp * virtual_stages contiguous stages (fxflops.parallel.pipeline).
+    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` of the dp ranks, tokens
+    dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
+    `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and attention run as torch's
+    ring attention (fxflops.parallel.context); FSDP then shards over dp x cp, as torchtitan does.
     `microbatch` (samples per micro-batch), `microbatches` (micro-batches per step and data-parallel rank:
     the pipeline's micro-batches, or gradient accumulation steps) and `batch` (the global batch: samples
     per optimizer step over the job) are tied by batch = microbatch * microbatches * dp; give any of them.
-    `ep` and `cp` are accepted and checked, and refused as not built yet when above 1.
+    pp with ep or cp, and ep or cp with DDP or HSDP, are refused as not built yet.
     The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
@@ -75,12 +78,17 @@ class Parallel:
         """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
         dp_replicate x dp_shard under HSDP."""
         dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
-            else (("dp", self.dp),)
+            else (("dp_mod_ep", self.dp // self.ep), ("ep", self.ep)) if self.ep > 1 else (("dp", self.dp),)
         return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
                 if degree > 1}
 
     def data_parallel_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard)."""
+        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard; under expert
+        parallelism dp_mod_ep x ep, which apply_plan flattens)."""
+        if self.ep > 1:
+            return ("dp_mod_ep", "ep") if self.dp > self.ep else ("ep",)
+        if self.cp > 1:  # context-parallel ranks hold other positions of the same batch: gradients reduced over both
+            return ("dp", "cp") if self.dp > 1 else ("cp",)
         return tuple(name for name in self.degrees() if name.startswith("dp"))
 
     def as_dict(self) -> dict[str, Any]:
@@ -172,6 +180,33 @@ class Parallel:
                 if heads % self.tp:
                     raise ValueError(f"parallel plan: tp={self.tp} does not divide the {heads} heads of {where}; "
                                      f"pick a tp that divides {heads}")
+        if self.sequence_parallel:
+            from fxflops.parallel.experts import moe_layers
+
+            layers = moe_layers(model)
+            if layers:
+                raise NotImplementedError(f"parallel plan: sequence_parallel with mixture-of-experts layers "
+                                          f"('{layers[0]}') is not built yet; give tp without it")
+        if self.pp > 1 and (self.ep > 1 or self.cp > 1):
+            # a pipeline's roles are cut from one capture; expert parallelism captures a rank per routing role,
+            # and neither was checked against the other
+            raise NotImplementedError(f"parallel plan: pp with {'ep' if self.ep > 1 else 'cp'} is not built yet; "
+                                      "give pp without ep and cp")
+        if self.ep > 1:
+            if not self.fsdp:
+                raise NotImplementedError("parallel plan: ep with DDP (fsdp=False) is not built yet; give ep with "
+                                          "FSDP (fsdp=True)")
+            if self.shard != self.dp:
+                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; "
+                                          "give ep with dp alone")
+            if self.cp > 1:
+                raise NotImplementedError("parallel plan: ep with cp is not built yet; give one of them")
+            from fxflops.parallel.experts import check_experts
+
+            check_experts(model, self.ep, self.dp)
+        if self.cp > 1 and (self.shard != self.dp or not self.fsdp):
+            raise NotImplementedError("parallel plan: cp shards the parameters with FSDP2 over dp x cp; cp with HSDP "
+                                      "(dp_shard) or without fsdp is not built yet")
         if self.pp > 1:
             layers = len(repeated_blocks(model))
             if not layers:
@@ -182,10 +217,6 @@ class Parallel:
             if self.stages > layers:
                 raise ValueError(f"parallel plan: pp*virtual_stages = {self.pp}*{self.virtual_stages} = {self.stages} "
                                  f"stages for {layers} layers; at most {layers} stages (one layer each)")
-        for name, what in _NOT_YET.items():
-            if getattr(self, name) > 1:
-                raise NotImplementedError(f"parallel plan: {name}={getattr(self, name)} ({what}) is not built yet; "
-                                          "tp (with sequence_parallel), pp and dp (FSDP2, HSDP or DDP) are")
 
 
 def _parse(text: str) -> dict[str, Any]:

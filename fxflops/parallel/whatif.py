@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fxflops.capture.module_walk import walk_modules
+from fxflops.parallel.context import apply_context, check_context
+from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
 from fxflops.parallel.megatron import megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import Estimate, RankRole
@@ -30,31 +32,43 @@ Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate], inputs: Any = ()) -> Estimate:
+                  count: Callable[[Prepare | None], Estimate], inputs: tuple[tuple, dict] = ((), {})) -> Estimate:
     """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
     on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
-    pipeline's stages differ: fxflops.parallel.pipeline); the first role's estimate, with every role in
-    `ranks`. `inputs`: estimate()'s inputs, positional then keyword: one micro-batch (the first tensor's
-    leading dimension is its size)."""
+    pipeline's stages differ: fxflops.parallel.pipeline; so do expert-parallel ranks whose experts receive
+    other token counts: a capture each); the first role's estimate, with every role in `ranks`. `inputs`:
+    estimate()'s (args, kwargs), one micro-batch (the first tensor's leading dimension is its size)."""
     plan = Parallel.of(parallel)
     plan.check(model)
     micro, micro_batches, batch = plan.batches(_leading_dimension(inputs))
+    if plan.cp > 1:
+        check_context(plan.cp, *inputs)
     if dist.is_available() and dist.is_initialized():
         raise ValueError("a what-if plan (parallel=...) builds its own fake process group, and one is already "
                          "initialized: to count your own sharded model, call estimate() without parallel=")
     styles = tp_styles(model, plan)
-    with fake_world(plan.size, 0), composable_states_restored():
-        mesh = _mesh(plan)
-        estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
-        if plan.dp > 1:
-            estimate.collectives = gradient_reductions_marked(estimate.collectives, plan, mesh)
-        if plan.pp > 1:
-            from fxflops.parallel.pipeline import pipeline_roles
 
-            pp_group = mesh["pp"].get_group()
-            roles = pipeline_roles(model, estimate, plan, (pp_group.group_name, pp_group.group_desc))
-        else:
-            roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]
+    def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None]:
+        seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names)
+        with fake_world(plan.size, rank), composable_states_restored():
+            mesh = _mesh(plan)
+            estimate = count(None if mesh is None else
+                             lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)))
+            if units and units[-1][0]:
+                estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1])
+            pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
+            return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc)
+
+    estimate, seen, pp_group = capture(0)
+    if pp_group is not None:
+        from fxflops.parallel.pipeline import pipeline_roles
+
+        roles = pipeline_roles(model, estimate, plan, pp_group)
+    elif plan.ep > 1:  # ranks whose experts receive other token counts run other ops: a capture per role
+        roles = [RankRole(name, ranks, estimate if ranks[0] == 0 else capture(ranks[0])[0])
+                 for name, ranks in expert_roles(seen, plan.degrees(), plan.size)]
+    else:
+        roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]  # tp, cp and dp ranks run the same ops
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
@@ -65,17 +79,21 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     return dataclasses.replace(roles[0].estimate, parallel=record, ranks=roles)
 
 
-def gradient_reductions_marked(collectives: list[Collective], plan: Parallel, mesh: DeviceMesh) -> list[Collective]:
-    """The collectives, the backward all-reduces and reduce-scatters over a data-parallel group marked
-    per_step (gradient synchronisation: once per optimizer step, see Collective.per_step)."""
-    groups = {mesh[dim].get_group().group_name for dim in plan.data_parallel_dims()}
+def gradient_reductions_marked(collectives: list[Collective], units: tuple[set[str], set[str]]) -> list[Collective]:
+    """The collectives, the backward all-reduces and reduce-scatters that FSDP or DDP run for a unit they
+    wrapped, over a data-parallel group, marked per_step (gradient synchronisation: once per optimizer step,
+    see Collective.per_step); `units`: apply_plan's (unit names, group names). The unit's name, not the group
+    alone: ring attention's backward reduce-scatters k/v gradients over the cp group, which FSDP shares
+    under cp, once per micro-batch."""
+    names, groups = units
     return [dataclasses.replace(c, per_step=True) if c.is_backward and c.op in (ALL_REDUCE, REDUCE_SCATTER)
-            and c.group in groups else c for c in collectives]
+            and c.group in groups and c.module in names else c for c in collectives]
 
 
-def _leading_dimension(inputs: Any) -> int | None:
-    """The first input's first dimension (the micro-batch's samples), if that input is a tensor."""
-    first = inputs[0] if isinstance(inputs, tuple | list) and inputs else None
+def _leading_dimension(inputs: tuple[tuple, dict]) -> int | None:
+    """The first input tensor's first dimension (the micro-batch's samples), positional then keyword."""
+    args, kwargs = inputs
+    first = next((value for value in (*args, *kwargs.values()) if value is not None), None)
     return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
 
 
@@ -124,28 +142,53 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
     return styles
 
 
-def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any]) -> None:
-    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles)."""
+def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
+               seen: RoutedCounts | None = None) -> tuple[set[str], set[str]]:
+    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
+    `seen` collects the tokens routed to each expert under expert parallelism). Returns the names of the
+    modules FSDP or DDP wrapped as units and the names of the process groups they reduce gradients over."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
         parallelize_module(model, mesh["tp"], styles)
-    if plan.dp > 1:
-        dims = plan.data_parallel_dims()
-        dp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]  # 2-D under HSDP: replicate, shard
-        if plan.fsdp:
-            from torch.distributed.fsdp import fully_shard
+    experts = apply_experts(model, mesh["ep"], seen if seen is not None else RoutedCounts()) if plan.ep > 1 else []
+    if plan.cp > 1:
+        apply_context(model, mesh["cp"])
+    if plan.dp == 1 and plan.cp == 1:
+        return set(), set()
+    dims = plan.data_parallel_dims()
+    if len(dims) == 1:
+        dp_mesh = mesh[dims[0]]
+    elif plan.ep > 1 or plan.cp > 1:  # one FSDP dimension over both (flattened)
+        dp_mesh = mesh[dims]._flatten("_".join(dims))
+    else:
+        dp_mesh = mesh[dims]  # 2-D under HSDP: replicate, shard
+    groups = {dp_mesh.get_group(dim).group_name for dim in range(dp_mesh.ndim)}
+    wrapped: list[torch.nn.Module] = []
+    if plan.fsdp:
+        from torch.distributed.fsdp import fully_shard
 
-            def wrap(module: torch.nn.Module) -> None:
-                fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
-        else:  # DDP as torch builds it on FSDP2's machinery: parameters whole, gradients all-reduced per unit
-            from torch.distributed._composable.replicate_with_fsdp import replicate
+        if plan.ep > 1 and plan.dp > plan.ep:
+            # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
+            for module in {id(m): m for m in _owners(model, experts)}.values():
+                fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
+                wrapped.append(module)
+            groups.add(mesh["dp_mod_ep"].get_group().group_name)
+            experts = []
+        ignored = set(experts)  # dp == ep: each rank's experts are its own whole
 
-            def wrap(module: torch.nn.Module) -> None:
-                replicate(module, mesh=dp_mesh)
-        for unit in data_parallel_units(model, plan):
-            wrap(unit)
-        wrap(model)
+        def wrap(module: torch.nn.Module) -> None:
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward, ignored_params=ignored)
+    else:  # DDP as torch builds it on FSDP2's machinery: parameters whole, gradients all-reduced per unit
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        def wrap(module: torch.nn.Module) -> None:
+            replicate(module, mesh=dp_mesh)
+    for unit in [*data_parallel_units(model, plan), model]:
+        wrap(unit)
+        wrapped.append(unit)
+    ids = {id(module) for module in wrapped}
+    return {name for name, module in model.named_modules() if id(module) in ids}, groups
 
 
 def data_parallel_units(model: torch.nn.Module, plan: Parallel) -> list[torch.nn.Module]:
@@ -163,3 +206,9 @@ def data_parallel_units(model: torch.nn.Module, plan: Parallel) -> list[torch.nn
                     and all(name != block for block, _ in blocks):
                 units.append(module)
     return units
+
+
+def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.nn.Module]:
+    """The modules holding `params` directly."""
+    wanted = {id(p) for p in params}
+    return [m for m in model.modules() if any(id(p) in wanted for p in m.parameters(recurse=False))]

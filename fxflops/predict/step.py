@@ -471,8 +471,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     except Exception as error:
         if not sp:
             raise
-        # a model whose forward cannot run sequence-sharded (Hugging Face Llama's rotary embeddings read the
-        # stream's length): predicted without sequence parallelism, and the prediction says so
+        # a model the derived plan cannot run sequence-sharded (sequence parallelism with mixture-of-experts
+        # layers is not built): predicted without sequence parallelism, and the prediction says so
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=False, **options)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it"
