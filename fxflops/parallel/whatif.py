@@ -30,12 +30,14 @@ Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate], inputs: Any = ()) -> Estimate:
+                  count: Callable[[Prepare | None], Estimate], inputs: Any = (),
+                  stage_memory: Callable[..., Any] | None = None) -> Estimate:
     """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
     on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
     pipeline's stages differ: fxflops.parallel.pipeline); the first role's estimate, with every role in
     `ranks`. `inputs`: estimate()'s inputs, positional then keyword: one micro-batch (the first tensor's
-    leading dimension is its size)."""
+    leading dimension is its size). `stage_memory(captured, nodes=, holds=)`: a pipeline stage's memory
+    (estimate_memory with estimate()'s optimizer and options), for each pipeline rank under memory=."""
     plan = Parallel.of(parallel)
     plan.check(model)
     micro, micro_batches, batch = plan.batches(_leading_dimension(inputs))
@@ -52,7 +54,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
             from fxflops.parallel.pipeline import pipeline_roles
 
             pp_group = mesh["pp"].get_group()
-            roles = pipeline_roles(model, estimate, plan, (pp_group.group_name, pp_group.group_desc))
+            roles = pipeline_roles(model, estimate, plan, (pp_group.group_name, pp_group.group_desc),
+                                   stage_memory, micro_batches)
         else:
             roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
