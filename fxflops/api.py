@@ -180,9 +180,10 @@ def estimate(
 
         # each rank steps (and holds the optimizer state of) its own shards: counted from its capture
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, optimizer, progress, attention, strict, memory, routing=routing)
+                                  loss, optimizer, progress, attention, strict, routing=routing)
         # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None),
+        return estimate_plan(model, parallel, lambda prepare, whole_memory=True: count(
+                                 memory=memory if whole_memory else False, prepare=prepare, replay=prepare is None),
                              (*args, *kwargs.values()), _stage_memory(memory, optimizer if backward else None))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)

@@ -30,9 +30,10 @@ Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate], inputs: Any = (),
+                  count: Callable[[Prepare | None, bool], Estimate], inputs: Any = (),
                   stage_memory: Callable[..., Any] | None = None) -> Estimate:
-    """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
+    """`count(prepare, whole_memory)` (estimate()'s own capture and count, with `prepare` applied to the fake
+    model; its memory= only with `whole_memory`: pipeline ranks read theirs from their stages) run
     on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
     pipeline's stages differ: fxflops.parallel.pipeline); the first role's estimate, with every role in
     `ranks`. `inputs`: estimate()'s inputs, positional then keyword: one micro-batch (the first tensor's
@@ -47,7 +48,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     styles = tp_styles(model, plan)
     with fake_world(plan.size, 0), composable_states_restored():
         mesh = _mesh(plan)
-        estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles))
+        estimate = count(None if mesh is None else lambda fake_model: apply_plan(fake_model, plan, mesh, styles),
+                         plan.pp == 1 or stage_memory is None)
         if plan.dp > 1:
             estimate.collectives = gradient_reductions_marked(estimate.collectives, plan, mesh)
         if plan.pp > 1:
@@ -62,7 +64,7 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
 
-        record["replicated"] = replicated_work(roles, count(None), plan.tp)
+        record["replicated"] = replicated_work(roles, count(None, False), plan.tp)
     # the roles keep their own estimates (no cycle through `ranks`); replace() keeps the capture behind
     # explain() and compare(), which a copy (through __getstate__) would drop
     return dataclasses.replace(roles[0].estimate, parallel=record, ranks=roles)
