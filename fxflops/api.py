@@ -182,11 +182,13 @@ def estimate(
         # The routing named (balanced by default): a plan's capture does not capture worst-case routing beside
         # it (expert parallelism's rank roles come from one routing); routing="worst" shows that case
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
-                                  loss, optimizer, progress, attention, strict, memory,
+                                  loss, optimizer, progress, attention, strict,
                                   routing="balanced" if routing is None else routing)
-        # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same)
-        return estimate_plan(model, parallel, lambda prepare: count(prepare=prepare, replay=prepare is None),
-                             (args, kwargs))
+        # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same);
+        # memory= only for the whole rank (whole_memory): pipeline ranks read theirs from their stages
+        return estimate_plan(model, parallel, lambda prepare, whole_memory=True: count(
+                                 memory=memory if whole_memory else False, prepare=prepare, replay=prepare is None),
+                             (args, kwargs), _stage_memory(memory, optimizer if backward else None))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 
@@ -222,6 +224,17 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
     warn_unknown(result.unknown)
     warn_cautions(result.cautions)
     return result
+
+
+def _stage_memory(memory: Any, optimizer: Any) -> Callable[..., Any] | None:
+    """memory= for one pipeline stage of a capture: estimate_memory(captured, nodes=, holds=) as estimate()
+    was asked for it; None without memory=."""
+    if not memory:
+        return None
+    from fxflops.memory import MemoryOptions, estimate_memory
+
+    options = memory if isinstance(memory, MemoryOptions) else None
+    return functools.partial(estimate_memory, optimizer=optimizer, options=options)
 
 
 def rank_parameters(captured: Captured) -> list[torch.Tensor] | None:

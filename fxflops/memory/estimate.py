@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -41,8 +43,11 @@ class MemoryOptions:
 
 
 def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer | None = None,
-                    options: MemoryOptions | None = None) -> MemoryEstimate:
-    """The tensor bytes one rank holds through the captured step (and the optimizer step, if given)."""
+                    options: MemoryOptions | None = None, nodes: Collection[str] | None = None,
+                    holds: Callable[[str], bool] | None = None) -> MemoryEstimate:
+    """The tensor bytes one rank holds through the captured step (and the optimizer step, if given).
+    A pipeline stage's: `nodes`, the op nodes it runs, and `holds(name)`, whether it holds the parameter
+    or buffer of that qualified name (its gradient and optimizer state too)."""
     options = options or MemoryOptions()
     device, capacity = options.device, options.device_bytes
     if device is not None and capacity is None:
@@ -54,12 +59,16 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
                          f"{captured.method!r}: pass method='eager' (or leave memory off)")
     if captured.sizes is not None:
         raise ValueError("memory needs concrete sizes: estimate the step at one size (no sizes=)")
+    if holds is not None:
+        state = dataclasses.replace(state, parameters={k: v for k, v in state.parameters.items() if holds(k)},
+                                    buffers={k: v for k, v in state.buffers.items() if holds(k)},
+                                    grads={k: v for k, v in state.grads.items() if holds(k)})
     notes = []
     optimizer_state = optimizer_step = 0
     label = ""
     if optimizer is not None:
         sharded = any(is_dtensor(p) for p in state.parameters.values())
-        if isinstance(optimizer, torch.optim.Optimizer) and not sharded:
+        if isinstance(optimizer, torch.optim.Optimizer) and not sharded and holds is None:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         else:  # under a parallel plan: the rank's local shards, which its optimizer steps
             params = [local(p) for p in state.parameters.values() if p.requires_grad]
@@ -68,7 +77,8 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
         notes.append("a step after the first: the optimizer's state exists from the start; "
                      "zero_grad(set_to_none=True) frees the gradients after the step")
     points, storages = build_timeline(graph_module, optimizer_state=optimizer_state, optimizer_step=optimizer_step,
-                                      optimizer_label=label, grads_at_start=options.grads_at_start)
+                                      optimizer_label=label, grads_at_start=options.grads_at_start,
+                                      nodes=nodes, state=state)
     peak = max(points, key=lambda point: point.total)  # the first point at the highest total
     alive = live_at(storages, peak.index)
     by_module: dict[str, int] = {}

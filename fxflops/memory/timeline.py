@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -200,7 +200,8 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = F
 
 
 def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
-                   optimizer_label: str = "", grads_at_start: bool = False) -> tuple[list[Point], dict[object, Storage]]:
+                   optimizer_label: str = "", grads_at_start: bool = False, nodes: Collection[str] | None = None,
+                   state: ModelState | None = None) -> tuple[list[Point], dict[object, Storage]]:
     """The live bytes at each op of the captured step, and each storage's life.
 
     Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer
@@ -208,9 +209,14 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
     `grads_at_start`: every parameter's .grad exists when the step starts (a micro-batch after the first
     under gradient accumulation, or zero_grad(set_to_none=False)): the backward's gradients are added
     into them and freed.
+    `nodes`: the op nodes one pipeline stage runs (the others run on other ranks), with `state` the
+    parameters and buffers it holds. A value another stage made is received when this stage first reads
+    it, and what this stage's forward receives or sends is held until its backward ends (a pipeline stage
+    keeps a micro-batch's inputs and outputs for its backward, as torch.distributed.pipelining's does).
     """
-    state: ModelState = graph_module.meta.get(MODEL_STATE) or ModelState()
-    ops = [node for node in graph_module.graph.nodes if node.op == "call_function"]
+    state = state or graph_module.meta.get(MODEL_STATE) or ModelState()
+    every = [node for node in graph_module.graph.nodes if node.op == "call_function"]
+    ops = every if nodes is None else [node for node in every if node.name in nodes]
     infos = [_Op(node, node.meta.get(PHASE, FORWARD), node.meta.get("fxflops_module", ("", ""))[0]) for node in ops]
     point_of = {node: index + 1 for index, node in enumerate(ops)}
     first_backward = next((point_of[i.node] for i in infos if i.phase != FORWARD), None)
@@ -225,8 +231,10 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
 
     persistent(map(local, state.parameters.values()), PARAMETERS)
     persistent(map(local, state.buffers.values()), BUFFERS)
+    read = None if nodes is None else {source for node in ops for source in node.all_input_nodes}
     inputs = [node.meta.get("val") for node in graph_module.graph.find_nodes(op="placeholder")
-              if INPUT_INDEX in node.meta]
+              if INPUT_INDEX in node.meta and (read is None or node in read)]
+    received, sent = _stage_edges(every, ops) if nodes is not None else (set(), set())
     persistent(inputs, INPUTS)
     grads = {key for key, _ in _storages([local(grad) for grad in state.grads.values()])}
     alias = stolen_grads(ops, grads, accumulate=grads_at_start)
@@ -265,6 +273,8 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
                 found = storages.get(key)
                 if metadata and found is not None and found.kind == GATHERED:
                     continue  # FSDP2 reads the sizes of what it freed: the bytes are not held for it
+                if found is None and key in received:  # made by another stage: received here
+                    found = storages[key] = Storage(nbytes, TEMPORARIES, info.module, here, here)
                 if found is None:  # a placeholder first read here: a constant, a seed, or saved inside an op
                     found = storages[key] = _first_read(key, nbytes, info, seeds, first_backward, node_by_name,
                                                         point_of, end)
@@ -306,6 +316,11 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
         if key in storages:
             storages[key].kind = GRADIENTS
             storages[key].last = end
+    if first_backward is not None:  # a stage's forward inputs and outputs, held for its backward
+        for key in received | {key for node in sent for key, _ in _storages(node.meta.get("val"), alias)}:
+            found = storages.get(key)
+            if found is not None and found.born < first_backward and found.kind in (TEMPORARIES, ACTIVATIONS):
+                found.kind, found.last = ACTIVATIONS, max(found.last, last_op)
 
     _freed_by_fsdp(lives, markers)
     for key, found in lives.items():  # the ended lives under keys of their own
@@ -313,6 +328,23 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
             storages[(key, index)] = life
     points = _points(storages, infos, end, optimizer_state, optimizer_step, optimizer_label)
     return points, storages
+
+
+def _stage_edges(every: list[torch.fx.Node], ops: list[torch.fx.Node]) -> tuple[set[int], set[torch.fx.Node]]:
+    """What crosses into and out of a stage running `ops` of the graph's op nodes `every`: the storages the
+    other ops make (received when the stage reads them), and the stage's forward nodes another stage's
+    forward reads (sent)."""
+    mine = set(ops)
+    received: set[int] = set()
+    sent: set[torch.fx.Node] = set()
+    for node in every:
+        if node in mine:
+            continue
+        received.update(key for key, _ in _storages(node.meta.get("val")))
+        if node.meta.get(PHASE, FORWARD) == FORWARD:
+            sent.update(source for source in node.all_input_nodes
+                        if source in mine and source.meta.get(PHASE, FORWARD) == FORWARD)
+    return received, sent
 
 
 def _autograd_node_ends(infos: list[_Op]) -> dict[int, int]:

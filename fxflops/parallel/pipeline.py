@@ -20,7 +20,8 @@ and parameters are read where they are needed, never sent.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +31,9 @@ from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import BACKWARD, FORWARD, Captured, CountSource, Estimate, ModuleInfo, NodeCost, RankRole
 from fxflops.results.parallel import RECV, SEND, Collective
 from fxflops.tree import build_estimate, owning_module, parent_name
+
+if TYPE_CHECKING:
+    from fxflops.memory.records import MemoryEstimate
 
 
 def layer_stages(layers: int, stages: int) -> list[int]:
@@ -157,9 +161,13 @@ def _value_bytes(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, group: tuple[str, str]) -> list[RankRole]:
+def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, group: tuple[str, str],
+                   stage_memory: Callable[..., MemoryEstimate] | None = None, micro_batches: int = 1) -> list[RankRole]:
     """One RankRole per set of pipeline ranks that run the same ops (first, middle, last stage), each with
-    its ranks and the estimate of what it runs per micro-batch. `group`: the pp mesh group (name, desc)."""
+    its ranks and the estimate of what it runs per micro-batch. `group`: the pp mesh group (name, desc).
+    `stage_memory(captured, nodes=, holds=)` (under memory=): each pipeline rank's memory from its own
+    ops and the parameters it holds, with the micro-batches the plan's schedule keeps in flight on it
+    (`micro_batches` per step)."""
     stages = plan.stages
     split = cut(model, estimate, stages)
     by_stage: dict[int, list[NodeCost]] = {}
@@ -167,6 +175,8 @@ def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, g
         by_stage.setdefault(split.stage_of.get(cost.name, 0), []).append(cost)
     per_rank = [_rank_estimate(estimate, split, plan, tuple(range(r, stages, plan.pp)), by_stage, group)
                 for r in range(plan.pp)]
+    if stage_memory is not None:
+        _stage_memories(per_rank, estimate.source.captured, split, plan, stage_memory, micro_batches)
     groups: dict[Any, list[int]] = {}
     for r, rank_estimate in enumerate(per_rank):
         groups.setdefault(_signature(rank_estimate), []).append(r)
@@ -175,6 +185,40 @@ def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, g
         ranks = tuple(rank for r in members for rank in pipeline_ranks(plan, r))
         roles.append(RankRole(_role_name(members, plan), ranks, per_rank[members[0]]))
     return roles
+
+
+def _stage_memories(per_rank: list[Estimate], captured: Captured, split: Cut, plan: Parallel,
+                    stage_memory: Callable[..., MemoryEstimate], micro_batches: int) -> None:
+    """Each pipeline rank's estimate given its memory: its ops, its parameters, its micro-batches in flight."""
+    from fxflops.memory.pipeline import with_micro_batches_in_flight
+
+    stage_at: dict[str, int] = {}
+    current = 0
+    for node in captured.graph_module.graph.nodes:  # an op without a cost goes with the op before it
+        if node.op == "call_function":
+            current = stage_at[node.name] = split.stage_of.get(node.name, current)
+    home = _homes(captured, split)
+
+    def owner_home(name: str) -> int:
+        module = parent_name(name)
+        while module is not None and module not in home:
+            module = parent_name(module)
+        return min(home.get(module or "", {0}))
+
+    for r, rank_estimate in enumerate(per_rank):
+        mine = set(range(r, plan.stages, plan.pp))
+        memory = stage_memory(captured, nodes={name for name, stage in stage_at.items() if stage in mine},
+                              holds=lambda name, mine=mine: owner_home(name) in mine)
+        rank_estimate.memory = with_micro_batches_in_flight(memory, plan.pipeline_schedule, plan.pp, r,
+                                                            micro_batches, plan.virtual_stages)
+
+
+def _homes(captured: Captured, split: Cut) -> dict[str, set[int]]:
+    """Module -> the stages that run it (a module that runs no op: its parent's)."""
+    home: dict[str, set[int]] = {}
+    for name in captured.modules:  # pre-order: a parent before its children
+        home[name] = split.touched.get(name) or home.get(parent_name(name) or "", {0})
+    return home
 
 
 def _rank_estimate(estimate: Estimate, split: Cut, plan: Parallel, mine: tuple[int, ...],
@@ -234,9 +278,7 @@ def _stage_modules(captured: Captured, split: Cut, mine: tuple[int, ...]) -> dic
     hold: a module's own parameters belong to the stage that runs it (the first of them, for a container
     that several stages run; the parent's, for a module that runs no op)."""
     modules = captured.modules
-    home: dict[str, set[int]] = {}
-    for name in modules:  # pre-order: a parent before its children
-        home[name] = split.touched.get(name) or home.get(parent_name(name) or "", {0})
+    home = _homes(captured, split)
     own = {name: info.params - sum(modules[c].params for c in info.children if c in modules)
            for name, info in modules.items()}
     kept = {name for name in modules if home[name] & set(mine)}
@@ -253,7 +295,7 @@ def _stage_modules(captured: Captured, split: Cut, mine: tuple[int, ...]) -> dic
 
 def _signature(estimate: Estimate) -> tuple:
     """What makes two pipeline ranks one role: the same ops, costs, collectives and parameter count."""
-    return (estimate.total_params,
+    return (estimate.total_params, estimate.memory and estimate.memory.peak_bytes,
             tuple((c.op, c.phase, c.macs, c.flops, c.output_shapes) for c in estimate.nodes),
             tuple((c.op, c.phase, c.bytes, c.group_size) for c in estimate.collectives))
 

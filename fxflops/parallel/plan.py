@@ -18,6 +18,9 @@ from fxflops.capture.module_walk import walk_modules
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
+# the pipeline schedules a plan names (any case, '-' and '_' ignored) -> fxflops.memory.pipeline's name
+_SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved1f1b": "interleaved"}
+_TEXT_KEYS = frozenset({"schedule"})  # plan keys whose value is text, not a number or a flag
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class Parallel:
     `microbatch` (samples per micro-batch), `microbatches` (micro-batches per step and data-parallel rank:
     the pipeline's micro-batches, or gradient accumulation steps) and `batch` (the global batch: samples
     per optimizer step over the job) are tied by batch = microbatch * microbatches * dp; give any of them.
+    `schedule`: the pipeline schedule, which sets how many micro-batches' activations a stage holds
+    (fxflops.memory.pipeline): "1F1B" (the default), "GPipe", or "interleaved" (the default with
+    virtual_stages > 1, which it needs).
     pp with ep or cp, and ep or cp with DDP or HSDP, are refused as not built yet.
     The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
@@ -56,6 +62,7 @@ class Parallel:
     microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
     microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)
     batch: int | None = None  # the global batch per optimizer step (default: microbatch * microbatches * dp)
+    schedule: str | None = None  # the pipeline schedule: "1F1B", "GPipe" or "interleaved" (None: by virtual_stages)
     tp_plan: dict[str, Any] | None = field(default=None, compare=False)
     world_size: int | None = None  # when given, it must equal the product of the degrees
 
@@ -73,6 +80,14 @@ class Parallel:
     def shard(self) -> int:
         """FSDP's shard degree (dp unless dp_shard says otherwise)."""
         return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule's name as fxflops.memory.pipeline takes it: the given one, else interleaved with
+        virtual stages and 1F1B without."""
+        if self.schedule is None:
+            return "interleaved" if self.virtual_stages > 1 else "1f1b"
+        return _SCHEDULES[self.schedule.lower().replace("-", "").replace("_", "")]
 
     def degrees(self) -> dict[str, int]:
         """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
@@ -130,6 +145,8 @@ class Parallel:
         if self.virtual_stages > 1 and self.pp == 1:
             raise ValueError(f"parallel plan: virtual_stages={self.virtual_stages} are stages per pipeline rank; "
                              "give pp > 1 with them")
+        if self.schedule is not None:
+            self._check_schedule()
         if self.dp_shard is not None and not self.fsdp:
             raise ValueError("parallel plan: dp_shard shards parameters (FSDP/HSDP); DDP (fsdp=False) replicates them")
         for name in ("microbatch", "microbatches", "batch"):
@@ -138,6 +155,20 @@ class Parallel:
                 raise ValueError(f"parallel plan: {name} must be a whole number >= 1; got {value!r}")
         if self.microbatch is not None or self.microbatches is not None:
             self.batches()  # (the micro-batch size may come from the inputs: estimate_plan checks again)
+
+    def _check_schedule(self) -> None:
+        key = self.schedule.lower().replace("-", "").replace("_", "") if isinstance(self.schedule, str) else None
+        if key not in _SCHEDULES:
+            raise ValueError(f"parallel plan: schedule is one of 1F1B, GPipe, interleaved; got {self.schedule!r}")
+        if self.pp == 1:
+            raise ValueError(f"parallel plan: schedule={self.schedule!r} is a pipeline schedule; give pp > 1 with it")
+        interleaved = _SCHEDULES[key] == "interleaved"
+        if interleaved and self.virtual_stages == 1:
+            raise ValueError("parallel plan: the interleaved schedule runs several stages per pipeline rank; "
+                             "give virtual_stages > 1 with it")
+        if not interleaved and self.virtual_stages > 1:
+            raise ValueError(f"parallel plan: virtual_stages={self.virtual_stages} need the interleaved schedule, "
+                             f"not {self.schedule!r}")
 
     def batches(self, inputs_batch: int | None = None) -> tuple[int | None, int, int | None]:
         """(microbatch, microbatches, batch) resolved: batch = microbatch * microbatches * dp, the micro-batch
@@ -226,7 +257,9 @@ def _parse(text: str) -> dict[str, Any]:
         if not sep:
             raise ValueError(f"parallel plan: {item!r} is not key=value (e.g. 'tp=8,dp=4')")
         key, value = key.strip(), value.strip()
-        if value.lower() in ("true", "false", "yes", "no", "on", "off"):
+        if key in _TEXT_KEYS:
+            plan[key] = value
+        elif value.lower() in ("true", "false", "yes", "no", "on", "off"):
             plan[key] = value.lower() in ("true", "yes", "on")
         else:
             try:

@@ -32,12 +32,16 @@ Prepare = Callable[[torch.nn.Module], None]
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
-                  count: Callable[[Prepare | None], Estimate], inputs: tuple[tuple, dict] = ((), {})) -> Estimate:
-    """`count(prepare)` (estimate()'s own capture and count, with `prepare` applied to the fake model) run
+                  count: Callable[[Prepare | None, bool], Estimate], inputs: tuple[tuple, dict] = ((), {}),
+                  stage_memory: Callable[..., Any] | None = None) -> Estimate:
+    """`count(prepare, whole_memory)` (estimate()'s own capture and count, with `prepare` applied to the fake
+    model; its memory= only with `whole_memory`: pipeline ranks read theirs from their stages) run
     on the plan's rank 0, one estimate per rank role (tp, cp and data-parallel ranks run the same ops; a
     pipeline's stages differ: fxflops.parallel.pipeline; so do expert-parallel ranks whose experts receive
     other token counts: a capture each); the first role's estimate, with every role in `ranks`. `inputs`:
-    estimate()'s (args, kwargs), one micro-batch (the first tensor's leading dimension is its size)."""
+    estimate()'s (args, kwargs), one micro-batch (the first tensor's leading dimension is its size).
+    `stage_memory(captured, nodes=, holds=)`: a pipeline stage's memory (estimate_memory with estimate()'s
+    optimizer and options), for each pipeline rank under memory=."""
     plan = Parallel.of(parallel)
     plan.check(model)
     micro, micro_batches, batch = plan.batches(_leading_dimension(inputs))
@@ -53,7 +57,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
         with fake_world(plan.size, rank), composable_states_restored():
             mesh = _mesh(plan)
             estimate = count(None if mesh is None else
-                             lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)))
+                             lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)),
+                             plan.pp == 1 or stage_memory is None)
             if units and units[-1][0]:
                 estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1])
             pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
@@ -63,7 +68,7 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     if pp_group is not None:
         from fxflops.parallel.pipeline import pipeline_roles
 
-        roles = pipeline_roles(model, estimate, plan, pp_group)
+        roles = pipeline_roles(model, estimate, plan, pp_group, stage_memory, micro_batches)
     elif plan.ep > 1:  # ranks whose experts receive other token counts run other ops: a capture per role
         roles = [RankRole(name, ranks, estimate if ranks[0] == 0 else capture(ranks[0])[0])
                  for name, ranks in expert_roles(seen, plan.degrees(), plan.size)]
@@ -73,7 +78,7 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
 
-        record["replicated"] = replicated_work(roles, count(None), plan.tp)
+        record["replicated"] = replicated_work(roles, count(None, False), plan.tp)
     # the roles keep their own estimates (no cycle through `ranks`); replace() keeps the capture behind
     # explain() and compare(), which a copy (through __getstate__) would drop
     return dataclasses.replace(roles[0].estimate, parallel=record, ranks=roles)

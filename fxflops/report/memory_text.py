@@ -21,10 +21,20 @@ def memory_to_string(num: float) -> str:
 
 
 def memory_lines(estimate: Any) -> list[str]:
-    """The memory section (none when the estimate was made without memory=)."""
+    """The memory section (none when the estimate was made without memory=); under a plan whose rank roles
+    hold different memory (pipeline stages), one per role."""
+    roles = [role for role in getattr(estimate, "ranks", None) or () if role.estimate.memory is not None]
+    if len(roles) > 1:
+        lines = []
+        for role in roles:
+            lines += [_row(f"memory of rank role '{role.name}':", f"{len(role.ranks):,} ranks"),
+                      *_memory_lines(role.estimate.memory)]
+        return lines
     memory = getattr(estimate, "memory", None)
-    if memory is None:
-        return []
+    return [] if memory is None else _memory_lines(memory)
+
+
+def _memory_lines(memory: Any) -> list[str]:
     at = memory.peak_at
     where = f"{at.phase}" + (f", in {at.module}" if at.module else "") + (f" ({at.op})" if at.node != at.phase else "")
     kinds = ", ".join(f"{kind} {memory_to_string(size)}" for kind, size in memory.by_kind.items() if size)
