@@ -232,15 +232,28 @@ def test_a_batch_norm_on_named_sizes_is_shaped_directly_and_counts_as_estimate(t
         assert at.modules == fresh.modules and at.by_rule == fresh.by_rule
 
 
-def test_an_eval_resnet_sweep_is_one_capture_down_to_a_one_pixel_image():
-    """The batch norms' decomposition asked layout questions that split a ResNet sweep at size 32 (the
-    last stage's map 1 x 1): shaped directly, one capture serves every size, each point as estimate()."""
-    torchvision = pytest.importorskip("torchvision")
-    with torch.device("meta"):
-        model = torchvision.models.resnet18().eval()
-    swept = sweep(model, torch.empty(2, 3, 40, 40, device="meta"), dims={"batch": 0, "size": (2, 3)})
-    for batch, size in ((1, 1), (3, 13), (2, 31), (1, 33), (5, 100)):
-        at = swept.at(batch=batch, size=size)
-        fresh = fxflops.estimate(model, torch.empty(batch, 3, size, size, device="meta"))
-        assert at.modules == fresh.modules
-    assert len(swept.pieces) == 1
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 5, 6), (3, 4, 7), (5, 4), (2, 4, 1, 1)])
+def test_the_symbolic_batch_norm_gives_what_the_mode_gives(shape, training):
+    """symbolic_kernels' batch norm against the mode's own decomposition on the same symbolic input: the
+    same shapes, strides and dtypes, and the size questions the mode asks (as conditions) asked alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    def run(kernel):
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env)
+        dynamic = [DimDynamic.STATIC if axis == 1 else DimDynamic.DYNAMIC for axis in range(len(shape))]
+        source = mode.from_tensor(torch.empty(shape), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic))
+        stats = [mode.from_tensor(torch.ones(4), static_shapes=True) for _ in range(4)]
+        args = (source, *stats, training, 0.1, 1e-5)
+        with mode:
+            out = kernel(args)
+        assert out is not NotImplemented
+        return [(tuple(map(str, t.shape)), tuple(map(str, t.stride())), t.dtype) for t in out[:3]], \
+            sorted(str(guard.expr) for guard in env.guards)
+
+    assert run(lambda args: symbolic_kernel(torch.ops.aten.native_batch_norm.default, args, {})) == \
+        run(lambda args: torch.ops.aten.native_batch_norm.default(*args))

@@ -9,9 +9,10 @@ the input's dtype. Here that holds only where it holds at every point of the swe
 strides are provably (no guard asked) the contiguous ones of its symbolic shape, a static channel count,
 and in training more values than channels. Anything else goes through the mode, as before.
 
-The decomposition also asks size questions (guards) that decide layouts only, never a shape: a rule reads
-shapes, never strides, so skipping them decides nothing a count reads (the sweep tests hold `at()` equal
-to `estimate()` at points on both sides of every such question, sizes of 1 included).
+The output's layout is what the decomposition's first elementwise step gives (that one op runs through the
+mode, asking its layout questions as the decomposition did, so a sweep holds where it held); the steps
+after it keep that layout, and their questions decide strides only, never a shape (a rule reads shapes,
+never strides; the sweep tests hold `at()` equal to `estimate()` on both sides of them).
 """
 
 from __future__ import annotations
@@ -52,18 +53,24 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
     # training divides by the values per channel less one: a batch of one value a channel takes the mode
     if not _known(numel > channels if training else numel > 0) or not _known(source.storage_offset() == 0):
         return NotImplemented
-    shape, stride = tuple(source.shape), tuple(source.stride())
     expected = 1
-    for size, step in reversed(tuple(zip(shape, stride))):
+    for size, step in reversed(tuple(zip(source.shape, source.stride()))):
         if not _known(step == expected):
             return NotImplemented
         expected = expected * size
+    # the output's layout as the decomposition's first elementwise step gives it (input - mean, the mean
+    # [C, 1, ...] in eval and [1, C, 1, ...] in training): that op runs through the mode, asking its layout
+    # questions as before (a [N, C, 1, 1] map is channels-last too: a condition of the piece, as it was)
+    ones = (1,) * (source.dim() - 2)
+    operand_shape = (1, channels, *ones) if training else (channels, *ones)
     statistics = (channels,) if training else (0,)
     with unset_fake_temporarily():
-        output = torch.empty_strided(shape, stride, dtype=source.dtype, device="meta")
+        operand = torch.empty(operand_shape, dtype=source.dtype, device="meta")
         saved = [torch.empty(statistics, dtype=source.dtype, device="meta") for _ in range(2)]
-    return (FakeTensor(source.fake_mode, output, source.device),
-            *(FakeTensor(source.fake_mode, meta, source.device) for meta in saved))
+    output = aten.sub.Tensor(source, FakeTensor(source.fake_mode, operand, source.device))
+    if output.dtype != source.dtype:
+        return NotImplemented
+    return (output, *(FakeTensor(source.fake_mode, meta, source.device) for meta in saved))
 
 
 def _known(condition: Any) -> bool:
