@@ -214,6 +214,7 @@ class NormedConv(nn.Module):
         return self.head(self.norm(self.conv(x)))
 
 
+@pytest.mark.filterwarnings("ignore:the model is in training mode")  # counting the training batch norm is the point
 @pytest.mark.parametrize("training", [False, True])
 def test_a_batch_norm_on_named_sizes_is_shaped_directly_and_counts_as_estimate(training):
     """capture.symbolic_kernels: a CPU batch norm of a contiguous input is shaped without torch's Python
