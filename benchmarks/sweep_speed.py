@@ -6,7 +6,8 @@ and a 10,000-point grid of one sweep.
 For each model, in a fresh process: one warm-up estimate() (imports, first-use costs), then the sweep
 (its capture, then `at()` at every point, reading the totals), then estimate() at every point; every
 point's total MACs, FLOPs and params must agree exactly. Then, on the warm sweep, `at()` again per
-point (totals alone, and with the per-module table read), and the capture's cost against one fresh
+point (totals alone, and with the per-module table read), `points()` per point (totals and the top 3
+modules at depth 1, what `result()` and the reports take), and the capture's cost against one fresh
 estimate() of the same model. The GQA Llama also runs `Sweep.grid` over 100 batch x 100 seq values
 (points no piece holds for are captured inside it; the time without them is shown too), checked
 against `at()` at 100 sampled points. Each model is measured in `--repeats` fresh processes, and each
@@ -104,8 +105,13 @@ def measure(name: str, build, points: int) -> dict:
     for point in grid:
         swept.at(**point).modules
     at_modules = (time.process_time() - start) / len(grid)
+    start = time.process_time()
+    for _ in range(repeats):
+        list(swept.points(grid))  # totals and the top 3 modules at depth 1, as result() and the reports take them
+    points_each = (time.process_time() - start) / (repeats * len(grid))
     found = {"name": name, "points": points, "capture": captured, "sweep": swept_time, "estimates": fresh_time,
              "one_estimate": one_estimate, "at_totals_us": 1e6 * at_totals, "at_modules_ms": 1e3 * at_modules,
+             "points_us": 1e6 * points_each,
              "pieces": len(swept.pieces), "first": grid[0], "last": grid[-1], "holds_for": swept.holds_for}
     if name == GRID_MODEL:
         found.update(grid_10k(swept))
@@ -151,7 +157,8 @@ def in_fresh_process(name: str, points: int) -> dict:
 
 def least(runs: list[dict]) -> dict:
     """The runs' common facts, each time the least of the runs'."""
-    keys = ("capture", "sweep", "estimates", "one_estimate", "at_totals_us", "at_modules_ms", "grid_s", "grid_warm_s")
+    keys = ("capture", "sweep", "estimates", "one_estimate", "at_totals_us", "at_modules_ms", "points_us", "grid_s",
+            "grid_warm_s")
     return {**runs[0], **{key: min(run[key] for run in runs) for key in keys if key in runs[0]},
             "at": min(run["sweep"] - run["capture"] for run in runs),
             "capture_ratio": min(run["capture"] / run["one_estimate"] for run in runs)}
@@ -175,14 +182,15 @@ def main() -> None:
         environment(("torch", "transformers", "torchvision")), "",
         f"Process CPU seconds, each the least of {options.repeats} fresh processes.", "",
         "| model, swept sizes | points (first .. last) | sweep capture | ÷ one estimate() | points (at()) | sweep total | "
-        f"{options.points} estimate() calls | speed-up | at(): totals | at(): + module table | captures |",
-        "|---|---|---|---:|---|---|---|---:|---:|---:|---:|",
+        f"{options.points} estimate() calls | speed-up | at(): totals | at(): + module table | points(): a point | "
+        "captures |",
+        "|---|---|---|---:|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['points']} ({r['first']} .. {r['last']}) | {r['capture']:.2f} s | "
                      f"{r['capture_ratio']:.1f}x | {r['at']:.3f} s | {r['sweep']:.2f} s | {r['estimates']:.2f} s | "
                      f"{r['estimates'] / r['sweep']:.1f}x | {r['at_totals_us']:.0f} µs | {r['at_modules_ms']:.2f} ms | "
-                     f"{r['pieces']} |")
+                     f"{r['points_us']:.0f} µs | {r['pieces']} |")
     lines += ["", "Every point's total MACs, FLOPs and params agreed exactly between the sweep and estimate(). "
               "`÷ one estimate()`: the sweep's capture over one warm estimate() of the same model (first point's sizes)."]
     for r in rows:

@@ -136,3 +136,125 @@ def test_grid_backward_columns_and_bad_values():
         swept.grid(width=[1])
     with pytest.raises(ValueError, match="size seq must be a non-negative int"):
         swept.grid(seq=[3, -1])
+
+
+def _at_sympy(expr, point):
+    return int(sympy.sympify(expr).xreplace({sympy.Symbol(n, integer=True, positive=True): v for n, v in point.items()}))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_points_and_table_equal_the_formulas_evaluated_by_sympy(backward):
+    """points(), table() and result() run compiled programs: at every point their totals and top modules
+    are the piece's formulas (sympy, summed up the module tree) evaluated there, and at()'s module table."""
+    model = llama()
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, backward=backward)
+    grid = {"batch": [1, 2, 3, 7], "seq": [1, 2, 5, 33, 100, 257]}
+    rows = swept.table(grid)
+    for depth in (1, 2, 3):
+        points = list(swept.points(grid, depth=depth, top=4))
+        assert len(points) == len(rows) == 24
+        for found, row in zip(points, rows):
+            point = found.sizes
+            piece = swept.piece(**point)
+            expected = {q: _at_sympy(piece.formulas(q)[""], point)
+                        for q in ("macs", "flops", "params", "bwd_macs", "bwd_flops")}
+            assert (found.macs, found.flops, found.params, found.bwd_macs, found.bwd_flops) == tuple(expected.values())
+            assert row == {**point, "macs": expected["macs"], "flops": expected["flops"], "params": expected["params"]}
+            macs, flops = piece.formulas("macs"), piece.formulas("flops")
+            level = min(depth, max(name.count(".") + 1 for name in macs if name))
+            ranked = sorted(((_at_sympy(macs[name], point), name) for name in macs
+                             if name and name.count(".") + 1 == level), key=lambda item: (-item[0], item[1]))[:4]
+            assert [(m.name, m.macs, m.flops) for m in found.top_modules] == \
+                [(name, value, _at_sympy(flops[name], point)) for value, name in ranked]
+            modules = swept.at(**point).modules
+            assert all((modules[m.name].macs, modules[m.name].flops) == (m.macs, m.flops) for m in found.top_modules)
+    result = swept.result(grid, depth=2, top=2)
+    assert [(p.sizes, p.macs, p.top_modules) for p in result.points] == \
+        [(p.sizes, p.macs, p.top_modules) for p in swept.points(grid, depth=2, top=2)]
+
+
+class Reshaping(nn.Module):
+    """A block that computes a size on the model's own line (SymInt arithmetic, which runs sympy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        return self.linear(x.reshape(batch * seq, width)).reshape(batch, seq, width)
+
+
+def test_a_sweep_capture_replays_repeated_blocks():
+    """torch computes symbolic sizes in sympy, which hashes and reads locals(): not the block's own reads,
+    so a sweep's repeated blocks are replayed as an estimate's are (before, every block ran)."""
+    from fxflops.capture.replay import REPLAY_OF
+
+    model = nn.Sequential(*(Reshaping() for _ in range(4)))
+    swept = sweep(model, torch.zeros(2, 5, 8), dims={"batch": 0, "seq": 1})
+    replayed = {node.meta["fxflops_module"][0] for node in swept.pieces[0].captured.graph_module.graph.nodes
+                if REPLAY_OF in node.meta}
+    assert {"2", "3"} <= replayed  # the second call is the reference (a first call may be the only one)
+    for batch, seq in ((1, 1), (2, 5), (3, 40)):
+        at = swept.at(batch=batch, seq=seq)
+        assert at.total_macs == 4 * batch * seq * 8 * 8  # by hand: 4 linears of 8 x 8, no bias
+        assert at.modules == fxflops.estimate(model, torch.zeros(batch, seq, 8)).modules
+
+
+class NormedConv(nn.Module):
+    """A convolution, a batch norm and a head: the norm's map is 1 x 1 for images up to 2 x 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(4)
+        self.head = nn.Sequential(nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)))
+
+
+@pytest.mark.filterwarnings("ignore:the model is in training mode")  # counting the training batch norm is the point
+@pytest.mark.parametrize("training", [False, True])
+def test_a_batch_norm_on_named_sizes_is_shaped_directly_and_counts_as_estimate(training):
+    """capture.symbolic_kernels: a CPU batch norm of a contiguous input is shaped without torch's Python
+    decomposition; every point still counts as estimate() does, a 1 x 1 map and a batch of 1 included."""
+    from fxflops.capture import symbolic_kernels
+
+    model = NormedConv().train(training)
+    assert symbolic_kernels.symbolic_kernel(torch.ops.aten.relu.default, (), {}) is NotImplemented
+    swept = sweep(model, torch.zeros(2, 3, 40, 40), dims={"batch": 0, "size": (2, 3)})
+    points = [(2, 40), (3, 7), (6, 64), (2, 2)] + ([] if training else [(1, 1), (1, 2), (5, 3), (4, 4)])
+    for batch, size in points:
+        at = swept.at(batch=batch, size=size)
+        side = (size - 1) // 2 + 1
+        assert at.total_macs == batch * 4 * side * side * 3 * 9 + batch * 4 * 2  # by hand: conv, linear
+        fresh = fxflops.estimate(model, torch.zeros(batch, 3, size, size))
+        assert at.modules == fresh.modules and at.by_rule == fresh.by_rule
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 5, 6), (3, 4, 7), (5, 4), (2, 4, 1, 1)])
+def test_the_symbolic_batch_norm_gives_what_the_mode_gives(shape, training):
+    """symbolic_kernels' batch norm against the mode's own decomposition on the same symbolic input: the
+    same shapes, strides and dtypes, and the size questions the mode asks (as conditions) asked alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    def run(kernel):
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env)
+        dynamic = [DimDynamic.STATIC if axis == 1 else DimDynamic.DYNAMIC for axis in range(len(shape))]
+        source = mode.from_tensor(torch.empty(shape), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic))
+        stats = [mode.from_tensor(torch.ones(4), static_shapes=True) for _ in range(4)]
+        args = (source, *stats, training, 0.1, 1e-5)
+        with mode:
+            out = kernel(args)
+        assert out is not NotImplemented
+        return [(tuple(map(str, t.shape)), tuple(map(str, t.stride())), t.dtype) for t in out[:3]], \
+            sorted(str(guard.expr) for guard in env.guards)
+
+    assert run(lambda args: symbolic_kernel(torch.ops.aten.native_batch_norm.default, args, {})) == \
+        run(lambda args: torch.ops.aten.native_batch_norm.default(*args))

@@ -36,6 +36,10 @@ _UNTRACED = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.d
 # the standard library is traced where the traced code calls it (inspect.getattr_static, copy.copy), not
 # where torch's or our machinery does (linecache for source lines)
 _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
+# torch's symbolic sizes compute in sympy (and mpmath under it), which hashes and reads locals(): like the
+# standard library, traced where the traced code calls them, not where torch's machinery does (a sweep's
+# SymInt arithmetic on a model's line would otherwise refuse every reference)
+_SIZE_LIBRARIES = ("sympy", "mpmath")
 
 _REFLECTIVE = frozenset({"__dict__", "vars", "getattr_static", "attrgetter", "__getattribute__", "dir",
                          "getmembers", "__getstate__", "asdict", "astuple", "__reduce_ex__", "__reduce__"})
@@ -156,6 +160,7 @@ class Tracer:
         self._globals: dict[types.CodeType, dict[str, Any]] = {}
         self._analysed: dict[types.CodeType, tuple[dict[int, LineReads], bool]] = {}
         self._previous: Any = None
+        self._libraries: tuple[str, ...] | None = None  # see _SIZE_LIBRARIES, found when first tracing
 
     @property
     def active(self) -> bool:
@@ -170,6 +175,8 @@ class Tracer:
         self._given_modules.append(set())
         self._children.append([])
         if len(self._lines) == 1:
+            if self._libraries is None:
+                self._libraries = _library_roots(_SIZE_LIBRARIES)
             sys.settrace(self._call)
 
     def stop(self) -> ReadLog:
@@ -193,7 +200,7 @@ class Tracer:
         code = frame.f_code
         traced = self._traced.get(code)
         if traced is None:
-            traced = self._traced[code] = _kind(code.co_filename)
+            traced = self._traced[code] = _kind(code.co_filename, self._libraries or ())
             self._globals[code] = frame.f_globals
         if traced is not True and (traced is False or frame.f_back is None or frame.f_back.f_trace is None):
             return None
@@ -253,17 +260,27 @@ class paused_tracing:  # noqa: N801 - a context manager, named as one
             sys.settrace(self._trace)
 
 
-def _kind(filename: str) -> bool | None:
-    """True: traced; False: not; None: traced where called from traced code (the standard library, and
-    code made by exec: a dataclass's __init__)."""
+def _kind(filename: str, libraries: tuple[str, ...] = ()) -> bool | None:
+    """True: traced; False: not; None: traced where called from traced code (the standard library, the
+    `libraries` torch computes sizes in, and code made by exec: a dataclass's __init__)."""
     if filename.startswith(_UNTRACED):
         return False
     if filename.startswith("<"):
         return None
     real = os.path.realpath(filename)
-    if real.startswith(_STDLIB) and "-packages" + os.sep not in real:
+    if real.startswith(_STDLIB) and "-packages" + os.sep not in real or libraries and real.startswith(libraries):
         return None
     return True
+
+
+def _library_roots(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The directories of those of the packages `names` that are imported (one not imported runs no code)."""
+    found = []
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            found.append(os.path.dirname(os.path.realpath(file)) + os.sep)
+    return tuple(found)
 
 
 def _builtins(namespace: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
 from fxflops.capture.sharded import dtensor_twin, is_dtensor
+from fxflops.capture.symbolic_kernels import symbolic_kernel
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -84,6 +85,8 @@ class FakeTwins:
         """Run an op on fake tensors, repairing the two ways a fake kernel can fail where eager runs."""
         try:
             out = self.meta_kernels(func, args, kwargs)
+            if out is NotImplemented and self.shapes:  # named sizes: see capture.symbolic_kernels
+                out = symbolic_kernel(func, args, kwargs)
         except Exception:  # noqa: BLE001 - the mode's own dispatch raises it again, in its words, or repairs it
             out = NotImplemented
         if out is not NotImplemented:

@@ -1,8 +1,8 @@
 """Cost expressions of a sweep evaluated exactly and fast: compiled to Python, and conditions as text.
 
 A sweep's per-node costs and its capture's conditions are sympy expressions in the named sizes.
-`compile_expression` turns one into a Python function of a point, the `Evaluator` evaluates a
-piece's expressions at one point (each distinct one once), `plain_sympy` rewrites torch's integer
+`compile_expression` turns one into a Python function of a point, `CostTemplates` fills a piece's
+node costs at one point (each distinct expression evaluated once), `plain_sympy` rewrites torch's integer
 division functions as plain sympy, and `simple_bound` / `condition_text` read a condition as a
 range of one name or as text.
 """
@@ -21,45 +21,6 @@ from fxflops.capture.dynamic import user_symbol
 from fxflops.results import NodeCost
 
 
-class Evaluator:
-    """Evaluates cost expressions at one point, each distinct expression (and shape) once."""
-
-    def __init__(self, point: Mapping[str, int], compiled: Mapping[Any, Callable[[Mapping[str, int]], int]]) -> None:
-        self._point = dict(point)
-        self._values = {user_symbol(name): sympy.Integer(value) for name, value in point.items()}
-        self._compiled = compiled
-        self._known: dict[Any, int] = {}
-        self._shapes: dict[tuple, tuple] = {}
-
-    def __call__(self, value: Any) -> int:
-        if type(value) is int:
-            return value
-        found = self._known.get(value)
-        if found is None:
-            function = self._compiled.get(value)
-            found = function(self._point) if function is not None else int(value.xreplace(self._values))
-            self._known[value] = found
-        return found
-
-    def shapes(self, shapes: tuple[tuple[Any, ...], ...]) -> tuple[tuple[int, ...], ...]:
-        found = self._shapes.get(shapes)
-        if found is None:
-            found = self._shapes[shapes] = tuple(tuple(self(size) for size in shape) for shape in shapes)
-        return found
-
-    def cost(self, c: NodeCost) -> NodeCost:
-        # NodeCost built directly: dataclasses.replace costs 5x more, and a point has thousands of nodes
-        return NodeCost(c.name, c.op, c.status, c.rule, c.module, c.module_type, self.shapes(c.input_shapes),
-                        self.shapes(c.output_shapes), self(c.macs), self(c.flops), c.source, c.phase,
-                        c.differentiates, self(c.bytes), *self._attention(c))
-
-    def _attention(self, c: NodeCost) -> tuple[Any, ...]:
-        if c.attention is None:
-            return ()
-        return (c.attention, *(None if value is None else self(value)
-                               for value in (c.dense_macs, c.dense_flops, c.effective_macs, c.effective_flops)))
-
-
 class _Slot(int):
     """A symbolic value's place in a point's list of values (an int, so it indexes that list directly)."""
 
@@ -75,10 +36,9 @@ _PLAIN_DATACLASS = not hasattr(NodeCost, "__post_init__") and not hasattr(NodeCo
 class CostTemplates:
     """A piece's node costs with every distinct symbolic value (costs and shape sizes) numbered once, so
     the costs at a point are one list of values, each distinct expression evaluated once, filled into
-    the nodes: what `Evaluator.cost` gives for every node, without looking an expression up per use."""
+    the nodes, without looking an expression up per use."""
 
-    def __init__(self, costs: Sequence[NodeCost], compiled: Mapping[Any, Callable[[Mapping[str, int]], int]]) -> None:
-        self._compiled = compiled
+    def __init__(self, costs: Sequence[NodeCost]) -> None:
         self._slots: dict[Any, _Slot] = {}
         self._functions: list[Callable[[Mapping[str, int]], int]] = []
         self._shape_ids: dict[tuple, int] = {}
@@ -86,7 +46,7 @@ class CostTemplates:
         self._nodes = [self._node(cost) for cost in costs]
 
     def costs(self, point: Mapping[str, int]) -> list[NodeCost]:
-        """Every node's cost at `point`, as Evaluator(point).cost gives it."""
+        """Every node's cost at `point`: its numbers and shape sizes evaluated there, the rest as captured."""
         values = [function(point) for function in self._functions]
         shapes = [tuple(tuple(values[size] if type(size) is _Slot else size for size in shape) for shape in shapes)
                   for shapes in self._shapes]
@@ -115,8 +75,7 @@ class CostTemplates:
         slot = self._slots.get(expr)
         if slot is None:
             slot = self._slots[expr] = _Slot(len(self._functions))
-            # the attention numbers (dense, effective) are not among the piece's compiled expressions
-            self._functions.append(self._compiled.get(expr) or compile_expression(expr) or _by_sympy(expr))
+            self._functions.append(compile_expression(expr) or _by_sympy(expr))
         return slot
 
     def _shape_id(self, shapes: tuple[tuple[Any, ...], ...]) -> int:

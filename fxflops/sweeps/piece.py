@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import sympy
@@ -23,7 +23,7 @@ from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, SweepModule, SweepPoint
 from fxflops.results.estimate import Deferred
 from fxflops.sweeps.compiled import Program
-from fxflops.sweeps.expressions import CostTemplates, Evaluator, compile_expression, condition_text, plain_sympy, simple_bound
+from fxflops.sweeps.expressions import CostTemplates, compile_expression, condition_text, plain_sympy, simple_bound
 from fxflops.tree import owning_module, parent_name, totals_by, unknown_ops
 
 
@@ -38,11 +38,10 @@ class Piece:
         self.conditions: list[sympy.Basic] = sizes.conditions()
         self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
-        self._compiled = _compiled(costs)
         self._templates: CostTemplates | None = None  # made on the first estimate()
         self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
-        self._terms: dict[str, tuple[Counter, ...]] | None = None  # see _inclusive_terms
-        self._at_depth: dict[int, list[str]] = {}  # depth -> the modules a point's top list ranks
+        self._terms: dict[str, tuple[Counter, Counter]] | None = None  # see _inclusive_terms
+        self._at_depth: dict[int, tuple[list[str], Program]] = {}  # see _ranked_at
         # each region past a position table with its test at a point (compiled where it can be)
         self._regions = _symbolic_lookups(captured)
         self._lookups = [(compile_expression(region) or (lambda point, r=region: holds([r], point)), caution)
@@ -143,27 +142,34 @@ class Piece:
 
     def _node_costs(self, point: Mapping[str, int]) -> list[NodeCost]:
         if self._templates is None:
-            self._templates = CostTemplates(self.costs, self._compiled)
+            self._templates = CostTemplates(self.costs)
         return self._templates.costs(point)
 
     def totals(self, point: Mapping[str, int], model_type: str, depth: int, top: int) -> SweepPoint:
-        """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it:
-        each distinct cost expression evaluated once, times how many nodes of a module carry it."""
-        value = Evaluator(point, self._compiled)
-        terms = self._inclusive_terms()
+        """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it: the
+        compiled totals, and the inclusive MACs and FLOPs of the modules at `depth` (one program a depth)."""
+        programs = self.programs()
+        sizes = tuple(point[name] for name in self.plan.names)
+        macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
+        tops: tuple[SweepModule, ...] = ()
+        if top > 0:
+            named, program = self._ranked_at(depth)
+            values = program(*sizes)
+            ranked = sorted(range(len(named)), key=lambda index: (-values[2 * index], named[index]))
+            tops = tuple(SweepModule(named[index], model_type if named[index] == "" else self.infos[named[index]].type,
+                                     values[2 * index], values[2 * index + 1]) for index in ranked[:top])
+        return SweepPoint(dict(point), macs, flops, params, bwd_macs, bwd_flops, tops, tuple(self.cautions_at(point)))
 
-        def total(counter: Counter) -> int:
-            return sum(count * value(expr) for expr, count in counter.items())
-
-        macs, flops, bwd_macs, bwd_flops = (total(counter) for counter in terms[""])
-        named = self._at_depth.get(depth)
-        if named is None:
-            named = self._at_depth[depth] = _at_depth(list(self.infos), depth)
-        ranked = sorted(((total(terms[name][0]), name) for name in named), key=lambda item: (-item[0], item[1]))
-        tops = tuple(SweepModule(name, model_type if name == "" else self.infos[name].type, module_macs,
-                                 total(terms[name][1])) for module_macs, name in ranked[:max(top, 0)])
-        return SweepPoint(dict(point), macs, flops, value(self.infos[""].params), bwd_macs, bwd_flops, tops,
-                          tuple(self.cautions_at(point)))
+    def _ranked_at(self, depth: int) -> tuple[list[str], Program]:
+        """The modules a point's top list ranks at `depth`, and one program of their inclusive MACs and
+        FLOPs (module by module, in that order), as `tree.module_stats` sums them. Made once per depth."""
+        found = self._at_depth.get(depth)
+        if found is None:
+            named = _at_depth(list(self.infos), depth)
+            terms = self._inclusive_terms()
+            outputs = [_weighted(terms[name][field]) for name in named for field in (0, 1)]
+            found = self._at_depth[depth] = (named, Program(self.plan.names, outputs))
+        return found
 
     def cautions_at(self, point: Mapping[str, int]) -> list[str]:
         """What a real forward would do differently at `point` (a lookup past a position table holds in a
@@ -179,18 +185,15 @@ class Piece:
                 found.append(caution)
         return found
 
-    def _inclusive_terms(self) -> dict[str, tuple[Counter, ...]]:
-        """Module -> (macs, flops, bwd_macs, bwd_flops), each {cost value: nodes with it} summed over the
-        module's subtree as `tree.module_stats` sums them. Made once per piece, on first use."""
+    def _inclusive_terms(self) -> dict[str, tuple[Counter, Counter]]:
+        """Module -> (macs, flops), each {cost value: nodes with it} summed over the module's subtree as
+        `tree.module_stats` sums them. Made once per piece, on first use."""
         if self._terms is None:
-            own = {name: (Counter(), Counter(), Counter(), Counter()) for name in self.infos}
+            own = {name: (Counter(), Counter()) for name in self.infos}
             for cost in self.costs:
-                macs, flops, bwd_macs, bwd_flops = own[owning_module(cost.module, self.captured.aliases, self.infos)]
+                macs, flops = own[owning_module(cost.module, self.captured.aliases, self.infos)]
                 macs[cost.macs] += 1
                 flops[cost.flops] += 1
-                if cost.is_backward:
-                    bwd_macs[cost.macs] += 1
-                    bwd_flops[cost.flops] += 1
             for name in reversed(list(own)):  # children come after their parents in pre-order
                 parent = parent_name(name)
                 if parent is not None and parent in own:
@@ -269,6 +272,12 @@ def _as_sum(value: Any) -> tuple[int, dict[Any, int]]:
     return (value, {}) if type(value) is int else (0, {value: 1})
 
 
+def _weighted(counter: Counter) -> tuple[int, dict[Any, int]]:
+    """{cost value: nodes with it} as a Program's sum: the int values added up, the expressions weighted."""
+    constant = sum(value * count for value, count in counter.items() if type(value) is int)
+    return constant, {value: count for value, count in counter.items() if type(value) is not int}
+
+
 def _at_depth(names: list[str], depth: int) -> list[str]:
     """The modules `report.sweep.top_modules` ranks: those at `depth`, or the deepest there are."""
     depths = {name: 0 if name == "" else name.count(".") + 1 for name in names}
@@ -297,13 +306,6 @@ def _symbolic_lookups(captured: Captured) -> list[tuple[sympy.Basic, str]]:
             continue
         found.append((region, lookup.caution(low, high, condition_text(region))))
     return found
-
-
-def _compiled(costs: list[NodeCost]) -> dict[Any, Callable[[Mapping[str, int]], int]]:
-    distinct = {value for c in costs for value in (c.macs, c.flops, c.bytes, *(s for shape in (*c.input_shapes, *c.output_shapes)
-                                                                     for s in shape)) if type(value) is not int}
-    found = {expr: compile_expression(expr) for expr in distinct}
-    return {expr: function for expr, function in found.items() if function is not None}
 
 
 def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
