@@ -76,14 +76,14 @@ def test_rank_memory_by_hand() -> None:
 
 def test_rank_memory_fsdp_by_hand() -> None:
     # FSDP over dp = 2, no pipeline: 8 layers of 1,000 parameters, an embedding of 50 and a head of 70, bf16;
-    # the shards (8,120 / 2 of each), two gathered layers and the root unit (embedding, head) whole; the
-    # capture's temporaries (30 bytes) once
+    # the shards (8,120 / 2 of each), two gathered layers and the root unit (embedding, head) whole, one layer's
+    # whole gradients (before their reduce-scatter); the capture's temporaries (30 bytes) once
     block = Part(params=1000, saved_bytes=100)
     costs = LayerCosts(1, False, 1, 10, 8, block, Part(params=50, saved_bytes=6), Part(params=70, saved_bytes=8),
                        40, 2, "bfloat16", "A100", 8, (), 30)
     plan = StepPlan(dp=2, fsdp=True, micro_batch=1, global_batch=2)
     _, kinds = rank_memory(costs, plan, simulate_plan(costs, plan, cluster("DGX A100 80GB")), optimizer_state_bytes=4)
-    assert kinds == {"parameters": 8120 * 2 // 2 + (2 * 1000 + 120) * 2, "gradients": 8120 * 2 // 2,
+    assert kinds == {"parameters": 8120 * 2 // 2 + (2 * 1000 + 120) * 2, "gradients": 8120 * 2 // 2 + 1000 * 2,
                      "optimizer": 8120 * 4 // 2, "activations": 8 * 100 + 6 + 8, "temporaries": 30}
 
 

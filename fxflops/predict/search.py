@@ -261,8 +261,9 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
     forward saves (from the capture's memory timeline) times the layer-micro-batches the simulated schedule
     keeps in flight on the rank (full recomputation keeps each layer's input only, plus one layer's
     activations while it is recomputed), plus the temporaries at the capture's peak (one op's workspace);
-    FSDP adds two gathered layers (the one running and the prefetch) and the parameters outside the blocks
-    whole (FSDP2's root unit, the embedding and head, is not resharded after the forward).
+    FSDP adds two gathered layers (the one running and the prefetch), the parameters outside the blocks
+    whole (FSDP2's root unit, the embedding and head, is not resharded after the forward) and one layer's
+    whole gradients (the reduce-scatter's input).
     `optimizer_state_bytes`: optimizer state per parameter element (default Adam with fp32 master weights)."""
     from fxflops.memory import Allowance
 
@@ -282,8 +283,10 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
         kinds = {"parameters": params * costs.param_bytes // shard,
                  "gradients": params * grad_bytes // shard,
                  "optimizer": params * optimizer_state_bytes // state_shard}
-        if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward
+        if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
+            # and a layer's gradients are whole until their reduce-scatter has run
             kinds["parameters"] += (2 * block.params + outside) * costs.param_bytes
+            kinds["gradients"] += block.params * grad_bytes
         in_flight = timeline.in_flight(rank) if timeline is not None else 1
         per_chunk_layers = rank_layers / v
         if plan.recompute == "full":
