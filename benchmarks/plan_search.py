@@ -31,6 +31,21 @@ def build(layers: int):
         return LlamaForCausalLM(config).to(torch.bfloat16)
 
 
+def capture_best(best) -> dict:
+    """The best plan's rank captured at the full depth with its optimizer: its peak tensor bytes by kind."""
+    import torch
+
+    import fxflops
+
+    started = time.perf_counter()
+    ids = torch.zeros(best.plan.micro_batch, 4096, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fxflops.estimate(build(80), (ids,), parallel=best.parallel, backward=True, optimizer="adamw",
+                               memory=True)
+    return {"peak": est.memory.peak_bytes, "by_kind": dict(est.memory.by_kind), "started": started}
+
+
 def main() -> None:
     import fxflops
 
@@ -40,6 +55,8 @@ def main() -> None:
         search = fxflops.plan(build, gpus=512, cluster="DGX H100", global_batch=1024, seq_len=4096, layers=80)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     best = search.best
+    captured, capture_wall = capture_best(best), time.perf_counter()
+    capture_wall = capture_wall - captured.pop("started")
     text = "\n".join([
         "# plan_search.py", "", environment(), "Machine shared with other jobs (wall time above CPU time).", "",
         "Llama-2-70B shapes (80 layers, GQA 64/8 heads), 512 x H100 SXM (DGX H100), global batch 1024 x 4096 tokens.",
@@ -49,6 +66,14 @@ def main() -> None:
         f"predicted step {best.step_time:.3f} s, MFU {best.prediction.mfu:.1%}, predicted memory of its fullest rank "
         f"{best.peak_bytes / 2**30:.1f} GiB of {search.capacity / 2**30:.0f} GiB "
         f"({', '.join(f'{k} {v / 2**30:.1f}' for k, v in best.memory.items())} GiB, plus the 0.5 GiB allowance).", "",
+        "The best plan's rank captured whole (`fxflops.estimate(build(80), ..., parallel=best.parallel, "
+        "backward=True, optimizer=\"adamw\", memory=True)`, "
+        f"{capture_wall:.1f} s wall): peak {captured['peak'] / 2**30:.2f} GiB of tensors "
+        f"({', '.join(f'{k} {v / 2**30:.2f}' for k, v in captured['by_kind'].items() if v)} GiB). The search's "
+        f"prediction for that rank, {(best.peak_bytes - (512 << 20)) / 2**30:.2f} GiB of tensors, assumes Adam with "
+        "fp32 master weights (12 bytes a parameter); torch's AdamW on the bf16 model keeps two bf16 moments (4 bytes "
+        f"and a step counter per tensor): restated with 4 bytes a parameter the prediction is "
+        f"{(best.peak_bytes - (512 << 20) - best.memory['optimizer'] * 2 // 3) / 2**30:.2f} GiB.", "",
         "```", search.render(10), "```", ""])
     path = os.path.join(ROOT, "benchmarks", "results", "plan_search.md")
     with open(path, "w") as stream:

@@ -17,6 +17,7 @@ from fxflops.predict.layers import LayerCosts, Part
 from fxflops.predict.search import OPTIMIZER_STATE_BYTES, rank_memory
 from fxflops.predict.step import StepPlan, simulate_plan
 from fxflops.predict.validation import GPT
+from tests.test_html import needs_browser, read_png, run_chromium
 
 
 def build(layers: int) -> GPT:
@@ -64,12 +65,47 @@ def test_rank_memory_by_hand() -> None:
     plan = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True)
     peak, kinds = rank_memory(costs, plan, simulate_plan(costs, plan, a100))
     assert kinds == {"parameters": 4 * 1000 * 2, "gradients": 4 * 1000 * 2,
-                     "optimizer": 4 * 1000 * OPTIMIZER_STATE_BYTES // 2, "activations": 2 * 4 * 100}
+                     "optimizer": 4 * 1000 * OPTIMIZER_STATE_BYTES // 2, "activations": 2 * 4 * 100,
+                     "temporaries": 0}
     assert peak == sum(kinds.values()) + (512 << 20)
     # full recomputation keeps each layer's input (40 bytes) and one layer's activations while recomputing it
     full = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True, recompute="full")
     _, kinds = rank_memory(costs, full, simulate_plan(costs, full, a100))
     assert kinds["activations"] == 2 * 4 * 40 + 100
+
+
+def test_rank_memory_fsdp_by_hand() -> None:
+    # FSDP over dp = 2, no pipeline: 8 layers of 1,000 parameters, an embedding of 50 and a head of 70, bf16;
+    # the shards (8,120 / 2 of each), two gathered layers and the root unit (embedding, head) whole, one layer's
+    # whole gradients (before their reduce-scatter); the capture's temporaries (30 bytes) once
+    block = Part(params=1000, saved_bytes=100)
+    costs = LayerCosts(1, False, 1, 10, 8, block, Part(params=50, saved_bytes=6), Part(params=70, saved_bytes=8),
+                       40, 2, "bfloat16", "A100", 8, (), 30)
+    plan = StepPlan(dp=2, fsdp=True, micro_batch=1, global_batch=2)
+    _, kinds = rank_memory(costs, plan, simulate_plan(costs, plan, cluster("DGX A100 80GB")), optimizer_state_bytes=4)
+    assert kinds == {"parameters": 8120 * 2 // 2 + (2 * 1000 + 120) * 2, "gradients": 8120 * 2 // 2 + 1000 * 2,
+                     "optimizer": 8120 * 4 // 2, "activations": 8 * 100 + 6 + 8, "temporaries": 30}
+
+
+def test_best_plan_fits_the_memory_a_capture_of_it_holds() -> None:
+    # the search's best FSDP plan, captured whole on its rank (torch's fully_shard, AdamW): the parameters it
+    # predicts (shards, two gathered layers, the root unit gathered) and the optimizer state are the capture's;
+    # its peak is above the capture's (it holds the gradient shards and every saved activation at once, where
+    # the capture's peak comes before the gradients exist and after the head's activations are freed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = fxflops.plan(build, gpus=4, cluster="DGX A100 80GB", global_batch=8, seq_len=256, layers=4,
+                             micro_batch=(1,), tp=(1, 2), fsdp=(True,), recompute=("none",), optimizer_state_bytes=4)
+        best = found.best
+        est = fxflops.estimate(build(4), (torch.zeros(best.plan.micro_batch, 256, dtype=torch.long),),
+                               parallel=best.parallel, backward=True, optimizer="adamw", memory=True)
+    captured = est.memory
+    tensors = captured.by_kind
+    assert best.memory["parameters"] == tensors["parameters"] + tensors["gathered"]
+    # torch's AdamW keeps a 4-byte step counter per parameter tensor beside its two bf16 moments
+    counters = 4 * sum(1 for p in build(4).parameters())
+    assert best.memory["optimizer"] == tensors["optimizer"] - counters
+    assert captured.peak_bytes <= best.peak_bytes - (512 << 20)
 
 
 def test_cli_plan(tmp_path, capsys) -> None:
@@ -85,3 +121,32 @@ def test_cli_plan_errors_are_one_line(capsys) -> None:
     assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX Z9", "--batch", "16", "--seq-len", "128"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("fxflops: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_frontier_by_hand() -> None:
+    # (GiB, s): (10, 5) (15, 6) (20, 3) (30, 3) (40, 1): (15, 6) and (30, 3) are beaten on both counts
+    from types import SimpleNamespace
+
+    from fxflops.predict.frontier import frontier_rows
+
+    rows = [SimpleNamespace(peak_bytes=gib << 30, step_time=s) for gib, s in ((30, 3), (10, 5), (40, 1), (15, 6),
+                                                                               (20, 3))]
+    assert [(r.peak_bytes >> 30, r.step_time) for r in frontier_rows(rows)] == [(10, 5), (20, 3), (40, 1)]
+
+
+@needs_browser
+def test_cli_plan_draws_the_frontier(tmp_path) -> None:
+    from fxflops.predict.frontier import COLOURS
+
+    page = tmp_path / "plans.html"
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16",
+                 "--seq-len", "128", "--micro-batch", "2", "--html", str(page)]) == 0
+    text = page.read_text()
+    assert text.count("<circle") >= 10 and "<polyline" in text and "frontier: tp=" in text
+    shot = tmp_path / "plans.png"
+    done = run_chromium(f"--screenshot={shot}", "--window-size=960,600", url=page.as_uri())
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    _, _, pixels = read_png(shot.read_bytes())
+    seen = {pixels[i:i + 3] for i in range(0, len(pixels), 3)}
+    for kind in ("fits", "frontier", "capacity"):
+        assert bytes.fromhex(COLOURS[kind][1:]) in seen, f"{kind} is not drawn"

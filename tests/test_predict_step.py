@@ -211,3 +211,26 @@ def test_per_layer_costs_hold_what_one_rank_holds() -> None:
     assert costs.block.forward > 0 and costs.block.backward > costs.block.forward
     # sequence parallelism: per block two all-gathers and two reduce-scatters forward, as many backward
     assert costs.block.comm_forward > 0 and costs.block.comm_backward > 0
+
+
+def test_a_calibrated_device_file_is_used_and_named(tmp_path) -> None:
+    # calibrate from three tiny ops measured at 0.5 ms each: a device file whose only change is a launch overhead
+    # of 0.5 ms (the preset's is 2 us); every timed op and the optimizer's one kernel take that much longer
+    from fxflops.predict.calibrate import calibrate
+    from fxflops.predict.op_time import estimate_seconds
+    from fxflops.results.costs import COUNTED, NodeCost
+
+    tiny = NodeCost(name="gelu", op="aten.gelu.default", status=COUNTED, rule="activation", module="act",
+                    module_type="GELU", input_shapes=((64,),), output_shapes=((64,),), macs=0, flops=64, bytes=256)
+    path = tmp_path / "our_a100.toml"
+    calibrate([(tiny, 5e-4)] * 3, "A100 80GB SXM", "bf16", path=path, label="our node, synthetic")
+    model, ids = small_gpt(), torch.zeros(1, 128, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preset = fxflops.predict_step(model, (ids,), None, "DGX A100 80GB", loss=lm_loss)
+        ours = fxflops.predict_step(model, (ids,), None, "DGX A100 80GB", loss=lm_loss, device=path)
+        ops = estimate_seconds(fxflops.estimate(model, (ids,), backward=True, loss=lm_loss), "A100 80GB SXM",
+                               torch.bfloat16)["ops"]
+    assert ours.step_time - preset.step_time == pytest.approx((ops + 1) * (5e-4 - 2e-6), rel=1e-9)
+    assert f"A100 80GB SXM from your file {path}" in str(ours) and ours.as_dict()["device_origin"] == f"your file {path}"
+    assert "from your file" not in str(preset)

@@ -2,7 +2,8 @@
 
 MODEL is any form `fxflops MODEL` takes. An hf: model is built at a depth of two layers for the captures (its
 config's depth is what the plans are for: the blocks are the same); any other MODEL is captured as built.
-Prints the fastest plans that fit with their breakdown; --csv / --json write every plan evaluated.
+Prints the fastest plans that fit with their breakdown; --csv / --json write every plan evaluated, --html a plot
+of them (step time against memory per rank, the frontier marked).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="what to plan for (the forms `fxflops MODEL` takes, e.g. hf:meta-llama/Llama-2-70b-hf)")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs of the job")
     parser.add_argument("--cluster", default="DGX H100", help="a cluster preset or a cluster TOML file (default: DGX H100)")
+    parser.add_argument("--device", help="the cluster's GPUs replaced by this device: a preset or a device TOML file "
+                        "(such as fxflops.predict.calibrate writes from a measured run)")
     parser.add_argument("--batch", type=int, required=True, help="global batch, in sequences")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -31,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
     parser.add_argument("--json", help="write every plan evaluated to this JSON file")
+    parser.add_argument("--html", help="write a plot of every plan (step time against memory per rank, the frontier "
+                        "marked) to this HTML file")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return parser
 
@@ -54,10 +59,12 @@ def main(argv: Sequence[str]) -> int:
     else:
         model, depth = load(args.model, InputOptions(batch=1, seq_len=args.seq_len, dtype=dtype)).model, None
     result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
-                  layers=depth, dtype=dtype, micro_batch=args.micro_batch)
+                  layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device)
     sys.stdout.write(result.render(args.top) + "\n")
     if args.csv:
         result.to_csv(args.csv)
     if args.json:
         result.to_json(args.json)
+    if args.html:
+        result.to_html(args.html)
     return 0

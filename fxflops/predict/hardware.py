@@ -437,6 +437,15 @@ def _checked(key: str, value: Any, origin: str) -> Any:
     return value
 
 
+def with_device(the_cluster: Cluster | str, device: DeviceModel | str | Path | None) -> Cluster:
+    """`the_cluster` with its GPUs replaced by `device` (a preset name, a device file such as `calibrate` writes,
+    or a DeviceModel); the cluster unchanged when `device` is None."""
+    found = cluster(the_cluster)
+    if device is None:
+        return found
+    return replace(found, device_override=device_model(device))
+
+
 def with_constant(thing: DeviceModel | Cluster, name: str, value: Any, source: str = "given") -> DeviceModel | Cluster:
     """A copy of a device or cluster with one constant changed (what-if questions in code, not files)."""
     constants = dict(thing.constants)

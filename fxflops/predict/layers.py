@@ -67,6 +67,9 @@ class LayerCosts:
     device: str
     captured_layers: int  # depth of the model that was captured
     notes: tuple[str, ...] = ()
+    # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in
+    # flight between ops): one layer's worth whatever the depth, so the search adds it once per rank
+    transient_bytes: int = 0
 
     @property
     def params(self) -> int:
@@ -148,8 +151,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     element = torch.empty((), dtype=dtype).element_size()
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
+    transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
-                      str(dtype).removeprefix("torch."), device.name, count, tuple(notes))
+                      str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient)
 
 
 def _part_of(blocks: list[str]) -> Callable[[str], int]:

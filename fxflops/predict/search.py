@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from fxflops.predict.comm_time import ranks_per_node
-from fxflops.predict.hardware import Cluster
-from fxflops.predict.hardware import cluster as named_cluster
+from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.step import ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, simulate_plan
 
@@ -113,6 +112,22 @@ class PlanSearch:
         lines.append(f"({self.error})")
         return "\n".join(lines)
 
+    def frontier(self) -> list[PlanRow]:
+        """The plans that fit and that no other fitting plan beats on both step time and memory, by memory."""
+        from fxflops.predict.frontier import frontier_rows
+
+        return frontier_rows(self.rows)
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """An HTML page plotting every plan's predicted step time against its memory per rank, the frontier
+        joined, the device's memory marked; written to `path` when given."""
+        from fxflops.predict.frontier import frontier_html
+
+        page = frontier_html(self)
+        if path is not None:
+            Path(path).write_text(page, encoding="utf-8")
+        return page
+
     def to_csv(self, path: str | Path | None = None, include_dropped: bool = True) -> str:
         rows = [r.record() for r in self.rows + (self.dropped if include_dropped else [])]
         out = io.StringIO()
@@ -141,7 +156,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          virtual_stages: Sequence[int] = (1, 2, 4), micro_batch: Sequence[int] = (1, 2, 4),
          recompute: Sequence[str] = ("none", "selective", "full"), fsdp: Sequence[bool] = (False, True),
          sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
-         memory_margin: int = 0) -> PlanSearch:
+         memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
+         device: str | Path | Any = None) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -152,11 +168,13 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     micro-batches into pp), dp = the rest, with `fsdp` and without (replicated parameters, the optimizer's state
     sharded dp ways), each `micro_batch` dividing global_batch / dp, each `recompute`. A plan fits when its
     busiest rank's predicted memory is under the device's memory less the allowance (`memory_margin` more
-    bytes kept free)."""
+    bytes kept free). `optimizer_state_bytes`: the optimizer's state per parameter element (default 12: Adam
+    with fp32 master weights and moments; 4 for torch's AdamW on a bf16 model, whose moments are bf16).
+    `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote)."""
     from fxflops.memory import Allowance
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
-    the_cluster = named_cluster(cluster)
+    the_cluster = with_device(cluster, device)
     device = the_cluster.device
     capacity = device.memory_bytes
     usable = capacity - Allowance().context_bytes - memory_margin
@@ -222,24 +240,31 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
-        peak, by_kind = rank_memory(costs, step_plan, prediction)
+        peak, by_kind = rank_memory(costs, step_plan, prediction, optimizer_state_bytes)
         row = PlanRow(step_plan, prediction, peak, by_kind, peak <= usable)
         (rows if row.fits else dropped).append(row)
     rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
     if build is not None:
         notes.append(f"captured at a depth of {PROBE_LAYERS} layers (the same blocks), costs scaled to {depth}")
+    if device.origin.startswith("your file"):
+        notes.append(f"device constants from {device.origin}")
     return PlanSearch(rows, dropped, gpus, the_cluster.name, device.name, capacity, global_batch, captures, notes)
 
 
-def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction) -> tuple[int, dict[str, int]]:
+def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
+                optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES) -> tuple[int, dict[str, int]]:
     """The predicted memory of the plan's fullest rank: (bytes with the allowance, bytes by kind).
 
     Parameters, gradients and optimizer state of the layers the rank holds (tp-sharded in the capture;
     FSDP divides all three dp ways, the distributed optimizer its state); activations: the bytes one layer's
     forward saves (from the capture's memory timeline) times the layer-micro-batches the simulated schedule
     keeps in flight on the rank (full recomputation keeps each layer's input only, plus one layer's
-    activations while it is recomputed); FSDP adds two gathered layers (the one running and the prefetch)."""
+    activations while it is recomputed), plus the temporaries at the capture's peak (one op's workspace);
+    FSDP adds two gathered layers (the one running and the prefetch), the parameters outside the blocks
+    whole (FSDP2's root unit, the embedding and head, is not resharded after the forward) and one layer's
+    whole gradients (the reduce-scatter's input).
+    `optimizer_state_bytes`: optimizer state per parameter element (default Adam with fp32 master weights)."""
     from fxflops.memory import Allowance
 
     timeline = prediction.timeline
@@ -251,15 +276,17 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction) -
     best: tuple[int, dict[str, int]] = (-1, {})
     for rank in range(p):
         rank_layers = prediction.ranks[rank].layers
-        params = rank_layers * block.params + (pre.params if rank == 0 else 0) + \
-            (post.params if rank == (chunks - 1) % p else 0)
+        outside = (pre.params if rank == 0 else 0) + (post.params if rank == (chunks - 1) % p else 0)
+        params = rank_layers * block.params + outside
         shard = plan.dp if fsdp else 1
         state_shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
         kinds = {"parameters": params * costs.param_bytes // shard,
                  "gradients": params * grad_bytes // shard,
-                 "optimizer": params * OPTIMIZER_STATE_BYTES // state_shard}
-        if fsdp:
-            kinds["parameters"] += 2 * block.params * costs.param_bytes
+                 "optimizer": params * optimizer_state_bytes // state_shard}
+        if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
+            # and a layer's gradients are whole until their reduce-scatter has run
+            kinds["parameters"] += (2 * block.params + outside) * costs.param_bytes
+            kinds["gradients"] += block.params * grad_bytes
         in_flight = timeline.in_flight(rank) if timeline is not None else 1
         per_chunk_layers = rank_layers / v
         if plan.recompute == "full":
@@ -273,6 +300,7 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction) -
         if rank == (chunks - 1) % p:
             activations += post.saved_bytes
         kinds["activations"] = activations
+        kinds["temporaries"] = costs.transient_bytes
         total = sum(kinds.values()) + Allowance().context_bytes
         if total > best[0]:
             best = (total, kinds)

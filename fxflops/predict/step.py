@@ -124,9 +124,11 @@ class StepPrediction:
     comm_events: list[tuple[int, str, float, float]] = field(default_factory=list, repr=False)
     notes: list[str] = field(default_factory=list)
     error: str = ERROR_STATEMENT
+    device_origin: str = ""  # where the device's constants came from ("your file PATH" for a calibrated file)
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "cluster": self.cluster, "device": self.device,
+                "device_origin": self.device_origin,
                 "step_time": self.step_time, "breakdown": dict(self.breakdown), "mfu": self.mfu, "hfu": self.hfu,
                 "tokens_per_sec": self.tokens_per_sec, "tflops_per_gpu": self.tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
@@ -134,7 +136,8 @@ class StepPrediction:
 
     def __str__(self) -> str:
         p = self.plan
-        lines = [f"predicted step on {p.gpus} x {self.device} ({self.cluster}): tp={p.tp} pp={p.pp} "
+        device = self.device + (f" from {self.device_origin}" if self.device_origin.startswith("your file") else "")
+        lines = [f"predicted step on {p.gpus} x {device} ({self.cluster}): tp={p.tp} pp={p.pp} "
                  f"v={p.virtual_stages} dp={p.dp}{' (FSDP)' if p.fsdp else ''} sp={p.sequence_parallel} "
                  f"micro-batch {p.micro_batch} x {p.microbatches} per step, recompute={p.recompute}",
                  f"  step time {self.step_time * 1e3:,.1f} ms   MFU {self.mfu:.1%}   HFU {self.hfu:.1%}   "
@@ -283,7 +286,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         notes.append(f"{layers} layers do not split evenly into {p * v} chunks: {chunks}")
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
-                          tflops, hw_tflops, ranks, timeline, comm_events, notes)
+                          tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin)
 
 
 def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, float, float, int]:
@@ -421,7 +424,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  recompute: str = "none", sequence_parallel: bool = True, *, schedule: str = ONE_F_ONE_B,
                  distributed_optimizer: bool = False, overlap_grad_reduce: bool = True, loss: Any = None,
                  layers: int | None = None, grad_bytes: int | None = None,
-                 trace: str | Path | None = None) -> StepPrediction:
+                 trace: str | Path | None = None, device: str | Path | Any = None) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -435,11 +438,13 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     and the tp plan) and its repeated blocks give the per-layer costs; `layers` says the depth the model stands
     for when it is built shallower. `trace` writes the per-rank timeline with its critical path: an HTML page
     for a path ending .html, a Chrome trace otherwise. Returns a StepPrediction: step_time, breakdown, mfu, hfu,
-    tokens_per_sec, per rank role. A prediction is a model with a stated error, not a measurement."""
+    tokens_per_sec, per rank role. `device`: the cluster's GPUs replaced by this device (a preset, or a device
+    file such as `fxflops.predict.calibrate` writes from a measured run; the prediction names the file).
+    A prediction is a model with a stated error, not a measurement."""
     import torch
 
-    from fxflops.predict.hardware import cluster as named_cluster
     from fxflops.device.peaks import dtype_key
+    from fxflops.predict.hardware import with_device
 
     parallel = dict(parallel or {})
     unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan"}
@@ -450,7 +455,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         if parallel.get(key, 1) > 1:
             raise NotImplementedError(f"predict_step: {key}={parallel[key]} is not predicted yet; tp, pp "
                                       "(with virtual_stages), dp and fsdp are")
-    the_cluster = named_cluster(cluster)
+    the_cluster = with_device(cluster, device)
     dtype = dtype or torch.bfloat16
     tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
     sp = bool(parallel.get("sequence_parallel", sequence_parallel)) and tp > 1
