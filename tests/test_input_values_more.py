@@ -112,3 +112,30 @@ def test_repeated_moe_blocks_under_a_routing_assumption_are_run_not_replayed():
     assert replayed.total_flops == 4 * (2 * 6 * 8 * 4 + 2 * 6 * 8 * 8)
     assert quietly(model, input_shape=(6, 8), conventions="torch", method="eager", replay=False).total_flops \
         == replayed.total_flops
+
+
+class NumpyCounts(nn.Module):
+    """HiDream's MoE: routed token counts read with `.bincount().cpu().numpy().cumsum(0)`; and a length read
+    from an input mask the same way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(8, 8 * (e + 1), bias=False) for e in range(4))
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> list[torch.Tensor]:
+        x = x[: int(keep.sum().cpu().numpy())]
+        picks = self.gate(x).argmax(dim=-1)
+        ends = picks.bincount(minlength=4).cpu().numpy().cumsum(0)
+        order = picks.argsort()
+        return [expert(x[order[(ends[e - 1] if e else 0):ends[e]]]) for e, expert in enumerate(self.experts)]
+
+
+def test_values_read_with_numpy_come_from_the_inputs_or_the_routing_assumption():
+    with torch.device("meta"):
+        model = NumpyCounts()
+    keep = torch.tensor([True] * 6 + [False] * 2)
+    result = quietly(model, (torch.empty(8, 8, device="meta"), keep), conventions="torch", method="eager")
+    # 6 kept rows; balanced over 4 experts: 2, 2, 1, 1 rows; expert e is 8 -> 8(e + 1)
+    assert result.total_flops == 2 * 6 * 8 * 4 + sum(2 * rows * 8 * 8 * (e + 1) for e, rows in enumerate((2, 2, 1, 1)))
+    assert any("balanced routing" in caution for caution in result.cautions)

@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     unset_fake_temporarily,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from fxflops.capture.attribution import ModuleTracker
@@ -315,6 +316,19 @@ class InputValues:
                         if shadow.real.untyped_storage().data_ptr() == memory]:
                 del self._shadows[key]
 
+    def numpy_reads(self) -> TorchFunctionMode:
+        """A mode answering `Tensor.numpy()` (which a fake tensor refuses before any op is dispatched) from the
+        tensor's values, for the capture to enter around the forward."""
+        return _NumpyReads(self)
+
+    def _numpy(self, tensor: torch.Tensor) -> Any:
+        shadow = self._shadow(tensor)
+        if shadow is None:
+            raise self._unknown("Tensor.numpy")
+        self._routed.update(dict.fromkeys(sorted(shadow.assumed)))
+        with unset_fake_temporarily():
+            return shadow.real.detach().clone().numpy()
+
     # --- what the values do not determine ----------------------------------------------------------
 
     def _assume_routing(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -371,6 +385,19 @@ class InputValues:
         path, type_name = self._tracker.current()
         text = source_text(user_frame())
         return f"module '{path or '(root)'}' ({type_name or self._root_type})" + (f" at {text}" if text else "")
+
+
+class _NumpyReads(TorchFunctionMode):
+    """`Tensor.numpy()` on a fake tensor: its values (HiDream's MoE reads routed token counts so)."""
+
+    def __init__(self, values: InputValues) -> None:
+        super().__init__()
+        self._values = values
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.numpy and args and isinstance(args[0], FakeTensor):
+            return self._values._numpy(args[0])
+        return func(*args, **(kwargs or {}))
 
 
 def _small_outputs(out: Any, limit: int) -> bool:
