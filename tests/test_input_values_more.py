@@ -139,3 +139,22 @@ def test_values_read_with_numpy_come_from_the_inputs_or_the_routing_assumption()
     # 6 kept rows; balanced over 4 experts: 2, 2, 1, 1 rows; expert e is 8 -> 8(e + 1)
     assert result.total_flops == 2 * 6 * 8 * 4 + sum(2 * rows * 8 * 8 * (e + 1) for e, rows in enumerate((2, 2, 1, 1)))
     assert any("balanced routing" in caution for caution in result.cautions)
+
+
+def test_the_values_run_writes_no_real_tensor_the_forward_writes_in_place():
+    seen = torch.zeros(3, dtype=torch.long)  # a real tensor outside the model (a global, a closure's)
+
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.add_(1)
+            return self.proj(x) * seen.sum()
+
+    result = quietly(Counter(), input_shape=(5, 4), conventions="torch", method="eager")
+    assert result.total_flops == 2 * 5 * 4 * 4
+    # FakeTensorMode itself runs an op whose tensors are all real constants for real (torch's own behaviour,
+    # once, as eager execution would); the values' run works on a copy and adds no second write
+    assert seen.tolist() == [1, 1, 1]

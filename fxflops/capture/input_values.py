@@ -254,16 +254,16 @@ class InputValues:
     def _real_run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func` on the shadows' real values (a factory op meant for the meta device on the CPU)."""
         def real(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return self._shadow(value).real
+            if isinstance(value, torch.Tensor):  # (a real constant as a copy: an in-place op must not change it)
+                return self._shadow(value).real if isinstance(value, FakeTensor) else value.detach().clone()
             if isinstance(value, torch.device) and value.type == "meta":
                 return torch.device("cpu")
             return value
 
-        real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
-        if real_kwargs.get("device") in ("meta", torch.device("meta")):
-            real_kwargs["device"] = torch.device("cpu")
-        with unset_fake_temporarily(), torch.no_grad():
+        with unset_fake_temporarily(), torch.no_grad():  # (the copies too: under the mode they would be fake)
+            real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+            if real_kwargs.get("device") in ("meta", torch.device("meta")):
+                real_kwargs["device"] = torch.device("cpu")
             return func(*real_args, **real_kwargs)
 
     def _shadow_outputs(self, func: Any, args: tuple, kwargs: dict, shadows: list[_Shadow], out: Any) -> None:
