@@ -1,7 +1,7 @@
 """diffusers' model classes at small configs (tests/diffusers_zoo.py): which need a real run, before and after
 issue 39's input values, and whether each count equals FlopCounterMode (issue 39).
 
-Per model, in a worker process with a timeout: `estimate(model, kwargs=inputs, conventions="torch")` with the
+Per model, in a worker process (one per tree) with a timeout each: `estimate(model, kwargs=inputs, conventions="torch")` with the
 default method="auto" (eager on fake tensors, then export, symbolic, and trace: one real run), the method
 that succeeded and the failures before it; then FlopCounterMode on one real run (MATH SDPA, MHA fast path off;
 flex_attention callers with the oracle's flex formulas). "Before" is the same estimate with fxflops from another
@@ -59,19 +59,39 @@ def _one(name: str, oracle: bool) -> dict:
 
 
 def _run(tree: str, names: list[str], oracle: bool, timeout: int) -> dict[str, dict]:
-    """Each model in its own process with fxflops from `tree` (its tests/ from this checkout)."""
+    """The models in one worker process with fxflops from `tree` (its tests/ from this checkout), a timeout each."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, ROOT])}
+    command = [sys.executable, __file__, "--worker", ",".join(names), "--timeout", str(timeout)] + \
+        ([] if oracle else ["--no-oracle"])
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            found[record["name"]] = record
     for name in names:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, ROOT])}
-        command = [sys.executable, __file__, "--worker", name] + ([] if oracle else ["--no-oracle"])
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-            line = [text for text in done.stdout.splitlines() if text.startswith("{")]
-            found[name] = json.loads(line[-1]) if line else {"name": name, "error": done.stderr.strip().splitlines()[-1]}
-        except subprocess.TimeoutExpired:
-            found[name] = {"name": name, "error": f"over {timeout} s"}
-        print(name, found[name].get("method"), found[name].get("flops"), found[name].get("oracle"), file=sys.stderr)
+        found.setdefault(name, {"name": name, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]})
     return found
+
+
+def _worker(names: list[str], oracle: bool, timeout: int) -> None:
+    """Each model's record as a JSON line; one that runs past `timeout` seconds is recorded as such."""
+    import signal
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"over {timeout} s")
+
+    signal.signal(signal.SIGALRM, expired)
+    for name in names:
+        signal.alarm(timeout)
+        try:
+            record = _one(name, oracle)
+        except Exception as error:  # noqa: BLE001 - a failure is a row of the table
+            record = {"name": name, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+        finally:
+            signal.alarm(0)
+        print(json.dumps(record), flush=True)
+        print(name, record.get("method"), record.get("flops"), record.get("oracle"), file=sys.stderr, flush=True)
 
 
 def _table(after: dict[str, dict], before: dict[str, dict]) -> str:
@@ -103,11 +123,11 @@ def main() -> None:
     parser.add_argument("--no-oracle", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--before", help="a tree with the fxflops to compare with (its fxflops/ and rules/)")
     parser.add_argument("--only", help="comma-separated model class names")
-    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per model")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "diffusers_zoo.md"))
     options = parser.parse_args()
     if options.worker:
-        print(json.dumps(_one(options.worker, not options.no_oracle)))
+        _worker(options.worker.split(","), not options.no_oracle, options.timeout)
         return
     from tests import diffusers_zoo as zoo
 
