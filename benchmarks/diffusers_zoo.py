@@ -21,7 +21,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# after PYTHONPATH: a worker's fxflops is the tree it was given (--before), not this checkout's
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import ROOT, environment  # noqa: E402
 
