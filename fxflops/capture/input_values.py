@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     unset_fake_temporarily,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from fxflops.capture.attribution import ModuleTracker
@@ -103,10 +104,16 @@ class Routing:
         return order.reshape(k, rows).t().contiguous()
 
 
-def reads_values(op: Any) -> bool:
-    """Whether an op's result depends on tensor values, not only shapes (a value read, a value-made size):
-    a block that ran one is a program of those values (capture.replay copies no such block)."""
+def _data_dependent(op: Any) -> bool:
+    """Whether an op reads a value or makes a size from values (torch tags it so)."""
     return isinstance(op, torch._ops.OpOverload) and any(tag in op.tags for tag in _DATA_DEPENDENT)
+
+
+def reads_values(op: Any) -> bool:
+    """Whether an op's result depends on tensor values, not only shapes (a value read, a value-made size, a
+    router's picks, which get the routing assumption's values): a block that ran one is a program of those
+    values (capture.replay copies no such block: its copies would carry no values)."""
+    return _data_dependent(op) or op in _ROUTERS
 
 
 ROUTED = "values the weights decide were read"  # how the routing caution begins
@@ -181,16 +188,20 @@ class InputValues:
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
         known = all(s is not None for s in shadows)
-        data_dependent = reads_values(func)
+        data_dependent = _data_dependent(func)
         if known and data_dependent and tensors:
             return self._from_values(func, args, kwargs, shadows)
         try:
-            out = self._run(func, args, kwargs)
+            out = self._run(func, *self._masks_as_indices(func, args, kwargs))
         except (DataDependentOutputException, DynamicOutputShapeException):
             bounded = self._at_bound(func, args, kwargs)
             if bounded is None:
                 raise self._unknown(func) from None
             return bounded
+        except RuntimeError as error:
+            if func not in _WIDENED or "not implemented for" not in str(error):
+                raise
+            out = self._widened(func, args, kwargs)
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
         if known and torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNINITIALIZED \
@@ -204,21 +215,60 @@ class InputValues:
 
     def _shadow(self, tensor: torch.Tensor) -> _Shadow | None:
         found = self._shadows.get(id(tensor))
-        return found[1] if found is not None and found[0] is tensor else None
+        if found is not None and found[0] is tensor:
+            return found[1]
+        # a real tensor the forward made outside the mode (torch.tensor(sizes) lifted in) is a constant: its own value
+        if not isinstance(tensor, FakeTensor) and not tensor.is_meta and tensor.numel() <= MAX_SHADOWED_CONSTANT:
+            return _Shadow(tensor)
+        return None
+
+    def _masks_as_indices(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Boolean index masks with a value, as the integer indices they select, so `x[mask]` on a tensor without
+        a value (the weights') is shaped by the mask's values alone, as eager execution shapes it."""
+        position = _MASK_INDEXED.get(func)
+        if position is None or len(args) <= position:
+            return args, kwargs
+        indices = list(args[position])
+        for place, index in enumerate(indices):
+            shadow = self._shadow(index) if isinstance(index, torch.Tensor) else None
+            if shadow is None or index.dtype not in (torch.bool, torch.uint8):
+                continue
+            with unset_fake_temporarily():
+                selected = shadow.real.bool().nonzero().unbind(1)
+            del indices[place]
+            for offset, real in enumerate(selected):
+                indices.insert(place + offset, self._fake_of(real, index.device, shadow.assumed))
+            return (*args[:position], indices, *args[position + 1:]), kwargs  # (torch allows one such mask)
+        return args, kwargs
+
+    def _widened(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op whose CPU kernel lacks an integer dtype its GPU kernel has (histc on int64 routing picks),
+        run on float64 copies (exact for these values) and cast back; its value too where the inputs have one."""
+        dtype = next(t.dtype for t in tensors_in((args, kwargs)))
+        wide_args, wide_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.double(), (args, kwargs))
+        out = self._run(func, wide_args, wide_kwargs).to(dtype)
+        shadows = [self._shadow(t) for t in tensors_in((args, kwargs))]
+        if all(s is not None for s in shadows):
+            with unset_fake_temporarily(), torch.no_grad():
+                real_args, real_kwargs = pytree.tree_map_only(
+                    torch.Tensor, lambda t: self._shadow(t).real.double(), (args, kwargs))
+                real = func(*real_args, **real_kwargs).to(dtype)
+            self._shadows[id(out)] = (out, _Shadow(real, frozenset().union(*(s.assumed for s in shadows))))
+        return out
 
     def _real_run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func` on the shadows' real values (a factory op meant for the meta device on the CPU)."""
         def real(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return self._shadow(value).real
+            if isinstance(value, torch.Tensor):  # (a real constant as a copy: an in-place op must not change it)
+                return self._shadow(value).real if isinstance(value, FakeTensor) else value.detach().clone()
             if isinstance(value, torch.device) and value.type == "meta":
                 return torch.device("cpu")
             return value
 
-        real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
-        if real_kwargs.get("device") in ("meta", torch.device("meta")):
-            real_kwargs["device"] = torch.device("cpu")
-        with unset_fake_temporarily(), torch.no_grad():
+        with unset_fake_temporarily(), torch.no_grad():  # (the copies too: under the mode they would be fake)
+            real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+            if real_kwargs.get("device") in ("meta", torch.device("meta")):
+                real_kwargs["device"] = torch.device("cpu")
             return func(*real_args, **real_kwargs)
 
     def _shadow_outputs(self, func: Any, args: tuple, kwargs: dict, shadows: list[_Shadow], out: Any) -> None:
@@ -243,16 +293,16 @@ class InputValues:
         self._routed.update(dict.fromkeys(sorted(assumed)))
         device = next((t.device for t in tensors_in((args, kwargs))), torch.device("cpu"))
 
-        def fake_of(value: Any) -> Any:
-            if not isinstance(value, torch.Tensor):
-                return value
-            with unset_fake_temporarily():
-                meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-            fake = FakeTensor(self.mode, meta, device)
-            self._shadows[id(fake)] = (fake, _Shadow(value, assumed))
-            return fake
+        return pytree.tree_map(lambda value: self._fake_of(value, device, assumed)
+                               if isinstance(value, torch.Tensor) else value, real)
 
-        return pytree.tree_map(fake_of, real)
+    def _fake_of(self, value: torch.Tensor, device: torch.device, assumed: frozenset[str]) -> FakeTensor:
+        """A fake tensor shaped as the real `value`, with `value` as its shadow."""
+        with unset_fake_temporarily():
+            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        fake = FakeTensor(self.mode, meta, device)
+        self._shadows[id(fake)] = (fake, _Shadow(value, assumed))
+        return fake
 
     def _forget_written(self, func: Any, args: tuple, kwargs: dict) -> None:
         """An op that writes into a tensor with a shadow, from values without one, makes its shadow and those
@@ -277,6 +327,19 @@ class InputValues:
         for key in [key for key, (_, shadow) in self._shadows.items()
                     if shadow.real.untyped_storage().data_ptr() == memory]:
             del self._shadows[key]
+
+    def numpy_reads(self) -> TorchFunctionMode:
+        """A mode answering `Tensor.numpy()` (which a fake tensor refuses before any op is dispatched) from the
+        tensor's values, for the capture to enter around the forward."""
+        return _NumpyReads(self)
+
+    def _numpy(self, tensor: torch.Tensor) -> Any:
+        shadow = self._shadow(tensor)
+        if shadow is None:
+            raise self._unknown("Tensor.numpy")
+        self._routed.update(dict.fromkeys(sorted(shadow.assumed)))
+        with unset_fake_temporarily():
+            return shadow.real.detach().clone().numpy()
 
     # --- what the values do not determine ----------------------------------------------------------
 
@@ -336,6 +399,19 @@ class InputValues:
         return f"module '{path or '(root)'}' ({type_name or self._root_type})" + (f" at {text}" if text else "")
 
 
+class _NumpyReads(TorchFunctionMode):
+    """`Tensor.numpy()` on a fake tensor: its values (HiDream's MoE reads routed token counts so)."""
+
+    def __init__(self, values: InputValues) -> None:
+        super().__init__()
+        self._values = values
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.numpy and args and isinstance(args[0], FakeTensor):
+            return self._values._numpy(args[0])
+        return func(*args, **(kwargs or {}))
+
+
 def _small_outputs(out: Any, limit: int) -> bool:
     """Whether an op's outputs are small enough to compute and hold for real."""
     return all(t.numel() <= limit for t in tensors_in(out))
@@ -358,6 +434,13 @@ _BOUNDS: Mapping[str, Callable[[torch.Tensor, int, tuple], Any]] = {
 }
 _BOUND_WORDS = {"nonzero": "at most every element nonzero", "masked_select": "at most every element selected",
                 "_unique2": "at most every element distinct"}
+
+
+# ops indexing with a list of tensors (at this position) where a boolean mask's values make the size
+_MASK_INDEXED: Mapping[Any, int] = {_aten.index.Tensor: 1, _aten.index_put.default: 1, _aten.index_put_.default: 1,
+                                    _aten._index_put_impl_.default: 1}
+# ops whose CPU kernels (and torch's meta kernels for the CPU) lack integer dtypes the GPU kernels have: run widened
+_WIDENED = frozenset({_aten.histc.default})
 
 
 def _argument(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
