@@ -90,6 +90,35 @@ def test_the_meter_counts_the_ranks_local_work_and_the_job_is_local_times_world(
     assert f"(rank 0 of {WORLD}" in meter.summary()
 
 
+@pytest.mark.parametrize("index", [0, WORLD - 1], ids=["first", "last"])
+def test_a_pipeline_stage_counts_its_own_layers(mesh, index):
+    from torch.distributed.pipelining import PipelineStage
+
+    layers = [torch.nn.Linear(H, F, bias=False) if i % 2 == 0 else torch.nn.Linear(F, H, bias=False)
+              for i in range(WORLD)]  # one a stage
+    width = layers[index].in_features
+    stage = PipelineStage(layers[index], index, WORLD, torch.device("cpu"))
+    x = torch.randn(2, 8, width)  # the micro-batch, or the activation the last stage receives
+    meter = FlopsMeter(stage, x, dims=DIMS, conventions="torch", peak_flops=1e6)
+    stats = meter.step(torch.randn(3, 5, width), time=1.0)
+    # the first stage's input needs no gradient (grad weight only); the last stage's received activation
+    # does (its gradient is sent back): grad input and grad weight
+    assert stats.flops == (2 if index == 0 else 3) * mm(15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fxflops.estimate(stage, (torch.randn(3, 5, width),), conventions="torch", backward=True)
+    assert stats.flops == est.total_flops
+    assert meter.model is layers[index] and meter.reduce().job_total == JOB_SCALED
+
+
+def test_an_input_that_needs_its_gradient_costs_a_grad_input():
+    """The family's capture keeps the batch's requires_grad (it dropped it: no grad input was counted)."""
+    meter = FlopsMeter(torch.nn.Linear(H, F, bias=False), dims=DIMS, conventions="torch", peak_flops=1e6)
+    x = torch.randn(3, 5, H)
+    assert meter.step(x, time=1.0).flops == 2 * mm(15)  # forward, grad weight
+    assert meter.step(x.requires_grad_(), time=1.0).flops == 3 * mm(15)  # and grad input
+
+
 def test_local_x_world_is_a_choice_and_a_misspelling_is_refused(mesh):
     meter = FlopsMeter(tp(MLP(), mesh), torch.randn(2, 8, H), conventions="torch", peak_flops=1e6,
                        job_total="local_x_world")

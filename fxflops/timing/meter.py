@@ -30,8 +30,9 @@ import torch
 
 from fxflops.api import _callers_level
 from fxflops.capture.tensor_walk import tensors_in
-from fxflops.capture.twins import to_meta
+from fxflops.capture.twins import meta_twin, with_twins
 from fxflops.count.attention import check_attention
+from fxflops.parallel.stage import is_pipeline_stage, stage_inputs
 from fxflops.rules import preset
 from fxflops.rules.formula import clip
 from fxflops.spelling import spelled_keywords
@@ -66,7 +67,8 @@ class FlopsMeter:
     `peak_flops` (FLOP/s per device) overrides the peaks table, which knows GPUs by name and the
     compute `dtype` (default: autocast's when a micro-batch is counted under it, else the parameters').
     `optimizer` counts its step apart. `window` is how many steps `window()` averages.
-    `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
+    `model` may be a DDP wrapper (its module is counted) or a torch.distributed.pipelining
+    `PipelineStage` (its `submod`, fed the micro-batches the stage receives). `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
     (padding, packed documents) from each batch's own (`fxflops.timing.data_masks`), the dense count
     beside it (`dense_flops`); the default "dense" counts every pair, as FlopCounterMode does.
 
@@ -108,6 +110,9 @@ class FlopsMeter:
         preset(conventions)  # a misspelt preset is refused now, not warned at every count with no FLOPs logged
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # the same arithmetic; the wrapper's forward would synchronize buffers
+        self.stage = None  # a torch.distributed.pipelining stage: its module counted, as the rank runs it
+        if is_pipeline_stage(model):
+            self.stage, model = model, model.submod
         self.model = model
         self.dims = dict(dims) if dims is not None else None
         self.loss = loss
@@ -190,6 +195,8 @@ class FlopsMeter:
         it is now (None, warned once, if it cannot be counted)."""
         try:
             args, kwargs = call_inputs(batch)
+            if self.stage is not None:  # a later stage's received activation needs its gradient (sent back)
+                args = stage_inputs(self.stage, args, backward)
             tensors = tensors_in((args, kwargs))
             family = self._family(args, kwargs, tensors)
             point = family.point(tensors)
@@ -251,7 +258,8 @@ class FlopsMeter:
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
-            family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs), self.warn_once)
+            family = Family(self.model, with_twins((args, kwargs), _meta_input), dims, self._sweep_options(kwargs),
+                            self.warn_once)
         except Exception as error:
             self._families[key] = _NotCaptured(first_line(error))
             raise
@@ -498,6 +506,13 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
         return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     except RuntimeError:  # the meta device, say
         return None
+
+
+def _meta_input(tensor: torch.Tensor) -> torch.Tensor:
+    """A batch tensor's meta twin that keeps requires_grad: an input that needs its gradient (a pipeline
+    stage's received activation, inputs_embeds being trained) costs a grad input in the backward."""
+    twin = meta_twin(tensor)
+    return twin.requires_grad_(True) if tensor.requires_grad and not twin.requires_grad else twin
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
