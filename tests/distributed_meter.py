@@ -3,8 +3,9 @@ batch shapes, counts them with a FlopsMeter (plain DDP, FSDP2), a FlopsCallback 
 or a FlopsMonitor (Lightning's DDP), and writes what it saw to OUT/<kind>-rank<k>.json.
 
 `exact`: the reduction of counts above 2^53, a NaN step time on one rank, and summary() of the job.
+`tp`: a Llama sharded tensor-parallel over both ranks, its local FLOPs metered (tests/test_meter_parallel.py).
 
-    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning,exact OUT"""
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning,exact,tp OUT"""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def main(kinds: list[str], out: str) -> None:
             lightning_fit(out)
         elif kind == "exact":
             exact(out)
+        elif kind == "tp":
+            tensor_parallel(out)
         else:
             train(kind, out)
     dist.destroy_process_group()
@@ -105,6 +108,36 @@ def exact(out: str) -> None:
                    "warned": [str(w.message) for w in caught], "local_summary": meter.summary(),
                    "job_summary": meter.summary(job=True), "local_total": meter.total().flops,
                    "repr": repr(meter.reduce(meter.total()))}, file)
+
+
+def tensor_parallel(out: str) -> None:
+    """A Llama sharded with the Megatron plan over both ranks (one batch, each rank half of every matmul),
+    trained two real steps of two shapes and metered: each rank's local FLOPs, and the job's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fxflops.parallel.megatron import megatron_plan
+    from tests.parallel_models import Llama
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = Llama()
+    model = parallelize_module(model, init_device_mesh("cpu", (dist.get_world_size(),)), megatron_plan(model))
+    meter = FlopsMeter(model, conventions="torch", peak_flops=1e12)
+    scaled = FlopsMeter(model, conventions="torch", peak_flops=1e12, job_total="local_x_world")
+    for seq in (16, 8):
+        tokens = torch.randint(0, 256, (2, seq))  # the same on both ranks (seeded): tensor parallel shares the batch
+        meter.start()
+        model(tokens).sum().backward()
+        meter.step(tokens)
+        scaled.step(tokens, time=1.0)
+    logged = meter.local_metrics()
+    job, alone = meter.reduce(meter.total()), scaled.reduce(scaled.total())
+    with open(f"{out}/tp-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in meter.steps], "captures": meter.captures,
+                   "logged": {"rank": logged["rank"], "local_flops": logged["local_flops"]},
+                   "job": [job.flops, job.world_size, job.job_total],
+                   "scaled": [alone.flops, alone.world_size, alone.job_total]}, file)
 
 
 def trainer(out: str) -> None:

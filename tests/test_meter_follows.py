@@ -465,7 +465,7 @@ def test_two_ranks_sum_counts_exactly_refuse_a_nan_time_and_summarize_the_job(tm
         assert seen["time"] == 2.0  # the slowest rank's
         assert seen["bad_time"] is None  # rank 1's NaN is not dropped in favour of rank 0's 2.0
         assert any("not finite seconds" in message for message in seen["warned"])
-        assert "(all 2 ranks)" in seen["job_summary"]
+        assert "(all 2 ranks, sum over ranks)" in seen["job_summary"]
         assert "mfu=" in seen["repr"] and "flops_per_sec=" in seen["repr"]
     assert ranks[0]["refused"] == "" and "a step time must be finite seconds, 0 or more; got nan" in ranks[1]["refused"]
     assert "(rank 0 of 2: summary(job=True) for the job)" in ranks[0]["local_summary"]

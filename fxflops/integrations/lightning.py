@@ -14,6 +14,13 @@ logs, with ThroughputMonitor's names:
     train/device/samples_per_sec, train/device/items_per_sec (tokens), train/device/step_time,
     and, all ranks together: train/flops, train/flops_per_sec, train/samples_per_sec, train/world_size
 
+Inside a process group each rank counts its LOCAL work (a model sharded by parallelize_module, FSDP2
+or a pipeline stage counts what the rank executes): train/device/flops is this rank's local count,
+train/device/local_mfu this device's MFU from it (train/device/mfu stays the devices' mean, as
+ThroughputMonitor's), and train/flops the job's: every rank's local count all-reduced, or local x world
+size with `job_total="local_x_world"` (no collective) and under torch's fake process group
+(`monitor.job.job_total` says which).
+
 Under attention="effective" (a FlopsMeter option) the dense count is beside the effective one:
 train/device/dense_flops, train/device/dense_mfu and, all ranks together, train/dense_flops.
 
@@ -57,6 +64,7 @@ class FlopsMonitor(Callback):
         self._options: dict[str, Any] = {}
         self._since: list[Any] = []
         self._steps = 0
+        self.job: Any = None  # the job's figures (WindowStats) as last logged
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         counted = self.module(pl_module) if self.module is not None else pl_module
@@ -132,7 +140,7 @@ class FlopsMonitor(Callback):
         steps, self._since = self._since, []
         warn_uncounted(self.meter, steps)
         local = summed(steps)
-        reduced = self.meter.reduce(local)
+        reduced = self.job = self.meter.reduce(local)
         s = self.separator
         metrics = {f"train{s}device{s}{key}": value for key, value in self.meter.metrics(local).items()
                    if key != "world_size"}  # one device's figures: the world size is the job's
@@ -144,6 +152,8 @@ class FlopsMonitor(Callback):
         for key in ("mfu", "dense_mfu"):  # the devices' mean, as ThroughputMonitor's device/mfu is
             if key in everyone:
                 metrics[f"train{s}device{s}{key}"] = everyone[key]
+        if "local_mfu" in (own := self.meter.local_metrics(local)):  # this device's, from its own count
+            metrics[f"train{s}device{s}local_mfu"] = own["local_mfu"]
         if f"train{s}device{s}tokens_per_sec" in metrics:  # Lightning's name for lengths per second
             metrics[f"train{s}device{s}items_per_sec"] = metrics.pop(f"train{s}device{s}tokens_per_sec")
         if trainer.is_global_zero:

@@ -14,6 +14,16 @@ said at every log, with why. At each logging step it adds to the logs
     tokens_per_sec, samples_per_sec, 6n_flops (transformers' 6·N·tokens for the same steps),
     6n_over_counted  (how far the approximation is off), world_size
 
+Inside a process group each rank counts its LOCAL work (a model sharded by parallelize_module, FSDP2 or
+a pipeline stage counts what the rank executes) and adds its own figures beside the job's:
+
+    rank, local_flops (this rank's FLOPs per step), local_flops_per_sec, local_mfu (this device's MFU
+    from its local count)
+
+(every rank's `state.log_history` holds its own; the loggers write rank 0's). The job's `flops` is
+the all-reduced sum of every rank's local count, or local x world size with `job_total="local_x_world"`
+(no collective) and under torch's fake process group; `callback.total.job_total` says which.
+
 `total_flos`, the Trainer's 6N sum, stays as it is unless `replace_total_flos=True`: then the logged
 and saved `total_flos` is the exact count. Under torch.distributed every rank counts its own
 micro-batches; figures are reduced with the job's process group at logging steps only.
@@ -101,9 +111,10 @@ class FlopsCallback(TrainerCallback):
         at the same step, since logging steps and epoch ends are global)."""
         steps, self._since = self._since, []
         warn_uncounted(self.meter, steps)
-        reduced = self.meter.reduce(summed(steps))
-        self.total = reduced if self.total is None else combined(self.total, reduced)
-        return self.meter.metrics(reduced, prefix=self.prefix)
+        local = summed(steps)
+        reduced = self.meter.reduce(local)
+        self.total = reduced if self.total is None else combined(self.total, reduced, reduced.job_total)
+        return {**self.meter.metrics(reduced, prefix=self.prefix), **self.meter.local_metrics(local, prefix=self.prefix)}
 
     def _move_ahead_of_loggers(self) -> None:
         """The Trainer calls the reporting callbacks (wandb, tensorboard, ...) before the user's: to reach

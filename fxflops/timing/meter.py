@@ -30,8 +30,9 @@ import torch
 
 from fxflops.api import _callers_level
 from fxflops.capture.tensor_walk import tensors_in
-from fxflops.capture.twins import to_meta
+from fxflops.capture.twins import meta_twin, with_twins
 from fxflops.count.attention import check_attention
+from fxflops.parallel.stage import is_pipeline_stage, stage_inputs
 from fxflops.rules import preset
 from fxflops.rules.formula import clip
 from fxflops.spelling import spelled_keywords
@@ -39,12 +40,14 @@ from fxflops.timing.families import Family, call_inputs, first_line, infer_dims,
 from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
 from fxflops.timing.steps import (
-    BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
-    ratio, summed, unread,
+    JOB_SCALED, JOB_SUMMED, BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
+    ratio, scaled, summed, unread,
 )
 
+JOB_TOTALS = ("all_reduce", "local_x_world")  # how reduce() forms a job's total from the ranks' local counts
+
 # the meter's records and helpers kept importable from here, where they were first
-__all__ = ["BatchCount", "FlopsMeter", "FlopsMeterWarning", "StepStats", "WindowStats", "attention_flops",
+__all__ = ["JOB_SCALED", "JOB_SUMMED", "BatchCount", "FlopsMeter", "FlopsMeterWarning", "StepStats", "WindowStats", "attention_flops",
            "attention_shape", "combined", "infer_dims", "non_embedding_params", "summed", "unread"]
 
 
@@ -64,9 +67,19 @@ class FlopsMeter:
     `peak_flops` (FLOP/s per device) overrides the peaks table, which knows GPUs by name and the
     compute `dtype` (default: autocast's when a micro-batch is counted under it, else the parameters').
     `optimizer` counts its step apart. `window` is how many steps `window()` averages.
-    `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
+    `model` may be a DDP wrapper (its module is counted) or a torch.distributed.pipelining
+    `PipelineStage` (its `submod`, fed the micro-batches the stage receives). `attention="effective"` counts attention at the pairs its masks keep, a mask passed in as data
     (padding, packed documents) from each batch's own (`fxflops.timing.data_masks`), the dense count
     beside it (`dense_flops`); the default "dense" counts every pair, as FlopCounterMode does.
+
+    Inside a process group (torchrun, or torch's fake group) the count is the calling rank's LOCAL work:
+    a model sharded with DTensor (parallelize_module), FSDP2's fully_shard or a pipeline stage's module
+    is counted as that rank executes it (`fxflops.estimate` in a process group counts the same), and MFU
+    is per device from that count. `job_total` says how reduce() forms the job's total: "all_reduce"
+    (default) sums every rank's local figures with one all-reduce per call (ranks may differ: pipeline
+    stages, uneven batches), "local_x_world" multiplies this rank's by the world size without a
+    collective (right where every rank runs the same ops on equal batches: tensor parallel, FSDP). A
+    fake process group's collectives sum nothing (there is one process): there the formula is used.
 
     Use: `meter.start()` before a step (or pass `time=` to step()), `meter.micro_batch(batch)` per
     forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
@@ -88,12 +101,18 @@ class FlopsMeter:
         conventions: str = "deepspeed",
         rules: Any = None,
         attention: str | None = None,
+        job_total: str = "all_reduce",
     ) -> None:
+        if job_total not in JOB_TOTALS:
+            raise ValueError(f"job_total is one of {', '.join(map(repr, JOB_TOTALS))}, got {job_total!r}")
         if window < 1:
             raise ValueError(f"window must be 1 or more steps, got {window}")
         preset(conventions)  # a misspelt preset is refused now, not warned at every count with no FLOPs logged
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # the same arithmetic; the wrapper's forward would synchronize buffers
+        self.stage = None  # a torch.distributed.pipelining stage: its module counted, as the rank runs it
+        if is_pipeline_stage(model):
+            self.stage, model = model, model.submod
         self.model = model
         self.dims = dict(dims) if dims is not None else None
         self.loss = loss
@@ -101,6 +120,7 @@ class FlopsMeter:
         self.dtype = dtype
         self.peak_flops = peak_flops
         self.optimizer = optimizer
+        self.job_total = job_total
         self.steps: deque[StepStats] = deque(maxlen=window)
         self.captures = 0  # sweep captures made (one per shape family, more where a model's path changes)
         self._options = {"conventions": conventions, "rules": rules}
@@ -175,6 +195,8 @@ class FlopsMeter:
         it is now (None, warned once, if it cannot be counted)."""
         try:
             args, kwargs = call_inputs(batch)
+            if self.stage is not None:  # a later stage's received activation needs its gradient (sent back)
+                args = stage_inputs(self.stage, args, backward)
             tensors = tensors_in((args, kwargs))
             family = self._family(args, kwargs, tensors)
             point = family.point(tensors)
@@ -236,7 +258,8 @@ class FlopsMeter:
         dims = self.dims if self.dims is not None else infer_dims(args, kwargs)
         begin = time.perf_counter()
         try:
-            family = Family(self.model, to_meta((args, kwargs)), dims, self._sweep_options(kwargs), self.warn_once)
+            family = Family(self.model, with_twins((args, kwargs), _meta_input), dims, self._sweep_options(kwargs),
+                            self.warn_once)
         except Exception as error:
             self._families[key] = _NotCaptured(first_line(error))
             raise
@@ -282,18 +305,34 @@ class FlopsMeter:
             values["world_size"] = stats.world_size
         return {f"{prefix}{key}": value for key, value in values.items() if value is not None}
 
-    def reduce(self, stats: StepStats | WindowStats | None = None, group: Any = None) -> WindowStats:
-        """Every rank's `stats` (default: its last step) summed over the job's process group: global
-        FLOPs, samples and tokens, the slowest rank's time, world size, and MFU per device.
+    def local_metrics(self, stats: StepStats | WindowStats | None = None, prefix: str = "") -> dict[str, float]:
+        """This rank's own figures under a process group, for a log beside the job's: `rank`, `local_flops`
+        (per step), `local_flops_per_sec` and `local_mfu` (this device's, from its local count); {} outside one."""
+        if not _distributed():
+            return {}
+        values = self.metrics(stats)
+        shown = {"rank": float(torch.distributed.get_rank())}
+        for key in ("flops", "flops_per_sec", "mfu"):
+            if key in values:
+                shown[f"local_{key}"] = values[key]
+        return {f"{prefix}{key}": value for key, value in shown.items()}
 
-        A collective: every rank must call it at the same step (a callback's logging step does). Outside
-        torch.distributed, or in a world of one, it is the local figure and communicates nothing."""
+    def reduce(self, stats: StepStats | WindowStats | None = None, group: Any = None) -> WindowStats:
+        """Every rank's `stats` (default: its last step) over the job's process group: the job's FLOPs,
+        samples and tokens, the slowest rank's time, world size, and MFU per device; its `job_total` says
+        how (JOB_SUMMED: all-reduced; JOB_SCALED: this rank's x world size, see `job_total=`).
+
+        With job_total="all_reduce" a collective: every rank must call it at the same step (a callback's
+        logging step does). Outside torch.distributed it is the local figure and communicates nothing."""
         stats = stats if stats is not None else (self.steps[-1] if self.steps else None)
         local = summed([stats]) if isinstance(stats, StepStats) else stats
         if local is None:
             local = summed([])
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        if not _distributed():
             return local
+        if self.job_total == "local_x_world" or torch.distributed.get_backend(group) == "fake":
+            # a fake group's all-reduce returns this rank's own figure: the formula is the job's total there
+            return scaled(local, torch.distributed.get_world_size(group))
         return all_reduced(local, group)
 
     def uncounted(self) -> str | None:
@@ -317,7 +356,7 @@ class FlopsMeter:
         world = _world_size()
         if job:
             total = self.reduce(total)
-        scope = ("" if world == 1 else f" (all {world} ranks)" if job else
+        scope = ("" if world == 1 else f" (all {world} ranks, {total.job_total})" if job else
                  f" (rank {torch.distributed.get_rank()} of {world}: summary(job=True) for the job)")
         lines = [f"fxflops: {total.steps} steps, {self.captures} capture{'s' if self.captures != 1 else ''}{scope}"]
         if total.flops is not None and total.steps:
@@ -444,9 +483,12 @@ def checked_seconds(seconds: Any) -> float:
     return value
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _world_size() -> int:
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.distributed.get_world_size() if distributed else 1
+    return torch.distributed.get_world_size() if _distributed() else 1
 
 
 def _table_peak(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -464,6 +506,13 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
         return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     except RuntimeError:  # the meta device, say
         return None
+
+
+def _meta_input(tensor: torch.Tensor) -> torch.Tensor:
+    """A batch tensor's meta twin that keeps requires_grad: an input that needs its gradient (a pipeline
+    stage's received activation, inputs_embeds being trained) costs a grad input in the backward."""
+    twin = meta_twin(tensor)
+    return twin.requires_grad_(True) if tensor.requires_grad and not twin.requires_grad else twin
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fxflops.timing.steps import WindowStats
+from fxflops.timing.steps import JOB_SUMMED, WindowStats
 
 _LIMB = 32  # bits of the low limb: a sum of 2^31 ranks' low limbs still fits an int64
 
@@ -58,4 +58,4 @@ def all_reduced(local: WindowStats, group: Any) -> WindowStats:
     return WindowStats(steps=local.steps, flops=flops, samples=samples, tokens=tokens,
                        time=None if math.isinf(seconds) else seconds, six_n_flops=six_n,
                        peak_flops=None if peak_missing else total_peak, world_size=dist.get_world_size(group),
-                       dense_flops=dense)
+                       dense_flops=dense, job_total=JOB_SUMMED)

@@ -158,11 +158,30 @@ class WindowStats(_Rates):
     peak_flops: float | None  # of all the devices the FLOPs ran on together
     world_size: int = 1
     dense_flops: int | None = None  # with every attention pair counted (attention="effective" only)
+    # how a job's figures were formed from the ranks' (None: one rank's own): JOB_SUMMED, every rank's local
+    # count all-reduced, or JOB_SCALED, this rank's local count x world size (no collective)
+    job_total: str | None = None
 
     @property
     def flops_per_step(self) -> float | None:
         return ratio(self.flops, self.steps)
 
+
+
+JOB_SUMMED = "sum over ranks"  # every rank's local count, all-reduced
+JOB_SCALED = "local x world"  # this rank's local count times the world size: ranks assumed to run the same ops
+
+
+def scaled(local: WindowStats, world: int) -> WindowStats:
+    """A job's figures as `world` ranks each doing what this rank did (no collective): sums x world, the
+    same time, the peak of `world` devices, so MFU per device is this rank's."""
+    def times(value: Any) -> Any:
+        return None if value is None else value * world
+
+    return WindowStats(steps=local.steps, flops=times(local.flops), samples=times(local.samples),
+                       tokens=times(local.tokens), time=local.time, six_n_flops=times(local.six_n_flops),
+                       peak_flops=times(local.peak_flops), world_size=world, dense_flops=times(local.dense_flops),
+                       job_total=JOB_SCALED)
 
 
 _FOLD = 512  # steps folded into the totals at a time
@@ -210,8 +229,8 @@ def summed(steps: Iterable[StepStats]) -> WindowStats:
         dense_flops=sum(dense) if steps and None not in dense else None)
 
 
-def combined(a: WindowStats, b: WindowStats) -> WindowStats:
-    """Two spans of steps together."""
+def combined(a: WindowStats, b: WindowStats, job_total: str | None = None) -> WindowStats:
+    """Two spans of steps together (`job_total`: how both were formed from the ranks', if they were)."""
     def both(x: Any, y: Any) -> Any:
         return None if x is None or y is None else x + y
 
@@ -221,7 +240,8 @@ def combined(a: WindowStats, b: WindowStats) -> WindowStats:
                        time=both(a.time, b.time) if b.steps else a.time,
                        six_n_flops=both(a.six_n_flops, b.six_n_flops) if b.steps else a.six_n_flops,
                        peak_flops=a.peak_flops if not b.steps or a.peak_flops == b.peak_flops else None,
-                       dense_flops=both(a.dense_flops, b.dense_flops) if b.steps else a.dense_flops)
+                       dense_flops=both(a.dense_flops, b.dense_flops) if b.steps else a.dense_flops,
+                       world_size=a.world_size, job_total=job_total)
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
