@@ -1,9 +1,11 @@
-"""Predicted vs published step time / per-GPU TFLOP/s of Megatron-LM GPT runs (issue 41's validation).
+"""Predicted vs published training runs (issue 41's validation).
 
 Each run of fxflops.predict.validation.RUNS (Korthikanti et al. 2022 Tables 3/5: iteration time; Narayanan
-et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula) is predicted with predict_step on the
-DGX A100 80GB preset, the model captured at two layers (the costs stand for the run's depth). The constants
-come from fxflops/predict/data and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
+et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula; Smith et al. 2022 (MT-NLG 530B):
+iteration time; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's performance page: tokens/s per
+A100) is predicted with predict_step on the run's cluster preset (DGX A100 80GB or DGX H100), the model
+captured at two layers (the costs stand for the run's depth). The constants come from fxflops/predict/data
+and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
 
     python benchmarks/predict_validation.py
 """
@@ -20,6 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import ROOT, environment  # noqa: E402
 
 
+UNITS = {"step_time": "s", "tflops_per_gpu": "TFLOP/s/GPU", "model_tflops_per_gpu": "TFLOP/s/GPU",
+         "tokens_per_sec_per_gpu": "tokens/s/GPU"}
+
+
 def main() -> None:
     from fxflops.predict.validation import RUNS, predict_run
 
@@ -32,19 +38,19 @@ def main() -> None:
         error = (predicted - run.measured) / run.measured
         errors.append(abs(error))
         b = prediction.breakdown
-        unit = "s" if run.metric == "step_time" else "TFLOP/s/GPU"
-        rows.append(f"| {run.name} | {run.source.split(',')[0]} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
-                    f"dp={run.dp}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | {unit} | "
+        unit = UNITS[run.metric]
+        rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
+                    f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | {unit} | "
                     f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "
                     f"{b['exposed_comm']:.2f} / {b['bubble']:.2f} / {b['optimizer']:.2f} | "
                     f"{time.perf_counter() - start:.1f} |")
         print(rows[-1], flush=True)
     mean, worst = sum(errors) / len(errors), max(errors)
     text = "\n".join([
-        "# predict_validation.py", "", environment(), "", "Cluster preset: DGX A100 80GB. Breakdown of the step's",
-        "critical rank in seconds: compute / exposed communication / bubble / optimizer.", "",
-        "| run | publication | plan | metric | measured | predicted | error | breakdown (s) | wall s |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "# predict_validation.py", "", environment(), "", "Breakdown of the step's critical rank in seconds:",
+        "compute / exposed communication / bubble / optimizer.", "",
+        "| run | publication | cluster preset | plan | metric | measured | predicted | error | breakdown (s) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         f"Mean absolute error {mean:.1%} over {len(errors)} runs; largest {worst:.1%}.", ""])
     path = os.path.join(ROOT, "benchmarks", "results", "predict_validation.md")
     with open(path, "w") as stream:

@@ -1,4 +1,8 @@
-"""Published training runs the step prediction is checked against, and the Megatron-style GPT they trained.
+"""Published training runs the step prediction is checked against, and the models they trained.
+
+Megatron-LM GPT runs on DGX A100 (Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG 530B), Llama 3 405B
+on H100 (the Llama 3 paper's Table 4) and torchtitan's FSDP2 Llama runs on A100; each row names its cluster
+preset and its metric as the publication reports it.
 
 The runs' constants (device peaks, efficiency curves, link bandwidths) come from `fxflops/predict/data/`,
 each from a microbenchmark or datasheet; none was fitted to these runs. Each row names its publication,
@@ -6,9 +10,9 @@ table and what the publication measured; where a publication leaves a setting ou
 the pipeline schedule), the row says what is assumed, and the assumption is the same for every row of
 that publication.
 
-`gpt(layers, hidden, heads)` builds the model the runs trained (Megatron-LM's GPT: learned positions,
-pre-LayerNorm blocks, GeLU MLP of 4h, vocabulary 51,200, sequence 2,048) with module names the Megatron-style
-tensor-parallel plan recognizes (query/key/value column-parallel, out_proj row-parallel, dense_h_to_4h /
+`gpt(layers, hidden, heads)` builds the model the Megatron-LM runs trained (Megatron-LM's GPT: learned
+positions, pre-LayerNorm blocks, GeLU MLP of 4h, vocabulary 51,200, sequence 2,048) with module names the
+Megatron-style tensor-parallel plan recognizes (query/key/value column-parallel, out_proj row-parallel, dense_h_to_4h /
 dense_4h_to_h); on the meta device it allocates nothing.
 """
 
@@ -27,6 +31,12 @@ NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Traini
              "Megatron-LM (SC21, arXiv:2104.04473), Table 1")
 KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models "
                "(MLSys 2023, arXiv:2205.05198), Tables 3 and 5")
+LLAMA3 = ("Llama Team (AI @ Meta) 2024, The Llama 3 Herd of Models (arXiv:2407.21783), Table 4 (scaling "
+          "configurations and MFU of Llama 3 405B pre-training) and Table 3 (model shape)")
+TORCHTITAN = ("torchtitan, docs/performance.md (Llama 3 and Llama 2 performance numbers, FSDP2 on 64 A100 80GB), "
+              "github.com/pytorch/torchtitan/blob/041336434916bdc0f88c1f89fda176fd3c2092e4/docs/performance.md")
+SMITH = ("Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, A Large-Scale "
+         "Generative Language Model (arXiv:2201.11990), Section 2.4 (system performance)")
 
 
 class Attention(nn.Module):
@@ -118,8 +128,24 @@ def megatron_lm_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any
     return styles
 
 
-def lm_loss(logits: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the logits against token 0 (the targets' values do not change the work)."""
+def llama(layers: int, hidden: int, heads: int, ffn: int, kv_heads: int, vocab: int, seq: int,
+          dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Hugging Face's Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head) on the meta device,
+    training mode; fxflops' derived Megatron-style plan recognizes its module names. Needs transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                         max_position_embeddings=seq, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(dtype)
+    return model.train()
+
+
+def lm_loss(logits: Any) -> torch.Tensor:
+    """Cross-entropy of the logits (or a Hugging Face output's) against token 0 (the targets' values do not
+    change the work)."""
+    logits = getattr(logits, "logits", logits)
     targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -141,9 +167,20 @@ class PublishedRun:
     virtual_stages: int
     recompute: str
     sequence_parallel: bool
-    metric: str  # "step_time" (s) or "tflops_per_gpu" (the publication's own FLOP formula)
+    # "step_time" (s), "tflops_per_gpu" (Narayanan et al.'s Eq. 3), "model_tflops_per_gpu" (the model's FLOPs
+    # as fxflops counts them) or "tokens_per_sec_per_gpu"
+    metric: str
     measured: float
     assumed: str = ""  # settings the publication leaves out, as assumed here
+    overlap_grad_reduce: bool = True  # the data-parallel gradient reduction overlapped with the last backward
+    cluster: str = "DGX A100 80GB"
+    arch: str = "gpt"  # "gpt": gpt(...) below; "llama": Hugging Face's Llama (SwiGLU of `ffn`, GQA of `kv_heads`)
+    ffn: int = 0
+    kv_heads: int = 0
+    vocab: int = VOCAB
+    seq: int = SEQ
+    distributed_optimizer: bool = False
+    fsdp: bool = False
 
     @property
     def dp(self) -> int:
@@ -158,6 +195,22 @@ class PublishedRun:
 
 _N_ASSUMED = ("Table 1 gives no micro-batch size or schedule: micro-batch 1, non-interleaved 1F1B, full "
               "recomputation (the paper's FLOP count includes it), gradients all-reduced after the backward")
+_S_ASSUMED = ("Section 2.4 gives tp=8 in a node, pp=35 across nodes, batch 1920, sequence 2048; assumed: "
+              "micro-batch 1, DeepSpeed's non-interleaved 1F1B, full recomputation (the paper's TFLOP/s are "
+              "Narayanan et al.'s Eq. 3, which includes it: Eq. 3 / (2240 x 60.1 s) = 125.7), no sequence "
+              "parallelism, gradients reduced after the backward (DeepSpeed's pipeline engine), vocabulary "
+              "50,257 padded to 51,200 (Megatron's padding for tp=8)")
+_L_ASSUMED = ("Table 4 gives tp, cp=1, pp, dp, sequence 8,192 and sequences per data-parallel rank; assumed: "
+              "micro-batch 1, interleaved 1F1B with 2 chunks per stage (the paper interleaves without saying how "
+              "many; its first and last stages hold one layer fewer, here the last two chunks do), sequence "
+              "parallelism, no recomputation, parameters replicated over dp with gradients reduce-scattered "
+              "and overlapped (the paper's FSDP that keeps parameters after the forward), Meta's RoCE 400 Gb/s "
+              "a GPU as the DGX H100 preset's InfiniBand, the paper's FLOPs as fxflops counts the model's")
+_T_ASSUMED = ("the page gives the model, 64 A100 80GB under FSDP2 (1D), the local batch and the activation "
+              "checkpointing; assumed: Llama 3's sequence 8,192 and Llama 2's 4,096 (torchtitan's defaults, the "
+              "page says Llama 2's is half Llama 3's), FSDP resharding after the forward (FSDP2's default), the "
+              "cluster's network as the DGX A100 80GB preset's (the page does not say), no torch.compile, "
+              "WPS as tokens a second a GPU")
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
@@ -179,33 +232,61 @@ RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
                  "step_time", 94.42, _K_FULL),
     PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 1, 1, "full", False,
-                 "tflops_per_gpu", 135, _N_ASSUMED),
+                 "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=False),
     PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 1, 1, "full", False,
-                 "tflops_per_gpu", 138, _N_ASSUMED),
+                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False),
     PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 1, 1, "full", False,
-                 "tflops_per_gpu", 140, _N_ASSUMED),
+                 "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False),
     PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 1, 1, "full", False,
-                 "tflops_per_gpu", 148, _N_ASSUMED),
+                 "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False),
     PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 1, "full", False,
-                 "tflops_per_gpu", 155, _N_ASSUMED),
+                 "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False),
     PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
-                 "tflops_per_gpu", 163, _N_ASSUMED),
+                 "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False),
+    PublishedRun("MT-NLG 530B on 2240 GPUs", SMITH, 105, 20480, 128, 2240, 8, 35, 1920, 1, 1, "full", False,
+                 "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False),
+    PublishedRun("MT-NLG 530B on 2800 GPUs", SMITH, 105, 20480, 128, 2800, 8, 35, 1920, 1, 1, "full", False,
+                 "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False),
+    PublishedRun("MT-NLG 530B on 3360 GPUs", SMITH, 105, 20480, 128, 3360, 8, 35, 1920, 1, 1, "full", False,
+                 "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False),
+    PublishedRun("Llama 3 405B on 8192 H100", LLAMA3, 126, 16384, 128, 8192, 8, 16, 64 * 32, 1, 2, "none", True,
+                 "model_tflops_per_gpu", 430, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
+                 vocab=128256, seq=8192, distributed_optimizer=True),
+    PublishedRun("Llama 3 405B on 16384 H100", LLAMA3, 126, 16384, 128, 16384, 8, 16, 128 * 16, 1, 2, "none", True,
+                 "model_tflops_per_gpu", 400, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
+                 vocab=128256, seq=8192, distributed_optimizer=True),
+    PublishedRun("Llama 3 70B, FSDP, full AC", TORCHTITAN, 80, 8192, 64, 64, 1, 1, 64, 1, 1, "full", False,
+                 "tokens_per_sec_per_gpu", 331, _T_ASSUMED, arch="llama", ffn=28672, kv_heads=8, vocab=128256,
+                 seq=8192, fsdp=True),
+    PublishedRun("Llama 2 70B, FSDP, full AC", TORCHTITAN, 80, 8192, 64, 64, 1, 1, 128, 2, 1, "full", False,
+                 "tokens_per_sec_per_gpu", 353, _T_ASSUMED, arch="llama", ffn=28672, kv_heads=8, vocab=32000,
+                 seq=4096, fsdp=True),
+    PublishedRun("Llama 2 13B, FSDP, no AC", TORCHTITAN, 40, 5120, 40, 64, 1, 1, 128, 2, 1, "none", False,
+                 "tokens_per_sec_per_gpu", 2162, _T_ASSUMED, arch="llama", ffn=13824, kv_heads=40, vocab=32000,
+                 seq=4096, fsdp=True),
 )
 
 
-def predict_run(run: PublishedRun, cluster: str = "DGX A100 80GB") -> tuple[float, Any]:
+def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, Any]:
     """(predicted value in the run's metric, the StepPrediction), the model captured at two layers."""
     from fxflops.predict.step import predict_step
 
-    model = gpt(2, run.hidden, run.heads)
-    ids = torch.zeros(run.micro_batch, SEQ, dtype=torch.long)
     parallel = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "virtual_stages": run.virtual_stages,
-                "fsdp": False, "sequence_parallel": run.sequence_parallel,
-                "tp_plan": megatron_lm_plan(model, run.sequence_parallel)}
-    overlap = run.source != NARAYANAN  # Narayanan et al. reduce after the backward (assumed, see _N_ASSUMED)
-    prediction = predict_step(model, (ids,), parallel, cluster, global_batch=run.global_batch,
+                "fsdp": run.fsdp, "sequence_parallel": run.sequence_parallel}
+    if run.arch == "llama":  # the derived plan is Megatron's for Hugging Face's names
+        model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq)
+    else:
+        model = gpt(2, run.hidden, run.heads)
+        parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel)
+    ids = torch.zeros(run.micro_batch, run.seq, dtype=torch.long)
+    prediction = predict_step(model, (ids,), parallel, cluster or run.cluster, global_batch=run.global_batch,
                               recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
-                              layers=run.layers, overlap_grad_reduce=overlap)
+                              layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
+                              distributed_optimizer=run.distributed_optimizer)
     if run.metric == "step_time":
         return prediction.step_time, prediction
+    if run.metric == "model_tflops_per_gpu":
+        return prediction.tflops_per_gpu, prediction
+    if run.metric == "tokens_per_sec_per_gpu":
+        return prediction.tokens_per_sec / run.gpus, prediction
     return run.published_flops() / run.gpus / prediction.step_time / 1e12, prediction
