@@ -184,3 +184,17 @@ def test_plan_search_enumerates_ep_for_a_moe_model() -> None:
     experts, dense, outside = 2 * 3 * 64 * 128, 64 + 64 * 4 + 3 * 64 * 128, 2 * 256 * 64
     sharded = 2 * experts * 2 // 2 + (2 * dense + outside) * 2 // 4
     assert rows[0].memory["parameters"] == sharded + (2 * (dense + experts) + outside) * 2
+
+
+def test_a_tp_only_capture_has_no_ring_attention_collectives() -> None:
+    # tp=2 with sequence parallelism: the capture's one group is the default one, and the all-gather before
+    # attention is issued in the attention module, as ring attention's is. Without cp it is tensor parallel:
+    # exposed whole. Per block forward: two all-gathers of the (2, 16, 64) fp32 stream (8,192 bytes gathered)
+    # and two reduce-scatters of as many bytes.
+    costs = quiet(capture_costs, Llama(n_layers=2), (TOKENS,), A100, tp=2, sequence_parallel=True)
+    per_node = ranks_per_node(2, 1, A100)
+    stream = 2 * 16 * 64 * 4
+    assert costs.block.cp_comm_forward == costs.block.ep_comm_forward == 0.0
+    assert costs.block.comm_forward == pytest.approx(2 * collective_seconds("all_gather", stream, 2, A100, per_node)
+                                                     + 2 * collective_seconds("reduce_scatter", stream, 2, A100,
+                                                                              per_node), rel=1e-12)

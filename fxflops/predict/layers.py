@@ -102,13 +102,16 @@ class LayerCosts:
 def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: torch.dtype,
                 ranks_per_node: Callable[[str], int], tp: int = 1, sequence_parallel: bool = False,
                 micro_batch: int = 1, tokens: int = 0, layers: int | None = None, fsdp_shard: int = 1,
-                expert_shard: int = 1) -> LayerCosts:
+                expert_shard: int = 1, cp: int = 1, ep: int = 1) -> LayerCosts:
     """Per-layer costs from an estimate of `model` (backward=True; memory=True for the saved activations).
 
     `ranks_per_node(kind, group_desc)` says how many ranks of a collective's group share a node (the plan's
     placement; `kind` from `collective_kind`); `layers` is the depth the costs stand for (default: the captured
     model's). `fsdp_shard` / `expert_shard`: the FSDP degree the capture sharded the parameters outside / inside
-    the experts over (1: no FSDP in the capture), undone in the parameter counts."""
+    the experts over (1: no FSDP in the capture), undone in the parameter counts. `cp` / `ep`: the capture's
+    context / expert parallel degrees (a collective is ring attention's or the expert dispatch's only when its
+    degree is above 1: a tp-only capture's one group is the default one, and sequence parallelism's all-gather
+    is issued in the attention module too)."""
     blocks = [name for name, _ in repeated_blocks(model)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no repeated blocks (a ModuleList of same-class layers): "
@@ -149,9 +152,10 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     by_name = {n.name: n for n in nodes}
     position = {n.name: i for i, n in enumerate(nodes)}
     experts = _expert_paths(model)
-    attention_modules = {n.module for n in nodes if n.phase == FORWARD and _is_attention(n.op)}
+    attention_modules = {n.module for n in nodes if n.phase == FORWARD and _is_attention(n.op)} if cp > 1 else set()
+    dispatching = experts if ep > 1 else ()
     for record in estimate.collectives:
-        kind = collective_kind(record, experts, attention_modules)
+        kind = collective_kind(record, dispatching, attention_modules)
         if kind == DP:  # FSDP / DDP: the step simulation models them from the parameter counts
             continue
         node = by_name.get(record.node)

@@ -470,7 +470,7 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
     costs = layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
                         micro_batch=batch, tokens=tokens or counted_tokens, layers=layers, fsdp_shard=dp * cp,
-                        expert_shard=dp // ep)
+                        expert_shard=dp // ep, cp=cp, ep=ep)
     notes = list(costs.notes)
     if ep > 1:
         routed = routing if routing is not None else "balanced"
