@@ -138,8 +138,8 @@ def test_predict_step_end_to_end(tmp_path) -> None:
 
 def test_predict_step_refuses_what_it_does_not_predict() -> None:
     ids = torch.zeros(1, 128, dtype=torch.long)
-    with pytest.raises(NotImplementedError, match="ep=2 is not predicted yet"):
-        fxflops.predict_step(small_gpt(), (ids,), {"ep": 2})
+    with pytest.raises(NotImplementedError, match="ep and cp are predicted with FSDP, without pp"):
+        fxflops.predict_step(small_gpt(), (ids,), {"cp": 2, "pp": 2})
     with pytest.raises(ValueError, match="unknown parallel key 'tpp'|unknown parallel key tpp"):
         fxflops.predict_step(small_gpt(), (ids,), {"tpp": 2})
     with pytest.raises(ValueError, match="micro_batch=4 but the inputs hold a batch of 1"):

@@ -9,6 +9,15 @@ without capturing again; a model built at a shallower depth (the same blocks, fe
 same per-layer numbers, which is how the plan search stays fast.
 
 Times are predicted: each node by `op_time.node_seconds`, each collective by `comm_time`.
+
+Each captured collective is classified by what issued it (`collective_kind`): the data-parallel wrapper
+(FSDP2's fully_shard or replicate, which call torch's in-place c10d collectives; the step simulation models
+these itself from the parameter counts, so they are left out here), context parallelism's ring attention
+(fxflops.parallel.context: the keys and values all-gathered in the module that runs attention, their
+gradients reduce-scattered), expert dispatch (fxflops.parallel.experts: all-to-alls issued in an `experts`
+module) or tensor parallelism (DTensor's collectives: the rest). A capture under cp or ep also applies FSDP
+(over dp x cp, or over the dp ranks ep borrows), so the per-module parameter counts it reports are FSDP
+shards: `fsdp_shard` / `expert_shard` undo that factor, giving the parameters a rank holds before FSDP.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from fxflops.predict.hardware import Cluster
 from fxflops.predict.op_time import node_seconds
 from fxflops.results import FORWARD
 
+TP, DP, CP, EP = "tp", "dp", "cp", "ep"  # what issued a collective (collective_kind)
 PRE = "pre"  # before the first block: the embedding
 POST = "post"  # after the last block: final norm, output head, loss
 
@@ -43,7 +53,15 @@ class Part:
     forward_flops: int = 0
     backward_flops: int = 0
     attention_flops: int = 0  # FLOPs of those attention kernels
-    params: int = 0  # parameter elements this rank holds of the part (sharded by tp)
+    params: int = 0  # parameter elements this rank holds of the part (sharded by tp and ep, not by FSDP)
+    expert_params: int = 0  # of `params`, those in experts (FSDP shards them over dp / ep ranks, not dp)
+    # s, context parallelism's ring-attention collectives (k/v all-gather; dk/dv reduce-scatter), whole;
+    # the part of them not hidden behind attention compute is in comm_forward / comm_backward
+    cp_comm_forward: float = 0.0
+    cp_comm_backward: float = 0.0
+    # s, expert dispatch all-to-alls (token counts, tokens out and back); all of it in comm_forward/backward
+    ep_comm_forward: float = 0.0
+    ep_comm_backward: float = 0.0
     saved_bytes: int = 0  # activation bytes the forward leaves for the backward
     kernels: int = 0  # ops counted (forward + backward)
 
@@ -83,11 +101,17 @@ class LayerCosts:
 
 def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: torch.dtype,
                 ranks_per_node: Callable[[str], int], tp: int = 1, sequence_parallel: bool = False,
-                micro_batch: int = 1, tokens: int = 0, layers: int | None = None) -> LayerCosts:
+                micro_batch: int = 1, tokens: int = 0, layers: int | None = None, fsdp_shard: int = 1,
+                expert_shard: int = 1, cp: int = 1, ep: int = 1) -> LayerCosts:
     """Per-layer costs from an estimate of `model` (backward=True; memory=True for the saved activations).
 
-    `ranks_per_node(group_desc)` says how many ranks of a collective's group share a node (the plan's
-    placement); `layers` is the depth the costs stand for (default: the captured model's)."""
+    `ranks_per_node(kind, group_desc)` says how many ranks of a collective's group share a node (the plan's
+    placement; `kind` from `collective_kind`); `layers` is the depth the costs stand for (default: the captured
+    model's). `fsdp_shard` / `expert_shard`: the FSDP degree the capture sharded the parameters outside / inside
+    the experts over (1: no FSDP in the capture), undone in the parameter counts. `cp` / `ep`: the capture's
+    context / expert parallel degrees (a collective is ring attention's or the expert dispatch's only when its
+    degree is above 1: a tp-only capture's one group is the default one, and sequence parallelism's all-gather
+    is issued in the attention module too)."""
     blocks = [name for name, _ in repeated_blocks(model)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no repeated blocks (a ModuleList of same-class layers): "
@@ -126,13 +150,30 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, "attention_forward", seconds)
             _add(entry, "attention_flops", node.flops)
     by_name = {n.name: n for n in nodes}
+    position = {n.name: i for i, n in enumerate(nodes)}
+    experts = _expert_paths(model)
+    attention_modules = {n.module for n in nodes if n.phase == FORWARD and _is_attention(n.op)} if cp > 1 else set()
+    dispatching = experts if ep > 1 else ()
     for record in estimate.collectives:
+        kind = collective_kind(record, dispatching, attention_modules)
+        if kind == DP:  # FSDP / DDP: the step simulation models them from the parameter counts
+            continue
         node = by_name.get(record.node)
         key = part(node) if node is not None else of_module(record.module)
         key = POST if key == -1 else key
-        seconds = collective_record_seconds(record, cluster, ranks_per_node(record.group_desc))
-        _add(sums.setdefault(key, {}), "comm_forward" if record.phase == FORWARD else "comm_backward", seconds)
-    params = _params(estimate, of_module, pre_modules)
+        seconds = collective_record_seconds(record, cluster, ranks_per_node(kind, record.group_desc))
+        phase = "forward" if record.phase == FORWARD else "backward"
+        entry = sums.setdefault(key, {})
+        exposed = seconds
+        if kind == CP:
+            _add(entry, f"cp_comm_{phase}", seconds)
+            if phase == "forward":  # torch's ring: the gather overlaps step 0, attention on the rank's own keys
+                exposed = max(0.0, seconds - _next_attention_seconds(nodes, position.get(record.node), record.module,
+                                                                     device, dtype))
+        elif kind == EP:
+            _add(entry, f"ep_comm_{phase}", seconds)
+        _add(entry, f"comm_{phase}", exposed)
+    params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
     if memory is not None:
@@ -141,11 +182,10 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             key = key if key >= 0 else (PRE if name in pre_modules else POST)
             saved[key] = saved.get(key, 0) + size
     count = len(blocks)
-    block = Part(**{f: _mean(sums, range(count), f) for f in ("forward", "backward", "comm_forward", "comm_backward",
-                                                                "attention_forward")},
+    block = Part(**{f: _mean(sums, range(count), f) for f in _SECONDS},
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
-                 params=params["block"], saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)))
+                 params=params["block"], expert_params=params["experts"], saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)))
     pre = _whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0))
     post = _whole(sums.get(POST, {}), params[POST], saved.get(POST, 0))
     element = torch.empty((), dtype=dtype).element_size()
@@ -185,8 +225,49 @@ def _mean(sums: dict[Any, dict[str, float]], keys: range, field: str) -> float:
     return sum(sums.get(k, {}).get(field, 0.0) for k in keys) / len(keys)
 
 
+_SECONDS = ("forward", "backward", "comm_forward", "comm_backward", "attention_forward", "cp_comm_forward",
+            "cp_comm_backward", "ep_comm_forward", "ep_comm_backward")
+
+
+def collective_kind(record: Any, expert_paths: tuple[str, ...], attention_modules: set[str]) -> str:
+    """What issued a captured collective: DP (FSDP2's fully_shard / replicate, the only callers of torch's
+    in-place c10d ops: "c10d._allgather_base_", ...; DTensor, ring attention and the expert dispatch call the
+    functional collectives), EP (an all-to-all issued inside an `experts` module), CP (an all-gather or
+    reduce-scatter issued in a module that runs attention, on a group that is not the tensor-parallel mesh
+    dimension: ring attention's keys and values) or TP (the rest: DTensor's redistributions)."""
+    if record.target.startswith("c10d."):
+        return DP
+    if record.op == "all_to_all" and any(_under(record.module, path) for path in expert_paths):
+        return EP
+    if record.op in ("all_gather", "reduce_scatter") and record.module in attention_modules \
+            and record.group_desc != "mesh_tp":
+        return CP
+    return TP
+
+
+def _under(module: str, path: str) -> bool:
+    return module == path or module.startswith(path + ".")
+
+
+def _expert_paths(model: torch.nn.Module) -> tuple[str, ...]:
+    from fxflops.parallel.experts import moe_layers
+
+    return tuple(f"{layer}.experts" if layer else "experts" for layer in moe_layers(model))
+
+
+def _next_attention_seconds(nodes: list[Any], start: int | None, module: str, device: Any, dtype: torch.dtype) -> float:
+    """Predicted seconds of the first forward attention kernel of `module` after node `start`: ring attention's
+    step 0 (the rank's queries against its own keys), which runs while the keys and values are gathered."""
+    if start is None:
+        return 0.0
+    for node in nodes[start + 1:]:
+        if node.phase == FORWARD and node.module == module and _is_attention(node.op):
+            return node_seconds(node, device, dtype)
+    return 0.0
+
+
 def _whole(entry: dict[str, float], params: int, saved: int) -> Part:
-    floats = {f: entry.get(f, 0.0) for f in ("forward", "backward", "comm_forward", "comm_backward", "attention_forward")}
+    floats = {f: entry.get(f, 0.0) for f in _SECONDS}
     ints = {f: int(entry.get(f, 0)) for f in ("forward_flops", "backward_flops", "attention_flops", "kernels")}
     return Part(**floats, **ints, params=params, saved_bytes=saved)
 
@@ -195,18 +276,23 @@ def _is_attention(op: str) -> bool:
     return "attention" in op or "flash" in op
 
 
-def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str]) -> dict[str, int]:
-    """Parameter elements this rank holds (the capture's own count: local shards under tp, a shared parameter
-    once): in the first block, before the blocks and after them."""
-    found = {"block": 0, PRE: 0, POST: 0}
+def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str], experts: tuple[str, ...] = (),
+            fsdp_shard: int = 1, expert_shard: int = 1) -> dict[str, int]:
+    """Parameter elements this rank holds before FSDP (the capture's own count: local shards under tp and ep, a
+    shared parameter once; FSDP's shards times its degree, `expert_shard` inside the experts, `fsdp_shard`
+    elsewhere): in the first block (and of those, in its experts), before the blocks and after them."""
+    found = {"block": 0, "experts": 0, PRE: 0, POST: 0}
     modules = estimate.modules
     for name, stats in modules.items():
         own = stats.params - sum(modules[child].params for child in stats.children if child in modules)
         if own <= 0:
             continue
+        expert = any(_under(name, path) for path in experts)
+        own *= expert_shard if expert else fsdp_shard
         index = of_module(name)
         if index == 0:
             found["block"] += own
+            found["experts"] += own if expert else 0
         elif index < 0:
             found[PRE if name in pre_modules else POST] += own
     return found

@@ -26,7 +26,8 @@ import torch
 from fxflops.predict.comm_time import ranks_per_node
 from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
-from fxflops.predict.step import ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, simulate_plan
+from fxflops.predict.step import (ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, dim_ranks_per_node,
+                                  simulate_plan)
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
@@ -48,7 +49,7 @@ class PlanRow:
         """The plan as predict_step's parallel dict."""
         p = self.plan
         return {"tp": p.tp, "pp": p.pp, "dp": p.dp, "virtual_stages": p.virtual_stages, "fsdp": p.fsdp,
-                "sequence_parallel": p.sequence_parallel}
+                "sequence_parallel": p.sequence_parallel, **{k: getattr(p, k) for k in ("cp", "ep") if getattr(p, k) > 1}}
 
     @property
     def step_time(self) -> float:
@@ -56,8 +57,8 @@ class PlanRow:
 
     def record(self) -> dict[str, Any]:
         p, pred = self.plan, self.prediction
-        return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "dp": p.dp, "fsdp": p.fsdp,
-                "sequence_parallel": p.sequence_parallel, "micro_batch": p.micro_batch,
+        return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "dp": p.dp, "cp": p.cp, "ep": p.ep,
+                "fsdp": p.fsdp, "sequence_parallel": p.sequence_parallel, "micro_batch": p.micro_batch,
                 "microbatches": p.microbatches, "recompute": p.recompute, "step_time_s": pred.step_time,
                 **{f"{k}_s": v for k, v in pred.breakdown.items()}, "mfu": pred.mfu, "hfu": pred.hfu,
                 "tokens_per_sec": pred.tokens_per_sec, "peak_memory_gib": self.peak_bytes / GiB,
@@ -157,7 +158,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          recompute: Sequence[str] = ("none", "selective", "full"), fsdp: Sequence[bool] = (False, True),
          sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
          memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
-         device: str | Path | Any = None) -> PlanSearch:
+         device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,)) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -170,7 +171,10 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     busiest rank's predicted memory is under the device's memory less the allowance (`memory_margin` more
     bytes kept free). `optimizer_state_bytes`: the optimizer's state per parameter element (default 12: Adam
     with fp32 master weights and moments; 4 for torch's AdamW on a bf16 model, whose moments are bf16).
-    `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote)."""
+    `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
+    `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
+    each degree above 1 is captured once per tp and micro-batch and enumerated as predict_step predicts it:
+    with FSDP, pp = 1, not both; a degree the model or sequence cannot take is left out with a note."""
     from fxflops.memory import Allowance
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
@@ -197,7 +201,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     tps = list(tp) if tp is not None else [t for t in _divisors(min(gpn, gpus)) if gpus % t == 0
                                           and all(h % t == 0 for h in heads)]
     notes: list[str] = []
-    costs_by: dict[tuple[int, int], LayerCosts] = {}
+    costs_by: dict[tuple[int, int, int, int], LayerCosts] = {}
     sp_of: dict[int, bool] = {}
     sp_works = True
     captures = 0
@@ -234,11 +238,30 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                     failed.add(t)
                     continue
             sp_of.setdefault(t, want_sp)
-            costs_by[(t, mb)] = costs
+            costs_by[(t, mb, 1, 1)] = costs
+    for t in tps:  # context / expert parallel degrees: a capture each, with the tp's sequence parallelism
+        for mb in micro_batch:
+            if t in failed:
+                continue
+            for c, e in _context_expert_degrees(gpus // t, cp, ep):
+                if c * e == 1:
+                    continue
+                dp = gpus // (t * c)
+                if global_batch % (dp * mb):
+                    continue
+                try:
+                    captures += 1
+                    costs_by[(t, mb, c, e)] = capture_costs(
+                        probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp_of.get(t, False) and e == 1,
+                        dtype=dtype, loss=loss, layers=depth, memory=True, cp=c, ep=e,
+                        placed=dim_ranks_per_node(StepPlan(tp=t, dp=dp, cp=c, ep=e), the_cluster))
+                except Exception as error:  # a degree this model or sequence cannot take: plans without it
+                    notes.append(f"{'cp' if c > 1 else 'ep'}={max(c, e)} at tp={t}, micro-batch {mb} left out: "
+                                 f"{_first_line(error)}")
     rows, dropped = [], []
     dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
     for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp):
-        costs = costs_by[(step_plan.tp, step_plan.micro_batch)]
+        costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
         peak, by_kind = rank_memory(costs, step_plan, prediction, optimizer_state_bytes)
         row = PlanRow(step_plan, prediction, peak, by_kind, peak <= usable)
@@ -272,17 +295,20 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
     chunks = p * v
     block, pre, post = costs.block, costs.pre, costs.post
     grad_bytes = plan.grad_bytes or costs.param_bytes
-    fsdp = plan.fsdp and plan.dp > 1
+    fsdp = plan.fsdp and plan.dp * plan.cp > 1
     best: tuple[int, dict[str, int]] = (-1, {})
     for rank in range(p):
         rank_layers = prediction.ranks[rank].layers
         outside = (pre.params if rank == 0 else 0) + (post.params if rank == (chunks - 1) % p else 0)
-        params = rank_layers * block.params + outside
-        shard = plan.dp if fsdp else 1
-        state_shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
-        kinds = {"parameters": params * costs.param_bytes // shard,
-                 "gradients": params * grad_bytes // shard,
-                 "optimizer": params * optimizer_state_bytes // state_shard}
+        experts = rank_layers * block.expert_params  # split ep ways already, FSDP-sharded over dp / ep
+        params = rank_layers * block.params + outside - experts
+        shard = plan.dp * plan.cp if fsdp else 1
+        state_shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
+        expert_shard = plan.dp // plan.ep if fsdp else 1
+        kinds = {"parameters": params * costs.param_bytes // shard + experts * costs.param_bytes // expert_shard,
+                 "gradients": params * grad_bytes // shard + experts * grad_bytes // expert_shard,
+                 "optimizer": params * optimizer_state_bytes // state_shard
+                 + experts * optimizer_state_bytes // expert_shard}
         if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
             # and a layer's gradients are whole until their reduce-scatter has run
             kinds["parameters"] += (2 * block.params + outside) * costs.param_bytes
@@ -307,10 +333,23 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
     return best
 
 
-def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, int], LayerCosts],
+def _context_expert_degrees(rest: int, cp: Sequence[int], ep: Sequence[int]) -> list[tuple[int, int]]:
+    """(cp, ep) pairs to enumerate on `rest` = gpus / tp ranks: cp dividing them, ep dividing the dp left, never
+    both above 1 (as predict_step predicts them)."""
+    pairs = [(c, 1) for c in cp if c >= 1 and rest % c == 0]
+    return pairs + [(1, e) for e in ep if e > 1 and rest % e == 0]
+
+
+def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, int, int, int], LayerCosts],
            sp_of: dict[int, bool], pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str],
            fsdp: Iterable[bool]) -> Iterable[StepPlan]:
-    for (t, mb) in sorted(costs_by):
+    for (t, mb, c, e) in sorted(costs_by):
+        if c * e > 1:  # context / expert parallel: with FSDP, without pp
+            dp = gpus // (t * c)
+            for r in recompute:
+                yield StepPlan(tp=t, dp=dp, cp=c, ep=e, sequence_parallel=sp_of.get(t, False) and e == 1, fsdp=True,
+                               micro_batch=mb, global_batch=global_batch, recompute=r)
+            continue
         for p in _pipeline_degrees(gpus // t, layers, pp):
             dp = gpus // (t * p)
             if global_batch % (dp * mb):

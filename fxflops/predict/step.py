@@ -15,7 +15,15 @@ step as it runs on each pipeline rank:
   micro-batch's backward produces them, overlapped with what is left of it;
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages;
-- the optimizer step: memory-bound, every local parameter's state read and written once.
+- the optimizer step: memory-bound, every local parameter's state read and written once;
+- context parallelism (cp): each rank runs S/cp positions (captured so), ring attention's keys and values
+  all-gathered per attention call over the cp ranks, overlapped with step 0 of the ring (the rank's queries
+  against its own keys, as torch's ring issues the gather and waits for it at step 1), the rest exposed;
+  their gradients reduce-scattered after the attention backward, exposed; FSDP shards over dp x cp;
+- expert parallelism (ep): each MoE layer's experts split over ep of the dp ranks, tokens dispatched and
+  returned by all-to-alls on the critical path (torchtitan's default: not overlapped), routed as the
+  capture assumes (balanced unless `routing=` says otherwise); the experts' parameters FSDP-sharded over
+  dp / ep ranks (torchtitan's dp_shard_mod_ep), the rest over dp.
 
 The result is a prediction, a model with a stated error, not a measurement (see ERROR_STATEMENT).
 """
@@ -46,6 +54,8 @@ class StepPlan:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention); FSDP over dp x cp
+    ep: int = 1  # expert parallel: the experts split over ep of the dp ranks (ep divides dp)
     virtual_stages: int = 1
     sequence_parallel: bool = False
     fsdp: bool = False  # FSDP (ZeRO-3) over dp; False: replicated parameters, gradients reduced once per step
@@ -60,7 +70,7 @@ class StepPlan:
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def microbatches(self) -> int:
@@ -79,6 +89,11 @@ class StepPlan:
         if self.pp * self.virtual_stages > layers:
             raise ValueError(f"pp x virtual_stages = {self.pp * self.virtual_stages} chunks for {layers} layers: "
                              "at most one chunk per layer")
+        if self.ep > 1 and self.dp % self.ep:
+            raise ValueError(f"ep={self.ep} borrows its ranks from dp={self.dp}: pick an ep that divides dp")
+        if (self.ep > 1 or self.cp > 1) and (self.pp > 1 or not self.fsdp or self.ep > 1 and self.cp > 1):
+            raise NotImplementedError("predict_step: ep and cp are predicted with FSDP, without pp and not together "
+                                      "(as fxflops.Parallel builds them); give ep or cp with dp/fsdp and tp")
 
 
 @dataclass
@@ -86,7 +101,7 @@ class RankTime:
     """One pipeline rank's step: its share of the step time, each seconds."""
 
     role: str  # "first stage", "stage 3", "last stage", "every rank"
-    ranks: int  # how many ranks of the job play this role (tp x dp of them per pipeline stage)
+    ranks: int  # how many ranks of the job play this role (tp x cp x dp of them per pipeline stage)
     compute: float  # its ops' time (recomputation included)
     exposed_comm: float  # communication it waited for: tp collectives, FSDP gathers not hidden, dp reduction left
     bubble: float  # idle, waiting on other pipeline stages (p2p transfers included)
@@ -138,7 +153,8 @@ class StepPrediction:
         p = self.plan
         device = self.device + (f" from {self.device_origin}" if self.device_origin.startswith("your file") else "")
         lines = [f"predicted step on {p.gpus} x {device} ({self.cluster}): tp={p.tp} pp={p.pp} "
-                 f"v={p.virtual_stages} dp={p.dp}{' (FSDP)' if p.fsdp else ''} sp={p.sequence_parallel} "
+                 f"v={p.virtual_stages} dp={p.dp}{' (FSDP)' if p.fsdp else ''}"
+                 f"{f' cp={p.cp}' if p.cp > 1 else ''}{f' ep={p.ep}' if p.ep > 1 else ''} sp={p.sequence_parallel} "
                  f"micro-batch {p.micro_batch} x {p.microbatches} per step, recompute={p.recompute}",
                  f"  step time {self.step_time * 1e3:,.1f} ms   MFU {self.mfu:.1%}   HFU {self.hfu:.1%}   "
                  f"{self.tokens_per_sec:,.0f} tokens/s   {self.tflops_per_gpu:.1f} TFLOP/s per GPU",
@@ -173,10 +189,16 @@ class StepPrediction:
 
 
 def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
-    """How many ranks of one group of each mesh dimension share a node, ranks numbered tp fastest, then dp,
-    then pp (Megatron's order: tp inside a node first)."""
-    return {"tp": ranks_per_node(plan.tp, 1, cluster), "dp": ranks_per_node(plan.dp, plan.tp, cluster),
-            "pp": ranks_per_node(plan.pp, plan.tp * plan.dp, cluster)}
+    """How many ranks of one group of each mesh dimension share a node, ranks numbered tp fastest, then cp,
+    then dp, then pp (Megatron's and torchtitan's order: tp inside a node first); ep's ranks are the dp ranks
+    nearest each other (torchtitan's dp_shard_in_ep, inside dp_shard_mod_ep); "fsdp" is FSDP's group (dp x cp
+    ranks, or the dp / ep ranks that hold the same experts: "fsdp_experts")."""
+    tp, cp, dp = plan.tp, plan.cp, plan.dp
+    return {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
+            "dp": ranks_per_node(dp, tp * cp, cluster), "ep": ranks_per_node(plan.ep, tp * cp, cluster),
+            "fsdp": ranks_per_node(dp * cp, tp, cluster),
+            "fsdp_experts": ranks_per_node(dp // plan.ep, tp * cp * plan.ep, cluster),
+            "pp": ranks_per_node(plan.pp, tp * cp * dp, cluster)}
 
 
 def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key: str = "bf16") -> StepPrediction:
@@ -197,12 +219,17 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
         _layer_passes(costs, plan.recompute)
 
-    # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward
-    fsdp = plan.fsdp and plan.dp > 1
+    # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward;
+    # over dp x cp ranks, the experts' over the dp / ep ranks holding the same experts
+    fsdp = plan.fsdp and plan.dp * plan.cp > 1
     gather = scatter = 0.0
     if fsdp:
-        gather = collective_seconds("all_gather", block.params * costs.param_bytes, plan.dp, cluster, placed["dp"])
-        scatter = collective_seconds("reduce_scatter", block.params * grad_bytes, plan.dp, cluster, placed["dp"])
+        gather, scatter = _fsdp_layer_seconds(block.params - block.expert_params, plan.dp * plan.cp,
+                                              placed["fsdp"], costs.param_bytes, grad_bytes, cluster)
+        expert_gather, expert_scatter = _fsdp_layer_seconds(block.expert_params, plan.dp // plan.ep,
+                                                            placed["fsdp_experts"], costs.param_bytes, grad_bytes,
+                                                            cluster)
+        gather, scatter = gather + expert_gather, scatter + expert_scatter
 
     chunks = _split(layers, p * v)
     chunk_costs, chunk_compute = [], []
@@ -246,7 +273,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                                                       * costs.param_bytes, plan.dp, cluster, placed["dp"])
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
-    shard = plan.dp if (fsdp or plan.distributed_optimizer) else 1
+    shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
     roles = []
     step_end = 0.0
     device = cluster.device
@@ -255,7 +282,10 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         rank_layers = sum(chunks[c] for c in rank_chunks)
         rank_params = _rank_params(rank, chunks, p, costs)
         per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
-        optimizer = (stream_seconds(rank_params / shard * per_param, device) if rank_params else 0.0) \
+        # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
+        local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
+            + _rank_expert_params(rank, chunks, p, costs) / (plan.dp // plan.ep if shard > 1 else 1)
+        optimizer = (stream_seconds(local * per_param, device) if rank_params else 0.0) \
             + after_step[rank]
         step_end = max(step_end, ends[rank] + optimizer)
         flops = m * (rank_layers * (block.forward_flops + block.backward_flops)
@@ -271,14 +301,14 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         bubble = 0.0 if abs(bubble) <= 1e-12 * step_end else bubble  # rounding, not waiting
         role = "every rank" if p == 1 else "first stage" if rank == 0 else "last stage" if rank == p - 1 \
             else f"stage {rank}"
-        ranks.append(RankTime(role, plan.tp * plan.dp, compute, exposed, bubble, optimizer, flops, re_flops,
+        ranks.append(RankTime(role, plan.tp * plan.cp * plan.dp, compute, exposed, bubble, optimizer, flops, re_flops,
                               rank_layers))
     critical = max(ranks, key=lambda r: (r.compute + r.exposed_comm, -ranks.index(r)))
     breakdown = {"compute": critical.compute, "exposed_comm": critical.exposed_comm, "bubble": critical.bubble,
                  "optimizer": critical.optimizer}
     gpus = plan.gpus
-    job_flops = sum(r.flops for r in ranks) * plan.tp * plan.dp
-    job_hw_flops = job_flops + sum(r.recompute_flops for r in ranks) * plan.tp * plan.dp
+    job_flops = sum(r.flops for r in ranks) * plan.tp * plan.cp * plan.dp
+    job_hw_flops = job_flops + sum(r.recompute_flops for r in ranks) * plan.tp * plan.cp * plan.dp
     peak = device.peak(dtype_key)
     tflops = job_flops / gpus / step_end / 1e12
     hw_tflops = job_hw_flops / gpus / step_end / 1e12
@@ -300,6 +330,20 @@ def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, floa
         return (block.forward, block.backward + block.attention_forward, block.comm_forward, block.comm_backward,
                 block.attention_flops)
     return block.forward, block.backward, block.comm_forward, block.comm_backward, 0
+
+
+def _fsdp_layer_seconds(params: int, group: int, per_node: int, param_bytes: int, grad_bytes: int,
+                        cluster: Cluster) -> tuple[float, float]:
+    """FSDP's all-gather of one layer's parameters and reduce-scatter of its gradients over `group` ranks."""
+    if not params or group <= 1:
+        return 0.0, 0.0
+    return (collective_seconds("all_gather", params * param_bytes, group, cluster, per_node),
+            collective_seconds("reduce_scatter", params * grad_bytes, group, cluster, per_node))
+
+
+def _rank_expert_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
+    """Expert parameter elements a pipeline rank holds (after the ep split)."""
+    return sum(chunks[c] for c in range(rank, len(chunks), stages)) * costs.block.expert_params
 
 
 def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
@@ -395,10 +439,12 @@ def tokens_of(inputs: Any) -> tuple[int, int]:
 def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, sequence_parallel: bool = False,
                   dtype: Any = None, loss: Any = None, layers: int | None = None, memory: bool = False,
                   placed: dict[str, int] | None = None, tokens: int | None = None,
-                  tp_plan: dict[str, Any] | None = None) -> LayerCosts:
+                  tp_plan: dict[str, Any] | None = None, cp: int = 1, ep: int = 1,
+                  routing: Any = None) -> LayerCosts:
     """One capture of `model` on `inputs` (one micro-batch of one data-parallel rank) under tp (and sequence
     parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan),
-    read as per-layer costs on `cluster`'s device."""
+    cp (ring attention on S/cp positions) and ep (the experts split over ep ranks, captured with dp = ep, the
+    ranks ep borrows; `routing` as estimate() takes it), read as per-layer costs on `cluster`'s device."""
     import torch
 
     import fxflops
@@ -406,17 +452,35 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
     dtype = dtype or torch.bfloat16
     batch, counted_tokens = tokens_of(inputs)
-    parallel = {"tp": tp, "sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if tp > 1 else None
+    dp = ep  # expert parallelism borrows its ranks from dp: the capture's FSDP then shards over them
+    parallel = None
+    if tp * cp * ep > 1:
+        parallel = {"tp": tp, "cp": cp, "ep": ep, "dp": dp}
+        if tp > 1:
+            parallel |= {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan}
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory)
-    placed = placed or {"tp": ranks_per_node(tp, 1, cluster)}
+    est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory,
+                           **({"routing": routing} if routing is not None else {}))
+    placed = {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
+              "ep": ranks_per_node(ep, tp * cp, cluster), **(placed or {})}
 
-    def per_node(group_desc: str) -> int:
-        # the capture's only mesh dimension is tp: at tp alone it is the default group ("default_pg")
-        return placed.get(group_desc.removeprefix("mesh_"), placed["tp"])
+    def per_node(kind: str, group_desc: str) -> int:
+        # a collective's placement by what issued it (its group may be the default one of a 1-D capture)
+        return placed.get(kind, placed["tp"])
 
-    return layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
-                       micro_batch=batch, tokens=tokens or counted_tokens, layers=layers)
+    costs = layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
+                        micro_batch=batch, tokens=tokens or counted_tokens, layers=layers, fsdp_shard=dp * cp,
+                        expert_shard=dp // ep, cp=cp, ep=ep)
+    notes = list(costs.notes)
+    if ep > 1:
+        routed = routing if routing is not None else "balanced"
+        notes.append(f"MoE routing assumed {routed!r} (estimate(routing=...); balanced: tokens x top_k / experts "
+                     "tokens per expert, the same on every rank); the expert all-to-alls are exposed (torchtitan's "
+                     "default, not overlapped with compute)")
+    if cp > 1:
+        notes.append("ring attention (cp): the k/v all-gather overlaps step 0 of the ring (attention on the rank's "
+                     "own keys), the rest of it and the dk/dv reduce-scatter are exposed")
+    return dataclasses.replace(costs, notes=tuple(notes))
 
 
 def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None, cluster: str | Cluster = "DGX A100",
@@ -424,13 +488,16 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  recompute: str = "none", sequence_parallel: bool = True, *, schedule: str = ONE_F_ONE_B,
                  distributed_optimizer: bool = False, overlap_grad_reduce: bool = True, loss: Any = None,
                  layers: int | None = None, grad_bytes: int | None = None,
-                 trace: str | Path | None = None, device: str | Path | Any = None) -> StepPrediction:
+                 trace: str | Path | None = None, device: str | Path | Any = None,
+                 routing: Any = None) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
     `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp > 1:
     FSDP; False: replicated parameters with the gradients all-reduced, or reduce-scattered with
-    `distributed_optimizer`), `ep` and `cp` (not predicted yet: above 1 they are refused), `tp_plan` ({module path: ParallelStyle}, as
+    `distributed_optimizer`), `ep` (experts split over ep of the dp ranks; `routing` as estimate() takes it,
+    balanced by default) and `cp` (the sequence split over cp ranks, ring attention), each with FSDP and without
+    pp, `tp_plan` ({module path: ParallelStyle}, as
     fxflops.Parallel takes it; default: the derived Megatron-style plan). `global_batch`
     (default: one micro-batch per data-parallel rank) sets the micro-batches per step. `recompute`: "none",
     "selective" (attention kernels recomputed) or "full" (each layer's forward recomputed in its backward).
@@ -451,25 +518,25 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     if unknown:
         raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; "
                          "known: tp, pp, dp, ep, cp, virtual_stages, fsdp, sequence_parallel, tp_plan")
-    for key in ("ep", "cp"):
-        if parallel.get(key, 1) > 1:
-            raise NotImplementedError(f"predict_step: {key}={parallel[key]} is not predicted yet; tp, pp "
-                                      "(with virtual_stages), dp and fsdp are")
     the_cluster = with_device(cluster, device)
     dtype = dtype or torch.bfloat16
     tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
+    cp, ep = parallel.get("cp", 1), parallel.get("ep", 1)
     sp = bool(parallel.get("sequence_parallel", sequence_parallel)) and tp > 1
     batch, _ = tokens_of(inputs)
     if micro_batch is not None and micro_batch != batch:
         raise ValueError(f"predict_step: micro_batch={micro_batch} but the inputs hold a batch of {batch}: "
                          "give the inputs of one micro-batch")
-    plan = StepPlan(tp=tp, pp=pp, dp=dp, virtual_stages=parallel.get("virtual_stages", 1), sequence_parallel=sp,
+    plan = StepPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=parallel.get("virtual_stages", 1), sequence_parallel=sp,
                     fsdp=bool(parallel.get("fsdp", dp > 1)), micro_batch=batch,
                     global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
                     grad_bytes=grad_bytes)
+    if cp > 1 or ep > 1:
+        plan.check(layers or 1 << 30)  # what is not predicted, refused before the capture
     placed = dim_ranks_per_node(plan, the_cluster)
-    options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"))
+    options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
+                   routing=routing)
     note = None
     try:
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
