@@ -106,6 +106,9 @@ def test_gpt2_sequence_parallel_closed_form(model, tp):
         ("forward", "reduce_scatter"): (2 * L + 2, (2 * L + 1) * activations + positions),
         ("backward", "all_gather"): (2 * L + 2, (2 * L + 1) * activations + positions),
         ("backward", "reduce_scatter"): (2 * L + 1, (2 * L + 1) * activations)}
+    # wte and wpe vocabulary-parallel, lm_head sharing wte's shard (tied, held once), the norms whole
+    assert est.total_params == L * ((12 * D * D + 3 * D + 4 * D) // tp + 2 * D) + (V * D + S * D) // tp \
+        + L * 4 * D + 2 * D
 
 
 def test_heads_that_tp_does_not_divide_are_one_clear_line(model):

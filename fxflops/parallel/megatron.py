@@ -190,14 +190,50 @@ def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
     the output head reads the sequence-sharded stream and returns replicated logits."""
     plan: dict[str, ParallelStyle] = {}
     blocks = {name for name, _ in repeated_blocks(model)}
+    sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]] = {}  # the embeddings' weights: see TiedHead
     for name, module, alias in walk_modules(model):
         if alias is None and _is_norm(module):
             plan[name] = SequenceParallel()
         elif alias is None and isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
-            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+            plan[name] = VocabularyParallel(sharded)
         elif alias is None and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
-            plan[name] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+            plan[name] = TiedHead(sharded)
     return plan
+
+
+class VocabularyParallel(RowwiseParallel):
+    """A vocabulary-parallel embedding with a sequence-sharded output; records its weight as it was and as
+    sharded (in `sharded`, by id) for an output head that shares it."""
+
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
+        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+        self.sharded = sharded
+
+    def _partition_embedding_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
+        original = module.weight
+        super()._partition_embedding_fn(name, module, device_mesh)
+        self.sharded[id(original)] = (original, module.weight)
+
+
+class TiedHead(ColwiseParallel):
+    """A column-parallel output head reading the sequence-sharded stream, returning replicated logits. A head
+    whose weight is the embedding's (GPT-2 ties them) keeps sharing it: the embedding's (vocab, hidden)
+    shard is the head's column shard too, so the rank holds it once, as Megatron's shared word embedding."""
+
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
+        super().__init__(input_layouts=Shard(1), output_layouts=Replicate())
+        self.sharded = sharded
+
+    def _partition_linear_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
+        original, shard = self.sharded.get(id(module.weight), (None, None))
+        if original is not module.weight:
+            super()._partition_linear_fn(name, module, device_mesh)
+            return
+        module.register_parameter("weight", shard)
+        if module.bias is not None:
+            module.register_parameter("bias", torch.nn.Parameter(distribute_tensor(
+                module.bias.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank),
+                requires_grad=module.bias.requires_grad))
 
 
 def _is_norm(module: torch.nn.Module) -> bool:
