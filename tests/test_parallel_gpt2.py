@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import fxflops
+from tests.test_parallel_plans import by_phase_op
 
 V, D, L, HEADS, B, S = 256, 64, 2, 8, 2, 16
 T = B * S  # tokens
@@ -47,10 +48,6 @@ def model():
 
 def tokens():
     return torch.zeros(B, S, dtype=torch.long)
-
-
-def by_phase_op(est) -> dict[tuple[str, str], tuple[int, int]]:
-    return {key: (value["count"], value["bytes"]) for key, value in est.collective_totals(("phase", "op")).items()}
 
 
 def test_the_single_device_count_is_flop_counter_modes():
