@@ -142,8 +142,8 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
     styles = plan.tp_plan if plan.tp_plan is not None else megatron_plan(model, plan.sequence_parallel)
     if not styles:
         raise ValueError(f"parallel plan: found no attention or MLP block in {type(model).__name__} to split "
-                         "tensor-parallel (column-parallel q/k/v or up/gate linears before one row-parallel "
-                         "o/down linear); give your own tp_plan={module path: ParallelStyle}")
+                         "tensor-parallel (column-parallel q/k/v, fused c_attn or up/gate linears before one "
+                         "row-parallel o/down/c_proj linear); give your own tp_plan={module path: ParallelStyle}")
     return styles
 
 
