@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.recorder import source_text, user_frame
 from fxflops.capture.tensor_walk import tensors_in
+from fxflops.threads import one_thread
 
 # an input with more elements gets no shadow (its copy would cost memory; forwards read values from
 # masks, lengths and ids, not from images)
@@ -213,7 +214,7 @@ class InputValues:
         real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
         if real_kwargs.get("device") in ("meta", torch.device("meta")):
             real_kwargs["device"] = torch.device("cpu")
-        with unset_fake_temporarily(), torch.no_grad():
+        with unset_fake_temporarily(), torch.no_grad(), one_thread():
             return func(*real_args, **real_kwargs)
 
     def _shadow_outputs(self, func: Any, args: tuple, kwargs: dict, shadows: list[_Shadow], out: Any) -> None:
