@@ -270,19 +270,20 @@ def test_a_call_equal_to_an_earlier_one_comes_from_the_cache_as_the_mode_makes_i
              (aten.index_select.default, (x, 1, index)), (aten.cat.default, ([x, y], 1)),
              (aten.cat.default, ([x, half], 1)), (aten.native_layer_norm.default, (x, [4], rows, rows, 1e-5)),
              (aten.addcmul_.default, (x, y, y)), (aten.index_put_.default, (x, [index], y[0, 0, 0]))]
-    for round_ in range(2):
+    for round_ in range(3):  # (a call's first shapes run the kernel; the next call of its shapes makes the entry)
+        if round_ == 2:
+            ran.clear()
         for func, args in calls:
             through_mode, shortcut, taken = _both_routes(mode, func, args)
             assert taken and through_mode == shortcut, (func, round_)
             first = short(func, args, {})
-            again = short(func, args, {})  # from the cache
+            again = short(func, args, {})
             inputs = [t for t in args if isinstance(t, torch.Tensor)]
             assert _metadata(again, inputs) == _metadata(first, inputs) == through_mode, (func, round_)
             if isinstance(first, torch.Tensor) and first is not args[0]:
                 assert again is not first  # a new tensor, as a new dispatch makes
-    distinct = {(str(func), str([(tuple(a.shape), a.stride(), a.storage_offset(), a.dtype) if isinstance(a, torch.Tensor)
-                                  else (type(a), a, str(a)) for a in args])) for func, args in calls}
-    assert len(ran) == len(distinct)  # each distinct call ran its kernel once, every repeat came from the cache
+    assert ran == []  # every call of the last round came from the cache, each as the mode makes it
+    assert short._cache
     mode.cache_enabled = False  # the mode's own caching off: the route keeps none either
     uncached = MetaKernels(mode)
     assert not uncached._caching

@@ -57,6 +57,7 @@ class MetaKernels:
         self.enabled = self._torch is not None and not getattr(mode, "propagate_real_tensors", False)
         # the mode's cache entries for the calls the route made, by the mode's key (see _cached_end)
         self._cache: dict[Any, Any] = {}
+        self._shapes_seen: set[tuple] = set()  # (op, its tensors' shapes) of the calls run (see _cached_end)
         self._caching = self.enabled and getattr(mode, "cache_enabled", False) \
             and not getattr(mode, "cache_crosscheck_enabled", True)
 
@@ -106,6 +107,12 @@ class MetaKernels:
         the default dtype and device, inference mode), the mode's checks of which calls and outputs can
         be cached (none with data-dependent or dynamic output shapes, in-place views, constants, ...),
         an in-place op's output as its argument again, a new output as a new fake tensor."""
+        shapes = (func, *[tuple(value.shape) for value in flat if isinstance(value, torch.Tensor)])
+        if shapes not in self._shapes_seen:
+            # a first call of its shapes: many are the only one (a convnet's layers differ in shape), and
+            # the mode's key and entry cost as much as the kernel again; the next call of its shapes has them
+            self._shapes_seen.add(shapes)
+            return self._dispatch_end(func, args, kwargs, flat, rules)
         mode, internals = self.mode, self._torch
         bypass = internals["_BypassDispatchCache"]
         try:
@@ -123,11 +130,11 @@ class MetaKernels:
         out = self._dispatch_end(func, args, kwargs, flat, rules)
         if out is NotImplemented:  # (which rules decline it follows from what the key holds)
             self._cache[key] = _THROUGH_MODE
-            return out
-        try:
-            self._cache[key] = mode._make_cache_entry(state, key, func, args, kwargs, out)
-        except bypass:
-            self._cache[key] = _UNCACHED
+        else:
+            try:
+                self._cache[key] = mode._make_cache_entry(state, key, func, args, kwargs, out)
+            except bypass:
+                self._cache[key] = _UNCACHED
         return out
 
     def _dispatch_end(self, func: Any, args: tuple, kwargs: dict, flat: list[Any], rules: tuple) -> Any:
