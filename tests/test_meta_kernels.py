@@ -246,6 +246,49 @@ def test_an_in_place_op_already_run_on_its_dtype_leaves_its_tensor_as_the_mode_d
         assert through_mode == shortcut, func
 
 
+def test_a_call_equal_to_an_earlier_one_comes_from_the_cache_as_the_mode_makes_it():
+    """The route's cache (the mode's key, checks and rebuilt outputs): a repeated call runs no kernel and
+    gives what the mode's dispatch gives, new tensors for new outputs, the argument for an in-place op;
+    a call differing in any metadata (strides, offset, dtype, a plain argument's type or value) runs its kernel."""
+    mode = FakeTensorMode()
+    short = MetaKernels(mode)
+    ran: list[Any] = []
+    dispatch_end = short._dispatch_end
+    short._dispatch_end = lambda func, *rest: ran.append(func) or dispatch_end(func, *rest)
+    with mode:
+        x, y = torch.empty(2, 3, 4), torch.empty(2, 3, 4)
+        sliced = torch.empty(2, 3, 8)[..., ::2]
+        offset = torch.empty(30)[6:].view(2, 3, 4)
+        half = torch.empty(2, 3, 4, dtype=torch.bfloat16)
+        rows, flags = torch.empty(4), torch.empty(2, 3, 4, dtype=torch.bool)
+        index = torch.empty(5, dtype=torch.int64)
+    calls = [(aten.add.Tensor, (x, y)), (aten.add.Tensor, (x, sliced)), (aten.add.Tensor, (sliced, x)),
+             (aten.add.Tensor, (offset, x)), (aten.add.Tensor, (x, half)), (aten.add.Tensor, (x, rows)),
+             (aten.mul.Tensor, (x, 2)), (aten.mul.Tensor, (x, 2.0)), (aten.mul.Tensor, (half, 2.0)),
+             (aten.mul.Tensor, (half, 0.5)), (aten.pow.Tensor_Scalar, (x, 2)),
+             (aten.where.self, (flags, x, rows)), (aten.mean.dim, (x, [1], True)), (aten.mean.dim, (x, [1])),
+             (aten.index_select.default, (x, 1, index)), (aten.cat.default, ([x, y], 1)),
+             (aten.cat.default, ([x, half], 1)), (aten.native_layer_norm.default, (x, [4], rows, rows, 1e-5)),
+             (aten.addcmul_.default, (x, y, y)), (aten.index_put_.default, (x, [index], y[0, 0, 0]))]
+    for round_ in range(3):  # (a call's first shapes run the kernel; the next call of its shapes makes the entry)
+        if round_ == 2:
+            ran.clear()
+        for func, args in calls:
+            through_mode, shortcut, taken = _both_routes(mode, func, args)
+            assert taken and through_mode == shortcut, (func, round_)
+            first = short(func, args, {})
+            again = short(func, args, {})
+            inputs = [t for t in args if isinstance(t, torch.Tensor)]
+            assert _metadata(again, inputs) == _metadata(first, inputs) == through_mode, (func, round_)
+            if isinstance(first, torch.Tensor) and first is not args[0]:
+                assert again is not first  # a new tensor, as a new dispatch makes
+    assert ran == []  # every call of the last round came from the cache, each as the mode makes it
+    assert short._cache
+    mode.cache_enabled = False  # the mode's own caching off: the route keeps none either
+    uncached = MetaKernels(mode)
+    assert not uncached._caching
+
+
 def test_ops_the_mode_must_shape_itself_do_not_take_the_route():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 

@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.recorder import source_text, user_frame
 from fxflops.capture.tensor_walk import tensors_in
+from fxflops.threads import one_thread
 
 # an input with more elements gets no shadow (its copy would cost memory; forwards read values from
 # masks, lengths and ids, not from images)
@@ -185,6 +186,8 @@ class InputValues:
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """What `func` gives on fake tensors; a value it reads or a size it makes comes from the shadows."""
+        if func.namespace == "prim":  # prim.device, prim.layout: metadata, no value read, no tensor made
+            return self._run(func, args, kwargs)  # (a third of a transformer's dispatches)
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
         known = all(s is not None for s in shadows)
@@ -265,7 +268,7 @@ class InputValues:
                 return torch.device("cpu")
             return value
 
-        with unset_fake_temporarily(), torch.no_grad():  # (the copies too: under the mode they would be fake)
+        with unset_fake_temporarily(), torch.no_grad(), one_thread():  # (the copies too: under the mode they would be fake)
             real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
             if real_kwargs.get("device") in ("meta", torch.device("meta")):
                 real_kwargs["device"] = torch.device("cpu")

@@ -16,6 +16,13 @@ plain values takes a shorter route:
   in-place pointwise op on a dense `self` returns it once a call like it has run its kernel's checks;
 - metadata queries (prim.device, aten.size/stride/storage_offset) get the mode's first-step answer.
 
+The route keeps a cache as the mode does, made by the mode's own functions (its key of the op and its
+arguments' metadata, its checks of what may be cached, its output rebuilt from a cached entry): a call
+equal to an earlier one gets its output without running the kernel again. Most meta kernels of pointwise
+ops are Python (torch._refs: 0.1-0.5 ms each), and a transformer repeats the same calls layer after
+layer: the mode's cache is what makes FakeTensorMode itself fast there. The cache is the route's own
+(one per capture), holding only outputs the route made; with the mode's caching off, there is none.
+
 Views keep the mode's Python rule (the C++ kernel strides size-1 axes otherwise). Anything else goes
 through the mode: named sizes (C++ meta kernels would pin SymInts to their example values), constants
 (the mode computes small ones for real so `.item()` works), the ops it decomposes, and every op while a
@@ -48,6 +55,11 @@ class MetaKernels:
         self._routes: dict[Any, tuple | None] = {}
         self._accepted: set[tuple] = set()  # in-place calls that have run (see _in_place_key)
         self.enabled = self._torch is not None and not getattr(mode, "propagate_real_tensors", False)
+        # the mode's cache entries for the calls the route made, by the mode's key (see _cached_end)
+        self._cache: dict[Any, Any] = {}
+        self._shapes_seen: set[tuple] = set()  # (op, its tensors' shapes) of the calls run (see _cached_end)
+        self._caching = self.enabled and getattr(mode, "cache_enabled", False) \
+            and not getattr(mode, "cache_crosscheck_enabled", True)
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if not self.enabled or torch._C._is_torch_function_mode_enabled():
@@ -69,7 +81,10 @@ class MetaKernels:
         known = self._known_outcome(func, args, kwargs, flat)
         if known is not NotImplemented:
             return known
-        out = self._dispatch_end(func, args, kwargs, flat, rules)
+        if self._caching:
+            out = self._cached_end(func, args, kwargs, flat, rules)
+        else:
+            out = self._dispatch_end(func, args, kwargs, flat, rules)
         key = _in_place_key(func, args, kwargs, flat)
         if key is not None and out is not NotImplemented:
             self._accepted.add(key)
@@ -85,6 +100,42 @@ class MetaKernels:
             return _batch_norm_outputs_on_cpu(args, kwargs)
         key = _in_place_key(func, args, kwargs, flat)
         return args[0] if key is not None and key in self._accepted else NotImplemented
+
+    def _cached_end(self, func: Any, args: tuple, kwargs: dict, flat: list[Any], rules: tuple) -> Any:
+        """_dispatch_end, or its output for an equal earlier call rebuilt from the cache, as the mode's
+        `_cached_dispatch_impl` does: the mode's key (the op, its arguments' metadata and plain values,
+        the default dtype and device, inference mode), the mode's checks of which calls and outputs can
+        be cached (none with data-dependent or dynamic output shapes, in-place views, constants, ...),
+        an in-place op's output as its argument again, a new output as a new fake tensor."""
+        shapes = (func, *[tuple(value.shape) for value in flat if isinstance(value, torch.Tensor)])
+        if shapes not in self._shapes_seen:
+            # a first call of its shapes: many are the only one (a convnet's layers differ in shape), and
+            # the mode's key and entry cost as much as the kernel again; the next call of its shapes has them
+            self._shapes_seen.add(shapes)
+            return self._dispatch_end(func, args, kwargs, flat, rules)
+        mode, internals = self.mode, self._torch
+        bypass = internals["_BypassDispatchCache"]
+        try:
+            state = internals["_CacheKeyState"](mode.shape_env)
+            key = mode._cache_key(state, func, args, kwargs)
+        except bypass:
+            return self._dispatch_end(func, args, kwargs, flat, rules)
+        entry = self._cache.get(key)
+        if entry is _UNCACHED:
+            return self._dispatch_end(func, args, kwargs, flat, rules)
+        if entry is _THROUGH_MODE:
+            return NotImplemented
+        if entry is not None:
+            return mode._output_from_cache_entry(state, entry, key, func, args)
+        out = self._dispatch_end(func, args, kwargs, flat, rules)
+        if out is NotImplemented:  # (which rules decline it follows from what the key holds)
+            self._cache[key] = _THROUGH_MODE
+        else:
+            try:
+                self._cache[key] = mode._make_cache_entry(state, key, func, args, kwargs, out)
+            except bypass:
+                self._cache[key] = _UNCACHED
+        return out
 
     def _dispatch_end(self, func: Any, args: tuple, kwargs: dict, flat: list[Any], rules: tuple) -> Any:
         """The mode's dispatch from the point its preamble would hand over: its rules, else the meta kernel."""
@@ -103,6 +154,10 @@ class MetaKernels:
         return made_alike(out, args, kwargs) if made_alike is not None else out
 
 
+_UNCACHED = object()  # a cache entry: calls with this key run the kernel every time
+_THROUGH_MODE = object()  # a cache entry: calls with this key go through the mode
+
+
 def _fake_internals() -> dict[str, Any] | None:
     """The parts of torch's fake-tensor dispatch the route mirrors, or None where this torch lacks one."""
     try:
@@ -113,8 +168,9 @@ def _fake_internals() -> dict[str, Any] | None:
     except ImportError:
         return None
     names = ("in_kernel_invocation_manager", "unset_fake_temporarily", "torch_decomp_decompositions",
-             "_DISPATCH_META_HANDLERS", "_DISPATCH_HANDLE_DIRECTLY")
-    methods = ("wrap_meta_outputs_with_default_device_logic", "cpp_meta_supports_symint", "lift_fns")
+             "_DISPATCH_META_HANDLERS", "_DISPATCH_HANDLE_DIRECTLY", "_CacheKeyState", "_BypassDispatchCache")
+    methods = ("wrap_meta_outputs_with_default_device_logic", "cpp_meta_supports_symint", "lift_fns", "_cache_key",
+               "_make_cache_entry", "_output_from_cache_entry")
     if not all(hasattr(fake_tensor, name) for name in names) or \
             not all(hasattr(fake_tensor.FakeTensorMode, name) for name in methods):
         return None

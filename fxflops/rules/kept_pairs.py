@@ -37,6 +37,7 @@ import torch
 from fxflops.rules import mask_values  # its MAX_MASK_ELEMENTS read at call time: one limit, wherever it is set
 from fxflops.rules.mask_bands import _band, _intersect, _same, band_pairs, causal_pairs
 from fxflops.rules.mask_values import _evaluate, _kept, _NotKnowable, _TooLarge, mask_kept_pairs, reads_data
+from fxflops.threads import one_thread
 from fxflops.rules.mask_values import block_mask_kept_pairs  # noqa: F401 - imported from here (flex_attention capture)
 
 FULL = "full"  # no mask: every pair kept
@@ -110,13 +111,14 @@ def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> K
     within = f"{_band_name(*band[:2])} & " if band is not None else ""
     if symbolic:
         return KeptPairs(None, f"{within}{_unevaluated(node)}")
-    try:
-        mask = _evaluate(node, {})
-    except _TooLarge:
-        return KeptPairs(None, f"{within}{MASK} (too large to evaluate: over {mask_values.MAX_MASK_ELEMENTS} entries)")
-    except _NotKnowable:
-        return KeptPairs(None, f"{within}{DATA}")
-    return KeptPairs(mask_kept_pairs(mask, tuple(int(size) for size in grid)), MASK)
+    with one_thread():
+        try:
+            mask = _evaluate(node, {})
+        except _TooLarge:
+            return KeptPairs(None, f"{within}{MASK} (too large to evaluate: over {mask_values.MAX_MASK_ELEMENTS} entries)")
+        except _NotKnowable:
+            return KeptPairs(None, f"{within}{DATA}")
+        return KeptPairs(mask_kept_pairs(mask, tuple(int(size) for size in grid)), MASK)
 
 
 def _changed_in_place(node: torch.fx.Node) -> bool:
@@ -179,17 +181,18 @@ def _masks_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[Any, 
         return KeptPairs(None, _unevaluated(data if data is not None else masks[0][1]))
     kept: torch.Tensor | None = None
     memo: dict[Any, Any] = {}
-    try:
-        for how, node in masks:  # broadcast among themselves only: the grid itself can be huge
-            value = kept_entries(how, _evaluate(node, memo))
-            kept = value if kept is None else kept & value
-            if kept.numel() > mask_values.MAX_MASK_ELEMENTS:
-                raise _TooLarge(node)
-    except _TooLarge:
-        return KeptPairs(None, f"{MASK} (too large to evaluate: over {mask_values.MAX_MASK_ELEMENTS} entries)")
-    except (_NotKnowable, RuntimeError):
-        return KeptPairs(None, DATA)
-    return KeptPairs(mask_kept_pairs(kept, tuple(int(size) for size in grid)), MASK)
+    with one_thread():
+        try:
+            for how, node in masks:  # broadcast among themselves only: the grid itself can be huge
+                value = kept_entries(how, _evaluate(node, memo))
+                kept = value if kept is None else kept & value
+                if kept.numel() > mask_values.MAX_MASK_ELEMENTS:
+                    raise _TooLarge(node)
+        except _TooLarge:
+            return KeptPairs(None, f"{MASK} (too large to evaluate: over {mask_values.MAX_MASK_ELEMENTS} entries)")
+        except (_NotKnowable, RuntimeError):
+            return KeptPairs(None, DATA)
+        return KeptPairs(mask_kept_pairs(kept, tuple(int(size) for size in grid)), MASK)
 
 
 def kept_entries(how: str, value: torch.Tensor) -> torch.Tensor:
