@@ -61,3 +61,15 @@ class Llama(torch.nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.output(self.norm(h))
+
+
+class UpDownMLP(torch.nn.Module):
+    """up (h -> f), relu, down (f -> h), no biases: the MLP torch's tensor-parallel examples split."""
+
+    def __init__(self, h: int, f: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(h, f, bias=False)
+        self.down = torch.nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))

@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import fxflops
+from tests.parallel_models import UpDownMLP
 from fxflops import FlopsMeter
 from fxflops.timing.steps import JOB_SCALED, JOB_SUMMED
 
@@ -25,14 +26,8 @@ V, H, F, WORLD = 32, 16, 64, 4
 DIMS = {"batch": 0, "seq": 1}
 
 
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(H, F, bias=False)
-        self.down = torch.nn.Linear(F, H, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
+def MLP() -> UpDownMLP:  # noqa: N802 - read as the class it builds
+    return UpDownMLP(H, F)
 
 
 def mm(tokens: int, shards: int = 1) -> int:
@@ -53,7 +48,7 @@ def tp(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
 
 
-def fsdp(model: MLP, mesh) -> MLP:
+def fsdp(model: UpDownMLP, mesh) -> UpDownMLP:
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(model.up, mesh=mesh)

@@ -15,18 +15,13 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import fxflops
+from tests.parallel_models import UpDownMLP
 
 B, S, H, F, WORLD = 4, 128, 1024, 4096, 8
 
 
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(H, F, bias=False)
-        self.down = torch.nn.Linear(F, H, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
+def MLP() -> UpDownMLP:  # noqa: N802 - read as the class it builds
+    return UpDownMLP(H, F)
 
 
 @pytest.fixture
@@ -38,7 +33,7 @@ def fake_group():
         dist.destroy_process_group()
 
 
-def tp_mlp(mesh) -> MLP:
+def tp_mlp(mesh) -> UpDownMLP:
     with torch.device("meta"):
         model = MLP()
     return parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
