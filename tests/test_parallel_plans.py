@@ -286,3 +286,29 @@ def test_a_plans_estimate_explains_compares_and_pickles(llama):
     assert est.compare() is not None
     again = pickle.loads(pickle.dumps(est))
     assert again.ranks[0].ranks == (0, 1) and again.collectives == est.collectives
+
+
+class _WidthFromInputAttention(torch.nn.Module):
+    """A fused q|k|v projection split at the INPUT's width (nanoGPT's way): right on one device, wrong on a
+    tensor-parallel rank, whose c_attn output is 3·h/tp wide."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.c_attn = torch.nn.Linear(h, 3 * h)
+        self.c_proj = torch.nn.Linear(h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.c_attn(x).split(x.shape[-1], dim=2)
+        return self.c_proj(q * k + v)
+
+
+def test_a_capture_the_derived_tp_plan_breaks_says_what_the_model_must_do() -> None:
+    from fxflops.capture.diagnosis import CaptureError
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*(_WidthFromInputAttention(16) for _ in range(2)))
+    with pytest.raises(CaptureError) as caught:
+        fxflops.estimate(model, (torch.randn(2, 4, 16, device="meta"),), parallel={"tp": 2})
+    line = caught.value.summary()
+    assert "\n" not in line and "under tp=2 the derived Megatron-style plan" in line and "tp_plan=" in line
+    assert not dist.is_initialized()

@@ -150,3 +150,14 @@ def test_cli_plan_draws_the_frontier(tmp_path) -> None:
     seen = {pixels[i:i + 3] for i in range(0, len(pixels), 3)}
     for kind in ("fits", "frontier", "capacity"):
         assert bytes.fromhex(COLOURS[kind][1:]) in seen, f"{kind} is not drawn"
+
+
+def test_cli_plan_tries_the_context_and_expert_parallel_degrees_it_is_given(tmp_path, capsys) -> None:
+    table = tmp_path / "p.csv"
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16", "--seq-len", "128",
+                 "--micro-batch", "2", "--cp", "1", "2", "--ep", "1", "2", "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    rows = table.read_text().splitlines()
+    cp_column = rows[0].split(",").index("cp")
+    assert any(row.split(",")[cp_column] == "2" for row in rows[1:])  # cp=2 plans evaluated
+    assert "note: ep=2 at tp=1, micro-batch 2 left out: parallel plan: ep=2 found no experts in GPT2" in out

@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to try")
+    parser.add_argument("--cp", type=int, nargs="+", default=[1],
+                        help="context parallel degrees to try (long sequences; with FSDP, pp=1), e.g. --cp 1 2 4")
+    parser.add_argument("--ep", type=int, nargs="+", default=[1],
+                        help="expert parallel degrees to try (MoE models; with FSDP, pp=1), e.g. --ep 1 2 4")
     parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
     parser.add_argument("--json", help="write every plan evaluated to this JSON file")
@@ -59,7 +63,8 @@ def main(argv: Sequence[str]) -> int:
     else:
         model, depth = load(args.model, InputOptions(batch=1, seq_len=args.seq_len, dtype=dtype)).model, None
     result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
-                  layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device)
+                  layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device,
+                  cp=tuple(args.cp), ep=tuple(args.ep))
     sys.stdout.write(result.render(args.top) + "\n")
     if args.csv:
         result.to_csv(args.csv)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.module_walk import walk_modules
 from fxflops.parallel.context import apply_context, check_context
 from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
@@ -29,6 +30,11 @@ from fxflops.results.parallel import ALL_REDUCE, REDUCE_SCATTER, Collective
 from fxflops.tree import parent_name
 
 Prepare = Callable[[torch.nn.Module], None]
+# what a capture that fails under the derived tensor-parallel plan most often needs (see docs/guide/parallel.md)
+_DERIVED_TP_ADVICE = ("under tp={tp} the derived Megatron-style plan shards the attention and MLP linears, so the "
+                      "model's code must take widths and head counts from the local tensors (e.g. "
+                      "view(b, s, -1, head_dim), not the input's width); else give your own tp_plan={{path: "
+                      "ParallelStyle}}")
 
 
 def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | str,
@@ -56,9 +62,14 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
         seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names)
         with fake_world(plan.size, rank), composable_states_restored():
             mesh = _mesh(plan)
-            estimate = count(None if mesh is None else
-                             lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)),
-                             plan.pp == 1 or stage_memory is None)
+            try:
+                estimate = count(None if mesh is None else
+                                 lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)),
+                                 plan.pp == 1 or stage_memory is None)
+            except CaptureError as error:
+                if styles and plan.tp_plan is None:  # the derived plan sharded what the model's code reads whole
+                    error.advice = "; ".join(filter(None, (error.advice, _DERIVED_TP_ADVICE.format(tp=plan.tp))))
+                raise
             if units and units[-1][0]:
                 estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1])
             pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
