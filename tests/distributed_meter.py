@@ -180,6 +180,28 @@ def trainer(out: str) -> None:
                    "captures": callback.meter.captures}, file)
 
 
+def summing_module(net: torch.nn.Module):
+    """A LightningModule that trains `net` on the sum of its output with SGD (also used by the single-process
+    tests)."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            return self(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()
+
+
 def memory_logger():
     """A Lightning logger that keeps every logged row in `.rows` (also used by the single-process tests)."""
     from lightning.pytorch.loggers import Logger
@@ -206,20 +228,6 @@ def lightning_fit(out: str) -> None:
 
     from fxflops.integrations.lightning import FlopsMonitor
 
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = build()
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, batch_idx):
-            return self(batch).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     rank = dist.get_rank()
     sizes = [3 + rank, 6 + rank]  # each rank its own batches: a loader per rank, no sampler
     loader = torch.utils.data.DataLoader([torch.randn(n, 8) for n in sizes], batch_size=None)
@@ -227,7 +235,7 @@ def lightning_fit(out: str) -> None:
     trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
                         log_every_n_steps=1, callbacks=[monitor], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
-    trainer.fit(Module(), train_dataloaders=loader)
+    trainer.fit(summing_module(build()), train_dataloaders=loader)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         estimates = [fxflops.estimate(build(), (torch.randn(n, 8),), backward=True).total_flops for n in sizes]

@@ -184,22 +184,7 @@ def test_the_trainer_callback_logs_local_and_job_flops_of_a_sharded_model(mesh, 
 def test_the_lightning_monitor_logs_local_and_job_flops_of_a_sharded_model(mesh):
     L = pytest.importorskip("lightning")
     from fxflops.integrations.lightning import FlopsMonitor
-    from tests.distributed_meter import memory_logger
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = MLP()
-            tp(self.net, mesh)
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, batch_idx):
-            return self(batch).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    from tests.distributed_meter import memory_logger, summing_module
 
     shapes = [(2, 6), (3, 4)]
     loader = torch.utils.data.DataLoader([torch.randn(*shape, H) for shape in shapes], batch_size=None)
@@ -207,7 +192,7 @@ def test_the_lightning_monitor_logs_local_and_job_flops_of_a_sharded_model(mesh)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=logger, log_every_n_steps=1,
                         callbacks=[monitor], enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    trainer.fit(Module(), train_dataloaders=loader)
+    trainer.fit(summing_module(tp(MLP(), mesh)), train_dataloaders=loader)
     rows = [row for row in logger.rows if "train/flops" in row]
     local = [5 * mm(b * s, WORLD) for b, s in shapes]  # the batch needs no gradient
     assert [row["train/device/flops"] for row in rows] == local
