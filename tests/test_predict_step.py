@@ -136,6 +136,33 @@ def test_predict_step_end_to_end(tmp_path) -> None:
     assert page.count('stroke="black"') == len(critical) and ERROR_STATEMENT in page
 
 
+def test_unfused_attention_is_timed_in_the_step_and_said() -> None:
+    # attention="math": each attention op of the blocks takes op_time's unfused time instead of the fused one;
+    # selective recomputation runs the forward's again. The step's compute changes by exactly those differences.
+    from fxflops.predict.op_time import Kernels, node_seconds
+
+    model = small_gpt()
+    ids = torch.zeros(2, 128, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fxflops.estimate(model, (ids,), backward=True, loss=lm_loss)
+        steps = {kind: fxflops.predict_step(model, (ids,), {}, "DGX A100 80GB", recompute="selective", loss=lm_loss,
+                                            attention=kind, attention_dropout=0.1) for kind in ("flash", "math")}
+    device = A100.device
+    unfused, fused = Kernels("math", 0.1), Kernels("flash", 0.1)
+    nodes = [n for n in est.nodes if "attention" in n.op and n.module.startswith("layers.")]
+    assert len(nodes) == 4  # two blocks, a forward and a backward each
+    delta = sum(node_seconds(n, device, "bf16", unfused) - node_seconds(n, device, "bf16", fused) for n in nodes)
+    delta += sum(node_seconds(n, device, "bf16", unfused) - node_seconds(n, device, "bf16", fused) for n in nodes
+                 if n.phase == "forward")
+    assert delta > 0
+    assert steps["math"].breakdown["compute"] - steps["flash"].breakdown["compute"] == pytest.approx(delta, rel=1e-9)
+    assert any("unfused ('math')" in note and "dropout 0.1" in note for note in steps["math"].notes)
+    assert not any("unfused" in note for note in steps["flash"].notes)
+    with pytest.raises(ValueError, match="attention='fused': pick one of flash, math"):
+        fxflops.predict_step(model, (ids,), {}, "DGX A100 80GB", loss=lm_loss, attention="fused")
+
+
 def test_predict_step_refuses_what_it_does_not_predict() -> None:
     ids = torch.zeros(1, 128, dtype=torch.long)
     with pytest.raises(NotImplementedError, match="ep and cp are predicted with FSDP, without pp"):

@@ -5,6 +5,7 @@ measurements that the constants were NOT taken from, each cited."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,7 @@ from fxflops.predict import cluster, constants, device_model
 from fxflops.predict.calibrate import calibrate
 from fxflops.predict.comm_time import collective_record_seconds, collective_seconds
 from fxflops.predict.hardware import constants_text, preset_names, with_constant
-from fxflops.predict.op_time import estimate_seconds, node_seconds, op_time
+from fxflops.predict.op_time import Kernels, estimate_seconds, node_seconds, op_time
 from fxflops.results.captured import BACKWARD, FORWARD
 from fxflops.results.costs import COUNTED, ZERO, NodeCost
 from fxflops.results.parallel import Collective
@@ -223,6 +224,53 @@ def test_attention_layouts_and_masks():
     assert node_seconds(window, h100, "bf16") == pytest.approx(full.flops // 4 / (989.4 * T * 0.585) + 2e-6, rel=1e-12)
     masked = dataclasses.replace(full, attention="mask from data", effective_flops=None)
     assert node_seconds(masked, h100, "bf16") == pytest.approx(node_seconds(full, h100, "bf16"), rel=1e-12)
+
+
+def test_unfused_attention_by_hand():
+    """Kernels(attention="math"): the batched GEMMs over every pair, each the slower of compute and traffic,
+    the scores' passes through memory, a launch each. A100 80GB: bf16 peak 312 TFLOP/s, GEMM plateau 0.859,
+    256 x 128 tiles on 108 SMs, sustained 0.9 of the HBM bandwidth, 2 us a kernel. Batch 2 x 54 heads = 108
+    (batch, head) GEMMs of 256 x 256 x 128: 2 tiles each, 216 tiles = 2 full waves, rows of 256 bytes: the
+    GEMM model is the plateau exactly; so is 256 x 128 x 256 (108 tiles, one wave)."""
+    a100 = device_model("A100 80GB SXM")
+    sustained = a100.hbm_bandwidth * 0.9
+    g, s, e = 108, 256, 128
+    gemm_flops = 2 * g * s * s * e  # each of the forward's two GEMMs, and each of the backward's four
+
+    def gemm_seconds(m: int, n: int, k: int) -> float:
+        return max(gemm_flops / (312 * T * 0.859), g * (m * k + k * n + m * n) * 2 / sustained)
+
+    scores = g * s * s
+    forward = attention(2, 54, s, e, causal=True)  # a causal mask: unfused, every pair is still computed
+    expected = gemm_seconds(s, s, e) + gemm_seconds(s, e, s) + 2 * 2 * scores / sustained + 3 * 2e-6
+    assert node_seconds(forward, a100, "bf16", Kernels("math")) == pytest.approx(expected, rel=1e-12)
+    # attention dropout 0.1: a kernel reading the probabilities, writing them and a one-byte mask
+    dropout = expected + (2 * 2 + 1) * scores / sustained + 2e-6
+    assert node_seconds(forward, a100, "bf16", Kernels("math", 0.1)) == pytest.approx(dropout, rel=1e-12)
+    # the backward (its first input is the output's gradient): dV, dP, dQ, dK and the softmax's backward
+    # (P and dP read, dS written), with the dropout's (gradient and mask read, gradient written)
+    backward = attention(2, 54, s, e, causal=True, backward=True)
+    backward = dataclasses.replace(backward, input_shapes=((2, 54, s, e),) * 5 + ((2, 54, s),))
+    expected = (gemm_seconds(s, e, s) + gemm_seconds(s, s, e) + gemm_seconds(s, e, s) + gemm_seconds(s, e, s)
+                + (3 * 2 + 2 * 2 + 1) * scores / sustained + 6 * 2e-6)
+    assert node_seconds(backward, a100, "bf16", Kernels("math", 0.1)) == pytest.approx(expected, rel=1e-12)
+    # the fused default is unchanged by the dropout probability, and an unknown kernel is a one-line error
+    assert node_seconds(forward, a100, "bf16", Kernels("flash", 0.1)) == node_seconds(forward, a100, "bf16")
+    with pytest.raises(ValueError, match="attention='eager': pick one of flash, math"):
+        Kernels("eager")
+
+
+def test_unfused_attention_reads_grouped_query_and_seq_first_layouts():
+    a100 = device_model("A100 80GB SXM")
+    gqa = attention(1, 32, 2048, 128)
+    gqa = dataclasses.replace(gqa, input_shapes=((1, 32, 2048, 128), (1, 8, 2048, 128), (1, 8, 2048, 128)))
+    plain = attention(1, 32, 2048, 128)  # 32 query heads against 8 key heads: the same 32 GEMMs a head
+    assert node_seconds(gqa, a100, "bf16", Kernels("math")) == pytest.approx(
+        node_seconds(plain, a100, "bf16", Kernels("math")), rel=1e-12)
+    seq_first = dataclasses.replace(plain, op="aten._flash_attention_forward.default",
+                                    input_shapes=((1, 2048, 32, 128),) * 3)
+    assert node_seconds(seq_first, a100, "bf16", Kernels("math")) == pytest.approx(
+        node_seconds(plain, a100, "bf16", Kernels("math")), rel=1e-12)
 
 
 def test_estimate_seconds_sums_per_phase_and_module():

@@ -32,7 +32,7 @@ import torch
 from fxflops.parallel.plan import repeated_blocks
 from fxflops.predict.comm_time import collective_record_seconds
 from fxflops.predict.hardware import Cluster
-from fxflops.predict.op_time import node_seconds
+from fxflops.predict.op_time import FLASH, Kernels, node_seconds
 from fxflops.results import FORWARD
 
 TP, DP, CP, EP = "tp", "dp", "cp", "ep"  # what issued a collective (collective_kind)
@@ -102,7 +102,7 @@ class LayerCosts:
 def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: torch.dtype,
                 ranks_per_node: Callable[[str], int], tp: int = 1, sequence_parallel: bool = False,
                 micro_batch: int = 1, tokens: int = 0, layers: int | None = None, fsdp_shard: int = 1,
-                expert_shard: int = 1, cp: int = 1, ep: int = 1) -> LayerCosts:
+                expert_shard: int = 1, cp: int = 1, ep: int = 1, kernels: Kernels = FLASH) -> LayerCosts:
     """Per-layer costs from an estimate of `model` (backward=True; memory=True for the saved activations).
 
     `ranks_per_node(kind, group_desc)` says how many ranks of a collective's group share a node (the plan's
@@ -111,7 +111,8 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     the experts over (1: no FSDP in the capture), undone in the parameter counts. `cp` / `ep`: the capture's
     context / expert parallel degrees (a collective is ring attention's or the expert dispatch's only when its
     degree is above 1: a tp-only capture's one group is the default one, and sequence parallelism's all-gather
-    is issued in the attention module too)."""
+    is issued in the attention module too). `kernels`: what the run's software launches where the ops do not say
+    it (`op_time.Kernels`: fused or unfused attention)."""
     blocks = [name for name, _ in repeated_blocks(model)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no repeated blocks (a ModuleList of same-class layers): "
@@ -140,7 +141,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     sums: dict[Any, dict[str, float]] = {}
     for node in nodes:
         key = part(node)
-        seconds = node_seconds(node, device, dtype)
+        seconds = node_seconds(node, device, dtype, kernels)
         entry = sums.setdefault(key, {})
         forward = node.phase == FORWARD
         _add(entry, "forward" if forward else "backward", seconds)
@@ -169,7 +170,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, f"cp_comm_{phase}", seconds)
             if phase == "forward":  # torch's ring: the gather overlaps step 0, attention on the rank's own keys
                 exposed = max(0.0, seconds - _next_attention_seconds(nodes, position.get(record.node), record.module,
-                                                                     device, dtype))
+                                                                     device, dtype, kernels))
         elif kind == EP:
             _add(entry, f"ep_comm_{phase}", seconds)
         _add(entry, f"comm_{phase}", exposed)
@@ -255,14 +256,15 @@ def _expert_paths(model: torch.nn.Module) -> tuple[str, ...]:
     return tuple(f"{layer}.experts" if layer else "experts" for layer in moe_layers(model))
 
 
-def _next_attention_seconds(nodes: list[Any], start: int | None, module: str, device: Any, dtype: torch.dtype) -> float:
+def _next_attention_seconds(nodes: list[Any], start: int | None, module: str, device: Any, dtype: torch.dtype,
+                            kernels: Kernels = FLASH) -> float:
     """Predicted seconds of the first forward attention kernel of `module` after node `start`: ring attention's
     step 0 (the rank's queries against its own keys), which runs while the keys and values are gathered."""
     if start is None:
         return 0.0
     for node in nodes[start + 1:]:
         if node.phase == FORWARD and node.module == module and _is_attention(node.op):
-            return node_seconds(node, device, dtype)
+            return node_seconds(node, device, dtype, kernels)
     return 0.0
 
 

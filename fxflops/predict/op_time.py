@@ -9,6 +9,11 @@ An op takes `max(flops / (peak x efficiency), bytes / (bandwidth x sustained)) +
 - grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
+  That is a fused (FlashAttention-class) kernel. A run whose software computes attention unfused
+  (`Kernels(attention="math")`: torch's math SDPA backend, Megatron-LM's CoreAttention before FlashAttention)
+  is timed as the kernels it launches instead: batched GEMMs over every (query, key) pair, each at the GEMM
+  model's efficiency or its memory traffic, whichever is slower, and the scores' round trips through memory
+  (softmax, attention dropout and their backward) at the sustained bandwidth; see `Kernels`.
 - everything else (elementwise, norms, reductions, copies) at the vector rate or the sustained bandwidth.
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
@@ -34,12 +39,46 @@ _DTYPE_KEYS = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": 
                "float16": "fp16", "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 
 
+ATTENTION_KERNELS = ("flash", "math")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which kernels a run's software launches where the captured ops do not say it (the capture records
+    one `scaled_dot_product_attention` whichever backend runs it).
+
+    `attention`: "flash" (default): one fused kernel that keeps the scores on chip and skips the blocks a causal
+    mask drops. "math": unfused attention, as torch's math SDPA backend and Megatron-LM's CoreAttention before
+    FlashAttention run it: per (batch, query head) the scores Q K^T as a batched GEMM over every (query, key)
+    pair (the mask applied after it), one softmax kernel over the scores (scale and mask fused into it, as
+    Megatron's FusedScaleMaskSoftmax does: scores read, probabilities written), the attention dropout when
+    `attention_dropout` > 0 (probabilities read, output and a one-byte mask written) and the batched GEMM with
+    V; the backward: the four batched GEMMs of dV, dP, dQ, dK, the dropout's backward (gradient and mask read,
+    gradient written) and the softmax's (probabilities and gradient read, gradient written). Each GEMM takes
+    the slower of its compute (the GEMM model) and its traffic (both operands read, the product written).
+    `attention_dropout`: dropout probability on the attention probabilities (only a "math" run launches a
+    kernel for it; a flash kernel applies it in registers)."""
+
+    attention: str = "flash"
+    attention_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention={self.attention!r}: pick one of {', '.join(ATTENTION_KERNELS)} "
+                             "(flash: a fused kernel; math: bmm + softmax (+ dropout) + bmm, the scores in memory)")
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout={self.attention_dropout!r}: a probability in [0, 1)")
+
+
+FLASH = Kernels()
+
+
 @dataclass(frozen=True)
 class OpTime:
     """How one op's time came out: its class, the two roofline terms and the efficiency used."""
 
     kind: str  # GEMM | GROUPED_GEMM | ATTENTION | MEMORY | NONE
-    seconds: float  # max(compute, memory) + overhead
+    seconds: float  # max(compute, memory) + overhead (unfused attention: its kernels' such times, summed)
     compute: float  # flops / (peak x efficiency)
     memory: float  # bytes / sustained bandwidth
     overhead: float  # launch overhead (0 for ops that launch nothing)
@@ -111,13 +150,17 @@ def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
     return seq, head_dim, banded
 
 
-def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
-    """The time of one op, with how it came out."""
+def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kernels = FLASH) -> OpTime:
+    """The time of one op, with how it came out; `kernels`: what the run's software launches for it."""
     device = device_model(device)
     key = dtype_key(dtype)
     kind = op_kind(node)
     if kind == NONE:
         return OpTime(NONE, 0.0, 0.0, 0.0, 0.0, 1.0)
+    if kind == ATTENTION and kernels.attention == "math":
+        dims = _attention_dims(node)
+        if dims is not None:
+            return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)
     memory = node.bytes / device.sustained if node.bytes else 0.0
     flops = node.flops
     if kind == GEMM or kind == GROUPED_GEMM:
@@ -140,17 +183,68 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any) -> OpTime:
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
 
 
+def _attention_dims(node: NodeCost) -> tuple[int, int, int, int, int] | None:
+    """(batch x query heads, query length, key length, head dim of q/k, head dim of v) of an attention op, from
+    its query, key and value inputs (the first three inputs of a forward op; inputs 1-3 of a backward op, whose
+    first input is the output's gradient); None when the inputs are not three 4-D tensors."""
+    from fxflops.rules.kept_pairs import SEQ_FIRST
+
+    shapes = [shape for shape in node.input_shapes if len(shape) == 4]
+    first = 1 if "backward" in node.op.lower() else 0
+    if len(shapes) < first + 3:
+        return None
+    query, key, value = shapes[first:first + 3]
+    seq_axis, head_axis = (1, 2) if node.op.startswith(SEQ_FIRST) else (2, 1)
+    return (query[0] * query[head_axis], query[seq_axis], key[seq_axis], query[-1], value[-1])
+
+
+def _math_attention_time(dims: tuple[int, int, int, int, int], backward: bool, device: DeviceModel, key: str,
+                         dropout: float) -> OpTime:
+    """Unfused attention's kernels (see `Kernels`), summed: batched GEMMs at the slower of the GEMM model and
+    their traffic, the scores' elementwise passes at the sustained bandwidth, a launch each."""
+    groups, lq, lk, e, ev = dims
+    element = _ELEMENT_BYTES[key]
+    peak = device.peak(key)
+    if backward:  # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q
+        gemms = ((lk, ev, lq), (lq, lk, ev), (lq, e, lk), (lk, e, lq))
+        passes = 3 * element  # softmax backward: P and dP read, dS written
+    else:  # S = Q K^T, O = P V
+        gemms = ((lq, lk, e), (lq, ev, lk))
+        passes = 2 * element  # softmax (scale and mask inside): S read, P written
+    kernels = len(gemms) + 1
+    if dropout > 0:  # forward: P read, output and a one-byte mask written; backward: gradient and mask read, written
+        passes += 2 * element + 1
+        kernels += 1
+    seconds = compute = memory = 0.0
+    flops = 0
+    for m, n, k in gemms:
+        work = 2 * groups * m * n * k
+        flops += work
+        gemm_compute = work / (peak * device.gemm_fraction(m, n, k, element, groups))
+        gemm_memory = groups * (m * k + k * n + m * n) * element / device.sustained
+        compute += gemm_compute
+        memory += gemm_memory
+        seconds += max(gemm_compute, gemm_memory)
+    elementwise = passes * groups * lq * lk / device.sustained
+    memory += elementwise
+    overhead = kernels * device.launch_overhead
+    seconds += elementwise + overhead
+    efficiency = flops / (peak * compute) if compute else 1.0
+    return OpTime(ATTENTION, seconds, compute, memory, overhead, efficiency)
+
+
 def _is_backward_op(node: NodeCost) -> bool:
     """An attention op of the backward pass proper (a recomputed forward runs the forward kernel)."""
     return node.phase == BACKWARD or "backward" in node.op.lower()
 
 
-def node_seconds(node: NodeCost, device: DeviceModel | str, dtype: Any) -> float:
+def node_seconds(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kernels = FLASH) -> float:
     """Predicted seconds of one op on `device` computing in `dtype` (see the module's docstring)."""
-    return op_time(node, device, dtype).seconds
+    return op_time(node, device, dtype, kernels).seconds
 
 
-def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None) -> dict[str, Any]:
+def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None, kernels: Kernels = FLASH
+                     ) -> dict[str, Any]:
     """Predicted compute time of an Estimate's ops (one rank's step as counted), summed.
 
     Returns {"total": s, "phases": {"forward": s, "backward": s, "recompute": s},
@@ -158,20 +252,22 @@ def estimate_seconds(est: Any, device: DeviceModel | str, dtype: Any = None) -> 
     "inclusive": {qualified name: {phase: s}} (a module with everything under it; "" is the total),
     "kinds": {op kind: s}, "ops": number of ops timed, "unknown": ops no rule counts that were timed by
     their bytes alone (their FLOPs are not known), "device": name, "dtype": key}. Collective calls
-    are not in it (comm_time times them). `dtype`: the compute dtype; default the estimate's own."""
+    are not in it (comm_time times them). `dtype`: the compute dtype; default the estimate's own. `kernels`:
+    what the run's software launches where the ops do not say it (unfused attention)."""
     device = device_model(device)
     key = dtype_key(dtype if dtype is not None else (getattr(est, "dtype", None) or "float32"))
-    return sum_seconds(est.nodes, device, key)
+    return sum_seconds(est.nodes, device, key, kernels)
 
 
-def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str) -> dict[str, Any]:
+def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str, kernels: Kernels = FLASH
+                ) -> dict[str, Any]:
     """estimate_seconds() over any iterable of NodeCost."""
     phases = {FORWARD: 0.0, BACKWARD: 0.0, RECOMPUTE: 0.0}
     modules: dict[str, dict[str, float]] = {}
     kinds: dict[str, float] = {}
     timed = unknown = 0
     for node in nodes:
-        timing = op_time(node, device, key)
+        timing = op_time(node, device, key, kernels)
         if timing.kind == NONE:
             continue
         timed += 1

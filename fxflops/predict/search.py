@@ -158,7 +158,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          recompute: Sequence[str] = ("none", "selective", "full"), fsdp: Sequence[bool] = (False, True),
          sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
          memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
-         device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,)) -> PlanSearch:
+         device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,),
+         attention: str = "flash", attention_dropout: float = 0.0) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -174,10 +175,14 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
     `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
     each degree above 1 is captured once per tp and micro-batch and enumerated as predict_step predicts it:
-    with FSDP, pp = 1, not both; a degree the model or sequence cannot take is left out with a note."""
+    with FSDP, pp = 1, not both; a degree the model or sequence cannot take is left out with a note.
+    `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
+    them ("flash" or "math")."""
     from fxflops.memory import Allowance
+    from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
+    kernels = Kernels(attention, attention_dropout)
     the_cluster = with_device(cluster, device)
     device = the_cluster.device
     capacity = device.memory_bytes
@@ -217,7 +222,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                 nonlocal captures
                 captures += 1
                 return capture_costs(probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp, dtype=dtype,  # noqa: B023
-                                     loss=loss, layers=depth, memory=True, placed=placed)  # noqa: B023
+                                     loss=loss, layers=depth, memory=True, placed=placed,  # noqa: B023
+                                     kernels=kernels)
 
             # a model that cannot run sequence parallel at one tp will not at another: tried until it fails once
             want_sp = sequence_parallel and t > 1 and sp_of.get(t, sp_works)
@@ -253,7 +259,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                     captures += 1
                     costs_by[(t, mb, c, e)] = capture_costs(
                         probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp_of.get(t, False) and e == 1,
-                        dtype=dtype, loss=loss, layers=depth, memory=True, cp=c, ep=e,
+                        dtype=dtype, loss=loss, layers=depth, memory=True, cp=c, ep=e, kernels=kernels,
                         placed=dim_ranks_per_node(StepPlan(tp=t, dp=dp, cp=c, ep=e), the_cluster))
                 except Exception as error:  # a degree this model or sequence cannot take: plans without it
                     notes.append(f"{'cp' if c > 1 else 'ep'}={max(c, e)} at tp={t}, micro-batch {mb} left out: "

@@ -440,15 +440,17 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
                   dtype: Any = None, loss: Any = None, layers: int | None = None, memory: bool = False,
                   placed: dict[str, int] | None = None, tokens: int | None = None,
                   tp_plan: dict[str, Any] | None = None, cp: int = 1, ep: int = 1,
-                  routing: Any = None) -> LayerCosts:
+                  routing: Any = None, kernels: Any = None) -> LayerCosts:
     """One capture of `model` on `inputs` (one micro-batch of one data-parallel rank) under tp (and sequence
     parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan),
     cp (ring attention on S/cp positions) and ep (the experts split over ep ranks, captured with dp = ep, the
-    ranks ep borrows; `routing` as estimate() takes it), read as per-layer costs on `cluster`'s device."""
+    ranks ep borrows; `routing` as estimate() takes it), read as per-layer costs on `cluster`'s device;
+    `kernels`: an `op_time.Kernels` (what the run's software launches: fused or unfused attention)."""
     import torch
 
     import fxflops
     from fxflops.predict.layers import layer_costs
+    from fxflops.predict.op_time import FLASH
 
     dtype = dtype or torch.bfloat16
     batch, counted_tokens = tokens_of(inputs)
@@ -470,7 +472,7 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
     costs = layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
                         micro_batch=batch, tokens=tokens or counted_tokens, layers=layers, fsdp_shard=dp * cp,
-                        expert_shard=dp // ep, cp=cp, ep=ep)
+                        expert_shard=dp // ep, cp=cp, ep=ep, kernels=kernels or FLASH)
     notes = list(costs.notes)
     if ep > 1:
         routed = routing if routing is not None else "balanced"
@@ -483,13 +485,20 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
     return dataclasses.replace(costs, notes=tuple(notes))
 
 
+def _kernels_note(kernels: Any) -> str:
+    """What a prediction says about the attention kernels it assumed, when they are not the default."""
+    dropout = f" and attention dropout {kernels.attention_dropout:g}" if kernels.attention_dropout else ""
+    return (f"attention timed as unfused ({kernels.attention!r}) kernels{dropout}: batched GEMMs over every pair, the "
+            "scores through memory")
+
+
 def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None, cluster: str | Cluster = "DGX A100",
                  global_batch: int | None = None, micro_batch: int | None = None, dtype: Any = None,
                  recompute: str = "none", sequence_parallel: bool = True, *, schedule: str = ONE_F_ONE_B,
                  distributed_optimizer: bool = False, overlap_grad_reduce: bool = True, loss: Any = None,
                  layers: int | None = None, grad_bytes: int | None = None,
                  trace: str | Path | None = None, device: str | Path | Any = None,
-                 routing: Any = None) -> StepPrediction:
+                 routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -507,11 +516,16 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     for a path ending .html, a Chrome trace otherwise. Returns a StepPrediction: step_time, breakdown, mfu, hfu,
     tokens_per_sec, per rank role. `device`: the cluster's GPUs replaced by this device (a preset, or a device
     file such as `fxflops.predict.calibrate` writes from a measured run; the prediction names the file).
-    A prediction is a model with a stated error, not a measurement."""
+    `attention`: the attention kernels the run's software launches, "flash" (a fused FlashAttention-class
+    kernel, default) or "math" (unfused: batched GEMMs over every pair, softmax and its backward through
+    memory, as torch's math SDPA backend and Megatron-LM before FlashAttention run it), with
+    `attention_dropout` (the attention probabilities' dropout, a kernel of its own when unfused); see
+    `fxflops.predict.op_time.Kernels`. A prediction is a model with a stated error, not a measurement."""
     import torch
 
     from fxflops.device.peaks import dtype_key
     from fxflops.predict.hardware import with_device
+    from fxflops.predict.op_time import Kernels
 
     parallel = dict(parallel or {})
     unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan"}
@@ -535,8 +549,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     if cp > 1 or ep > 1:
         plan.check(layers or 1 << 30)  # what is not predicted, refused before the capture
     placed = dim_ranks_per_node(plan, the_cluster)
+    kernels = Kernels(attention, attention_dropout)  # an unknown kernel choice fails here, before the capture
     options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
-                   routing=routing)
+                   routing=routing, kernels=kernels)
     note = None
     try:
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
@@ -552,6 +567,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
     if note:
         prediction.notes.append(note)
+    if kernels.attention != "flash":
+        prediction.notes.append(_kernels_note(kernels))
     if trace is not None and str(trace).endswith((".html", ".htm")):
         prediction.to_html(trace)
     elif trace is not None:
