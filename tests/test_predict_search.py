@@ -87,6 +87,35 @@ def test_rank_memory_fsdp_by_hand() -> None:
                      "optimizer": 8120 * 4 // 2, "activations": 8 * 100 + 6 + 8, "temporaries": 30}
 
 
+def test_gpipe_is_enumerated_and_ranks_after_1f1b_or_is_dropped_for_memory() -> None:
+    # pp = 4 stages of 2 layers, dp = 1, 16 micro-batches: GPipe's uniform bubble is 1F1B's, (p-1) stage passes,
+    # so its step is no shorter; it keeps all 16 micro-batches' activations on the first stage where 1F1B keeps
+    # p = 4 of them (the simulated in-flight counts)
+    def search(margin: int = 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fxflops.plan(build, gpus=4, cluster="DGX A100 80GB", global_batch=16, seq_len=256, layers=8,
+                                tp=(1,), pp=(4,), virtual_stages=(1,), micro_batch=(1,), fsdp=(False,),
+                                recompute=("none",), memory_margin=margin)
+
+    both = search()
+    assert [row.schedule for row in both.rows] == ["1f1b", "gpipe"] and not both.dropped
+    one_f, gpipe = both.rows
+    assert gpipe.step_time == pytest.approx(one_f.step_time, rel=1e-9)
+    assert [gpipe.prediction.timeline.in_flight(0), one_f.prediction.timeline.in_flight(0)] == [16, 4]
+    # the same parameters, gradients and optimizer state; more activations
+    assert {k: v for k, v in gpipe.memory.items() if k != "activations"} == \
+        {k: v for k, v in one_f.memory.items() if k != "activations"}
+    assert gpipe.memory["activations"] > one_f.memory["activations"] and gpipe.peak_bytes > one_f.peak_bytes
+    # memory for 1F1B's peak and not GPipe's: GPipe is dropped, 1F1B is the best plan
+    usable = both.capacity - (512 << 20)
+    tight = search(usable - (one_f.peak_bytes + gpipe.peak_bytes) // 2)
+    assert [row.schedule for row in tight.rows] == ["1f1b"] and [row.schedule for row in tight.dropped] == ["gpipe"]
+    assert "gpipe" in gpipe.record()["schedule"] and " gpipe " in both.table()
+    with pytest.raises(ValueError, match="schedules=\\('zb',\\)"):
+        fxflops.plan(build, gpus=4, global_batch=16, seq_len=256, layers=8, schedules=("zb",))
+
+
 def test_best_plan_fits_the_memory_a_capture_of_it_holds() -> None:
     # the search's best FSDP plan, captured whole on its rank (torch's fully_shard, AdamW): the parameters it
     # predicts (shards, two gathered layers, the root unit gathered) and the optimizer state are the capture's;

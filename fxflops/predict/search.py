@@ -26,6 +26,7 @@ import torch
 from fxflops.predict.comm_time import ranks_per_node
 from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
+from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, dim_ranks_per_node,
                                   simulate_plan)
 
@@ -55,9 +56,15 @@ class PlanRow:
     def step_time(self) -> float:
         return self.prediction.step_time
 
+    @property
+    def schedule(self) -> str:
+        """The pipeline schedule the plan runs (predict_step's `schedule=`): "interleaved" with virtual stages."""
+        return "interleaved" if self.plan.virtual_stages > 1 else self.plan.schedule
+
     def record(self) -> dict[str, Any]:
         p, pred = self.plan, self.prediction
-        return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "dp": p.dp, "cp": p.cp, "ep": p.ep,
+        return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "schedule": self.schedule, "dp": p.dp,
+                "cp": p.cp, "ep": p.ep,
                 "fsdp": p.fsdp, "sequence_parallel": p.sequence_parallel, "micro_batch": p.micro_batch,
                 "microbatches": p.microbatches, "recompute": p.recompute, "step_time_s": pred.step_time,
                 **{f"{k}_s": v for k, v in pred.breakdown.items()}, "mfu": pred.mfu, "hfu": pred.hfu,
@@ -90,12 +97,12 @@ class PlanSearch:
 
     def table(self, top: int = 10) -> str:
         """The top plans with their breakdown, one line each."""
-        head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'fsdp':>5} {'mb':>3} {'recompute':>9} "
+        head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'sched':>5} {'dp':>5} {'fsdp':>5} {'mb':>3} {'recompute':>9} "
                 f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'optim':>6} {'MFU':>6} {'mem GiB':>8}")
         lines = [head]
         for i, row in enumerate(self.rows[:top], 1):
             p, b = row.plan, row.prediction.breakdown
-            lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {p.dp:>5} {str(p.fsdp):>5} "
+            lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {row.schedule[:5]:>5} {p.dp:>5} {str(p.fsdp):>5} "
                          f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
                          f"{b['exposed_comm']:>7.3f} {b['bubble']:>7.3f} {b['optimizer']:>6.3f} "
                          f"{row.prediction.mfu:>6.1%} {row.peak_bytes / GiB:>8.1f}")
@@ -159,7 +166,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
          memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
          device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,),
-         attention: str = "flash", attention_dropout: float = 0.0) -> PlanSearch:
+         attention: str = "flash", attention_dropout: float = 0.0,
+         schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE)) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -177,12 +185,18 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     each degree above 1 is captured once per tp and micro-batch and enumerated as predict_step predicts it:
     with FSDP, pp = 1, not both; a degree the model or sequence cannot take is left out with a note.
     `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
-    them ("flash" or "math")."""
+    them ("flash" or "math"). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
+    ("1f1b", "gpipe"; a plan with virtual stages runs interleaved 1F1B), each simulated: GPipe keeps every
+    micro-batch's activations until its backward, so it needs more memory than 1F1B for the same bubble."""
     from fxflops.memory import Allowance
     from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
     kernels = Kernels(attention, attention_dropout)
+    unknown = [name for name in schedules if name not in (ONE_F_ONE_B, GPIPE)]
+    if unknown or not schedules:
+        raise ValueError(f"plan(): schedules={tuple(schedules)!r}: pick from {ONE_F_ONE_B!r}, {GPIPE!r} (interleaved "
+                         "1F1B is virtual_stages > 1)")
     the_cluster = with_device(cluster, device)
     device = the_cluster.device
     capacity = device.memory_bytes
@@ -266,7 +280,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                                  f"{_first_line(error)}")
     rows, dropped = [], []
     dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
-    for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp):
+    for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp, schedules):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
         peak, by_kind = rank_memory(costs, step_plan, prediction, optimizer_state_bytes)
@@ -348,7 +362,7 @@ def _context_expert_degrees(rest: int, cp: Sequence[int], ep: Sequence[int]) -> 
 
 def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, int, int, int], LayerCosts],
            sp_of: dict[int, bool], pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str],
-           fsdp: Iterable[bool]) -> Iterable[StepPlan]:
+           fsdp: Iterable[bool], schedules: Sequence[str] = (ONE_F_ONE_B,)) -> Iterable[StepPlan]:
     for (t, mb, c, e) in sorted(costs_by):
         if c * e > 1:  # context / expert parallel: with FSDP, without pp
             dp = gpus // (t * c)
@@ -364,13 +378,15 @@ def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, 
             for v in virtual_stages:
                 if v > 1 and (p == 1 or layers % (p * v) or m % p):
                     continue
-                for shard in fsdp:
-                    if shard and dp == 1:
-                        continue
-                    for r in recompute:
-                        yield StepPlan(tp=t, pp=p, dp=dp, virtual_stages=v, sequence_parallel=sp_of.get(t, False),
-                                       fsdp=shard, micro_batch=mb, global_batch=global_batch, recompute=r,
-                                       distributed_optimizer=not shard and dp > 1)
+                # the schedule matters with one chunk a stage on two stages or more; more chunks: interleaved
+                for schedule in (schedules if p > 1 and v == 1 else (ONE_F_ONE_B,)):
+                    for shard in fsdp:
+                        if shard and dp == 1:
+                            continue
+                        for r in recompute:
+                            yield StepPlan(tp=t, pp=p, dp=dp, virtual_stages=v, sequence_parallel=sp_of.get(t, False),
+                                           fsdp=shard, micro_batch=mb, global_batch=global_batch, recompute=r,
+                                           distributed_optimizer=not shard and dp > 1, schedule=schedule)
 
 
 def _pipeline_degrees(rest: int, layers: int, pp: Sequence[int] | None) -> list[int]:
