@@ -4,8 +4,9 @@ Each run of fxflops.predict.validation.RUNS (Korthikanti et al. 2022 Tables 3/5:
 et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula; Smith et al. 2022 (MT-NLG 530B):
 iteration time; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's performance page: tokens/s per
 A100) is predicted with predict_step on the run's cluster preset (DGX A100 80GB or DGX H100), the model
-captured at two layers (the costs stand for the run's depth). The constants come from fxflops/predict/data
-and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
+captured at two layers (the costs stand for the run's depth), with the kernels its software ran as the
+row states them (unfused or flash attention, attention dropout, the gradient reduction's dtype). The
+constants come from fxflops/predict/data and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
 
     python benchmarks/predict_validation.py
 """
@@ -40,7 +41,8 @@ def main() -> None:
         b = prediction.breakdown
         unit = UNITS[run.metric]
         rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
-                    f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | {unit} | "
+                    f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | "
+                    f"{run.kernels} | {unit} | "
                     f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "
                     f"{b['exposed_comm']:.2f} / {b['bubble']:.2f} / {b['optimizer']:.2f} | "
                     f"{time.perf_counter() - start:.1f} |")
@@ -49,8 +51,8 @@ def main() -> None:
     text = "\n".join([
         "# predict_validation.py", "", environment(), "", "Breakdown of the step's critical rank in seconds:",
         "compute / exposed communication / bubble / optimizer.", "",
-        "| run | publication | cluster preset | plan | metric | measured | predicted | error | breakdown (s) | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "| run | publication | cluster preset | plan | kernels | metric | measured | predicted | error | breakdown (s) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         f"Mean absolute error {mean:.1%} over {len(errors)} runs; largest {worst:.1%}.", ""])
     path = os.path.join(ROOT, "benchmarks", "results", "predict_validation.md")
     with open(path, "w") as stream:

@@ -181,6 +181,22 @@ class PublishedRun:
     seq: int = SEQ
     distributed_optimizer: bool = False
     fsdp: bool = False
+    # the software's kernels where the model's ops do not say them (op_time.Kernels): "flash" or "math"
+    # (unfused) attention, the attention dropout, and bytes per gradient element in the data-parallel reduction
+    attention: str = "flash"
+    attention_dropout: float = 0.0
+    grad_bytes: int | None = None
+    software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
+
+    @property
+    def kernels(self) -> str:
+        """The software's kernels as the row assumes them, in a few words (the docs table's column)."""
+        words = ["unfused attention" if self.attention == "math" else "flash attention"]
+        if self.attention_dropout:
+            words.append(f"dropout {self.attention_dropout:g}")
+        if self.grad_bytes == 4:
+            words.append("fp32 gradient reduction")
+        return ", ".join(words)
 
     @property
     def dp(self) -> int:
@@ -211,59 +227,96 @@ _T_ASSUMED = ("the page gives the model, 64 A100 80GB under FSDP2 (1D), the loca
               "page says Llama 2's is half Llama 3's), FSDP resharding after the forward (FSDP2's default), the "
               "cluster's network as the DGX A100 80GB preset's (the page does not say), no torch.compile, "
               "WPS as tokens a second a GPU")
+_MEGATRON_2021 = ("unfused attention with dropout 0.1: Narayanan et al. Sec. 4.2 (computation optimizations) fuse "
+                  "bias + GeLU and bias + dropout + add with PyTorch JIT and write custom kernels fusing scale, mask "
+                  "and softmax, so the scores go through memory between the two batched GEMMs (FlashAttention came "
+                  "in 2022); attention dropout 0.1 is Megatron-LM's default (--attention-dropout)")
+_MEGATRON_2022 = ("unfused attention with dropout 0.1: Korthikanti et al. Sec. 4.1 Eq. 1 stores the softmax output "
+                  "(2as^2b bytes), its dropout mask (as^2b) and the dropout output (2as^2b) of every layer, and Sec. 5's "
+                  "selective recomputation recomputes the QK^T matrix multiply, softmax, softmax dropout and "
+                  "attention over V: the attention ran as separate kernels with the scores in memory")
+_DEEPSPEED_2021 = ("unfused attention with dropout 0.1, as Megatron-LM then (assumed: Sec. 2 builds on Megatron-LM's "
+                   "tensor slicing; the paper does not describe its kernels; FlashAttention came in 2022)")
+_LLAMA3_SOFTWARE = "fused (flash) attention, no dropout (assumed: the paper does not name its attention kernel)"
+_TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, which runs "
+                        "FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
+                        "--training.mixed_precision_reduce, default and only choice 'float32', torchtitan/config_manager.py "
+                        "of 2024)")
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
 RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("22B, SP + selective", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "selective", True,
-                 "step_time", 1.10, _K_SELECTIVE),
+                 "step_time", 1.10, _K_SELECTIVE,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("22B, full recompute", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "full", False,
-                 "step_time", 1.42, _K_FULL),
+                 "step_time", 1.42, _K_FULL,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("175B, SP + selective", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "selective", True,
-                 "step_time", 13.75, _K_SELECTIVE),
+                 "step_time", 13.75, _K_SELECTIVE,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("175B, full recompute", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "full", False,
-                 "step_time", 18.13, _K_FULL),
+                 "step_time", 18.13, _K_FULL,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("530B, SP + selective", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "selective", True,
-                 "step_time", 37.83, _K_SELECTIVE),
+                 "step_time", 37.83, _K_SELECTIVE,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("530B, full recompute", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "full", False,
-                 "step_time", 49.05, _K_FULL),
+                 "step_time", 49.05, _K_FULL,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("1T, SP + selective", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "selective", True,
-                 "step_time", 71.49, _K_SELECTIVE),
+                 "step_time", 71.49, _K_SELECTIVE,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
-                 "step_time", 94.42, _K_FULL),
+                 "step_time", 94.42, _K_FULL,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
     PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 1, 1, "full", False,
-                 "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 1, 1, "full", False,
-                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 1, 1, "full", False,
-                 "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 1, 1, "full", False,
-                 "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 1, "full", False,
-                 "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
-                 "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False),
+                 "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
     PublishedRun("MT-NLG 530B on 2240 GPUs", SMITH, 105, 20480, 128, 2240, 8, 35, 1920, 1, 1, "full", False,
-                 "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False),
+                 "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 2800 GPUs", SMITH, 105, 20480, 128, 2800, 8, 35, 1920, 1, 1, "full", False,
-                 "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False),
+                 "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 3360 GPUs", SMITH, 105, 20480, 128, 3360, 8, 35, 1920, 1, 1, "full", False,
-                 "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False),
+                 "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
     PublishedRun("Llama 3 405B on 8192 H100", LLAMA3, 126, 16384, 128, 8192, 8, 16, 64 * 32, 1, 2, "none", True,
                  "model_tflops_per_gpu", 430, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
-                 vocab=128256, seq=8192, distributed_optimizer=True),
+                 vocab=128256, seq=8192, distributed_optimizer=True,
+                 software=_LLAMA3_SOFTWARE),
     PublishedRun("Llama 3 405B on 16384 H100", LLAMA3, 126, 16384, 128, 16384, 8, 16, 128 * 16, 1, 2, "none", True,
                  "model_tflops_per_gpu", 400, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
-                 vocab=128256, seq=8192, distributed_optimizer=True),
+                 vocab=128256, seq=8192, distributed_optimizer=True,
+                 software=_LLAMA3_SOFTWARE),
     PublishedRun("Llama 3 70B, FSDP, full AC", TORCHTITAN, 80, 8192, 64, 64, 1, 1, 64, 1, 1, "full", False,
                  "tokens_per_sec_per_gpu", 331, _T_ASSUMED, arch="llama", ffn=28672, kv_heads=8, vocab=128256,
-                 seq=8192, fsdp=True),
+                 seq=8192, fsdp=True,
+                 grad_bytes=4, software=_TORCHTITAN_SOFTWARE),
     PublishedRun("Llama 2 70B, FSDP, full AC", TORCHTITAN, 80, 8192, 64, 64, 1, 1, 128, 2, 1, "full", False,
                  "tokens_per_sec_per_gpu", 353, _T_ASSUMED, arch="llama", ffn=28672, kv_heads=8, vocab=32000,
-                 seq=4096, fsdp=True),
+                 seq=4096, fsdp=True,
+                 grad_bytes=4, software=_TORCHTITAN_SOFTWARE),
     PublishedRun("Llama 2 13B, FSDP, no AC", TORCHTITAN, 40, 5120, 40, 64, 1, 1, 128, 2, 1, "none", False,
                  "tokens_per_sec_per_gpu", 2162, _T_ASSUMED, arch="llama", ffn=13824, kv_heads=40, vocab=32000,
-                 seq=4096, fsdp=True),
+                 seq=4096, fsdp=True,
+                 grad_bytes=4, software=_TORCHTITAN_SOFTWARE),
 )
 
 
@@ -282,7 +335,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
     prediction = predict_step(model, (ids,), parallel, cluster or run.cluster, global_batch=run.global_batch,
                               recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
-                              distributed_optimizer=run.distributed_optimizer)
+                              distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
+                              attention=run.attention, attention_dropout=run.attention_dropout)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
