@@ -139,11 +139,15 @@ def test_best_plan_fits_the_memory_a_capture_of_it_holds() -> None:
 
 def test_cli_plan(tmp_path, capsys) -> None:
     assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16",
-                 "--seq-len", "128", "--micro-batch", "2", "--top", "3", "--csv", str(tmp_path / "p.csv")]) == 0
+                 "--seq-len", "128", "--micro-batch", "2", "--top", "3", "--csv", str(tmp_path / "p.csv"),
+                 "--attention", "math", "--attention-dropout", "0.1", "--schedules", "gpipe"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("plans for 8 x A100 80GB SXM (DGX A100 80GB), global batch 16:")
     assert len([line for line in out.splitlines() if line[:3].strip().isdigit()]) == 3
-    assert (tmp_path / "p.csv").read_text().startswith("tp,pp,virtual_stages")
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))
+    assert (tmp_path / "p.csv").read_text().startswith("tp,pp,virtual_stages,schedule")
+    # --schedules gpipe: the plans with pp > 1 and one chunk a stage run GPipe (none 1F1B)
+    assert {row["schedule"] for row in rows if row["pp"] != "1" and row["virtual_stages"] == "1"} == {"gpipe"}
 
 
 def test_cli_plan_errors_are_one_line(capsys) -> None:

@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="context parallel degrees to try (long sequences; with FSDP, pp=1), e.g. --cp 1 2 4")
     parser.add_argument("--ep", type=int, nargs="+", default=[1],
                         help="expert parallel degrees to try (MoE models; with FSDP, pp=1), e.g. --ep 1 2 4")
+    parser.add_argument("--schedules", nargs="+", choices=["1f1b", "gpipe"], default=["1f1b", "gpipe"],
+                        help="pipeline schedules to try with one chunk a stage (virtual stages run interleaved 1F1B)")
+    parser.add_argument("--attention", choices=["flash", "math"], default="flash",
+                        help="the attention kernels the run launches: flash (fused, default) or math (unfused: "
+                        "batched GEMMs and the scores through memory)")
+    parser.add_argument("--attention-dropout", type=float, default=0.0,
+                        help="dropout on the attention probabilities (a kernel of its own with --attention math)")
     parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
     parser.add_argument("--json", help="write every plan evaluated to this JSON file")
@@ -64,7 +71,8 @@ def main(argv: Sequence[str]) -> int:
         model, depth = load(args.model, InputOptions(batch=1, seq_len=args.seq_len, dtype=dtype)).model, None
     result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
                   layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device,
-                  cp=tuple(args.cp), ep=tuple(args.ep))
+                  cp=tuple(args.cp), ep=tuple(args.ep), schedules=tuple(args.schedules), attention=args.attention,
+                  attention_dropout=args.attention_dropout)
     sys.stdout.write(result.render(args.top) + "\n")
     if args.csv:
         result.to_csv(args.csv)
