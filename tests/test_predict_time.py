@@ -271,6 +271,9 @@ def test_unfused_attention_reads_grouped_query_and_seq_first_layouts():
                                     input_shapes=((1, 2048, 32, 128),) * 3)
     assert node_seconds(seq_first, a100, "bf16", Kernels("math")) == pytest.approx(
         node_seconds(plain, a100, "bf16", Kernels("math")), rel=1e-12)
+    # flex attention is a compiled fused kernel: "math" leaves it at the fused curves
+    flex = dataclasses.replace(plain, op="torch.ops.higher_order.flex_attention")
+    assert node_seconds(flex, a100, "bf16", Kernels("math")) == node_seconds(flex, a100, "bf16")
 
 
 def test_estimate_seconds_sums_per_phase_and_module():

@@ -57,7 +57,8 @@ class Kernels:
     gradient written) and the softmax's (probabilities and gradient read, gradient written). Each GEMM takes
     the slower of its compute (the GEMM model) and its traffic (both operands read, the product written).
     `attention_dropout`: dropout probability on the attention probabilities (only a "math" run launches a
-    kernel for it; a flash kernel applies it in registers)."""
+    kernel for it; a flash kernel applies it in registers). Flex attention ops stay fused under "math": they
+    are compiled kernels whatever backend the run's scaled_dot_product_attention calls take."""
 
     attention: str = "flash"
     attention_dropout: float = 0.0
@@ -157,7 +158,8 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     kind = op_kind(node)
     if kind == NONE:
         return OpTime(NONE, 0.0, 0.0, 0.0, 0.0, 1.0)
-    if kind == ATTENTION and kernels.attention == "math":
+    # flex attention is a compiled fused kernel whatever the run's SDPA backend: only SDPA-family ops run unfused
+    if kind == ATTENTION and kernels.attention == "math" and "flex" not in node.op:
         dims = _attention_dims(node)
         if dims is not None:
             return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)

@@ -8,7 +8,9 @@ The runs' constants (device peaks, efficiency curves, link bandwidths) come from
 each from a microbenchmark or datasheet; none was fitted to these runs. Each row names its publication,
 table and what the publication measured; where a publication leaves a setting out (a micro-batch size,
 the pipeline schedule), the row says what is assumed, and the assumption is the same for every row of
-that publication.
+that publication. What the run's software launched where the model's ops do not say it (fused or unfused
+attention, the attention dropout, the gradient reduction's dtype) is a fact of the run: each row states it
+in `software`, with the section of the publication (or the code) it comes from, or says it is assumed.
 
 `gpt(layers, hidden, heads)` builds the model the Megatron-LM runs trained (Megatron-LM's GPT: learned
 positions, pre-LayerNorm blocks, GeLU MLP of 4h, vocabulary 51,200, sequence 2,048) with module names the
