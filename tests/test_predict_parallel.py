@@ -100,7 +100,8 @@ def synthetic(params: int, expert_params: int, comm: float = 0.0) -> LayerCosts:
     block = Part(forward=1.0, backward=2.0, comm_forward=comm, comm_backward=comm / 2, forward_flops=100,
                  backward_flops=200, params=params, expert_params=expert_params, ep_comm_forward=comm,
                  ep_comm_backward=comm / 2)
-    return LayerCosts(1, False, 1, 1000, 1, block, Part(), Part(), 0, 2, "bfloat16", "A100", 1)
+    # costs of a cp / ep capture, which runs FSDP itself (its copies are among its ops)
+    return LayerCosts(1, False, 1, 1000, 1, block, Part(), Part(), 0, 2, "bfloat16", "A100", 1, fsdp_in_capture=True)
 
 
 def test_ep_step_gathers_experts_over_dp_over_ep_and_the_rest_over_dp() -> None:

@@ -94,6 +94,22 @@ def test_fsdp_gathers_are_prefetched_one_layer_ahead() -> None:
     assert _prefetched([1.0] * 3, [0.5] * 3, [0.25] * 3) == 0.5 + 3.0 + 0.25
 
 
+def test_fsdp_copies_each_gathered_layer_out_on_the_compute_stream() -> None:
+    # 8 layers of 1 s / 2 s holding 2^26 bf16 parameters, FSDP over dp = 2 in a node: before each forward and each
+    # backward FSDP2 copies the gathered layer into its parameters (2 x 2^26 x 2 bytes through memory, one
+    # kernel): 16 copies on the compute stream; a capture that ran FSDP has them among its ops already
+    params = 1 << 26
+    plan = StepPlan(dp=2, fsdp=True, global_batch=2)
+    copy_out = 2 * params * 2 / A100.device.sustained + A100.device.launch_overhead
+    prediction = simulate_plan(costs(params=params), plan, A100)
+    assert prediction.breakdown["compute"] == pytest.approx(8 * 3.0 + 16 * copy_out, rel=1e-12)
+    captured = simulate_plan(dataclasses.replace(costs(params=params), fsdp_in_capture=True), plan, A100)
+    assert captured.breakdown["compute"] == pytest.approx(8 * 3.0, rel=1e-12)
+    # without FSDP there is nothing to copy
+    assert simulate_plan(costs(params=params), StepPlan(dp=2, fsdp=False, global_batch=2), A100
+                         ).breakdown["compute"] == pytest.approx(8 * 3.0, rel=1e-12)
+
+
 def test_bad_plans_are_one_line() -> None:
     with pytest.raises(ValueError, match="recompute='some'"):
         simulate_plan(costs(), StepPlan(recompute="some"), A100)

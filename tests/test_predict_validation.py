@@ -91,6 +91,8 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert sum(first) / len(first) < 0.10 and max(first) < 0.20
     rest = [error for run, error in zip(RUNS, errors) if run.source != SMITH]
     assert sum(rest) / len(rest) < 0.10 and max(rest) < 0.20
+    # over every row the mean is under 10%; the largest is MT-NLG's, over 20%
+    assert mean < 0.10 and max(rest) < worst
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "MT-NLG 530B on 2240 GPUs",

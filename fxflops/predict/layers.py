@@ -88,6 +88,9 @@ class LayerCosts:
     # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in
     # flight between ops): one layer's worth whatever the depth, so the search adds it once per rank
     transient_bytes: int = 0
+    # the capture ran under FSDP (cp / ep captures): FSDP2's own copies (all-gather copy-in and copy-out, the
+    # reduce-scatter's chunk_cat) are among its ops already, so the step does not add them again
+    fsdp_in_capture: bool = False
 
     @property
     def params(self) -> int:
@@ -194,7 +197,8 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     notes: list[str] = []
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
-                      str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient)
+                      str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
+                      fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1)
 
 
 def _part_of(blocks: list[str]) -> Callable[[str], int]:

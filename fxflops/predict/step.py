@@ -9,7 +9,9 @@ step as it runs on each pipeline rank:
   "selective" runs the attention kernels again (Korthikanti et al. 2022); counted in HFU, not MFU;
 - FSDP (fsdp=True, dp > 1): each layer's parameters all-gathered before its forward and again before its
   backward (resharded after the forward), prefetched one layer ahead on a communication stream, and its
-  gradients reduce-scattered after its backward, micro-batch by micro-batch;
+  gradients reduce-scattered after its backward, micro-batch by micro-batch; FSDP2's copy of each gathered
+  layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
+  the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
 - data parallel without FSDP: the gradients reduced once per step (all-reduce, or reduce-scatter with a
   distributed optimizer, whose parameters are all-gathered after the step), bucket by layer as the last
   micro-batch's backward produces them, overlapped with what is left of it;
@@ -230,6 +232,14 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                                                             placed["fsdp_experts"], costs.param_bytes, grad_bytes,
                                                             cluster)
         gather, scatter = gather + expert_gather, scatter + expert_scatter
+        if not costs.fsdp_in_capture:
+            # FSDP2 copies each gathered layer out of the all-gather's buffer into its parameters on the compute
+            # stream (foreach_all_gather_copy_out: split_with_sizes_copy, the buffer read and the parameters
+            # written), before the forward and again before the backward; the experts' group is a second copy
+            copy_out = stream_seconds(2 * block.params * costs.param_bytes, cluster.device,
+                                      kernels=2 if block.expert_params else 1)
+            layer_fwd_compute += copy_out
+            layer_bwd_compute += copy_out
 
     chunks = _split(layers, p * v)
     chunk_costs, chunk_compute = [], []
