@@ -102,7 +102,8 @@ class PlanSearch:
         lines = [head]
         for i, row in enumerate(self.rows[:top], 1):
             p, b = row.plan, row.prediction.breakdown
-            lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {row.schedule[:5]:>5} {p.dp:>5} {str(p.fsdp):>5} "
+            lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {row.schedule[:5]:>5} {p.dp:>5} "
+                         f"{str(p.fsdp):>5} "
                          f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
                          f"{b['exposed_comm']:>7.3f} {b['bubble']:>7.3f} {b['optimizer']:>6.3f} "
                          f"{row.prediction.mfu:>6.1%} {row.peak_bytes / GiB:>8.1f}")

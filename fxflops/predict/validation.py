@@ -233,17 +233,17 @@ _MEGATRON_2021 = ("unfused attention with dropout 0.1: Narayanan et al. Sec. 4.2
                   "bias + GeLU and bias + dropout + add with PyTorch JIT and write custom kernels fusing scale, mask "
                   "and softmax, so the scores go through memory between the two batched GEMMs (FlashAttention came "
                   "in 2022); attention dropout 0.1 is Megatron-LM's default (--attention-dropout)")
-_MEGATRON_2022 = ("unfused attention with dropout 0.1: Korthikanti et al. Sec. 4.1 Eq. 1 stores the softmax output "
-                  "(2as^2b bytes), its dropout mask (as^2b) and the dropout output (2as^2b) of every layer, and Sec. 5's "
-                  "selective recomputation recomputes the QK^T matrix multiply, softmax, softmax dropout and "
-                  "attention over V: the attention ran as separate kernels with the scores in memory")
+_MEGATRON_2022 = ("unfused attention with dropout 0.1: Korthikanti et al. Sec. 4.1 Eq. 1 stores the softmax "
+                  "output (2as^2b bytes), its dropout mask (as^2b) and the dropout output (2as^2b) of every layer, "
+                  "and Sec. 5's selective recomputation recomputes the QK^T matrix multiply, softmax, softmax "
+                  "dropout and attention over V: the attention ran as separate kernels with the scores in memory")
 _DEEPSPEED_2021 = ("unfused attention with dropout 0.1, as Megatron-LM then (assumed: Sec. 2 builds on Megatron-LM's "
                    "tensor slicing; the paper does not describe its kernels; FlashAttention came in 2022)")
 _LLAMA3_SOFTWARE = "fused (flash) attention, no dropout (assumed: the paper does not name its attention kernel)"
-_TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, which runs "
-                        "FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
-                        "--training.mixed_precision_reduce, default and only choice 'float32', torchtitan/config_manager.py "
-                        "of 2024)")
+_TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, "
+                        "which runs FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
+                        "--training.mixed_precision_reduce, default and only choice 'float32', "
+                        "torchtitan/config_manager.py of 2024); FSDP2's all-gather copy-out on the compute stream")
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
