@@ -36,17 +36,19 @@ class Parallel:
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
     into pp * virtual_stages contiguous stages (fxflops.parallel.pipeline).
-    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` of the dp ranks, tokens
-    dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
-    `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and attention run as torch's
-    ring attention (fxflops.parallel.context); FSDP then shards over dp x cp, as torchtitan does.
+    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` ranks, tokens dispatched by
+    all-to-all (fxflops.parallel.experts); torchtitan borrows them from the sharded data-parallel ranks and
+    cp (ep divides dp_shard * cp, cp divides ep); expert gradients are reduced over the dp * cp / ep ranks
+    holding the same experts. `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and
+    attention run as torch's ring attention (fxflops.parallel.context); gradients are then reduced over
+    dp x cp (FSDP shards over it, HSDP over dp_shard x cp, DDP all-reduces over it), as torchtitan and
+    Megatron-LM do. Every combination of tp, pp, dp (FSDP, HSDP, DDP), ep and cp composes.
     `microbatch` (samples per micro-batch), `microbatches` (micro-batches per step and data-parallel rank:
     the pipeline's micro-batches, or gradient accumulation steps) and `batch` (the global batch: samples
     per optimizer step over the job) are tied by batch = microbatch * microbatches * dp; give any of them.
     `schedule`: the pipeline schedule, which sets how many micro-batches' activations a stage holds
     (fxflops.memory.pipeline): "1F1B" (the default), "GPipe", or "interleaved" (the default with
     virtual_stages > 1, which it needs).
-    pp with ep or cp, and ep or cp with DDP or HSDP, are refused as not built yet.
     The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
@@ -90,21 +92,39 @@ class Parallel:
         return _SCHEDULES[self.schedule.lower().replace("-", "").replace("_", "")]
 
     def degrees(self) -> dict[str, int]:
-        """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
-        dp_replicate x dp_shard under HSDP."""
-        dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
-            else (("dp_mod_ep", self.dp // self.ep), ("ep", self.ep)) if self.ep > 1 else (("dp", self.dp),)
-        return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
-                if degree > 1}
-
-    def data_parallel_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard; under expert
-        parallelism dp_mod_ep x ep, which apply_plan flattens)."""
+        """The mesh dimensions above 1, outermost first (the order ranks are numbered in), torchtitan's
+        ParallelDims layout: pp, dp_replicate (HSDP's replicas), the data-parallel ranks FSDP shards over (all
+        of dp, or HSDP's dp_shard), cp, tp. Expert parallelism borrows its ranks from the sharded data-parallel
+        ranks and cp (torchtitan's ep = dp_shard_in_ep x cp): those split into dp_mod_ep (the ranks holding the
+        same experts) and the ep ranks they do not take from cp ("ep" without cp, else "dp_in_ep")."""
+        shard = (("dp_shard", self.shard),) if self.shard != self.dp else (("dp", self.dp),)
         if self.ep > 1:
-            return ("dp_mod_ep", "ep") if self.dp > self.ep else ("ep",)
-        if self.cp > 1:  # context-parallel ranks hold other positions of the same batch: gradients reduced over both
-            return ("dp", "cp") if self.dp > 1 else ("cp",)
-        return tuple(name for name in self.degrees() if name.startswith("dp"))
+            within = self.ep // self.cp if self.ep % self.cp == 0 else self.ep
+            shard = (("dp_mod_ep", self.shard * self.cp // self.ep), ("ep" if self.cp == 1 else "dp_in_ep", within))
+        dims = (("pp", self.pp), ("dp_replicate", self.dp // self.shard), *shard, ("cp", self.cp), ("tp", self.tp))
+        return {name: degree for name, degree in dims if degree > 1}
+
+    def expert_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions the expert-parallel group spans, outermost first (flattened into one group when
+        two: torchtitan's dp_shard_in_ep x cp); () without ep."""
+        if self.ep == 1:
+            return ()
+        return tuple(name for name in ("ep", "dp_in_ep", "cp") if name in self.degrees())
+
+    def gradient_dims(self, experts: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(dims the parameters are replicated over, dims they are sharded over): the data-parallel mesh
+        dimensions whose ranks reduce a parameter's gradients, which cp joins (its ranks hold other positions
+        of the same samples; Megatron's data-parallel-with-context-parallel group, torchtitan's dp_shard_cp).
+        FSDP shards over all of them, HSDP replicates over dp_replicate and shards over the rest, DDP replicates
+        over all. `experts`: for the expert parameters, which the expert-parallel ranks hold different slices
+        of: the same less the expert-parallel dimensions (torchtitan's dp_mod_ep, Megatron's
+        expert-data-parallel group)."""
+        names = [name for name in self.degrees() if name not in ("pp", "tp")]
+        if experts:
+            names = [name for name in names if name not in self.expert_dims()]
+        if not self.fsdp:
+            return tuple(names), ()
+        return tuple(n for n in names if n == "dp_replicate"), tuple(n for n in names if n != "dp_replicate")
 
     def as_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tp_plan"}
@@ -218,26 +238,16 @@ class Parallel:
             if layers:
                 raise NotImplementedError(f"parallel plan: sequence_parallel with mixture-of-experts layers "
                                           f"('{layers[0]}') is not built yet; give tp without it")
-        if self.pp > 1 and (self.ep > 1 or self.cp > 1):
-            # a pipeline's roles are cut from one capture; expert parallelism captures a rank per routing role,
-            # and neither was checked against the other
-            raise NotImplementedError(f"parallel plan: pp with {'ep' if self.ep > 1 else 'cp'} is not built yet; "
-                                      "give pp without ep and cp")
         if self.ep > 1:
-            if not self.fsdp:
-                raise NotImplementedError("parallel plan: ep with DDP (fsdp=False) is not built yet; give ep with "
-                                          "FSDP (fsdp=True)")
-            if self.shard != self.dp:
-                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; "
-                                          "give ep with dp alone")
-            if self.cp > 1:
-                raise NotImplementedError("parallel plan: ep with cp is not built yet; give one of them")
+            if self.cp > 1 and self.ep % self.cp:
+                # torchtitan's ParallelDims: ep = dp_shard_in_ep x cp, so cp divides ep
+                raise ValueError(f"parallel plan: ep={self.ep} with cp={self.cp}: expert parallelism borrows its "
+                                 f"ranks from the data-parallel and all the cp ranks (torchtitan's layout); pick an ep "
+                                 f"that is a multiple of cp={self.cp}")
             from fxflops.parallel.experts import check_experts
 
-            check_experts(model, self.ep, self.dp)
-        if self.cp > 1 and (self.shard != self.dp or not self.fsdp):
-            raise NotImplementedError("parallel plan: cp shards the parameters with FSDP2 over dp x cp; cp with HSDP "
-                                      "(dp_shard) or without fsdp is not built yet")
+            check_experts(model, self.ep, self.shard * self.cp,
+                          "dp_shard*cp" if self.shard != self.dp else "dp*cp" if self.cp > 1 else "dp")
         if self.pp > 1:
             layers = len(repeated_blocks(model))
             if not layers:

@@ -75,16 +75,23 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
             pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
             return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc)
 
-    estimate, seen, pp_group = capture(0)
-    if pp_group is not None:
+    first = capture(0)
+    estimate, seen, _ = first
+    # tp, cp and dp ranks run the same ops; ranks whose experts receive other token counts run other ops (a
+    # capture per expert role); a pipeline's stages differ (each capture cut into them): roles are both at once
+    routed = expert_roles(seen, plan.degrees(), plan.size, plan.expert_dims()) if plan.ep > 1 \
+        else [("every rank", tuple(range(plan.size)))]
+    roles = []
+    for name, ranks in routed:
+        rank_estimate, _, pp_group = first if ranks[0] == 0 else capture(ranks[0])
+        if pp_group is None:
+            roles.append(RankRole(name, ranks, rank_estimate))
+            continue
         from fxflops.parallel.pipeline import pipeline_roles
 
-        roles = pipeline_roles(model, estimate, plan, pp_group, stage_memory, micro_batches)
-    elif plan.ep > 1:  # ranks whose experts receive other token counts run other ops: a capture per role
-        roles = [RankRole(name, ranks, estimate if ranks[0] == 0 else capture(ranks[0])[0])
-                 for name, ranks in expert_roles(seen, plan.degrees(), plan.size)]
-    else:
-        roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]  # tp, cp and dp ranks run the same ops
+        for stage in pipeline_roles(model, rank_estimate, plan, pp_group, stage_memory, micro_batches):
+            both = tuple(sorted(set(stage.ranks) & set(ranks)))
+            roles.append(RankRole(stage.name if len(routed) == 1 else f"{stage.name}, {name}", both, stage.estimate))
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
@@ -167,44 +174,62 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
 
     if styles:
         parallelize_module(model, mesh["tp"], styles)
-    experts = apply_experts(model, mesh["ep"], seen if seen is not None else RoutedCounts()) if plan.ep > 1 else []
+    seen = seen if seen is not None else RoutedCounts()
+    flattened: dict[tuple[str, ...], DeviceMesh] = {}  # (torch asks that flattened meshes be kept, not sliced)
+    experts = apply_experts(model, _flat(mesh, plan.expert_dims(), flattened), seen) if plan.ep > 1 else []
     if plan.cp > 1:
         apply_context(model, mesh["cp"])
-    if plan.dp == 1 and plan.cp == 1:
+    replicated, sharded = plan.gradient_dims()
+    if not replicated and not sharded:
         return set(), set()
-    dims = plan.data_parallel_dims()
-    if len(dims) == 1:
-        dp_mesh = mesh[dims[0]]
-    elif plan.ep > 1 or plan.cp > 1:  # one FSDP dimension over both (flattened)
-        dp_mesh = mesh[dims]._flatten("_".join(dims))
-    else:
-        dp_mesh = mesh[dims]  # 2-D under HSDP: replicate, shard
-    groups = {dp_mesh.get_group(dim).group_name for dim in range(dp_mesh.ndim)}
+    groups: set[str] = set()
     wrapped: list[torch.nn.Module] = []
-    if plan.fsdp:
-        from torch.distributed.fsdp import fully_shard
 
-        if plan.ep > 1 and plan.dp > plan.ep:
-            # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
-            for module in {id(m): m for m in _owners(model, experts)}.values():
-                fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
-                wrapped.append(module)
-            groups.add(mesh["dp_mod_ep"].get_group().group_name)
-            experts = []
-        ignored = set(experts)  # dp == ep: each rank's experts are its own whole
+    def wrap(module: torch.nn.Module, dims: tuple[tuple[str, ...], tuple[str, ...]], ignored: set) -> bool:
+        """FSDP2's fully_shard over the sharded dims (HSDP: a 2-D mesh, replicas outside), else torch's
+        replicate() (DDP on FSDP2's machinery: parameters whole, gradients all-reduced) over the replicated
+        ones; False where neither has a rank to reduce with."""
+        replicate_over, shard_over = (_flat(mesh, names, flattened) if names else None for names in dims)
+        if shard_over is None and replicate_over is None:
+            return False
+        if shard_over is not None:
+            from torch.distributed.fsdp import fully_shard
 
-        def wrap(module: torch.nn.Module) -> None:
-            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward, ignored_params=ignored)
-    else:  # DDP as torch builds it on FSDP2's machinery: parameters whole, gradients all-reduced per unit
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+            unit_mesh = shard_over if replicate_over is None else \
+                DeviceMesh._concatenate([replicate_over, shard_over])  # HSDP's 2-D (replicate, shard) mesh
+            fully_shard(module, mesh=unit_mesh, reshard_after_forward=plan.reshard_after_forward,
+                        ignored_params=ignored)
+        else:
+            from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        def wrap(module: torch.nn.Module) -> None:
-            replicate(module, mesh=dp_mesh)
+            unit_mesh = replicate_over
+            replicate(module, mesh=unit_mesh, ignored_params=ignored)
+        groups.update(unit_mesh.get_group(dim).group_name for dim in range(unit_mesh.ndim))
+        wrapped.append(module)
+        return True
+
+    ignored: set[torch.nn.Parameter] = set()
+    if experts:
+        # the expert parameters: reduced over the data-parallel ranks holding the same experts (torchtitan's
+        # dp_mod_ep, Megatron's expert-data-parallel group); where no other rank holds them (dp*cp == ep, no
+        # replicas) each rank's experts are its own whole, which the other units leave be
+        owners = {id(m): m for m in _owners(model, experts)}.values()
+        if not all([wrap(module, plan.gradient_dims(experts=True), set()) for module in owners]):
+            ignored = set(experts)
     for unit in [*data_parallel_units(model, plan), model]:
-        wrap(unit)
-        wrapped.append(unit)
+        wrap(unit, (replicated, sharded), ignored)
     ids = {id(module) for module in wrapped}
     return {name for name, module in model.named_modules() if id(module) in ids}, groups
+
+
+def _flat(mesh: DeviceMesh, names: tuple[str, ...], flattened: dict[tuple[str, ...], DeviceMesh]) -> DeviceMesh:
+    """The 1-D mesh over `names`: one dimension, or several flattened into one named by joining them (once:
+    `flattened` keeps them)."""
+    if len(names) == 1:
+        return mesh[names[0]]
+    if names not in flattened:
+        flattened[names] = mesh[names]._flatten("_".join(names))
+    return flattened[names]
 
 
 def data_parallel_units(model: torch.nn.Module, plan: Parallel) -> list[torch.nn.Module]:
