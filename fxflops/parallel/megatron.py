@@ -44,6 +44,10 @@ WIDTH_ATTRIBUTES = ("split_size", "embed_dim", "num_heads")
 NORMS = (torch.nn.LayerNorm, torch.nn.RMSNorm)
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")  # a model's own norm class (LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm)
 HEAD_NAMES = ("lm_head", "output")
+# embeddings indexed by positions (kept whole under sequence parallelism), and the config fields of their rows
+POSITION_NAMES = frozenset({"wpe", "position_embeddings", "embed_positions", "pos_embed", "pos_embedding",
+                            "position_embedding"})
+POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
 
 
 class BlockInput(ParallelStyle):
@@ -186,8 +190,9 @@ def _regrouped(tensor: torch.Tensor, dim: int, blocks: int, ranks: int) -> torch
 
 
 def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
-    """Norms sharded along the sequence; the embedding vocabulary-parallel with a sequence-sharded output;
-    the output head reads the sequence-sharded stream and returns replicated logits."""
+    """Norms sharded along the sequence; the token embedding vocabulary-parallel with a sequence-sharded
+    output, a position embedding replicated with its output split (PositionEmbedding); the output head
+    reads the sequence-sharded stream and returns replicated logits."""
     plan: dict[str, ParallelStyle] = {}
     blocks = {name for name, _ in repeated_blocks(model)}
     sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]] = {}  # the embeddings' weights: see TiedHead
@@ -195,10 +200,38 @@ def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
         if alias is None and _is_norm(module):
             plan[name] = SequenceParallel()
         elif alias is None and isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
-            plan[name] = VocabularyParallel(sharded)
+            plan[name] = PositionEmbedding() if is_position_embedding(model, name, module) \
+                else VocabularyParallel(sharded)
         elif alias is None and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
             plan[name] = TiedHead(sharded)
     return plan
+
+
+def is_position_embedding(model: torch.nn.Module, name: str, module: torch.nn.Embedding) -> bool:
+    """An embedding indexed by positions, not tokens: named like one (GPT-2's wpe, BERT's and OPT's
+    position_embeddings / embed_positions), or as many rows as the config's positions and not its vocabulary."""
+    if name.rsplit(".", 1)[-1] in POSITION_NAMES:
+        return True
+    config = getattr(model, "config", None)
+    positions = {getattr(config, key, None) for key in POSITION_ATTRIBUTES} - {None}
+    return module.num_embeddings in positions and module.num_embeddings != getattr(config, "vocab_size", None)
+
+
+class PositionEmbedding(ParallelStyle):
+    """A position embedding under sequence parallelism, as Megatron-LM keeps it: the weight replicated on
+    every tp rank (it is not vocabulary-split: its rows are positions), looked up whole, the output split
+    along the sequence where it joins the sequence-sharded stream (no communication forward; its gradient
+    is all-gathered back, from which each rank computes the weight's whole gradient)."""
+
+    def _apply(self, module: torch.nn.Module, device_mesh: Any) -> torch.nn.Module:
+        def inputs(_: torch.nn.Module, args: tuple, mesh: Any) -> tuple:
+            return tuple(DTensor.from_local(a, mesh, (Replicate(),), run_check=False)
+                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+
+        def output(_: torch.nn.Module, out: torch.Tensor, mesh: Any) -> torch.Tensor:
+            return out.redistribute(mesh, (Shard(1),))
+
+        return distribute_module(module, device_mesh, input_fn=inputs, output_fn=output)
 
 
 class VocabularyParallel(RowwiseParallel):
