@@ -88,8 +88,11 @@ class BlockInput(ParallelStyle):
         return tensor.redistribute(mesh, (Replicate(),))
 
 
-def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
-    """{module path: ParallelStyle} for parallelize_module; {} when no attention/MLP pair is recognized."""
+def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False,
+                  loss_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """{module path: ParallelStyle} for parallelize_module; {} when no attention/MLP pair is recognized.
+    `loss_parallel`: the output head column parallel with its logits left sharded along the vocabulary (a
+    DTensor, Shard(-1)) for torch's loss_parallel() cross-entropy, as torchtitan's plan does."""
     plan: dict[str, ParallelStyle] = {}
     for name, module, alias in walk_modules(model):
         if alias is not None:
@@ -108,8 +111,8 @@ def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> di
                 if transposed or key in fused else ColwiseParallel()
         row = RowParallel if is_conv1d(linears[rows[0]]) else RowwiseParallel
         plan[prefix + rows[0]] = row(output_layouts=Shard(1), use_local_output=False) if sequence_parallel else row()
-    if sequence_parallel and plan:
-        plan.update(_sequence_plan(model))
+    if (sequence_parallel or loss_parallel) and plan:
+        plan.update(_outer_plan(model, sequence_parallel, loss_parallel))
     return plan
 
 
@@ -189,21 +192,32 @@ def _regrouped(tensor: torch.Tensor, dim: int, blocks: int, ranks: int) -> torch
     return tensor.unflatten(dim, (blocks, ranks, -1)).transpose(dim, dim + 1).flatten(dim, dim + 2).contiguous()
 
 
-def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
-    """Norms sharded along the sequence; the token embedding vocabulary-parallel with a sequence-sharded
-    output, a position embedding replicated with its output split (PositionEmbedding); the output head
-    reads the sequence-sharded stream and returns replicated logits."""
+def _outer_plan(model: torch.nn.Module, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """The modules outside the blocks. Under sequence parallelism: norms sharded along the sequence; the token
+    embedding vocabulary-parallel with a sequence-sharded output, a position embedding replicated with its
+    output split (PositionEmbedding); the output head reads the sequence-sharded stream and returns
+    replicated logits (vocabulary-sharded ones under loss parallelism). Under loss parallelism alone: the
+    head column parallel, its logits vocabulary-sharded; a token embedding whose weight the head shares
+    vocabulary-parallel (its output all-reduced, Megatron's VocabParallelEmbedding) so the tie holds."""
     plan: dict[str, ParallelStyle] = {}
     blocks = {name for name, _ in repeated_blocks(model)}
     sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]] = {}  # the embeddings' weights: see TiedHead
+    heads = [module for name, module, alias in walk_modules(model) if alias is None
+             and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES]
+    tied = {id(head.weight) for head in heads}
     for name, module, alias in walk_modules(model):
-        if alias is None and _is_norm(module):
+        if alias is not None:
+            continue
+        if sequence_parallel and _is_norm(module):
             plan[name] = SequenceParallel()
-        elif alias is None and isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
-            plan[name] = PositionEmbedding() if is_position_embedding(model, name, module) \
-                else VocabularyParallel(sharded)
-        elif alias is None and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
-            plan[name] = TiedHead(sharded)
+        elif isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
+            if sequence_parallel:
+                plan[name] = PositionEmbedding() if is_position_embedding(model, name, module) \
+                    else VocabularyParallel(sharded)
+            elif id(module.weight) in tied:
+                plan[name] = VocabularyParallel(sharded, Replicate())
+        elif isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
+            plan[name] = TiedHead(sharded, Shard(1) if sequence_parallel else Replicate(), loss_parallel)
     return plan
 
 
@@ -238,8 +252,9 @@ class VocabularyParallel(RowwiseParallel):
     """A vocabulary-parallel embedding with a sequence-sharded output; records its weight as it was and as
     sharded (in `sharded`, by id) for an output head that shares it."""
 
-    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
-        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]], output: Any = None) -> None:
+        output = Shard(1) if output is None else output
+        super().__init__(input_layouts=Replicate(), output_layouts=output, use_local_output=output == Replicate())
         self.sharded = sharded
 
     def _partition_embedding_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
@@ -249,12 +264,16 @@ class VocabularyParallel(RowwiseParallel):
 
 
 class TiedHead(ColwiseParallel):
-    """A column-parallel output head reading the sequence-sharded stream, returning replicated logits. A head
-    whose weight is the embedding's (GPT-2 ties them) keeps sharing it: the embedding's (vocab, hidden)
-    shard is the head's column shard too, so the rank holds it once, as Megatron's shared word embedding."""
+    """A column-parallel output head reading the stream as `layout` (the sequence-sharded one: Shard(1)),
+    returning replicated logits, or under `loss_parallel` logits left sharded along the vocabulary (a
+    DTensor, for torch's loss_parallel()). A head whose weight is the embedding's (GPT-2 ties them) keeps
+    sharing it: the embedding's (vocab, hidden) shard is the head's column shard too, so the rank holds it
+    once, as Megatron's shared word embedding."""
 
-    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
-        super().__init__(input_layouts=Shard(1), output_layouts=Replicate())
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]], layout: Any = None,
+                 loss_parallel: bool = False) -> None:
+        super().__init__(input_layouts=Shard(1) if layout is None else layout,
+                         output_layouts=Shard(-1) if loss_parallel else Replicate(), use_local_output=not loss_parallel)
         self.sharded = sharded
 
     def _partition_linear_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:

@@ -30,6 +30,9 @@ class Parallel:
     `tp`: tensor parallel degree (a Megatron-style plan derived for Llama/GPT-style blocks, or `tp_plan`,
     torch's {module path: ParallelStyle} for parallelize_module, which wins). `sequence_parallel`: norms
     and residuals sharded along the sequence (all-gather + reduce-scatter instead of all-reduce).
+    `loss_parallel`: the output head's logits left sharded along the vocabulary over the tp ranks and the
+    cross-entropy run as torch's loss_parallel() computes it (all-reduces of each position's max, sum of
+    exponentials and target logit), torchtitan's loss parallelism; a tp_plan must shard the head so itself.
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
     the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
     the root); `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
@@ -58,6 +61,7 @@ class Parallel:
     cp: int = 1
     virtual_stages: int = 1
     sequence_parallel: bool = False
+    loss_parallel: bool = False
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
@@ -162,6 +166,8 @@ class Parallel:
                              "(HSDP: dp / dp_shard replicas of dp_shard shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel plan: sequence_parallel splits the sequence over the tp ranks; give tp > 1")
+        if self.loss_parallel and self.tp == 1:
+            raise ValueError("parallel plan: loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1")
         if self.virtual_stages > 1 and self.pp == 1:
             raise ValueError(f"parallel plan: virtual_stages={self.virtual_stages} are stages per pipeline rank; "
                              "give pp > 1 with them")

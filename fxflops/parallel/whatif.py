@@ -60,7 +60,7 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
 
     def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None]:
         seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names)
-        with fake_world(plan.size, rank), composable_states_restored():
+        with fake_world(plan.size, rank), composable_states_restored(), _loss_parallel(plan.loss_parallel):
             mesh = _mesh(plan)
             try:
                 estimate = count(None if mesh is None else
@@ -153,11 +153,22 @@ def composable_states_restored() -> Iterator[None]:
             _module_state_mapping.pop(module, None)
 
 
+def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager:
+    """torch's loss_parallel() (its cross-entropy over vocabulary-sharded logits, forward and backward) for
+    the capture, or nothing."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
     """{module path: ParallelStyle}: the user's tp_plan, else the Megatron-style plan derived from the model."""
     if plan.tp == 1:
         return {}
-    styles = plan.tp_plan if plan.tp_plan is not None else megatron_plan(model, plan.sequence_parallel)
+    styles = plan.tp_plan if plan.tp_plan is not None else \
+        megatron_plan(model, plan.sequence_parallel, plan.loss_parallel)
     if not styles:
         raise ValueError(f"parallel plan: found no attention or MLP block in {type(model).__name__} to split "
                          "tensor-parallel (column-parallel q/k/v, fused c_attn or up/gate linears before one "
