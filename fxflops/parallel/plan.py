@@ -21,6 +21,7 @@ _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 # the pipeline schedules a plan names (any case, '-' and '_' ignored) -> fxflops.memory.pipeline's name
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved1f1b": "interleaved"}
 _TEXT_KEYS = frozenset({"schedule"})  # plan keys whose value is text, not a number or a flag
+_REAL_KEYS = frozenset({"bucket_cap_mb"})  # plan keys whose value may have a fraction
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class Parallel:
     exponentials and target logit), torchtitan's loss parallelism; a tp_plan must shard the head so itself.
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
     the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
-    the root); `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
+    the root, its all-reduces DDP's gradient buckets of `bucket_cap_mb` MiB: fxflops.parallel.buckets);
+    `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
     into pp * virtual_stages contiguous stages (fxflops.parallel.pipeline).
@@ -65,6 +67,7 @@ class Parallel:
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
+    bucket_cap_mb: float | None = None  # DDP's gradient bucket size (None: DDP's default, 25 MiB after a 1 MiB first)
     microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
     microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)
     batch: int | None = None  # the global batch per optimizer step (default: microbatch * microbatches * dp)
@@ -173,6 +176,13 @@ class Parallel:
                              "give pp > 1 with them")
         if self.schedule is not None:
             self._check_schedule()
+        if self.bucket_cap_mb is not None:
+            if self.fsdp:
+                raise ValueError("parallel plan: bucket_cap_mb sizes DDP's gradient buckets; give it with fsdp=False "
+                                 "(FSDP reduces each unit's gradients at once)")
+            if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, int | float) \
+                    or self.bucket_cap_mb <= 0:
+                raise ValueError(f"parallel plan: bucket_cap_mb must be a number of MiB > 0; got {self.bucket_cap_mb!r}")
         if self.dp_shard is not None and not self.fsdp:
             raise ValueError("parallel plan: dp_shard shards parameters (FSDP/HSDP); DDP (fsdp=False) replicates them")
         for name in ("microbatch", "microbatches", "batch"):
@@ -279,9 +289,10 @@ def _parse(text: str) -> dict[str, Any]:
             plan[key] = value.lower() in ("true", "yes", "on")
         else:
             try:
-                plan[key] = int(value)
+                plan[key] = float(value) if key in _REAL_KEYS else int(value)
             except ValueError:
-                raise ValueError(f"parallel plan: {key}={value!r} is not a whole number") from None
+                kind = "a number" if key in _REAL_KEYS else "a whole number"
+                raise ValueError(f"parallel plan: {key}={value!r} is not {kind}") from None
     return plan
 
 

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.module_walk import walk_modules
+from fxflops.parallel.buckets import Gradient, bucketed
 from fxflops.parallel.context import apply_context, check_context
 from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
 from fxflops.parallel.megatron import megatron_plan
@@ -58,8 +59,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
                          "initialized: to count your own sharded model, call estimate() without parallel=")
     styles = tp_styles(model, plan)
 
-    def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None]:
-        seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names)
+    def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None, list[Gradient]]:
+        seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names, gradients)
         with fake_world(plan.size, rank), composable_states_restored(), _loss_parallel(plan.loss_parallel):
             mesh = _mesh(plan)
             try:
@@ -71,27 +72,31 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
                     error.advice = "; ".join(filter(None, (error.advice, _DERIVED_TP_ADVICE.format(tp=plan.tp))))
                 raise
             if units and units[-1][0]:
-                estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1])
+                estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1][:2])
             pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
-            return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc)
+            return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc), \
+                units[-1][2] if units else []
 
     first = capture(0)
-    estimate, seen, _ = first
+    estimate, seen, _, _ = first
     # tp, cp and dp ranks run the same ops; ranks whose experts receive other token counts run other ops (a
     # capture per expert role); a pipeline's stages differ (each capture cut into them): roles are both at once
     routed = expert_roles(seen, plan.degrees(), plan.size, plan.expert_dims()) if plan.ep > 1 \
         else [("every rank", tuple(range(plan.size)))]
     roles = []
     for name, ranks in routed:
-        rank_estimate, _, pp_group = first if ranks[0] == 0 else capture(ranks[0])
-        if pp_group is None:
-            roles.append(RankRole(name, ranks, rank_estimate))
-            continue
-        from fxflops.parallel.pipeline import pipeline_roles
+        rank_estimate, _, pp_group, gradients = first if ranks[0] == 0 else capture(ranks[0])
+        found = [RankRole(name, ranks, rank_estimate)]
+        if pp_group is not None:
+            from fxflops.parallel.pipeline import pipeline_roles
 
-        for stage in pipeline_roles(model, rank_estimate, plan, pp_group, stage_memory, micro_batches):
-            both = tuple(sorted(set(stage.ranks) & set(ranks)))
-            roles.append(RankRole(stage.name if len(routed) == 1 else f"{stage.name}, {name}", both, stage.estimate))
+            found = [RankRole(stage.name if len(routed) == 1 else f"{stage.name}, {name}",
+                              tuple(sorted(set(stage.ranks) & set(ranks))), stage.estimate)
+                     for stage in pipeline_roles(model, rank_estimate, plan, pp_group, stage_memory, micro_batches)]
+        for role in found:  # DDP: its gradient buckets (a pipeline rank's DDP holds its own stages' parameters)
+            if gradients:
+                role.estimate.collectives = bucketed(role.estimate.collectives, gradients, plan.bucket_cap_mb)
+        roles += found
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
@@ -177,10 +182,11 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
 
 
 def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
-               seen: RoutedCounts | None = None) -> tuple[set[str], set[str]]:
+               seen: RoutedCounts | None = None) -> tuple[set[str], set[str], list[Gradient]]:
     """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
     `seen` collects the tokens routed to each expert under expert parallelism). Returns the names of the
-    modules FSDP or DDP wrapped as units and the names of the process groups they reduce gradients over."""
+    modules FSDP or DDP wrapped as units, the names of the process groups they reduce gradients over, and
+    under DDP the gradients each unit reduces (for DDP's buckets: fxflops.parallel.buckets)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
@@ -192,7 +198,7 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
         apply_context(model, mesh["cp"])
     replicated, sharded = plan.gradient_dims()
     if not replicated and not sharded:
-        return set(), set()
+        return set(), set(), []
     groups: set[str] = set()
     wrapped: list[torch.nn.Module] = []
 
@@ -220,17 +226,39 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
         return True
 
     ignored: set[torch.nn.Parameter] = set()
-    if experts:
+    units = [*data_parallel_units(model, plan), model]
+    owners = list({id(m): m for m in _owners(model, experts)}.values())
+    if experts and not any(plan.gradient_dims(experts=True)):
+        # where no other rank holds a rank's experts (dp*cp == ep, no replicas) they are its own whole, which
+        # the other units leave be
+        ignored, owners = set(experts), []
+    gradients = [] if plan.fsdp else _gradients(model, [*owners, *units], ignored)
+    for module in owners:
         # the expert parameters: reduced over the data-parallel ranks holding the same experts (torchtitan's
-        # dp_mod_ep, Megatron's expert-data-parallel group); where no other rank holds them (dp*cp == ep, no
-        # replicas) each rank's experts are its own whole, which the other units leave be
-        owners = {id(m): m for m in _owners(model, experts)}.values()
-        if not all([wrap(module, plan.gradient_dims(experts=True), set()) for module in owners]):
-            ignored = set(experts)
-    for unit in [*data_parallel_units(model, plan), model]:
+        # dp_mod_ep, Megatron's expert-data-parallel group)
+        wrap(module, plan.gradient_dims(experts=True), set())
+    for unit in units:
         wrap(unit, (replicated, sharded), ignored)
     ids = {id(module) for module in wrapped}
-    return {name for name, module in model.named_modules() if id(module) in ids}, groups
+    return {name for name, module in model.named_modules() if id(module) in ids}, groups, gradients
+
+
+def _gradients(model: torch.nn.Module, units: list[torch.nn.Module], ignored: set) -> list[Gradient]:
+    """Each parameter's gradient a DDP unit reduces, in registration order, with its unit (the innermost
+    unit holding it) and its local bytes (a tensor-parallel shard's)."""
+    from torch.distributed.tensor import DTensor
+
+    names = {id(module): name for name, module in model.named_modules()}
+    prefixes = sorted((names[id(unit)] for unit in units), key=len, reverse=True)
+    found = []
+    for name, param in model.named_parameters():
+        if param in ignored or not param.requires_grad:
+            continue
+        unit = next(p for p in prefixes if not p or name.startswith(p + "."))
+        local = param.to_local() if isinstance(param, DTensor) else param
+        found.append(Gradient(name, unit, local.numel() * local.element_size(),
+                              str(local.dtype).removeprefix("torch.")))
+    return found
 
 
 def _flat(mesh: DeviceMesh, names: tuple[str, ...], flattened: dict[tuple[str, ...], DeviceMesh]) -> DeviceMesh:
