@@ -79,3 +79,14 @@ def test_bucket_cap_mb_in_the_plans_text_and_with_fsdp():
         fxflops.estimate(model, (torch.zeros(1, 8, dtype=torch.long),), parallel={"dp": 2, "bucket_cap_mb": 1})
     with pytest.raises(ValueError, match="bucket_cap_mb must be a number of MiB > 0; got 0"):
         plan_estimate(model, dp=2, bucket_cap_mb=0)
+
+
+def test_each_pipeline_rank_buckets_its_own_stages_gradients():
+    vocab, dim, hidden = 256, 64, 128
+    est = plan_estimate(llama(vocab, dim, hidden), pp=2, dp=2)
+    layer = 4 * dim * dim + 3 * dim * hidden + 2 * dim
+    first, last = ([(c.module, c.bytes, c.group_size) for c in reductions(role.estimate)] for role in est.ranks)
+    # one bucket each (under 1 MiB): the first stage's completes at the embedding (reduced at the end of its
+    # backward), the last stage's at its layer's first parameter, the head's and final norm's before it
+    assert first == [("tok_embeddings", (vocab * dim + layer) * FP32, 2)]
+    assert last == [("layers.1.attention_norm", (layer + dim + dim * vocab) * FP32, 2)]

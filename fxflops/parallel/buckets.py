@@ -37,6 +37,12 @@ class Gradient:
     unit: str
     bytes: int
     dtype: str
+    group: str = ""  # the process group the unit reduces it over
+
+    @property
+    def module(self) -> str:
+        """The module holding the parameter."""
+        return self.name.rpartition(".")[0]
 
 
 def bucket_limits(cap_mb: float | None) -> list[int]:
@@ -66,33 +72,49 @@ def assign_buckets(gradients: list[Gradient], limits: list[int]) -> list[list[in
     return closed + sorted((indices for indices, _ in open_buckets.values()), key=min)
 
 
-def bucketed(collectives: list[Collective], gradients: list[Gradient], cap_mb: float | None) -> list[Collective]:
-    """The collectives with each DDP unit's gradient all-reduce (per_step, at a unit `gradients` names)
-    replaced by DDP's bucket all-reduces over the same process group: the gradients of the units whose
-    all-reduces the rank runs (a pipeline rank: its stages'), per process group, in reverse registration
-    order, bucketed as DDP's Reducer does. A bucket is recorded for the module holding the gradient that
-    completes it, at the first unit all-reduce whose gradients are all ready by then (a unit reduces once its
-    last gradient is ready: the head's bucket goes before the last block's, the embedding's at the end)."""
-    units = {gradient.unit for gradient in gradients}
-    reductions = {c.module: c for c in collectives if c.op == ALL_REDUCE and c.per_step and c.module in units}
-    if not reductions:
-        return collectives
-    at_unit: dict[str, list[Collective]] = {}
-    for group in dict.fromkeys(c.group for c in reductions.values()):
-        mine = [g for g in reversed(gradients) if g.unit in reductions and reductions[g.unit].group == group]
+def bucketed(collectives: list[Collective], gradients: list[Gradient], cap_mb: float | None,
+             held: set[str] | None = None) -> list[Collective]:
+    """The collectives with DDP's per-unit gradient all-reduces (per_step, over the groups `gradients`
+    name) replaced by DDP's bucket all-reduces over the same groups: the gradients of the modules in `held`
+    (a pipeline rank's: its stages'; None: all), per group, in reverse registration order, bucketed as DDP's
+    Reducer does. A bucket is recorded for the module holding the gradient that completes it, at the first
+    unit all-reduce whose gradients are all ready by then (a unit reduces once its last gradient is ready:
+    the head's bucket goes before the last block's, the embedding's at the end). A group whose all-reduces
+    do not carry exactly those gradients' bytes is left as recorded."""
+    groups = {gradient.group for gradient in gradients}
+    records = [c for c in collectives if c.op == ALL_REDUCE and c.per_step and c.group in groups]
+    replaced: dict[int, list[Collective]] = {}  # id(unit all-reduce) -> the buckets recorded there
+    for group in dict.fromkeys(c.group for c in records):
+        mine = [g for g in reversed(gradients) if g.group == group and (held is None or g.module in held)]
+        theirs = [c for c in records if c.group == group]
+        record_of = _unit_records(mine, theirs)
+        if record_of is None:
+            continue
         ready = {g.unit: index for index, g in enumerate(mine)}  # a unit's last gradient, in ready order
         by_time = sorted(ready, key=ready.__getitem__)
+        for c in theirs:
+            replaced[id(c)] = []
         for indices in assign_buckets(mine, bucket_limits(cap_mb)):
             last = mine[indices[-1]]
-            anchor = next(unit for unit in by_time if ready[unit] >= indices[-1])
+            unit = record_of[next(unit for unit in by_time if ready[unit] >= indices[-1])]
             size = sum(mine[i].bytes for i in indices)
-            at_unit.setdefault(anchor, []).append(dataclasses.replace(
-                reductions[anchor], module=last.name.rpartition(".")[0], dtype=last.dtype, bytes=size,
-                wire_bytes=wire_bytes(ALL_REDUCE, size, reductions[anchor].group_size)))
-    found = []
+            replaced[id(unit)].append(dataclasses.replace(
+                unit, module=last.module, dtype=last.dtype, bytes=size,
+                wire_bytes=wire_bytes(ALL_REDUCE, size, unit.group_size)))
+    found: list[Collective] = []
     for c in collectives:
-        if c.op == ALL_REDUCE and c.per_step and reductions.get(c.module) is c:
-            found += at_unit.get(c.module, [])
-        else:
-            found.append(c)
+        found += replaced.get(id(c), [c])
     return found
+
+
+def _unit_records(gradients: list[Gradient], records: list[Collective]) -> dict[str, Collective] | None:
+    """Each unit's gradient all-reduce: the one recorded at the unit, else (a unit reduced from the root's
+    final callback, as an embedding fed integer ids is: recorded at the root) the next one no unit claims;
+    None where the all-reduces do not carry exactly the gradients' bytes."""
+    if not gradients or sum(g.bytes for g in gradients) != sum(c.bytes for c in records):
+        return None
+    units = list(dict.fromkeys(g.unit for g in gradients))
+    named = {c.module: c for c in records if c.module in units}
+    spare = iter([c for c in records if c.module not in named])
+    found = {unit: named.get(unit) or next(spare, None) for unit in units}
+    return None if None in found.values() else found

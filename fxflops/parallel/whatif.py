@@ -95,7 +95,8 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
                      for stage in pipeline_roles(model, rank_estimate, plan, pp_group, stage_memory, micro_batches)]
         for role in found:  # DDP: its gradient buckets (a pipeline rank's DDP holds its own stages' parameters)
             if gradients:
-                role.estimate.collectives = bucketed(role.estimate.collectives, gradients, plan.bucket_cap_mb)
+                held = None if pp_group is None else set(role.estimate.source.captured.modules)
+                role.estimate.collectives = bucketed(role.estimate.collectives, gradients, plan.bucket_cap_mb, held)
         roles += found
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
     if plan.tp > 1:
@@ -201,6 +202,7 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
         return set(), set(), []
     groups: set[str] = set()
     wrapped: list[torch.nn.Module] = []
+    reduced_over: dict[int, str] = {}  # id(unit) -> the group DDP all-reduces its gradients over
 
     def wrap(module: torch.nn.Module, dims: tuple[tuple[str, ...], tuple[str, ...]], ignored: set) -> bool:
         """FSDP2's fully_shard over the sharded dims (HSDP: a 2-D mesh, replicas outside), else torch's
@@ -222,6 +224,7 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
             unit_mesh = replicate_over
             replicate(module, mesh=unit_mesh, ignored_params=ignored)
         groups.update(unit_mesh.get_group(dim).group_name for dim in range(unit_mesh.ndim))
+        reduced_over[id(module)] = unit_mesh.get_group(unit_mesh.ndim - 1).group_name
         wrapped.append(module)
         return True
 
@@ -240,7 +243,9 @@ def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles:
     for unit in units:
         wrap(unit, (replicated, sharded), ignored)
     ids = {id(module) for module in wrapped}
-    return {name for name, module in model.named_modules() if id(module) in ids}, groups, gradients
+    names = {name: module for name, module in model.named_modules() if id(module) in ids}
+    gradients = [dataclasses.replace(g, group=reduced_over.get(id(names.get(g.unit)), "")) for g in gradients]
+    return set(names), groups, gradients
 
 
 def _gradients(model: torch.nn.Module, units: list[torch.nn.Module], ignored: set) -> list[Gradient]:
