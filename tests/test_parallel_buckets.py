@@ -90,3 +90,18 @@ def test_each_pipeline_rank_buckets_its_own_stages_gradients():
     # backward), the last stage's at its layer's first parameter, the head's and final norm's before it
     assert first == [("tok_embeddings", (vocab * dim + layer) * FP32, 2)]
     assert last == [("layers.1.attention_norm", (layer + dim + dim * vocab) * FP32, 2)]
+
+
+def test_the_buckets_are_those_a_real_two_rank_ddp_job_rebuilds(tmp_path):
+    """tests/distributed_ddp_buckets.py: torch's own DistributedDataParallel over 2 gloo processes, its buckets
+    as its Reducer rebuilt them from the real gradient order (a block's w2 before its w3: same sizes here)."""
+    import json
+
+    from tests.torchrun import torchrun
+
+    done = torchrun("distributed_ddp_buckets.py", str(tmp_path), "0.1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = json.loads((tmp_path / "buckets.json").read_text())
+    est = plan_estimate(llama(256, 64, 128), dp=2, bucket_cap_mb=0.1)
+    assert real["rebuilt"] == 1 and [c.bytes for c in reductions(est)] == real["sizes"]
+    assert real["sizes"] == [131328, 131584, 114944, 82176]
