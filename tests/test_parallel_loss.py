@@ -139,3 +139,14 @@ def test_loss_parallel_without_tp_is_one_clear_line(llama):
     with pytest.raises(ValueError, match="loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1"):
         plan_estimate(llama, loss_parallel=True, dp=2)
     assert not dist.is_initialized()
+
+
+def test_loss_parallel_on_a_model_without_an_output_head_is_one_clear_line():
+    from tests.parallel_models import FeedForward
+
+    with torch.device("meta"):
+        model = FeedForward(64, 128)
+    with pytest.raises(ValueError, match="loss_parallel splits the output head's logits, and FeedForward has no Linear "
+                                         "named lm_head or output") as caught:
+        fxflops.estimate(model, (torch.randn(2, 8, 64, device="meta"),), parallel={"tp": 2, "loss_parallel": True})
+    assert "\n" not in str(caught.value) and not dist.is_initialized()

@@ -24,7 +24,7 @@ from fxflops.capture.module_walk import walk_modules
 from fxflops.parallel.buckets import Gradient, bucketed
 from fxflops.parallel.context import apply_context, check_context
 from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
-from fxflops.parallel.megatron import megatron_plan
+from fxflops.parallel.megatron import HEAD_NAMES, TiedHead, megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import Estimate, RankRole
 from fxflops.results.parallel import ALL_REDUCE, REDUCE_SCATTER, Collective
@@ -179,6 +179,10 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
         raise ValueError(f"parallel plan: found no attention or MLP block in {type(model).__name__} to split "
                          "tensor-parallel (column-parallel q/k/v, fused c_attn or up/gate linears before one "
                          "row-parallel o/down/c_proj linear); give your own tp_plan={module path: ParallelStyle}")
+    if plan.loss_parallel and plan.tp_plan is None and not any(isinstance(s, TiedHead) for s in styles.values()):
+        raise ValueError(f"parallel plan: loss_parallel splits the output head's logits, and {type(model).__name__} "
+                         f"has no Linear named {' or '.join(HEAD_NAMES)}; give your own tp_plan sharding its head "
+                         "with output_layouts=Shard(-1), use_local_output=False")
     return styles
 
 
