@@ -96,15 +96,19 @@ def test_gpt2_sequence_parallel_closed_form(model, tp):
     activations = T * D * FP32
     positions = S * D * FP32  # wpe's (1, s, h) output
     # in the layers: an all-gather before and a reduce-scatter after each attention and MLP, both ways;
-    # outside: the vocabulary-parallel wte and wpe reduce-scatter their outputs (their gradients all-gather
-    # back), the head all-gathers its input and the logits (its input's gradient reduce-scatters)
+    # outside: the vocabulary-parallel wte reduce-scatters its output (its gradient all-gathers back); wpe is
+    # whole on every rank, as Megatron-LM keeps position embeddings, its output split along the sequence (no
+    # communication forward, its gradient all-gathered backward); the head all-gathers its input and the
+    # logits (its input's gradient reduce-scatters)
     assert by_phase_op(est) == {
         ("forward", "all_gather"): (2 * L + 2, (2 * L + 1) * activations + T * V * FP32),
-        ("forward", "reduce_scatter"): (2 * L + 2, (2 * L + 1) * activations + positions),
+        ("forward", "reduce_scatter"): (2 * L + 1, (2 * L + 1) * activations),
         ("backward", "all_gather"): (2 * L + 2, (2 * L + 1) * activations + positions),
         ("backward", "reduce_scatter"): (2 * L + 1, (2 * L + 1) * activations)}
-    # wte and wpe vocabulary-parallel, lm_head sharing wte's shard (tied, held once), the norms whole
-    assert est.total_params == L * ((12 * D * D + 3 * D + 4 * D) // tp + 2 * D) + (V * D + S * D) // tp \
+    wpe = [(c.op, c.phase, c.bytes) for c in est.collectives if c.module == "transformer.wpe"]
+    assert wpe == [("all_gather", "backward", positions)]
+    # wte vocabulary-parallel, lm_head sharing wte's shard (tied, held once), wpe and the norms whole
+    assert est.total_params == L * ((12 * D * D + 3 * D + 4 * D) // tp + 2 * D) + V * D // tp + S * D \
         + L * 4 * D + 2 * D
 
 
@@ -144,3 +148,28 @@ def test_a_real_run_on_the_fake_group_makes_the_predicted_collectives(model, tp)
             logits.float().sum().backward()
     counts = {str(op).rsplit(".", 1)[-1]: n for op, n in comm.get_comm_counts().items()}
     assert counts == {"all_reduce": len(predicted.collectives)} == {"all_reduce": 4 * L}
+
+
+def test_sequence_parallel_on_a_real_gpt2_makes_the_predicted_collectives(model):
+    """The derived sequence-parallel plan (wpe whole, its output split) run for real as rank 1 of the fake
+    group under CommDebugMode: as many reduce-scatters and all-gathers as the estimate predicted."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fxflops.parallel.megatron import megatron_plan
+    from fxflops.parallel.whatif import fake_world
+
+    predicted = fxflops.estimate(model, (tokens(),), conventions="torch", backward=True,
+                                 parallel={"tp": 2, "sequence_parallel": True})
+    real = gpt2("cpu")
+    with fake_world(2, 1):
+        parallelize_module(real, init_device_mesh("cpu", (2,)), megatron_plan(real, True), src_data_rank=None)
+        with CommDebugMode() as comm:
+            real(tokens()).logits.float().sum().backward()
+    counts = {str(op).rsplit(".", 1)[-1]: n for op, n in comm.get_comm_counts().items()}
+    expected: dict[str, int] = {}
+    for c in predicted.collectives:
+        expected[c.op] = expected.get(c.op, 0) + 1
+    assert counts == {"reduce_scatter_tensor": expected["reduce_scatter"], "all_gather_into_tensor": expected["all_gather"]}
+    assert expected == {"reduce_scatter": 2 * (2 * L + 1), "all_gather": 2 * (2 * L + 2)}

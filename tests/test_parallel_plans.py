@@ -6,7 +6,6 @@ collective bytes are the closed forms of Megatron tensor parallelism and FSDP.
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
@@ -181,20 +180,6 @@ def test_parallel_dataclass_and_text_are_the_same_plan(llama):
 ])
 def test_bad_plans_are_one_clear_line(llama, plan, message):
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace("(", r"\(")) as caught:
-        fxflops.estimate(llama, (tokens(),), parallel=plan)
-    assert "\n" not in str(caught.value)
-    assert not dist.is_initialized()
-
-
-@pytest.mark.parametrize(("plan", "message"), [
-    ({"pp": 2, "ep": 2, "dp": 2}, "pp with ep is not built yet"),
-    ({"pp": 2, "cp": 2}, "pp with cp is not built yet"),
-    ({"ep": 2, "dp": 2, "fsdp": False}, "ep with DDP (fsdp=False) is not built yet"),
-    ({"cp": 2, "fsdp": False}, "cp with HSDP (dp_shard) or without fsdp is not built yet"),
-])
-def test_parts_not_built_yet_say_so(llama, plan, message):
-    # combinations neither pipeline stages nor expert/context parallelism were built and tested with
-    with pytest.raises(NotImplementedError, match=re.escape(message)) as caught:
         fxflops.estimate(llama, (tokens(),), parallel=plan)
     assert "\n" not in str(caught.value)
     assert not dist.is_initialized()

@@ -3,6 +3,7 @@
 `collectives` reads the collective calls out of a captured graph (records with group, payload and wire
 bytes). `plan` is a plan as data, checked against the model; `whatif` (what-if plans: a fake mesh,
 torch's own parallelize_module / fully_shard / replicate, one capture per plan) imports torch.distributed;
+`buckets` turns DDP's per-unit gradient all-reduces into DDP's bucket all-reduces;
 `pipeline` cuts that capture into pipeline stages (one estimate per distinct pipeline rank, the send/recv
 of what crosses each cut) and `replicated` finds the work every tp rank repeats; `stage` counts a
 torch.distributed.pipelining PipelineStage. estimate() imports `collectives` and `stage` only, and

@@ -96,11 +96,12 @@ def _layout(name: str, module: torch.nn.Module) -> str:
                      f"is not one fxflops recognizes; recognized is {RECOGNIZED}")
 
 
-def check_experts(model: torch.nn.Module, ep: int, dp: int) -> None:
-    """One clear ValueError for an expert-parallel degree this model or plan cannot take."""
-    if dp % ep:
+def check_experts(model: torch.nn.Module, ep: int, ranks: int, source: str = "dp") -> None:
+    """One clear ValueError for an expert-parallel degree this model or plan cannot take; `ranks`: the
+    ranks ep borrows from (`source` names them: dp, dp*cp, dp_shard*cp)."""
+    if ranks % ep:
         raise ValueError(f"parallel plan: ep={ep} splits the experts over data-parallel ranks (as torchtitan borrows "
-                         f"its expert-parallel ranks from dp); dp={dp} is not a multiple of {ep}")
+                         f"its expert-parallel ranks from dp); {source}={ranks} is not a multiple of {ep}")
     sites = expert_sites(model)
     if not sites:
         raise ValueError(f"parallel plan: ep={ep} found no experts in {type(model).__name__} to split; recognized is "
@@ -301,16 +302,23 @@ class _Exchange:
         return all_to_all_single_autograd(output, send, receive, self.group)
 
 
-def ep_index(rank: int, degrees: dict[str, int]) -> int:
-    """The expert-parallel coordinate of a global rank on a mesh of `degrees` (outermost first)."""
-    inner = math.prod(size for name, size in list(degrees.items())[list(degrees).index("ep") + 1:])
-    return (rank // inner) % degrees["ep"]
+def ep_index(rank: int, degrees: dict[str, int], dims: tuple[str, ...] = ("ep",)) -> int:
+    """The expert-parallel coordinate of a global rank on a mesh of `degrees` (outermost first): its
+    coordinate in the mesh dimensions `dims` the expert-parallel group spans, flattened (outer one first)."""
+    names = list(degrees)
+    index = 0
+    for name in dims:
+        inner = math.prod(degrees[n] for n in names[names.index(name) + 1:])
+        index = index * degrees[name] + (rank // inner) % degrees[name]
+    return index
 
 
-def expert_roles(seen: RoutedCounts, degrees: dict[str, int], size: int) -> list[tuple[str, tuple[int, ...]]]:
+def expert_roles(seen: RoutedCounts, degrees: dict[str, int], size: int,
+                 dims: tuple[str, ...] = ("ep",)) -> list[tuple[str, tuple[int, ...]]]:
     """(name, ranks) per rank role under expert parallelism: ranks whose experts receive the same token
-    counts in every MoE layer run the same ops; the role of rank 0 first."""
-    ep = degrees["ep"]
+    counts in every MoE layer run the same ops; the role of rank 0 first. `dims`: the mesh dimensions the
+    expert-parallel group spans."""
+    ep = math.prod(degrees[name] for name in dims)
     by_received: dict[tuple, list[int]] = {}
     for index in range(ep):
         by_received.setdefault(seen.received(ep, index), []).append(index)
@@ -318,7 +326,7 @@ def expert_roles(seen: RoutedCounts, degrees: dict[str, int], size: int) -> list
         return [("every rank", tuple(range(size)))]
     roles = []
     for received, indices in by_received.items():
-        ranks = tuple(rank for rank in range(size) if ep_index(rank, degrees) in indices)
+        ranks = tuple(rank for rank in range(size) if ep_index(rank, degrees, dims) in indices)
         rows = [sum(sizes) for _, sizes in received]
         named = ", ".join(map(str, indices))
         roles.append((f"expert-parallel index{'es' if len(indices) > 1 else ''} {named}: its experts receive "

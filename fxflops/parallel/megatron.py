@@ -44,6 +44,10 @@ WIDTH_ATTRIBUTES = ("split_size", "embed_dim", "num_heads")
 NORMS = (torch.nn.LayerNorm, torch.nn.RMSNorm)
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")  # a model's own norm class (LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm)
 HEAD_NAMES = ("lm_head", "output")
+# embeddings indexed by positions (kept whole under sequence parallelism), and the config fields of their rows
+POSITION_NAMES = frozenset({"wpe", "position_embeddings", "embed_positions", "pos_embed", "pos_embedding",
+                            "position_embedding"})
+POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
 
 
 class BlockInput(ParallelStyle):
@@ -84,8 +88,11 @@ class BlockInput(ParallelStyle):
         return tensor.redistribute(mesh, (Replicate(),))
 
 
-def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
-    """{module path: ParallelStyle} for parallelize_module; {} when no attention/MLP pair is recognized."""
+def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False,
+                  loss_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """{module path: ParallelStyle} for parallelize_module; {} when no attention/MLP pair is recognized.
+    `loss_parallel`: the output head column parallel with its logits left sharded along the vocabulary (a
+    DTensor, Shard(-1)) for torch's loss_parallel() cross-entropy, as torchtitan's plan does."""
     plan: dict[str, ParallelStyle] = {}
     for name, module, alias in walk_modules(model):
         if alias is not None:
@@ -104,8 +111,8 @@ def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> di
                 if transposed or key in fused else ColwiseParallel()
         row = RowParallel if is_conv1d(linears[rows[0]]) else RowwiseParallel
         plan[prefix + rows[0]] = row(output_layouts=Shard(1), use_local_output=False) if sequence_parallel else row()
-    if sequence_parallel and plan:
-        plan.update(_sequence_plan(model))
+    if (sequence_parallel or loss_parallel) and plan:
+        plan.update(_outer_plan(model, sequence_parallel, loss_parallel))
     return plan
 
 
@@ -185,28 +192,69 @@ def _regrouped(tensor: torch.Tensor, dim: int, blocks: int, ranks: int) -> torch
     return tensor.unflatten(dim, (blocks, ranks, -1)).transpose(dim, dim + 1).flatten(dim, dim + 2).contiguous()
 
 
-def _sequence_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
-    """Norms sharded along the sequence; the embedding vocabulary-parallel with a sequence-sharded output;
-    the output head reads the sequence-sharded stream and returns replicated logits."""
+def _outer_plan(model: torch.nn.Module, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """The modules outside the blocks. Under sequence parallelism: norms sharded along the sequence; the token
+    embedding vocabulary-parallel with a sequence-sharded output, a position embedding replicated with its
+    output split (PositionEmbedding); the output head reads the sequence-sharded stream and returns
+    replicated logits (vocabulary-sharded ones under loss parallelism). Under loss parallelism alone: the
+    head column parallel, its logits vocabulary-sharded; a token embedding whose weight the head shares
+    vocabulary-parallel (its output all-reduced, Megatron's VocabParallelEmbedding) so the tie holds."""
     plan: dict[str, ParallelStyle] = {}
     blocks = {name for name, _ in repeated_blocks(model)}
     sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]] = {}  # the embeddings' weights: see TiedHead
+    heads = [module for name, module, alias in walk_modules(model) if alias is None
+             and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES]
+    tied = {id(head.weight) for head in heads}
     for name, module, alias in walk_modules(model):
-        if alias is None and _is_norm(module):
+        if alias is not None:
+            continue
+        if sequence_parallel and _is_norm(module):
             plan[name] = SequenceParallel()
-        elif alias is None and isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
-            plan[name] = VocabularyParallel(sharded)
-        elif alias is None and isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
-            plan[name] = TiedHead(sharded)
+        elif isinstance(module, torch.nn.Embedding) and not any(name.startswith(b + ".") for b in blocks):
+            if sequence_parallel:
+                plan[name] = PositionEmbedding() if is_position_embedding(model, name, module) \
+                    else VocabularyParallel(sharded)
+            elif id(module.weight) in tied:
+                plan[name] = VocabularyParallel(sharded, Replicate())
+        elif isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES:
+            plan[name] = TiedHead(sharded, Shard(1) if sequence_parallel else Replicate(), loss_parallel)
     return plan
+
+
+def is_position_embedding(model: torch.nn.Module, name: str, module: torch.nn.Embedding) -> bool:
+    """An embedding indexed by positions, not tokens: named like one (GPT-2's wpe, BERT's and OPT's
+    position_embeddings / embed_positions), or as many rows as the config's positions and not its vocabulary."""
+    if name.rsplit(".", 1)[-1] in POSITION_NAMES:
+        return True
+    config = getattr(model, "config", None)
+    positions = {getattr(config, key, None) for key in POSITION_ATTRIBUTES} - {None}
+    return module.num_embeddings in positions and module.num_embeddings != getattr(config, "vocab_size", None)
+
+
+class PositionEmbedding(ParallelStyle):
+    """A position embedding under sequence parallelism, as Megatron-LM keeps it: the weight replicated on
+    every tp rank (it is not vocabulary-split: its rows are positions), looked up whole, the output split
+    along the sequence where it joins the sequence-sharded stream (no communication forward; its gradient
+    is all-gathered back, from which each rank computes the weight's whole gradient)."""
+
+    def _apply(self, module: torch.nn.Module, device_mesh: Any) -> torch.nn.Module:
+        def inputs(_: torch.nn.Module, args: tuple, mesh: Any) -> tuple:
+            return tuple(DTensor.from_local(a, mesh, (Replicate(),), run_check=False)
+                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+
+        def output(_: torch.nn.Module, out: torch.Tensor, mesh: Any) -> torch.Tensor:
+            return out.redistribute(mesh, (Shard(1),))
+
+        return distribute_module(module, device_mesh, input_fn=inputs, output_fn=output)
 
 
 class VocabularyParallel(RowwiseParallel):
     """A vocabulary-parallel embedding with a sequence-sharded output; records its weight as it was and as
     sharded (in `sharded`, by id) for an output head that shares it."""
 
-    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
-        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]], output: Any = None) -> None:
+        output = Shard(1) if output is None else output
+        super().__init__(input_layouts=Replicate(), output_layouts=output, use_local_output=output == Replicate())
         self.sharded = sharded
 
     def _partition_embedding_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
@@ -216,12 +264,16 @@ class VocabularyParallel(RowwiseParallel):
 
 
 class TiedHead(ColwiseParallel):
-    """A column-parallel output head reading the sequence-sharded stream, returning replicated logits. A head
-    whose weight is the embedding's (GPT-2 ties them) keeps sharing it: the embedding's (vocab, hidden)
-    shard is the head's column shard too, so the rank holds it once, as Megatron's shared word embedding."""
+    """A column-parallel output head reading the stream as `layout` (the sequence-sharded one: Shard(1)),
+    returning replicated logits, or under `loss_parallel` logits left sharded along the vocabulary (a
+    DTensor, for torch's loss_parallel()). A head whose weight is the embedding's (GPT-2 ties them) keeps
+    sharing it: the embedding's (vocab, hidden) shard is the head's column shard too, so the rank holds it
+    once, as Megatron's shared word embedding."""
 
-    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> None:
-        super().__init__(input_layouts=Shard(1), output_layouts=Replicate())
+    def __init__(self, sharded: dict[int, tuple[torch.Tensor, torch.nn.Parameter]], layout: Any = None,
+                 loss_parallel: bool = False) -> None:
+        super().__init__(input_layouts=Shard(1) if layout is None else layout,
+                         output_layouts=Shard(-1) if loss_parallel else Replicate(), use_local_output=not loss_parallel)
         self.sharded = sharded
 
     def _partition_linear_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:

@@ -21,6 +21,7 @@ _KV_HEAD_ATTRIBUTES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 # the pipeline schedules a plan names (any case, '-' and '_' ignored) -> fxflops.memory.pipeline's name
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved1f1b": "interleaved"}
 _TEXT_KEYS = frozenset({"schedule"})  # plan keys whose value is text, not a number or a flag
+_REAL_KEYS = frozenset({"bucket_cap_mb"})  # plan keys whose value may have a fraction
 
 
 @dataclass(frozen=True)
@@ -30,23 +31,29 @@ class Parallel:
     `tp`: tensor parallel degree (a Megatron-style plan derived for Llama/GPT-style blocks, or `tp_plan`,
     torch's {module path: ParallelStyle} for parallelize_module, which wins). `sequence_parallel`: norms
     and residuals sharded along the sequence (all-gather + reduce-scatter instead of all-reduce).
+    `loss_parallel`: the output head's logits left sharded along the vocabulary over the tp ranks and the
+    cross-entropy run as torch's loss_parallel() computes it (all-reduces of each position's max, sum of
+    exponentials and target logit), torchtitan's loss parallelism; a tp_plan must shard the head so itself.
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
     the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
-    the root); `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
+    the root, its all-reduces DDP's gradient buckets of `bucket_cap_mb` MiB: fxflops.parallel.buckets);
+    `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
     into pp * virtual_stages contiguous stages (fxflops.parallel.pipeline).
-    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` of the dp ranks, tokens
-    dispatched by all-to-all (fxflops.parallel.experts); ep divides dp, as torchtitan borrows it from dp.
-    `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and attention run as torch's
-    ring attention (fxflops.parallel.context); FSDP then shards over dp x cp, as torchtitan does.
+    `ep`: expert parallel degree, the experts of each MoE layer split over `ep` ranks, tokens dispatched by
+    all-to-all (fxflops.parallel.experts); torchtitan borrows them from the sharded data-parallel ranks and
+    cp (ep divides dp_shard * cp, cp divides ep); expert gradients are reduced over the dp * cp / ep ranks
+    holding the same experts. `cp`: context parallel degree, the inputs' sequence split over `cp` ranks and
+    attention run as torch's ring attention (fxflops.parallel.context); gradients are then reduced over
+    dp x cp (FSDP shards over it, HSDP over dp_shard x cp, DDP all-reduces over it), as torchtitan and
+    Megatron-LM do. Every combination of tp, pp, dp (FSDP, HSDP, DDP), ep and cp composes.
     `microbatch` (samples per micro-batch), `microbatches` (micro-batches per step and data-parallel rank:
     the pipeline's micro-batches, or gradient accumulation steps) and `batch` (the global batch: samples
     per optimizer step over the job) are tied by batch = microbatch * microbatches * dp; give any of them.
     `schedule`: the pipeline schedule, which sets how many micro-batches' activations a stage holds
     (fxflops.memory.pipeline): "1F1B" (the default), "GPipe", or "interleaved" (the default with
     virtual_stages > 1, which it needs).
-    pp with ep or cp, and ep or cp with DDP or HSDP, are refused as not built yet.
     The inputs given to estimate() are ONE data-parallel rank's micro-batch."""
 
     tp: int = 1
@@ -56,9 +63,11 @@ class Parallel:
     cp: int = 1
     virtual_stages: int = 1
     sequence_parallel: bool = False
+    loss_parallel: bool = False
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
+    bucket_cap_mb: float | None = None  # DDP's gradient bucket size (None: DDP's default, 25 MiB after a 1 MiB first)
     microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
     microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)
     batch: int | None = None  # the global batch per optimizer step (default: microbatch * microbatches * dp)
@@ -90,21 +99,39 @@ class Parallel:
         return _SCHEDULES[self.schedule.lower().replace("-", "").replace("_", "")]
 
     def degrees(self) -> dict[str, int]:
-        """The mesh dimensions above 1, outermost first (the order ranks are numbered in); dp is split into
-        dp_replicate x dp_shard under HSDP."""
-        dp = (("dp_replicate", self.dp // self.shard), ("dp_shard", self.shard)) if self.shard != self.dp \
-            else (("dp_mod_ep", self.dp // self.ep), ("ep", self.ep)) if self.ep > 1 else (("dp", self.dp),)
-        return {name: degree for name, degree in (("pp", self.pp), *dp, ("cp", self.cp), ("tp", self.tp))
-                if degree > 1}
-
-    def data_parallel_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP shards over (two under HSDP: replicate, then shard; under expert
-        parallelism dp_mod_ep x ep, which apply_plan flattens)."""
+        """The mesh dimensions above 1, outermost first (the order ranks are numbered in), torchtitan's
+        ParallelDims layout: pp, dp_replicate (HSDP's replicas), the data-parallel ranks FSDP shards over (all
+        of dp, or HSDP's dp_shard), cp, tp. Expert parallelism borrows its ranks from the sharded data-parallel
+        ranks and cp (torchtitan's ep = dp_shard_in_ep x cp): those split into dp_mod_ep (the ranks holding the
+        same experts) and the ep ranks they do not take from cp ("ep" without cp, else "dp_in_ep")."""
+        shard = (("dp_shard", self.shard),) if self.shard != self.dp else (("dp", self.dp),)
         if self.ep > 1:
-            return ("dp_mod_ep", "ep") if self.dp > self.ep else ("ep",)
-        if self.cp > 1:  # context-parallel ranks hold other positions of the same batch: gradients reduced over both
-            return ("dp", "cp") if self.dp > 1 else ("cp",)
-        return tuple(name for name in self.degrees() if name.startswith("dp"))
+            within = self.ep // self.cp if self.ep % self.cp == 0 else self.ep
+            shard = (("dp_mod_ep", self.shard * self.cp // self.ep), ("ep" if self.cp == 1 else "dp_in_ep", within))
+        dims = (("pp", self.pp), ("dp_replicate", self.dp // self.shard), *shard, ("cp", self.cp), ("tp", self.tp))
+        return {name: degree for name, degree in dims if degree > 1}
+
+    def expert_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions the expert-parallel group spans, outermost first (flattened into one group when
+        two: torchtitan's dp_shard_in_ep x cp); () without ep."""
+        if self.ep == 1:
+            return ()
+        return tuple(name for name in ("ep", "dp_in_ep", "cp") if name in self.degrees())
+
+    def gradient_dims(self, experts: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(dims the parameters are replicated over, dims they are sharded over): the data-parallel mesh
+        dimensions whose ranks reduce a parameter's gradients, which cp joins (its ranks hold other positions
+        of the same samples; Megatron's data-parallel-with-context-parallel group, torchtitan's dp_shard_cp).
+        FSDP shards over all of them, HSDP replicates over dp_replicate and shards over the rest, DDP replicates
+        over all. `experts`: for the expert parameters, which the expert-parallel ranks hold different slices
+        of: the same less the expert-parallel dimensions (torchtitan's dp_mod_ep, Megatron's
+        expert-data-parallel group)."""
+        names = [name for name in self.degrees() if name not in ("pp", "tp")]
+        if experts:
+            names = [name for name in names if name not in self.expert_dims()]
+        if not self.fsdp:
+            return tuple(names), ()
+        return tuple(n for n in names if n == "dp_replicate"), tuple(n for n in names if n != "dp_replicate")
 
     def as_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tp_plan"}
@@ -142,11 +169,20 @@ class Parallel:
                              "(HSDP: dp / dp_shard replicas of dp_shard shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel plan: sequence_parallel splits the sequence over the tp ranks; give tp > 1")
+        if self.loss_parallel and self.tp == 1:
+            raise ValueError("parallel plan: loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1")
         if self.virtual_stages > 1 and self.pp == 1:
             raise ValueError(f"parallel plan: virtual_stages={self.virtual_stages} are stages per pipeline rank; "
                              "give pp > 1 with them")
         if self.schedule is not None:
             self._check_schedule()
+        if self.bucket_cap_mb is not None:
+            if self.fsdp:
+                raise ValueError("parallel plan: bucket_cap_mb sizes DDP's gradient buckets; give it with fsdp=False "
+                                 "(FSDP reduces each unit's gradients at once)")
+            if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, int | float) \
+                    or self.bucket_cap_mb <= 0:
+                raise ValueError(f"parallel plan: bucket_cap_mb must be a number of MiB > 0; got {self.bucket_cap_mb!r}")
         if self.dp_shard is not None and not self.fsdp:
             raise ValueError("parallel plan: dp_shard shards parameters (FSDP/HSDP); DDP (fsdp=False) replicates them")
         for name in ("microbatch", "microbatches", "batch"):
@@ -218,26 +254,16 @@ class Parallel:
             if layers:
                 raise NotImplementedError(f"parallel plan: sequence_parallel with mixture-of-experts layers "
                                           f"('{layers[0]}') is not built yet; give tp without it")
-        if self.pp > 1 and (self.ep > 1 or self.cp > 1):
-            # a pipeline's roles are cut from one capture; expert parallelism captures a rank per routing role,
-            # and neither was checked against the other
-            raise NotImplementedError(f"parallel plan: pp with {'ep' if self.ep > 1 else 'cp'} is not built yet; "
-                                      "give pp without ep and cp")
         if self.ep > 1:
-            if not self.fsdp:
-                raise NotImplementedError("parallel plan: ep with DDP (fsdp=False) is not built yet; give ep with "
-                                          "FSDP (fsdp=True)")
-            if self.shard != self.dp:
-                raise NotImplementedError("parallel plan: ep with HSDP (dp_shard) is not built yet; "
-                                          "give ep with dp alone")
-            if self.cp > 1:
-                raise NotImplementedError("parallel plan: ep with cp is not built yet; give one of them")
+            if self.cp > 1 and self.ep % self.cp:
+                # torchtitan's ParallelDims: ep = dp_shard_in_ep x cp, so cp divides ep
+                raise ValueError(f"parallel plan: ep={self.ep} with cp={self.cp}: expert parallelism borrows its "
+                                 f"ranks from the data-parallel and all the cp ranks (torchtitan's layout); pick an ep "
+                                 f"that is a multiple of cp={self.cp}")
             from fxflops.parallel.experts import check_experts
 
-            check_experts(model, self.ep, self.dp)
-        if self.cp > 1 and (self.shard != self.dp or not self.fsdp):
-            raise NotImplementedError("parallel plan: cp shards the parameters with FSDP2 over dp x cp; cp with HSDP "
-                                      "(dp_shard) or without fsdp is not built yet")
+            check_experts(model, self.ep, self.shard * self.cp,
+                          "dp_shard*cp" if self.shard != self.dp else "dp*cp" if self.cp > 1 else "dp")
         if self.pp > 1:
             layers = len(repeated_blocks(model))
             if not layers:
@@ -263,9 +289,10 @@ def _parse(text: str) -> dict[str, Any]:
             plan[key] = value.lower() in ("true", "yes", "on")
         else:
             try:
-                plan[key] = int(value)
+                plan[key] = float(value) if key in _REAL_KEYS else int(value)
             except ValueError:
-                raise ValueError(f"parallel plan: {key}={value!r} is not a whole number") from None
+                kind = "a number" if key in _REAL_KEYS else "a whole number"
+                raise ValueError(f"parallel plan: {key}={value!r} is not {kind}") from None
     return plan
 
 

@@ -21,9 +21,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fxflops.capture.diagnosis import CaptureError
 from fxflops.capture.module_walk import walk_modules
+from fxflops.parallel.buckets import Gradient, bucketed
 from fxflops.parallel.context import apply_context, check_context
 from fxflops.parallel.experts import RoutedCounts, apply_experts, expert_roles
-from fxflops.parallel.megatron import megatron_plan
+from fxflops.parallel.megatron import HEAD_NAMES, TiedHead, megatron_plan
 from fxflops.parallel.plan import Parallel, repeated_blocks
 from fxflops.results import Estimate, RankRole
 from fxflops.results.parallel import ALL_REDUCE, REDUCE_SCATTER, Collective
@@ -58,9 +59,9 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
                          "initialized: to count your own sharded model, call estimate() without parallel=")
     styles = tp_styles(model, plan)
 
-    def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None]:
-        seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names)
-        with fake_world(plan.size, rank), composable_states_restored():
+    def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None, list[Gradient]]:
+        seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names, gradients)
+        with fake_world(plan.size, rank), composable_states_restored(), _loss_parallel(plan.loss_parallel):
             mesh = _mesh(plan)
             try:
                 estimate = count(None if mesh is None else
@@ -71,20 +72,32 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
                     error.advice = "; ".join(filter(None, (error.advice, _DERIVED_TP_ADVICE.format(tp=plan.tp))))
                 raise
             if units and units[-1][0]:
-                estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1])
+                estimate.collectives = gradient_reductions_marked(estimate.collectives, units[-1][:2])
             pp_group = mesh["pp"].get_group() if plan.pp > 1 else None
-            return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc)
+            return estimate, seen, None if pp_group is None else (pp_group.group_name, pp_group.group_desc), \
+                units[-1][2] if units else []
 
-    estimate, seen, pp_group = capture(0)
-    if pp_group is not None:
-        from fxflops.parallel.pipeline import pipeline_roles
+    first = capture(0)
+    estimate, seen, _, _ = first
+    # tp, cp and dp ranks run the same ops; ranks whose experts receive other token counts run other ops (a
+    # capture per expert role); a pipeline's stages differ (each capture cut into them): roles are both at once
+    routed = expert_roles(seen, plan.degrees(), plan.size, plan.expert_dims()) if plan.ep > 1 \
+        else [("every rank", tuple(range(plan.size)))]
+    roles = []
+    for name, ranks in routed:
+        rank_estimate, _, pp_group, gradients = first if ranks[0] == 0 else capture(ranks[0])
+        found = [RankRole(name, ranks, rank_estimate)]
+        if pp_group is not None:
+            from fxflops.parallel.pipeline import pipeline_roles
 
-        roles = pipeline_roles(model, estimate, plan, pp_group, stage_memory, micro_batches)
-    elif plan.ep > 1:  # ranks whose experts receive other token counts run other ops: a capture per role
-        roles = [RankRole(name, ranks, estimate if ranks[0] == 0 else capture(ranks[0])[0])
-                 for name, ranks in expert_roles(seen, plan.degrees(), plan.size)]
-    else:
-        roles = [RankRole("every rank", tuple(range(plan.size)), estimate)]  # tp, cp and dp ranks run the same ops
+            found = [RankRole(stage.name if len(routed) == 1 else f"{stage.name}, {name}",
+                              tuple(sorted(set(stage.ranks) & set(ranks))), stage.estimate)
+                     for stage in pipeline_roles(model, rank_estimate, plan, pp_group, stage_memory, micro_batches)]
+        for role in found:  # DDP: its gradient buckets (a pipeline rank's DDP holds its own stages' parameters)
+            if gradients:
+                held = None if pp_group is None else set(role.estimate.source.captured.modules)
+                role.estimate.collectives = bucketed(role.estimate.collectives, gradients, plan.bucket_cap_mb, held)
+        roles += found
     record = {**plan.as_dict(), "microbatch": micro, "microbatches": micro_batches, "batch": batch}
     if plan.tp > 1:
         from fxflops.parallel.replicated import replicated_work
@@ -146,65 +159,125 @@ def composable_states_restored() -> Iterator[None]:
             _module_state_mapping.pop(module, None)
 
 
+def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager:
+    """torch's loss_parallel() (its cross-entropy over vocabulary-sharded logits, forward and backward) for
+    the capture, or nothing."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
     """{module path: ParallelStyle}: the user's tp_plan, else the Megatron-style plan derived from the model."""
     if plan.tp == 1:
         return {}
-    styles = plan.tp_plan if plan.tp_plan is not None else megatron_plan(model, plan.sequence_parallel)
+    styles = plan.tp_plan if plan.tp_plan is not None else \
+        megatron_plan(model, plan.sequence_parallel, plan.loss_parallel)
     if not styles:
         raise ValueError(f"parallel plan: found no attention or MLP block in {type(model).__name__} to split "
                          "tensor-parallel (column-parallel q/k/v, fused c_attn or up/gate linears before one "
                          "row-parallel o/down/c_proj linear); give your own tp_plan={module path: ParallelStyle}")
+    if plan.loss_parallel and plan.tp_plan is None and not any(isinstance(s, TiedHead) for s in styles.values()):
+        raise ValueError(f"parallel plan: loss_parallel splits the output head's logits, and {type(model).__name__} "
+                         f"has no Linear named {' or '.join(HEAD_NAMES)}; give your own tp_plan sharding its head "
+                         "with output_layouts=Shard(-1), use_local_output=False")
     return styles
 
 
 def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
-               seen: RoutedCounts | None = None) -> tuple[set[str], set[str]]:
+               seen: RoutedCounts | None = None) -> tuple[set[str], set[str], list[Gradient]]:
     """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
     `seen` collects the tokens routed to each expert under expert parallelism). Returns the names of the
-    modules FSDP or DDP wrapped as units and the names of the process groups they reduce gradients over."""
+    modules FSDP or DDP wrapped as units, the names of the process groups they reduce gradients over, and
+    under DDP the gradients each unit reduces (for DDP's buckets: fxflops.parallel.buckets)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
         parallelize_module(model, mesh["tp"], styles)
-    experts = apply_experts(model, mesh["ep"], seen if seen is not None else RoutedCounts()) if plan.ep > 1 else []
+    seen = seen if seen is not None else RoutedCounts()
+    flattened: dict[tuple[str, ...], DeviceMesh] = {}  # (torch asks that flattened meshes be kept, not sliced)
+    experts = apply_experts(model, _flat(mesh, plan.expert_dims(), flattened), seen) if plan.ep > 1 else []
     if plan.cp > 1:
         apply_context(model, mesh["cp"])
-    if plan.dp == 1 and plan.cp == 1:
-        return set(), set()
-    dims = plan.data_parallel_dims()
-    if len(dims) == 1:
-        dp_mesh = mesh[dims[0]]
-    elif plan.ep > 1 or plan.cp > 1:  # one FSDP dimension over both (flattened)
-        dp_mesh = mesh[dims]._flatten("_".join(dims))
-    else:
-        dp_mesh = mesh[dims]  # 2-D under HSDP: replicate, shard
-    groups = {dp_mesh.get_group(dim).group_name for dim in range(dp_mesh.ndim)}
+    replicated, sharded = plan.gradient_dims()
+    if not replicated and not sharded:
+        return set(), set(), []
+    groups: set[str] = set()
     wrapped: list[torch.nn.Module] = []
-    if plan.fsdp:
-        from torch.distributed.fsdp import fully_shard
+    reduced_over: dict[int, str] = {}  # id(unit) -> the group DDP all-reduces its gradients over
 
-        if plan.ep > 1 and plan.dp > plan.ep:
-            # the expert parameters: sharded over the dp ranks holding the same experts (torchtitan's dp_mod_ep)
-            for module in {id(m): m for m in _owners(model, experts)}.values():
-                fully_shard(module, mesh=mesh["dp_mod_ep"], reshard_after_forward=plan.reshard_after_forward)
-                wrapped.append(module)
-            groups.add(mesh["dp_mod_ep"].get_group().group_name)
-            experts = []
-        ignored = set(experts)  # dp == ep: each rank's experts are its own whole
+    def wrap(module: torch.nn.Module, dims: tuple[tuple[str, ...], tuple[str, ...]], ignored: set) -> bool:
+        """FSDP2's fully_shard over the sharded dims (HSDP: a 2-D mesh, replicas outside), else torch's
+        replicate() (DDP on FSDP2's machinery: parameters whole, gradients all-reduced) over the replicated
+        ones; False where neither has a rank to reduce with."""
+        replicate_over, shard_over = (_flat(mesh, names, flattened) if names else None for names in dims)
+        if shard_over is None and replicate_over is None:
+            return False
+        if shard_over is not None:
+            from torch.distributed.fsdp import fully_shard
 
-        def wrap(module: torch.nn.Module) -> None:
-            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward, ignored_params=ignored)
-    else:  # DDP as torch builds it on FSDP2's machinery: parameters whole, gradients all-reduced per unit
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+            unit_mesh = shard_over if replicate_over is None else \
+                DeviceMesh._concatenate([replicate_over, shard_over])  # HSDP's 2-D (replicate, shard) mesh
+            fully_shard(module, mesh=unit_mesh, reshard_after_forward=plan.reshard_after_forward,
+                        ignored_params=ignored)
+        else:
+            from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        def wrap(module: torch.nn.Module) -> None:
-            replicate(module, mesh=dp_mesh)
-    for unit in [*data_parallel_units(model, plan), model]:
-        wrap(unit)
-        wrapped.append(unit)
+            unit_mesh = replicate_over
+            replicate(module, mesh=unit_mesh, ignored_params=ignored)
+        groups.update(unit_mesh.get_group(dim).group_name for dim in range(unit_mesh.ndim))
+        reduced_over[id(module)] = unit_mesh.get_group(unit_mesh.ndim - 1).group_name
+        wrapped.append(module)
+        return True
+
+    ignored: set[torch.nn.Parameter] = set()
+    units = [*data_parallel_units(model, plan), model]
+    owners = list({id(m): m for m in _owners(model, experts)}.values())
+    if experts and not any(plan.gradient_dims(experts=True)):
+        # where no other rank holds a rank's experts (dp*cp == ep, no replicas) they are its own whole, which
+        # the other units leave be
+        ignored, owners = set(experts), []
+    gradients = [] if plan.fsdp else _gradients(model, [*owners, *units], ignored)
+    for module in owners:
+        # the expert parameters: reduced over the data-parallel ranks holding the same experts (torchtitan's
+        # dp_mod_ep, Megatron's expert-data-parallel group)
+        wrap(module, plan.gradient_dims(experts=True), set())
+    for unit in units:
+        wrap(unit, (replicated, sharded), ignored)
     ids = {id(module) for module in wrapped}
-    return {name for name, module in model.named_modules() if id(module) in ids}, groups
+    names = {name: module for name, module in model.named_modules() if id(module) in ids}
+    gradients = [dataclasses.replace(g, group=reduced_over.get(id(names.get(g.unit)), "")) for g in gradients]
+    return set(names), groups, gradients
+
+
+def _gradients(model: torch.nn.Module, units: list[torch.nn.Module], ignored: set) -> list[Gradient]:
+    """Each parameter's gradient a DDP unit reduces, in registration order, with its unit (the innermost
+    unit holding it) and its local bytes (a tensor-parallel shard's)."""
+    from torch.distributed.tensor import DTensor
+
+    names = {id(module): name for name, module in model.named_modules()}
+    prefixes = sorted((names[id(unit)] for unit in units), key=len, reverse=True)
+    found = []
+    for name, param in model.named_parameters():
+        if param in ignored or not param.requires_grad:
+            continue
+        unit = next(p for p in prefixes if not p or name.startswith(p + "."))
+        local = param.to_local() if isinstance(param, DTensor) else param
+        found.append(Gradient(name, unit, local.numel() * local.element_size(),
+                              str(local.dtype).removeprefix("torch.")))
+    return found
+
+
+def _flat(mesh: DeviceMesh, names: tuple[str, ...], flattened: dict[tuple[str, ...], DeviceMesh]) -> DeviceMesh:
+    """The 1-D mesh over `names`: one dimension, or several flattened into one named by joining them (once:
+    `flattened` keeps them)."""
+    if len(names) == 1:
+        return mesh[names[0]]
+    if names not in flattened:
+        flattened[names] = mesh[names]._flatten("_".join(names))
+    return flattened[names]
 
 
 def data_parallel_units(model: torch.nn.Module, plan: Parallel) -> list[torch.nn.Module]:

@@ -32,7 +32,7 @@ def plan_lines(estimate: Estimate) -> list[str]:
     if plan is None:
         return []
     degrees = ", ".join(f"{key}={plan[key]}" for key in ("pp", "dp", "cp", "tp", "ep") if plan.get(key, 1) > 1)
-    options = [key for key in ("sequence_parallel",) if plan.get(key)]
+    options = [key for key in ("sequence_parallel", "loss_parallel") if plan.get(key)]
     if plan.get("dp", 1) > 1:
         options.append(f"FSDP2, reshard_after_forward={plan.get('reshard_after_forward')}" if plan.get("fsdp", True)
                        else "DDP (torch's replicate)")
