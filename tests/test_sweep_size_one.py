@@ -193,3 +193,19 @@ def test_flattening_the_batch_into_rows_holds_at_batch_one():
         assert_same(at, fxflops.estimate(model, torch.empty(batch, 3, 4)))
         assert at.total_macs == batch * 3 * 4 * 4  # by hand: rows x in x out
     assert len(swept.pieces) == 1
+
+
+def test_gpt2_small_at_batch_one_is_the_capture_at_two():
+    # the example decoder's attention (views of the qkv split, SDPA, the heads merged back): every
+    # question on batch being 1 is one of those that decide nothing
+    from fxflops.cli.examples import gpt2_small
+
+    model = gpt2_small(vocab_size=100, n_positions=64, d_model=32, n_layer=1, n_head=2)
+    swept = sweep(model, torch.zeros(2, 16, dtype=torch.long), dims={"batch": 0, "seq": 1})
+    assert swept.holds_for == "batch >= 1, seq >= 2"
+    for batch, seq in [(1, 16), (1, 2), (1, 63), (2, 16), (3, 7)]:
+        at = swept.at(batch=batch, seq=seq)
+        assert_same(at, fxflops.estimate(model, torch.zeros(batch, seq, dtype=torch.long)))
+        # by hand: rows x (in x out) of qkv, the attention's projection, the MLP's two and the head
+        assert at.by_op["aten.linear.default"].macs == batch * seq * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100)
+    assert len(swept.pieces) == 1
