@@ -8,9 +8,14 @@ is the expected one. Guarded, each of those would be a condition (`batch != 1`) 
 from a sweep for nothing (a ResNet's residual add and its batch norm's [C, 1, 1] operands ask it).
 
 `size_one_shape_env()` is a ShapeEnv that answers those questions, and only those, from the capture's
-own sizes without a guard. Each is recognised by the function asking it (its code object, or for C++
-its file and line) and a test of that call's own values that shows the other answer would compute the
-same there; a question it does not recognise is a guard as always. Every other `== 1` (a squeeze, a
+own sizes without a guard. Each is recognised by the function asking it directly (its code object,
+torch's guard machinery between it and the ShapeEnv passed over; or for C++ its file and line), the
+form it asks in (`size == 1`, `size != 1`, `numel < 2`) and a test of that call's own values that
+shows the other answer would compute the same there; a question it does not recognise is a guard as
+always. Besides broadcasts and stride checks: `is_contiguous`'s "fewer than 2 elements" of a tensor
+whose strides are known to be the contiguous ones (contiguous either way), and the collapsed stride
+of `_collapse_view_helper` where the size-1 candidate's stride is known no less than the least so far
+(the same stride either way). Every other `== 1` (a squeeze, a
 branch in the model, a real broadcast, a stride that matters) stays a guard of its own, and none is
 hidden behind one of these: an unguarded question leaves nothing the ShapeEnv later assumes.
 """
