@@ -207,5 +207,6 @@ def test_gpt2_small_at_batch_one_is_the_capture_at_two():
         at = swept.at(batch=batch, seq=seq)
         assert_same(at, fxflops.estimate(model, torch.zeros(batch, seq, dtype=torch.long)))
         # by hand: rows x (in x out) of qkv, the attention's projection, the MLP's two and the head
-        assert at.by_op["aten.linear.default"].macs == batch * seq * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100)
+        widths = 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100
+        assert at.by_op["aten.linear.default"].macs == batch * seq * widths
     assert len(swept.pieces) == 1
