@@ -301,8 +301,10 @@ def test_cli_sweep_grid_text_and_csv():
 
     result = run_cli("gpt2-small", "--set", "n_layer=1", "--sweep", "seq=16..64*2", "--sweep", "batch=1,2")
     assert result.returncode == 0, result.stderr
-    assert "fxflops sweep: GPT2 over seq, batch (6 points, 2 captures)" in result.stdout
-    assert "formulas, where seq >= 2, batch >= 2:" in result.stdout
+    # one capture: batch 1 is a point of the capture at batch 2 (fxflops.capture.size_one), equal to
+    # estimate() there node by node (tests/test_sweep_size_one.py::test_gpt2_small_at_batch_one_is_the_capture_at_two)
+    assert "fxflops sweep: GPT2 over seq, batch (6 points, 1 capture)" in result.stdout
+    assert "formulas, where seq >= 2, batch >= 1:" in result.stdout
     result = run_cli("gpt2-small", "--set", "n_layer=1", "--sweep", "seq[1]=16,32", "--format", "csv")
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(io.StringIO(result.stdout)))

@@ -140,3 +140,73 @@ def test_size_zero_is_its_own_piece(batch):
     assert swept.holds_for == "batch >= 1"
     assert_same(swept.at(batch=0), fxflops.estimate(model, torch.empty(0, 4)))
     assert swept.pieces[-1].summary() == "batch = 0"
+
+
+class RowSums(nn.Module):
+    def forward(self, x):  # a [batch] tensor through an elementwise op: is_contiguous asks `batch < 2`
+        return x.sum(1) * x.sum(1)
+
+
+def test_a_vector_of_batch_values_is_contiguous_either_way():
+    # numel < 2 is "contiguous" at once; otherwise the strides, known to be the contiguous ones, pass
+    model = RowSums()
+    swept = sweep(model, torch.empty(2, 5), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 1"
+    for batch in (1, 2, 7):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 5)))
+        assert at.by_op["aten.mul.Tensor"].flops == batch  # by hand: one multiply per row
+    assert len(swept.pieces) == 1
+
+
+class StridedRows(nn.Module):
+    def forward(self, x):  # a [batch] column of [batch, 5]: stride 5, contiguous only where batch is 1
+        column = x.select(1, 0)
+        return column * column
+
+
+def test_a_strided_vector_of_batch_values_is_right_at_batch_one():
+    # the strides are not the contiguous ones: `batch < 2` decides the layout, and stays a condition
+    model = StridedRows()
+    swept = sweep(model, torch.empty(2, 5), dims={"batch": 0})
+    for batch in (1, 2, 7):
+        assert_same(swept.at(batch=batch), fxflops.estimate(model, torch.empty(batch, 5)))
+
+
+class Flattened(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):  # [batch, 3, 4] viewed as [batch * 3, 4]: the collapse asks `batch != 1`
+        return self.proj(x.view(x.shape[0] * 3, 4))
+
+
+def test_flattening_the_batch_into_rows_holds_at_batch_one():
+    # the collapsed axes' stride is the least of those not 1 in size; the batch axis's (12) is no less
+    # than the next one's (4), so the stride is 4 either way
+    model = Flattened()
+    swept = sweep(model, torch.empty(2, 3, 4), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 1"
+    for batch in (1, 2, 9):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 3, 4)))
+        assert at.total_macs == batch * 3 * 4 * 4  # by hand: rows x in x out
+    assert len(swept.pieces) == 1
+
+
+def test_gpt2_small_at_batch_one_is_the_capture_at_two():
+    # the example decoder's attention (views of the qkv split, SDPA, the heads merged back): every
+    # question on batch being 1 is one of those that decide nothing
+    from fxflops.cli.examples import gpt2_small
+
+    model = gpt2_small(vocab_size=100, n_positions=64, d_model=32, n_layer=1, n_head=2)
+    swept = sweep(model, torch.zeros(2, 16, dtype=torch.long), dims={"batch": 0, "seq": 1})
+    assert swept.holds_for == "batch >= 1, seq >= 2"
+    for batch, seq in [(1, 16), (1, 2), (1, 63), (2, 16), (3, 7)]:
+        at = swept.at(batch=batch, seq=seq)
+        assert_same(at, fxflops.estimate(model, torch.zeros(batch, seq, dtype=torch.long)))
+        # by hand: rows x (in x out) of qkv, the attention's projection, the MLP's two and the head
+        widths = 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100
+        assert at.by_op["aten.linear.default"].macs == batch * seq * widths
+    assert len(swept.pieces) == 1

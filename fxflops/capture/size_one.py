@@ -8,9 +8,14 @@ is the expected one. Guarded, each of those would be a condition (`batch != 1`) 
 from a sweep for nothing (a ResNet's residual add and its batch norm's [C, 1, 1] operands ask it).
 
 `size_one_shape_env()` is a ShapeEnv that answers those questions, and only those, from the capture's
-own sizes without a guard. Each is recognised by the function asking it (its code object, or for C++
-its file and line) and a test of that call's own values that shows the other answer would compute the
-same there; a question it does not recognise is a guard as always. Every other `== 1` (a squeeze, a
+own sizes without a guard. Each is recognised by the function asking it directly (its code object,
+torch's guard machinery between it and the ShapeEnv passed over; or for C++ its file and line), the
+form it asks in (`size == 1`, `size != 1`, `numel < 2`) and a test of that call's own values that
+shows the other answer would compute the same there; a question it does not recognise is a guard as
+always. Besides broadcasts and stride checks: `is_contiguous`'s "fewer than 2 elements" of a tensor
+whose strides are known to be the contiguous ones (contiguous either way), and the collapsed stride
+of `_collapse_view_helper` where the size-1 candidate's stride is known no less than the least so far
+(the same stride either way). Every other `== 1` (a squeeze, a
 branch in the model, a real broadcast, a stride that matters) stays a guard of its own, and none is
 hidden behind one of these: an unguarded question leaves nothing the ShapeEnv later assumes.
 """
@@ -40,7 +45,14 @@ _CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): NOT_ONE}
 # the torch release the C++ lines were read in: in another, that line may ask something else
 _CPP_QUESTIONS_READ_IN = "2.14."
 
-_FRAMES_UP = 4  # evaluate_sym_node <- _guard_or <- guard_or_false <- the asking function
+# how far up from evaluate_sym_node the asking function may be: torch's guard machinery in between
+# (_guard_or <- guard_or_false, or for a plain `if size != 1:` evaluate <- guard_bool <- bool_ <-
+# SymBool.__bool__) is passed over, and the first frame past it is the asking function
+_FRAMES_UP = 6
+
+# a recognised question: the test of its call's values (its frame's locals, and the size asked about),
+# and the forms it is asked in
+Question = tuple[Callable[[dict, Any], "str | None"], frozenset]
 
 
 def size_one_shape_env() -> Any:
@@ -95,26 +107,73 @@ def _outside_torch(frame: Any) -> str | None:
     return None
 
 
-def _unguarded_answer(sym_node: Any, frame: Any, questions: dict[Any, Callable[[dict], str | None]]) -> Any:
-    """The answer at the capture's sizes (sympy's true or false) to a `size == 1` that one of `questions`
-    asks where the other answer would give the same program at a point that answers it so; else None."""
+def _unguarded_answer(sym_node: Any, frame: Any, questions: dict[Any, Question]) -> Any:
+    """The answer at the capture's sizes (sympy's true or false) to a question whether a size is 1 that one
+    of `questions` asks where the other answer would give the same program at a point that answers it
+    so; else None."""
     import sympy
 
     expr, hint = sym_node.expr, sym_node.hint
-    if not (isinstance(expr, sympy.Eq) and expr.rhs == 1 and isinstance(hint, bool)):
+    if not isinstance(hint, bool):
         return None
+    form = _form(expr)
+    if form is None:
+        return None
+    kind, size = form
     for _ in range(_FRAMES_UP):
         if frame is None:
             return None
-        test = questions.get(frame.f_code)
-        if test is not None:
-            either = test(frame.f_locals)
-            return sympy.sympify(hint) if either is BOTH_WAYS or either is NOT_ONE and not hint else None
-        frame = frame.f_back
+        question = questions.get(frame.f_code)
+        if question is None and _is_machinery(frame.f_code):
+            frame = frame.f_back
+            continue
+        if question is not None:
+            test, kinds = question
+            if kind not in kinds:
+                return None
+            either = test(frame.f_locals, size)
+            # the size is 1 at the capture's sizes where the question "is it 1" says yes, "is it not 1" no
+            is_one = hint if kind in (IS_ONE, BELOW_TWO) else not hint
+            return sympy.sympify(hint) if either is BOTH_WAYS or either is NOT_ONE and not is_one else None
+        return None  # asked by a function not recognised: a guard
     return None
 
 
-def _questions() -> dict[Any, Callable[[dict], str | None]]:
+def _is_machinery(code: Any) -> bool:
+    """Whether a frame is torch's guard machinery (sym_node, symbolic_shapes, SymBool.__bool__), which
+    passes a question on from the function that asks it."""
+    name = code.co_filename.replace("\\", "/")
+    return name.endswith(("torch/fx/experimental/sym_node.py", "torch/fx/experimental/symbolic_shapes.py")) \
+        or code is torch.SymBool.__bool__.__code__
+
+
+# the forms a question whether a size is 1 takes: `size == 1`, `size != 1`, `size < 2` (a size of at
+# least 1: 1), `size > 1`
+IS_ONE, NOT_ONE_ASKED, BELOW_TWO, ABOVE_ONE = "== 1", "!= 1", "< 2", "> 1"
+
+
+def _form(expr: Any) -> tuple[str, Any] | None:
+    """(form, the size asked about) of a question whether a size is 1, in any of sympy's spellings
+    (`Ne(1, s)`, `1 < s`, `s >= 2`, `s <= 1`); None for any other question."""
+    import sympy
+
+    if isinstance(expr, sympy.Eq | sympy.Ne):
+        kind = IS_ONE if isinstance(expr, sympy.Eq) else NOT_ONE_ASKED
+        if expr.rhs == 1:
+            return kind, expr.lhs
+        return (kind, expr.rhs) if expr.lhs == 1 else None
+    if isinstance(expr, sympy.StrictLessThan | sympy.StrictGreaterThan):  # lts < gts
+        if expr.gts == 2:
+            return BELOW_TWO, expr.lts
+        return (ABOVE_ONE, expr.gts) if expr.lts == 1 else None
+    if isinstance(expr, sympy.LessThan | sympy.GreaterThan):  # lts <= gts
+        if expr.gts == 1:
+            return BELOW_TWO, expr.lts
+        return (ABOVE_ONE, expr.gts) if expr.lts == 2 else None
+    return None
+
+
+def _questions() -> dict[Any, Question]:
     """torch's functions that ask whether a size is 1, each with the test of its call's values (its frame's
     locals) that says which answers give the same program there."""
     import torch._prims
@@ -166,16 +225,42 @@ def _questions() -> dict[Any, Callable[[dict], str | None]]:
             return None
         return NOT_ONE if _known_equal(tensor.stride()[axis], expected) else None
 
-    found = {SymNode.guard_or_false.__code__: cpp,
-             fake_impls.infer_size.__code__: infer_size,
-             refs._broadcast_shapes.__code__: broadcast_shapes,
-             torch._prims._broadcast_in_dim_meta.__code__: broadcast_in_dim,
-             prims_common.check_contiguous_sizes_strides.__code__: contiguous,
-             prims_common.is_channels_last_contiguous_2d.__code__: channels_last,
-             prims_common.is_channels_last_contiguous_3d.__code__: channels_last}
+    def numel_below_two(values: dict, size: Any) -> str | None:
+        # is_contiguous: a tensor of fewer than 2 elements is contiguous; another is if its strides pass the
+        # check. Where every stride is known to be the contiguous one for its sizes, the check passes at
+        # every point: "contiguous" either way
+        tensor = values.get("a")
+        if not isinstance(tensor, torch.Tensor) or not _same_expr(tensor.numel(), size):
+            return None
+        return BOTH_WAYS if _contiguous_strides(tensor.shape, tensor.stride()) else None
+
+    def collapse_stride(values: dict, size: Any) -> str | None:
+        # _collapse_view_helper's stride of the collapsed axes: the least stride of the axes not 1 in size,
+        # `stride = min(stride, strides[idx])` skipped for an axis of size 1. Where that axis's stride is
+        # known to be no less than the least so far, min() keeps the least so far: the same stride either way
+        shape, strides, axis, stride = (values.get(name) for name in ("shape", "strides", "idx", "stride"))
+        if shape is None or strides is None or axis is None or stride is None or not _same_expr(shape[axis], size):
+            return None
+        return BOTH_WAYS if _known(strides[axis] >= stride) else None
+
+    def only(test: Callable[[dict], str | None]) -> Callable[[dict, Any], str | None]:
+        return lambda values, size: test(values)
+
+    asked_equal = frozenset({IS_ONE})
+    found: dict[Any, Question] = {
+        SymNode.guard_or_false.__code__: (only(cpp), asked_equal),
+        fake_impls.infer_size.__code__: (only(infer_size), asked_equal),
+        refs._broadcast_shapes.__code__: (only(broadcast_shapes), asked_equal),
+        torch._prims._broadcast_in_dim_meta.__code__: (only(broadcast_in_dim), asked_equal),
+        prims_common.check_contiguous_sizes_strides.__code__: (only(contiguous), asked_equal),
+        prims_common.is_channels_last_contiguous_2d.__code__: (only(channels_last), asked_equal),
+        prims_common.is_channels_last_contiguous_3d.__code__: (only(channels_last), asked_equal),
+        prims_common.is_contiguous.__code__: (numel_below_two, frozenset({BELOW_TWO})),
+        torch._prims._collapse_view_helper.__code__: (collapse_stride, frozenset({NOT_ONE_ASKED})),
+    }
     nested = _nested_code(refs._maybe_broadcast, "should_expand")
     if nested is not None:
-        found[nested] = should_expand
+        found[nested] = (only(should_expand), asked_equal)
     return found
 
 
@@ -194,6 +279,28 @@ def _same_size(a: Any, b: Any) -> bool:
     if a is b or type(a) is int and type(b) is int and a == b:
         return True
     return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and a.node.expr == b.node.expr
+
+
+def _same_expr(value: Any, size: Any) -> bool:
+    """Whether a size (int or SymInt) is the expression a question asks about."""
+    return value == size if type(value) is int else isinstance(value, torch.SymInt) and value.node.expr == size
+
+
+def _contiguous_strides(shape: Any, strides: Any) -> bool:
+    """Whether each stride is known to be the contiguous one for the sizes after it, at every point."""
+    expected: Any = 1
+    for size, stride in reversed(tuple(zip(shape, strides))):
+        if not _known_equal(stride, expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def _known(condition: Any) -> bool:
+    """Whether a size condition holds at every point the capture's ranges allow, asking no guard."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(condition)
 
 
 def _known_equal(a: Any, b: Any) -> bool:
