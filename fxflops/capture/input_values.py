@@ -10,12 +10,13 @@ weights determine is ever computed, and only the inputs and the small input-deri
 
 Two cases where the value is not known:
 
-- routing (weights decide): `topk`'s indices over weight-derived scores get a shadow under a stated
-  assumption (`Routing`: balanced by default, the worst case, or given per-expert counts); a value
-  read from them is stated in the capture's cautions.
-- an op whose output size is data-dependent on a tensor without a shadow is shaped at its bound
-  (`nonzero` and `masked_select`: every element kept; `unique`: every element distinct) and a caution
-  says so; a plain value read (`.item()`) with no shadow fails, naming the op, module and line.
+- routing (weights decide): a router's picks over weight-derived scores (`topk`'s indices, `argmax` / `max`
+  along a dim, a `sort`'s ranking, `multinomial`'s samples) get a shadow under a stated assumption (`Routing`:
+  balanced by default, the worst case, or given per-expert counts); a value read from them is stated in the
+  capture's cautions, and whatever is built from them (counts, masks scattered into `zeros_like`) carries it.
+- a size made from values without a shadow, or a value read from them, is counted at its bound
+  (capture.value_bounds: every element for `nonzero`, a bound an op gives the values for `bincount`,
+  `repeat_interleave` or `.item()`) and a caution says so; a read no op bounds fails, naming op, module and line.
 """
 
 from __future__ import annotations
