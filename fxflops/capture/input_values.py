@@ -56,14 +56,29 @@ _aten = torch.ops.aten
 # ops whose output memory is uninitialized: no value. A collective the capture does not see as a write
 # fills such a buffer (FSDP2 all-gathers its parameters into one), and its garbage decided router picks;
 # a forward that fills one in place and reads it fails loudly instead of silently
-_UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
-                            _aten.new_empty_strided})
+UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+                           _aten.new_empty_strided})
 # ops whose values read only their tensor arguments' shapes and dtypes (zeros_like(scores) is known whatever
 # the scores are: a routing mask scattered into it has the picks' values)
 SHAPE_ONLY = frozenset({_aten.new_ones.default, _aten.new_zeros.default, _aten.new_full.default,
                         _aten.ones_like.default, _aten.zeros_like.default, _aten.full_like.default,
                         _aten.fill.Scalar})
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+def value_refusal(op: Any, in_place: bool = True) -> str | None:
+    """Why `op`'s value is not computed from its arguments' values, or None: it draws random numbers (from the
+    user's generator), its memory is uninitialized, or (`in_place`) it writes a tensor, whose value then depends
+    on when it is read, which a graph's data flow does not say (the live capture follows writes itself)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        return "random or in place"
+    if op.overloadpacket in UNINITIALIZED:
+        return "uninitialized memory"
+    if in_place and op._schema.is_mutable:
+        return "random or in place"
+    return None
 
 
 @dataclass(frozen=True)
@@ -235,7 +250,7 @@ class InputValues:
                 raise
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
-        if known and torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNINITIALIZED \
+        if known and value_refusal(func, in_place=False) is None \
                 and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
             self._shadow_outputs(func, args, kwargs, [s for s in shadows if s is not None], out)
             return out
@@ -538,3 +553,119 @@ _ROUTERS: Mapping[Any, Callable[[tuple, dict, Any], tuple | None]] = {
 
 def _ranked(scores: torch.Tensor, dim: int) -> int:
     return int(scores.shape[dim]) if scores.dim() else 1
+
+
+# --- values from the inputs over a captured graph -----------------------------------------------------
+# A capture at named sizes (a sweep, the training meter's) has no shadows: what derives from the inputs is
+# read off its graph instead, and computed on each batch's real tensors (timing.data_masks: a data mask's
+# kept pairs per step), with the same refusals as the live shadows above.
+
+
+class NotReplayable(Exception):
+    """A value whose derivation from the inputs cannot be computed on real tensors; says why."""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """The ops between the model's inputs and `values` in a captured graph, in graph order."""
+
+    values: tuple[torch.fx.Node, ...]
+    nodes: tuple[torch.fx.Node, ...]  # call_function nodes only
+    inputs: tuple[tuple[torch.fx.Node, int], ...]  # placeholder, its index among the batch's tensors
+
+    def run(self, tensors: Sequence[torch.Tensor], argument: Callable[[Any], Any],
+            chosen: dict[Any, Any] | None = None) -> list[Any]:
+        """The values computed on the batch `tensors`; `argument` gives each argument that is not a node its
+        value there (a symbolic size at the batch's sizes, the batch's device); `chosen` as call_recorded's."""
+        env: dict[torch.fx.Node, Any] = {node: tensors[index] for node, index in self.inputs}
+
+        def value(arg: Any) -> Any:
+            if isinstance(arg, torch.fx.Node):
+                return env[arg]
+            if isinstance(arg, list | tuple):
+                return type(arg)(value(item) for item in arg)
+            return argument(arg)
+
+        with torch.no_grad():
+            for node in self.nodes:
+                env[node] = call_recorded(node, value(node.args), {k: value(v) for k, v in node.kwargs.items()}, chosen)
+        return [env[node] for node in self.values]
+
+
+def derivation(*values: torch.fx.Node, what: str = "its value") -> Derivation:
+    """The ops between the model's inputs (placeholders carrying capture.inputs' INPUT_INDEX) and `values`,
+    computable on real tensors; NotReplayable says what stops it (`what` names the value in its words): a
+    parameter or buffer read, a random op, uninitialized memory, an in-place write, a nested graph."""
+    from fxflops.capture.inputs import INPUT_INDEX
+
+    graph = values[0].graph
+    ancestors: set[torch.fx.Node] = set()
+    stack = list(values)
+    while stack:
+        node = stack.pop()
+        if node not in ancestors:
+            ancestors.add(node)
+            stack.extend(node.all_input_nodes)
+    inputs, nodes = [], []
+    for node in graph.nodes:  # graph order is an order that runs
+        if node not in ancestors:
+            continue
+        if node.op == "placeholder":
+            if INPUT_INDEX not in node.meta:
+                raise NotReplayable(f"{what} reads a parameter, buffer or constant tensor, not only the inputs")
+            inputs.append((node, node.meta[INPUT_INDEX]))
+        elif node.op != "call_function" or not callable(node.target) or isinstance(
+                node.target, torch._ops.HigherOrderOperator):
+            raise NotReplayable(f"{what} is built by {node.op} {node.target}, which is not replayed")
+        elif (refused := value_refusal(node.target)) is not None:
+            raise NotReplayable(f"{what} is built with {node.target} ({refused})")
+        else:
+            nodes.append(node)
+    if _written(ancestors):
+        raise NotReplayable(f"{what} is built with in-place ops")
+    return Derivation(tuple(values), tuple(nodes), tuple(inputs))
+
+
+def _written(nodes: set[torch.fx.Node]) -> bool:
+    """Whether an op outside `nodes` writes one of them or a view of one (its value then depends on when
+    it is read, which the data flow does not say)."""
+    seen, stack = set(nodes), list(nodes)
+    while stack:
+        for user in stack.pop().users:
+            schema = _schema(user)
+            if schema is None or user in seen:
+                continue
+            if schema.is_mutable:
+                return True
+            if any(ret.alias_info is not None for ret in schema.returns):  # a view shares the storage
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    return node.target._schema if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) else None
+
+
+def call_recorded(node: torch.fx.Node, args: tuple, kwargs: dict, chosen: dict[Any, Any] | None = None) -> Any:
+    """Run a captured node's op on real values. A composite recorded whole (x.to(device) as aten.to.device)
+    holds the Python call's arguments, which its overload may not take: then the Tensor method or
+    torch function of that name, as the model called it. `chosen` keeps, per node, the one that worked."""
+    function = chosen.get(node) if chosen is not None else None
+    if function is not None:
+        return function(*args, **kwargs)
+    candidates = [node.target]
+    if isinstance(node.target, torch._ops.OpOverload):
+        name = node.target.overloadpacket.__name__
+        candidates += [f for f in (getattr(torch.Tensor, name, None), getattr(torch, name, None)) if f is not None]
+    for index, function in enumerate(candidates):
+        try:
+            out = function(*args, **kwargs)
+        except (TypeError, RuntimeError):
+            if index == len(candidates) - 1:
+                raise
+            continue
+        if chosen is not None:
+            chosen[node] = function
+        return out
+    raise AssertionError("unreachable")
