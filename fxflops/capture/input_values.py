@@ -230,7 +230,10 @@ class InputValues:
             return self._run(func, args, kwargs)  # (a third of a transformer's dispatches)
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
-        known = all(s is not None for s in shadows) or func in SHAPE_ONLY
+        known = all(s is not None for s in shadows)
+        # an op reading only its arguments' shapes makes constants, whatever the arguments hold (up to a constant's size)
+        constant = not known and func in SHAPE_ONLY
+        known = known or constant
         data_dependent = _data_dependent(func)
         if known and data_dependent and tensors:
             return self._from_values(func, args, kwargs, shadows)
@@ -251,7 +254,7 @@ class InputValues:
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
         if known and value_refusal(func, in_place=False) is None \
-                and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
+                and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors and not constant else MAX_SHADOWED_CONSTANT):
             self._shadow_outputs(func, args, kwargs, [s for s in shadows if s is not None], out)
             return out
         if func in _ROUTERS:
