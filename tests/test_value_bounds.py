@@ -124,6 +124,15 @@ def test_a_value_the_weights_decide_is_counted_at_the_bound_an_op_gives_it_in_ev
     assert not any("routing" in caution for caution in result.cautions)  # no routing was assumed
 
 
+def eager_failure(model_class: type[nn.Module]) -> str:
+    """Why the eager capture of a meta-device `model_class` on (TOKENS, DIM) failed."""
+    with torch.device("meta"):
+        model = model_class()
+    with pytest.raises(fxflops.CaptureError) as caught:
+        quietly(model, input_shape=(TOKENS, DIM), method="eager")
+    return caught.value.attempts[0].reason
+
+
 def test_a_value_read_no_op_bounds_fails_naming_op_module_line_and_what_to_pass():
     class Sum(nn.Module):
         def __init__(self) -> None:
@@ -133,11 +142,7 @@ def test_a_value_read_no_op_bounds_fails_naming_op_module_line_and_what_to_pass(
         def forward(self, x):
             return x[: int(self.score(x).sum().item())]  # the line the error names
 
-    with torch.device("meta"):
-        model = Sum()
-    with pytest.raises(fxflops.CaptureError) as caught:
-        quietly(model, input_shape=(TOKENS, DIM), method="eager")
-    reason = caught.value.attempts[0].reason
+    reason = eager_failure(Sum)
     assert "aten._local_scalar_dense" in reason and "module '(root)' (Sum)" in reason
     assert "int(self.score(x).sum().item())" in reason and "method='trace'" in reason
 
@@ -152,10 +157,36 @@ def test_the_forwards_own_check_of_a_size_taken_at_its_bound_fails_saying_so():
             counts = (self.router(x) > 0).sum(0).tolist()  # each at most 6: together 24, not 6
             return torch.split(x, counts)
 
-    with torch.device("meta"):
-        model = Split()
-    with pytest.raises(fxflops.CaptureError) as caught:
-        quietly(model, input_shape=(TOKENS, DIM), method="eager")
-    reason = caught.value.attempts[0].reason
+    reason = eager_failure(Split)
     assert "aten.split_with_sizes" in reason and "split_sizes=[6, 6, 6, 6]" in reason
     assert "after aten._local_scalar_dense.default" in reason and "was counted at its bound" in reason
+
+
+@pytest.mark.parametrize("op, args, low, high", [
+    (torch.ops.aten.add.Tensor, ("a", "b"), 5, 11),  # [0, 2] + [5, 9]
+    (torch.ops.aten.sub.Tensor, ("a", "b"), -9, -3),
+    (torch.ops.aten.mul.Tensor, ("a", "b"), 0, 18),
+    (torch.ops.aten.add.Tensor, ("a", 10), 10, 12),
+    (torch.ops.aten.maximum.default, ("a", "b"), 0, 9),  # one of the two: their union
+    (torch.ops.aten.max.other, ("a", "b"), 0, 9),
+    (torch.ops.aten.clamp.default, ("b", 6, None), 6, 9),
+    (torch.ops.aten.clamp.default, ("b", None, 3), 3, 3),  # every value above 3: all 3
+    (torch.ops.aten.remainder.Scalar, ("b", 4), 0, 3),
+    (torch.ops.aten.cumsum.default, ("b", 0), 5, 27),  # 1 to 3 values of [5, 9]
+    (torch.ops.aten.sum.dim_IntList, ("a", [0]), 0, 6),  # 3 values of [0, 2]
+    (torch.ops.aten.neg.default, ("b",), -9, -5),
+])
+def test_bounds_follow_arithmetic_by_hand(op, args, low, high):
+    from fxflops.capture.value_bounds import Bound, output_bounds
+
+    a, b = torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long)
+    named = {"a": a, "b": b}
+    bounds = {id(a): Bound(0, 2, "a"), id(b): Bound(5, 9, "b")}
+
+    def bound_of(value):
+        return bounds.get(id(value)) if isinstance(value, torch.Tensor) else Bound(value, value, "")
+
+    out = torch.zeros(() if op is torch.ops.aten.sum.dim_IntList else 3, dtype=torch.long)
+    (_, found), = output_bounds(op, tuple(named.get(v, v) if isinstance(v, str) else v for v in args), {}, out,
+                                bound_of, "op")
+    assert (found.low, found.high) == (low, high)

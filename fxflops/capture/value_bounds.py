@@ -122,9 +122,11 @@ def _clamp(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) 
         if low is None or high is None:
             return None
         return Bound(low, high, f"the range {origin} clamps to")
-    new_low = bound.low if low is None else min(max(bound.low, low), high if high is not None else math.inf)
-    new_high = bound.high if high is None else max(min(bound.high, high), low if low is not None else -math.inf)
-    return Bound(new_low, new_high, bound.origin)
+    def clamped(value: int | float) -> int | float:  # clamp is monotonic: the ends go to the ends
+        value = value if low is None else max(value, low)
+        return value if high is None else min(value, high)
+
+    return Bound(clamped(bound.low), clamped(bound.high), bound.origin)
 
 
 def _remainder(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
@@ -159,6 +161,10 @@ def _where(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) 
     return _union(args[1:3], bound_of)
 
 
+def _pair(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
+    return _union(args[:2], bound_of)
+
+
 def _concatenated(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
     return _union(list(args[0]), bound_of)
 
@@ -181,6 +187,8 @@ _KEEP_VALUES = ("view", "_unsafe_view", "reshape", "alias", "clone", "_to_copy",
 _INDEX_SECOND = {"max": 1, "min": 1, "sort": 1, "topk": 2, "cummax": 1, "cummin": 1, "kthvalue": 2, "mode": 1,
                  "median": 1, "nanmedian": 1}
 
+_ELEMENTWISE_EXTREMES = frozenset({"max", "min", "maximum", "minimum", "fmax", "fmin"})
+
 # op (by its name) -> the bound of its outputs given its arguments'
 RULES: Mapping[str, Callable[..., Bound | None]] = {
     **{name: _first for name in _KEEP_VALUES},
@@ -190,7 +198,7 @@ RULES: Mapping[str, Callable[..., Bound | None]] = {
     "rsub": _arithmetic(lambda x, y: y - x), "mul": _arithmetic(lambda x, y: x * y),
     "clamp": _clamp, "clip": _clamp, "remainder": _remainder, "floor_divide": _floor_divide,
     "abs": _absolute, "neg": _negative, "where": _where, "cat": _concatenated, "stack": _concatenated,
-    "masked_fill": _filled,
+    "masked_fill": _filled, **{name: _pair for name in ("maximum", "minimum", "fmax", "fmin")},
 }
 # ops that bound values from nothing known about their arguments' (an index, a count, a clamp)
 SOURCES = frozenset({"argmax", "argmin", "count_nonzero", "bincount", "histc", "clamp", "clip", "nonzero",
@@ -214,6 +222,8 @@ def output_bounds(func: Any, args: tuple, kwargs: dict, out: Any, bound_of: Boun
         found.append((out, Bound(0, max(int(args[0].numel()) - 1, 0), f"an index {origin} repeats")))
         return found
     rule = RULES.get(name)
+    if name in _ELEMENTWISE_EXTREMES and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        rule = _pair  # max(a, b), minimum(a, b): one of the two at each place
     if rule is None:
         return found
     try:
