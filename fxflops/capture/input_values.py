@@ -247,7 +247,9 @@ class InputValues:
         except RuntimeError as error:
             if func in _WIDENED and "not implemented for" in str(error):
                 out = self._widened(func, args, kwargs)
-            elif self._bounded:  # the forward's own check of a size counted at its bound (split's sizes' sum)
+            # the forward's own check of a size counted at its bound (split's sizes' sum): a kernel's own check
+            # (a plain RuntimeError; a missing kernel's NotImplementedError is for the caller's fallbacks)
+            elif self._bounded and type(error) is RuntimeError:
                 raise self._after_bound(func, error) from error
             else:
                 raise
