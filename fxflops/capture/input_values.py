@@ -231,7 +231,7 @@ class InputValues:
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
         known = all(s is not None for s in shadows)
-        # an op reading only its arguments' shapes makes constants, whatever the arguments hold (up to a constant's size)
+        # an op reading only its arguments' shapes makes constants whatever the arguments hold (up to a constant's size)
         constant = not known and func in SHAPE_ONLY
         known = known or constant
         data_dependent = _data_dependent(func)
@@ -547,7 +547,8 @@ _ROUTERS: Mapping[Any, Callable[[tuple, dict, Any], tuple | None]] = {
     _aten.max.dim: lambda args, kwargs, out: (args[0], 1, _argument(args, kwargs, 1, "dim"), out[1]),
     # a sort ranks every expert: its first k columns are the picks (the routing's `ranking`)
     _aten.sort.default: lambda args, kwargs, out: (
-        args[0], _ranked(args[0], _argument(args, kwargs, 1, "dim", -1)), _argument(args, kwargs, 1, "dim", -1), out[1]),
+        args[0], _ranked(args[0], _argument(args, kwargs, 1, "dim", -1)), _argument(args, kwargs, 1, "dim", -1),
+        out[1]),
     _aten.sort.stable: lambda args, kwargs, out: (
         args[0], _ranked(args[0], kwargs.get("dim", -1)), kwargs.get("dim", -1), out[1]),
     # a router sampling its picks from the scores' softmax: what it samples is assumed as topk's picks
@@ -649,7 +650,9 @@ def _written(nodes: set[torch.fx.Node]) -> bool:
 
 
 def _schema(node: torch.fx.Node) -> Any:
-    return node.target._schema if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) else None
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema
+    return None
 
 
 def call_recorded(node: torch.fx.Node, args: tuple, kwargs: dict, chosen: dict[Any, Any] | None = None) -> Any:

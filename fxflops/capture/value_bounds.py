@@ -133,7 +133,8 @@ def _remainder(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: s
     divisor = bound_of(args[1]) if len(args) > 1 else None
     if divisor is None or divisor.low <= 0:
         return None
-    return Bound(0, divisor.high - 1 if not args[0].is_floating_point() else divisor.high, f"a remainder {origin} takes")
+    largest = divisor.high if args[0].is_floating_point() else divisor.high - 1
+    return Bound(0, largest, f"a remainder {origin} takes")
 
 
 def _floor_divide(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
