@@ -95,6 +95,8 @@ class Bounded(nn.Module):
             return self.proj(torch.repeat_interleave(x, (self.pick(x) > 0).sum(-1), dim=0))
         if self.how == "unique":  # distinct counts of 3 booleans: 0..3, at most 4
             return self.proj(x[: torch.unique((self.pick(x) > 0).sum(-1)).numel()])
+        if self.how == "one_hot":  # classes up to the largest clamped value + 1: 4
+            return self.proj(x[: F.one_hot(self.score(x).squeeze(-1).long().clamp(0, 3)).shape[1]])
         return self.proj(x[self.score(x).squeeze(-1) > 0])  # a boolean mask: at most every token
 
 
@@ -112,6 +114,8 @@ SCORE, PICK = 2 * TOKENS * DIM * 1, 2 * TOKENS * DIM * 3
      "counted at its bound 18 (each of 6 repeats at its largest; values in 0..3, from booleans)"),
     ("unique", PICK + 2 * 4 * DIM * DIM, "counted at its bound 4 (at most one of each value; values in 0..3, from booleans)"),
     ("mask", SCORE + 2 * 6 * DIM * DIM, "counted at its bound 6 (at most every element of the mask selected)"),
+    ("one_hot", SCORE + 2 * 4 * DIM * DIM,  # (one_hot without num_classes reads the largest value with .item())
+     "counted at its bound 3 (its largest value; values in 0..3, from the range aten.clamp.default"),
 ])
 def test_a_value_the_weights_decide_is_counted_at_the_bound_an_op_gives_it_in_every_report(how, flops, words):
     with torch.device("meta"):
