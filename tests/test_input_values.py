@@ -350,4 +350,5 @@ def test_an_out_argument_the_weights_write_drops_its_values_and_uninitialized_me
     estimate = quietly(model, (torch.randn(10, 8), keep), conventions="torch")
     # neither the stale input values (2 rows) nor garbage: both nonzero counted at their bound, 10 rows
     assert estimate.total_flops == 2 * (2 * 10 * 8 * 8)
-    assert sum("counted at its bound" in caution for caution in estimate.cautions) == 2
+    # (said once: the same op in the same module on the same line, as a .tolist() of n values reads n times)
+    assert sum("counted at its bound 10" in caution for caution in estimate.cautions) == 1

@@ -158,3 +158,26 @@ def test_the_values_run_writes_no_real_tensor_the_forward_writes_in_place():
     # FakeTensorMode itself runs an op whose tensors are all real constants for real (torch's own behaviour,
     # once, as eager execution would); the values' run works on a copy and adds no second write
     assert seen.tolist() == [1, 1, 1]
+
+
+class PromptLength(nn.Module):
+    """Projects as many tokens as the prompt mask keeps: a length read from an input's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, mask):
+        return self.proj(x[:, : int(mask.sum())])  # the line the sweep's error names
+
+
+def test_input_values_count_in_a_shapes_only_estimate_and_a_sweep_refuses_them_in_one_line():
+    model, mask = PromptLength(), torch.tensor([[1] * 4 + [0] * 6])
+    # a shapes-only call given the one small input whose values are read: 4 of 10 tokens projected
+    assert quietly(model, input_shape=[(1, 10, 8), mask], conventions="torch").total_flops == 2 * 4 * 8 * 8
+    with pytest.raises(fxflops.SweepCaptureError) as caught:
+        fxflops.sweep(model, (torch.randn(1, 10, 8), mask), dims={"seq": 1})
+    message = str(caught.value)
+    assert "\n" not in message and "int(mask.sum())" in message
+    assert message.endswith("a sweep counts from shapes only and cannot take the inputs' values the forward reads: "
+                            "estimate() each point with its real inputs")

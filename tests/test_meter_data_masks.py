@@ -284,8 +284,15 @@ def written_padding(x, attention_mask):
     return mask
 
 
+def uninitialized_padding(x, attention_mask):
+    """A padding mask and'ed with uninitialized memory: values no one knows (the capture's input values refuse
+    them too: capture.input_values owns which ops' values are computed)."""
+    return padding(x, attention_mask) & torch.empty(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device)
+
+
 @pytest.mark.parametrize("build, reason", [(random_padding, r"random or in place"),
-                                           (written_padding, r"in.place")])
+                                           (written_padding, r"in.place"),
+                                           (uninitialized_padding, r"aten.empty.memory_format \(uninitialized memory\)")])
 def test_a_mask_built_with_a_random_op_or_written_in_place_counts_dense_and_says_so(build, reason):
     model = Attention(build)
     batch = (torch.randn(B, L, 16), padded([8, 5]))

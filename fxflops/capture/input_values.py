@@ -10,12 +10,13 @@ weights determine is ever computed, and only the inputs and the small input-deri
 
 Two cases where the value is not known:
 
-- routing (weights decide): `topk`'s indices over weight-derived scores get a shadow under a stated
-  assumption (`Routing`: balanced by default, the worst case, or given per-expert counts); a value
-  read from them is stated in the capture's cautions.
-- an op whose output size is data-dependent on a tensor without a shadow is shaped at its bound
-  (`nonzero` and `masked_select`: every element kept; `unique`: every element distinct) and a caution
-  says so; a plain value read (`.item()`) with no shadow fails, naming the op, module and line.
+- routing (weights decide): a router's picks over weight-derived scores (`topk`'s indices, `argmax` / `max`
+  along a dim, a `sort`'s ranking, `multinomial`'s samples) get a shadow under a stated assumption (`Routing`:
+  balanced by default, the worst case, or given per-expert counts); a value read from them is stated in the
+  capture's cautions, and whatever is built from them (counts, masks scattered into `zeros_like`) carries it.
+- a size made from values without a shadow, or a value read from them, is counted at its bound
+  (capture.value_bounds: every element for `nonzero`, a bound an op gives the values for `bincount`,
+  `repeat_interleave` or `.item()`) and a caution says so; a read no op bounds fails, naming op, module and line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch.utils import _pytree as pytree
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.recorder import source_text, user_frame
 from fxflops.capture.tensor_walk import tensors_in
+from fxflops.capture.value_bounds import SOURCES, AtBound, Bound, EveryIndex, at_bound, output_bounds
 from fxflops.threads import one_thread
 
 # an input with more elements gets no shadow (its copy would cost memory; forwards read values from
@@ -54,9 +56,29 @@ _aten = torch.ops.aten
 # ops whose output memory is uninitialized: no value. A collective the capture does not see as a write
 # fills such a buffer (FSDP2 all-gathers its parameters into one), and its garbage decided router picks;
 # a forward that fills one in place and reads it fails loudly instead of silently
-_UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
-                            _aten.new_empty_strided})
+UNINITIALIZED = frozenset({_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+                           _aten.new_empty_strided})
+# ops whose values read only their tensor arguments' shapes and dtypes (zeros_like(scores) is known whatever
+# the scores are: a routing mask scattered into it has the picks' values)
+SHAPE_ONLY = frozenset({_aten.new_ones.default, _aten.new_zeros.default, _aten.new_full.default,
+                        _aten.ones_like.default, _aten.zeros_like.default, _aten.full_like.default,
+                        _aten.fill.Scalar})
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+def value_refusal(op: Any, in_place: bool = True) -> str | None:
+    """Why `op`'s value is not computed from its arguments' values, or None: it draws random numbers (from the
+    user's generator), its memory is uninitialized, or (`in_place`) it writes a tensor, whose value then depends
+    on when it is read, which a graph's data flow does not say (the live capture follows writes itself)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        return "random or in place"
+    if op.overloadpacket in UNINITIALIZED:
+        return "uninitialized memory"
+    if in_place and op._schema.is_mutable:
+        return "random or in place"
+    return None
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,23 @@ class Routing:
         # (at most `rows` long) lands on distinct rows
         order = torch.repeat_interleave(torch.arange(choices), torch.tensor(self.counts))
         return order.reshape(k, rows).t().contiguous()
+
+    def ranking(self, rows: int, choices: int) -> torch.Tensor:
+        """[rows, choices]: every expert once per row, in the order a router's sort ranks them. Balanced: row r
+        from expert r mod experts on (any first k columns balanced where the tokens are a multiple of the
+        experts); worst: the same order in every row; given counts: each row's first k (k = the counts' sum
+        over the rows) as `indices` deals them, the other experts after them in order."""
+        if self.kind == "worst":
+            return torch.arange(choices).expand(rows, choices).clone()
+        if self.kind == "balanced":
+            return (torch.arange(rows)[:, None] + torch.arange(choices)) % choices
+        k, left = divmod(sum(self.counts), rows) if rows else (0, 0)
+        if left or not 0 < k <= choices:
+            raise ValueError(f"routing counts {list(self.counts)} do not fit a sort of {choices} experts over {rows} "
+                             "tokens: their sum must be tokens·top_k")
+        top = self.indices(rows, k, choices)
+        rest = torch.ones(rows, choices, dtype=torch.bool).scatter(1, top, False)
+        return torch.cat([top, torch.arange(choices).expand(rows, choices)[rest].reshape(rows, choices - k)], 1)
 
 
 def _data_dependent(op: Any) -> bool:
@@ -154,7 +193,8 @@ class InputValues:
         self._root_type = root_type
         self.routing = routing
         self._shadows: dict[int, tuple[torch.Tensor, _Shadow]] = {}  # id(fake) -> (fake, its shadow)
-        self._bounded: list[str] = []  # cautions of sizes counted at their bound
+        self._bounded: dict[str, None] = {}  # cautions of sizes counted at their bound, once each, in order
+        self._bounds: dict[int, tuple[torch.Tensor, Bound]] = {}  # id(fake) -> (fake, where its values lie)
         self._routed: dict[str, None] = {}  # the router picks (op and module) a value read derived from, in order
 
     @property
@@ -191,6 +231,9 @@ class InputValues:
         tensors = tensors_in((args, kwargs))
         shadows = [self._shadow(t) for t in tensors]
         known = all(s is not None for s in shadows)
+        # an op reading only its arguments' shapes makes constants whatever the arguments hold (up to a constant's size)
+        constant = not known and func in SHAPE_ONLY
+        known = known or constant
         data_dependent = _data_dependent(func)
         if known and data_dependent and tensors:
             return self._from_values(func, args, kwargs, shadows)
@@ -202,18 +245,26 @@ class InputValues:
                 raise self._unknown(func) from None
             return bounded
         except RuntimeError as error:
-            if func not in _WIDENED or "not implemented for" not in str(error):
+            if func in _WIDENED and "not implemented for" in str(error):
+                out = self._widened(func, args, kwargs)
+            # the forward's own check of a size counted at its bound (split's sizes' sum): a kernel's own check
+            # (a plain RuntimeError; a missing kernel's NotImplementedError is for the caller's fallbacks)
+            elif self._bounded and type(error) is RuntimeError:
+                raise self._after_bound(func, error) from error
+            else:
                 raise
-            out = self._widened(func, args, kwargs)
         # a random op is not run for real: it would draw from the user's generator (its values are not
         # the inputs' anyway, so nothing downstream of one has a shadow)
-        if known and torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNINITIALIZED \
-                and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors else MAX_SHADOWED_CONSTANT):
-            self._shadow_outputs(func, args, kwargs, shadows, out)
-        elif func in _ROUTERS:
+        if known and value_refusal(func, in_place=False) is None \
+                and _small_outputs(out, MAX_SHADOWED_OUTPUT if tensors and not constant else MAX_SHADOWED_CONSTANT):
+            self._shadow_outputs(func, args, kwargs, [s for s in shadows if s is not None], out)
+            return out
+        if func in _ROUTERS:
             self._assume_routing(func, args, kwargs, out)
         else:
             self._forget_written(func, args, kwargs)
+        if self._bounds or func.overloadpacket.__name__ in SOURCES or any(t.dtype == torch.bool for t in tensors):
+            self._bound_outputs(func, args, kwargs, out)
         return out
 
     def _shadow(self, tensor: torch.Tensor) -> _Shadow | None:
@@ -262,6 +313,8 @@ class InputValues:
     def _real_run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func` on the shadows' real values (a factory op meant for the meta device on the CPU)."""
         def real(value: Any) -> Any:
+            if isinstance(value, FakeTensor) and self._shadow(value) is None:  # a shape-only op's (SHAPE_ONLY)
+                return torch.zeros((), dtype=value.dtype).expand(value.shape)  # argument: its shape, no memory
             if isinstance(value, torch.Tensor):  # (a real constant as a copy: an in-place op must not change it)
                 return self._shadow(value).real if isinstance(value, FakeTensor) else value.detach().clone()
             if isinstance(value, torch.device) and value.type == "meta":
@@ -323,6 +376,10 @@ class InputValues:
                     self._forget(tensor)
 
     def _forget(self, tensor: torch.Tensor) -> None:
+        if self._bounds:  # a bound on its values, or on a view's, no longer holds
+            memory = tensor.untyped_storage()._cdata
+            for key in [key for key, (fake, _) in self._bounds.items() if fake.untyped_storage()._cdata == memory]:
+                del self._bounds[key]
         written = self._shadow(tensor)
         if written is None or not isinstance(written.real, torch.Tensor):
             return
@@ -366,28 +423,78 @@ class InputValues:
         rows = (math.prod(shape) // k) if k else 0
         with unset_fake_temporarily():
             moved = [*shape[:dim], *shape[dim + 1:], k]
-            picked = self.routing.indices(rows, k, choices).reshape(moved).movedim(-1, dim)
+            chosen = self.routing.ranking(rows, choices) if k == choices else self.routing.indices(rows, k, choices)
+            picked = chosen.reshape(moved).movedim(-1, dim)
             if tuple(indices.shape) != tuple(picked.shape):  # argmax / max without keepdim
                 picked = picked.squeeze(dim)
         path, type_name = self._tracker.current()
         site = f"{func} in module '{path or '(root)'}' ({type_name or self._root_type})"
         self._shadows[id(indices)] = (indices, _Shadow(picked, frozenset({site})))
 
-    def _at_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A size-making op without values, shaped at its largest output (a caution says so), or None."""
-        name = func.overloadpacket.__name__
-        if name not in _BOUNDS or not isinstance(args[0], torch.Tensor):
+    def _bound_of(self, value: Any) -> Bound | None:
+        """Where a value's elements lie: a number's own, a shadow's range, a bound a rule gave, a boolean's 0..1."""
+        if isinstance(value, bool | int | float) and not isinstance(value, torch.SymInt | torch.SymFloat):
+            return Bound(value, value, "")
+        if not isinstance(value, torch.Tensor):
             return None
-        source = args[0]
-        kept = int(source.numel()) if name != "masked_select" else int(torch.broadcast_shapes(
-            source.shape, args[1].shape).numel())
-        with unset_fake_temporarily():
-            metas = _BOUNDS[name](source, kept, args)
-        out = pytree.tree_map(lambda v: FakeTensor(self.mode, v, source.device) if isinstance(v, torch.Tensor) else v,
-                              metas)
-        self._bounded.append(f"{func} in {self._where()} makes a size from tensor values fxflops does not know: "
-                             f"counted at its bound ({_BOUND_WORDS[name]}: {kept})")
+        found = self._bounds.get(id(value))
+        if found is not None and found[0] is value:
+            return found[1]
+        shadow = self._shadow(value)
+        if shadow is not None and isinstance(shadow.real, torch.Tensor) and shadow.real.numel():
+            with unset_fake_temporarily():
+                low, high = shadow.real.min().item(), shadow.real.max().item()
+            return Bound(low, high, "")
+        if value.dtype == torch.bool:
+            return Bound(0, 1, "booleans")
+        return None
+
+    def _bound_outputs(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """The bounds (value_bounds.RULES) of an op's outputs without a shadow."""
+        path, type_name = self._tracker.current()
+        origin = f"{func} in module '{path or '(root)'}' ({type_name or self._root_type})"
+        for tensor, bound in output_bounds(func, args, kwargs, out, self._bound_of, origin):
+            if self._shadow(tensor) is None and tensor.dtype != torch.bool:
+                self._bounds[id(tensor)] = (tensor, bound)
+
+    def _at_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A size-making op, or a value read, without values, at its largest (value_bounds; a caution says so),
+        or None where no bound is known."""
+        found: AtBound | None = at_bound(func, args, kwargs, self._bound_of)
+        if found is None:
+            return None
+        device = args[0].device
+        if found.metas is not None:
+            with unset_fake_temporarily():
+                out = pytree.tree_map(lambda v: FakeTensor(self.mode, v, device) if isinstance(v, torch.Tensor) else v,
+                                      found.metas)
+        elif found.call is not None:
+            call, call_args, call_kwargs = found.call
+            out = self._run(call, *pytree.tree_map(self._every_index, (call_args, call_kwargs),
+                                                    is_leaf=lambda v: isinstance(v, EveryIndex)))
+        else:
+            out = found.size  # a value read
+        made = "reads a value" if found.call is None and found.metas is None else "makes a size from tensor values"
+        self._bounded[f"{func} in {self._where()} {made} fxflops does not know: counted at its bound "
+                      f"{found.size} ({found.words})"] = None
+        if not isinstance(out, int | float):
+            self._bound_outputs(func, args, kwargs, out)
         return out
+
+    def _every_index(self, value: Any) -> Any:
+        if not isinstance(value, EveryIndex):
+            return value
+        with unset_fake_temporarily():
+            meta = torch.empty(value.length, dtype=torch.int64, device="meta")
+        return FakeTensor(self.mode, meta, value.device)
+
+    def _after_bound(self, func: Any, error: RuntimeError) -> ValueReadError:
+        first = next(iter(self._bounded)).split(" fxflops does not know")[0]
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return ValueReadError(
+            f"{func} failed in {self._where()} ({reason}) after {first} was counted at its bound: the forward needs "
+            "the real values there; give real values for the inputs they derive from, routing= for a router's "
+            "picks, or pass method='trace' with real weights")
 
     def _unknown(self, func: Any) -> ValueReadError:
         return ValueReadError(
@@ -420,25 +527,6 @@ def _small_outputs(out: Any, limit: int) -> bool:
     return all(t.numel() <= limit for t in tensors_in(out))
 
 
-def _meta(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
-# the bound each size-making op is shaped at when its input has no values: every element kept (nonzero,
-# masked_select) or distinct (unique); outputs as meta tensors
-_BOUNDS: Mapping[str, Callable[[torch.Tensor, int, tuple], Any]] = {
-    "nonzero": lambda source, kept, args: _meta((kept, source.dim()), torch.int64),
-    "masked_select": lambda source, kept, args: _meta((kept,), source.dtype),
-    # _unique2(self, sorted, return_inverse, return_counts) -> (values, inverse, counts)
-    "_unique2": lambda source, kept, args: (
-        _meta((kept,), source.dtype),
-        _meta(tuple(source.shape) if len(args) > 2 and args[2] else (0,), torch.int64),
-        _meta((kept,) if len(args) > 3 and args[3] else (0,), torch.int64)),
-}
-_BOUND_WORDS = {"nonzero": "at most every element nonzero", "masked_select": "at most every element selected",
-                "_unique2": "at most every element distinct"}
-
-
 # ops indexing with a list of tensors (at this position) where a boolean mask's values make the size
 _MASK_INDEXED: Mapping[Any, int] = {_aten.index.Tensor: 1, _aten.index_put.default: 1, _aten.index_put_.default: 1,
                                     _aten._index_put_impl_.default: 1}
@@ -457,4 +545,135 @@ _ROUTERS: Mapping[Any, Callable[[tuple, dict, Any], tuple | None]] = {
     _aten.argmax.default: lambda args, kwargs, out: None if _argument(args, kwargs, 1, "dim") is None else (
         args[0], 1, _argument(args, kwargs, 1, "dim"), out),
     _aten.max.dim: lambda args, kwargs, out: (args[0], 1, _argument(args, kwargs, 1, "dim"), out[1]),
+    # a sort ranks every expert: its first k columns are the picks (the routing's `ranking`)
+    _aten.sort.default: lambda args, kwargs, out: (
+        args[0], _ranked(args[0], _argument(args, kwargs, 1, "dim", -1)), _argument(args, kwargs, 1, "dim", -1),
+        out[1]),
+    _aten.sort.stable: lambda args, kwargs, out: (
+        args[0], _ranked(args[0], kwargs.get("dim", -1)), kwargs.get("dim", -1), out[1]),
+    # a router sampling its picks from the scores' softmax: what it samples is assumed as topk's picks
+    _aten.multinomial.default: lambda args, kwargs, out: (
+        args[0], int(_argument(args, kwargs, 1, "num_samples")), -1, out),
 }
+
+
+def _ranked(scores: torch.Tensor, dim: int) -> int:
+    return int(scores.shape[dim]) if scores.dim() else 1
+
+
+# --- values from the inputs over a captured graph -----------------------------------------------------
+# A capture at named sizes (a sweep, the training meter's) has no shadows: what derives from the inputs is
+# read off its graph instead, and computed on each batch's real tensors (timing.data_masks: a data mask's
+# kept pairs per step), with the same refusals as the live shadows above.
+
+
+class NotReplayable(Exception):
+    """A value whose derivation from the inputs cannot be computed on real tensors; says why."""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """The ops between the model's inputs and `values` in a captured graph, in graph order."""
+
+    values: tuple[torch.fx.Node, ...]
+    nodes: tuple[torch.fx.Node, ...]  # call_function nodes only
+    inputs: tuple[tuple[torch.fx.Node, int], ...]  # placeholder, its index among the batch's tensors
+
+    def run(self, tensors: Sequence[torch.Tensor], argument: Callable[[Any], Any],
+            chosen: dict[Any, Any] | None = None) -> list[Any]:
+        """The values computed on the batch `tensors`; `argument` gives each argument that is not a node its
+        value there (a symbolic size at the batch's sizes, the batch's device); `chosen` as call_recorded's."""
+        env: dict[torch.fx.Node, Any] = {node: tensors[index] for node, index in self.inputs}
+
+        def value(arg: Any) -> Any:
+            if isinstance(arg, torch.fx.Node):
+                return env[arg]
+            if isinstance(arg, list | tuple):
+                return type(arg)(value(item) for item in arg)
+            return argument(arg)
+
+        with torch.no_grad():
+            for node in self.nodes:
+                env[node] = call_recorded(node, value(node.args), {k: value(v) for k, v in node.kwargs.items()}, chosen)
+        return [env[node] for node in self.values]
+
+
+def derivation(*values: torch.fx.Node, what: str = "its value") -> Derivation:
+    """The ops between the model's inputs (placeholders carrying capture.inputs' INPUT_INDEX) and `values`,
+    computable on real tensors; NotReplayable says what stops it (`what` names the value in its words): a
+    parameter or buffer read, a random op, uninitialized memory, an in-place write, a nested graph."""
+    from fxflops.capture.inputs import INPUT_INDEX
+
+    graph = values[0].graph
+    ancestors: set[torch.fx.Node] = set()
+    stack = list(values)
+    while stack:
+        node = stack.pop()
+        if node not in ancestors:
+            ancestors.add(node)
+            stack.extend(node.all_input_nodes)
+    inputs, nodes = [], []
+    for node in graph.nodes:  # graph order is an order that runs
+        if node not in ancestors:
+            continue
+        if node.op == "placeholder":
+            if INPUT_INDEX not in node.meta:
+                raise NotReplayable(f"{what} reads a parameter, buffer or constant tensor, not only the inputs")
+            inputs.append((node, node.meta[INPUT_INDEX]))
+        elif node.op != "call_function" or not callable(node.target) or isinstance(
+                node.target, torch._ops.HigherOrderOperator):
+            raise NotReplayable(f"{what} is built by {node.op} {node.target}, which is not replayed")
+        elif (refused := value_refusal(node.target)) is not None:
+            raise NotReplayable(f"{what} is built with {node.target} ({refused})")
+        else:
+            nodes.append(node)
+    if _written(ancestors):
+        raise NotReplayable(f"{what} is built with in-place ops")
+    return Derivation(tuple(values), tuple(nodes), tuple(inputs))
+
+
+def _written(nodes: set[torch.fx.Node]) -> bool:
+    """Whether an op outside `nodes` writes one of them or a view of one (its value then depends on when
+    it is read, which the data flow does not say)."""
+    seen, stack = set(nodes), list(nodes)
+    while stack:
+        for user in stack.pop().users:
+            schema = _schema(user)
+            if schema is None or user in seen:
+                continue
+            if schema.is_mutable:
+                return True
+            if any(ret.alias_info is not None for ret in schema.returns):  # a view shares the storage
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema
+    return None
+
+
+def call_recorded(node: torch.fx.Node, args: tuple, kwargs: dict, chosen: dict[Any, Any] | None = None) -> Any:
+    """Run a captured node's op on real values. A composite recorded whole (x.to(device) as aten.to.device)
+    holds the Python call's arguments, which its overload may not take: then the Tensor method or
+    torch function of that name, as the model called it. `chosen` keeps, per node, the one that worked."""
+    function = chosen.get(node) if chosen is not None else None
+    if function is not None:
+        return function(*args, **kwargs)
+    candidates = [node.target]
+    if isinstance(node.target, torch._ops.OpOverload):
+        name = node.target.overloadpacket.__name__
+        candidates += [f for f in (getattr(torch.Tensor, name, None), getattr(torch, name, None)) if f is not None]
+    for index, function in enumerate(candidates):
+        try:
+            out = function(*args, **kwargs)
+        except (TypeError, RuntimeError):
+            if index == len(candidates) - 1:
+                raise
+            continue
+        if chosen is not None:
+            chosen[node] = function
+        return out
+    raise AssertionError("unreachable")

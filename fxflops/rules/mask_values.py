@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.input_values import SHAPE_ONLY, UNINITIALIZED, call_recorded, value_refusal
+
 aten = torch.ops.aten
 
 MAX_MASK_ELEMENTS = 1 << 24  # a mask evaluated on real index tensors: at most this many entries per value (16 Mi)
@@ -92,11 +94,8 @@ class _TooLarge(_NotKnowable):
     pass
 
 
-# ops whose result reads only their inputs' shapes and dtypes, never their values
-_SHAPE_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.ones_like.default,
-               aten.zeros_like.default, aten.full_like.default, aten.new_empty.default}
-_UNDEFINED = {aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default, aten.empty_strided.default,
-              aten.new_empty_strided.default}  # values no one can know
+# (capture.input_values owns which ops' values are computed from what: SHAPE_ONLY ops read only their inputs'
+# shapes and dtypes, UNINITIALIZED ones nothing; the capture's shadows, the meter's data masks and these masks alike)
 
 
 def _evaluate(node: Any, memo: dict[Any, Any]) -> Any:
@@ -122,11 +121,9 @@ def _evaluate_node(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         raise _NotKnowable(node)
     if isinstance(val, torch.Tensor) and math.prod(int(s) for s in val.shape) > MAX_MASK_ELEMENTS:
         raise _TooLarge(node)
-    if node.target in _UNDEFINED or node.target is operator.getitem:
-        raise _NotKnowable(node)
-    if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
-        raise _NotKnowable(node)
-    if node.target in _SHAPE_ONLY:
+    if node.target is operator.getitem or value_refusal(node.target, in_place=False) is not None:
+        raise _NotKnowable(node)  # (random, or uninitialized memory: values no one can know)
+    if node.target in SHAPE_ONLY:
         args = tuple(_placeholder_like(arg) if isinstance(arg, torch.fx.Node) else _evaluate(arg, memo) for arg in node.args)
     else:
         args = _evaluate(node.args, memo)
@@ -135,30 +132,6 @@ def _evaluate_node(node: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         return call_recorded(node, args, kwargs)
     except Exception as error:  # noqa: BLE001 - whatever stops it, the mask is not known
         raise _NotKnowable(node) from error
-
-
-def call_recorded(node: torch.fx.Node, args: tuple, kwargs: dict, chosen: dict[Any, Any] | None = None) -> Any:
-    """Run the node's op on real values. A composite recorded whole (x.to(device) as aten.to.device)
-    holds the Python call's arguments, which its overload may not take: then the Tensor method or
-    torch function of that name, as the model called it. `chosen` keeps, per node, the one that worked."""
-    function = chosen.get(node) if chosen is not None else None
-    if function is not None:
-        return function(*args, **kwargs)
-    candidates = [node.target]
-    if isinstance(node.target, torch._ops.OpOverload):
-        name = node.target.overloadpacket.__name__
-        candidates += [f for f in (getattr(torch.Tensor, name, None), getattr(torch, name, None)) if f is not None]
-    for index, function in enumerate(candidates):
-        try:
-            out = function(*args, **kwargs)
-        except (TypeError, RuntimeError):
-            if index == len(candidates) - 1:
-                raise
-            continue
-        if chosen is not None:
-            chosen[node] = function
-        return out
-    raise AssertionError("unreachable")
 
 
 # ops that read only their tensor inputs' sizes (under a sweep, a size is a symbol, not data)
@@ -177,7 +150,8 @@ def reads_data(node: torch.fx.Node) -> bool:
         seen.add(current)
         if current.op in ("placeholder", "get_attr"):
             return True
-        if current.op == "call_function" and (current.target in _SHAPE_ONLY or current.target in _SIZES):
+        if current.op == "call_function" and (current.target in SHAPE_ONLY or current.target in _SIZES or getattr(
+                current.target, "overloadpacket", None) in UNINITIALIZED):
             continue  # reads its inputs' shapes and dtypes only
         stack.extend(current.all_input_nodes)
     return False

@@ -269,7 +269,11 @@ class Sweep:
                                                   backward=self._options["backward"], loss=self._options["loss"])
             except CaptureError as error:
                 where = ", ".join(f"{name}={value}" for name, value in point.items())
-                raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()})") from error
+                # values read from the inputs (capture.input_values) are the example's: a formula in the named
+                # sizes cannot carry them, so a sweep does not compute them
+                values = "; a sweep counts from shapes only and cannot take the inputs' values the forward reads: " \
+                    "estimate() each point with its real inputs" if any(a.reads_values for a in error.attempts) else ""
+                raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()}){values}") from error
             return Piece(plan, captured, self._counting.count(captured))
 
     def _axes_text(self) -> str:

@@ -11,7 +11,9 @@ sizes. Attention written as plain ops (`fxflops.eager_attention`) has its produc
 static reading counts them, dense x kept / every pair, over the masks its scores meet (all replayed,
 and'ed). A backward kernel or product reads the masks its forward read. Counts stay 0-d tensors on
 the device until read: no host synchronization per step. A derivation that reads anything but inputs and sizes (a
-parameter or buffer, a random op, an in-place write) is not replayed: that op stays dense, and says why.
+parameter or buffer, a random op, uninitialized memory, an in-place write) is not replayed: that op stays dense,
+and says why. The derivation, its refusals and the run on real tensors are capture.input_values' (`derivation`),
+which owns values computed from real inputs: the capture's own reads of input values follow the same rules.
 """
 
 from __future__ import annotations
@@ -24,26 +26,25 @@ from typing import Any
 import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
-from fxflops.capture.inputs import INPUT_INDEX
+from fxflops.capture.input_values import Derivation, NotReplayable, derivation
 from fxflops.eager_attention import EagerAttention, attention_of, find_eager_attention
 from fxflops.rules import Rule, bind_op_call
 from fxflops.rules.flex import evaluated_block_pairs, is_noop, mask_mod_reads_data
 from fxflops.rules.kept_pairs import KEEP, MASK_NAMES, attention_grid, kept_entries
-from fxflops.rules.mask_values import call_recorded
 
-
-
-class NotReplayable(Exception):
-    """A mask whose derivation from the inputs cannot be replayed on a real batch; says why."""
 
 
 @dataclasses.dataclass(frozen=True)
 class _Replay:
-    """The ops that derive an attention's masks from the model's inputs, in graph order."""
+    """An attention's masks, (KEEP | DROP | ADDITIVE, node) each (all of them hold), and the ops that derive
+    them from the model's inputs (capture.input_values, which owns values computed from real inputs)."""
 
-    masks: tuple[tuple[str, torch.fx.Node], ...]  # (KEEP | DROP | ADDITIVE, node): all of them hold
-    nodes: tuple[torch.fx.Node, ...]  # call_function nodes only
-    inputs: tuple[tuple[torch.fx.Node, int], ...]  # placeholder, its index among the batch's tensors
+    masks: tuple[tuple[str, torch.fx.Node], ...]
+    derivation: Derivation
+
+
+def _mask_replay(*masks: tuple[str, torch.fx.Node]) -> _Replay:
+    return _Replay(tuple(masks), derivation(*(node for _, node in masks), what="its mask"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +152,7 @@ class DataMasks:
         try:
             if mask is None:
                 raise NotReplayable("its mask is not a graph value")
-            found = derivation((KEEP, mask))
+            found = _mask_replay((KEEP, mask))
         except NotReplayable as reason:
             found = reason
         forward = by_name.get(node.meta.get(DIFFERENTIATES) or "")
@@ -176,7 +177,7 @@ class DataMasks:
             try:
                 if not found.masks:
                     raise NotReplayable(f"its masks are not read ({found.kept.pattern})")
-                replays[found.masks] = derivation(*found.masks)
+                replays[found.masks] = _mask_replay(*found.masks)
             except NotReplayable as reason:
                 replays[found.masks] = reason
         replay = replays[found.masks]
@@ -248,28 +249,21 @@ class DataMasks:
 
     def _replayed(self, replay: _Replay, tensors: list[torch.Tensor], point: Mapping[str, int]) -> torch.Tensor:
         """The pairs the replay's masks keep together (True kept), broadcast among themselves only."""
-        env: dict[torch.fx.Node, Any] = {node: tensors[index] for node, index in replay.inputs}
-        device = tensors[replay.inputs[0][1]].device if replay.inputs else (tensors[0].device if tensors else None)
+        inputs = replay.derivation.inputs
+        device = tensors[inputs[0][1]].device if inputs else (tensors[0].device if tensors else None)
 
         def value(arg: Any) -> Any:
-            if isinstance(arg, torch.fx.Node):
-                return env[arg]
-            if isinstance(arg, list | tuple):
-                return type(arg)(value(item) for item in arg)
             if isinstance(arg, torch.SymInt | torch.SymFloat | torch.SymBool):
                 return self._at(self._expression(arg), point, type(arg))
             if isinstance(arg, torch.device) and device is not None:
                 return device  # the capture's device: the batch's is where the mask is rebuilt
             return arg
 
-        with torch.no_grad():
-            for node in replay.nodes:
-                env[node] = call_recorded(node, value(node.args), {k: value(v) for k, v in node.kwargs.items()},
-                                          self._callables)
+        masks = replay.derivation.run(tensors, value, self._callables)
         kept = None
-        for how, node in replay.masks:
-            value = kept_entries(how, env[node])
-            kept = value if kept is None else kept & value
+        for (how, _), mask in zip(replay.masks, masks):
+            entries = kept_entries(how, mask)
+            kept = entries if kept is None else kept & entries
         return kept
 
     def _at(self, expr: Any, point: Mapping[str, int], kind: type = torch.SymInt) -> Any:
@@ -288,60 +282,6 @@ class DataMasks:
                 compiled = lambda p, e=expr: e.xreplace({user_symbol(n): v for n, v in p.items()})  # noqa: E731
             function = self._functions[(expr, kind)] = lambda p, f=compiled, c=cast: c(f(p))
         return function(point)
-
-
-def derivation(*masks: tuple[str, torch.fx.Node]) -> _Replay:
-    """The ops between the model's inputs and the `masks` ((KEEP | DROP | ADDITIVE, node) each),
-    replayable on real tensors; NotReplayable says what stops it (a parameter or buffer read, a random
-    op, an in-place write, a nested graph)."""
-    graph = masks[0][1].graph
-    ancestors: set[torch.fx.Node] = set()
-    stack = [node for _, node in masks]
-    while stack:
-        node = stack.pop()
-        if node not in ancestors:
-            ancestors.add(node)
-            stack.extend(node.all_input_nodes)
-    inputs, nodes = [], []
-    for node in graph.nodes:  # graph order is an order that runs
-        if node not in ancestors:
-            continue
-        if node.op == "placeholder":
-            if INPUT_INDEX not in node.meta:
-                raise NotReplayable("its mask reads a parameter, buffer or constant tensor, not only the inputs")
-            inputs.append((node, node.meta[INPUT_INDEX]))
-        elif node.op != "call_function" or not callable(node.target) or isinstance(
-                node.target, torch._ops.HigherOrderOperator):
-            raise NotReplayable(f"its mask is built by {node.op} {node.target}, which is not replayed")
-        elif isinstance(node.target, torch._ops.OpOverload) and (
-                torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable):
-            raise NotReplayable(f"its mask is built with {node.target} (random or in place)")
-        else:
-            nodes.append(node)
-    if _written(ancestors):
-        raise NotReplayable("its mask is built with in-place ops")
-    return _Replay(tuple(masks), tuple(nodes), tuple(inputs))
-
-
-def _written(nodes: set[torch.fx.Node]) -> bool:
-    """Whether an op outside `nodes` writes one of them or a view of one (its value then depends on when
-    it is read, which the data flow does not say)."""
-    seen, stack = set(nodes), list(nodes)
-    while stack:
-        for user in stack.pop().users:
-            schema = _schema(user)
-            if schema is None or user in seen:
-                continue
-            if schema.is_mutable:
-                return True
-            if any(ret.alias_info is not None for ret in schema.returns):  # a view shares the storage
-                seen.add(user)
-                stack.append(user)
-    return False
-
-
-def _schema(node: torch.fx.Node) -> Any:
-    return node.target._schema if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) else None
 
 
 def kept_count(mask: torch.Tensor) -> torch.Tensor:
