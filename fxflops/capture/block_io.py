@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.block_hooks import LOCAL, local_of
 from fxflops.capture.block_state import BlockState, CallKey
 
 
@@ -64,9 +65,10 @@ def place_of(value: torch.Tensor, call: CallKey, state: BlockState) -> tuple | N
 def resolve(place: tuple, call: CallKey, modules: dict[str, torch.nn.Module]) -> torch.Tensor:
     if place[0] == "input":
         return call.tensors[place[1]]
-    _, relative, table, name = place
+    relative, table, name = place[1:4]
     state = modules[relative].__dict__
-    return state[name] if table == "__dict__" else state[table][name]
+    found = state[name] if table == "__dict__" else state[table][name]
+    return local_of(found) if place[4:] == (LOCAL,) else found
 
 
 def written_outside(node: torch.fx.Node, inside: set[torch.fx.Node]) -> str | None:

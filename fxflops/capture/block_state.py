@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import NAME_TAG
+from fxflops.capture.block_hooks import LOCAL, hooks_key, local_of, sharded_key
 from fxflops.capture.reach import slot_names
 
 # a module's own bookkeeping (parameter/buffer/submodule tables, hook tables): read as structure below
@@ -121,7 +122,7 @@ class BlockState:
                  slots: dict[type, tuple[str, ...]] | None = None) -> None:
         self.modules: list[tuple[str, torch.nn.Module]] = []
         self.entries: dict[str, tuple] = {}
-        self.tensors: dict[int, tuple[str, str, str]] = {}  # id(tensor) -> (relative path, table, name)
+        self.tensors: dict[int, tuple[str, ...]] = {}  # id(tensor) -> (relative path, table, name[, LOCAL])
         seen: dict[int, str] = {}
         aliases: list[tuple[str, str]] = []
         stack = [("", block)]
@@ -144,9 +145,12 @@ class BlockState:
 
     def _read(self, relative: str, module: torch.nn.Module, name: Any) -> tuple:
         state = module.__dict__
+        hooks: tuple | str = ()
         if state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"] \
-                or state["_backward_pre_hooks"]:  # a hook runs code of its own around each call
-            raise Unsupported(f"a hook on {type(module).__name__}")
+                or state["_backward_pre_hooks"]:  # a hook runs code of its own around each call: only
+            hooks = hooks_key(module, self.keyer.key)  # tensor parallelism's, keyed by what they run
+            if isinstance(hooks, str):
+                raise Unsupported(hooks)
         tensors = self.tensors
         held = []
         for table in ("_parameters", "_buffers"):
@@ -155,7 +159,10 @@ class BlockState:
                     held.append((table, key, None))
                     continue
                 tensors.setdefault(id(tensor), (relative, table, key))
-                held.append((table, key, tensor_key(tensor)))
+                sharded = sharded_key(tensor, tensor_key)
+                if sharded is not None:  # a DTensor: the rank's ops read its local tensor
+                    tensors.setdefault(id(local_of(tensor)), (relative, table, key, LOCAL))
+                held.append((table, key, tensor_key(tensor) if sharded is None else sharded))
         attributes = []
         keyer = self.keyer
         for key, value in state.items():
@@ -164,7 +171,7 @@ class BlockState:
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))
             attributes.append((key, keyer.key(value, module, top=True)))
-        structure = (type(module), module.training, name, tuple(module._modules), tuple(held))
+        structure = (type(module), module.training, name, tuple(module._modules), tuple(held), hooks)
         return structure, tuple(attributes)
 
 
