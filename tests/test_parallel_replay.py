@@ -132,3 +132,13 @@ def test_every_copied_call_checked_against_running_it(llama, plan, monkeypatch):
     monkeypatch.setenv("FXFLOPS_VERIFY_REPLAY", "1")
     est = plan_estimate(llama, True, **plan)
     assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD
+
+
+def test_memory_under_a_plan_is_that_of_running_every_call(llama):
+    # a copied block's values share the reference's fake storages, which the memory timeline (by storage)
+    # would read as one longer life: a plan's capture under memory= runs every call
+    def peak(replay: bool) -> int:
+        return fxflops.estimate(llama, (torch.zeros(B, S, dtype=torch.long),), parallel=dict(tp=2), memory=True,
+                                replay=replay).memory.peak_bytes
+
+    assert peak(True) == peak(False)
