@@ -55,6 +55,11 @@ def replayed_modules(est) -> set[str]:
             if REPLAY_OF in node.meta}
 
 
+def whole_blocks(est) -> set[str]:
+    """The layers copied whole: their own ops (the residual adds) replayed."""
+    return {name for name in replayed_modules(est) if name.startswith("layers.") and name.count(".") == 1}
+
+
 @pytest.mark.parametrize("plan", [dict(tp=2), dict(tp=4), dict(tp=2, pp=2), dict(tp=2, dp=2),
                                   dict(tp=2, dp=2, fsdp=False), dict(tp=2, sequence_parallel=True), dict(pp=2, dp=2),
                                   dict(tp=2, pp=2, dp=2)])
@@ -67,9 +72,9 @@ def test_replay_under_a_plan_changes_no_number(llama, plan):
 
 def test_tensor_parallel_blocks_are_replayed_with_their_all_reduces(llama):
     est = plan_estimate(llama, True, tp=2)
-    # layers 1-3 copy layer 0 whole: its hooks (the block input made a replicated DTensor, the row-parallel
-    # linears' outputs all-reduced) and its DTensor parameters' local shards
-    assert {name.split(".")[1] for name in replayed_modules(est) if name.startswith("layers.")} == {"1", "2", "3"}
+    # layers 2 and 3 copy layer 1 (the reference) whole: its hooks (the block input made a replicated DTensor,
+    # the row-parallel linears' outputs all-reduced) and its DTensor parameters' local shards
+    assert whole_blocks(est) == {"layers.2", "layers.3"}
     assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD
     assert [(c.op, c.module, c.bytes) for c in est.collectives] == \
         [("all_reduce", f"layers.{i}.{m}", T * D * 4) for i in range(L) for m in ("attention.wo", "feed_forward.w2")]
@@ -80,8 +85,7 @@ def test_fsdp_blocks_run_and_their_parts_replay(llama):
     # the attention and MLP inside it carry tensor parallelism's hooks only and are copied
     est = plan_estimate(llama, True, tp=2, dp=2)
     replayed = replayed_modules(est)
-    inside = {name for name in replayed if name.startswith("layers.")}
-    assert inside and not any(name.count(".") == 1 for name in inside)  # never a whole layers.i
+    assert any(name.startswith("layers.") for name in replayed) and not whole_blocks(est)
     assert sum(c.op == "all_gather" for c in est.collectives) == L + 1  # each block's and the root's
 
 
@@ -125,13 +129,26 @@ def test_a_block_sharded_otherwise_is_not_copied(llama):
     assert replayed.fwd_flops == L * (ATTN_LINEAR + SDPA) // 2 + (L - 1) * FFN // 2 + FFN + HEAD
 
 
-@pytest.mark.parametrize("plan", [dict(tp=2), dict(tp=2, dp=2)])
+def test_sequence_parallel_blocks_take_and_return_sharded_streams(llama):
+    # under sequence parallelism a block's input and output are DTensors sharded along the sequence: the
+    # copies read this call's local shard and return a DTensor of the reference's placements around theirs
+    est = plan_estimate(llama, True, tp=2, sequence_parallel=True)
+    assert whole_blocks(est) == {"layers.2", "layers.3"}
+    assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD // 2
+    per_layer = {(c.op, c.module, c.bytes) for c in est.collectives if c.module.startswith("layers.3.")}
+    # the block's input gathered along the sequence for attention and MLP, their outputs reduce-scattered
+    assert per_layer == {("all_gather", "layers.3.attention", T * D * 4), ("all_gather", "layers.3.feed_forward", T * D * 4),
+                         ("reduce_scatter", "layers.3.attention.wo", T * D * 4),
+                         ("reduce_scatter", "layers.3.feed_forward.w2", T * D * 4)}
+
+
+@pytest.mark.parametrize("plan", [dict(tp=2), dict(tp=2, dp=2), dict(tp=2, sequence_parallel=True)])
 def test_every_copied_call_checked_against_running_it(llama, plan, monkeypatch):
     # FXFLOPS_VERIFY_REPLAY: each call that would be copied runs too, and any difference is a ReplayMismatch
     # (an error here)
     monkeypatch.setenv("FXFLOPS_VERIFY_REPLAY", "1")
     est = plan_estimate(llama, True, **plan)
-    assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD
+    assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD // (2 if plan.get("sequence_parallel") else 1)
 
 
 def test_memory_under_a_plan_is_that_of_running_every_call(llama):

@@ -20,11 +20,13 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 # the files whose hook code only converts a call's inputs and outputs (see the module's docstring)
 _PURE_HOOK_CODE = (os.path.join(os.path.dirname(torch.__file__), "distributed", "tensor", "parallel", "style.py"),
@@ -33,6 +35,8 @@ _PURE_HOOK_CODE = (os.path.join(os.path.dirname(torch.__file__), "distributed", 
 # a module's hook tables, and the tables of flags keyed by the same handle ids
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks")
 _FLAG_TABLES = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+SHARDED = "dtensor"  # a replayed block's output spec for a DTensor made in the block: (SHARDED, local's spec, spec, grad)
+_PLAIN_TENSORS = (FakeTensor, torch.Tensor, torch.nn.Parameter)
 LOCAL = "local"  # the last item of a DTensor parameter's local tensor's place: (relative, table, name, LOCAL)
 
 
@@ -55,9 +59,7 @@ def hooks_key(module: torch.nn.Module, key: Callable[[Any], Any]) -> tuple | str
 def sharded_key(tensor: torch.Tensor, key: Callable[[torch.Tensor], Any]) -> tuple | None:
     """A DTensor's key (`key`: tensor_key, for its local tensor): local tensor, global shape, strides,
     dtype, grad flag, placements and mesh; None for any other tensor."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(tensor, DTensor):
+    if not is_sharded(tensor):
         return None
     spec = tensor._spec
     return ("dtensor", type(tensor), key(tensor._local_tensor), tuple(tensor.shape), tuple(tensor.stride()),
@@ -65,8 +67,23 @@ def sharded_key(tensor: torch.Tensor, key: Callable[[torch.Tensor], Any]) -> tup
 
 
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
-    """The local tensor of a DTensor parameter (what a rank's ops read)."""
+    """The local tensor of a DTensor (what a rank's ops read)."""
     return tensor._local_tensor
+
+
+def is_sharded(value: Any) -> bool:
+    """Whether `value` is a DTensor (never importing torch.distributed.tensor: without it, there is none)."""
+    if type(value) in _PLAIN_TENSORS:
+        return False
+    found = sys.modules.get("torch.distributed.tensor")
+    return found is not None and isinstance(value, found.DTensor)
+
+
+def sharded_like(local: torch.Tensor, spec: Any, requires_grad: bool) -> torch.Tensor:
+    """A DTensor around `local` with a reference output's spec (placements, mesh, global shape): no op runs."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor(local, spec, requires_grad=requires_grad)
 
 
 def _placement(placement: Any) -> tuple:

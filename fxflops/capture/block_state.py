@@ -72,15 +72,20 @@ def tensor_key(tensor: torch.Tensor) -> tuple:
 class CallKey:
     """A call's arguments as a key, and its tensors in order (the n-th tensor is what input n names)."""
 
-    __slots__ = ("key", "tensors", "_positions")
+    __slots__ = ("key", "tensors", "_positions", "_locals")
 
     def __init__(self, args: tuple, kwargs: dict) -> None:
         self.tensors: list[torch.Tensor] = []
         self._positions: dict[int, int] = {}
+        self._locals: dict[int, int] = {}  # id(a DTensor argument's local tensor) -> the DTensor's position
         self.key = (self._value(args), self._value(kwargs), torch_state())
 
     def position(self, tensor: torch.Tensor) -> int | None:
         return self._positions.get(id(tensor))
+
+    def local_position(self, tensor: torch.Tensor) -> int | None:
+        """The position of the DTensor argument whose local tensor `tensor` is (what the rank's ops read)."""
+        return self._locals.get(id(tensor))
 
     def _value(self, value: Any) -> Any:
         kind = type(value)
@@ -94,6 +99,10 @@ class CallKey:
                 return ("again", seen)
             self._positions[id(value)] = len(self.tensors)
             self.tensors.append(value)
+            sharded = sharded_key(value, tensor_key)
+            if sharded is not None:  # a DTensor (a sequence-parallel stream): its local tensor is wired by it
+                self._locals.setdefault(id(local_of(value)), len(self.tensors) - 1)
+                return sharded
             return tensor_key(value)
         if kind is tuple or kind is list:
             return (kind, tuple(self._value(item) for item in value))
