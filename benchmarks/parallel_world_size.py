@@ -2,7 +2,7 @@
 
 A Llama-2-7B-shaped LlamaForCausalLM (hidden 4096, 32 heads, intermediate 11008, vocab 32000; `--layers`
 of them, default 4, so a run takes seconds; `--shape 70b`: Llama-2-70B's, hidden 8192, 64 heads, 8 KV heads,
-intermediate 28672), built on the meta device, batch 1 x `--seq` tokens, forward + backward (`--forward`:
+intermediate 28672), built on the meta device without a KV cache, batch 1 x `--seq` tokens, forward + backward (`--forward`:
 forward only; `--no-replay`: replay=False, every repeated block run) under
 `fxflops.estimate(..., parallel=plan)`, pipeline plans included (one capture,
 cut into stages; with tp the unsharded model is captured once more for the replicated-work report). Each plan runs in its own subprocess
@@ -44,7 +44,9 @@ def one(plan: str, layers: int, seq: int, shape: str = "7b", backward: bool = Tr
 
     import fxflops
 
-    config = LlamaConfig(**SHAPES[shape], num_hidden_layers=layers, vocab_size=32000, attn_implementation="sdpa")
+    # no KV cache: a forward given one passes the cache object to every layer, which replay cannot key
+    config = LlamaConfig(**SHAPES[shape], num_hidden_layers=layers, vocab_size=32000, attn_implementation="sdpa",
+                         use_cache=False)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     ids = torch.zeros(1, seq, dtype=torch.long)

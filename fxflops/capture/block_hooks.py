@@ -116,7 +116,12 @@ def _held_pure(value: Any) -> bool:
 
 def _class_pure(cls: type) -> bool:
     """Whether a class's own functions are code from `_PURE_HOOK_CODE`."""
-    functions = [getattr(item, "__func__", item) for item in vars(cls).values()]
+    functions = []
+    for item in vars(cls).values():
+        if isinstance(item, property):  # (an attribute the hook reads may be computed)
+            functions += [item.fget, item.fset, item.fdel]
+        else:
+            functions.append(getattr(item, "__func__", item))
     return all(item.__code__.co_filename.startswith(_PURE_HOOK_CODE) for item in functions
                if isinstance(item, types.FunctionType))
 
