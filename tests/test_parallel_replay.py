@@ -159,3 +159,27 @@ def test_memory_under_a_plan_is_that_of_running_every_call(llama):
                                 replay=replay).memory.peak_bytes
 
     assert peak(True) == peak(False)
+
+
+def test_hooks_are_keyed_by_what_they_run():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fxflops.capture.block_hooks import hooks_key
+    from fxflops.capture.block_state import Keyer
+    from fxflops.parallel.whatif import composable_states_restored, fake_world
+
+    with fake_world(2, 0), composable_states_restored(), torch.device("meta"):
+        mesh = init_device_mesh("cpu", (2,))
+        linears = [torch.nn.Linear(8, 8) for _ in range(4)]
+        for linear, style in zip(linears, (ColwiseParallel(), ColwiseParallel(), ColwiseParallel(output_layouts=Replicate()),
+                                           CountingColwise())):
+            parallelize_module(linear, mesh, style)
+        same, also, other, users = (hooks_key(linear, Keyer().key) for linear in linears)
+    assert same == also  # two style objects of equal settings: one program
+    assert same != other  # the output gathered: another program
+    assert users == "a hook on Linear"  # a style of the user's class (its own hook code): never keyed
+    plain = torch.nn.Linear(2, 2)
+    plain.register_forward_hook(lambda module, args, out: None)
+    assert hooks_key(plain, Keyer().key) == "a hook on Linear"
