@@ -184,11 +184,17 @@ def estimate(
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, optimizer, progress, attention, strict,
                                   routing="balanced" if routing is None else routing)
-        # replay of repeated blocks stays off where a plan is applied (DTensor and FSDP state it cannot prove the same);
-        # memory= only for the whole rank (whole_memory): pipeline ranks read theirs from their stages
-        return estimate_plan(model, parallel, lambda prepare, whole_memory=True: count(
-                                 memory=memory if whole_memory else False, prepare=prepare, replay=prepare is None),
-                             (args, kwargs), _stage_memory(memory, optimizer if backward else None))
+        # replay of repeated blocks as without a plan (forward only): a block carrying tensor parallelism's
+        # hooks and DTensor parameters is keyed with them (capture.block_hooks), one carrying FSDP's runs.
+        # Not under memory=: a copied block's values share the reference's fake storages, which the memory
+        # timeline (by storage) reads as one longer life. memory= only for the whole rank (whole_memory):
+        # pipeline ranks read theirs from their stages. The collector paused throughout (see collector_paused):
+        # the roles' cut and the replicated-work capture allocate as much as a capture
+        with collector_paused():
+            return estimate_plan(model, parallel, lambda prepare, whole_memory=True: count(
+                                     memory=memory if whole_memory else False, prepare=prepare,
+                                     replay=replay and (prepare is None or not memory)),
+                                 (args, kwargs), _stage_memory(memory, optimizer if backward else None))
     return _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                      progress, attention, strict, memory, routing=routing, replay=replay)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.block_hooks import LOCAL, SHARDED, local_of, sharded_like
 from fxflops.capture.block_state import BlockState, CallKey
 
 
@@ -29,6 +30,8 @@ def rebuild(spec: Any, fresh: dict[int, torch.Tensor], call: CallKey, modules: d
         return spec[1]
     if kind in ("input", "state"):
         return resolve(spec, call, modules)
+    if kind == SHARDED:  # a DTensor made in the block: the copy's local tensor under the reference's spec
+        return sharded_like(rebuild(spec[1], fresh, call, modules), spec[2], spec[3])
     if kind is dict:
         return {key: rebuild(item, fresh, call, modules) for key, item in spec[1]}
     return kind(rebuild(item, fresh, call, modules) for item in spec[1])
@@ -38,6 +41,8 @@ def node_specs(spec: Any) -> list[tuple]:
     kind = spec[0]
     if kind == "node":
         return [spec]
+    if kind == SHARDED:
+        return node_specs(spec[1])
     if kind is dict:
         return [found for _, item in spec[1] for found in node_specs(item)]
     if kind in (tuple, list):
@@ -57,16 +62,21 @@ def place_of(value: torch.Tensor, call: CallKey, state: BlockState) -> tuple | N
     position = call.position(value)
     if position is not None:
         return ("input", position)
+    position = call.local_position(value)
+    if position is not None:
+        return ("input", position, LOCAL)
     held = state.tensors.get(id(value))
     return None if held is None else ("state", *held)
 
 
 def resolve(place: tuple, call: CallKey, modules: dict[str, torch.nn.Module]) -> torch.Tensor:
     if place[0] == "input":
-        return call.tensors[place[1]]
-    _, relative, table, name = place
+        found = call.tensors[place[1]]
+        return local_of(found) if place[2:] == (LOCAL,) else found
+    relative, table, name = place[1:4]
     state = modules[relative].__dict__
-    return state[name] if table == "__dict__" else state[table][name]
+    found = state[name] if table == "__dict__" else state[table][name]
+    return local_of(found) if place[4:] == (LOCAL,) else found
 
 
 def written_outside(node: torch.fx.Node, inside: set[torch.fx.Node]) -> str | None:

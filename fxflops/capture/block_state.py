@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import NAME_TAG
+from fxflops.capture.block_hooks import LOCAL, hooks_key, local_of, sharded_key
 from fxflops.capture.reach import slot_names
 
 # a module's own bookkeeping (parameter/buffer/submodule tables, hook tables): read as structure below
@@ -71,15 +72,20 @@ def tensor_key(tensor: torch.Tensor) -> tuple:
 class CallKey:
     """A call's arguments as a key, and its tensors in order (the n-th tensor is what input n names)."""
 
-    __slots__ = ("key", "tensors", "_positions")
+    __slots__ = ("key", "tensors", "_positions", "_locals")
 
     def __init__(self, args: tuple, kwargs: dict) -> None:
         self.tensors: list[torch.Tensor] = []
         self._positions: dict[int, int] = {}
+        self._locals: dict[int, int] = {}  # id(a DTensor argument's local tensor) -> the DTensor's position
         self.key = (self._value(args), self._value(kwargs), torch_state())
 
     def position(self, tensor: torch.Tensor) -> int | None:
         return self._positions.get(id(tensor))
+
+    def local_position(self, tensor: torch.Tensor) -> int | None:
+        """The position of the DTensor argument whose local tensor `tensor` is (what the rank's ops read)."""
+        return self._locals.get(id(tensor))
 
     def _value(self, value: Any) -> Any:
         kind = type(value)
@@ -93,6 +99,10 @@ class CallKey:
                 return ("again", seen)
             self._positions[id(value)] = len(self.tensors)
             self.tensors.append(value)
+            sharded = sharded_key(value, tensor_key)
+            if sharded is not None:  # a DTensor (a sequence-parallel stream): its local tensor is wired by it
+                self._locals.setdefault(id(local_of(value)), len(self.tensors) - 1)
+                return sharded
             return tensor_key(value)
         if kind is tuple or kind is list:
             return (kind, tuple(self._value(item) for item in value))
@@ -121,7 +131,7 @@ class BlockState:
                  slots: dict[type, tuple[str, ...]] | None = None) -> None:
         self.modules: list[tuple[str, torch.nn.Module]] = []
         self.entries: dict[str, tuple] = {}
-        self.tensors: dict[int, tuple[str, str, str]] = {}  # id(tensor) -> (relative path, table, name)
+        self.tensors: dict[int, tuple[str, ...]] = {}  # id(tensor) -> (relative path, table, name[, LOCAL])
         seen: dict[int, str] = {}
         aliases: list[tuple[str, str]] = []
         stack = [("", block)]
@@ -144,9 +154,12 @@ class BlockState:
 
     def _read(self, relative: str, module: torch.nn.Module, name: Any) -> tuple:
         state = module.__dict__
+        hooks: tuple | str = ()
         if state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"] \
-                or state["_backward_pre_hooks"]:  # a hook runs code of its own around each call
-            raise Unsupported(f"a hook on {type(module).__name__}")
+                or state["_backward_pre_hooks"]:  # a hook runs code of its own around each call: only
+            hooks = hooks_key(module, self.keyer.key)  # tensor parallelism's, keyed by what they run
+            if isinstance(hooks, str):
+                raise Unsupported(hooks)
         tensors = self.tensors
         held = []
         for table in ("_parameters", "_buffers"):
@@ -155,7 +168,10 @@ class BlockState:
                     held.append((table, key, None))
                     continue
                 tensors.setdefault(id(tensor), (relative, table, key))
-                held.append((table, key, tensor_key(tensor)))
+                sharded = sharded_key(tensor, tensor_key)
+                if sharded is not None:  # a DTensor: the rank's ops read its local tensor
+                    tensors.setdefault(id(local_of(tensor)), (relative, table, key, LOCAL))
+                held.append((table, key, tensor_key(tensor) if sharded is None else sharded))
         attributes = []
         keyer = self.keyer
         for key, value in state.items():
@@ -164,7 +180,7 @@ class BlockState:
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))
             attributes.append((key, keyer.key(value, module, top=True)))
-        structure = (type(module), module.training, name, tuple(module._modules), tuple(held))
+        structure = (type(module), module.training, name, tuple(module._modules), tuple(held), hooks)
         return structure, tuple(attributes)
 
 

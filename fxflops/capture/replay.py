@@ -48,6 +48,7 @@ from torch.fx.node import map_arg
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
+from fxflops.capture.block_hooks import SHARDED, is_sharded, local_of
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
 from fxflops.capture.block_reads import ReadLog, Tracer
 from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Keyer, Unsupported, structure_ids
@@ -357,6 +358,9 @@ class Replays:
 
     def _output_spec(self, value: Any, inside: set[torch.fx.Node], call: CallKey, state: BlockState) -> Any:
         kind = type(value)
+        if is_sharded(value) and place_of(value, call, state) is None:  # a DTensor made in the block (sequence
+            return (SHARDED, self._output_spec(local_of(value), inside, call, state),  # parallelism's stream)
+                    value._spec, value.requires_grad)
         if isinstance(value, torch.Tensor):
             producer = self._recorder.producer_of(value)
             if producer in inside and producer.op != "placeholder":
