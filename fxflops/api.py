@@ -203,6 +203,10 @@ def _estimate(model: torch.nn.Module, args: tuple, kwargs: dict, method: str, co
               leaf_modules: Any, backward: bool, loss: Any, optimizer: Any, progress: Any, attention: str,
               strict: bool, memory: Any, **capture_options: Any) -> Estimate:
     stage = progress or _no_progress
+    if memory:
+        # a replayed block's values share its reference's fake storages, which the memory timeline (by storage)
+        # would read as one longer life: a different peak. Under memory= every call runs
+        capture_options["replay"] = False
     with collector_paused():  # the rule table's first load too: a collection then cost 0.18 s
         counting = Counting.prepare(conventions, rules, leaf_modules, attention)
         stage("capture")
