@@ -147,12 +147,13 @@ def test_predict_step_with_cp_and_ep_end_to_end() -> None:
     assert any("MoE routing assumed" in note for note in with_ep.notes) and " ep=2 " in str(with_ep)
 
 
-def test_what_cp_and_ep_do_not_predict_is_refused() -> None:
+def test_ep_without_the_ranks_it_borrows_is_refused() -> None:
     with pytest.raises(ValueError, match="ep=2 borrows its ranks from dp=1: pick an ep that divides dp"):
         fxflops.predict_step(MoEModel(256, 64, 128, 4, 2, 2), (TOKENS,), {"ep": 2})
-    for parallel in ({"cp": 2, "pp": 2}, {"cp": 2, "dp": 2, "fsdp": False}, {"ep": 2, "cp": 2, "dp": 2}):
-        with pytest.raises(NotImplementedError, match="ep and cp are predicted with FSDP, without pp"):
-            fxflops.predict_step(Llama(n_layers=2), (TOKENS,), parallel)
+    # torchtitan's layout: ep = dp_in_ep x cp, so cp divides ep
+    with pytest.raises(ValueError, match="ep=2 borrows its ranks from dp=2 x cp=4: pick an ep that divides dp x cp "
+                                         "and is a multiple of cp"):
+        StepPlan(dp=2, cp=4, ep=2, fsdp=True, global_batch=2).check(2)
     assert dataclasses.replace(StepPlan(), cp=2).gpus == 2
 
 
