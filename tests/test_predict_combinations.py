@@ -140,11 +140,14 @@ def test_ddp_buckets_overlap_the_backward_and_the_last_is_exposed() -> None:
     # not overlapped: both after the backward
     after = simulate_plan(costs, dataclasses.replace(plan, overlap_grad_reduce=False), NO_LATENCY)
     assert after.breakdown["exposed_comm"] == pytest.approx(2 * bucket, rel=1e-12)
-    # DDP's default: a 1 MiB first bucket (closed by the first 2 MiB gradient, 2 s into the backward), then
-    # 25 MiB: the other 14 MiB in one bucket at the end, exposed
+    # without bucket_cap_mb, each layer's 4 MiB all-reduced as its backward ends (2, 4, 6, 8 s in): the last exposed
     default = simulate_plan(costs, dataclasses.replace(plan, bucket_cap_mb=None), NO_LATENCY)
-    assert [start for _, _, start, _ in default.comm_events] == pytest.approx([backward + 2.0, backward + 8.0])
-    assert default.breakdown["exposed_comm"] == pytest.approx(all_reduce_by_hand(14 * MIB, 2, 2), rel=1e-12)
+    assert [start for _, _, start, _ in default.comm_events] == pytest.approx([backward + 2.0 * k for k in (1, 2, 3, 4)])
+    assert default.breakdown["exposed_comm"] == pytest.approx(all_reduce_by_hand(4 * MIB, 2, 2), rel=1e-12)
+    # 1 MiB buckets: one a module gradient, two a layer: the last layer's two, both ready at the end, exposed
+    small = simulate_plan(costs, dataclasses.replace(plan, bucket_cap_mb=1), NO_LATENCY)
+    assert len(small.comm_events) == 8
+    assert small.breakdown["exposed_comm"] == pytest.approx(2 * all_reduce_by_hand(2 * MIB, 2, 2), rel=1e-12)
 
 
 def test_plan_search_enumerates_pp_cp_ep_and_ddp_combinations() -> None:

@@ -13,10 +13,10 @@ step as it runs on each pipeline rank:
   layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
   the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
 - data parallel without FSDP: the gradients reduced once per step over dp x cp ranks (the experts' over the
-  dp x cp / ep ranks holding the same experts): DDP's all-reduce per gradient bucket (`bucket_cap_mb`, torch's
-  Reducer's bucketing, fxflops.parallel.buckets), each bucket once the last micro-batch's backward has made its
-  gradients, overlapped with what is left of it (the last bucket exposed), or a distributed optimizer's
-  reduce-scatter per layer (its parameters all-gathered after the step);
+  dp x cp / ep ranks holding the same experts): an all-reduce per layer, or per DDP gradient bucket with
+  `bucket_cap_mb` (torch's Reducer's bucketing, fxflops.parallel.buckets), each once the last micro-batch's
+  backward has made its gradients, overlapped with what is left of it (the last one exposed), or a
+  distributed optimizer's reduce-scatter per layer (its parameters all-gathered after the step);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages;
 - the optimizer step: memory-bound, every local parameter's state read and written once;
@@ -75,7 +75,7 @@ class StepPlan:
     overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
     grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
     optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
-    bucket_cap_mb: float | None = None  # without FSDP: DDP's gradient bucket size (None: DDP's 1 MiB, then 25 MiB)
+    bucket_cap_mb: float | None = None  # without FSDP: DDP's gradient buckets of this size (None: one per layer)
 
     @property
     def grad_group(self) -> int:
@@ -305,8 +305,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                 experts = _rank_expert_params(rank, chunks, p, costs)
                 after_step[rank] = collective_seconds(
                     "all_gather", (_rank_params(rank, chunks, p, costs) - experts) * costs.param_bytes,
-                    plan.grad_group, cluster, placed["fsdp"]) + collective_seconds(
+                    plan.grad_group, cluster, placed["fsdp"]) + (collective_seconds(
                     "all_gather", experts * costs.param_bytes, plan.expert_group, cluster, placed["fsdp_experts"])
+                    if experts else 0.0)
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
     shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
@@ -397,11 +398,12 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     experts' over the dp x cp / ep ranks holding the same experts), queued on the rank's communication stream
     as the last micro-batch's backward of their chunk produces them (the head's once its backward has run, the
     layers of a chunk evenly through that backward, last layer first, the embedding's at its end), or all
-    after the backward without overlap. DDP's all-reduce runs per bucket as torch's Reducer fills them
-    (`fxflops.parallel.buckets`: the gradients in the order they become ready, a bucket closed at
-    `bucket_cap_mb`, DDP's 1 MiB first bucket then 25 MiB by default, one open bucket per group), each bucket
-    once its last gradient is ready, so the last one is exposed; the distributed optimizer's reduce-scatter
-    runs per layer. Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
+    after the backward without overlap. With `bucket_cap_mb`, DDP's all-reduce runs per bucket as torch's
+    Reducer fills them (`fxflops.parallel.buckets`: the gradients in the order they become ready, a bucket
+    closed once it holds `bucket_cap_mb` MiB, one open bucket per group), each bucket once its last gradient is
+    ready, so the last one is exposed; without it (and with the distributed optimizer's reduce-scatter) each
+    layer's gradients are reduced at once (replicate() per block, Megatron-LM's overlapped reduction).
+    Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
     from fxflops.parallel.buckets import Gradient, assign_buckets, bucket_limits
 
     reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
@@ -429,7 +431,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
         if e.chunk == 0 and costs.pre.params:  # the embedding's, at the end of the first chunk's backward
             ready.append((at(e.end), costs.pre.params * grad_bytes, "", len(ready)))
     reductions: list[tuple[float, int, str]] = []  # (ready, bytes, group)
-    if plan.distributed_optimizer:  # per layer (and per group)
+    if plan.distributed_optimizer or plan.bucket_cap_mb is None:  # per layer (and per group)
         units: dict[tuple[int, str], list[Any]] = {}
         for when, size, group, unit in ready:
             units.setdefault((unit, group), []).append((when, size))
