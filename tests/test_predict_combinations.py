@@ -163,3 +163,22 @@ def test_plan_search_enumerates_pp_cp_ep_and_ddp_combinations() -> None:
     row = next(r for r in search.rows + search.dropped if (r.plan.pp, r.plan.cp, r.plan.ep) == (2, 2, 2))
     assert row.plan.dp == 2 and row.parallel["cp"] == row.parallel["ep"] == 2
     assert not any(r.plan.distributed_optimizer != (not r.plan.fsdp) for r in search.rows + search.dropped)
+
+
+def test_loss_parallel_all_reduces_are_timed_as_small_collectives() -> None:
+    # tp=2 on Llama (vocabulary 256, fp32): loss parallelism leaves the head's logits vocabulary-sharded and the
+    # cross-entropy all-reduces each position's max, sum of exponentials and target logit: 3 all-reduces of
+    # 2 x 16 positions x 4 B = 128 bytes over the 2 tp ranks of a node, forward only. Each takes 2(n-1)/n S/B
+    # + 2(n-1) α = 128 / B + 2 α. They are the whole forward communication after the blocks (the column-parallel
+    # head's input is replicated: its all-reduce is the backward's).
+    target = torch.zeros(2, 16, dtype=torch.long)
+
+    def cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+    costs = quiet(capture_costs, Llama(n_layers=2), (TOKENS,), A100, tp=2, loss=cross_entropy, loss_parallel=True)
+    small = 128 / A100.intra_bandwidth + 2 * A100.intra_latency
+    assert costs.post.comm_forward == pytest.approx(3 * small, rel=1e-12)
+    prediction = quiet(fxflops.predict_step, Llama(n_layers=2), (TOKENS,), {"tp": 2, "loss_parallel": True},
+                       loss=cross_entropy, sequence_parallel=False)
+    assert prediction.step_time == pytest.approx(simulate_plan(costs, prediction.plan, A100).step_time, rel=1e-12)
