@@ -147,21 +147,23 @@ def test_predict_step_with_cp_and_ep_end_to_end() -> None:
     assert any("MoE routing assumed" in note for note in with_ep.notes) and " ep=2 " in str(with_ep)
 
 
-def test_what_cp_and_ep_do_not_predict_is_refused() -> None:
+def test_ep_without_the_ranks_it_borrows_is_refused() -> None:
     with pytest.raises(ValueError, match="ep=2 borrows its ranks from dp=1: pick an ep that divides dp"):
         fxflops.predict_step(MoEModel(256, 64, 128, 4, 2, 2), (TOKENS,), {"ep": 2})
-    for parallel in ({"cp": 2, "pp": 2}, {"cp": 2, "dp": 2, "fsdp": False}, {"ep": 2, "cp": 2, "dp": 2}):
-        with pytest.raises(NotImplementedError, match="ep and cp are predicted with FSDP, without pp"):
-            fxflops.predict_step(Llama(n_layers=2), (TOKENS,), parallel)
+    # torchtitan's layout: ep = dp_in_ep x cp, so cp divides ep
+    with pytest.raises(ValueError, match="ep=2 borrows its ranks from dp=2 x cp=4: pick an ep that divides dp x cp "
+                                         "and is a multiple of cp"):
+        StepPlan(dp=2, cp=4, ep=2, fsdp=True, global_batch=2).check(2)
     assert dataclasses.replace(StepPlan(), cp=2).gpus == 2
 
 
-def test_plan_search_enumerates_cp_and_ep_with_fsdp_without_pp() -> None:
+def test_plan_search_enumerates_cp_with_fsdp() -> None:
     # 4 GPUs, tp=1 (the search's tps given), micro-batch 2, global batch 8. cp=2 plans: dp = 4 / 2 = 2, FSDP over
     # the 4 ranks of dp x cp. Their parameters per rank (bf16, before the allowance): the model's 2 x 41,088 +
     # 16,384 + 16,448 = 115,008 elements sharded 4 ways, plus FSDP's two gathered layers and the root unit whole.
     search = quiet(fxflops.plan, lambda n: Llama(n_layers=n), gpus=4, cluster="DGX A100 80GB", global_batch=8,
-                   seq_len=16, layers=2, tp=[1], pp=[1], micro_batch=[2], recompute=["none"], cp=(1, 2), ep=(2,))
+                   seq_len=16, layers=2, tp=[1], pp=[1], micro_batch=[2], recompute=["none"], cp=(1, 2), ep=(2,),
+                   fsdp=(True,))
     rows = [r for r in search.rows + search.dropped if r.plan.cp == 2]
     assert len(rows) == 1 and rows[0].plan.dp == 2 and rows[0].plan.fsdp and rows[0].parallel["cp"] == 2
     block, outside = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64, 256 * 64 + 64 + 64 * 256
@@ -179,7 +181,7 @@ def test_plan_search_enumerates_ep_for_a_moe_model() -> None:
     # over dp / ep = 2 ranks, the rest (norm, gate, shared expert; embedding and head) over 4
     search = quiet(fxflops.plan, lambda n: MoEModel(256, 64, 128, 4, 2, n), gpus=4, cluster="DGX A100 80GB",
                    global_batch=8, seq_len=16, layers=2, tp=[1], pp=[1], micro_batch=[2], recompute=["none"],
-                   ep=(2,))
+                   ep=(2,), fsdp=(True,))
     rows = [r for r in search.rows + search.dropped if r.plan.ep == 2]
     assert len(rows) == 1 and rows[0].plan.dp == 4 and rows[0].parallel["ep"] == 2
     experts, dense, outside = 2 * 3 * 64 * 128, 64 + 64 * 4 + 3 * 64 * 128, 2 * 256 * 64

@@ -181,8 +181,10 @@ def test_unfused_attention_is_timed_in_the_step_and_said() -> None:
 
 def test_predict_step_refuses_what_it_does_not_predict() -> None:
     ids = torch.zeros(1, 128, dtype=torch.long)
-    with pytest.raises(NotImplementedError, match="ep and cp are predicted with FSDP, without pp"):
-        fxflops.predict_step(small_gpt(), (ids,), {"cp": 2, "pp": 2})
+    with pytest.raises(ValueError, match="bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False"):
+        fxflops.predict_step(small_gpt(), (ids,), {"dp": 2, "bucket_cap_mb": 1})
+    with pytest.raises(ValueError, match="loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1"):
+        fxflops.predict_step(small_gpt(), (ids,), {"loss_parallel": True})
     with pytest.raises(ValueError, match="unknown parallel key 'tpp'|unknown parallel key tpp"):
         fxflops.predict_step(small_gpt(), (ids,), {"tpp": 2})
     with pytest.raises(ValueError, match="micro_batch=4 but the inputs hold a batch of 1"):

@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to try")
     parser.add_argument("--cp", type=int, nargs="+", default=[1],
-                        help="context parallel degrees to try (long sequences; with FSDP, pp=1), e.g. --cp 1 2 4")
+                        help="context parallel degrees to try (long sequences), e.g. --cp 1 2 4")
     parser.add_argument("--ep", type=int, nargs="+", default=[1],
-                        help="expert parallel degrees to try (MoE models; with FSDP, pp=1), e.g. --ep 1 2 4")
+                        help="expert parallel degrees to try (MoE models; with cp, multiples of it), e.g. --ep 1 2 4")
     parser.add_argument("--schedules", nargs="+", choices=["1f1b", "gpipe"], default=["1f1b", "gpipe"],
                         help="pipeline schedules to try with one chunk a stage (virtual stages run interleaved 1F1B)")
     parser.add_argument("--attention", choices=["flash", "math"], default="flash",

@@ -91,6 +91,9 @@ class LayerCosts:
     # the capture ran under FSDP (cp / ep captures): FSDP2's own copies (all-gather copy-in and copy-out, the
     # reduce-scatter's chunk_cat) are among its ops already, so the step does not add them again
     fsdp_in_capture: bool = False
+    # one block's gradients in the order its backward makes them (its modules' own parameter elements, in reverse
+    # registration order, before FSDP), each with whether it is in the experts: DDP's buckets are filled so
+    block_gradients: tuple[tuple[int, bool], ...] = ()
 
     @property
     def params(self) -> int:
@@ -178,6 +181,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, f"ep_comm_{phase}", seconds)
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
+    gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
     if memory is not None:
@@ -198,7 +202,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
-                      fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1)
+                      fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients)
 
 
 def _part_of(blocks: list[str]) -> Callable[[str], int]:
@@ -288,11 +292,7 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
     shared parameter once; FSDP's shards times its degree, `expert_shard` inside the experts, `fsdp_shard`
     elsewhere): in the first block (and of those, in its experts), before the blocks and after them."""
     found = {"block": 0, "experts": 0, PRE: 0, POST: 0}
-    modules = estimate.modules
-    for name, stats in modules.items():
-        own = stats.params - sum(modules[child].params for child in stats.children if child in modules)
-        if own <= 0:
-            continue
+    for name, own in _own_params(estimate):
         expert = any(_under(name, path) for path in experts)
         own *= expert_shard if expert else fsdp_shard
         index = of_module(name)
@@ -302,6 +302,27 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
         elif index < 0:
             found[PRE if name in pre_modules else POST] += own
     return found
+
+
+def _own_params(estimate: Any) -> list[tuple[str, int]]:
+    """(module, parameter elements it holds itself, not in its children), for the modules holding some, in the
+    estimate's module order (registration order)."""
+    modules = estimate.modules
+    own = [(name, stats.params - sum(modules[child].params for child in stats.children if child in modules))
+           for name, stats in modules.items()]
+    return [(name, count) for name, count in own if count > 0]
+
+
+def _block_gradients(estimate: Any, of_module: Callable[[str], int], experts: tuple[str, ...], fsdp_shard: int,
+                     expert_shard: int) -> tuple[tuple[int, bool], ...]:
+    """The first block's modules' own parameter elements before FSDP, in reverse registration order (DDP's
+    order of ready gradients), each with whether it is in the experts."""
+    found = []
+    for name, own in _own_params(estimate):
+        if of_module(name) == 0:
+            expert = any(_under(name, path) for path in experts)
+            found.append((own * (expert_shard if expert else fsdp_shard), expert))
+    return tuple(reversed(found))
 
 
 def _boundary_bytes(nodes: list[Any], of_module: Callable[[str], int], element: int) -> int:

@@ -97,13 +97,16 @@ class PlanSearch:
 
     def table(self, top: int = 10) -> str:
         """The top plans with their breakdown, one line each."""
-        head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'sched':>5} {'dp':>5} {'fsdp':>5} {'mb':>3} {'recompute':>9} "
+        # cp and ep columns where a shown plan has them
+        extra = [k for k in ("cp", "ep") if any(getattr(r.plan, k) > 1 for r in self.rows[:top])]
+        head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'sched':>5} {'dp':>5} "
+                + "".join(f"{k:>3} " for k in extra) + f"{'fsdp':>5} {'mb':>3} {'recompute':>9} "
                 f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'optim':>6} {'MFU':>6} {'mem GiB':>8}")
         lines = [head]
         for i, row in enumerate(self.rows[:top], 1):
             p, b = row.plan, row.prediction.breakdown
             lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {row.schedule[:5]:>5} {p.dp:>5} "
-                         f"{str(p.fsdp):>5} "
+                         + "".join(f"{getattr(p, k):>3} " for k in extra) + f"{str(p.fsdp):>5} "
                          f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
                          f"{b['exposed_comm']:>7.3f} {b['bubble']:>7.3f} {b['optimizer']:>6.3f} "
                          f"{row.prediction.mfu:>6.1%} {row.peak_bytes / GiB:>8.1f}")
@@ -183,8 +186,10 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     with fp32 master weights and moments; 4 for torch's AdamW on a bf16 model, whose moments are bf16).
     `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
     `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
-    each degree above 1 is captured once per tp and micro-batch and enumerated as predict_step predicts it:
-    with FSDP, pp = 1, not both; a degree the model or sequence cannot take is left out with a note.
+    each degree above 1 (and each ep with each cp it is a multiple of: torchtitan's ep = dp_in_ep x cp) is
+    captured once per tp, micro-batch and `fsdp` choice, and enumerated with every pp, virtual stages, schedule,
+    FSDP or DDP (with the distributed optimizer) and recomputation where ep divides dp x cp; a degree the model
+    or sequence cannot take is left out with a note.
     `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
     them ("flash" or "math"). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
     ("1f1b", "gpipe"; a plan with virtual stages runs interleaved 1F1B), each simulated: GPipe keeps every
@@ -221,7 +226,9 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     tps = list(tp) if tp is not None else [t for t in _divisors(min(gpn, gpus)) if gpus % t == 0
                                           and all(h % t == 0 for h in heads)]
     notes: list[str] = []
-    costs_by: dict[tuple[int, int, int, int], LayerCosts] = {}
+    # (tp, micro-batch, cp, ep, fsdp): per-layer costs; fsdp None for a capture without cp and ep, which serves
+    # both (its data parallelism is the simulation's), True / False for cp and ep, whose captures run it
+    costs_by: dict[tuple[int, int, int, int, bool | None], LayerCosts] = {}
     sp_of: dict[int, bool] = {}
     sp_works = True
     captures = 0
@@ -259,30 +266,32 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                     failed.add(t)
                     continue
             sp_of.setdefault(t, want_sp)
-            costs_by[(t, mb, 1, 1)] = costs
-    for t in tps:  # context / expert parallel degrees: a capture each, with the tp's sequence parallelism
-        for mb in micro_batch:
+            costs_by[(t, mb, 1, 1, None)] = costs
+    for t in tps:  # context / expert parallel degrees: a capture each (and each FSDP choice), with the tp's
+        for mb in micro_batch:  # sequence parallelism
             if t in failed:
                 continue
             for c, e in _context_expert_degrees(gpus // t, cp, ep):
-                if c * e == 1:
+                if not any(_data_parallel(gpus, t, p, c, e, global_batch, mb)
+                           for p in _pipeline_degrees(gpus // (t * c), depth, pp)):
                     continue
-                dp = gpus // (t * c)
-                if global_batch % (dp * mb):
-                    continue
-                try:
-                    captures += 1
-                    costs_by[(t, mb, c, e)] = capture_costs(
-                        probe, make_inputs(mb), the_cluster, tp=t, sequence_parallel=sp_of.get(t, False) and e == 1,
-                        dtype=dtype, loss=loss, layers=depth, memory=True, cp=c, ep=e, kernels=kernels,
-                        placed=dim_ranks_per_node(StepPlan(tp=t, dp=dp, cp=c, ep=e), the_cluster))
-                except Exception as error:  # a degree this model or sequence cannot take: plans without it
-                    notes.append(f"{'cp' if c > 1 else 'ep'}={max(c, e)} at tp={t}, micro-batch {mb} left out: "
-                                 f"{_first_line(error)}")
+                for shard in dict.fromkeys(fsdp):
+                    try:
+                        captures += 1
+                        costs_by[(t, mb, c, e, shard)] = capture_costs(
+                            probe, make_inputs(mb), the_cluster, tp=t, dtype=dtype, loss=loss, layers=depth,
+                            sequence_parallel=sp_of.get(t, False) and e == 1, memory=True, cp=c, ep=e,
+                            kernels=kernels, fsdp=shard, placed=dim_ranks_per_node(
+                                StepPlan(tp=t, dp=max(1, e // c), cp=c, ep=e), the_cluster))
+                    except Exception as error:  # a degree this model or sequence cannot take: plans without it
+                        degrees = ", ".join(f"{k}={d}" for k, d in (("cp", c), ("ep", e)) if d > 1)
+                        notes.append(f"{degrees} at tp={t}, micro-batch {mb} left out: {_first_line(error)}")
+                        break
     rows, dropped = [], []
     dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
     for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp, schedules):
-        costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep)]
+        costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep,
+                          step_plan.fsdp if step_plan.cp * step_plan.ep > 1 else None)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
         peak, by_kind = rank_memory(costs, step_plan, prediction, optimizer_state_bytes)
         row = PlanRow(step_plan, prediction, peak, by_kind, peak <= usable)
@@ -323,13 +332,14 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
         outside = (pre.params if rank == 0 else 0) + (post.params if rank == (chunks - 1) % p else 0)
         experts = rank_layers * block.expert_params  # split ep ways already, FSDP-sharded over dp / ep
         params = rank_layers * block.params + outside - experts
-        shard = plan.dp * plan.cp if fsdp else 1
-        state_shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
-        expert_shard = plan.dp // plan.ep if fsdp else 1
+        shard = plan.grad_group if fsdp else 1
+        state_shard = plan.grad_group if (fsdp or plan.distributed_optimizer) else 1
+        expert_shard = plan.expert_group if fsdp else 1
+        expert_state_shard = plan.expert_group if (fsdp or plan.distributed_optimizer) else 1
         kinds = {"parameters": params * costs.param_bytes // shard + experts * costs.param_bytes // expert_shard,
                  "gradients": params * grad_bytes // shard + experts * grad_bytes // expert_shard,
                  "optimizer": params * optimizer_state_bytes // state_shard
-                 + experts * optimizer_state_bytes // expert_shard}
+                 + experts * optimizer_state_bytes // expert_state_shard}
         if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
             # and a layer's gradients are whole until their reduce-scatter has run
             kinds["parameters"] += (2 * block.params + outside) * costs.param_bytes
@@ -355,25 +365,31 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
 
 
 def _context_expert_degrees(rest: int, cp: Sequence[int], ep: Sequence[int]) -> list[tuple[int, int]]:
-    """(cp, ep) pairs to enumerate on `rest` = gpus / tp ranks: cp dividing them, ep dividing the dp left, never
-    both above 1 (as predict_step predicts them)."""
-    pairs = [(c, 1) for c in cp if c >= 1 and rest % c == 0]
-    return pairs + [(1, e) for e in ep if e > 1 and rest % e == 0]
+    """(cp, ep) pairs other than (1, 1) to enumerate on `rest` = gpus / tp ranks: each dividing them, ep with cp
+    a multiple of cp (torchtitan's ep = dp_in_ep x cp)."""
+    degrees = [(c, e) for c in dict.fromkeys([1, *cp]) for e in dict.fromkeys([1, *ep])]
+    return [(c, e) for c, e in degrees if c * e > 1 and c >= 1 and e >= 1 and rest % c == 0 and rest % e == 0
+            and (c == 1 or e == 1 or e % c == 0)]
 
 
-def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, int, int, int], LayerCosts],
-           sp_of: dict[int, bool], pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str],
-           fsdp: Iterable[bool], schedules: Sequence[str] = (ONE_F_ONE_B,)) -> Iterable[StepPlan]:
-    for (t, mb, c, e) in sorted(costs_by):
-        if c * e > 1:  # context / expert parallel: with FSDP, without pp
-            dp = gpus // (t * c)
-            for r in recompute:
-                yield StepPlan(tp=t, dp=dp, cp=c, ep=e, sequence_parallel=sp_of.get(t, False) and e == 1, fsdp=True,
-                               micro_batch=mb, global_batch=global_batch, recompute=r)
-            continue
-        for p in _pipeline_degrees(gpus // t, layers, pp):
-            dp = gpus // (t * p)
-            if global_batch % (dp * mb):
+def _data_parallel(gpus: int, tp: int, pp: int, cp: int, ep: int, global_batch: int, micro_batch: int) -> int:
+    """The data-parallel degree of a plan, or 0 where it cannot run: ep must divide dp x cp, the global batch
+    split into dp x micro-batch."""
+    dp = gpus // (tp * pp * cp)
+    if dp < 1 or ep > 1 and (dp * cp) % ep or global_batch % (dp * micro_batch):
+        return 0
+    return dp
+
+
+def _plans(gpus: int, layers: int, global_batch: int,
+           costs_by: dict[tuple[int, int, int, int, bool | None], LayerCosts], sp_of: dict[int, bool],
+           pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str], fsdp: Iterable[bool],
+           schedules: Sequence[str] = (ONE_F_ONE_B,)) -> Iterable[StepPlan]:
+    fsdp = list(dict.fromkeys(fsdp))
+    for (t, mb, c, e) in sorted({key[:4] for key in costs_by}):
+        for p in _pipeline_degrees(gpus // (t * c), layers, pp):
+            dp = _data_parallel(gpus, t, p, c, e, global_batch, mb)
+            if not dp:
                 continue
             m = global_batch // (dp * mb)
             for v in virtual_stages:
@@ -382,12 +398,13 @@ def _plans(gpus: int, layers: int, global_batch: int, costs_by: dict[tuple[int, 
                 # the schedule matters with one chunk a stage on two stages or more; more chunks: interleaved
                 for schedule in (schedules if p > 1 and v == 1 else (ONE_F_ONE_B,)):
                     for shard in fsdp:
-                        if shard and dp == 1:
+                        if shard and dp * c == 1 or c * e > 1 and (t, mb, c, e, shard) not in costs_by:
                             continue
                         for r in recompute:
-                            yield StepPlan(tp=t, pp=p, dp=dp, virtual_stages=v, sequence_parallel=sp_of.get(t, False),
-                                           fsdp=shard, micro_batch=mb, global_batch=global_batch, recompute=r,
-                                           distributed_optimizer=not shard and dp > 1, schedule=schedule)
+                            yield StepPlan(tp=t, pp=p, dp=dp, cp=c, ep=e, virtual_stages=v,
+                                           sequence_parallel=sp_of.get(t, False) and e == 1, fsdp=shard,
+                                           micro_batch=mb, global_batch=global_batch, recompute=r,
+                                           distributed_optimizer=not shard and dp * c > 1, schedule=schedule)
 
 
 def _pipeline_degrees(rest: int, layers: int, pp: Sequence[int] | None) -> list[int]:

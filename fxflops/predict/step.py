@@ -12,20 +12,26 @@ step as it runs on each pipeline rank:
   gradients reduce-scattered after its backward, micro-batch by micro-batch; FSDP2's copy of each gathered
   layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
   the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
-- data parallel without FSDP: the gradients reduced once per step (all-reduce, or reduce-scatter with a
-  distributed optimizer, whose parameters are all-gathered after the step), bucket by layer as the last
-  micro-batch's backward produces them, overlapped with what is left of it;
+- data parallel without FSDP: the gradients reduced once per step over dp x cp ranks (the experts' over the
+  dp x cp / ep ranks holding the same experts): an all-reduce per layer, or per DDP gradient bucket with
+  `bucket_cap_mb` (torch's Reducer's bucketing, fxflops.parallel.buckets), each once the last micro-batch's
+  backward has made its gradients, overlapped with what is left of it (the last one exposed), or a
+  distributed optimizer's reduce-scatter per layer (its parameters all-gathered after the step);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages;
 - the optimizer step: memory-bound, every local parameter's state read and written once;
 - context parallelism (cp): each rank runs S/cp positions (captured so), ring attention's keys and values
   all-gathered per attention call over the cp ranks, overlapped with step 0 of the ring (the rank's queries
   against its own keys, as torch's ring issues the gather and waits for it at step 1), the rest exposed;
-  their gradients reduce-scattered after the attention backward, exposed; FSDP shards over dp x cp;
-- expert parallelism (ep): each MoE layer's experts split over ep of the dp ranks, tokens dispatched and
+  their gradients reduce-scattered after the attention backward, exposed; gradients reduced over dp x cp;
+- expert parallelism (ep): each MoE layer's experts split over ep of the dp x cp ranks (torchtitan's
+  ParallelDims: ep = dp_shard_in_ep x cp, contiguous ranks after tp), tokens dispatched and
   returned by all-to-alls on the critical path (torchtitan's default: not overlapped), routed as the
-  capture assumes (balanced unless `routing=` says otherwise); the experts' parameters FSDP-sharded over
-  dp / ep ranks (torchtitan's dp_shard_mod_ep), the rest over dp.
+  capture assumes (balanced unless `routing=` says otherwise); the experts' parameters FSDP-sharded (or their
+  gradients all-reduced) over the dp x cp / ep ranks (torchtitan's dp_shard_mod_ep), the rest over dp x cp.
+Every group's collectives are timed over its own size and placement (`dim_ranks_per_node`: how many of its
+ranks share a node), so a cp or ep group inside a node runs on NVLink and one across nodes on the network;
+cp and ep compose with pp (the pipeline's stages are the captured layers) and with each other.
 
 The result is a prediction, a model with a stated error, not a measurement (see ERROR_STATEMENT).
 """
@@ -56,8 +62,8 @@ class StepPlan:
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention); FSDP over dp x cp
-    ep: int = 1  # expert parallel: the experts split over ep of the dp ranks (ep divides dp)
+    cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention); gradients reduced over dp x cp
+    ep: int = 1  # expert parallel: the experts split over ep of the dp x cp ranks (ep divides dp x cp; cp divides ep)
     virtual_stages: int = 1
     sequence_parallel: bool = False
     fsdp: bool = False  # FSDP (ZeRO-3) over dp; False: replicated parameters, gradients reduced once per step
@@ -69,6 +75,19 @@ class StepPlan:
     overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
     grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
     optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
+    bucket_cap_mb: float | None = None  # without FSDP: DDP's gradient buckets of this size (None: one per layer)
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that reduce a (non-expert) parameter's gradients: dp x cp (cp's ranks hold other positions of
+        the same samples; Megatron's data-parallel-with-context group, torchtitan's dp_shard_cp)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_group(self) -> int:
+        """Ranks holding the same experts, which reduce their gradients: dp x cp / ep (torchtitan's dp_mod_ep,
+        Megatron's expert-data-parallel group)."""
+        return self.dp * self.cp // self.ep
 
     @property
     def gpus(self) -> int:
@@ -91,11 +110,14 @@ class StepPlan:
         if self.pp * self.virtual_stages > layers:
             raise ValueError(f"pp x virtual_stages = {self.pp * self.virtual_stages} chunks for {layers} layers: "
                              "at most one chunk per layer")
-        if self.ep > 1 and self.dp % self.ep:
-            raise ValueError(f"ep={self.ep} borrows its ranks from dp={self.dp}: pick an ep that divides dp")
-        if (self.ep > 1 or self.cp > 1) and (self.pp > 1 or not self.fsdp or self.ep > 1 and self.cp > 1):
-            raise NotImplementedError("predict_step: ep and cp are predicted with FSDP, without pp and not together "
-                                      "(as fxflops.Parallel builds them); give ep or cp with dp/fsdp and tp")
+        if self.ep > 1 and ((self.dp * self.cp) % self.ep or self.cp > 1 and self.ep % self.cp):
+            # torchtitan's ParallelDims: ep = dp_shard_in_ep x cp, so ep divides dp x cp and cp divides ep
+            with_cp = f" x cp={self.cp}" if self.cp > 1 else ""
+            raise ValueError(f"ep={self.ep} borrows its ranks from dp={self.dp}{with_cp}: pick an ep that divides dp"
+                             + (" x cp and is a multiple of cp" if self.cp > 1 else ""))
+        if self.bucket_cap_mb is not None and (self.fsdp or self.distributed_optimizer):
+            raise ValueError("bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False and "
+                             "without the distributed optimizer")
 
 
 @dataclass
@@ -192,14 +214,15 @@ class StepPrediction:
 
 def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
     """How many ranks of one group of each mesh dimension share a node, ranks numbered tp fastest, then cp,
-    then dp, then pp (Megatron's and torchtitan's order: tp inside a node first); ep's ranks are the dp ranks
-    nearest each other (torchtitan's dp_shard_in_ep, inside dp_shard_mod_ep); "fsdp" is FSDP's group (dp x cp
-    ranks, or the dp / ep ranks that hold the same experts: "fsdp_experts")."""
+    then dp, then pp (torchtitan's ParallelDims order, Megatron's: tp inside a node first); ep's ranks are the
+    cp ranks and the dp ranks nearest them (torchtitan's ep = dp_shard_in_ep x cp: tp apart, contiguous), the
+    ranks holding the same experts the dp_mod_ep ranks outside them (tp x ep apart); "fsdp" is the gradients'
+    group (dp x cp ranks, tp apart: FSDP's, or DDP's all-reduce), "fsdp_experts" the experts' (dp x cp / ep)."""
     tp, cp, dp = plan.tp, plan.cp, plan.dp
     return {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
-            "dp": ranks_per_node(dp, tp * cp, cluster), "ep": ranks_per_node(plan.ep, tp * cp, cluster),
-            "fsdp": ranks_per_node(dp * cp, tp, cluster),
-            "fsdp_experts": ranks_per_node(dp // plan.ep, tp * cp * plan.ep, cluster),
+            "dp": ranks_per_node(dp, tp * cp, cluster), "ep": ranks_per_node(plan.ep, tp, cluster),
+            "fsdp": ranks_per_node(plan.grad_group, tp, cluster),
+            "fsdp_experts": ranks_per_node(plan.expert_group, tp * plan.ep, cluster),
             "pp": ranks_per_node(plan.pp, tp * cp * dp, cluster)}
 
 
@@ -228,7 +251,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     if fsdp:
         gather, scatter = _fsdp_layer_seconds(block.params - block.expert_params, plan.dp * plan.cp,
                                               placed["fsdp"], costs.param_bytes, grad_bytes, cluster)
-        expert_gather, expert_scatter = _fsdp_layer_seconds(block.expert_params, plan.dp // plan.ep,
+        expert_gather, expert_scatter = _fsdp_layer_seconds(block.expert_params, plan.expert_group,
                                                             placed["fsdp_experts"], costs.param_bytes, grad_bytes,
                                                             cluster)
         gather, scatter = gather + expert_gather, scatter + expert_scatter
@@ -273,14 +296,18 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                     for rank in range(p)]
     ends = list(compute_ends)  # when each rank is done with the step's compute and communication
     after_step = [0.0] * p
-    if plan.dp > 1 and not fsdp:
+    if plan.grad_group > 1 and not fsdp:
         for rank in range(p):
-            ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed["dp"],
+            ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed,
                                                      ends[rank])
             comm_events += events
             if plan.distributed_optimizer:  # the updated parameter shards gathered back after the step
-                after_step[rank] = collective_seconds("all_gather", _rank_params(rank, chunks, p, costs)
-                                                      * costs.param_bytes, plan.dp, cluster, placed["dp"])
+                experts = _rank_expert_params(rank, chunks, p, costs)
+                after_step[rank] = collective_seconds(
+                    "all_gather", (_rank_params(rank, chunks, p, costs) - experts) * costs.param_bytes,
+                    plan.grad_group, cluster, placed["fsdp"]) + (collective_seconds(
+                    "all_gather", experts * costs.param_bytes, plan.expert_group, cluster, placed["fsdp_experts"])
+                    if experts else 0.0)
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
     shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
@@ -294,7 +321,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
         # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
         local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
-            + _rank_expert_params(rank, chunks, p, costs) / (plan.dp // plan.ep if shard > 1 else 1)
+            + _rank_expert_params(rank, chunks, p, costs) / (plan.expert_group if shard > 1 else 1)
         optimizer = (stream_seconds(local * per_param, device) if rank_params else 0.0) \
             + after_step[rank]
         step_end = max(step_end, ends[rank] + optimizer)
@@ -365,37 +392,71 @@ def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -
 
 
 def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs: LayerCosts, plan: StepPlan,
-                        cluster: Cluster, dp_per_node: int, compute_end: float
+                        cluster: Cluster, placed: dict[str, int], compute_end: float
                         ) -> tuple[float, list[tuple[int, str, float, float]]]:
-    """Data parallelism without FSDP: each layer's gradients reduced once per step, queued on the rank's
-    communication stream as the last micro-batch's backward of its chunk produces them (the layers of a chunk
-    finish evenly through that backward, last layer first), or all after the backward without overlap.
+    """Data parallelism without FSDP: the gradients reduced once per step over their group (dp x cp ranks; the
+    experts' over the dp x cp / ep ranks holding the same experts), queued on the rank's communication stream
+    as the last micro-batch's backward of their chunk produces them (the head's once its backward has run, the
+    layers of a chunk evenly through that backward, last layer first, the embedding's at its end), or all
+    after the backward without overlap. With `bucket_cap_mb`, DDP's all-reduce runs per bucket as torch's
+    Reducer fills them (`fxflops.parallel.buckets`: the gradients in the order they become ready, a bucket
+    closed once it holds `bucket_cap_mb` MiB, one open bucket per group), each bucket once its last gradient is
+    ready, so the last one is exposed; without it (and with the distributed optimizer's reduce-scatter) each
+    layer's gradients are reduced at once (replicate() per block, Megatron-LM's overlapped reduction).
     Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
+    from fxflops.parallel.buckets import Gradient, assign_buckets, bucket_limits
+
     reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
     grad_bytes = plan.grad_bytes or costs.param_bytes
-
-    def seconds(params: int) -> float:
-        return collective_seconds(reduce, params * grad_bytes, plan.dp, cluster, dp_per_node)
-
-    layer = seconds(costs.block.params)
-    buckets: list[tuple[float, float]] = []  # (ready, seconds)
+    groups = {"": (plan.grad_group, placed["fsdp"]), "experts": (plan.expert_group, placed["fsdp_experts"])}
+    # (ready, bytes, group, unit) in the order the gradients become ready; a unit is reduced at once per layer
+    ready: list[tuple[float, int, str, int]] = []
     last = plan.microbatches - 1
-    for e in timeline.rank_events(rank):
-        if e.stream != "compute" or e.kind != "backward" or e.microbatch != last:
-            continue
+    events = sorted((e for e in timeline.rank_events(rank)
+                     if e.stream == "compute" and e.kind == "backward" and e.microbatch == last), key=lambda e: e.start)
+    for e in events:
+        def at(seconds: float) -> float:
+            return seconds if plan.overlap_grad_reduce else compute_end
+
+        unit = len(ready)
+        if e.chunk == len(chunks) - 1 and costs.post.params:  # the head: its backward runs first
+            head = min(e.end, e.start + costs.post.backward + costs.post.comm_backward)
+            ready.append((at(head), costs.post.params * grad_bytes, "", unit))
         n = chunks[e.chunk]
         for j in range(n):
-            ready = e.start + (j + 1) / n * (e.end - e.start) if plan.overlap_grad_reduce else compute_end
-            buckets.append((ready, layer))
-        ends_model = [costs.pre.params if e.chunk == 0 else 0, costs.post.params if e.chunk == len(chunks) - 1 else 0]
-        for params in filter(None, ends_model):  # the embedding / head, when this chunk holds them
-            buckets.append((e.end if plan.overlap_grad_reduce else compute_end, seconds(params)))
-    free, events = 0.0, []
-    for ready, duration in sorted(buckets):
-        start = max(free, ready)
-        free = start + duration
-        events.append((rank, f"dp {reduce}", start, free))
-    return max(compute_end, free), events
+            unit = len(ready)
+            for elements, expert in _block_gradients(costs):
+                ready.append((at(e.start + (j + 1) / n * (e.end - e.start)), elements * grad_bytes,
+                              "experts" if expert else "", unit))
+        if e.chunk == 0 and costs.pre.params:  # the embedding's, at the end of the first chunk's backward
+            ready.append((at(e.end), costs.pre.params * grad_bytes, "", len(ready)))
+    reductions: list[tuple[float, int, str]] = []  # (ready, bytes, group)
+    if plan.distributed_optimizer or plan.bucket_cap_mb is None:  # per layer (and per group)
+        units: dict[tuple[int, str], list[Any]] = {}
+        for when, size, group, unit in ready:
+            units.setdefault((unit, group), []).append((when, size))
+        reductions = [(max(w for w, _ in items), sum(b for _, b in items), group)
+                      for (_, group), items in units.items()]
+    else:  # DDP's buckets
+        gradients = [Gradient(str(i), str(unit), size, group) for i, (_, size, group, unit) in enumerate(ready)]
+        for indices in assign_buckets(gradients, bucket_limits(plan.bucket_cap_mb)):
+            reductions.append((max(ready[i][0] for i in indices), sum(ready[i][1] for i in indices),
+                               ready[indices[0]][2]))
+    free, comm = 0.0, []
+    for when, size, group in sorted(reductions, key=lambda r: r[0]):
+        start = max(free, when)
+        free = start + collective_seconds(reduce, size, groups[group][0], cluster, groups[group][1])
+        comm.append((rank, f"dp {reduce}" + (" (experts)" if group else ""), start, free))
+    return max(compute_end, free), comm
+
+
+def _block_gradients(costs: LayerCosts) -> tuple[tuple[int, bool], ...]:
+    """One layer's gradients in the order its backward makes them: (elements, in the experts), per module as
+    the capture saw them, else the layer's dense and expert parameters."""
+    if costs.block_gradients:
+        return costs.block_gradients
+    dense = costs.block.params - costs.block.expert_params
+    return tuple((n, expert) for n, expert in ((dense, False), (costs.block.expert_params, True)) if n)
 
 
 def _split(layers: int, chunks: int) -> list[int]:
@@ -450,12 +511,16 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
                   dtype: Any = None, loss: Any = None, layers: int | None = None, memory: bool = False,
                   placed: dict[str, int] | None = None, tokens: int | None = None,
                   tp_plan: dict[str, Any] | None = None, cp: int = 1, ep: int = 1,
-                  routing: Any = None, kernels: Any = None) -> LayerCosts:
+                  routing: Any = None, kernels: Any = None, fsdp: bool = True,
+                  loss_parallel: bool = False) -> LayerCosts:
     """One capture of `model` on `inputs` (one micro-batch of one data-parallel rank) under tp (and sequence
-    parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan),
-    cp (ring attention on S/cp positions) and ep (the experts split over ep ranks, captured with dp = ep, the
-    ranks ep borrows; `routing` as estimate() takes it), read as per-layer costs on `cluster`'s device;
-    `kernels`: an `op_time.Kernels` (what the run's software launches: fused or unfused attention)."""
+    parallelism; `tp_plan`: the user's {module path: ParallelStyle}, else the derived Megatron-style plan;
+    `loss_parallel`: the logits left vocabulary-sharded and the loss's all-reduces recorded as tp collectives),
+    cp (ring attention on S/cp positions) and ep (the experts split over ep ranks, captured with dp = ep / cp,
+    the data-parallel ranks ep borrows besides cp's: torchtitan's dp_shard_in_ep; `routing` as estimate() takes
+    it), the data-parallel ranks cp and ep bring sharded by FSDP (`fsdp`) or replicated (DDP), read as
+    per-layer costs on `cluster`'s device; `kernels`: an `op_time.Kernels` (what the run's software launches:
+    fused or unfused attention). The pipeline is not captured: its stages are the same layers."""
     import torch
 
     import fxflops
@@ -464,25 +529,30 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
     dtype = dtype or torch.bfloat16
     batch, counted_tokens = tokens_of(inputs)
-    dp = ep  # expert parallelism borrows its ranks from dp: the capture's FSDP then shards over them
+    # expert parallelism borrows its ranks from dp and all of cp (ep = dp_in_ep x cp): the capture's data
+    # parallelism spans those, FSDP (or DDP) over dp x cp
+    dp = max(1, ep // cp)
     parallel = None
     if tp * cp * ep > 1:
         parallel = {"tp": tp, "cp": cp, "ep": ep, "dp": dp}
+        if dp * cp > 1 and not fsdp:
+            parallel["fsdp"] = False
         if tp > 1:
-            parallel |= {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan}
+            parallel |= {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan, "loss_parallel": loss_parallel}
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory,
                            **({"routing": routing} if routing is not None else {}))
     placed = {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
-              "ep": ranks_per_node(ep, tp * cp, cluster), **(placed or {})}
+              "ep": ranks_per_node(ep, tp, cluster), **(placed or {})}
 
     def per_node(kind: str, group_desc: str) -> int:
         # a collective's placement by what issued it (its group may be the default one of a 1-D capture)
         return placed.get(kind, placed["tp"])
 
     costs = layer_costs(est, model, cluster, dtype, per_node, tp=tp, sequence_parallel=sequence_parallel,
-                        micro_batch=batch, tokens=tokens or counted_tokens, layers=layers, fsdp_shard=dp * cp,
-                        expert_shard=dp // ep, cp=cp, ep=ep, kernels=kernels or FLASH)
+                        micro_batch=batch, tokens=tokens or counted_tokens, layers=layers,
+                        fsdp_shard=dp * cp if fsdp else 1, expert_shard=dp * cp // ep if fsdp else 1, cp=cp, ep=ep,
+                        kernels=kernels or FLASH)
     notes = list(costs.notes)
     if ep > 1:
         routed = routing if routing is not None else "balanced"
@@ -512,12 +582,14 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
-    `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp > 1:
-    FSDP; False: replicated parameters with the gradients all-reduced, or reduce-scattered with
-    `distributed_optimizer`), `ep` (experts split over ep of the dp ranks; `routing` as estimate() takes it,
-    balanced by default) and `cp` (the sequence split over cp ranks, ring attention), each with FSDP and without
-    pp, `tp_plan` ({module path: ParallelStyle}, as
-    fxflops.Parallel takes it; default: the derived Megatron-style plan). `global_batch`
+    `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp x cp > 1:
+    FSDP; False: replicated parameters with the gradients all-reduced in DDP's buckets of `bucket_cap_mb` MiB,
+    or reduce-scattered with `distributed_optimizer`), `ep` (experts split over ep of the dp x cp ranks,
+    torchtitan's layout: ep divides dp x cp, cp divides ep; `routing` as estimate() takes it, balanced by
+    default) and `cp` (the sequence split over cp ranks, ring attention; gradients reduced over dp x cp), in any
+    combination with each other, pp and FSDP or DDP, `loss_parallel` (tp > 1: the logits left
+    vocabulary-sharded, the loss's all-reduces timed as the capture records them), `tp_plan` ({module path:
+    ParallelStyle}, as fxflops.Parallel takes it; default: the derived Megatron-style plan). `global_batch`
     (default: one micro-batch per data-parallel rank) sets the micro-batches per step. `recompute`: "none",
     "selective" (attention kernels recomputed) or "full" (each layer's forward recomputed in its backward).
     `sequence_parallel` applies when tp > 1. The model is captured once (fxflops.estimate with backward=True
@@ -538,10 +610,11 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     from fxflops.predict.op_time import Kernels
 
     parallel = dict(parallel or {})
-    unknown = set(parallel) - {"tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan"}
+    known = ("tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan", "loss_parallel",
+             "bucket_cap_mb")
+    unknown = set(parallel) - set(known)
     if unknown:
-        raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; "
-                         "known: tp, pp, dp, ep, cp, virtual_stages, fsdp, sequence_parallel, tp_plan")
+        raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; known: {', '.join(known)}")
     the_cluster = with_device(cluster, device)
     dtype = dtype or torch.bfloat16
     tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
@@ -552,16 +625,19 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         raise ValueError(f"predict_step: micro_batch={micro_batch} but the inputs hold a batch of {batch}: "
                          "give the inputs of one micro-batch")
     plan = StepPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=parallel.get("virtual_stages", 1), sequence_parallel=sp,
-                    fsdp=bool(parallel.get("fsdp", dp > 1)), micro_batch=batch,
+                    fsdp=bool(parallel.get("fsdp", dp * cp > 1)), micro_batch=batch,
                     global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-                    grad_bytes=grad_bytes)
-    if cp > 1 or ep > 1:
-        plan.check(layers or 1 << 30)  # what is not predicted, refused before the capture
+                    grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"))
+    if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None:
+        plan.check(layers or 1 << 30)  # a plan that cannot run, refused before the capture
+    loss_parallel = bool(parallel.get("loss_parallel", False))
+    if loss_parallel and tp == 1:
+        raise ValueError("predict_step: loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1")
     placed = dim_ranks_per_node(plan, the_cluster)
     kernels = Kernels(attention, attention_dropout)  # an unknown kernel choice fails here, before the capture
     options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
-                   routing=routing, kernels=kernels)
+                   routing=routing, kernels=kernels, fsdp=plan.fsdp, loss_parallel=loss_parallel)
     note = None
     try:
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
