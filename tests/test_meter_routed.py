@@ -1,0 +1,143 @@
+"""The meter under a mixture of experts: each micro-batch counts the rows its experts really received
+(read from the forward inside meter.observe()), not an assumed routing; the hooks never outlive it.
+
+A top-1 router over 4 experts of different widths (so the split changes the total), its weights set so
+a token goes to the expert named by its largest of the first 4 features. Hand counts, torch
+conventions (matmuls only): router 2·T·8·4 forward and no backward (argmax passes no gradient);
+expert i (hidden h = 4(i+1)) on r rows: forward 2 x 2·r·8·h, backward 3 x 2·r·8·h (two weight
+gradients and the second layer's input gradient: the first layer's input needs none). Checked against
+FlopCounterMode on the real forward and backward too.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fxflops import FlopsMeter
+
+D, EXPERTS, SEQ = 8, 4, 5
+DIMS = {"batch": 0, "seq": 1}
+
+
+class WidthsMoE(nn.Module):
+    """Top-1 routing to experts of hidden widths 4, 8, 12, 16, each called with the rows routed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(D, EXPERTS, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(D, width(i), bias=False), nn.ReLU(),
+                                                   nn.Linear(width(i), D, bias=False)) for i in range(EXPERTS))
+        with torch.no_grad():
+            self.router.weight.copy_(torch.eye(EXPERTS, D))  # a token's pick: the largest of its first 4 features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, D)
+        picks = self.router(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            rows = (picks == i).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, expert(flat[rows]))
+        return out.reshape(x.shape)
+
+
+def width(expert: int) -> int:
+    return 4 * (expert + 1)
+
+
+def batch(picks: list[int]) -> torch.Tensor:
+    """A (tokens / SEQ, SEQ, D) batch whose token t the router sends to expert picks[t]."""
+    x = torch.rand(len(picks) // SEQ, SEQ, D) * 0.1
+    for token, expert in enumerate(picks):
+        x.view(-1, D)[token, expert] = 10.0
+    return x
+
+
+def hand(picks: list[int]) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one step on a batch routed as `picks`."""
+    rows = [picks.count(i) for i in range(EXPERTS)]
+    fwd = 2 * len(picks) * D * EXPERTS + sum(2 * 2 * r * D * width(i) for i, r in enumerate(rows))
+    bwd = sum(3 * 2 * r * D * width(i) for i, r in enumerate(rows))
+    return fwd, bwd
+
+
+def oracle(model: nn.Module, x: torch.Tensor) -> int:
+    with FlopCounterMode(display=False) as counter:
+        model(x).sum().backward()
+    model.zero_grad()
+    return counter.get_total_flops()
+
+
+def watched(model: nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+@pytest.fixture
+def quiet():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*peak.*")  # no MFU on a CPU
+        yield
+
+
+def test_each_step_counts_the_rows_its_experts_received(quiet) -> None:
+    model = WidthsMoE()
+    first, second = [0, 0, 1, 2, 2, 2, 3, 0, 1, 1], [3, 3, 3, 3, 3, 3, 3, 3, 0, 1]
+    meter = FlopsMeter(model, batch(first), dims=DIMS, conventions="torch")
+    totals = []
+    for picks in (first, second):
+        x = batch(picks)
+        with meter.observe():
+            assert watched(model) == 1 + EXPERTS  # the model (its forwards) and each expert's first layer
+            model(x).sum().backward()
+            counted = meter.micro_batch(x)
+        model.zero_grad()
+        stats = meter.step(time=1.0)
+        assert (counted.fwd_flops, counted.bwd_flops) == hand(picks)
+        assert stats.flops == sum(hand(picks)) == oracle(model, x)
+        assert stats.routed_rows == {f"experts.{i}.0": picks.count(i) for i in range(EXPERTS)}
+        assert watched(model) == 0
+        totals.append(stats.flops)
+    # 640 + 128·3 + 256·3 + 384·3 + 512 forward, 192·3 + 384·3 + 576·3 + 768 backward; then rows (1, 1, 0, 8)
+    assert totals == [3456 + 4224, 5120 + 6720]
+    assert meter.captures == 1  # the second split is the same family: an evaluation, no capture
+
+
+def test_micro_batches_sum_their_own_routing(quiet) -> None:
+    model = WidthsMoE()
+    first, second = [0] * 10, [1, 2, 3, 1, 2, 3, 1, 2, 3, 0]
+    meter = FlopsMeter(model, batch(first), dims=DIMS, conventions="torch")
+    with meter.observe():
+        for picks in (first, second):
+            x = batch(picks)
+            model(x).sum().backward()
+            meter.micro_batch(x)
+    stats = meter.step(time=1.0)
+    assert stats.flops == sum(hand(first)) + sum(hand(second))
+    assert stats.routed_rows == {"experts.0.0": 11, "experts.1.0": 3, "experts.2.0": 3, "experts.3.0": 3}
+
+
+def test_the_hooks_are_removed_on_an_exception(quiet) -> None:
+    model = WidthsMoE()
+    meter = FlopsMeter(model, batch([0] * 10), dims=DIMS, conventions="torch")
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        with meter.observe():
+            assert watched(model) == 1 + EXPERTS
+            raise RuntimeError("the loop failed")
+    assert watched(model) == 0
+
+
+def test_a_forward_not_observed_is_not_counted_and_says_so(quiet) -> None:
+    model = WidthsMoE()
+    x = batch([0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
+    meter = FlopsMeter(model, x, dims=DIMS, conventions="torch")
+    model(x).sum().backward()
+    with pytest.warns(UserWarning, match=r"rows routed to its experts were not read: run the forward inside "
+                                         r"meter.observe\(\)"):
+        assert meter.micro_batch(x) is None
+    assert meter.step(time=1.0).flops is None
+    assert "meter.observe()" in meter.uncounted()
+    assert watched(model) == 0
