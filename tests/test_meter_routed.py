@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxflops import FlopsMeter
@@ -106,18 +107,55 @@ def test_each_step_counts_the_rows_its_experts_received(quiet) -> None:
     assert meter.captures == 1  # the second split is the same family: an evaluation, no capture
 
 
-def test_micro_batches_sum_their_own_routing(quiet) -> None:
+@pytest.mark.parametrize("counted_at_the_end", [False, True])
+def test_micro_batches_count_their_own_forwards_routing(quiet, counted_at_the_end: bool) -> None:
+    """Gradient accumulation: each micro-batch counts its own forward's rows, counted after each forward or
+    all at the step's end (as the callbacks do), in the order the forwards ran."""
     model = WidthsMoE()
     first, second = [0] * 10, [1, 2, 3, 1, 2, 3, 1, 2, 3, 0]
     meter = FlopsMeter(model, batch(first), dims=DIMS, conventions="torch")
+    counted = []
     with meter.observe():
-        for picks in (first, second):
-            x = batch(picks)
+        batches = [batch(first), batch(second)]
+        for x in batches:
             model(x).sum().backward()
-            meter.micro_batch(x)
+            if not counted_at_the_end:
+                counted.append(meter.micro_batch(x))
+        if counted_at_the_end:
+            counted = [meter.micro_batch(x) for x in batches]
     stats = meter.step(time=1.0)
+    assert [(c.fwd_flops, c.bwd_flops) for c in counted] == [hand(first), hand(second)]
     assert stats.flops == sum(hand(first)) + sum(hand(second))
     assert stats.routed_rows == {"experts.0.0": 11, "experts.1.0": 3, "experts.2.0": 3, "experts.3.0": 3}
+
+
+class CheckpointedMoE(WidthsMoE):
+    """Each expert under activation checkpointing: run again in the backward, on no more tokens."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, D)
+        picks = self.router(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            rows = (picks == i).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, checkpoint(expert, flat[rows], use_reentrant=False))
+        return out.reshape(x.shape)
+
+
+def test_an_expert_recomputed_in_the_backward_adds_no_rows(quiet) -> None:
+    model = CheckpointedMoE()
+    picks = [0, 0, 1, 2, 2, 2, 3, 0, 1, 1]
+    x = batch(picks)
+    meter = FlopsMeter(model, x, dims=DIMS, conventions="torch")
+    with meter.observe():
+        model(x).sum().backward()
+        counted = meter.micro_batch(x)
+    assert counted.routed_rows == {"experts.0.0": 3, "experts.1.0": 3, "experts.2.0": 3, "experts.3.0": 1}
+    fwd, bwd = hand(picks)
+    # checkpointing's recomputation stops at the last tensor the backward needs: each expert's first layer
+    recomputed = sum(2 * picks.count(i) * D * width(i) for i in range(EXPERTS))
+    assert (counted.fwd_flops, counted.bwd_flops) == (fwd, bwd + recomputed) == (3456, 4224 + 1408)
+    assert counted.flops == oracle(model, x)
 
 
 def test_the_hooks_are_removed_on_an_exception(quiet) -> None:

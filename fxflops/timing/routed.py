@@ -13,6 +13,7 @@ rank's experts got from the all-to-all, the rank's local work.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,8 @@ class NotObserved(Exception):
 
 NOT_OBSERVED = ("the rows routed to its experts were not read: run the forward inside meter.observe() and count "
                 "the micro-batch after it")
+FOUND_LATE = ("the rows routed to its experts are read from the next step on: this batch's capture found them, "
+              "after its forward ran (an example_batch for the meter counts the first step too)")
 
 
 def routed_modules(piece: Any) -> dict[str, str]:
@@ -59,15 +62,16 @@ def routed_modules(piece: Any) -> dict[str, str]:
 
 
 class RowObserver:
-    """Rows each watched module received in the real forwards since the last `take()`."""
+    """Rows each watched module received, per real forward of the model not yet counted (first in, first
+    out: micro-batches are counted in the order their forwards ran, also all at a step's end)."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, int] = {}
-        self.forwards = 0  # the model's own forwards seen: a module not called in one received no rows
+        self.forwards: deque[dict[str, int]] = deque()  # per forward: module -> rows (absent: not called, 0)
+        self.watched: frozenset[str] = frozenset()
         self.hook_ids: frozenset[int] = frozenset()  # the hooks held now (not the model's state: they only read)
 
     def watch(self, model: torch.nn.Module, paths: Iterable[str]) -> list[Any]:
-        """Forward pre-hooks on `model` and the modules at `paths`; the handles, for the caller to remove."""
+        """Forward pre-hooks on `model` and the modules at `paths`; the handles, for `unwatch`."""
         handles = [model.register_forward_pre_hook(self._forward)]
         try:
             for path in sorted(set(paths)):
@@ -75,35 +79,47 @@ class RowObserver:
         except BaseException:
             _remove(handles)
             raise
-        self.hook_ids = frozenset(handle.id for handle in handles)
+        self.watched, self.hook_ids = frozenset(paths), frozenset(handle.id for handle in handles)
         return handles
 
     def unwatch(self, handles: list[Any]) -> None:
-        """Remove the hooks `watch` registered."""
-        self.hook_ids = frozenset()
+        """Remove the hooks `watch` registered; forwards not counted by then are dropped."""
+        self.watched, self.hook_ids = frozenset(), frozenset()
+        self.forwards.clear()
         _remove(handles)
 
     def take(self, paths: Iterable[str]) -> dict[str, int]:
-        """The rows each of `paths` received since the last take (0 where not called), and start again; a
-        NotObserved where no forward of the model ran meanwhile."""
+        """The rows each of `paths` received in the oldest forward not yet counted (0 where not called); a
+        NotObserved where none was read."""
+        paths = list(paths)
+        if not set(paths) <= self.watched:
+            self.forwards.clear()  # the forwards seen were read without these experts: none lines up
+            raise NotObserved(NOT_OBSERVED if not self.hook_ids else FOUND_LATE)
         if not self.forwards:
             raise NotObserved(NOT_OBSERVED)
-        rows = {path: self.rows.get(path, 0) for path in paths}
-        self.rows, self.forwards = {}, 0
-        return rows
+        rows = self.forwards.popleft()
+        return {path: rows.get(path, 0) for path in paths}
 
     def _forward(self, module: torch.nn.Module, args: tuple) -> None:
         if _real(args):
-            self.forwards += 1
+            self.forwards.append({})
 
     def _rows_of(self, path: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple) -> None:
             tensors = tensors_in(args)
-            if tensors and _real(args):  # a capture's fake run is not the loop's
+            # a capture's fake run is not the loop's; an expert run again in the backward (activation
+            # checkpointing's recomputation) received no more tokens
+            if tensors and self.forwards and _real(args) and not _in_backward():
                 shape = tensors[0].shape  # rows as routed_modules reads them at capture
                 rows = math.prod(shape[:-1]) if len(shape) > 1 else shape[0] if len(shape) else 1
-                self.rows[path] = self.rows.get(path, 0) + int(rows)
+                last = self.forwards[-1]
+                last[path] = last.get(path, 0) + int(rows)
         return hook
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread now."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _remove(handles: list[Any]) -> None:
