@@ -92,14 +92,14 @@ def test_each_step_counts_the_rows_its_experts_received(quiet) -> None:
     for picks in (first, second):
         x = batch(picks)
         with meter.observe():
-            assert watched(model) == 1 + EXPERTS  # the model (its forwards) and each expert's first layer
+            assert watched(model) == 1 + EXPERTS  # the model (its forwards) and each expert
             model(x).sum().backward()
             counted = meter.micro_batch(x)
         model.zero_grad()
         stats = meter.step(time=1.0)
         assert (counted.fwd_flops, counted.bwd_flops) == hand(picks)
         assert stats.flops == sum(hand(picks)) == oracle(model, x)
-        assert stats.routed_rows == {f"experts.{i}.0": picks.count(i) for i in range(EXPERTS)}
+        assert stats.routed_rows == {f"experts.{i}": picks.count(i) for i in range(EXPERTS)}
         assert watched(model) == 0
         totals.append(stats.flops)
     # 640 + 128·3 + 256·3 + 384·3 + 512 forward, 192·3 + 384·3 + 576·3 + 768 backward; then rows (1, 1, 0, 8)
@@ -126,7 +126,7 @@ def test_micro_batches_count_their_own_forwards_routing(quiet, counted_at_the_en
     stats = meter.step(time=1.0)
     assert [(c.fwd_flops, c.bwd_flops) for c in counted] == [hand(first), hand(second)]
     assert stats.flops == sum(hand(first)) + sum(hand(second))
-    assert stats.routed_rows == {"experts.0.0": 11, "experts.1.0": 3, "experts.2.0": 3, "experts.3.0": 3}
+    assert stats.routed_rows == {"experts.0": 11, "experts.1": 3, "experts.2": 3, "experts.3": 3}
 
 
 class CheckpointedMoE(WidthsMoE):
@@ -150,7 +150,7 @@ def test_an_expert_recomputed_in_the_backward_adds_no_rows(quiet) -> None:
     with meter.observe():
         model(x).sum().backward()
         counted = meter.micro_batch(x)
-    assert counted.routed_rows == {"experts.0.0": 3, "experts.1.0": 3, "experts.2.0": 3, "experts.3.0": 1}
+    assert counted.routed_rows == {"experts.0": 3, "experts.1": 3, "experts.2": 3, "experts.3": 1}
     fwd, bwd = hand(picks)
     # checkpointing's recomputation stops at the last tensor the backward needs: each expert's first layer
     recomputed = sum(2 * picks.count(i) * D * width(i) for i in range(EXPERTS))
@@ -179,3 +179,52 @@ def test_a_forward_not_observed_is_not_counted_and_says_so(quiet) -> None:
     assert meter.step(time=1.0).flops is None
     assert "meter.observe()" in meter.uncounted()
     assert watched(model) == 0
+
+
+def test_lightning_monitor_logs_each_steps_routing(quiet) -> None:
+    """FlopsMonitor observes each batch's forward: from the second step (the first is captured after its
+    forward ran, and says so) each logged step counts the rows its batch routed."""
+    pytest.importorskip("lightning")
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+
+    from fxflops.integrations.lightning import FlopsMonitor
+
+    class Memory(Logger):
+        name, version = "memory", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.moe = WidthsMoE()
+
+        def forward(self, x):
+            return self.moe(x)
+
+        def training_step(self, x, batch_idx):
+            return self(x).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)  # the router's picks stay as set
+
+    routings = [[0] * 10, [0, 0, 1, 2, 2, 2, 3, 0, 1, 1], [3, 3, 3, 3, 3, 3, 3, 3, 0, 1]]
+    module, logger = Module(), Memory()
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=logger, log_every_n_steps=1,
+                        callbacks=[FlopsMonitor(peak_flops=1e12, conventions="torch")], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.warns(UserWarning, match="rows routed to its experts are read from the next step on"):
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch(p) for p in routings],
+                                                                          batch_size=None))
+    assert watched(module) == 0
+    logged = [row["train/device/flops"] for row in logger.rows if "train/device/flops" in row]
+    assert logged == [sum(hand(routings[1])), sum(hand(routings[2]))] == [7680, 11840]

@@ -182,7 +182,7 @@ class FlopsMeter:
         sizes gets no hooks. The modules are those of the shape families captured so far: construct the
         meter with `example_batch` so the first step's are known."""
         paths = set().union(*(f.watched for f in self._families.values() if isinstance(f, Family)))
-        handles = self._observer.watch(self.model, paths) if paths else []
+        handles = self._observer.watch(self.model, paths)
         try:
             yield self
         finally:

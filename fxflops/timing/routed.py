@@ -40,16 +40,21 @@ def routed_modules(piece: Any) -> dict[str, str]:
     if not piece.free:
         return {}
     calls = piece.captured.module_calls
+    first: dict[str, Any] = {}  # module -> the first forward op run inside it (its own or a submodule's)
+    for cost in piece.costs:  # graph order
+        if cost.is_backward or not cost.module:
+            continue
+        parts = cost.module.split(".")
+        for depth in range(1, len(parts) + 1):
+            first.setdefault(".".join(parts[:depth]), cost)
     found: dict[str, str] = {}
-    for cost in piece.costs:  # graph order: an expert's first layer before its later ones
-        if cost.is_backward or not cost.input_shapes or not cost.module or calls.get(cost.module, 0) != 1:
+    for path, cost in sorted(first.items(), key=lambda item: item[0].count(".")):  # outermost first
+        if calls.get(path, 0) != 1 or not cost.input_shapes or not cost.input_shapes[0]:
             continue
-        shape = cost.input_shapes[0]
-        if len(shape) < 1:
-            continue
+        shape = cost.input_shapes[0]  # the module's input, as its first op reads it
         rows = sympy.sympify(math.prod(shape[:-1]) if len(shape) > 1 else shape[0])
         if isinstance(rows, sympy.Symbol) and rows.name in piece.free:
-            found.setdefault(rows.name, cost.module)
+            found.setdefault(rows.name, path)
     missing = [name for name in piece.free if name not in found]
     if missing:
         raise ValueError(f"sizes made from tensor values ({', '.join(missing)}) reach no module as its input's rows "
@@ -68,10 +73,16 @@ class RowObserver:
     def __init__(self) -> None:
         self.forwards: deque[dict[str, int]] = deque()  # per forward: module -> rows (absent: not called, 0)
         self.watched: frozenset[str] = frozenset()
+        self.open = False  # inside the meter's observe(), with hooks or (no routed modules known yet) without
         self.hook_ids: frozenset[int] = frozenset()  # the hooks held now (not the model's state: they only read)
 
     def watch(self, model: torch.nn.Module, paths: Iterable[str]) -> list[Any]:
-        """Forward pre-hooks on `model` and the modules at `paths`; the handles, for `unwatch`."""
+        """Forward pre-hooks on `model` and the modules at `paths` (none where there are no paths); the
+        handles, for `unwatch`."""
+        paths = frozenset(paths)
+        self.open = True
+        if not paths:
+            return []
         handles = [model.register_forward_pre_hook(self._forward)]
         try:
             for path in sorted(set(paths)):
@@ -79,12 +90,12 @@ class RowObserver:
         except BaseException:
             _remove(handles)
             raise
-        self.watched, self.hook_ids = frozenset(paths), frozenset(handle.id for handle in handles)
+        self.watched, self.hook_ids = paths, frozenset(handle.id for handle in handles)
         return handles
 
     def unwatch(self, handles: list[Any]) -> None:
         """Remove the hooks `watch` registered; forwards not counted by then are dropped."""
-        self.watched, self.hook_ids = frozenset(), frozenset()
+        self.watched, self.hook_ids, self.open = frozenset(), frozenset(), False
         self.forwards.clear()
         _remove(handles)
 
@@ -94,7 +105,7 @@ class RowObserver:
         paths = list(paths)
         if not set(paths) <= self.watched:
             self.forwards.clear()  # the forwards seen were read without these experts: none lines up
-            raise NotObserved(NOT_OBSERVED if not self.hook_ids else FOUND_LATE)
+            raise NotObserved(FOUND_LATE if self.open else NOT_OBSERVED)
         if not self.forwards:
             raise NotObserved(NOT_OBSERVED)
         rows = self.forwards.popleft()
