@@ -42,8 +42,11 @@ class WidthsMoE(nn.Module):
         out = torch.zeros_like(flat)
         for i, expert in enumerate(self.experts):
             rows = (picks == i).nonzero().squeeze(-1)
-            out = out.index_add(0, rows, expert(flat[rows]))
+            out = out.index_add(0, rows, self.run(expert, flat[rows]))
         return out.reshape(x.shape)
+
+    def run(self, expert: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        return expert(rows)
 
 
 def width(expert: int) -> int:
@@ -132,14 +135,8 @@ def test_micro_batches_count_their_own_forwards_routing(quiet, counted_at_the_en
 class CheckpointedMoE(WidthsMoE):
     """Each expert under activation checkpointing: run again in the backward, on no more tokens."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, D)
-        picks = self.router(flat).argmax(-1)
-        out = torch.zeros_like(flat)
-        for i, expert in enumerate(self.experts):
-            rows = (picks == i).nonzero().squeeze(-1)
-            out = out.index_add(0, rows, checkpoint(expert, flat[rows], use_reentrant=False))
-        return out.reshape(x.shape)
+    def run(self, expert: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        return checkpoint(expert, rows, use_reentrant=False)
 
 
 def test_an_expert_recomputed_in_the_backward_adds_no_rows(quiet) -> None:
@@ -186,22 +183,9 @@ def test_lightning_monitor_logs_each_steps_routing(quiet) -> None:
     forward ran, and says so) each logged step counts the rows its batch routed."""
     pytest.importorskip("lightning")
     import lightning as L
-    from lightning.pytorch.loggers import Logger
 
     from fxflops.integrations.lightning import FlopsMonitor
-
-    class Memory(Logger):
-        name, version = "memory", 0
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows: list[dict] = []
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append(dict(metrics))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
+    from tests.distributed_meter import memory_logger
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -218,7 +202,7 @@ def test_lightning_monitor_logs_each_steps_routing(quiet) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.0)  # the router's picks stay as set
 
     routings = [[0] * 10, [0, 0, 1, 2, 2, 2, 3, 0, 1, 1], [3, 3, 3, 3, 3, 3, 3, 3, 0, 1]]
-    module, logger = Module(), Memory()
+    module, logger = Module(), memory_logger()
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=logger, log_every_n_steps=1,
                         callbacks=[FlopsMonitor(peak_flops=1e12, conventions="torch")], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
