@@ -212,3 +212,31 @@ def test_lightning_monitor_logs_each_steps_routing(quiet) -> None:
     assert watched(module) == 0
     logged = [row["train/device/flops"] for row in logger.rows if "train/device/flops" in row]
     assert logged == [sum(hand(routings[1])), sum(hand(routings[2]))] == [7680, 11840]
+
+
+class InlineMoE(nn.Module):
+    """Experts as slices of one weight, applied inline: no module receives the routed rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(D, EXPERTS, bias=False)
+        self.weight = nn.Parameter(torch.randn(EXPERTS, D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, D)
+        picks = self.router(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for i in range(EXPERTS):
+            rows = (picks == i).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, flat[rows] @ self.weight[i])
+        return out.reshape(x.shape)
+
+
+def test_routed_rows_no_module_receives_are_refused_in_one_line(quiet) -> None:
+    model = InlineMoE()
+    with pytest.warns(UserWarning, match=r"could not count a batch of shapes \[\(2, 5, 8\)\]: the costs of '\(root\)' "
+                                         r"depend on sizes made from tensor values \(u0, u1, u2, u3: a router's picks, "
+                                         r"a mask\) that reach no module as its input's rows.*estimate\(routing=\.\.\.\)"):
+        meter = FlopsMeter(model, batch([0] * 10), dims=DIMS, conventions="torch")
+    assert meter.step(batch([0] * 10), time=1.0).flops is None
+    assert watched(model) == 0

@@ -57,13 +57,13 @@ def routed_modules(piece: Any) -> dict[str, str]:
             found.setdefault(rows.name, path)
     missing = [name for name in piece.free if name not in found]
     if missing:
-        raise ValueError(f"sizes made from tensor values ({', '.join(missing)}) reach no module as its input's rows "
-                         "(an expert called once per forward with the tokens routed to it): the meter cannot read "
-                         "them from the batch; count this model with estimate(routing=...)")
-    if len(set(found.values())) != len(found):
-        raise ValueError(f"one module receives the rows of several value-made sizes ({found}): the meter cannot "
-                         "tell them apart")
-    return found
+        where = sorted({cost.module or "(root)" for cost in piece.costs if isinstance(cost.flops, sympy.Basic)
+                        and {symbol.name for symbol in cost.flops.free_symbols} & set(missing)})
+        raise ValueError(f"the costs of {', '.join(map(repr, where[:3]))}{' and more' if len(where) > 3 else ''} "
+                         f"depend on sizes made from tensor values ({', '.join(missing)}: a router's picks, a mask) "
+                         "that reach no module as its input's rows, as an expert called with the tokens routed to "
+                         "it does: the meter cannot read them from the batch; count it with estimate(routing=...)")
+    return found  # one module per size: a module's input rows are one symbol at most
 
 
 class RowObserver:
