@@ -37,7 +37,10 @@ FOUND_LATE = ("the rows routed to its experts are read from the next step on: th
 def routed_modules(piece: Any) -> dict[str, str]:
     """Free size name -> the module whose input rows (elements / last dim) the size is, for a sweep piece
     whose costs depend on sizes made from tensor values; a ValueError, in one line, where none is."""
-    if not piece.free:
+    # only those a FLOP count depends on (a size read only by a shape or a byte count changes no total)
+    needed = {symbol.name for cost in piece.costs if isinstance(cost.flops, sympy.Basic)
+              for symbol in cost.flops.free_symbols} & set(piece.free)
+    if not needed:
         return {}
     calls = piece.captured.module_calls
     first: dict[str, Any] = {}  # module -> the first forward op run inside it (its own or a submodule's)
@@ -53,9 +56,9 @@ def routed_modules(piece: Any) -> dict[str, str]:
             continue
         shape = cost.input_shapes[0]  # the module's input, as its first op reads it
         rows = sympy.sympify(math.prod(shape[:-1]) if len(shape) > 1 else shape[0])
-        if isinstance(rows, sympy.Symbol) and rows.name in piece.free:
+        if isinstance(rows, sympy.Symbol) and rows.name in needed:
             found.setdefault(rows.name, path)
-    missing = [name for name in piece.free if name not in found]
+    missing = sorted(needed - set(found))
     if missing:
         where = sorted({cost.module or "(root)" for cost in piece.costs if isinstance(cost.flops, sympy.Basic)
                         and {symbol.name for symbol in cost.flops.free_symbols} & set(missing)})
