@@ -84,7 +84,9 @@ class FlopsMeter:
     fake process group's collectives sum nothing (there is one process): there the formula is used.
 
     Use: `meter.start()` before a step (or pass `time=` to step()), `meter.micro_batch(batch)` per
-    forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
+    forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both. A mixture of
+    experts is counted at the rows each expert received: run the forward inside `with meter.observe():`
+    and count the micro-batch after it (`fxflops.timing.routed`; `StepStats.routed_rows`).
     """
 
     @spelled_keywords
