@@ -32,6 +32,7 @@ forward's output, as estimate(backward=True) does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ class FlopsMonitor(Callback):
         self._since: list[Any] = []
         self._steps = 0
         self.job: Any = None  # the job's figures (WindowStats) as last logged
+        self._observing = ExitStack()  # the meter's observe() over a batch's forward: a MoE's routed rows
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         counted = self.module(pl_module) if self.module is not None else pl_module
@@ -81,6 +83,8 @@ class FlopsMonitor(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._accumulated(trainer, batch_idx) == 0:
             self.meter.start()
+        self._observing.close()
+        self._observing.enter_context(self.meter.observe())
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._children:
@@ -89,6 +93,7 @@ class FlopsMonitor(Callback):
         with self._calls.paused():  # a capture runs the module's forward on fake tensors
             for call, backward in calls:
                 self.meter.micro_batch(call, backward=backward)
+        self._observing.close()
         if self._accumulated(trainer, batch_idx) != trainer.accumulate_grad_batches - 1:
             return  # the optimizer step is not over
         self._since.append(self.meter.step())
@@ -103,6 +108,7 @@ class FlopsMonitor(Callback):
         self._detach()
 
     def _detach(self) -> None:
+        self._observing.close()
         self._calls.detach()
         for watched in self._children.values():
             watched.detach()

@@ -32,6 +32,7 @@ micro-batches; figures are reduced with the job's process group at logging steps
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ class FlopsCallback(TrainerCallback):
         self._inputs = ForwardInputs()
         self._since: list[Any] = []  # steps closed since the last reduction
         self._logs: dict[str, float] = {}
+        self._observing = ExitStack()  # the meter's observe() over a step's forwards: a MoE's routed rows
 
     # ------------------------------------------------------------------------------------- events
 
@@ -73,11 +75,14 @@ class FlopsCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.start()
+        self._observing.close()  # (a step whose end was not reached)
+        self._observing.enter_context(self.meter.observe())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         with self._inputs.paused():  # a capture runs the model's forward on fake tensors
             for call, backward in self._inputs.take():
                 self.meter.micro_batch(call, backward=backward)
+        self._observing.close()
         self._since.append(self.meter.step())
         if control.should_log:
             self._logs = self._reduce_since_last()
@@ -102,6 +107,7 @@ class FlopsCallback(TrainerCallback):
             state.total_flos = float(self.total.flops)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._observing.close()
         self._inputs.detach()
 
     # ------------------------------------------------------------------------------------ helpers

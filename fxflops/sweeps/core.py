@@ -61,6 +61,7 @@ class Sweep:
         self._options = options  # method, backward, loss
         self._optimizer = options.pop("optimizer", None)
         strict = options.pop("strict", False)
+        self._value_sizes = options.pop("value_sizes", False)
         first = _raised(self.example)
         try:
             self.pieces.append(self._capture(first))
@@ -274,7 +275,7 @@ class Sweep:
                 values = "; a sweep counts from shapes only and cannot take the inputs' values the forward reads: " \
                     "estimate() each point with its real inputs" if any(a.reads_values for a in error.attempts) else ""
                 raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()}){values}") from error
-            return Piece(plan, captured, self._counting.count(captured))
+            return Piece(plan, captured, self._counting.count(captured), self._value_sizes)
 
     def _axes_text(self) -> str:
         shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]
@@ -304,6 +305,7 @@ def sweep(
     optimizer: str | torch.optim.Optimizer | None = None,
     attention: str = "dense",
     strict: bool = False,
+    value_sizes: bool = False,
 ) -> Sweep:
     """Capture `model` once with the input sizes named in `dims` symbolic; see `Sweep`.
 
@@ -312,7 +314,10 @@ def sweep(
     images. A name is carried by that axis of every input tensor whose size there equals the first
     such tensor's. The other arguments are estimate()'s; the eager method is the one that captures
     symbolic sizes, so `method` may be "auto" or "eager"; `strict=True` raises UnknownOpsError when the
-    capture holds ops no rule counts, as estimate(strict=True) does.
+    capture holds ops no rule counts, as estimate(strict=True) does. `value_sizes=True` keeps sizes an op
+    makes from tensor values the capture does not know (`nonzero` over a router's picks: the rows each
+    expert receives) as free symbols, named in each piece's `free`, for the caller to bind at each point
+    (the meter binds the rows each module really received); by default such a size is an error.
     """
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
@@ -320,7 +325,8 @@ def sweep(
     model = uncompiled(model)  # a torch.compile'd model: its original module, as estimate() counts it
     counting = Counting.prepare(conventions, rules, leaf_modules, attention)
     plan = plan_from_dims(args, kwargs, dims)
-    options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer, "strict": strict}
+    options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer, "strict": strict,
+               "value_sizes": value_sizes}
     return Sweep(model, args, kwargs, plan, counting, options)
 
 

@@ -30,7 +30,7 @@ from fxflops.tree import owning_module, parent_name, totals_by, unknown_ops
 class Piece:
     """One symbolic capture: every node's cost as an expression, and where those expressions hold."""
 
-    def __init__(self, plan: SizePlan, captured: Captured, costs: list[NodeCost]) -> None:
+    def __init__(self, plan: SizePlan, captured: Captured, costs: list[NodeCost], value_sizes: bool = False) -> None:
         sizes = captured.sizes
         self.plan = plan  # its hints are the point it was captured at
         self.captured = captured
@@ -49,7 +49,9 @@ class Piece:
         self._holds: Program | None = None  # the conditions as one compiled check, made on first use
         self._programs: _Programs | None = None  # the costs compiled, made on the first point
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
-        if unbound:
+        # sizes made from tensor values (a router's picks: rows per expert), left free for the caller to bind
+        self.free: tuple[str, ...] = tuple(sorted(map(str, unbound))) if value_sizes else ()
+        if unbound and not value_sizes:
             raise ValueError(
                 f"costs depend on sizes the capture could not name ({', '.join(sorted(map(str, unbound)))}): "
                 "an op's output size depends on tensor values (nonzero, masked_select, unique). "

@@ -20,6 +20,7 @@ import torch
 from fxflops.capture.backward import own_loss
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.timing.data_masks import DataMasks
+from fxflops.timing.routed import NOT_OBSERVED, NotObserved, RowObserver, routed_modules
 
 Warn = Callable[[str, Any], None]  # the meter's warn_once(message, key): a family reports through it
 
@@ -47,11 +48,13 @@ class Family:
         self.axes = self.sweep.plan.axes
         self._counting = self.sweep._counting  # the table and conventions its pieces were counted with
         self._effective = options.get("attention") == "effective"
-        self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None]] = {}
+        # per piece: its compiled totals, its data masks, and its routed sizes' modules (name -> module)
+        self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None, dict[str, str]]] = {}
         self._known: dict[tuple, Any] = {}
         self._warn = warn
         self.captures = len(self.sweep.pieces)
         self.capturing = 0.0  # seconds spent capturing pieces after the first
+        self.watched: set[str] = set()  # modules whose input rows are a routed size (timing.routed)
 
     def fits(self, tensors: list[torch.Tensor]) -> bool:
         """Whether the tensors differ from the example only on named axes."""
@@ -81,10 +84,13 @@ class Family:
                     raise ValueError(f"size {name} is {point[name]} on one input and {shape[axis]} on input {index}")
         return point
 
-    def flops(self, point: dict[str, int], tensors: list[torch.Tensor]) -> tuple[Any, Any, int, int]:
-        """(forward, backward, dense forward, dense backward) FLOPs at `point`. Attention ops whose masks
-        are data count, in an effective reading, the masks of the batch's `tensors`: then the forward and
-        backward are 0-d tensors on the masks' device, not yet read."""
+    def flops(self, point: dict[str, int], tensors: list[torch.Tensor],
+              observer: RowObserver | None = None) -> tuple[Any, Any, int, int, dict[str, int] | None]:
+        """(forward, backward, dense forward, dense backward, routed rows) FLOPs at `point`. Attention ops
+        whose masks are data count, in an effective reading, the masks of the batch's `tensors`: then the
+        forward and backward are 0-d tensors on the masks' device, not yet read. A mixture of experts counts
+        the rows each expert received as `observer` read them from the forward (`timing.routed`): the
+        routed rows per expert module are returned, else None (NotObserved where they were not read)."""
         key = tuple(point.values())
         found = self._known.get(key)
         if isinstance(found, Exception):
@@ -93,27 +99,37 @@ class Family:
             before, begin = len(self.sweep.pieces), time.perf_counter()
             try:
                 piece = self.sweep.piece(**point)
+                compiled = self._totals.get(id(piece))
+                if compiled is None:
+                    compiled = self._totals[id(piece)] = (*self._compile(piece), routed_modules(piece))
+                    self.watched.update(compiled[2].values())
             except Exception as error:
                 self._known[key] = error
                 raise
             finally:
                 self.captures += len(self.sweep.pieces) - before
                 self.capturing += time.perf_counter() - begin
-            compiled = self._totals.get(id(piece))
-            if compiled is None:
-                compiled = self._totals[id(piece)] = self._compile(piece)
             full = self.sweep.point(point)
-            found = self._known[key] = (*(function(full) for function in compiled[0]), compiled[1], full)
-        fwd, bwd, apart_fwd, apart_bwd, dense_fwd, dense_bwd, masks, full = found
+            values = None if compiled[2] else tuple(function(full) for function in compiled[0])  # read once
+            found = self._known[key] = (compiled, full, values)
+        (functions, masks, routed), full, values = found
+        rows = None
+        if routed:  # evaluated at this micro-batch's routed rows
+            if observer is None:
+                raise NotObserved(NOT_OBSERVED)
+            rows = observer.take(routed.values())
+            values = tuple(function({**full, **{name: rows[path] for name, path in routed.items()}})
+                           for function in functions)
+        fwd, bwd, apart_fwd, apart_bwd, dense_fwd, dense_bwd = values
         if masks is None:
-            return fwd, bwd, dense_fwd, dense_bwd
+            return fwd, bwd, dense_fwd, dense_bwd, rows
         try:
             mask_fwd, mask_bwd = masks.flops(tensors, full)
         except Exception as error:  # noqa: BLE001 - the batch counts dense there, and says so once
             self._warn(f"fxflops.FlopsMeter: a data mask could not be counted on the batch "
                        f"({first_line(error)}): those attention ops count dense", ("data mask", type(error)))
             mask_fwd, mask_bwd = apart_fwd, apart_bwd
-        return fwd + mask_fwd, bwd + mask_bwd, dense_fwd, dense_bwd
+        return fwd + mask_fwd, bwd + mask_bwd, dense_fwd, dense_bwd, rows
 
     def _compile(self, piece: Any) -> tuple[tuple[Callable, ...], DataMasks | None]:
         """The piece's totals compiled; in an effective reading, its data masks kept apart to count per batch."""

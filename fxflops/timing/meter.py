@@ -19,11 +19,12 @@ The core knows nothing of transformers or Lightning; `fxflops.integrations` feed
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from fxflops.spelling import spelled_keywords
 from fxflops.timing.families import Family, call_inputs, first_line, infer_dims, output_loss, structure
 from fxflops.timing.model_state import ModelState, model_state, state_change
 from fxflops.timing.reduction import all_reduced
+from fxflops.timing.routed import NotObserved, RowObserver
 from fxflops.timing.steps import (
     JOB_SCALED, JOB_SUMMED, BatchCount, StepStats, Totals, WindowStats, attention_flops, attention_shape, combined, non_embedding_params,
     ratio, scaled, summed, unread,
@@ -82,7 +84,9 @@ class FlopsMeter:
     fake process group's collectives sum nothing (there is one process): there the formula is used.
 
     Use: `meter.start()` before a step (or pass `time=` to step()), `meter.micro_batch(batch)` per
-    forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both.
+    forward/backward, `meter.step()` after optimizer.step(); or `meter.step(batch)` for both. A mixture of
+    experts is counted at the rows each expert received: run the forward inside `with meter.observe():`
+    and count the micro-batch after it (`fxflops.timing.routed`; `StepStats.routed_rows`).
     """
 
     @spelled_keywords
@@ -144,8 +148,14 @@ class FlopsMeter:
         self._peaks: dict[torch.dtype, float | None] = {}
         self._optimizer_flops: int | None | bool = False  # False: not counted yet
         self._parameters: int | None = None
+        self._observer = RowObserver()  # rows routed to experts, read inside observe()
+        self._priming = False
         if example_batch is not None:
-            self.count(example_batch)  # the first family captured now, not inside the first step
+            self._priming = True  # its routed rows, if any, are no forward's: only the capture is wanted
+            try:
+                self.count(example_batch)  # the first family captured now, not inside the first step
+            finally:
+                self._priming = False
             self._capturing = 0.0
             self._state_read = False
 
@@ -164,6 +174,21 @@ class FlopsMeter:
         counted = self.count(batch, backward=backward)
         self._pending.append(counted)
         return counted
+
+    @contextlib.contextmanager
+    def observe(self) -> Iterator[FlopsMeter]:
+        """While entered, read what the model's forwards route: a mixture of experts is counted at the rows
+        each expert module received (forward pre-hooks on those modules, removed on leaving, also on an
+        exception), so micro_batch() called after a forward in here counts that forward's routing, not an
+        average; under expert parallelism the rows this rank's experts received. A model without routed
+        sizes gets no hooks. The modules are those of the shape families captured so far: construct the
+        meter with `example_batch` so the first step's are known."""
+        paths = set().union(*(f.watched for f in self._families.values() if isinstance(f, Family)))
+        handles = self._observer.watch(self.model, paths)
+        try:
+            yield self
+        finally:
+            self._observer.unwatch(handles)
 
     def step(self, batch: Any = None, *, time: float | None = None) -> StepStats:
         """Close one optimizer step (its micro-batches, plus `batch` if given) and record it.
@@ -202,12 +227,17 @@ class FlopsMeter:
             point = family.point(tensors)
             captures, capturing = family.captures, family.capturing
             try:
-                fwd, bwd, dense_fwd, dense_bwd = family.flops(point, tensors)
+                fwd, bwd, dense_fwd, dense_bwd, routed = family.flops(point, tensors, self._observer)
             finally:
                 self.captures += family.captures - captures
                 self._capturing += family.capturing - capturing
         except _NotCaptured as failed:  # warned about when its capture failed
             self._note_uncounted(str(failed))
+            return None
+        except NotObserved as missed:  # a mixture of experts counted without its forward's routed rows
+            if not self._priming:
+                self._note_uncounted(str(missed))
+                self.warn_once(f"fxflops.FlopsMeter: a micro-batch was not counted: {missed}", key=NotObserved)
             return None
         except Exception as error:  # noqa: BLE001 - the meter never stops training
             self._note_uncounted(first_line(error))
@@ -221,12 +251,12 @@ class FlopsMeter:
         if not backward:  # a forward alone (a teacher's, a reference pass): its FLOPs, but no samples trained
             bwd = dense_bwd = 0
             samples, tokens, real = 0, 0 if tokens is not None else None, 0 if real is not None else None
-        return BatchCount(fwd, bwd, samples, tokens, real, dense_fwd + dense_bwd if self._effective else None)
+        return BatchCount(fwd, bwd, samples, tokens, real, dense_fwd + dense_bwd if self._effective else None, routed)
 
     def _model_state(self) -> ModelState:
         """The model's state (model_state), read once per step; a change drops what was derived from it."""
         if not self._state_read:
-            state = model_state(self.model)
+            state = model_state(self.model, self._observer.hook_ids)
             if state != self._state:
                 if self._state is not None:
                     self._parameters = None  # 6N's N and the optimizer's trainable elements are read again
@@ -273,7 +303,8 @@ class FlopsMeter:
         loss = self.loss
         if loss is None and "labels" in kwargs:
             loss = output_loss  # the model computes its loss: the backward starts there, as training's does
-        return {**self._options, "backward": True, "loss": loss}
+        # value_sizes: a router's routed rows stay free, bound per micro-batch to what observe() read
+        return {**self._options, "backward": True, "loss": loss, "value_sizes": True}
 
     # ----------------------------------------------------------------------------------- reading
 
@@ -401,6 +432,7 @@ class FlopsMeter:
             attention_flops=self._attention_flops(counted),
             optimizer_flops=self._optimizer_step_flops(), peak_flops=self._peak(),
             dense_flops=sum(c.dense_flops for c in counted) if whole and self._effective else None,
+            routed_rows=_summed_rows([c.routed_rows for c in counted]) if whole else None,
             _real_tokens=[c.real_tokens for c in counted], _time=seconds)
 
     def _mark(self) -> Any:
@@ -481,6 +513,17 @@ def checked_seconds(seconds: Any) -> float:
         raise ValueError(f"fxflops: a step time must be finite seconds, 0 or more; got {value!r}: a timer that "
                          "failed (NaN), a sign error or an overflow, not a step to log")
     return value
+
+
+def _summed_rows(rows: list[dict[str, int] | None]) -> dict[str, int] | None:
+    """The rows each expert module received over a step's micro-batches; None where none was routed."""
+    if all(r is None for r in rows):
+        return None
+    total: dict[str, int] = {}
+    for found in rows:
+        for path, count in (found or {}).items():
+            total[path] = total.get(path, 0) + count
+    return total
 
 
 def _distributed() -> bool:

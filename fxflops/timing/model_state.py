@@ -52,10 +52,10 @@ class ModelState:
         return f"ModelState({len(self.values)} values, hash {self._hash:#x})"
 
 
-def model_state(model: torch.nn.Module) -> ModelState:
+def model_state(model: torch.nn.Module, ignored: frozenset[int] = frozenset()) -> ModelState:
     """The model's count-relevant state (see the module's docstring): per module its identity and class,
-    training flag, plain public settings, private flags and names, and forward hooks, per parameter
-    requires_grad, dtype and shape."""
+    training flag, plain public settings, private flags and names, and forward hooks (but those whose
+    handle ids are `ignored`: the meter's own, which only read), per parameter requires_grad, dtype and shape."""
     state: list[Any] = []
     append = state.append
     seen: set[int] = set()
@@ -79,7 +79,9 @@ def model_state(model: torch.nn.Module) -> ModelState:
                 append(parameter.shape)  # a parameter replaced by one of another size (a head resized in place)
         for hooks in (attributes["_forward_pre_hooks"], attributes["_forward_hooks"]):
             if hooks:  # a hook runs in the forward and may compute (pruning's mask multiply, a user's projection):
-                append(tuple(hooks))  # its handle ids, new for every hook registered
+                ids = tuple(key for key in hooks if key not in ignored) if ignored else tuple(hooks)
+                if ids:
+                    append(ids)  # its handle ids, new for every hook registered
         children = attributes["_modules"]
         if children:
             stack.extend(child for child in reversed(children.values()) if child is not None)

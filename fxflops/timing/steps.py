@@ -51,6 +51,8 @@ class BatchCount:
     tokens: int | None  # batch x sequence, padding included; None where the batch has no sequence axis
     real_tokens: Any = None  # attention mask's sum (an int, or a 0-d tensor not yet read), else None
     dense_flops: int | None = None  # fwd + bwd with every attention pair counted, when the reading is effective
+    # rows each expert module received, read from the forward (timing.routed); None: no routed sizes
+    routed_rows: dict[str, int] | None = None
 
     @property
     def flops(self) -> int:
@@ -118,6 +120,9 @@ class StepStats(_Rates):
     optimizer_flops: int | None  # the optimizer step's FLOPs, not in `flops`
     peak_flops: float | None  # per device, for the compute dtype
     dense_flops: int | None = None  # fwd + bwd with every attention pair counted (attention="effective" only)
+    # rows each expert module received over the step, as its forwards routed them (measured, not assumed);
+    # None where the model routes nothing
+    routed_rows: dict[str, int] | None = None
     _real_tokens: list[Any] = field(default_factory=list, repr=False)
     _time: Any = field(default=None, repr=False)  # seconds, or (start event, end event, capture seconds)
 
