@@ -1,7 +1,8 @@
 """What a user's first estimate() imports in a fresh process: what it uses, nothing heavier (issue 37).
 
 networkx (~0.25 s to import) is for Estimate.tree, built on first read; tabulate and the report
-modules are for printing; the sweep package (sympy formulas) is for sweeps. A count needs none of them.
+modules are for printing; the sweep package (sympy formulas) is for sweeps; tomllib parses a rule file
+that is not the shipped parse's (rules/_parsed.json). A count needs none of them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ print(json.dumps({"modules": before_tree, "macs": est.total_macs, "edges": edges
                   "tree_imports_networkx": "networkx" in sys.modules}))
 """
 
-HEAVY = ("networkx", "tabulate", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
+HEAVY = ("networkx", "tabulate", "tomllib", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
          "fxflops.compare", "fxflops.cli")
 
 

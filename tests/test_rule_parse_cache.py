@@ -43,7 +43,7 @@ def _recording(parsed: list[str]):
 
 def test_the_shipped_parse_is_the_parse_of_the_shipped_rule_files():
     directory = default_rules_dir()
-    files = rule_files(directory, skip=PRESETS_FILE)
+    files = rule_files(directory)  # the presets table too: fxflops.rules.entries reads it from the parse
     expected = parse_text(build_parse(files, read_rule_bytes, parse_rule_toml))
     assert (directory / PARSE_FILE).read_text(encoding="utf-8") == expected, (
         "rules/_parsed.json is not the parse of the rule files beside it: run `python scripts/rules_parse.py`")
@@ -51,7 +51,7 @@ def test_the_shipped_parse_is_the_parse_of_the_shipped_rule_files():
 
 def test_the_shipped_parse_is_read_back_exactly_and_nothing_is_parsed():
     directory = default_rules_dir()
-    files = rule_files(directory, skip=PRESETS_FILE)
+    files = rule_files(directory)
     for path, data in zip(files, parsed_files(directory, files, read_rule_bytes, _refusing)):
         with open(path, "rb") as handle:
             expected = tomllib.load(handle)
@@ -177,3 +177,18 @@ def test_nothing_is_written_at_run_time(tmp_path, monkeypatch):
         table._shipped_entries.cache_clear()
     assert sorted(p.name for p in folder.iterdir()) == before
     assert not (tmp_path / "cache").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_shipped_presets_are_the_presets_toml_parsed():
+    from fxflops.rules.entries import PRESET_TABLE
+    from fxflops.rules.presets import load_presets
+
+    parsed = load_presets(default_rules_dir() / PRESETS_FILE)  # tomllib on the file itself
+    assert list(PRESET_TABLE.families.items()) == list(parsed.families.items())
+    assert list(PRESET_TABLE.presets) == list(parsed.presets)
+    for name, preset in parsed.presets.items():
+        shipped = PRESET_TABLE.presets[name]
+        assert (shipped.name, shipped.doc, shipped.tool, shipped.whole_modules) == (
+            preset.name, preset.doc, preset.tool, preset.whole_modules), name
+        assert {f: (t.macs.source, t.flops.source) for f, t in shipped.count.items()} == {
+            f: (t.macs.source, t.flops.source) for f, t in preset.count.items()}, name

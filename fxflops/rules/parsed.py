@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fxflops.rules.entries import RuleFileError
+from fxflops.rules.reading import RuleFileError
 
 PARSE_FILE = "_parsed.json"
 PARSE_LIMIT = 4 * 1024 * 1024  # bytes: the shipped parse is ~110 KiB; read no further
