@@ -15,7 +15,7 @@ import torch
 
 from fxflops.rules.binding import OpCall, _formula_names
 from fxflops.rules.formula import Formula, FormulaError, clip
-from fxflops.rules.parsed import parsed_files
+from fxflops.rules.parsed import PRESETS_PARSE_FILE, parsed_files
 from fxflops.rules.presets import PRESETS_FILE, Preset, PresetTable, presets_from
 from fxflops.rules.reading import MAX_FILE_BYTES, RuleFileError, parse_rule_toml, read_rule_bytes  # (RuleFileError and the limit: this module's names too)
 
@@ -240,7 +240,7 @@ def _shipped_presets(directory: Path) -> PresetTable:
     """rules/presets.toml's table, its TOML read back from the shipped parse while that is current
     (`fxflops.rules.parsed`): parsing it, and importing tomllib to, was ~4 ms of every first estimate."""
     path = directory / PRESETS_FILE
-    return presets_from(parsed_files(directory, [path], read_rule_bytes, parse_rule_toml)[0], path)
+    return presets_from(parsed_files(directory, [path], read_rule_bytes, parse_rule_toml, PRESETS_PARSE_FILE)[0], path)
 
 
 PRESET_TABLE: PresetTable = _shipped_presets(default_rules_dir())
