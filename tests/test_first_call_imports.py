@@ -29,12 +29,17 @@ HEAVY = ("networkx", "tabulate", "tomllib", "fxflops.sweeps", "fxflops.report", 
          "fxflops.compare", "fxflops.cli")
 
 
-def test_first_estimate_imports_nothing_it_does_not_use():
+def _child(code: str) -> dict:
+    """The JSON a fresh Python process running `code` (this checkout first on its path) prints last."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_first_estimate_imports_nothing_it_does_not_use():
+    found = _child(_FIRST_CALL)
     loaded = [name for name in found["modules"] if name.split(".")[0] in HEAVY or name.startswith(HEAVY)]
     tops = sorted({name.split(".")[0] if not name.startswith("fxflops") else name for name in loaded})
     assert loaded == [], f"estimate() of a small model imported {len(loaded)} modules it does not use: {tops[:10]}"
@@ -57,11 +62,7 @@ print(json.dumps({"collections": collections, "enabled": gc.isenabled(), "api": 
 
 def test_first_use_imports_with_the_collector_paused_and_leaves_it_on():
     # ~75 modules' objects triggered collections, and one of torch's whole heap cost a first call 0.2-0.3 s
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    done = subprocess.run([sys.executable, "-c", _IMPORT_COLLECTIONS], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _child(_IMPORT_COLLECTIONS)
     # unpaused: 13 collections (one of them of the older generation); paused, at most the one the first
     # allocation after it makes of the import's young objects, as the collector is switched back on
     assert found["collections"] in ([], [0]), found
