@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import inspect
 import os
 import sys
@@ -21,6 +20,7 @@ from fxflops.capture.input_values import routing_assumed, routing_spread
 from fxflops.capture.inputs import values_from_tensor_meta
 from fxflops.capture.methods import AUTO
 from fxflops.capture.module_walk import walk_modules
+from fxflops.collector import collector_paused
 from fxflops.count import count_nodes
 from fxflops.count.attention import DENSE, check_attention
 from fxflops.rules.formula import clip
@@ -325,22 +325,6 @@ def annotate(graph: torch.fx.GraphModule | torch.export.ExportedProgram, *, conv
 
 def _no_progress(stage: str) -> None:
     pass
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the duration, then as it was.
-
-    A capture allocates tens of thousands of objects; the collections they trigger walk torch's
-    whole heap and made one estimate() take up to 50 % longer than the next. The garbage is
-    collected afterwards as usual."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _check_conventions(conventions: str) -> None:

@@ -1,7 +1,8 @@
 """What a user's first estimate() imports in a fresh process: what it uses, nothing heavier (issue 37).
 
 networkx (~0.25 s to import) is for Estimate.tree, built on first read; tabulate and the report
-modules are for printing; the sweep package (sympy formulas) is for sweeps. A count needs none of them.
+modules are for printing; the sweep package (sympy formulas) is for sweeps; tomllib parses a rule file
+that is not the shipped parse's (rules/_parsed.json). A count needs none of them.
 """
 
 from __future__ import annotations
@@ -24,16 +25,21 @@ print(json.dumps({"modules": before_tree, "macs": est.total_macs, "edges": edges
                   "tree_imports_networkx": "networkx" in sys.modules}))
 """
 
-HEAVY = ("networkx", "tabulate", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
+HEAVY = ("networkx", "tabulate", "tomllib", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
          "fxflops.compare", "fxflops.cli")
 
 
-def test_first_estimate_imports_nothing_it_does_not_use():
+def _child(code: str) -> dict:
+    """The JSON a fresh Python process running `code` (this checkout first on its path) prints last."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_first_estimate_imports_nothing_it_does_not_use():
+    found = _child(_FIRST_CALL)
     loaded = [name for name in found["modules"] if name.split(".")[0] in HEAVY or name.startswith(HEAVY)]
     tops = sorted({name.split(".")[0] if not name.startswith("fxflops") else name for name in loaded})
     assert loaded == [], f"estimate() of a small model imported {len(loaded)} modules it does not use: {tops[:10]}"
@@ -42,3 +48,22 @@ def test_first_estimate_imports_nothing_it_does_not_use():
     # the tree is still there, made on first read
     assert found["edges"] == [["", "0"], ["", "1"], ["", "2"], ["", "3"]]
     assert found["tree_imports_networkx"]
+
+
+# the child's garbage collections while `from fxflops import estimate` imports the package's modules
+_IMPORT_COLLECTIONS = """
+import gc, json, torch, fxflops
+collections = []
+gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+from fxflops import estimate
+print(json.dumps({"collections": collections, "enabled": gc.isenabled(), "api": "fxflops.api" in __import__("sys").modules}))
+"""
+
+
+def test_first_use_imports_with_the_collector_paused_and_leaves_it_on():
+    # ~75 modules' objects triggered collections, and one of torch's whole heap cost a first call 0.2-0.3 s
+    found = _child(_IMPORT_COLLECTIONS)
+    # unpaused: 13 collections (one of them of the older generation); paused, at most the one the first
+    # allocation after it makes of the import's young objects, as the collector is switched back on
+    assert found["collections"] in ([], [0]), found
+    assert found["enabled"] and found["api"]

@@ -15,7 +15,7 @@ import torch
 
 from fxflops.rules.entries import default_rules_dir
 from fxflops.rules.files import parse_rule_toml, read_rule_bytes, rule_files
-from fxflops.rules.parsed import PARSE_FILE, build_parse, parse_text, parsed_files
+from fxflops.rules.parsed import PARSE_FILE, PRESETS_PARSE_FILE, build_parse, parse_text, parsed_files
 from fxflops.rules.presets import PRESETS_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,18 +41,22 @@ def _recording(parsed: list[str]):
     return parse
 
 
-def test_the_shipped_parse_is_the_parse_of_the_shipped_rule_files():
+@pytest.mark.parametrize("parse_file", [PARSE_FILE, PRESETS_PARSE_FILE])
+def test_the_shipped_parse_is_the_parse_of_the_shipped_rule_files(parse_file):
     directory = default_rules_dir()
-    files = rule_files(directory, skip=PRESETS_FILE)
+    files = [directory / PRESETS_FILE] if parse_file == PRESETS_PARSE_FILE else rule_files(directory, skip=PRESETS_FILE)
     expected = parse_text(build_parse(files, read_rule_bytes, parse_rule_toml))
-    assert (directory / PARSE_FILE).read_text(encoding="utf-8") == expected, (
-        "rules/_parsed.json is not the parse of the rule files beside it: run `python scripts/rules_parse.py`")
+    assert (directory / parse_file).read_text(encoding="utf-8") == expected, (
+        f"rules/{parse_file} is not the parse of the files beside it: run `python scripts/rules_parse.py`")
 
 
 def test_the_shipped_parse_is_read_back_exactly_and_nothing_is_parsed():
     directory = default_rules_dir()
     files = rule_files(directory, skip=PRESETS_FILE)
-    for path, data in zip(files, parsed_files(directory, files, read_rule_bytes, _refusing)):
+    found = parsed_files(directory, files, read_rule_bytes, _refusing)
+    files.append(directory / PRESETS_FILE)
+    found += parsed_files(directory, files[-1:], read_rule_bytes, _refusing, PRESETS_PARSE_FILE)
+    for path, data in zip(files, found, strict=True):
         with open(path, "rb") as handle:
             expected = tomllib.load(handle)
         assert data == expected and list(data) == list(expected), path.name  # ints stay ints, order as in the file
@@ -61,7 +65,7 @@ def test_the_shipped_parse_is_read_back_exactly_and_nothing_is_parsed():
 def test_the_wheel_ships_the_parse():
     with open(ROOT / "pyproject.toml", "rb") as handle:
         package_data = tomllib.load(handle)["tool"]["setuptools"]["package-data"]["fxflops._rules"]
-    assert PARSE_FILE in package_data
+    assert PARSE_FILE in package_data and PRESETS_PARSE_FILE in package_data
 
 
 def test_an_edited_rule_file_is_parsed_again_and_the_others_are_not(tmp_path):
@@ -177,3 +181,18 @@ def test_nothing_is_written_at_run_time(tmp_path, monkeypatch):
         table._shipped_entries.cache_clear()
     assert sorted(p.name for p in folder.iterdir()) == before
     assert not (tmp_path / "cache").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_shipped_presets_are_the_presets_toml_parsed():
+    from fxflops.rules.entries import PRESET_TABLE
+    from fxflops.rules.presets import load_presets
+
+    parsed = load_presets(default_rules_dir() / PRESETS_FILE)  # tomllib on the file itself
+    assert list(PRESET_TABLE.families.items()) == list(parsed.families.items())
+    assert list(PRESET_TABLE.presets) == list(parsed.presets)
+    for name, preset in parsed.presets.items():
+        shipped = PRESET_TABLE.presets[name]
+        assert (shipped.name, shipped.doc, shipped.tool, shipped.whole_modules) == (
+            preset.name, preset.doc, preset.tool, preset.whole_modules), name
+        assert {f: (t.macs.source, t.flops.source) for f, t in shipped.count.items()} == {
+            f: (t.macs.source, t.flops.source) for f, t in preset.count.items()}, name

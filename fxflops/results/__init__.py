@@ -8,6 +8,8 @@ hands to count (captured), what count and tree produce (costs), the Estimate and
 The names below are what the rest of fxflops imports from `fxflops.results`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from fxflops.results.captured import BACKWARD, FORWARD, PHASE, RECOMPUTE, Attempt, Captured, CountSource, ModuleInfo, WholeCall
 from fxflops.results.parallel import Collective, RankRole
 from fxflops.results.costs import (
@@ -25,7 +27,22 @@ from fxflops.results.costs import (
     attention_totals,
 )
 from fxflops.results.estimate import Estimate, Measurements, Profile
-from fxflops.results.sweep import SweepFormula, SweepModule, SweepPoint, SweepResult
+
+if TYPE_CHECKING:
+    from fxflops.results.sweep import SweepFormula, SweepModule, SweepPoint, SweepResult
+
+# a sweep's records, imported on first use (PEP 562): an estimate does not make them, and their four
+# dataclasses were ~2 ms of every first estimate's imports
+_SWEEP = frozenset({"SweepFormula", "SweepModule", "SweepPoint", "SweepResult"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SWEEP:
+        from fxflops.results import sweep
+
+        return getattr(sweep, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BACKWARD", "COUNTED", "FORWARD", "PHASE", "RECOMPUTE", "ROOT_LABEL", "UNKNOWN", "UNKNOWN_RULE", "ZERO", "Attempt",

@@ -123,7 +123,7 @@ class Measurements:
         return self.hooked_fwd_latency / self.fwd_latency
 
 
-@dataclass
+@dataclass(repr=False)  # its own one-line __repr__ below (the generated one, 33 fields, went unused)
 class Estimate:
     """Static MAC/FLOP/param estimate of one forward, attributed to the module hierarchy."""
 

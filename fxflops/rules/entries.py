@@ -15,10 +15,11 @@ import torch
 
 from fxflops.rules.binding import OpCall, _formula_names
 from fxflops.rules.formula import Formula, FormulaError, clip
-from fxflops.rules.presets import PRESETS_FILE, Preset, PresetTable, load_presets
+from fxflops.rules.parsed import PRESETS_PARSE_FILE, parsed_files
+from fxflops.rules.presets import PRESETS_FILE, Preset, PresetTable, presets_from
+from fxflops.rules.reading import MAX_FILE_BYTES, RuleFileError, parse_rule_toml, read_rule_bytes  # (RuleFileError and the limit: this module's names too)
 
 
-MAX_FILE_BYTES = 256 * 1024  # a rule file (the shipped ones are under 25 KiB; one at the limit loads in ~0.3 s); read no further
 MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are quoted in messages)
 
 # names a formula has besides the op's own: the output, the positional and keyword arguments as given
@@ -26,10 +27,6 @@ MAX_NAME = 200  # characters of a rule's name or of an op's spelling (they are q
 # that count a module's hook and a function it calls separately (ptflops' pytorch backend)
 CALL_NAMES = frozenset({"out", "args", "kwargs", "within"})
 KEPT_PAIRS = "kept_pairs"  # the name effective_* formulas read: (query, key) pairs the mask keeps
-
-
-class RuleFileError(ValueError):
-    """A rule file that cannot be used: names the file, the rule and the problem."""
 
 
 class RuleFileWarning(UserWarning):
@@ -239,7 +236,14 @@ def default_rules_dir() -> Path:
     return installed if any(installed.glob("*.toml")) else package.parent / "rules"
 
 
-PRESET_TABLE: PresetTable = load_presets(default_rules_dir() / PRESETS_FILE)
+def _shipped_presets(directory: Path) -> PresetTable:
+    """rules/presets.toml's table, its TOML read back from the shipped parse while that is current
+    (`fxflops.rules.parsed`): parsing it, and importing tomllib to, was ~4 ms of every first estimate."""
+    path = directory / PRESETS_FILE
+    return presets_from(parsed_files(directory, [path], read_rule_bytes, parse_rule_toml, PRESETS_PARSE_FILE)[0], path)
+
+
+PRESET_TABLE: PresetTable = _shipped_presets(default_rules_dir())
 CONVENTIONS: tuple[str, ...] = tuple(PRESET_TABLE.presets)  # the preset names, as rules/presets.toml lists them
 FAMILIES: tuple[str, ...] = tuple(PRESET_TABLE.families)
 

@@ -7,9 +7,6 @@ give, op spellings that name nothing in this torch."""
 from __future__ import annotations
 
 import difflib
-import os
-import stat
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,6 @@ from fxflops.rules.binding import _object_spelling
 from fxflops.rules.checks import _check_entries, _quoted
 from fxflops.rules.entries import (
     CONVENTIONS,
-    MAX_FILE_BYTES,
     MAX_NAME,
     PRESET_TABLE,
     Entry,
@@ -30,6 +26,7 @@ from fxflops.rules.entries import (
     ZeroList,
 )
 from fxflops.rules.formula import Formula, FormulaError, clip
+from fxflops.rules.reading import parse_rule_toml, read_rule_bytes
 
 
 def load_rule_dir(directory: Path, check_ops: bool = True, skip: str | None = None) -> list[Entry]:
@@ -72,49 +69,8 @@ def rule_file_entries(data: dict[str, Any], path: Path, check_ops: bool = True) 
     return entries
 
 
-_NOT_FILES = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISCHR: "a character device",
-              stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
-
-
 def _read_toml(path: Path) -> dict[str, Any]:
     return parse_rule_toml(path, read_rule_bytes(path))
-
-
-def read_rule_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """A rule file's bytes, at most one more than the size `limit`; a RuleFileError for what is no file."""
-    try:
-        # checked before opening: opening a FIFO waits for a writer, and /dev/zero never ends
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _NOT_FILES.items() if test(mode)), "a special file")
-            raise RuleFileError(f"rule file {path} is {kind}, not a file: give a .toml file, or a folder of them")
-        with open(path, "rb") as handle:
-            return handle.read(limit + 1)  # never more: a huge file is refused, not read
-    except FileNotFoundError:
-        raise RuleFileError(f"rule file {path} does not exist") from None
-    except OSError as error:
-        raise RuleFileError(f"rule file {path} cannot be read: {error.strerror or error}") from None
-
-
-def parse_rule_toml(path: Path, raw: bytes) -> dict[str, Any]:
-    """The TOML data of a rule file's bytes (`path` names it in errors), within the size limit."""
-    if len(raw) > MAX_FILE_BYTES:
-        raise RuleFileError(
-            f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a rule file "
-            "(split it, or check it is the file you meant)"
-        )
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RuleFileError(
-            f"{path}: not UTF-8 text (byte {raw[error.start]:#04x} at offset {error.start}); TOML files are UTF-8"
-        ) from None
-    try:
-        return tomllib.loads(text)
-    except RecursionError:
-        raise RuleFileError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    except ValueError as error:  # TOMLDecodeError, or an integer too long to convert
-        raise RuleFileError(f"{path}: not valid TOML: {clip(str(error))}") from None
 
 
 def _load_spec(spec: RuleSpec) -> list[Entry]:

@@ -2,7 +2,8 @@
 
 Parsing the shipped rule files with tomllib costs ~30 ms, paid by every process's first estimate (a
 tiny model's whole estimate is ~20 ms more); the same data read back as JSON costs a few ms. The parse
-ships beside the rule files as rules/_parsed.json (package data, like them), built by
+ships beside the rule files as rules/_parsed.json, and presets.toml's as rules/_parsed_presets.json
+(package data, like them), built by
 `python scripts/rules_parse.py` and held current by tests/test_rule_parse_cache.py. Nothing is written
 at run time: not into the installed package, not into the user's home or working folder.
 
@@ -22,18 +23,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fxflops.rules.entries import RuleFileError
+from fxflops.rules.reading import RuleFileError
 
 PARSE_FILE = "_parsed.json"
+PRESETS_PARSE_FILE = "_parsed_presets.json"  # presets.toml's alone: read at import, it need not load all rules'
 PARSE_LIMIT = 4 * 1024 * 1024  # bytes: the shipped parse is ~110 KiB; read no further
 _FORMAT = 2
 
 
 def parsed_files(directory: Path, files: Sequence[Path], read: Callable[..., bytes],
-                 parse: Callable[[Path, bytes], dict[str, Any]]) -> list[dict[str, Any]]:
+                 parse: Callable[[Path, bytes], dict[str, Any]], parse_file: str = PARSE_FILE) -> list[dict[str, Any]]:
     """Each file's TOML data, in order: `read(path)` once (`read(path, limit)` reads the parse), then the shipped parse's data where the entry
     for those bytes is intact, else `parse(path, the same bytes)`."""
-    shipped = _read_parse(directory / PARSE_FILE, read)
+    shipped = _read_parse(directory / parse_file, read)
     found = []
     for path in files:
         raw = read(path)

@@ -8,7 +8,6 @@ counts) and `extra` = flops - 2 * macs (the rule's work besides its multiply-acc
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +89,9 @@ _FORMULA_NAMES = frozenset({"macs", "flops", "extra"})
 
 
 def load_presets(path: str | Path) -> PresetTable:
+    """The preset table of a TOML file (as rules/presets.toml)."""
+    import tomllib  # (the shipped table's TOML is read back from the shipped parse: fxflops.rules.entries)
+
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -97,6 +99,11 @@ def load_presets(path: str | Path) -> PresetTable:
         raise PresetFileError(f"preset table {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise PresetFileError(f"{path}: not valid TOML: {error}") from None
+    return presets_from(data, path)
+
+
+def presets_from(data: Mapping[str, Any], path: Path) -> PresetTable:
+    """The preset table of a presets file's parsed TOML `data` (`path` names the file in errors)."""
     unknown = set(data) - {"families", "preset"}
     if unknown:
         raise PresetFileError(f"{path}: unknown top-level keys {sorted(unknown)} (expected [families] and [preset.NAME])")
