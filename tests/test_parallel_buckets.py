@@ -77,8 +77,16 @@ def test_bucket_cap_mb_in_the_plans_text_and_with_fsdp():
     assert fxflops.Parallel.of("dp=2,fsdp=false,bucket_cap_mb=0.5").bucket_cap_mb == 0.5
     with pytest.raises(ValueError, match="bucket_cap_mb sizes DDP's gradient buckets; give it with fsdp=False"):
         fxflops.estimate(model, (torch.zeros(1, 8, dtype=torch.long),), parallel={"dp": 2, "bucket_cap_mb": 1})
-    with pytest.raises(ValueError, match="bucket_cap_mb must be a number of MiB > 0; got 0"):
+    with pytest.raises(ValueError, match=r"bucket_cap_mb must be a finite number of MiB > 0 .*; got 0"):
         plan_estimate(model, dp=2, bucket_cap_mb=0)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "8", True])
+def test_a_bucket_cap_no_ddp_could_use_fails_in_one_line(cap):
+    # (inf and nan used to pass the plan's check and crash in bucket_limits with OverflowError / ValueError)
+    with pytest.raises(ValueError, match=r"^parallel plan: bucket_cap_mb must be a finite number of MiB > 0 "
+                                         r"\(DDP's gradient bucket size\); got "):
+        fxflops.Parallel.of({"dp": 2, "fsdp": False, "bucket_cap_mb": cap})
 
 
 def test_each_pipeline_rank_buckets_its_own_stages_gradients():
