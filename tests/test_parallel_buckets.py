@@ -77,8 +77,16 @@ def test_bucket_cap_mb_in_the_plans_text_and_with_fsdp():
     assert fxflops.Parallel.of("dp=2,fsdp=false,bucket_cap_mb=0.5").bucket_cap_mb == 0.5
     with pytest.raises(ValueError, match="bucket_cap_mb sizes DDP's gradient buckets; give it with fsdp=False"):
         fxflops.estimate(model, (torch.zeros(1, 8, dtype=torch.long),), parallel={"dp": 2, "bucket_cap_mb": 1})
-    with pytest.raises(ValueError, match="bucket_cap_mb must be a number of MiB > 0; got 0"):
+    with pytest.raises(ValueError, match=r"bucket_cap_mb must be a finite number of MiB > 0 .*; got 0"):
         plan_estimate(model, dp=2, bucket_cap_mb=0)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "8", True])
+def test_a_bucket_cap_no_ddp_could_use_fails_in_one_line(cap):
+    # (inf and nan used to pass the plan's check and crash in bucket_limits with OverflowError / ValueError)
+    with pytest.raises(ValueError, match=r"^parallel plan: bucket_cap_mb must be a finite number of MiB > 0 "
+                                         r"\(DDP's gradient bucket size\); got "):
+        fxflops.Parallel.of({"dp": 2, "fsdp": False, "bucket_cap_mb": cap})
 
 
 def test_each_pipeline_rank_buckets_its_own_stages_gradients():
@@ -105,3 +113,17 @@ def test_the_buckets_are_those_a_real_two_rank_ddp_job_rebuilds(tmp_path):
     est = plan_estimate(llama(256, 64, 128), dp=2, bucket_cap_mb=0.1)
     assert real["rebuilt"] == 1 and [c.bytes for c in reductions(est)] == real["sizes"]
     assert real["sizes"] == [131328, 131584, 114944, 82176]
+
+
+def test_the_plans_text_says_ddps_buckets_and_the_group_gradients_are_reduced_over():
+    # a DDP plan records one all-reduce per bucket: the plan line says so, with the bucket size
+    model = llama(256, 64, 128)
+    default = plan_estimate(model, dp=2).print(as_string=True, detailed=False)
+    assert "dp=2 (DDP (torch's replicate), gradients all-reduced in DDP's buckets (DDP's default: 1 MiB first, " \
+           "then 25 MiB)), 2 ranks" in default
+    given = plan_estimate(model, dp=2, bucket_cap_mb=0.5).print(as_string=True, detailed=False)
+    assert "gradients all-reduced in DDP's buckets of 0.5 MiB" in given
+    # dp = 1 with cp = 2: the gradients are still reduced, over the cp ranks
+    cp_only = fxflops.estimate(model, (torch.zeros(1, 8, dtype=torch.long),), conventions="torch",
+                               parallel={"cp": 2}).print(as_string=True, detailed=False)
+    assert "cp=2 (FSDP2 over cp, reshard_after_forward=True), 2 ranks" in cp_only

@@ -183,3 +183,31 @@ def test_hooks_are_keyed_by_what_they_run():
     plain = torch.nn.Linear(2, 2)
     plain.register_forward_hook(lambda module, args, out: None)
     assert hooks_key(plain, Keyer().key) == "a hook on Linear"
+
+
+def test_a_dtensors_local_tensor_passed_again_is_keyed_as_an_alias():
+    # a copied call stands for another only where their keys are equal: a reference call whose DTensor's local
+    # tensor is also another argument (plain, or another DTensor's local) must not stand for a call without it
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from fxflops.capture.block_state import CallKey
+    from fxflops.parallel.whatif import composable_states_restored, fake_world
+
+    with fake_world(2, 0), composable_states_restored(), torch.device("meta"):
+        mesh = init_device_mesh("cpu", (2,))
+        local, other, third = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4, 8)
+        stream = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+        stream_of_other = DTensor.from_local(other, mesh, [Shard(0)], run_check=False)
+        stream_of_third = DTensor.from_local(third, mesh, [Shard(0)], run_check=False)
+        held = stream._local_tensor  # (from_local wraps a view of `local`: the local tensor is this one)
+        aliased, apart = CallKey((stream, held), {}).key, CallKey((stream_of_other, third), {}).key
+        plain_first = CallKey((held, stream), {}).key, CallKey((third, stream_of_other), {}).key
+        twin = DTensor(held, stream._spec, requires_grad=False)  # another DTensor over the same local tensor
+        both = CallKey((stream, twin), {}).key
+        neither = CallKey((stream_of_other, stream_of_third), {}).key
+        again = CallKey((stream_of_other, third), {}).key
+    assert aliased != apart
+    assert plain_first[0] != plain_first[1]
+    assert both != neither
+    assert again == apart  # (no alias: equal calls keep equal keys)

@@ -280,3 +280,10 @@ def test_a_calibrated_device_file_is_used_and_named(tmp_path) -> None:
     assert ours.step_time - preset.step_time == pytest.approx((ops + 1) * (5e-4 - 2e-6), rel=1e-9)
     assert f"A100 80GB SXM from your file {path}" in str(ours) and ours.as_dict()["device_origin"] == f"your file {path}"
     assert "from your file" not in str(preset)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "8"])
+def test_step_plan_refuses_a_bucket_cap_no_ddp_could_use(cap) -> None:
+    with pytest.raises(ValueError, match=r"^bucket_cap_mb must be a finite number of MiB > 0 \(DDP's gradient bucket "
+                                         r"size\); got "):
+        StepPlan(dp=2, global_batch=2, bucket_cap_mb=cap).check(layers=2)

@@ -95,6 +95,12 @@ class Bounded(nn.Module):
             return self.proj(torch.repeat_interleave(x, (self.pick(x) > 0).sum(-1), dim=0))
         if self.how == "unique":  # distinct counts of 3 booleans: 0..3, at most 4
             return self.proj(x[: torch.unique((self.pick(x) > 0).sum(-1)).numel()])
+        if self.how == "unique-counts":  # how often a count of 3 booleans repeats: up to every token, 6
+            _, counts = torch.unique((self.pick(x) > 0).sum(-1), return_counts=True)
+            return self.proj(x[: int(counts.max())])
+        if self.how == "unique-inverse":  # which of the kept values (0..3: at most 4) a token has: below 4
+            _, inverse = torch.unique((self.pick(x) > 0).sum(-1), return_inverse=True)
+            return self.proj(x[: int(inverse.max()) + 1])
         if self.how == "one_hot":  # classes up to the largest clamped value + 1: 4
             return self.proj(x[: F.one_hot(self.score(x).squeeze(-1).long().clamp(0, 3)).shape[1]])
         return self.proj(x[self.score(x).squeeze(-1) > 0])  # a boolean mask: at most every token
@@ -113,6 +119,8 @@ SCORE, PICK = 2 * TOKENS * DIM * 1, 2 * TOKENS * DIM * 3
     ("repeat", PICK + 2 * 18 * DIM * DIM,
      "counted at its bound 18 (each of 6 repeats at its largest; values in 0..3, from booleans)"),
     ("unique", PICK + 2 * 4 * DIM * DIM, "counted at its bound 4 (at most one of each value; values in 0..3, from booleans)"),
+    ("unique-counts", PICK + 2 * 6 * DIM * DIM, "counted at its bound 6 (its largest value; values in 0..6, from a count"),
+    ("unique-inverse", PICK + 2 * 4 * DIM * DIM, "counted at its bound 3 (its largest value; values in 0..3, from an index"),
     ("mask", SCORE + 2 * 6 * DIM * DIM, "counted at its bound 6 (at most every element of the mask selected)"),
     ("one_hot", SCORE + 2 * 4 * DIM * DIM,  # (one_hot without num_classes reads the largest value with .item())
      "counted at its bound 3 (its largest value; values in 0..3, from the range aten.clamp.default"),
@@ -176,6 +184,9 @@ def test_the_forwards_own_check_of_a_size_taken_at_its_bound_fails_saying_so():
     (torch.ops.aten.clamp.default, ("b", 6, None), 6, 9),
     (torch.ops.aten.clamp.default, ("b", None, 3), 3, 3),  # every value above 3: all 3
     (torch.ops.aten.remainder.Scalar, ("b", 4), 0, 3),
+    (torch.ops.aten.remainder.Scalar, ("a", 2.5), 0, 2.5),  # an int tensor % 2.5 is floating: 2 % 2.5 = 2 > 1.5
+    (torch.ops.aten.remainder.Scalar_Tensor, (7, "b"), 0, 8),  # a number % [5, 9]: below 9
+    (torch.ops.aten.rsub.Scalar, ("a", 10), 8, 10),  # 10 - [0, 2]
     (torch.ops.aten.cumsum.default, ("b", 0), 5, 27),  # 1 to 3 values of [5, 9]
     (torch.ops.aten.sum.dim_IntList, ("a", [0]), 0, 6),  # 3 values of [0, 2]
     (torch.ops.aten.neg.default, ("b",), -9, -5),
@@ -190,7 +201,22 @@ def test_bounds_follow_arithmetic_by_hand(op, args, low, high):
     def bound_of(value):
         return bounds.get(id(value)) if isinstance(value, torch.Tensor) else Bound(value, value, "")
 
-    out = torch.zeros(() if op is torch.ops.aten.sum.dim_IntList else 3, dtype=torch.long)
+    floating = any(isinstance(v, float) for v in args)  # the output's dtype, as torch promotes it
+    out = torch.zeros(() if op is torch.ops.aten.sum.dim_IntList else 3, dtype=torch.float if floating else torch.long)
     (_, found), = output_bounds(op, tuple(named.get(v, v) if isinstance(v, str) else v for v in args), {}, out,
                                 bound_of, "op")
     assert (found.low, found.high) == (low, high)
+
+
+def test_rsub_scales_its_first_argument_by_alpha():
+    from fxflops.capture.value_bounds import Bound, output_bounds
+
+    a = torch.zeros(3, dtype=torch.long)
+    bounds = {id(a): Bound(0, 2, "a")}
+
+    def bound_of(value):
+        return bounds.get(id(value)) if isinstance(value, torch.Tensor) else Bound(value, value, "")
+
+    (_, found), = output_bounds(torch.ops.aten.rsub.Scalar, (a, 10), {"alpha": 3}, torch.zeros(3, dtype=torch.long),
+                                bound_of, "op")
+    assert (found.low, found.high) == (4, 10)  # 10 - 3 * [0, 2]

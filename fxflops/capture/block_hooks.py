@@ -56,13 +56,15 @@ def hooks_key(module: torch.nn.Module, key: Callable[[Any], Any]) -> tuple | str
     return tuple(found)
 
 
-def sharded_key(tensor: torch.Tensor, key: Callable[[torch.Tensor], Any]) -> tuple | None:
-    """A DTensor's key (`key`: tensor_key, for its local tensor): local tensor, global shape, strides,
-    dtype, grad flag, placements and mesh; None for any other tensor."""
+def sharded_key(tensor: torch.Tensor, key: Callable[[torch.Tensor], Any], size: Callable[[Any], Any]) -> tuple | None:
+    """A DTensor's key (`key`: tensor_key, for its local tensor; `size`: size_key, for a global size or stride,
+    symbolic ones by expression as tensor_key keys them): local tensor, global shape, strides, dtype, grad
+    flag, placements and mesh; None for any other tensor."""
     if not is_sharded(tensor):
         return None
     spec = tensor._spec
-    return ("dtensor", type(tensor), key(tensor._local_tensor), tuple(tensor.shape), tuple(tensor.stride()),
+    return ("dtensor", type(tensor), key(tensor._local_tensor), tuple(map(size, tensor.shape)),
+            tuple(map(size, tensor.stride())),
             tensor.dtype, tensor.requires_grad, tuple(_placement(p) for p in spec.placements), ("mesh", id(spec.mesh)))
 
 

@@ -97,13 +97,21 @@ class CallKey:
             seen = self._positions.get(id(value))
             if seen is not None:  # the same tensor again: an alias the block may rely on
                 return ("again", seen)
-            self._positions[id(value)] = len(self.tensors)
+            position = len(self.tensors)
+            # a DTensor's local tensor that is also another argument (or another DTensor's local) is an alias
+            # too: keyed by the earlier argument's position, so a call without it does not stand for this one
+            local_seen = self._locals.get(id(value))  # a plain tensor some DTensor before it holds
+            self._positions[id(value)] = position
             self.tensors.append(value)
-            sharded = sharded_key(value, tensor_key)
+            sharded = sharded_key(value, tensor_key, size_key)
             if sharded is not None:  # a DTensor (a sequence-parallel stream): its local tensor is wired by it
-                self._locals.setdefault(id(local_of(value)), len(self.tensors) - 1)
-                return sharded
-            return tensor_key(value)
+                local = id(local_of(value))
+                local_seen = self._locals.get(local, self._positions.get(local))
+                self._locals.setdefault(local, position)
+                key = sharded
+            else:
+                key = tensor_key(value)
+            return key if local_seen is None else ("local alias", local_seen, key)
         if kind is tuple or kind is list:
             return (kind, tuple(self._value(item) for item in value))
         if kind is dict:
@@ -168,7 +176,7 @@ class BlockState:
                     held.append((table, key, None))
                     continue
                 tensors.setdefault(id(tensor), (relative, table, key))
-                sharded = sharded_key(tensor, tensor_key)
+                sharded = sharded_key(tensor, tensor_key, size_key)
                 if sharded is not None:  # a DTensor: the rank's ops read its local tensor
                     tensors.setdefault(id(local_of(tensor)), (relative, table, key, LOCAL))
                 held.append((table, key, tensor_key(tensor) if sharded is None else sharded))

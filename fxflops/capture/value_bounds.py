@@ -113,6 +113,16 @@ def _arithmetic(combine: Callable[[float, float], float]) -> Callable[..., Bound
     return rule
 
 
+def _reverse_subtract(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
+    """rsub(self, other, alpha) = other - alpha * self: alpha scales the first argument, not the second."""
+    a, b = bound_of(args[0]), bound_of(args[1]) if len(args) > 1 else None
+    if a is None or b is None:
+        return None
+    alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    scaled = sorted((a.low * alpha, a.high * alpha))
+    return Bound(b.low - scaled[1], b.high - scaled[0], a.origin or b.origin)
+
+
 def _clamp(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: str) -> Bound | None:
     low, high = _dim(args, kwargs, 1, "min"), _dim(args, kwargs, 2, "max")
     if isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
@@ -133,7 +143,9 @@ def _remainder(args: tuple, kwargs: dict, out: Any, bound_of: BoundOf, origin: s
     divisor = bound_of(args[1]) if len(args) > 1 else None
     if divisor is None or divisor.low <= 0:
         return None
-    largest = divisor.high if args[0].is_floating_point() else divisor.high - 1
+    # the output's dtype decides: an int tensor % 2.5 is floating and reaches up to (not at) 2.5
+    floating = out.is_floating_point() if isinstance(out, torch.Tensor) else isinstance(divisor.high, float)
+    largest = divisor.high if floating else divisor.high - 1
     return Bound(0, largest, f"a remainder {origin} takes")
 
 
@@ -180,13 +192,16 @@ _KEEP_VALUES = ("view", "_unsafe_view", "reshape", "alias", "clone", "_to_copy",
                 "select", "squeeze", "unsqueeze", "permute", "t", "transpose", "flatten", "unflatten",
                 "index_select", "gather", "index", "repeat", "flip", "roll", "narrow", "split", "split_with_sizes",
                 "chunk", "unbind", "detach", "lift_fresh", "lift_fresh_copy", "amax", "amin", "max", "min",
-                "masked_select", "_unique2", "_unique", "unique_dim", "unique_consecutive", "diagonal",
+                "masked_select", *("_unique2", "_unique", "unique_dim", "unique_consecutive"), "diagonal",
                 "as_strided", "mean", "median", "nanmedian", "take", "take_along_dim", "movedim", "expand_copy",
                 "view_copy", "permute_copy", "squeeze_copy", "unsqueeze_copy", "slice_copy", "select_copy",
                 "aminmax", "cummax", "cummin", "kthvalue", "mode", "sort", "topk")
 # of those, ops whose second output is an index along `dim` (sort, topk, and the extremes along a dim)
 _INDEX_SECOND = {"max": 1, "min": 1, "sort": 1, "topk": 2, "cummax": 1, "cummin": 1, "kthvalue": 2, "mode": 1,
                  "median": 1, "nanmedian": 1}
+
+# of those, ops whose later outputs are the inverse (an index into the kept values) and the counts
+_UNIQUE = frozenset({"_unique2", "_unique", "unique_dim", "unique_consecutive"})
 
 _ELEMENTWISE_EXTREMES = frozenset({"max", "min", "maximum", "minimum", "fmax", "fmin"})
 
@@ -196,14 +211,14 @@ RULES: Mapping[str, Callable[..., Bound | None]] = {
     "argmax": _index_below, "argmin": _index_below,
     "sum": _sum, "cumsum": _cumsum, "count_nonzero": _count, "bincount": _count, "histc": _count,
     "add": _arithmetic(lambda x, y: x + y), "sub": _arithmetic(lambda x, y: x - y),
-    "rsub": _arithmetic(lambda x, y: y - x), "mul": _arithmetic(lambda x, y: x * y),
+    "rsub": _reverse_subtract, "mul": _arithmetic(lambda x, y: x * y),
     "clamp": _clamp, "clip": _clamp, "remainder": _remainder, "floor_divide": _floor_divide,
     "abs": _absolute, "neg": _negative, "where": _where, "cat": _concatenated, "stack": _concatenated,
     "masked_fill": _filled, **{name: _pair for name in ("maximum", "minimum", "fmax", "fmin")},
 }
 # ops that bound values from nothing known about their arguments' (an index, a count, a clamp)
 SOURCES = frozenset({"argmax", "argmin", "count_nonzero", "bincount", "histc", "clamp", "clip", "nonzero",
-                     "repeat_interleave", *_INDEX_SECOND})
+                     "repeat_interleave", *_INDEX_SECOND, *_UNIQUE})
 
 
 def output_bounds(func: Any, args: tuple, kwargs: dict, out: Any, bound_of: BoundOf,
@@ -214,6 +229,17 @@ def output_bounds(func: Any, args: tuple, kwargs: dict, out: Any, bound_of: Boun
     if name in _INDEX_SECOND and isinstance(out, tuple | list) and len(out) > 1 and args:
         size = _size(args[0], _dim(args, kwargs, _INDEX_SECOND[name], "dim", -1))
         found.append((out[1], Bound(0, max(size - 1, 0), f"an index {origin} picks among {size}")))
+        out = out[0]
+    elif name in _UNIQUE and isinstance(out, tuple | list) and len(out) > 1 and args:
+        # the values keep the input's bound; the inverse indexes the kept values (at most every element) and a
+        # count is at most every element
+        numel, values = int(args[0].numel()), bound_of(args[0])
+        kept = numel  # an integer input kept by element keeps at most one of each value in its bound
+        by_element = name != "unique_dim" and (name != "unique_consecutive" or _dim(args, kwargs, 3, "dim") is None)
+        if by_element and values is not None and not args[0].is_floating_point() and not args[0].is_complex():
+            kept = min(numel, int(values.high) - int(values.low) + 1)
+        found.append((out[1], Bound(0, max(kept - 1, 0), f"an index {origin} gives among {kept} kept values")))
+        found.extend((counts, Bound(0, numel, f"a count {origin} makes of {numel} elements")) for counts in out[2:3])
         out = out[0]
     elif name == "nonzero" and isinstance(out, torch.Tensor) and args:
         largest = max((int(s) for s in args[0].shape), default=1)
@@ -229,7 +255,8 @@ def output_bounds(func: Any, args: tuple, kwargs: dict, out: Any, bound_of: Boun
         return found
     try:
         bound = rule(args, kwargs, out, bound_of, origin)
-    except (TypeError, IndexError, ValueError, ZeroDivisionError, OverflowError):  # arguments of a shape no rule reads
+    except (TypeError, IndexError, ValueError, ZeroDivisionError, OverflowError, AttributeError):
+        # arguments of a shape no rule reads (a Python number where a rule expects a tensor)
         return found
     if bound is not None:
         found.extend((tensor, bound) for tensor in pytree.tree_leaves(out) if isinstance(tensor, torch.Tensor))

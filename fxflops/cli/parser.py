@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a what-if parallel plan, e.g. tp=8,pp=4,dp=32,batch=1024 or tp=4,sequence_parallel=true: "
                                "each rank role's FLOPs and every collective's bytes, on torch.distributed's fake process "
                                "group (keys: tp, pp, virtual_stages, dp, dp_shard, ep, cp, sequence_parallel, loss_parallel, fsdp (false: DDP), "
-                               "reshard_after_forward, microbatch, microbatches, batch, schedule (1F1B, GPipe, interleaved), world_size; the inputs are one "
+                               "reshard_after_forward, bucket_cap_mb (DDP's gradient bucket MiB), microbatch, microbatches, batch, schedule (1F1B, GPipe, interleaved), world_size; the inputs are one "
                                "data-parallel rank's micro-batch)")
     counting.add_argument("--method", default=AUTO, choices=CHOICES,
                           help="eager (the default's first try): the model's own forward on fake tensors; "

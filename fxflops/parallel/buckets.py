@@ -18,6 +18,7 @@ Each bucket is one all-reduce, recorded for the module whose gradient completes 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from fxflops.parallel.collectives import wire_bytes
@@ -43,6 +44,14 @@ class Gradient:
     def module(self) -> str:
         """The module holding the parameter."""
         return self.name.rpartition(".")[0]
+
+
+def check_bucket_cap(cap_mb: object, where: str = "") -> None:
+    """Raise where `cap_mb` is no bucket size DDP could use (a finite number of MiB > 0); `where` starts the
+    message ("parallel plan: ")."""
+    if isinstance(cap_mb, bool) or not isinstance(cap_mb, int | float) or not math.isfinite(cap_mb) or cap_mb <= 0:
+        raise ValueError(f"{where}bucket_cap_mb must be a finite number of MiB > 0 (DDP's gradient bucket size); "
+                         f"got {cap_mb!r}")
 
 
 def bucket_limits(cap_mb: float | None) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.module_walk import walk_modules
+from fxflops.parallel.buckets import check_bucket_cap
 
 # attributes (of a module, or of a Hugging Face config) that give the attention heads tp splits
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "num_attention_heads", "n_head")
@@ -36,7 +37,9 @@ class Parallel:
     exponentials and target logit), torchtitan's loss parallelism; a tp_plan must shard the head so itself.
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
     the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
-    the root, its all-reduces DDP's gradient buckets of `bucket_cap_mb` MiB: fxflops.parallel.buckets);
+    the root, its all-reduces DDP's gradient buckets of `bucket_cap_mb` MiB: fxflops.parallel.buckets;
+    `bucket_cap_mb=None`: DDP's default buckets, 1 MiB then 25 MiB -- predict_step reads None as one
+    reduction per layer);
     `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
@@ -67,7 +70,9 @@ class Parallel:
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
-    bucket_cap_mb: float | None = None  # DDP's gradient bucket size (None: DDP's default, 25 MiB after a 1 MiB first)
+    # DDP's gradient bucket size in MiB (None: DDP's own default, a 1 MiB first bucket then 25 MiB ones -- unlike
+    # predict's StepPlan, where None means one reduction per layer)
+    bucket_cap_mb: float | None = None
     microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
     microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)
     batch: int | None = None  # the global batch per optimizer step (default: microbatch * microbatches * dp)
@@ -180,9 +185,7 @@ class Parallel:
             if self.fsdp:
                 raise ValueError("parallel plan: bucket_cap_mb sizes DDP's gradient buckets; give it with fsdp=False "
                                  "(FSDP reduces each unit's gradients at once)")
-            if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, int | float) \
-                    or self.bucket_cap_mb <= 0:
-                raise ValueError(f"parallel plan: bucket_cap_mb must be a number of MiB > 0; got {self.bucket_cap_mb!r}")
+            check_bucket_cap(self.bucket_cap_mb, "parallel plan: ")
         if self.dp_shard is not None and not self.fsdp:
             raise ValueError("parallel plan: dp_shard shards parameters (FSDP/HSDP); DDP (fsdp=False) replicates them")
         for name in ("microbatch", "microbatches", "batch"):

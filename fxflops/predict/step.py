@@ -57,7 +57,9 @@ ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The plan a step runs: degrees, batch, recomputation and how data parallelism reduces."""
+    """The plan a step runs: degrees, batch, recomputation and how data parallelism reduces
+    (`bucket_cap_mb=None`: one gradient reduction per layer, where fxflops.Parallel's None is DDP's default
+    buckets)."""
 
     tp: int = 1
     pp: int = 1
@@ -75,7 +77,9 @@ class StepPlan:
     overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
     grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
     optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
-    bucket_cap_mb: float | None = None  # without FSDP: DDP's gradient buckets of this size (None: one per layer)
+    # without FSDP: DDP's gradient buckets of this size in MiB; None: one reduction per layer as its backward
+    # ends (not DDP's default buckets, which None means in fxflops.Parallel)
+    bucket_cap_mb: float | None = None
 
     @property
     def grad_group(self) -> int:
@@ -115,9 +119,13 @@ class StepPlan:
             with_cp = f" x cp={self.cp}" if self.cp > 1 else ""
             raise ValueError(f"ep={self.ep} borrows its ranks from dp={self.dp}{with_cp}: pick an ep that divides dp"
                              + (" x cp and is a multiple of cp" if self.cp > 1 else ""))
-        if self.bucket_cap_mb is not None and (self.fsdp or self.distributed_optimizer):
-            raise ValueError("bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False and "
-                             "without the distributed optimizer")
+        if self.bucket_cap_mb is not None:
+            if self.fsdp or self.distributed_optimizer:
+                raise ValueError("bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False "
+                                 "and without the distributed optimizer")
+            from fxflops.parallel.buckets import check_bucket_cap
+
+            check_bucket_cap(self.bucket_cap_mb)
 
 
 @dataclass
@@ -437,11 +445,14 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
             units.setdefault((unit, group), []).append((when, size))
         reductions = [(max(w for w, _ in items), sum(b for _, b in items), group)
                       for (_, group), items in units.items()]
-    else:  # DDP's buckets
-        gradients = [Gradient(str(i), str(unit), size, group) for i, (_, size, group, unit) in enumerate(ready)]
-        for indices in assign_buckets(gradients, bucket_limits(plan.bucket_cap_mb)):
-            reductions.append((max(ready[i][0] for i in indices), sum(ready[i][1] for i in indices),
-                               ready[indices[0]][2]))
+    else:  # DDP's buckets, per process group (each group's gradients are bucketed apart), in ready order
+        for group in dict.fromkeys(item[2] for item in ready):
+            mine = [i for i, item in enumerate(ready) if item[2] == group]
+            gradients = [Gradient(name=str(i), unit=str(ready[i][3]), bytes=ready[i][1], dtype="grad", group=group)
+                         for i in mine]
+            for indices in assign_buckets(gradients, bucket_limits(plan.bucket_cap_mb)):
+                picked = [mine[k] for k in indices]
+                reductions.append((max(ready[i][0] for i in picked), sum(ready[i][1] for i in picked), group))
     free, comm = 0.0, []
     for when, size, group in sorted(reductions, key=lambda r: r[0]):
         start = max(free, when)
@@ -583,7 +594,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
     `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp x cp > 1:
-    FSDP; False: replicated parameters with the gradients all-reduced in DDP's buckets of `bucket_cap_mb` MiB,
+    FSDP; False: replicated parameters with the gradients all-reduced in DDP's buckets of `bucket_cap_mb` MiB
+    (left out: one all-reduce per layer, not DDP's default buckets that fxflops.Parallel's None means),
     or reduce-scattered with `distributed_optimizer`), `ep` (experts split over ep of the dp x cp ranks,
     torchtitan's layout: ep divides dp x cp, cp divides ep; `routing` as estimate() takes it, balanced by
     default) and `cp` (the sequence split over cp ranks, ring attention; gradients reduced over dp x cp), in any

@@ -33,9 +33,15 @@ def plan_lines(estimate: Estimate) -> list[str]:
         return []
     degrees = ", ".join(f"{key}={plan[key]}" for key in ("pp", "dp", "cp", "tp", "ep") if plan.get(key, 1) > 1)
     options = [key for key in ("sequence_parallel", "loss_parallel") if plan.get(key)]
-    if plan.get("dp", 1) > 1:
-        options.append(f"FSDP2, reshard_after_forward={plan.get('reshard_after_forward')}" if plan.get("fsdp", True)
-                       else "DDP (torch's replicate)")
+    dp, cp = plan.get("dp", 1), plan.get("cp", 1)
+    if dp * cp > 1:  # gradients are reduced over dp x cp (cp's ranks hold other positions of the same samples)
+        over = "" if cp == 1 else " over cp" if dp == 1 else " over dp x cp"
+        if plan.get("fsdp", True):
+            options.append(f"FSDP2{over}, reshard_after_forward={plan.get('reshard_after_forward')}")
+        else:
+            cap = plan.get("bucket_cap_mb")
+            buckets = f"of {cap} MiB" if cap is not None else "(DDP's default: 1 MiB first, then 25 MiB)"
+            options.append(f"DDP (torch's replicate){over}, gradients all-reduced in DDP's buckets {buckets}")
     ranks = sum(len(role.ranks) for role in estimate.ranks)
     lines = ["", "Parallel plan (what if; torch.distributed's fake process group):",
              _row("plan:", f"{degrees or 'one rank'}{' (' + '; '.join(options) + ')' if options else ''}, {ranks:,} ranks"),
