@@ -274,6 +274,31 @@ def test_a_block_with_effects_outside_its_output_runs_every_call(stack, block, r
     assert not any(name.count(".") == 1 for name in replayed), runs  # no block replayed, only Linear layers
 
 
+class _TiedInLater(nn.Module):
+    """Two weights read together; a later block is given one tensor for both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(8, 8))
+        self.b = nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.a + self.b)
+
+
+def test_a_copy_reading_one_tensor_where_its_reference_read_two_counts_its_own_bytes():
+    """The count hands a reference's cost on to its copies; where a copy reads one tensor in two places
+    of the reference's two, its add reads 256 bytes, not 512, and is costed on its own."""
+    blocks = [_TiedInLater() for _ in range(4)]
+    blocks[3].b = blocks[3].a
+    model = _Stack(blocks)
+    assert_same_as_full(model, (torch.zeros(3, 8),))
+    counting = Counting.prepare("deepspeed", None, None)
+    costs = counting.count(counting.capture(model, (torch.zeros(3, 8),), {}, "eager"))
+    adds = [c.bytes for c in costs if c.op.startswith("aten.add")]
+    assert adds == [3 * 8 * 8 * 4] * 3 + [2 * 8 * 8 * 4]  # by hand: read a and b (or a once), write 8x8 fp32
+
+
 def test_a_block_returning_its_input_and_a_shared_tensor_replays():
     class PassThrough(nn.Module):
         def __init__(self) -> None:
