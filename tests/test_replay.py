@@ -160,8 +160,9 @@ def test_a_block_whose_code_reads_an_attribute_that_differs_runs():
     model = _Stack([_ByIndex(i) for i in range(4)])
     assert_same_as_full(model, (torch.zeros(3, 8),))
     # each block reads its own index: none stands for another. Their Linear layers read no attribute that
-    # differs: once the blocks are seen not to repeat (block 2), block 2's stands for block 3's
-    assert _replayed_modules(model, (torch.zeros(3, 8),)) == {"blocks.3.proj"}
+    # differs: block 0 is recorded at once (its parts wait), block 1 differs and is recorded in turn, its
+    # Linear with it (its second call of that kind): that Linear's program stands for blocks 2 and 3's
+    assert _replayed_modules(model, (torch.zeros(3, 8),)) == {"blocks.2.proj", "blocks.3.proj"}
     counting = Counting.prepare("deepspeed", None, None)
     costs = counting.count(counting.capture(model, (torch.zeros(3, 8),), {}, "eager"))
     assert sum(c.flops for c in costs if c.op.startswith("aten.mul")) == 2 * 3 * 8  # two scaling layers
@@ -186,7 +187,9 @@ def test_an_op_of_library_code_keeps_the_line_that_called_it():
     rows, _, _, copied = _costs(model, (torch.zeros(3, 8),), {}, True)
     full_rows = _costs(model, (torch.zeros(3, 8),), {}, False)[0]
     assert rows == full_rows  # each linear keeps the line of the block that called it
-    assert copied == 1  # block 3's Linear, replayed from block 2's
+    # block 0 is recorded at once, block 1 differs and is recorded with its Linear (that Linear's second
+    # call of its kind): blocks 2 and 3's Linear layers are copies of it
+    assert copied == 2
 
 
 def test_a_shared_block_called_twice_and_hooks_still_run():
@@ -370,9 +373,13 @@ def test_the_calls_of_blocks_replayed_inside_a_reference_are_counted_in_its_repl
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.second(self.first(x))
 
-    model = _Stack([Outer() for _ in range(4)])
+    class Lead(Outer):  # a class of its own: its call runs, and its parts are the first of their kind
+        pass
+
+    model = _Stack([Lead(), Outer(), Outer(), Outer()])
     assert_same_as_full(model, (torch.zeros(3, 8),))  # module calls included
-    # blocks.1 is the reference, in which blocks.1.first and .second replay blocks.0.second's program
+    # blocks.0.first is a reference, blocks.0.second its copy; blocks.1 is the reference of Outer, in which
+    # blocks.1.first and .second replay blocks.0.first's program; blocks.2 and .3 copy blocks.1, calls and all
     replayed = _replayed_modules(model, (torch.zeros(3, 8),))
-    for block in ("blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
+    for block in ("blocks.0.second.", "blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
         assert any(name.startswith(block) for name in replayed), block

@@ -165,9 +165,13 @@ class Replays:
             return original(*args, **kwargs)
         key = (self._structures[id(module)], call.key)
         templates = self._templates.get(key)
-        if templates is None:  # a first call of its kind: it may well be the only one
-            self._templates[key] = []
-            return original(*args, **kwargs)
+        if templates is None:  # a first call of its kind
+            templates = self._templates[key] = []
+            # a leaf may well be called once, and runs in less than a reference takes to record: its second
+            # call is the reference. A block of modules with siblings is recorded at once: a decoder's first
+            # layer is then the reference and the second a copy, one layer fewer run
+            if not module._modules or self._recording:
+                return original(*args, **kwargs)
         if key in self._given_up or not templates and self._recording:
             # nothing to match, and no reference taken: inside a first reference a block is not taken
             # as one (when the enclosing block repeats it is replayed whole, and its parts' references
@@ -338,11 +342,16 @@ class Replays:
         for node in nodes:
             if node.op == "placeholder":
                 externals[node] = place(node, call, template.state)
+        # a tensor first read in the block (an argument, a global tensor) has its placeholder among the
+        # block's nodes: it is from outside all the same; the block's own parameters and buffers are its own
+        own = {node for node in nodes if node.op != "placeholder" or externals[node][0] == "state"}
+        for node in nodes:
+            if node.op == "placeholder":
                 continue
             for used in node.all_input_nodes:
                 if used not in inside and used not in externals:
                     externals[used] = place(used, call, template.state)
-            written = written_outside(node, inside)
+            written = written_outside(node, own)
             if written is not None:
                 return f"{node.target} writes into {written}, from outside the block"
         template.nodes = [node for node in nodes if node.op != "placeholder"]
