@@ -66,7 +66,7 @@ class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "log", "outside")
+                 "log", "outside", "plan")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -82,6 +82,7 @@ class Template:
         # (node, output tensor it produced): the reference's output tensors made in it, each once
         self.produced: list[tuple[torch.fx.Node, torch.Tensor]] = []
         self.calls: list[tuple[Any, int]] = []
+        self.plan: list[tuple] | None = None  # (Replays._plan) how to copy each node, made at the first copy
 
     def matches(self, state: BlockState) -> bool:
         mine, theirs = self.state.entries, state.entries
@@ -399,21 +400,25 @@ class Replays:
         fresh = {id(like): self._fresh(like) for _, like in template.produced}
         copies: dict[torch.fx.Node, torch.fx.Node] = {}
         site = user_frame()
+        modules_moved: dict[str, tuple[str, str]] = {}  # a reference node's module -> this call's
 
         def source(node: torch.fx.Node) -> torch.fx.Node:
             copy = copies.get(node)
             return copy if copy is not None else wired[node]
 
-        for node in template.nodes:
-            copy = recorder.copy_node(node, map_arg(node.args, source), map_arg(node.kwargs, source))
+        for node, meta, where, library, outputs in template.plan or self._plan(template):
+            kwargs = node.kwargs
+            copy = recorder.copy_node(node, map_arg(node.args, source), map_arg(kwargs, source) if kwargs else {}, meta)
             meta = copy.meta
-            where = meta.get("fxflops_module")
             if where is not None:
-                meta["fxflops_module"] = (_moved(where[0], template.path, path), where[1])
-            if meta.get(SOURCE) == template.site:  # an op of library code (nn.Linear): its caller's line
+                moved = modules_moved.get(where[0])
+                if moved is None:
+                    moved = modules_moved[where[0]] = (_moved(where[0], template.path, path), where[1])
+                meta["fxflops_module"] = moved
+            if library:  # an op of library code (nn.Linear): its caller's line
                 meta[SOURCE] = site
-            meta[REPLAY_OF] = node.meta.get(REPLAY_OF, node.name)
-            meta["val"] = swapped(meta.get("val"), fresh)
+            if outputs:
+                meta["val"] = swapped(meta.get("val"), fresh)
             copies[node] = copy
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
@@ -422,6 +427,22 @@ class Replays:
         for (inside, name), count in template.calls:
             self._tracker.call_log.extend([(f"{path}.{name}" if name else path) if inside else name] * count)
         return out
+
+    @staticmethod
+    def _plan(template: Template) -> list[tuple]:
+        """How to copy each of the reference's nodes, worked out once: (node, the meta its copies start
+        from, its module to move, whether its source line is the caller's, whether its value holds an
+        output of the block, which each call gets fresh)."""
+        outputs = {id(like) for _, like in template.produced}
+        plan = []
+        for node in template.nodes:
+            meta = dict(node.meta)
+            meta[REPLAY_OF] = node.meta.get(REPLAY_OF, node.name)
+            value = meta.get("val")
+            holds = any(id(tensor) in outputs for tensor in _tensors_of(value)) if outputs else False
+            plan.append((node, meta, meta.get("fxflops_module"), meta.get(SOURCE) == template.site, holds))
+        template.plan = plan
+        return plan
 
     def _verified(self, template: Template, original: Callable[..., Any], path: str, args: tuple,
                   kwargs: dict) -> Any:
@@ -464,6 +485,15 @@ class Replays:
         else:
             made = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
         return made.requires_grad_(True) if like.requires_grad else made
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a node's value (a tensor, or a tuple or list of them, as `swapped` walks it)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (tuple, list):
+        return [tensor for item in value for tensor in _tensors_of(item)]
+    return []
 
 
 def _mutable(value: Any, seen: set[int] | None = None) -> bool:
