@@ -383,3 +383,24 @@ def test_the_calls_of_blocks_replayed_inside_a_reference_are_counted_in_its_repl
     replayed = _replayed_modules(model, (torch.zeros(3, 8),))
     for block in ("blocks.0.second.", "blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
         assert any(name.startswith(block) for name in replayed), block
+
+
+class _HalfWeights(nn.Module):
+    """A bfloat16 layer given float32 activations: real kernels refuse the mixed dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).float()
+
+
+def test_replayed_copies_keep_the_kernel_problems_of_their_reference():
+    """A copy's kernel check is its reference's (same op, dtypes and meta): the caution still names each call."""
+    model = _Stack([_HalfWeights() for _ in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))  # cautions included
+    assert _replayed_modules(model, (torch.zeros(3, 8),)) >= {"blocks.1.proj", "blocks.3.proj"}
+    counting = Counting.prepare("deepspeed", None, None)
+    cautions = counting.capture(model, (torch.zeros(3, 8),), {}, "eager").cautions
+    assert any("(4 calls)" in caution and "operands of different dtypes" in caution for caution in cautions), cautions

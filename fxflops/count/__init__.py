@@ -41,11 +41,12 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
         branches.append(in_branches)
         path, _ = node.meta.get("fxflops_module", ("", ""))
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
-        covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
+        covering = _covering(path, whole_paths) if whole_paths and node.meta.get(PHASE) != BACKWARD else None
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(covered_cost(node, covering, sizes))
             continue
-        copied = copyable.cost_of(node, path) if not in_branches and not attention_of(node, eager, None) else None
+        copied = copyable.cost_of(node, path) \
+            if not in_branches and not (eager and attention_of(node, eager, None)) else None
         if copied is not None:
             costs.append(copied)
             continue
