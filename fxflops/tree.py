@@ -51,11 +51,13 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
     self_flops: dict[str, int] = defaultdict(int)
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
+    self_bytes: dict[str, int] = defaultdict(int)
     owners = _Owners(aliases, named)
     for cost in costs:
         owner = owners(cost.module)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
+        self_bytes[owner] += cost.bytes
         if cost.is_backward:
             bwd_macs[owner] += cost.macs
             bwd_flops[owner] += cost.flops
@@ -76,6 +78,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
             bwd_flops=bwd_flops[name],
             self_bwd_macs=bwd_macs[name],
             self_bwd_flops=bwd_flops[name],
+            bytes=self_bytes[name],
+            self_bytes=self_bytes[name],
             shared=dict(info.shared),
         )
         for name, info in named.items()
@@ -87,9 +91,7 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
             stats[parent].flops += stats[name].flops
             stats[parent].bwd_macs += stats[name].bwd_macs
             stats[parent].bwd_flops += stats[name].bwd_flops
-    own_bytes, bytes_ = module_sums(costs, lambda cost: cost.bytes, aliases, named)
-    for name, item in stats.items():
-        item.self_bytes, item.bytes = own_bytes[name], bytes_[name]
+            stats[parent].bytes += stats[name].bytes  # (what module_sums sums, in the same pass)
     stats[""].calls = max(stats[""].calls, 1)
     return stats
 
