@@ -57,6 +57,7 @@ from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
 REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
 _MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
+_MAX_UNMATCHED = 2  # blocks recorded at their first call and not yet matched, beyond which first calls only run
 _MAX_OUTSIDE = 4096  # globals and namespace entries a reference may read and still be replayed
 _MISSING = object()
 VERIFY_ENV = "FXFLOPS_VERIFY_REPLAY"  # set (not "0"): every matched call runs too, and a difference warns
@@ -129,6 +130,8 @@ class Replays:
         self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
+        # structure -> the templates of a block recorded at its first call of a kind, until one is matched
+        self._unmatched: dict[int, list[Template]] = {}
         self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
         self.mismatches: list[str] = []  # with verification on: each call whose replay would have differed
 
@@ -170,9 +173,13 @@ class Replays:
             templates = self._templates[key] = []
             # a leaf may well be called once, and runs in less than a reference takes to record: its second
             # call is the reference. A block of modules with siblings is recorded at once: a decoder's first
-            # layer is then the reference and the second a copy, one layer fewer run
-            if not module._modules or self._recording:
+            # layer is then the reference and the second a copy, one layer fewer run. Not while a block of
+            # its structure recorded so is still unmatched, nor while _MAX_UNMATCHED of any are: calls may
+            # each differ (DenseNet's layers, each given one more feature map), and first calls then only run
+            if not module._modules or self._recording or key[0] in self._unmatched \
+                    or len(self._unmatched) >= _MAX_UNMATCHED:
                 return original(*args, **kwargs)
+            self._unmatched[key[0]] = templates
         if key in self._given_up or not templates and self._recording:
             # nothing to match, and no reference taken: inside a first reference a block is not taken
             # as one (when the enclosing block repeats it is replayed whole, and its parts' references
@@ -187,6 +194,8 @@ class Replays:
             if template.matches(state) and (template.refused is not None or template.outside_same(self._slots)):
                 if template.refused is not None:
                     return original(*args, **kwargs)
+                if self._unmatched.get(key[0]) is templates:
+                    del self._unmatched[key[0]]
                 if self._verify:
                     return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
