@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fxflops.results import UNKNOWN, Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, OpTotals, UnknownOp
+from fxflops.results import FORWARD, UNKNOWN, Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, OpTotals, UnknownOp
 from fxflops.results.estimate import module_tree  # noqa: F401 - where the rest of fxflops finds it
 
 
@@ -51,11 +51,13 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
     self_flops: dict[str, int] = defaultdict(int)
     bwd_macs: dict[str, int] = defaultdict(int)
     bwd_flops: dict[str, int] = defaultdict(int)
+    self_bytes: dict[str, int] = defaultdict(int)
     owners = _Owners(aliases, named)
     for cost in costs:
         owner = owners(cost.module)
         self_macs[owner] += cost.macs
         self_flops[owner] += cost.flops
+        self_bytes[owner] += cost.bytes
         if cost.is_backward:
             bwd_macs[owner] += cost.macs
             bwd_flops[owner] += cost.flops
@@ -76,6 +78,8 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
             bwd_flops=bwd_flops[name],
             self_bwd_macs=bwd_macs[name],
             self_bwd_flops=bwd_flops[name],
+            bytes=self_bytes[name],
+            self_bytes=self_bytes[name],
             shared=dict(info.shared),
         )
         for name, info in named.items()
@@ -87,9 +91,7 @@ def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: l
             stats[parent].flops += stats[name].flops
             stats[parent].bwd_macs += stats[name].bwd_macs
             stats[parent].bwd_flops += stats[name].bwd_flops
-    own_bytes, bytes_ = module_sums(costs, lambda cost: cost.bytes, aliases, named)
-    for name, item in stats.items():
-        item.self_bytes, item.bytes = own_bytes[name], bytes_[name]
+            stats[parent].bytes += stats[name].bytes  # (what module_sums sums, in the same pass)
     stats[""].calls = max(stats[""].calls, 1)
     return stats
 
@@ -111,20 +113,21 @@ def module_sums(costs: Iterable[NodeCost], value: Callable[[NodeCost], float], a
 
 
 def totals_by(costs: Iterable[NodeCost], key) -> dict[str, OpTotals]:
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    statuses: dict[str, set[str]] = defaultdict(set)
-    for cost in costs:
+    counts: dict[str, list[Any]] = {}  # name -> [count, macs, flops, bwd macs, bwd flops, statuses]
+    for cost in costs:  # (a 70B's 5,000 nodes: the loop kept lean)
         name = key(cost)
-        statuses[name].add(cost.status)
-        entry = counts[name]
+        entry = counts.get(name)
+        if entry is None:
+            entry = counts[name] = [0, 0, 0, 0, 0, set()]
+        entry[5].add(cost.status)
         entry[0] += 1
         entry[1] += cost.macs
         entry[2] += cost.flops
-        if cost.is_backward:
+        if cost.phase != FORWARD:  # (NodeCost.is_backward)
             entry[3] += cost.macs
             entry[4] += cost.flops
     ordered = sorted(counts.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
-    return {name: OpTotals(*values, statuses=tuple(sorted(statuses[name]))) for name, values in ordered}
+    return {name: OpTotals(*values[:5], statuses=tuple(sorted(values[5]))) for name, values in ordered}
 
 
 def unknown_ops(costs: Iterable[NodeCost]) -> list[UnknownOp]:

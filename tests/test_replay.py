@@ -161,8 +161,9 @@ def test_a_block_whose_code_reads_an_attribute_that_differs_runs():
     model = _Stack([_ByIndex(i) for i in range(4)])
     assert_same_as_full(model, (torch.zeros(3, 8),))
     # each block reads its own index: none stands for another. Their Linear layers read no attribute that
-    # differs: once the blocks are seen not to repeat (block 2), block 2's stands for block 3's
-    assert _replayed_modules(model, (torch.zeros(3, 8),)) == {"blocks.3.proj"}
+    # differs: block 0 is recorded at once (its parts wait), block 1 differs and is recorded in turn, its
+    # Linear with it (its second call of that kind): that Linear's program stands for blocks 2 and 3's
+    assert _replayed_modules(model, (torch.zeros(3, 8),)) == {"blocks.2.proj", "blocks.3.proj"}
     counting = Counting.prepare("deepspeed", None, None)
     costs = counting.count(counting.capture(model, (torch.zeros(3, 8),), {}, "eager"))
     assert sum(c.flops for c in costs if c.op.startswith("aten.mul")) == 2 * 3 * 8  # two scaling layers
@@ -187,7 +188,9 @@ def test_an_op_of_library_code_keeps_the_line_that_called_it():
     rows, _, _, copied = _costs(model, (torch.zeros(3, 8),), {}, True)
     full_rows = _costs(model, (torch.zeros(3, 8),), {}, False)[0]
     assert rows == full_rows  # each linear keeps the line of the block that called it
-    assert copied == 1  # block 3's Linear, replayed from block 2's
+    # block 0 is recorded at once, block 1 differs and is recorded with its Linear (that Linear's second
+    # call of its kind): blocks 2 and 3's Linear layers are copies of it
+    assert copied == 2
 
 
 def test_a_shared_block_called_twice_and_hooks_still_run():
@@ -275,6 +278,31 @@ def test_a_block_with_effects_outside_its_output_runs_every_call(stack, block, r
     assert not any(name.count(".") == 1 for name in replayed), runs  # no block replayed, only Linear layers
 
 
+class _TiedInLater(nn.Module):
+    """Two weights read together; a later block is given one tensor for both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(8, 8))
+        self.b = nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.a + self.b)
+
+
+def test_a_copy_reading_one_tensor_where_its_reference_read_two_counts_its_own_bytes():
+    """The count hands a reference's cost on to its copies; where a copy reads one tensor in two places
+    of the reference's two, its add reads 256 bytes, not 512, and is costed on its own."""
+    blocks = [_TiedInLater() for _ in range(4)]
+    blocks[3].b = blocks[3].a
+    model = _Stack(blocks)
+    assert_same_as_full(model, (torch.zeros(3, 8),))
+    counting = Counting.prepare("deepspeed", None, None)
+    costs = counting.count(counting.capture(model, (torch.zeros(3, 8),), {}, "eager"))
+    adds = [c.bytes for c in costs if c.op.startswith("aten.add")]
+    assert adds == [3 * 8 * 8 * 4] * 3 + [2 * 8 * 8 * 4]  # by hand: read a and b (or a once), write 8x8 fp32
+
+
 def test_a_block_returning_its_input_and_a_shared_tensor_replays():
     class PassThrough(nn.Module):
         def __init__(self) -> None:
@@ -356,9 +384,34 @@ def test_the_calls_of_blocks_replayed_inside_a_reference_are_counted_in_its_repl
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.second(self.first(x))
 
-    model = _Stack([Outer() for _ in range(4)])
+    class Lead(Outer):  # a class of its own: its call runs, and its parts are the first of their kind
+        pass
+
+    model = _Stack([Lead(), Outer(), Outer(), Outer()])
     assert_same_as_full(model, (torch.zeros(3, 8),))  # module calls included
-    # blocks.1 is the reference, in which blocks.1.first and .second replay blocks.0.second's program
+    # blocks.0.first is a reference, blocks.0.second its copy; blocks.1 is the reference of Outer, in which
+    # blocks.1.first and .second replay blocks.0.first's program; blocks.2 and .3 copy blocks.1, calls and all
     replayed = _replayed_modules(model, (torch.zeros(3, 8),))
-    for block in ("blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
+    for block in ("blocks.0.second.", "blocks.2.", "blocks.3.", "blocks.1.first.", "blocks.1.second."):
         assert any(name.startswith(block) for name in replayed), block
+
+
+class _HalfWeights(nn.Module):
+    """A bfloat16 layer given float32 activations: real kernels refuse the mixed dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).float()
+
+
+def test_replayed_copies_keep_the_kernel_problems_of_their_reference():
+    """A copy's kernel check is its reference's (same op, dtypes and meta): the caution still names each call."""
+    model = _Stack([_HalfWeights() for _ in range(4)])
+    assert_same_as_full(model, (torch.zeros(3, 8),))  # cautions included
+    assert _replayed_modules(model, (torch.zeros(3, 8),)) >= {"blocks.1.proj", "blocks.3.proj"}
+    counting = Counting.prepare("deepspeed", None, None)
+    cautions = counting.capture(model, (torch.zeros(3, 8),), {}, "eager").cautions
+    assert any("(4 calls)" in caution and "operands of different dtypes" in caution for caution in cautions), cautions

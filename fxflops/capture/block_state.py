@@ -187,7 +187,8 @@ class BlockState:
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.setdefault(id(value), (relative, "__dict__", key))
-            attributes.append((key, keyer.key(value, module, top=True)))
+            kind = type(value)  # (most attributes are plain: keyed here as Keyer.key keys them, without the call)
+            attributes.append((key, (kind, value) if kind in _PLAIN else keyer.key(value, module, top=True)))
         structure = (type(module), module.training, name, tuple(module._modules), tuple(held), hooks)
         return structure, tuple(attributes)
 
@@ -250,7 +251,7 @@ class Keyer:
         if kind is float:
             return (float, value.hex())
         if kind is tuple:  # immutable, and no cycle runs through a tuple alone: no memo needed
-            return (tuple, tuple([self.key(item, owner) for item in value]))
+            return (tuple, self._items(value, owner))
         if kind is complex:
             return (complex, value.real.hex(), value.imag.hex())
         if isinstance(value, torch.Tensor):
@@ -277,9 +278,9 @@ class Keyer:
 
     def _object(self, kind: type, value: Any, owner: Any) -> Any:
         if isinstance(value, tuple | list):
-            return (kind, tuple(self.key(item, owner) for item in value), self._attributes(value, owner))
+            return (kind, self._items(value, owner), self._attributes(value, owner))
         if isinstance(value, dict):
-            return (kind, tuple((self.key(key), self.key(item, owner)) for key, item in value.items()),
+            return (kind, tuple(zip(self._items(value, None), self._items(value.values(), owner))),
                     self._attributes(value, owner))
         if isinstance(value, set | frozenset):
             return (kind, tuple(sorted((self.key(item, owner) for item in value), key=repr)))
@@ -310,10 +311,15 @@ class Keyer:
             slots = self._slots[type(value)] = tuple(slot_names(value))
         if type(state) is not dict and not slots:
             return () if isinstance(value, tuple | list | dict | types.FunctionType) else None
-        found = [(key, self.key(item, owner)) for key, item in (state or {}).items()]
+        found = list(zip(state, self._items(state.values(), owner))) if state else []
         for name in slots:
             found.append((name, self.key(getattr(value, name, _MISSING), owner)))
         return tuple(found)
+
+    def _items(self, values: Any, owner: Any) -> tuple:
+        """Each value's key in turn; plain values (most items of a config) keyed here as `key` keys them."""
+        key = self.key
+        return tuple([(kind, value) if (kind := type(value)) in _PLAIN else key(value, owner) for value in values])
 
     def _cell(self, cell: types.CellType) -> Any:
         try:

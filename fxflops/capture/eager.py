@@ -64,8 +64,11 @@ class FakeTwins:
         if id(tensor) in self.shapes:
             return self._symbolic(tensor, self.shapes[id(tensor)], device)
         # built around a meta tensor directly: creating it through the mode's dispatch costs 10x more
-        with unset_fake_temporarily():  # twins made while the forward runs (lazy modules) too
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:  # (before the forward)
             meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        else:
+            with unset_fake_temporarily():  # twins made while the forward runs (lazy modules)
+                meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, device)
         if tensor.requires_grad:  # a trainable parameter, or an input the backward differentiates
             fake.requires_grad_(True)

@@ -28,6 +28,7 @@ import torch
 
 from fxflops.capture.branches import where
 from fxflops.capture.recorder import AUTOCAST, SOURCE
+from fxflops.capture.replay import REPLAY_OF
 from fxflops.results import FORWARD, PHASE
 
 aten = torch.ops.aten
@@ -77,12 +78,18 @@ def rejected_ops(graph_module: torch.fx.GraphModule) -> list[str]:
     # each op's packet and argument names when a check applies to it, else None (most ops); read once per op
     # (a schema is rebuilt on every access)
     checked: dict[Any, tuple[str, tuple[str, ...]] | None] = {}
+    # a checked node's problems by name: a replayed copy of it (capture.replay) runs the same op on operands
+    # of the same dtypes, shapes and strides, with the same meta (autocast marks), so it has the same ones
+    by_name: dict[str, list[str]] = {}
     for node in _aten_nodes(graph_module):
         op = node.target
         plan = checked[op] if op in checked else checked.setdefault(op, _plan(op))
         if plan is not None:
             packet = plan[0]
-            for problem in _problems(node, *plan, promoted):
+            problems = by_name.get(node.meta.get(REPLAY_OF, ""))
+            if problems is None:
+                problems = by_name[node.name] = list(_problems(node, *plan, promoted))
+            for problem in problems:
                 found.setdefault((f"aten.{packet}", problem), []).append(node)
     return [_sentence(op, problem, nodes) for (op, problem), nodes in found.items()]
 

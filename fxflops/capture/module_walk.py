@@ -32,6 +32,8 @@ def walk_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module,
     """
     first: dict[int, str] = {}
     stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # (as uncompiled() finds it, once per walk)
+    compiled = dynamo.OptimizedModule if dynamo is not None else ()
     while stack:
         name, module = stack.pop()
         seen_as = first.get(id(module))
@@ -39,8 +41,8 @@ def walk_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module,
         if seen_as is not None:
             continue
         first[id(module)] = name
-        children = [(f"{name}.{key}" if name else key, uncompiled(child)) for key, child in module._modules.items()
-                    if child is not None]
+        children = [(f"{name}.{key}" if name else key, uncompiled(child) if isinstance(child, compiled) else child)
+                    for key, child in module._modules.items() if child is not None]
         stack.extend(reversed(children))
 
 

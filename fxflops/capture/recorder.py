@@ -198,7 +198,8 @@ class OpRecorder(TorchDispatchMode):
     def _as_arg(self, value: torch.Tensor, keep: Callable[[Any], Any] | None = None) -> torch.fx.Node:
         producer = self._producers.get(value)
         if producer is None:  # a model input, parameter, buffer or constant: a placeholder
-            producer = self.graph.placeholder(f"input_{self._inputs}")
+            name = f"input_{self._inputs}"  # (named here: graph.placeholder works the name out from it again)
+            producer = self.graph.create_node("placeholder", name, name=name)
             producer.meta["val"] = (keep or self._keep)(value)
             self._inputs += 1
             self._producers[value] = producer
@@ -236,13 +237,13 @@ class OpRecorder(TorchDispatchMode):
     def produced(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         self._producers[tensor] = node
 
-    def copy_node(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> torch.fx.Node:
-        """A node like `node` (same op, a copy of its meta) reading `args`."""
+    def copy_node(self, node: torch.fx.Node, args: tuple, kwargs: dict, meta: dict | None = None) -> torch.fx.Node:
+        """A node like `node` (same op; a copy of its meta, or of `meta`) reading `args`."""
         base = self._names.get(node.target) if node.target is not operator.getitem else None
         if base is None and node.target is not operator.getitem:
             base = self._names[node.target] = str(node.target).replace(".", "_")
         copy = new_node(self.graph, node.op, node.target, args, kwargs, base)
-        copy.meta.update(node.meta)  # (assigning .meta would re-index the node)
+        copy.meta.update(node.meta if meta is None else meta)  # (assigning .meta would re-index the node)
         return copy
 
     def unrecorded(self, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -58,6 +58,7 @@ from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
 REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
 _MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
+_MAX_UNMATCHED = 2  # blocks recorded at their first call and not yet matched, beyond which first calls only run
 _MAX_OUTSIDE = 4096  # globals and namespace entries a reference may read and still be replayed
 _MISSING = object()
 VERIFY_ENV = "FXFLOPS_VERIFY_REPLAY"  # set (not "0"): every matched call runs too, and a difference warns
@@ -67,7 +68,7 @@ class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "log", "outside")
+                 "log", "outside", "plan")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -83,6 +84,7 @@ class Template:
         # (node, output tensor it produced): the reference's output tensors made in it, each once
         self.produced: list[tuple[torch.fx.Node, torch.Tensor]] = []
         self.calls: list[tuple[Any, int]] = []
+        self.plan: list[tuple] | None = None  # (Replays._plan) how to copy each node, made at the first copy
 
     def matches(self, state: BlockState) -> bool:
         mine, theirs = self.state.entries, state.entries
@@ -129,6 +131,8 @@ class Replays:
         self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
         self._given_up: set[tuple] = set()
+        # structure -> the templates of a block recorded at its first call of a kind, until one is matched
+        self._unmatched: dict[int, list[Template]] = {}
         self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
         self.mismatches: list[str] = []  # with verification on: each call whose replay would have differed
 
@@ -166,9 +170,17 @@ class Replays:
             return original(*args, **kwargs)
         key = (self._structures[id(module)], call.key)
         templates = self._templates.get(key)
-        if templates is None:  # a first call of its kind: it may well be the only one
-            self._templates[key] = []
-            return original(*args, **kwargs)
+        if templates is None:  # a first call of its kind
+            templates = self._templates[key] = []
+            # a leaf may well be called once, and runs in less than a reference takes to record: its second
+            # call is the reference. A block of modules with siblings is recorded at once: a decoder's first
+            # layer is then the reference and the second a copy, one layer fewer run. Not while a block of
+            # its structure recorded so is still unmatched, nor while _MAX_UNMATCHED of any are: calls may
+            # each differ (DenseNet's layers, each given one more feature map), and first calls then only run
+            if not module._modules or self._recording or key[0] in self._unmatched \
+                    or len(self._unmatched) >= _MAX_UNMATCHED:
+                return original(*args, **kwargs)
+            self._unmatched[key[0]] = templates
         if key in self._given_up or not templates and self._recording:
             # nothing to match, and no reference taken: inside a first reference a block is not taken
             # as one (when the enclosing block repeats it is replayed whole, and its parts' references
@@ -183,6 +195,8 @@ class Replays:
             if template.matches(state) and (template.refused is not None or template.outside_same(self._slots)):
                 if template.refused is not None:
                     return original(*args, **kwargs)
+                if self._unmatched.get(key[0]) is templates:
+                    del self._unmatched[key[0]]
                 if self._verify:
                     return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
@@ -339,11 +353,16 @@ class Replays:
         for node in nodes:
             if node.op == "placeholder":
                 externals[node] = place(node, call, template.state)
+        # a tensor first read in the block (an argument, a global tensor) has its placeholder among the
+        # block's nodes: it is from outside all the same; the block's own parameters and buffers are its own
+        own = {node for node in nodes if node.op != "placeholder" or externals[node][0] == "state"}
+        for node in nodes:
+            if node.op == "placeholder":
                 continue
             for used in node.all_input_nodes:
                 if used not in inside and used not in externals:
                     externals[used] = place(used, call, template.state)
-            written = written_outside(node, inside)
+            written = written_outside(node, own)
             if written is not None:
                 return f"{node.target} writes into {written}, from outside the block"
         template.nodes = [node for node in nodes if node.op != "placeholder"]
@@ -394,21 +413,25 @@ class Replays:
         fresh = {id(like): self._fresh(like) for _, like in template.produced}
         copies: dict[torch.fx.Node, torch.fx.Node] = {}
         site = user_frame()
+        modules_moved: dict[str, tuple[str, str]] = {}  # a reference node's module -> this call's
 
         def source(node: torch.fx.Node) -> torch.fx.Node:
             copy = copies.get(node)
             return copy if copy is not None else wired[node]
 
-        for node in template.nodes:
-            copy = recorder.copy_node(node, map_arg(node.args, source), map_arg(node.kwargs, source))
+        for node, meta, where, library, outputs in template.plan or self._plan(template):
+            kwargs = node.kwargs
+            copy = recorder.copy_node(node, map_arg(node.args, source), map_arg(kwargs, source) if kwargs else {}, meta)
             meta = copy.meta
-            where = meta.get("fxflops_module")
             if where is not None:
-                meta["fxflops_module"] = (_moved(where[0], template.path, path), where[1])
-            if meta.get(SOURCE) == template.site:  # an op of library code (nn.Linear): its caller's line
+                moved = modules_moved.get(where[0])
+                if moved is None:
+                    moved = modules_moved[where[0]] = (_moved(where[0], template.path, path), where[1])
+                meta["fxflops_module"] = moved
+            if library:  # an op of library code (nn.Linear): its caller's line
                 meta[SOURCE] = site
-            meta[REPLAY_OF] = node.meta.get(REPLAY_OF, node.name)
-            meta["val"] = swapped(meta.get("val"), fresh)
+            if outputs:
+                meta["val"] = swapped(meta.get("val"), fresh)
             copies[node] = copy
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
@@ -417,6 +440,22 @@ class Replays:
         for (inside, name), count in template.calls:
             self._tracker.call_log.extend([(f"{path}.{name}" if name else path) if inside else name] * count)
         return out
+
+    @staticmethod
+    def _plan(template: Template) -> list[tuple]:
+        """How to copy each of the reference's nodes, worked out once: (node, the meta its copies start
+        from, its module to move, whether its source line is the caller's, whether its value holds an
+        output of the block, which each call gets fresh)."""
+        outputs = {id(like) for _, like in template.produced}
+        plan = []
+        for node in template.nodes:
+            meta = dict(node.meta)
+            meta[REPLAY_OF] = node.meta.get(REPLAY_OF, node.name)
+            value = meta.get("val")
+            holds = any(id(tensor) in outputs for tensor in _tensors_of(value)) if outputs else False
+            plan.append((node, meta, meta.get("fxflops_module"), meta.get(SOURCE) == template.site, holds))
+        template.plan = plan
+        return plan
 
     def _verified(self, template: Template, original: Callable[..., Any], path: str, args: tuple,
                   kwargs: dict) -> Any:
@@ -459,6 +498,15 @@ class Replays:
         else:
             made = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
         return made.requires_grad_(True) if like.requires_grad else made
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a node's value (a tensor, or a tuple or list of them, as `swapped` walks it)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (tuple, list):
+        return [tensor for item in value for tensor in _tensors_of(item)]
+    return []
 
 
 def _mutable(value: Any, seen: set[int] | None = None) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.count.attention import DENSE, check_attention, with_eager_effective, with_effective
 from fxflops.count.branches import larger_branches, op_nodes
-from fxflops.count.nodes import NodeValues, call_of, covered_cost, node_cost, value_of, whole_call_cost
+from fxflops.count.nodes import NodeValues, ReplayedCosts, call_of, covered_cost, node_cost, value_of, whole_call_cost
 from fxflops.eager_attention import attention_of, find_eager_attention
 from fxflops.results import BACKWARD, FORWARD, PHASE, ROOT_LABEL, Captured, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
@@ -36,23 +36,34 @@ def count_nodes(captured: Captured, table: RuleTable, conventions: str, attentio
     eager = find_eager_attention((node for _, node, _ in op_nodes(captured.graph_module)), kept_memo,
                                  symbolic=sizes is not None)
     branches = []
+    copyable = ReplayedCosts(values)
     for graph_module, node, in_branches in op_nodes(captured.graph_module):
         branches.append(in_branches)
         path, _ = node.meta.get("fxflops_module", ("", ""))
         # a module rule counts its forward (run or recomputed); the backward's ops count one by one
-        covering = _covering(path, whole_paths) if node.meta.get(PHASE) != BACKWARD else None
+        covering = _covering(path, whole_paths) if whole_paths and node.meta.get(PHASE) != BACKWARD else None
         if covering is not None and not (node.op == "call_module" and node.target == covering):
             costs.append(covered_cost(node, covering, sizes))
-        else:
-            cost, rule, key = node_cost(graph_module, node, table, conventions, memo, sizes, values)
-            if isinstance(rule, Rule) and rule.effective is not None:
-                cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention,
-                                      (effective_memo, key), eager)
-            elif isinstance(rule, Rule) and eager:
-                found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
-                if found is not None:
-                    cost = with_eager_effective(cost, found, sizes, attention)
-            costs.append(cost)
+            continue
+        copied = copyable.cost_of(node, path) \
+            if not in_branches and not (eager and attention_of(node, eager, None)) else None
+        if copied is not None:
+            costs.append(copied)
+            continue
+        cost, rule, key = node_cost(graph_module, node, table, conventions, memo, sizes, values)
+        plain = not in_branches
+        if isinstance(rule, Rule) and rule.effective is not None:
+            cost = with_effective(cost, graph_module, node, rule, table, conventions, sizes, kept_memo, attention,
+                                  (effective_memo, key), eager)
+            plain = False
+        elif isinstance(rule, Rule) and eager:
+            found = attention_of(node, eager, node.meta.get(DIFFERENTIATES))
+            if found is not None:
+                cost = with_eager_effective(cost, found, sizes, attention)
+                plain = False
+        if plain and (rule is None or rule.gathers is None):
+            copyable.add(node, cost)
+        costs.append(cost)
     if any(branches):
         costs = larger_branches(costs, branches)
     costs += [whole_call_cost(call, name, table, conventions, sizes)

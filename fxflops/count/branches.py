@@ -26,9 +26,10 @@ def op_nodes(graph_module: torch.fx.GraphModule, branches: tuple = ()
     for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        # (a flex_attention call is one op: its score_mod and mask_mod subgraphs run inside the kernel)
-        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator) \
-                and node.target not in FLEX_HOPS:
+        # (a flex_attention call is one op: its score_mod and mask_mod subgraphs run inside the kernel.
+        # An aten op is told apart by its type first: HigherOrderOperator is an ABC, its isinstance slow)
+        if node.op == "call_function" and type(node.target) is not torch._ops.OpOverload \
+                and isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in FLEX_HOPS:
             subgraphs = [arg for arg in node.args if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
             for index, arg in enumerate(subgraphs):
                 sub = attribute(graph_module, arg.target)

@@ -13,6 +13,7 @@ import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.capture.replay import REPLAY_OF
 from fxflops.results import COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
 from fxflops.traffic import TensorBytes, call_bytes, node_bytes, tensors_of
@@ -115,6 +116,50 @@ class NodeValues:
         if isinstance(arg, torch.Tensor):
             tensors.setdefault(id(arg), arg)
         return _signature(arg)
+
+
+class ReplayedCosts:
+    """The costs a count may hand on to copies of a repeated block's nodes (capture.replay).
+
+    A copy (meta[REPLAY_OF] names the node it copies) runs the op its reference ran, on values of equal
+    shapes, dtypes, strides and plain arguments: replay proved the block's program and arguments equal
+    before copying it. What a rule reads of a call is just that, so the copy costs what its reference
+    costs: the reference's cost record is handed on, with the copy's name, module and source line. Only
+    plain costs are (`add`): no attention reading, which reads where the mask came from, no lookup. A
+    copy whose distinct inputs are fewer than its reference's (two tensors one there, one here: its
+    bytes differ) is costed as any node."""
+
+    __slots__ = ("_values", "_references")
+
+    def __init__(self, values: NodeValues) -> None:
+        self._values = values
+        self._references: dict[str, tuple[torch.fx.Node, NodeCost]] = {}
+
+    def add(self, node: torch.fx.Node, cost: NodeCost) -> None:
+        """`node`'s plain cost, for the copies of it that follow."""
+        if node.op == "call_function":
+            self._references[node.name] = (node, cost)
+
+    def cost_of(self, node: torch.fx.Node, path: str) -> NodeCost | None:
+        """A copy's cost, its reference's handed on; None where it must be costed on its own."""
+        reference = node.meta.get(REPLAY_OF)
+        if reference is None:
+            return None
+        found = self._references.get(reference)
+        if found is None:
+            return None
+        original, cost = found
+        meta = node.meta
+        # (`_input_nodes`: the distinct input nodes FX keeps; `all_input_nodes` copies them into a list)
+        if node.target is not original.target or len(node._input_nodes) != len(original._input_nodes) \
+                or meta.get("fxflops_module", ("", ""))[1] != cost.module_type \
+                or PHASE in meta or DIFFERENTIATES in meta:
+            return None
+        made = object.__new__(NodeCost)
+        state = made.__dict__
+        state.update(cost.__dict__)
+        state["name"], state["module"], state["source"] = node.name, path, self._values.source(node)
+        return made
 
 
 _NONE = object()
