@@ -72,9 +72,9 @@ def test_replay_under_a_plan_changes_no_number(llama, plan):
 
 def test_tensor_parallel_blocks_are_replayed_with_their_all_reduces(llama):
     est = plan_estimate(llama, True, tp=2)
-    # layers 2 and 3 copy layer 1 (the reference) whole: its hooks (the block input made a replicated DTensor,
+    # layers 1 to 3 copy layer 0 (the reference: a block with siblings is recorded at its first call) whole: its hooks (the block input made a replicated DTensor,
     # the row-parallel linears' outputs all-reduced) and its DTensor parameters' local shards
-    assert whole_blocks(est) == {"layers.2", "layers.3"}
+    assert whole_blocks(est) == {"layers.1", "layers.2", "layers.3"}
     assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD
     assert [(c.op, c.module, c.bytes) for c in est.collectives] == \
         [("all_reduce", f"layers.{i}.{m}", T * D * 4) for i in range(L) for m in ("attention.wo", "feed_forward.w2")]
@@ -114,8 +114,8 @@ def test_a_hook_of_a_users_own_style_runs_every_call(llama):
 
 
 def test_a_block_sharded_otherwise_is_not_copied(llama):
-    # layer 2's MLP left whole, the others' split: its hooks and parameters differ from layer 1's (the
-    # reference), so it runs; layer 3 is layer 1's program again
+    # layer 2's MLP left whole, the others' split: its hooks and parameters differ from layer 0's (the
+    # reference), so it runs; layer 3 is layer 0's program again
     split = [i for i in range(L) if i != 2]
     tp_plan = {**{f"layers.{i}.feed_forward.{w}": ColwiseParallel() for i in split for w in ("w1", "w3")},
                **{f"layers.{i}.feed_forward.w2": RowwiseParallel() for i in split},
@@ -133,7 +133,7 @@ def test_sequence_parallel_blocks_take_and_return_sharded_streams(llama):
     # under sequence parallelism a block's input and output are DTensors sharded along the sequence: the
     # copies read this call's local shard and return a DTensor of the reference's placements around theirs
     est = plan_estimate(llama, True, tp=2, sequence_parallel=True)
-    assert whole_blocks(est) == {"layers.2", "layers.3"}
+    assert whole_blocks(est) == {"layers.1", "layers.2", "layers.3"}
     assert est.fwd_flops == L * (ATTN_LINEAR + FFN + SDPA) // 2 + HEAD // 2
     per_layer = {(c.op, c.module, c.bytes) for c in est.collectives if c.module.startswith("layers.3.")}
     # the block's input gathered along the sequence for attention and MLP, their outputs reduce-scattered
