@@ -89,3 +89,63 @@ def test_bad_schedules_are_one_line() -> None:
         simulate([UNIFORM] * 2, 2, "zero-bubble")
     with pytest.raises(ValueError, match="use 'interleaved'"):
         simulate([UNIFORM] * 4, 4, "1f1b", stages=2)
+
+
+# --- DeepSpeed's pipeline engine, instruction by instruction -------------------------------------------
+
+
+def test_deepspeed_train_schedule_instructions_by_hand() -> None:
+    from fxflops.predict.schedule import (RECV_ACTIVATION, RECV_GRAD, SEND_ACTIVATION, SEND_GRAD,
+                                          deepspeed_instructions)
+
+    # p = 2, m = 2, DeepSpeed's TrainSchedule (schedule.py, v0.5.4) written out: 2 (m + p - 1) = 6 steps; stage 0
+    # runs forwards on even steps, stage 1 on odd ones; a forward step receives, then sends the previous
+    # step's gradient; a backward step sends the previous step's activations, then receives
+    assert deepspeed_instructions(2, 2, 0) == [
+        (FORWARD, 0),  # step 0
+        (SEND_ACTIVATION, 0),  # step 1: backward of micro-batch -1, none
+        (FORWARD, 1),  # step 2
+        (SEND_ACTIVATION, 1), (RECV_GRAD, 0), (BACKWARD, 0),  # step 3
+        # step 4: forward of micro-batch 2, none
+        (RECV_GRAD, 1), (BACKWARD, 1)]  # step 5: the previous step sent nothing
+    assert deepspeed_instructions(2, 2, 1) == [
+        (RECV_ACTIVATION, 0), (FORWARD, 0),  # step 1 (step 0: backward of micro-batch -1, none)
+        (BACKWARD, 0),  # step 2: the last stage sends no activations and receives no gradient
+        (RECV_ACTIVATION, 1), (SEND_GRAD, 0), (FORWARD, 1),  # step 3
+        (BACKWARD, 1),  # step 4
+        (SEND_GRAD, 1)]  # step 5: forward of micro-batch 2, none; the previous step's gradient goes
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 3), (2, 1), (2, 5), (4, 4), (4, 9), (8, 3), (8, 16)])
+def test_deepspeed_runs_1f1b_order_and_without_transfers_its_step(p: int, m: int) -> None:
+    from fxflops.predict.schedule import ONE_F_ONE_B, order, simulate_deepspeed
+
+    # DeepSpeed's steps give every stage Megatron's non-interleaved 1F1B order of passes; with transfers that
+    # take no time (and uniform stages) the step is 1F1B's (m + p - 1) (F + B)
+    timeline = simulate_deepspeed([UNIFORM] * p, m)
+    for rank in range(p):
+        passes = [(e.kind, e.microbatch) for e in timeline.rank_events(rank) if e.stream == "compute"]
+        assert passes == [(kind, mb) for kind, mb, _ in order(ONE_F_ONE_B, p, m, 1, rank)]
+    assert timeline.step_time == (m + p - 1) * 3.0
+
+
+def test_deepspeed_blocking_sends_by_hand() -> None:
+    from fxflops.predict.schedule import simulate_deepspeed
+
+    # p = 2, m = 2, F 1 s, B 2 s, 0.5 s a transfer. Stage 0: F0 0-1, send a0 1-1.5 (stage 1 waits at its
+    # receive), F1 1.5-2.5, then its step 3 sends a1, which pairs only when stage 1 reaches its receive after
+    # F0 1.5-2.5 and B0 2.5-4.5: a1 4.5-5; stage 1 then sends g0 5-5.5 (its receive came first in its step),
+    # stage 0 runs B0 5.5-7.5 while stage 1 runs F1 5.5-6.5, B1 6.5-8.5; g1 8.5-9 holds both; B1 9-11
+    timeline = simulate_deepspeed([ChunkCost(1.0, 2.0, 0.5)] * 2, 2)
+    rank0 = [(e.kind, e.microbatch, e.start, e.end) for e in timeline.rank_events(0)]
+    rank1 = [(e.kind, e.microbatch, e.start, e.end) for e in timeline.rank_events(1)]
+    assert rank0 == [(FORWARD, 0, 0.0, 1.0), ("send forward", 0, 1.0, 1.5), (FORWARD, 1, 1.5, 2.5),
+                     ("send forward", 1, 4.5, 5.0), (BACKWARD, 0, 5.5, 7.5), (BACKWARD, 1, 9.0, 11.0)]
+    assert rank1 == [(FORWARD, 0, 1.5, 2.5), (BACKWARD, 0, 2.5, 4.5), ("send backward", 0, 5.0, 5.5),
+                     (FORWARD, 1, 5.5, 6.5), (BACKWARD, 1, 6.5, 8.5), ("send backward", 1, 8.5, 9.0)]
+    assert timeline.step_time == 11.0
+    # the same costs with transfers beside the passes (the 1F1B simulation): a1 crosses while stage 0 waits
+    assert simulate([ChunkCost(1.0, 2.0, 0.5)] * 2, 2, "1f1b").step_time == 10.0
+    # the critical path ends with stage 0's last backward, which waited on stage 1's
+    assert [(e.rank, e.kind, e.microbatch) for e in timeline.critical_path()][-2:] == [(1, BACKWARD, 1),
+                                                                                      (0, BACKWARD, 1)]

@@ -14,6 +14,7 @@ import fxflops
 from fxflops.predict.comm_time import collective_seconds
 from fxflops.predict.hardware import cluster
 from fxflops.predict.layers import LayerCosts, Part
+from fxflops.predict.schedule import ChunkCost
 from fxflops.predict.step import ERROR_STATEMENT, StepPlan, _prefetched, simulate_plan
 from fxflops.predict.validation import GPT, lm_loss
 
@@ -287,3 +288,51 @@ def test_step_plan_refuses_a_bucket_cap_no_ddp_could_use(cap) -> None:
     with pytest.raises(ValueError, match=r"^bucket_cap_mb must be a finite number of MiB > 0 \(DDP's gradient bucket "
                                          r"size\); got "):
         StepPlan(dp=2, global_batch=2, bucket_cap_mb=cap).check(layers=2)
+
+
+def test_deepspeed_engine_by_hand() -> None:
+    """pipeline_engine="deepspeed": each boundary's activations and gradients go as DeepSpeed's PartitionedTensor
+    (a meta tensor and the rank's 1/tp part, blocking sends), rebuilt by an all-gather over tp on the other
+    side; the passes run DeepSpeed's TrainSchedule instruction by instruction; the gradients are reduced after
+    the last backward."""
+    from fxflops.predict.schedule import simulate_deepspeed
+    from fxflops.predict.step import _deepspeed_boundary, dim_ranks_per_node
+
+    device = A100.device
+    size = 64 << 20
+    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, {"pp": 1, "tp": 2})
+    # PartitionedTensor.to_meta(): ndims, 3 sizes, num_parts, rank and tp + 1 offsets, int64 each: 8 x (6 + tp)
+    assert p2p == pytest.approx(collective_seconds("send", 8 * 8, 2, A100, 1)
+                                + collective_seconds("send", size // 2, 2, A100, 1), rel=1e-12)
+    # full(): a zeroed buffer written, the local part copied in, the all-gather, the result cloned (read, written)
+    assert rebuild == pytest.approx(collective_seconds("all_gather", size, 2, A100, 2)
+                                    + (3 * size + 2 * (size // 2)) / device.sustained + 3 * device.launch_overhead,
+                                    rel=1e-12)
+    assert partition == pytest.approx(2 * (size // 2) / device.sustained + device.launch_overhead, rel=1e-12)
+    assert _deepspeed_boundary(size, 1, A100, {"pp": 1, "tp": 1}) == (collective_seconds("send", size, 2, A100, 1),
+                                                                     0.0, 0.0)
+
+    # 4 layers (1 s / 2 s), pp = 2, tp = 2, 2 micro-batches: stage 0 partitions its output in its forward and
+    # rebuilds its output and the received gradient in its backward; stage 1 rebuilds its input in its forward
+    # and partitions its input's gradient in its backward
+    layer_costs = dataclasses.replace(costs(layers=4), tp=2, boundary_bytes=size)
+    plan = StepPlan(tp=2, pp=2, micro_batch=1, global_batch=2, pipeline_engine="deepspeed")
+    placed = dim_ranks_per_node(plan, A100)
+    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, placed)
+    prediction = simulate_plan(layer_costs, plan, A100)
+    expected = simulate_deepspeed([ChunkCost(2.0 + partition, 4.0 + 2 * rebuild, p2p),
+                                   ChunkCost(2.0 + rebuild, 4.0 + partition, p2p)], 2)
+    assert prediction.step_time == pytest.approx(expected.step_time, rel=1e-12)
+    assert [(e.kind, e.start) for e in prediction.timeline.events] == [(e.kind, e.start) for e in expected.events]
+
+    # the data-parallel all-reduce runs after the last backward (DeepSpeed's ReduceGrads instruction), even when
+    # the plan asks for overlap: each layer's reduction is exposed
+    params = 50_000_000
+    reduced = dataclasses.replace(costs(layers=4, params=params))
+    plan = StepPlan(dp=2, micro_batch=1, global_batch=4, optimizer_bytes_per_param=0, pipeline_engine="deepspeed")
+    layer = collective_seconds("all_reduce", params * 2, 2, A100, 2)
+    assert simulate_plan(reduced, plan, A100).breakdown["exposed_comm"] == pytest.approx(4 * layer)
+    with pytest.raises(ValueError, match="DeepSpeed's TrainSchedule, a non-interleaved 1F1B"):
+        simulate_plan(costs(), StepPlan(pp=2, virtual_stages=2, global_batch=4, pipeline_engine="deepspeed"), A100)
+    with pytest.raises(ValueError, match="pipeline_engine='colossal': pick one of megatron, deepspeed"):
+        simulate_plan(costs(), StepPlan(pipeline_engine="colossal"), A100)

@@ -493,3 +493,53 @@ def test_the_guide_lists_every_preset_constant_and_its_source():
         for name in preset_names(kind):
             for constant in load(name).constants.values():
                 assert constant.source.replace("|", "/") in guide, (name, constant.name)
+
+
+def pointwise(op: str, rule: str, numel: int, bytes_per_element: int, flops: int = 0, phase: str = FORWARD,
+              status: str = COUNTED) -> NodeCost:
+    return NodeCost(name=op, op=op, status=status, rule=rule, module="layer", module_type="Block",
+                    input_shapes=((numel,),), output_shapes=((numel,),), macs=0, flops=flops, phase=phase,
+                    bytes=bytes_per_element * numel)
+
+
+def test_fused_elementwise_chain_by_hand():
+    """Kernels(fuse_elementwise=True): the CPU capture's dropout (bernoulli_, div_, mul) and the residual add,
+    with an allocation and a view between them, run as one pass; a layer norm ends the chain."""
+    from fxflops.predict.op_time import fused_chains, node_times
+
+    n = 1 << 24
+    empty = NodeCost(name="e", op="aten.empty_like.default", status=ZERO, rule="allocate", module="layer",
+                     module_type="Block", input_shapes=((n,),), output_shapes=((n,),), macs=0, flops=0)
+    view = NodeCost(name="v", op="aten.view.default", status=ZERO, rule="view", module="layer", module_type="Block",
+                    input_shapes=((n,),), output_shapes=((n,),), macs=0, flops=0)
+    chain = [empty,
+             pointwise("aten.bernoulli_.float", "copy", n, 4, status=ZERO),  # bf16 read and written in place
+             pointwise("aten.div_.Scalar", "elementwise", n, 4, flops=n),
+             view,
+             pointwise("aten.mul.Tensor", "elementwise", n, 6, flops=n),  # two bf16 read, one written
+             pointwise("aten.add.Tensor", "elementwise", n, 6, flops=n)]
+    norm = NodeCost(name="ln", op="aten.native_layer_norm.default", status=COUNTED, rule="layer_norm", module="layer",
+                    module_type="LayerNorm", input_shapes=((n,),), output_shapes=((n,),), macs=0, flops=5 * n,
+                    bytes=4 * n)
+    after = pointwise("aten.gelu.default", "activation", n, 4, flops=n)
+    other_size = pointwise("aten.mul.Tensor", "elementwise", n // 2, 6, flops=n // 2)
+    backward = pointwise("aten.mul.Tensor", "elementwise", n // 2, 6, flops=n // 2, phase=BACKWARD)
+    nodes = chain + [norm, after, other_size, backward]
+    # the layer norm ends the chain; the gelu and the half-size mul differ in size, the two muls in phase
+    assert fused_chains(nodes) == [[1, 2, 4, 5]]
+    h100 = device_model("H100 SXM")
+    # the chain's traffic: 20n bytes less three intermediates (bf16, written and read: 3 x 2 x 2n) plus the
+    # dropout's one-byte mask: 9n; its 3n FLOPs at the vector rate; one launch
+    seconds = max(3 * n / h100.vector_peak("bf16"), 9 * n / h100.sustained) + h100.launch_overhead
+    fused = node_times(nodes, h100, "bf16", Kernels(fuse_elementwise=True))
+    unfused = node_times(nodes, h100, "bf16")
+    assert [t.seconds for t in unfused] == [node_seconds(node, h100, "bf16") for node in nodes]
+    assert sum(fused[i].seconds for i in (1, 2, 4, 5)) == pytest.approx(seconds, rel=1e-12)
+    assert fused[5].seconds == pytest.approx(seconds * 6 / 20, rel=1e-12)  # shared by each op's own traffic
+    assert seconds < sum(unfused[i].seconds for i in (1, 2, 4, 5))
+    for i in (0, 3, 6, 7, 8, 9):  # the rest as before
+        assert fused[i] == unfused[i]
+    # estimate_seconds sums the same fused times
+    est = type("Est", (), {"nodes": nodes, "dtype": torch.bfloat16})()
+    total = estimate_seconds(est, h100, kernels=Kernels(fuse_elementwise=True))["total"]
+    assert total == pytest.approx(sum(t.seconds for t in fused), rel=1e-12)

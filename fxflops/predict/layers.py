@@ -32,7 +32,7 @@ import torch
 from fxflops.parallel.plan import repeated_blocks
 from fxflops.predict.comm_time import collective_record_seconds
 from fxflops.predict.hardware import Cluster
-from fxflops.predict.op_time import FLASH, Kernels, node_seconds
+from fxflops.predict.op_time import FLASH, Kernels, node_seconds, node_times
 from fxflops.results import FORWARD
 
 TP, DP, CP, EP = "tp", "dp", "cp", "ep"  # what issued a collective (collective_kind)
@@ -145,9 +145,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         return PRE if node.module in pre_modules else POST
 
     sums: dict[Any, dict[str, float]] = {}
-    for node in nodes:
+    for node, timing in zip(nodes, node_times(nodes, device, dtype, kernels)):
         key = part(node)
-        seconds = node_seconds(node, device, dtype, kernels)
+        seconds = timing.seconds
         entry = sums.setdefault(key, {})
         forward = node.phase == FORWARD
         _add(entry, "forward" if forward else "backward", seconds)

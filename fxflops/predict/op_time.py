@@ -14,7 +14,9 @@ An op takes `max(flops / (peak x efficiency), bytes / (bandwidth x sustained)) +
   is timed as the kernels it launches instead: batched GEMMs over every (query, key) pair, each at the GEMM
   model's efficiency or its memory traffic, whichever is slower, and the scores' round trips through memory
   (softmax, attention dropout and their backward) at the sustained bandwidth; see `Kernels`.
-- everything else (elementwise, norms, reductions, copies) at the vector rate or the sustained bandwidth.
+- everything else (elementwise, norms, reductions, copies) at the vector rate or the sustained bandwidth;
+  a run whose software fuses pointwise ops (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU
+  and bias + dropout + add, a GPU's one-kernel dropout) has each chain of them timed as one pass (`node_times`).
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
 
@@ -58,10 +60,19 @@ class Kernels:
     the slower of its compute (the GEMM model) and its traffic (both operands read, the product written).
     `attention_dropout`: dropout probability on the attention probabilities (only a "math" run launches a
     kernel for it; a flash kernel applies it in registers). Flex attention ops stay fused under "math": they
-    are compiled kernels whatever backend the run's scaled_dot_product_attention calls take."""
+    are compiled kernels whatever backend the run's scaled_dot_product_attention calls take.
+
+    `fuse_elementwise`: the run launches one kernel for each chain of pointwise ops the capture records one by
+    one (see `fused_chains`): elementwise arithmetic, activations and their backward, a dropout's random mask,
+    consecutive in one pass over tensors of one size, as Megatron-LM's JIT-fused bias + GeLU and bias +
+    dropout + add do (Narayanan et al. 2021 Sec. 4.2) and as CUDA's `native_dropout` does for the CPU capture's
+    `bernoulli_` + `div_` + `mul`. The chain reads what it reads from outside and writes its last output (and
+    a one-byte mask per element when it draws one, kept for the backward): each intermediate result,
+    written by one op and read by the next, stays in registers. False (default): each op is its own kernel."""
 
     attention: str = "flash"
     attention_dropout: float = 0.0
+    fuse_elementwise: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -240,6 +251,74 @@ def _is_backward_op(node: NodeCost) -> bool:
     return node.phase == BACKWARD or "backward" in node.op.lower()
 
 
+# pointwise ops a fused kernel can take into one pass: rules/ names (elementwise arithmetic, activations and their
+# backward) and the random draws of a dropout (a CPU capture's bernoulli_, a GPU's native_dropout)
+_POINTWISE_RULES = ("elementwise", "activation", "activation_backward")
+_RANDOM_OPS = ("bernoulli", "dropout", "rand_like")
+
+
+def _pointwise(node: NodeCost) -> bool:
+    op = node.op.lower()
+    return op_kind(node) == MEMORY and (node.rule in _POINTWISE_RULES or any(r in op for r in _RANDOM_OPS))
+
+
+def _numel(node: NodeCost) -> int:
+    return math.prod(node.output_shapes[0]) if node.output_shapes and node.output_shapes[0] else 1
+
+
+def fused_chains(nodes: list[NodeCost]) -> list[list[int]]:
+    """Indices of the chains a fusing run launches as one kernel each: consecutive pointwise ops (ops that
+    launch nothing, views and allocations, in between do not break a chain) of one phase whose outputs have
+    the same number of elements; any other op ends a chain. Chains of one op are left out."""
+    chains: list[list[int]] = []
+    chain: list[int] = []
+    for i, node in enumerate(nodes):
+        if op_kind(node) == NONE:
+            continue
+        if chain and _pointwise(node) and node.phase == nodes[chain[0]].phase \
+                and _numel(node) == _numel(nodes[chain[0]]):
+            chain.append(i)
+            continue
+        if len(chain) > 1:
+            chains.append(chain)
+        chain = [i] if _pointwise(node) else []
+    if len(chain) > 1:
+        chains.append(chain)
+    return chains
+
+
+def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any, kernels: Kernels = FLASH
+               ) -> list[OpTime]:
+    """Each node's OpTime in order; with `kernels.fuse_elementwise` a fused chain's one pass (its FLOPs at the
+    vector rate or its traffic at the sustained bandwidth, and one launch) shared among its ops in proportion
+    to their own traffic. The chain's traffic: its ops' bytes less each intermediate result's write and read
+    (every op but the last hands its output, elements x the dtype's size, to the next), plus a one-byte mask
+    per element for each random draw (the dropout mask kept for the backward)."""
+    device = device_model(device)
+    key = dtype_key(dtype)
+    nodes = list(nodes)
+    times = [op_time(node, device, key, kernels) for node in nodes]
+    if not kernels.fuse_elementwise:
+        return times
+    element = _ELEMENT_BYTES[key]
+    for chain in fused_chains(nodes):
+        members = [nodes[i] for i in chain]
+        numel = _numel(members[0])
+        masks = sum(1 for n in members if any(r in n.op.lower() for r in _RANDOM_OPS))
+        traffic = sum(n.bytes for n in members) - 2 * (len(members) - 1) * numel * element + masks * numel
+        traffic = max(traffic, numel * element)  # at least its output written (an op of another dtype in it)
+        flops = sum(n.flops for n in members)
+        compute = flops / device.vector_peak(key) if flops else 0.0
+        memory = traffic / device.sustained
+        seconds = max(compute, memory) + device.launch_overhead
+        weights = [n.bytes for n in members] if any(n.bytes for n in members) else [1] * len(members)
+        for i, weight in zip(chain, weights):
+            share = weight / sum(weights)
+            times[i] = OpTime(MEMORY, seconds * share, compute * share, memory * share,
+                              device.launch_overhead * share, 1.0)
+    return times
+
+
 def node_seconds(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kernels = FLASH) -> float:
     """Predicted seconds of one op on `device` computing in `dtype` (see the module's docstring)."""
     return op_time(node, device, dtype, kernels).seconds
@@ -268,8 +347,8 @@ def sum_seconds(nodes: Iterable[NodeCost], device: DeviceModel, key: str, kernel
     modules: dict[str, dict[str, float]] = {}
     kinds: dict[str, float] = {}
     timed = unknown = 0
-    for node in nodes:
-        timing = op_time(node, device, key, kernels)
+    nodes = list(nodes)
+    for node, timing in zip(nodes, node_times(nodes, device, key, kernels)):
         if timing.kind == NONE:
             continue
         timed += 1

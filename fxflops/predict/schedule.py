@@ -1,4 +1,5 @@
-"""A pipeline schedule simulated micro-batch by micro-batch: GPipe, 1F1B and interleaved 1F1B.
+"""A pipeline schedule simulated micro-batch by micro-batch: GPipe, 1F1B and interleaved 1F1B, and
+DeepSpeed's pipeline engine instruction by instruction (`simulate_deepspeed`).
 
 The model is cut into `p * v` chunks in model order; chunk `c` lives on pipeline rank `c % p` (Megatron's
 interleaved placement: with v = 1 it is simply stage c on rank c). Each rank runs its chunks' forward and
@@ -7,6 +8,12 @@ is there: a forward when the previous chunk's forward of the same micro-batch ha
 activations have crossed the link (`p2p` seconds), a backward when the next chunk's backward has ended
 and its gradient has crossed back (the last chunk's backward right after its own forward). Nothing
 else is assumed: the bubble, every rank's idle time, is what comes out of the simulation, not a formula.
+
+DeepSpeed's PipelineEngine (v0.5.x) runs the same 1F1B order differently: each rank executes the
+instruction stream of DeepSpeed's TrainSchedule, step by step (receive / send, then the pass), and every
+send and receive is a blocking `dist.send` / `dist.recv` of one tensor (its p2p.py asserts async_op=False),
+so a transfer starts only when both ranks have reached it and holds both until it has crossed
+(`simulate_deepspeed`).
 
 Times are seconds (any unit works: the simulation only adds and compares them).
 """
@@ -213,6 +220,100 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
                 progressed = True
         if not progressed:  # an order that waits on itself: a bug in `order`, never a user's input
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
+    timeline.step_time = max(free)
+    return timeline
+
+
+RECV_ACTIVATION, SEND_GRAD, SEND_ACTIVATION, RECV_GRAD = "recv activation", "send grad", "send activation", "recv grad"
+
+
+def deepspeed_instructions(stages: int, microbatches: int, stage: int) -> list[tuple[str, int]]:
+    """The instructions stage `stage` executes in one step of DeepSpeed's TrainSchedule (deepspeed/runtime/pipe/
+    schedule.py, v0.5.x), as (FORWARD | BACKWARD | RECV_ACTIVATION | SEND_GRAD | SEND_ACTIVATION | RECV_GRAD,
+    micro-batch): 2 (m + p - 1) steps; in step t an even stage runs a forward when t is even and a backward when
+    it is odd (an odd stage the other way round), of the micro-batch `_step_to_micro_batch` names; a forward
+    step first receives that micro-batch's activations and sends the previous step's input gradient, a backward
+    step first sends the previous step's activations and receives that micro-batch's output gradient."""
+    p, m, s = stages, microbatches, stage
+    out: list[tuple[str, int]] = []
+    previous = -1
+    for step in range(2 * (m + p - 1)):
+        forward = step % 2 == s % 2
+        if forward:
+            mb = (step if step % 2 == 0 else step - 1) // 2 - s // 2
+        elif step % 2 == 0:
+            mb = step // 2 - p + (s + 1) // 2
+        else:
+            mb = (step - 1) // 2 - p + 1 + s // 2
+        valid, valid_previous = 0 <= mb < m, 0 <= previous < m
+        if forward and s > 0:
+            out += [(RECV_ACTIVATION, mb)] if valid else []
+            out += [(SEND_GRAD, previous)] if valid_previous else []
+        elif not forward and s < p - 1:
+            out += [(SEND_ACTIVATION, previous)] if valid_previous else []
+            out += [(RECV_GRAD, mb)] if valid else []
+        if valid:
+            out.append((FORWARD if forward else BACKWARD, mb))
+        previous = mb
+    return out
+
+
+# each transfer instruction: the peer's stage offset and the instruction it pairs with
+_PAIRS = {SEND_ACTIVATION: (1, RECV_ACTIVATION), RECV_ACTIVATION: (-1, SEND_ACTIVATION),
+          SEND_GRAD: (-1, RECV_GRAD), RECV_GRAD: (1, SEND_GRAD)}
+
+
+def simulate_deepspeed(chunks: Sequence[ChunkCost], microbatches: int) -> Timeline:
+    """One step of DeepSpeed's pipeline engine over `len(chunks)` stages (one chunk a stage: DeepSpeed does not
+    interleave), each stage running `deepspeed_instructions` in order. A pass runs when its rank gets to it; a
+    send and its receive pair up when both ranks have reached them (a blocking dist.send / dist.recv) and hold
+    both ranks for the sender's `p2p` seconds. Returns the Timeline (passes, and each transfer as a P2P event
+    on its sender)."""
+    p, m = len(chunks), microbatches
+    check(ONE_F_ONE_B, p, m, 1)
+    programs = [deepspeed_instructions(p, m, s) for s in range(p)]
+    position = [0] * p
+    free = [0.0] * p
+    last: list[Event | None] = [None] * p  # each rank's latest pass
+    waited: list[Event | None] = [None] * p  # the pass on another rank that a transfer made this rank wait for
+    timeline = Timeline(ONE_F_ONE_B, p, 1, m, [[] for _ in range(p)])
+    remaining = sum(len(program) for program in programs)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while position[s] < len(programs[s]):
+                kind, mb = programs[s][position[s]]
+                if kind in (FORWARD, BACKWARD):
+                    cost = chunks[s].forward if kind == FORWARD else chunks[s].backward
+                    event = Event(s, kind, mb, s, free[s], free[s] + cost)
+                    timeline.by_rank[s].append(event)
+                    timeline.causes[event] = waited[s] if waited[s] is not None else last[s]
+                    last[s], waited[s] = event, None
+                    free[s] = event.end
+                    position[s] += 1
+                    remaining -= 1
+                    progressed = True
+                    continue
+                offset, pair = _PAIRS[kind]
+                peer = s + offset
+                if position[peer] >= len(programs[peer]) or programs[peer][position[peer]] != (pair, mb):
+                    break  # blocked until the peer reaches the matching instruction
+                sender, sending = (s, kind) if kind in (SEND_ACTIVATION, SEND_GRAD) else (peer, pair)
+                start = max(free[s], free[peer])
+                end = start + chunks[sender].p2p
+                if chunks[sender].p2p:
+                    name = "send forward" if sending == SEND_ACTIVATION else "send backward"
+                    timeline.by_rank[sender].append(Event(sender, name, mb, sender, start, end, P2P))
+                for rank, other in ((s, peer), (peer, s)):  # the later of the two set when both go on
+                    if free[other] > free[rank] and last[other] is not None:
+                        waited[rank] = last[other]
+                free[s] = free[peer] = end
+                position[s] += 1
+                position[peer] += 1
+                remaining -= 2
+                progressed = True
+        if not progressed:  # DeepSpeed's own schedule never waits on itself: a bug here, never a user's input
+            raise RuntimeError(f"DeepSpeed pipeline schedule deadlocked (p={p}, m={m})")
     timeline.step_time = max(free)
     return timeline
 

@@ -48,9 +48,14 @@ from fxflops.predict.comm_time import collective_seconds, ranks_per_node
 from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.op_time import stream_seconds
-from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate
+from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
 
 RECOMPUTE = ("none", "selective", "full")
+MEGATRON, DEEPSPEED = "megatron", "deepspeed"
+PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
+# DeepSpeed's PartitionedTensor.to_meta(): [ndims, *shape, num_parts, rank, *partition offsets] as int64, sent
+# before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x)
+_META_INT64 = 8
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
                    "was not fitted to, see docs/guide/predict.md for the per-run errors")
 
@@ -80,6 +85,9 @@ class StepPlan:
     # without FSDP: DDP's gradient buckets of this size in MiB; None: one reduction per layer as its backward
     # ends (not DDP's default buckets, which None means in fxflops.Parallel)
     bucket_cap_mb: float | None = None
+    # the pipeline engine whose p2p and gradient reduction the step follows (see `_deepspeed_boundary`):
+    # "megatron" (Megatron-LM's) or "deepspeed" (DeepSpeed's PipelineEngine of 2021, v0.5.x)
+    pipeline_engine: str = MEGATRON
 
     @property
     def grad_group(self) -> int:
@@ -108,6 +116,11 @@ class StepPlan:
     def check(self, layers: int) -> None:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute={self.recompute!r}: pick one of {', '.join(RECOMPUTE)}")
+        if self.pipeline_engine not in PIPELINE_ENGINES:
+            raise ValueError(f"pipeline_engine={self.pipeline_engine!r}: pick one of {', '.join(PIPELINE_ENGINES)}")
+        if self.pipeline_engine == DEEPSPEED and (self.virtual_stages > 1 or self.schedule != ONE_F_ONE_B):
+            raise ValueError("pipeline_engine='deepspeed' runs DeepSpeed's TrainSchedule, a non-interleaved 1F1B: give "
+                             "virtual_stages=1 and schedule='1f1b'")
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch = "
                              f"{self.dp} x {self.micro_batch}; pick sizes that divide it")
@@ -274,6 +287,13 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
 
     chunks = _split(layers, p * v)
     chunk_costs, chunk_compute = [], []
+    deepspeed = plan.pipeline_engine == DEEPSPEED
+    if p > 1 and deepspeed:
+        p2p, rebuild, partition = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
+    elif p > 1:
+        p2p, rebuild, partition = collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"]), 0.0, 0.0
+    else:
+        p2p = rebuild = partition = 0.0
     for c, n in enumerate(chunks):
         first, last = c == 0, c == len(chunks) - 1
         fwd = [layer_fwd_compute + layer_fwd_comm] * n
@@ -289,21 +309,26 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         if last:
             fwd_time += post.forward + post.comm_forward
             bwd_time += post.backward + post.comm_backward
-        p2p = 0.0
-        if p > 1 and not last:
-            p2p = collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"])
+        if rebuild or partition:  # DeepSpeed: the received input rebuilt, the output partitioned for its send
+            fwd_time += (rebuild if not first else 0.0) + (partition if not last else 0.0)
+            # the backward rebuilds its partitioned output and the received gradient, partitions its input's
+            bwd_time += (2 * rebuild if not last else 0.0) + (partition if not first else 0.0)
+        # each chunk's p2p: its output activations (forward) and its input gradients (backward) crossing to the
+        # neighbouring rank; the schedule sends neither past the pipeline's ends
         chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p))
         compute = n * (layer_fwd_compute + layer_bwd_compute) + (pre.forward + pre.backward if first else 0.0) \
             + (post.forward + post.backward if last else 0.0)
         chunk_compute.append(compute)
     schedule = INTERLEAVED if v > 1 else plan.schedule
-    timeline = simulate(chunk_costs, m, schedule, stages=p)
+    timeline = simulate_deepspeed(chunk_costs, m) if deepspeed else simulate(chunk_costs, m, schedule, stages=p)
 
     comm_events: list[tuple[int, str, float, float]] = []
     compute_ends = [max((e.end for e in timeline.rank_events(rank) if e.stream == "compute"), default=0.0)
                     for rank in range(p)]
     ends = list(compute_ends)  # when each rank is done with the step's compute and communication
     after_step = [0.0] * p
+    if deepspeed and plan.overlap_grad_reduce:  # DeepSpeed's ReduceGrads instruction runs after the last backward
+        plan = dataclasses.replace(plan, overlap_grad_reduce=False)
     if plan.grad_group > 1 and not fsdp:
         for rank in range(p):
             ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed,
@@ -362,6 +387,30 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin)
+
+
+def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]
+                        ) -> tuple[float, float, float]:
+    """What one stage boundary costs a micro-batch under DeepSpeed's PipelineEngine (v0.5.x,
+    deepspeed/runtime/pipe/engine.py, p2p.py, utils.py), as (p2p, rebuild, partition) seconds:
+
+    - p2p: each direction's transfer, a blocking `dist.send` per tensor (p2p.py asserts async_op=False):
+      with tensor parallelism (`is_pipe_partitioned = is_grad_partitioned = is_model_parallel`) the
+      activation or gradient goes as a PartitionedTensor, its int64 meta tensor and then the rank's 1/tp
+      part (two sends); without it the whole tensor;
+    - rebuild: `PartitionedTensor.full()` on the receiving side, a zero-filled buffer, the tp ranks' parts
+      all-gathered into it and the result cloned (memory-bound passes at the sustained bandwidth);
+    - partition: `_partition_tensor`, the rank's part cloned out of the tensor before its send.
+    """
+    send = collective_seconds("send", boundary_bytes, 2, cluster, placed["pp"])
+    if tp <= 1:
+        return send, 0.0, 0.0
+    part = -(-boundary_bytes // tp)
+    meta = collective_seconds("send", _META_INT64 * (6 + tp), 2, cluster, placed["pp"])
+    p2p = meta + collective_seconds("send", part, 2, cluster, placed["pp"])
+    rebuild = collective_seconds("all_gather", boundary_bytes, tp, cluster, placed["tp"]) \
+        + stream_seconds(3 * boundary_bytes + 2 * part, cluster.device, kernels=3)
+    return p2p, rebuild, stream_seconds(2 * part, cluster.device)
 
 
 def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, float, float, int]:
@@ -589,7 +638,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  distributed_optimizer: bool = False, overlap_grad_reduce: bool = True, loss: Any = None,
                  layers: int | None = None, grad_bytes: int | None = None,
                  trace: str | Path | None = None, device: str | Path | Any = None,
-                 routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0) -> StepPrediction:
+                 routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
+                 fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -614,7 +664,12 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     kernel, default) or "math" (unfused: batched GEMMs over every pair, softmax and its backward through
     memory, as torch's math SDPA backend and Megatron-LM before FlashAttention run it), with
     `attention_dropout` (the attention probabilities' dropout, a kernel of its own when unfused); see
-    `fxflops.predict.op_time.Kernels`. A prediction is a model with a stated error, not a measurement."""
+    `fxflops.predict.op_time.Kernels`; `fuse_elementwise`: the run's software fuses each chain of pointwise ops
+    into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).
+    `pipeline_engine`: "megatron" (default) or "deepspeed", DeepSpeed's 2021 PipelineEngine: blocking sends,
+    activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
+    reduction after the last backward (`_deepspeed_boundary`). A prediction is a model with a stated error,
+    not a measurement."""
     import torch
 
     from fxflops.device.peaks import dtype_key
@@ -640,14 +695,15 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     fsdp=bool(parallel.get("fsdp", dp * cp > 1)), micro_batch=batch,
                     global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-                    grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"))
-    if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None:
+                    grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"),
+                    pipeline_engine=pipeline_engine)
+    if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or pipeline_engine != MEGATRON:
         plan.check(layers or 1 << 30)  # a plan that cannot run, refused before the capture
     loss_parallel = bool(parallel.get("loss_parallel", False))
     if loss_parallel and tp == 1:
         raise ValueError("predict_step: loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1")
     placed = dim_ranks_per_node(plan, the_cluster)
-    kernels = Kernels(attention, attention_dropout)  # an unknown kernel choice fails here, before the capture
+    kernels = Kernels(attention, attention_dropout, fuse_elementwise)  # a bad choice fails here, before the capture
     options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
                    routing=routing, kernels=kernels, fsdp=plan.fsdp, loss_parallel=loss_parallel)
     note = None
@@ -667,6 +723,13 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         prediction.notes.append(note)
     if kernels.attention != "flash":
         prediction.notes.append(_kernels_note(kernels))
+    if kernels.fuse_elementwise:
+        prediction.notes.append("each chain of pointwise ops timed as one fused kernel (fuse_elementwise=True)")
+    if plan.pipeline_engine == DEEPSPEED and pp > 1:
+        prediction.notes.append(
+            "DeepSpeed's pipeline engine: blocking sends (meta and 1/tp part), the receiver all-gathering over tp, "
+            "the data-parallel reduction after the last backward; its tied-embedding gradient all-reduce "
+            "(ReduceTiedGrads) is not modelled")
     if trace is not None and str(trace).endswith((".html", ".htm")):
         prediction.to_html(trace)
     elif trace is not None:
