@@ -5,7 +5,8 @@ et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula; Smith et a
 iteration time; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's performance page: tokens/s per
 A100) is predicted with predict_step on the run's cluster preset (DGX A100 80GB or DGX H100), the model
 captured at two layers (the costs stand for the run's depth), with the kernels its software ran as the
-row states them (unfused or flash attention, attention dropout, the gradient reduction's dtype). The
+row states them (unfused or flash attention, attention dropout, fused pointwise chains, the gradient
+reduction's dtype) and its pipeline engine (Megatron-LM's or DeepSpeed's). The
 constants come from fxflops/predict/data and were not fitted to these runs. Writes benchmarks/results/predict_validation.md.
 
     python benchmarks/predict_validation.py
@@ -41,7 +42,8 @@ def main() -> None:
         b = prediction.breakdown
         unit = UNITS[run.metric]
         rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
-                    f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute} | "
+                    f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute}"
+                    f"{', DeepSpeed engine' if run.pipeline_engine == 'deepspeed' else ''} | "
                     f"{run.kernels} | {unit} | "
                     f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "
                     f"{b['exposed_comm']:.2f} / {b['bubble']:.2f} / {b['optimizer']:.2f} | "

@@ -14,7 +14,7 @@ from fxflops.predict.validation import KORTHIKANTI, LLAMA3, NARAYANAN, RUNS, SMI
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "guide" / "predict.md"
 ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<source>[^|]+?) \| [^|]+ \| [^|]+ \| (?P<kernels>[^|]+?) \| (?P<unit>[^|]+?) \| "
-                 r"(?P<measured>[\d.]+) \| (?P<predicted>[\d.]+) \| (?P<error>[+-][\d.]+)% \| [+-][\d.]+% \|$")
+                 r"(?P<measured>[\d.]+) \| (?P<predicted>[\d.]+) \| (?P<error>[+-][\d.]+)% \| (?:[+-][\d.]+%|new) \|$")
 
 
 def table() -> dict[str, dict[str, str]]:
@@ -36,6 +36,10 @@ def test_each_row_states_its_kernels() -> None:
         unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH)
         assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else ("flash", 0.0))
         assert run.grad_bytes == (4 if run.source == TORCHTITAN else None)
+        # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM and MT-NLG runs; MT-NLG's
+        # pipeline ran on DeepSpeed's engine
+        assert run.fuse_elementwise == unfused and ("fused pointwise chains" in run.kernels) == unfused
+        assert run.pipeline_engine == ("deepspeed" if run.source == SMITH else "megatron")
 
 
 def test_published_numbers() -> None:
@@ -45,8 +49,10 @@ def test_published_numbers() -> None:
     assert measured == {
         "22B, SP + selective": 1.10, "22B, full recompute": 1.42, "175B, SP + selective": 13.75,
         "175B, full recompute": 18.13, "530B, SP + selective": 37.83, "530B, full recompute": 49.05,
-        "1T, SP + selective": 71.49, "1T, full recompute": 94.42, "18.4B on 256 GPUs": 135, "39.1B on 512 GPUs": 138,
-        "76.1B on 1024 GPUs": 140, "145.6B on 1536 GPUs": 148, "310.1B on 1920 GPUs": 155, "1T on 3072 GPUs": 163,
+        "1T, SP + selective": 71.49, "1T, full recompute": 94.42, "1.7B on 32 GPUs": 137, "3.6B on 64 GPUs": 138,
+        "7.5B on 128 GPUs": 142, "18.4B on 256 GPUs": 135, "39.1B on 512 GPUs": 138,
+        "76.1B on 1024 GPUs": 140, "145.6B on 1536 GPUs": 148, "310.1B on 1920 GPUs": 155,
+        "529.6B on 2520 GPUs": 163, "1T on 3072 GPUs": 163,
         "MT-NLG 530B on 2240 GPUs": 60.1, "MT-NLG 530B on 2800 GPUs": 50.2, "MT-NLG 530B on 3360 GPUs": 44.4,
         "Llama 3 405B on 8192 H100": 430, "Llama 3 405B on 16384 H100": 400, "Llama 3 70B, FSDP, full AC": 331,
         "Llama 2 70B, FSDP, full AC": 353, "Llama 2 13B, FSDP, no AC": 2162}
@@ -57,6 +63,13 @@ def test_published_numbers() -> None:
     # so one iteration of batch 3072 took Eq. 3 / 502e15 s
     one_t = next(run for run in RUNS if run.name == "1T on 3072 GPUs")
     assert one_t.published_flops() / (one_t.gpus * 163e12) == pytest.approx(one_t.published_flops() / 502e15, rel=3e-3)
+    # Table 1's aggregate PFLOP/s column is GPUs x the per-GPU TFLOP/s (to its rounding) on every row
+    aggregate = {"1.7B": 4.4, "3.6B": 8.8, "7.5B": 18.2, "18.4B": 34.6, "39.1B": 70.8, "76.1B": 143.8,
+                 "145.6B": 227.1, "310.1B": 297.4, "529.6B": 410.2, "1T": 502.0}
+    table_1 = [run for run in RUNS if run.source == NARAYANAN]
+    assert sorted(run.name.split(" on")[0] for run in table_1) == sorted(aggregate)
+    for run in table_1:
+        assert run.gpus * run.measured / 1000 == pytest.approx(aggregate[run.name.split(" on")[0]], abs=0.05 + run.gpus / 2000)
     # Smith et al.'s TFLOP/s per GPU (126, 121, 113) are Eq. 3 over their iteration times (60.1, 50.2, 44.4 s):
     # the row's model, plan and batch are the paper's, recomputation included
     for run, tflops in zip((run for run in RUNS if run.source == SMITH), (126, 121, 113)):
@@ -86,16 +99,21 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert int(stated[2]) == len(RUNS)
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
     # issue 41's target holds on the runs it was first stated for and on every publication but MT-NLG's; the
-    # docs say why not there (the same model on the same nodes under Megatron-LM is predicted within 2.2%)
+    # docs say why not there (the same model and plan on the same nodes under Megatron-LM, Narayanan et al.'s
+    # 529.6B row, is predicted within 8%)
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
     assert sum(first) / len(first) < 0.10 and max(first) < 0.20
     rest = [error for run, error in zip(RUNS, errors) if run.source != SMITH]
     assert sum(rest) / len(rest) < 0.10 and max(rest) < 0.20
-    # over every row the mean is under 10%; the largest is MT-NLG's, over 20%
-    assert mean < 0.10 and max(rest) < worst
+    # over every row it does not: the rows over 20% are exactly the three MT-NLG ones, and they take the mean
+    # over 10% (10.1%)
+    assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {run.name for run in RUNS
+                                                                             if run.source == SMITH}
+    assert 0.10 < mean < 0.11
 
 
-@pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "MT-NLG 530B on 2240 GPUs",
+@pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",
+                                  "MT-NLG 530B on 2240 GPUs",
                                   "Llama 3 405B on 16384 H100", "Llama 2 13B, FSDP, no AC"])
 def test_rows_predicted_again(name: str) -> None:
     run = next(run for run in RUNS if run.name == name)

@@ -188,6 +188,8 @@ class PublishedRun:
     attention: str = "flash"
     attention_dropout: float = 0.0
     grad_bytes: int | None = None
+    fuse_elementwise: bool = False  # one kernel per chain of pointwise ops (Megatron-LM's fused bias-GeLU, ...)
+    pipeline_engine: str = "megatron"  # "deepspeed": DeepSpeed's 2021 PipelineEngine (step._deepspeed_boundary)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
     @property
@@ -196,6 +198,8 @@ class PublishedRun:
         words = ["unfused attention" if self.attention == "math" else "flash attention"]
         if self.attention_dropout:
             words.append(f"dropout {self.attention_dropout:g}")
+        if self.fuse_elementwise:
+            words.append("fused pointwise chains")
         if self.grad_bytes == 4:
             words.append("fp32 gradient reduction")
         return ", ".join(words)
@@ -214,7 +218,7 @@ class PublishedRun:
 _N_ASSUMED = ("Table 1 gives no micro-batch size or schedule: micro-batch 1, non-interleaved 1F1B, full "
               "recomputation (the paper's FLOP count includes it), gradients all-reduced after the backward")
 _S_ASSUMED = ("Section 2.4 gives tp=8 in a node, pp=35 across nodes, batch 1920, sequence 2048; assumed: "
-              "micro-batch 1, DeepSpeed's non-interleaved 1F1B, full recomputation (the paper's TFLOP/s are "
+              "micro-batch 1, DeepSpeed's pipeline engine (v0.5.4: TrainSchedule's 1F1B), full recomputation (the paper's TFLOP/s are "
               "Narayanan et al.'s Eq. 3, which includes it: Eq. 3 / (2240 x 60.1 s) = 125.7), no sequence "
               "parallelism, gradients reduced after the backward (DeepSpeed's pipeline engine), vocabulary "
               "50,257 padded to 51,200 (Megatron's padding for tp=8)")
@@ -229,16 +233,24 @@ _T_ASSUMED = ("the page gives the model, 64 A100 80GB under FSDP2 (1D), the loca
               "page says Llama 2's is half Llama 3's), FSDP resharding after the forward (FSDP2's default), the "
               "cluster's network as the DGX A100 80GB preset's (the page does not say), no torch.compile, "
               "WPS as tokens a second a GPU")
+_MEGATRON_FUSION = ("; pointwise chains fused: Narayanan et al. 2021 Sec. 4.2 fuse bias + GeLU and bias + dropout + add "
+                    "(PyTorch JIT), Megatron-LM's fused_bias_gelu / bias_dropout_add_fused_train "
+                    "(megatron/model/fused_bias_gelu.py, transformer.py)")
 _MEGATRON_2021 = ("unfused attention with dropout 0.1: Narayanan et al. Sec. 4.2 (computation optimizations) fuse "
                   "bias + GeLU and bias + dropout + add with PyTorch JIT and write custom kernels fusing scale, mask "
                   "and softmax, so the scores go through memory between the two batched GEMMs (FlashAttention came "
-                  "in 2022); attention dropout 0.1 is Megatron-LM's default (--attention-dropout)")
+                  "in 2022); attention dropout 0.1 is Megatron-LM's default (--attention-dropout)" + _MEGATRON_FUSION)
 _MEGATRON_2022 = ("unfused attention with dropout 0.1: Korthikanti et al. Sec. 4.1 Eq. 1 stores the softmax "
                   "output (2as^2b bytes), its dropout mask (as^2b) and the dropout output (2as^2b) of every layer, "
                   "and Sec. 5's selective recomputation recomputes the QK^T matrix multiply, softmax, softmax "
-                  "dropout and attention over V: the attention ran as separate kernels with the scores in memory")
-_DEEPSPEED_2021 = ("unfused attention with dropout 0.1, as Megatron-LM then (assumed: Sec. 2 builds on Megatron-LM's "
-                   "tensor slicing; the paper does not describe its kernels; FlashAttention came in 2022)")
+                  "dropout and attention over V: the attention ran as separate kernels with the scores in memory"
+                  + _MEGATRON_FUSION)
+_DEEPSPEED_2021 = ("unfused attention with dropout 0.1 and pointwise chains fused, as Megatron-LM then (assumed: Sec. 2 "
+                   "builds on Megatron-LM's tensor slicing, and Megatron-DeepSpeed's ParallelTransformerLayer keeps "
+                   "Megatron-LM's fused bias-GeLU and bias-dropout-add; the paper does not describe its kernels; "
+                   "FlashAttention came in 2022); pipeline: DeepSpeed's PipelineEngine (the paper's 3D parallelism: DeepSpeed's "
+                   "pipeline parallelism), as its code of v0.5.4 (2021-10-06, the release before the paper's "
+                   "announcement) runs it: deepspeed/runtime/pipe/engine.py, p2p.py, schedule.py (TrainSchedule)")
 _LLAMA3_SOFTWARE = "fused (flash) attention, no dropout (assumed: the paper does not name its attention kernel)"
 _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, "
                         "which runs FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
@@ -250,55 +262,70 @@ _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (
 RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("22B, SP + selective", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "selective", True,
                  "step_time", 1.10, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("22B, full recompute", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "full", False,
                  "step_time", 1.42, _K_FULL,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("175B, SP + selective", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "selective", True,
                  "step_time", 13.75, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("175B, full recompute", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "full", False,
                  "step_time", 18.13, _K_FULL,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("530B, SP + selective", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "selective", True,
                  "step_time", 37.83, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("530B, full recompute", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "full", False,
                  "step_time", 49.05, _K_FULL,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("1T, SP + selective", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "selective", True,
                  "step_time", 71.49, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
     PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
                  "step_time", 94.42, _K_FULL,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+    PublishedRun("1.7B on 32 GPUs", NARAYANAN, 24, 2304, 24, 32, 1, 1, 512, 1, 1, "full", False,
+                 "tflops_per_gpu", 137, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+    PublishedRun("3.6B on 64 GPUs", NARAYANAN, 30, 3072, 32, 64, 2, 1, 512, 1, 1, "full", False,
+                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+    PublishedRun("7.5B on 128 GPUs", NARAYANAN, 36, 4096, 32, 128, 4, 1, 512, 1, 1, "full", False,
+                 "tflops_per_gpu", 142, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 1, 1, "full", False,
                  "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 1, 1, "full", False,
                  "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 1, 1, "full", False,
                  "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 1, 1, "full", False,
                  "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 1, "full", False,
                  "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+    PublishedRun("529.6B on 2520 GPUs", NARAYANAN, 105, 20480, 128, 2520, 8, 35, 2520, 1, 1, "full", False,
+                 "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
                  "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("MT-NLG 530B on 2240 GPUs", SMITH, 105, 20480, 128, 2240, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 2800 GPUs", SMITH, 105, 20480, 128, 2800, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 3360 GPUs", SMITH, 105, 20480, 128, 3360, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, software=_DEEPSPEED_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 software=_DEEPSPEED_2021),
     PublishedRun("Llama 3 405B on 8192 H100", LLAMA3, 126, 16384, 128, 8192, 8, 16, 64 * 32, 1, 2, "none", True,
                  "model_tflops_per_gpu", 430, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
                  vocab=128256, seq=8192, distributed_optimizer=True,
@@ -338,7 +365,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
-                              attention=run.attention, attention_dropout=run.attention_dropout)
+                              attention=run.attention, attention_dropout=run.attention_dropout,
+                              fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
