@@ -18,7 +18,10 @@ step as it runs on each pipeline rank:
   backward has made its gradients, overlapped with what is left of it (the last one exposed), or a
   distributed optimizer's reduce-scatter per layer (its parameters all-gathered after the step);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
-  simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages;
+  simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages; or, with
+  `pipeline_engine="deepspeed"`, as DeepSpeed's 2021 PipelineEngine runs it (`schedule.simulate_deepspeed`,
+  `_deepspeed_boundary`: blocking sends of tp-partitioned tensors, the data-parallel reduction after the
+  last backward);
 - the optimizer step: memory-bound, every local parameter's state read and written once;
 - context parallelism (cp): each rank runs S/cp positions (captured so), ring attention's keys and values
   all-gathered per attention call over the cp ranks, overlapped with step 0 of the ring (the rank's queries
