@@ -113,6 +113,7 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
     from fxflops.capture.twins import swap_tensors
 
     stages = schedule_stages(schedule)
+    _check_initialized(schedule, stages)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     twins = FakeTwins(mode, torch.device(stages[0].device))
     # the schedule and its stages are reached from the inputs: their bookkeeping (recv buffers, caches,
@@ -129,6 +130,19 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
         # what each stage receives, as the step settled it (the user's static metadata, or inferred)
         inputs = {stage.stage_index: stage._stage_meta.inputs for stage in stages}
     return recorder.records, inputs
+
+
+def _check_initialized(schedule: Any, stages: list[Any]) -> None:
+    """Under a real process group a schedule's first step has its ranks vote on how to learn the stages' shapes
+    (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step."""
+    import torch.distributed as dist
+
+    initialized = getattr(schedule, "_stages_forward_initialized", getattr(schedule, "_stage_forward_initialized", False))
+    if initialized or all(dist.get_backend(stage.group) == "fake" for stage in stages):
+        return
+    raise ValueError(f"{type(schedule).__name__} has not run a step yet: its first step votes with the other ranks "
+                     "over the process group, which an estimate does not reach. Estimate it after one real step, or "
+                     "under torch.distributed's fake process group (FakeStore)")
 
 
 class _P2PRecorder(TorchDispatchMode):
