@@ -206,3 +206,65 @@ def test_a_real_two_process_gloo_pipeline_issues_what_the_fake_group_estimate_sa
         assert sorted(seen["real_p2p"][:2]) == sorted(vote)
         assert seen["real_p2p"][2:] == [[c.op, c.bytes, c.peer] for c in fake.collectives]
         assert seen["real_flops"] == M * (fake.fwd_flops + fake.bwd_flops)
+
+
+class HFStage(torch.nn.Module):
+    """A stage of transformers' Llama split by hand as torchtitan splits it: the model's own forward with the
+    other stages' layers removed, a later stage starting from the received hidden state (inputs_embeds), so it
+    builds its rotary tables itself from positions."""
+
+    def __init__(self, config, index: int) -> None:
+        from transformers import LlamaForCausalLM
+
+        super().__init__()
+        with torch.device("meta"):
+            whole = LlamaForCausalLM(config)
+        self.model, self.lm_head = whole.model, whole.lm_head if index == 1 else None
+        self.model.layers = torch.nn.ModuleList(list(self.model.layers)[2 * index:2 * index + 2])
+        if index == 0:
+            self.model.norm = torch.nn.Identity()
+        else:
+            self.model.embed_tokens = None
+        self.first = index == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(**{"input_ids" if self.first else "inputs_embeds": x}).last_hidden_state
+        return hidden if self.lm_head is None else self.lm_head(hidden)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_hf_llama_the_plan_and_torchs_schedule_send_the_hidden_state_only(rank):
+    """transformers' Llama computes its rotary cos/sin once before the layers; a stage split as torchtitan does
+    builds them again from positions, and torch's schedule sends only the hidden state (b·s·h) each way. The plan
+    agrees: a value of parameters, buffers and constants alone is computed on each stage that reads it, not
+    sent (its ops on both stages: s·hd/2 + 4·s·hd FLOPs under the deepspeed preset)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    head_dim = D // HEADS
+    config = LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                         num_attention_heads=HEADS, num_key_value_heads=4, attn_implementation="sdpa", use_cache=False)
+    with torch.device("meta"):
+        whole = LlamaForCausalLM(config)
+    tokens = torch.zeros(B, S, dtype=torch.long)
+    plans = {conventions: fxflops.estimate(whole, (tokens,), conventions=conventions, backward=True,
+                                           parallel={"pp": 2}).ranks[rank].estimate
+             for conventions in ("torch", "deepspeed")}
+    hidden = torch.empty(B, S, D, requires_grad=True)
+    examples = ((tokens,), (hidden,)) if rank == 0 else ((hidden,), (torch.empty(B, S, V),))
+    with fake_world(rank, 2):
+        pipeline_stage = PipelineStage(HFStage(config, rank), rank, 2, torch.device("cpu"), input_args=examples[0],
+                                       output_args=examples[1])
+        schedule = Schedule1F1B(pipeline_stage, M, loss_fn=lambda output, target: output.sum())
+        step = ((torch.zeros(M * B, S, dtype=torch.long),), {}) if rank == 0 else ((), {"target": torch.zeros(M * B)})
+        torch_estimates = {conventions: fxflops.estimate(schedule, *step, conventions=conventions)
+                           for conventions in ("torch", "deepspeed")}
+    activation = B * S * D * FP32
+    sent = sorted((c.op, c.phase, c.bytes) for c in torch_estimates["torch"].collectives if c.micro_batch == 0)
+    assert sent == sorted((c.op, c.phase, c.bytes) for c in plans["torch"].collectives) == sorted(
+        [("send", "forward", activation), ("recv", "backward", activation)] if rank == 0
+        else [("recv", "forward", activation), ("send", "backward", activation)])
+    ours, theirs = plans["torch"], torch_estimates["torch"]
+    assert (ours.fwd_flops, ours.bwd_flops) == (theirs.fwd_flops, theirs.bwd_flops)
+    rotary = S * head_dim // 2 + 4 * S * head_dim  # inv_freq x positions, cos, sin, and each scaled
+    assert plans["deepspeed"].modules["model.rotary_emb"].flops == \
+        torch_estimates["deepspeed"].modules["model.rotary_emb"].flops == rotary
