@@ -268,3 +268,17 @@ def test_hf_llama_the_plan_and_torchs_schedule_send_the_hidden_state_only(rank):
     rotary = S * head_dim // 2 + 4 * S * head_dim  # inv_freq x positions, cos, sin, and each scaled
     assert plans["deepspeed"].modules["model.rotary_emb"].flops == \
         torch_estimates["deepspeed"].modules["model.rotary_emb"].flops == rotary
+
+
+def test_the_records_travel_through_json_and_the_users_losses_are_left_alone():
+    from fxflops.report.machine import from_json
+
+    losses = ["mine"]
+    with fake_world(1, 2):
+        schedule = Schedule1F1B(stage(1, 2), M, loss_fn=loss)
+        est = fxflops.estimate(schedule, (), {"target": torch.randn(ROWS, W), "losses": losses}, conventions="torch")
+    assert losses == ["mine"]  # the step fills it with a loss per micro-batch: put back
+    back = from_json(est.to_json())
+    assert [(c.op, c.phase, c.peer, c.stage, c.micro_batch, c.bytes) for c in back.collectives] == \
+        [(c.op, c.phase, c.peer, c.stage, c.micro_batch, c.bytes) for c in est.collectives] == \
+        [(op, phase, 0, 1, mb, ACT) for mb in range(M) for op, phase in (("recv", "forward"), ("send", "backward"))]
