@@ -282,3 +282,39 @@ def test_the_records_travel_through_json_and_the_users_losses_are_left_alone():
     assert [(c.op, c.phase, c.peer, c.stage, c.micro_batch, c.bytes) for c in back.collectives] == \
         [(c.op, c.phase, c.peer, c.stage, c.micro_batch, c.bytes) for c in est.collectives] == \
         [(op, phase, 0, 1, mb, ACT) for mb in range(M) for op, phase in (("recv", "forward"), ("send", "backward"))]
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_tensor_parallel_stages_send_on_the_pp_group_and_all_reduce_on_the_tp_group(rank):
+    """4 ranks, mesh (pp=2, tp=2): each stage an up/down MLP split colwise then rowwise over tp. A stage sends its
+    (replicated) activation to the rank of the next stage with its tp position, and all-reduces over tp per
+    micro-batch: the forward's output, and backward the input's gradient where the input needs one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    hidden = 4 * W
+    with fake_world(rank, 4):
+        # dimension names of this test's own, one per rank: torch's DTensor caches what it decided per mesh, and
+        # a mesh equals one of an earlier fake world of this process with the same layout and names whatever
+        # its groups (its cached redistributions would name that world's groups)
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=(f"pp{rank}", f"tp{rank}"))
+        with torch.device("meta"):
+            mlp = torch.nn.Sequential(torch.nn.Linear(W, hidden, bias=False), torch.nn.Linear(hidden, W, bias=False))
+        mlp = parallelize_module(mlp, mesh[f"tp{rank}"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        pp = mesh[f"pp{rank}"].get_local_rank()
+        example = torch.empty(MB, W, requires_grad=True)
+        pipeline_stage = PipelineStage(mlp, pp, 2, torch.device("cpu"), input_args=(example,), output_args=(example,),
+                                       group=mesh[f"pp{rank}"].get_group())
+        est = fxflops.estimate(Schedule1F1B(pipeline_stage, M, loss_fn=loss), *step_inputs(pp == 0, pp == 1),
+                               conventions="torch")
+    one = 2 * MB * W * hidden // 2  # one linear's local share on one micro-batch
+    assert (est.fwd_flops, est.bwd_flops) == (2 * one, (3 if pp == 0 else 4) * one)
+    peer = rank + 2 if pp == 0 else rank - 2  # the same tp position in the other stage
+    kinds = [("send", "forward"), ("recv", "backward")] if pp == 0 else [("recv", "forward"), ("send", "backward")]
+    assert sorted((c.op, c.phase, c.peer, c.micro_batch, c.group_desc, c.bytes) for c in est.collectives
+                  if c.op in ("send", "recv")) == sorted((op, phase, peer, mb, f"mesh_pp{rank}", ACT)
+                                                          for mb in range(M) for op, phase in kinds)
+    reduced = [("forward", "1")] + ([("backward", "0")] if pp == 1 else [])
+    assert sorted((c.phase, c.module, c.micro_batch, c.group_desc, c.bytes) for c in est.collectives
+                  if c.op == "all_reduce") == sorted((phase, module, mb, f"mesh_tp{rank}", ACT)
+                                                     for mb in range(M) for phase, module in reduced)
