@@ -171,7 +171,8 @@ def estimate(
     if is_pipeline_schedule(model):  # one schedule.step(*args, **kwargs) of this rank: its stages, its send/recv
         from fxflops.parallel.schedule import estimate_schedule
 
-        def count_stage(stage: Any, stage_args: tuple, stage_kwargs: dict, stage_loss: Any, stage_backward: bool) -> Estimate:
+        def count_stage(stage: Any, stage_args: tuple, stage_kwargs: dict, stage_loss: Any,
+                        stage_backward: bool) -> Estimate:
             return estimate(stage, stage_args, stage_kwargs, method=method, conventions=conventions, rules=rules,
                             leaf_modules=leaf_modules, backward=stage_backward, loss=stage_loss, progress=progress,
                             attention=attention, strict=strict, memory=memory, routing=routing, replay=replay)

@@ -71,7 +71,8 @@ def main(out: str) -> None:
     after = estimated(schedule, args, kwargs)  # nothing sent: the other rank need not be estimating too
     dist.barrier()
     with open(f"{out}/rank{rank}.json", "w") as file:
-        json.dump({"refused": refused, "after": after, "real_p2p": log.ops, "real_flops": flops.get_total_flops()}, file)
+        json.dump({"refused": refused, "after": after, "real_p2p": log.ops, "real_flops": flops.get_total_flops()},
+                  file)
     dist.destroy_process_group()
 
 

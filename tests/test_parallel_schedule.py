@@ -69,9 +69,11 @@ def test_each_rank_of_a_three_stage_pipeline_sends_what_the_schedule_issues(kind
     expected = []
     for mb in range(M):
         if rank > 0:  # the activation from the stage before, its gradient back
-            expected += [("recv", "forward", rank, mb, rank - 1, ACT, 0), ("send", "backward", rank, mb, rank - 1, ACT, ACT)]
+            expected += [("recv", "forward", rank, mb, rank - 1, ACT, 0),
+                         ("send", "backward", rank, mb, rank - 1, ACT, ACT)]
         if rank < 2:  # the activation to the stage after, its gradient from there
-            expected += [("send", "forward", rank, mb, rank + 1, ACT, ACT), ("recv", "backward", rank, mb, rank + 1, ACT, 0)]
+            expected += [("send", "forward", rank, mb, rank + 1, ACT, ACT),
+                         ("recv", "backward", rank, mb, rank + 1, ACT, 0)]
     assert sorted(records) == sorted(expected)
     # per stage, phase and kind the micro-batches go in order; a gradient comes after its forward
     for key in {(r[0], r[1]) for r in records}:
@@ -115,7 +117,8 @@ def test_the_schedule_its_stages_and_the_model_are_left_as_they_were():
         assert all(not isinstance(p, torch._subclasses.FakeTensor) for p in model.parameters())
         assert not schedule._stage_forward_initialized and not schedule._stage.fwd_cache
         schedule.step(x)  # the user's real step still runs, on real tensors (the fake group sends nothing)
-        assert all(p.grad is not None and not isinstance(p.grad, torch._subclasses.FakeTensor) for p in model.parameters())
+        assert all(p.grad is not None and not isinstance(p.grad, torch._subclasses.FakeTensor)
+                   for p in model.parameters())
         est = fxflops.estimate(schedule, (x,), conventions="torch")  # and after a real step, the same records
     assert len(p2p(est)) == 2 * M
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
@@ -155,7 +158,8 @@ def test_the_plans_pipeline_sends_what_torchs_schedule_sends(rank):
                             parallel={"pp": 2, "microbatches": M})
     planned = plan.ranks[rank].estimate
     hidden = torch.empty(B, S, D, requires_grad=True)
-    examples = ((torch.zeros(B, S, dtype=torch.long),), (hidden,)) if rank == 0 else ((hidden,), (torch.empty(B, S, V),))
+    tokens = torch.zeros(B, S, dtype=torch.long)
+    examples = ((tokens,), (hidden,)) if rank == 0 else ((hidden,), (torch.empty(B, S, V),))
     with fake_world(rank, 2):
         pipeline_stage = PipelineStage(llama_stage(rank), rank, 2, torch.device("cpu"), input_args=examples[0],
                                        output_args=examples[1])

@@ -137,7 +137,8 @@ def _check_initialized(schedule: Any, stages: list[Any]) -> None:
     (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step."""
     import torch.distributed as dist
 
-    initialized = getattr(schedule, "_stages_forward_initialized", getattr(schedule, "_stage_forward_initialized", False))
+    initialized = getattr(schedule, "_stages_forward_initialized",  # (looped schedules; single-stage ones)
+                          getattr(schedule, "_stage_forward_initialized", False))
     if initialized or all(dist.get_backend(stage.group) == "fake" for stage in stages):
         return
     raise ValueError(f"{type(schedule).__name__} has not run a step yet: its first step votes with the other ranks "
