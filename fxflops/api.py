@@ -27,6 +27,7 @@ from fxflops.rules.formula import clip
 from fxflops.rules.table import resolve_name
 from fxflops.optimizer import optimizer_step
 from fxflops.parallel.collectives import collectives
+from fxflops.parallel.schedule import is_pipeline_schedule
 from fxflops.parallel.stage import is_pipeline_stage, stage_inputs, stage_records
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
@@ -150,7 +151,10 @@ def estimate(
     the ranks: on a fake process group, the plan applied with torch's own APIs, one capture per rank
     role (`Estimate.ranks`); `args` are then one data-parallel rank's micro-batch. A
     torch.distributed.pipelining `PipelineStage` counts its stage module on one micro-batch of its inputs,
-    with the send/recv of its activations and their gradients.
+    with the send/recv of its activations and their gradients. A pipelining schedule (`ScheduleGPipe`,
+    `Schedule1F1B`, `ScheduleInterleaved1F1B` ...) stands for one `schedule.step(*args, **kwargs)` of this
+    rank (`kwargs` may hold step's `target=`): its stage per micro-batch, and in `collectives` every send/recv
+    the schedule's own step issues (run once on fake tensors, nothing sent), with peer, stage and micro-batch.
 
     Values the forward reads (`.item()`, `nonzero` on a mask) are computed from the real example inputs
     they derive from (a real tensor may stand in `input_shape=`'s list for such an input). Where they
@@ -164,6 +168,17 @@ def estimate(
     if loss is not None and not backward:
         raise ValueError("loss= is what the backward differentiates: pass backward=True with it")
     _check_method(method)
+    if is_pipeline_schedule(model):  # one schedule.step(*args, **kwargs) of this rank: its stages, its send/recv
+        from fxflops.parallel.schedule import estimate_schedule
+
+        def count_stage(stage: Any, stage_args: tuple, stage_kwargs: dict, stage_loss: Any,
+                        stage_backward: bool) -> Estimate:
+            return estimate(stage, stage_args, stage_kwargs, method=method, conventions=conventions, rules=rules,
+                            leaf_modules=leaf_modules, backward=stage_backward, loss=stage_loss, progress=progress,
+                            attention=attention, strict=strict, memory=memory, routing=routing, replay=replay)
+
+        step_args = args if isinstance(args, tuple) else (args,)
+        return estimate_schedule(model, step_args, dict(kwargs or {}), count_stage)
     stage = None
     if is_pipeline_stage(model):  # torch.distributed.pipelining's stage: its module, with what it sends and receives
         stage, model = model, model.submod

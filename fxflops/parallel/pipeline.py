@@ -60,7 +60,9 @@ class Cut:
     # producer module, first consumer module, bytes, gradient bytes) per value
     order: dict[str, int]  # node name -> position in the graph
     touched: dict[str, set[int]]  # module -> the stages whose forward ops ran in it or its submodules
-    free: frozenset[str]  # ops on parameters and constants alone (given to the stage that reads them)
+    free: frozenset[str]  # ops on parameters and constants alone (given to the stages that read them)
+    also: dict[str, frozenset[int]] = dataclasses.field(default_factory=dict)  # such an op -> the other stages
+    # that read its value and so run it too (stage_of holds the first)
 
 
 def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
@@ -121,21 +123,27 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
                 stage = backward_stage
             backward_stage = stage
         stage_of[node.name] = stage
+    # a value from parameters, buffers and constants alone is computed by every stage that reads it, never sent
+    # (as torchtitan's and Megatron's stages each build their rotary tables): its op runs on each of them
+    computed_on: dict[str, set[int]] = {}
     for node in reversed(free):  # readers come later in the graph: settled first
-        readers = [stage_of[user.name] for user in node.users if user.name in stage_of]
+        readers = {stage for user in node.users
+                   for stage in computed_on.get(user.name, {stage_of[user.name]} if user.name in stage_of else ())}
         cost = costs[node.name]
         owner = owning_module(cost.module, captured.aliases, modules)
-        stage_of[node.name] = min(readers) if readers else block_stage(owner) or 0
-    return Cut(stage_of, _crossing(captured, costs, stage_of, stages), order, touched,
-               frozenset(node.name for node in free))
+        computed_on[node.name] = readers or {block_stage(owner) or 0}
+        stage_of[node.name] = min(computed_on[node.name])
+    also = {name: frozenset(on - {stage_of[name]}) for name, on in computed_on.items() if len(on) > 1}
+    names = frozenset(node.name for node in free)
+    return Cut(stage_of, _crossing(captured, costs, stage_of, stages, names), order, touched, names, also)
 
 
 def _crossing(captured: Captured, costs: dict[str, NodeCost], stage_of: dict[str, int],
-              stages: int) -> list[list[tuple[str, str, str, int, int]]]:
+              stages: int, free: frozenset[str]) -> list[list[tuple[str, str, str, int, int]]]:
     crossing: list[list[tuple[str, str, str, int, int]]] = [[] for _ in range(stages - 1)]
     for node in captured.graph_module.graph.nodes:
         cost = costs.get(node.name)
-        if cost is None or cost.phase != FORWARD:
+        if cost is None or cost.phase != FORWARD or node.name in free:  # (each reading stage computes it)
             continue
         readers = [user for user in node.users if user.name in stage_of and costs[user.name].phase == FORWARD
                    and stage_of[user.name] > stage_of[node.name]]
@@ -173,6 +181,8 @@ def pipeline_roles(model: torch.nn.Module, estimate: Estimate, plan: Parallel, g
     by_stage: dict[int, list[NodeCost]] = {}
     for cost in estimate.nodes:  # grouped once: a plan may have dozens of pipeline ranks
         by_stage.setdefault(split.stage_of.get(cost.name, 0), []).append(cost)
+        for stage in split.also.get(cost.name, ()):
+            by_stage.setdefault(stage, []).append(cost)
     per_rank = [_rank_estimate(estimate, split, plan, tuple(range(r, stages, plan.pp)), by_stage, group)
                 for r in range(plan.pp)]
     if stage_memory is not None:
@@ -225,8 +235,8 @@ def _rank_estimate(estimate: Estimate, split: Cut, plan: Parallel, mine: tuple[i
                    by_stage: dict[int, list[NodeCost]], group: tuple[str, str]) -> Estimate:
     source = estimate.source
     captured = source.captured
-    nodes = [cost for stage in mine for cost in by_stage.get(stage, [])]
-    if len(mine) > 1:  # virtual stages: back in graph order
+    nodes = list({id(cost): cost for stage in mine for cost in by_stage.get(stage, [])}.values())
+    if len(mine) > 1 or split.also:  # virtual stages, ops a later stage runs again: back in graph order
         nodes.sort(key=lambda cost: split.order[cost.name])
     kept = {cost.name for cost in nodes}
     modules = _stage_modules(captured, split, mine)

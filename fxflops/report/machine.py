@@ -73,7 +73,8 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       the whole step}, "kinds" [kind names], "timeline" [[index, phase, module, op, node,
                       total, [bytes per kind, in "kinds" order]]] a point per op: the whole step}
     collectives       [{op, target, module, phase, group, group_desc, group_size, dtype, bytes, wire_bytes,
-                      node, per_step}]   every collective call of the counted rank in one step (fxflops.results.Collective)
+                      node, per_step, peer, stage, micro_batch}]   every collective call of the counted rank in one
+                      step (fxflops.results.Collective; peer/stage/micro_batch: a pipelining schedule's send/recv)
     collective_bytes  {"bytes": int, "wire_bytes": int}   their payload and wire bytes summed
     parallel          null, or a what-if plan's fields {"tp", "dp", "pp", "ep", "cp", "sequence_parallel", ...}
     ranks             [{"name", "ranks": [int], "flops", "collective_wire_bytes", "peak_bytes" (only with memory=:

@@ -47,6 +47,11 @@ class Collective:
     # (False) until the last micro-batch, as torch.distributed.pipelining's schedules do); every other
     # collective runs once per micro-batch
     per_step: bool = False
+    # a point-to-point op (send/recv) of a torch.distributed.pipelining schedule's step: the global rank at the
+    # other end, the pipeline stage that issued it and its micro-batch (None where unknown or not a schedule's)
+    peer: int | None = None
+    stage: int | None = None
+    micro_batch: int | None = None
 
     @property
     def is_backward(self) -> bool:
