@@ -262,3 +262,14 @@ def test_cli_plan_tries_hsdp_and_tp_comm_overlap(tmp_path, capsys) -> None:
     rows = list(csv.DictReader(table.read_text().splitlines()))
     assert all(row["dp_shard"] in (row["dp"], "") for row in rows)
     assert not any(row["tp_comm_overlap"] == "True" for row in rows)
+
+
+def test_hsdp_all_reduce_runs_on_its_own_stream_after_each_reduce_scatter() -> None:
+    # two layers of 1 s backward, no gathers, reduce-scatters of 0.5 s and replica all-reduces of 0.8 s. Layer 1's
+    # reduce-scatter runs 1-1.5 s, its all-reduce 1.5-2.3 s on its own stream; layer 2's reduce-scatter 2-2.5 s,
+    # its all-reduce from 2.5 s (both its reduce-scatter and the stream are done) to 3.3 s. On one stream the
+    # second reduce-scatter would wait for the first all-reduce: 2.3-2.8 s, then 2.8-3.6 s.
+    from fxflops.predict.step import _prefetched
+
+    assert _prefetched([1.0, 1.0], [0.0, 0.0], [0.5, 0.5], [0.8, 0.8]) == pytest.approx(3.3)
+    assert _prefetched([1.0, 1.0], [0.0, 0.0], [0.5 + 0.8, 0.5 + 0.8]) == pytest.approx(3.6)

@@ -14,7 +14,8 @@ step as it runs on each pipeline rank:
   the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
 - HSDP (fsdp with dp_shard < dp): the same per layer within the shard group (dp_shard x cp ranks, tp apart:
   inside a node when they fit), each layer's gradient shard then all-reduced over the dp / dp_shard replicas
-  (ranks tp x cp x dp_shard apart) on the same stream, every micro-batch (FSDP2's default);
+  (ranks tp x cp x dp_shard apart) once its reduce-scatter is done, on a stream of its own (FSDP2's
+  all_reduce_stream), every micro-batch (FSDP2's default);
 - data parallel without FSDP: the gradients reduced once per step over dp x cp ranks (the experts' over the
   dp x cp / ep ranks holding the same experts): an all-reduce per gradient bucket as the software fills them
   (`grad_buckets`: torch DDP's Reducer, 1 MiB then 25 MiB or `bucket_cap_mb`, fxflops.parallel.buckets;
@@ -319,7 +320,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward;
     # over dp x cp ranks, the experts' over the dp / ep ranks holding the same experts
     fsdp = plan.fsdp and plan.dp * plan.cp > 1
-    gather = scatter = 0.0
+    gather = scatter = replica = 0.0
     if fsdp:
         gather, scatter = _fsdp_layer_seconds(block.params - block.expert_params, plan.shard_group,
                                               placed["fsdp"], costs.param_bytes, grad_bytes, cluster)
@@ -327,12 +328,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                                                             placed["fsdp_experts"], costs.param_bytes, grad_bytes,
                                                             cluster)
         gather, scatter = gather + expert_gather, scatter + expert_scatter
-        # HSDP: each layer's gradient shards all-reduced over the replicas after its reduce-scatter, on the same
-        # stream, every micro-batch (FSDP2's default; set_requires_all_reduce(False) is not modelled)
-        scatter += _replica_all_reduce(block.params - block.expert_params, plan.shard_group, plan, placed,
-                                       grad_bytes, cluster)
-        scatter += _replica_all_reduce(block.expert_params, plan.expert_shard_group, plan, placed, grad_bytes,
-                                       cluster)
+        # HSDP: each layer's gradient shards all-reduced over the replicas once its reduce-scatter is done, on
+        # FSDP2's all_reduce_stream, every micro-batch (FSDP2's default; set_requires_all_reduce(False) is not
+        # modelled)
+        replica = _replica_all_reduce(block.params - block.expert_params, plan.shard_group, plan, placed,
+                                      grad_bytes, cluster) \
+            + _replica_all_reduce(block.expert_params, plan.expert_shard_group, plan, placed, grad_bytes, cluster)
         if not costs.fsdp_in_capture:
             # FSDP2 copies each gathered layer out of the all-gather's buffer into its parameters on the compute
             # stream (foreach_all_gather_copy_out: split_with_sizes_copy, the buffer read and the parameters
@@ -350,7 +351,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         bwd = [layer_bwd_compute + layer_bwd_comm] * n
         if fsdp:
             fwd_time = _prefetched(fwd, [gather] * n, [0.0] * n)
-            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n)
+            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n, [replica] * n)
         else:
             fwd_time, bwd_time = sum(fwd), sum(bwd)
         if first:
@@ -627,15 +628,17 @@ def _split(layers: int, chunks: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(chunks)]
 
 
-def _prefetched(compute: list[float], before: list[float], after: list[float]) -> float:
+def _prefetched(compute: list[float], before: list[float], after: list[float],
+                chained: list[float] | None = None) -> float:
     """Layers run one after another on the compute stream, each waiting for its `before` collective (FSDP's
     all-gather, issued on the communication stream when the previous layer starts: one layer of prefetch);
-    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends. Returns
-    when both streams are done."""
+    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends, and its
+    `chained` one (HSDP's all-reduce over the replicas) on a third stream once that reduce-scatter is done
+    (FSDP2's all_reduce_stream). Returns when every stream is done."""
     if not compute:
         return 0.0
     comm = ready = before[0]
-    end = 0.0
+    end = reduced = 0.0
     for i, seconds in enumerate(compute):
         start = max(end, ready)
         if i + 1 < len(compute):
@@ -643,7 +646,9 @@ def _prefetched(compute: list[float], before: list[float], after: list[float]) -
         end = start + seconds
         if after[i]:
             comm = max(comm, end) + after[i]
-    return max(end, comm)
+        if chained and chained[i]:
+            reduced = max(reduced, comm) + chained[i]
+    return max(end, comm, reduced)
 
 
 def tokens_of(inputs: Any) -> tuple[int, int]:
