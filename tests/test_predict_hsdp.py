@@ -221,19 +221,26 @@ def test_tp_overlap_pairs_each_collective_with_the_gemms_it_feeds_or_follows() -
         dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=True).check(2)
 
 
-def test_plan_search_tries_tp_comm_overlap_only_when_asked() -> None:
+def test_plan_search_tries_tp_comm_overlap_only_when_asked(tmp_path) -> None:
     def build(layers: int) -> GPT:
         with torch.device("meta"):
             return GPT(layers, 256, 8, vocab=1024, seq=256).to(torch.bfloat16)
 
-    options = dict(gpus=4, cluster="DGX A100 80GB", global_batch=8, seq_len=256, layers=4, tp=(2,), pp=(1,),
-                   micro_batch=(1,), recompute=("none",), virtual_stages=(1,), fsdp=(True,), dp_shard=())
-    plain = quiet(fxflops.plan, build, **options)
+    options = dict(gpus=4, global_batch=8, seq_len=256, layers=4, tp=(2,), pp=(1,), micro_batch=(1,),
+                   recompute=("none",), virtual_stages=(1,), fsdp=(True,), dp_shard=())
+    plain = quiet(fxflops.plan, build, cluster="DGX A100 80GB", **options)
     assert [r.plan.tp_comm_overlap for r in plain.rows + plain.dropped] == [False]
-    both = quiet(fxflops.plan, build, tp_comm_overlap=(False, True), **options)
+    both = quiet(fxflops.plan, build, cluster="DGX A100 80GB", tp_comm_overlap=(False, True), **options)
     rows = {r.plan.tp_comm_overlap: r for r in both.rows + both.dropped}
     assert set(rows) == {False, True} and rows[True].step_time < rows[False].step_time
     assert rows[True].record()["tp_comm_overlap"] is True
+    # a cluster file whose GEMMs run 3 times slower beside a collective: the overlapped plan is slower than that
+    # (the saving comm + gemm - max(comm, 3 gemm) is smaller), and the search says the constant is the user's
+    path = tmp_path / "slow_overlap.toml"
+    path.write_text('base = "DGX A100 80GB"\n[tp_overlap_gemm_slowdown]\nvalue = 3.0\nsource = "a guess"\n')
+    slow = quiet(fxflops.plan, build, cluster=str(path), tp_comm_overlap=(True,), **options)
+    assert slow.rows[0].step_time > rows[True].step_time
+    assert f"cluster constants from your file {path}: tp_overlap_gemm_slowdown" in slow.notes
 
 
 def test_cli_plan_tries_hsdp_and_tp_comm_overlap(tmp_path, capsys) -> None:

@@ -28,7 +28,7 @@ from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, dim_ranks_per_node,
-                                  simulate_plan)
+                                  simulate_plan, user_constants_note)
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
@@ -316,6 +316,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
         notes.append(f"captured at a depth of {PROBE_LAYERS} layers (the same blocks), costs scaled to {depth}")
     if device.origin.startswith("your file"):
         notes.append(f"device constants from {device.origin}")
+    if user_constants_note(the_cluster):
+        notes.append(user_constants_note(the_cluster))
     return PlanSearch(rows, dropped, gpus, the_cluster.name, device.name, capacity, global_batch, captures, notes)
 
 

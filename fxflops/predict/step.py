@@ -472,11 +472,16 @@ def _assumption_notes(plan: StepPlan, cluster: Cluster, fsdp: bool, grad_bytes: 
     if plan.tp_comm_overlap:
         notes.append("tensor-parallel all-gathers / reduce-scatters overlapped with the GEMMs they feed / follow, "
                      f"the GEMMs x {cluster.tp_overlap_gemm_slowdown:g} while they overlap (tp_overlap_gemm_slowdown)")
-    mine = [c.name for c in cluster.constants.values() if c.origin.startswith("your file")]
-    if mine:
-        origin = next(c.origin for c in cluster.constants.values() if c.origin.startswith("your file"))
-        notes.append(f"cluster constants from {origin}: {', '.join(mine)}")
-    return notes
+    mine = user_constants_note(cluster)
+    return notes + ([mine] if mine else [])
+
+
+def user_constants_note(cluster: Cluster) -> str | None:
+    """"cluster constants from your file PATH: NAMES" where a user's cluster file set some, else None."""
+    mine = [c for c in cluster.constants.values() if c.origin.startswith("your file")]
+    if not mine:
+        return None
+    return f"cluster constants from {mine[0].origin}: {', '.join(c.name for c in mine)}"
 
 
 def _layer_passes(costs: LayerCosts, recompute: str, overlap: bool = False) -> tuple[float, float, float, float, int]:
