@@ -280,3 +280,20 @@ def test_hsdp_all_reduce_runs_on_its_own_stream_after_each_reduce_scatter() -> N
 
     assert _prefetched([1.0, 1.0], [0.0, 0.0], [0.5, 0.5], [0.8, 0.8]) == pytest.approx(3.3)
     assert _prefetched([1.0, 1.0], [0.0, 0.0], [0.5 + 0.8, 0.5 + 0.8]) == pytest.approx(3.6)
+
+
+def test_hsdp_model_moves_the_bytes_torch_fsdp2_records() -> None:
+    # torch's own HSDP (fully_shard on a (dp_replicate=2, dp_shard=2) mesh, captured by fxflops.estimate) per
+    # layer: an all-gather of the layer's bf16 parameters over the 2 shard ranks (forward, and backward after
+    # resharding), a reduce-scatter of its gradients over them, and an all-reduce of the gradient shard (half)
+    # over the 2 replicas: the sizes and groups the step's HSDP model times
+    ids = torch.zeros(1, 32, dtype=torch.long)
+    est = quiet(fxflops.estimate, tiny_gpt(), (ids,), backward=True, parallel={"dp": 4, "dp_shard": 2})
+    plan = StepPlan(dp=4, dp_shard=2, fsdp=True, global_batch=4)
+    params = quiet(capture_costs, tiny_gpt(), (ids,), A100).block.params
+    # (the last layer: FSDP2 prefetches the others' backward gathers from the module running before them)
+    layer = sorted((c.op, c.phase, c.group_size, c.bytes) for c in est.collectives if c.module == "layers.1")
+    assert layer == sorted([("all_gather", "forward", plan.shard_group, params * 2),
+                            ("all_gather", "backward", plan.shard_group, params * 2),
+                            ("reduce_scatter", "backward", plan.shard_group, params * 2),
+                            ("all_reduce", "backward", plan.replicas, params * 2 // plan.shard_group)])
