@@ -140,8 +140,9 @@ def test_ddp_buckets_overlap_the_backward_and_the_last_is_exposed() -> None:
     # not overlapped: both after the backward
     after = simulate_plan(costs, dataclasses.replace(plan, overlap_grad_reduce=False), NO_LATENCY)
     assert after.breakdown["exposed_comm"] == pytest.approx(2 * bucket, rel=1e-12)
-    # without bucket_cap_mb, each layer's 4 MiB all-reduced as its backward ends (2, 4, 6, 8 s in): the last exposed
-    default = simulate_plan(costs, dataclasses.replace(plan, bucket_cap_mb=None), NO_LATENCY)
+    # one all-reduce per layer (grad_buckets="layer", replicate() per block), each layer's 4 MiB as its backward
+    # ends (2, 4, 6, 8 s in): the last exposed
+    default = simulate_plan(costs, dataclasses.replace(plan, bucket_cap_mb=None, grad_buckets="layer"), NO_LATENCY)
     assert [start for _, _, start, _ in default.comm_events] == pytest.approx([backward + 2.0 * k for k in (1, 2, 3, 4)])
     assert default.breakdown["exposed_comm"] == pytest.approx(all_reduce_by_hand(4 * MIB, 2, 2), rel=1e-12)
     # 1 MiB buckets: one a module gradient, two a layer: the last layer's two, both ready at the end, exposed
@@ -157,8 +158,16 @@ def test_plan_search_enumerates_pp_cp_ep_and_ddp_combinations() -> None:
     search = quiet(fxflops.plan, lambda n: MoEModel(256, 64, 128, 4, 2, n), gpus=8, cluster="DGX A100 80GB",
                    global_batch=16, seq_len=16, layers=2, tp=[1], pp=[1, 2], micro_batch=[2], recompute=["none"],
                    virtual_stages=(1,), schedules=("1f1b",), cp=(1, 2), ep=(2,))
-    combos = sorted((r.plan.pp, r.plan.cp, r.plan.ep, r.plan.fsdp) for r in search.rows + search.dropped)
+    combos = sorted((r.plan.pp, r.plan.cp, r.plan.ep, r.plan.fsdp) for r in search.rows + search.dropped
+                    if r.plan.dp_shard is None)
     assert combos == sorted((p, c, e, f) for p in (1, 2) for c in (1, 2) for e in (1, 2) for f in (False, True))
+    # besides, FSDP plans as HSDP with each shard degree between 1 and dp that divides dp (dp_shard x cp a multiple
+    # of ep): dp = 8 / (pp x cp) is 8 at pp = cp = 1 (dp_shard 2 or 4), 4 at pp x cp = 2 (dp_shard 2), 2 at
+    # pp = cp = 2 (none)
+    hsdp = sorted((r.plan.pp, r.plan.cp, r.plan.ep, r.plan.dp_shard) for r in search.rows + search.dropped
+                  if r.plan.dp_shard is not None)
+    assert hsdp == sorted([(1, 1, e, d) for e in (1, 2) for d in (2, 4)] + [(2, 1, e, 2) for e in (1, 2)]
+                          + [(1, 2, e, 2) for e in (1, 2)])
     assert search.captures == 1 + 3 * 2  # the plain one, and (cp, ep) = (1, 2), (2, 1), (2, 2) with each FSDP choice
     row = next(r for r in search.rows + search.dropped if (r.plan.pp, r.plan.cp, r.plan.ep) == (2, 2, 2))
     assert row.plan.dp == 2 and row.parallel["cp"] == row.parallel["ep"] == 2

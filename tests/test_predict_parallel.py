@@ -182,11 +182,17 @@ def test_plan_search_enumerates_ep_for_a_moe_model() -> None:
     search = quiet(fxflops.plan, lambda n: MoEModel(256, 64, 128, 4, 2, n), gpus=4, cluster="DGX A100 80GB",
                    global_batch=8, seq_len=16, layers=2, tp=[1], pp=[1], micro_batch=[2], recompute=["none"],
                    ep=(2,), fsdp=(True,))
-    rows = [r for r in search.rows + search.dropped if r.plan.ep == 2]
+    rows = [r for r in search.rows + search.dropped if r.plan.ep == 2 and r.plan.dp_shard is None]
     assert len(rows) == 1 and rows[0].plan.dp == 4 and rows[0].parallel["ep"] == 2
     experts, dense, outside = 2 * 3 * 64 * 128, 64 + 64 * 4 + 3 * 64 * 128, 2 * 256 * 64
     sharded = 2 * experts * 2 // 2 + (2 * dense + outside) * 2 // 4
     assert rows[0].memory["parameters"] == sharded + (2 * (dense + experts) + outside) * 2
+    # and as HSDP (dp_shard=2: 2 replicas of 2 shards, ep=2 borrowing both): the experts sharded over
+    # dp_shard / ep = 1 rank (whole), the rest over the 2 shards
+    hsdp = [r for r in search.rows + search.dropped if r.plan.ep == 2 and r.plan.dp_shard is not None]
+    assert [r.plan.dp_shard for r in hsdp] == [2] and hsdp[0].parallel["dp_shard"] == 2
+    sharded = 2 * experts * 2 // 1 + (2 * dense + outside) * 2 // 2
+    assert hsdp[0].memory["parameters"] == sharded + (2 * (dense + experts) + outside) * 2
 
 
 def test_a_tp_only_capture_has_no_ring_attention_collectives() -> None:

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "batched GEMMs and the scores through memory)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the attention probabilities (a kernel of its own with --attention math)")
+    parser.add_argument("--dp-shard", type=int, nargs="*", default=None,
+                        help="HSDP shard degrees to try beside FSDP over all of dp (default: every divisor of dp "
+                        "between 1 and dp; give none, a bare --dp-shard, to try no HSDP)")
+    parser.add_argument("--tp-comm-overlap", action="store_true",
+                        help="also try each sequence-parallel plan with its tensor-parallel collectives overlapped "
+                        "with their GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's async TP)")
     parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
     parser.add_argument("--json", help="write every plan evaluated to this JSON file")
@@ -72,7 +78,9 @@ def main(argv: Sequence[str]) -> int:
     result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
                   layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device,
                   cp=tuple(args.cp), ep=tuple(args.ep), schedules=tuple(args.schedules), attention=args.attention,
-                  attention_dropout=args.attention_dropout)
+                  attention_dropout=args.attention_dropout,
+                  dp_shard=None if args.dp_shard is None else tuple(args.dp_shard),
+                  tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
     sys.stdout.write(result.render(args.top) + "\n")
     if args.csv:
         result.to_csv(args.csv)

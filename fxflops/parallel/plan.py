@@ -38,8 +38,7 @@ class Parallel:
     `dp`: data parallel degree, sharded with FSDP2's fully_shard (`fsdp=True`) over each repeated block and
     the root, or replicated as DDP (`fsdp=False`: torch's replicate(), a gradient all-reduce per block and
     the root, its all-reduces DDP's gradient buckets of `bucket_cap_mb` MiB: fxflops.parallel.buckets;
-    `bucket_cap_mb=None`: DDP's default buckets, 1 MiB then 25 MiB -- predict_step reads None as one
-    reduction per layer);
+    `bucket_cap_mb=None`: DDP's default buckets, 1 MiB then 25 MiB, as predict_step reads it too);
     `reshard_after_forward` as fully_shard takes it; `dp_shard` below dp makes it HSDP
     (dp / dp_shard replicas, each sharded dp_shard ways).
     `pp`: pipeline stages (times `virtual_stages` per pipeline rank, interleaved): the repeated blocks cut
@@ -70,8 +69,7 @@ class Parallel:
     fsdp: bool = True
     dp_shard: int | None = None  # FSDP's shard degree within dp (HSDP: dp / dp_shard replicas); None: dp
     reshard_after_forward: bool = True
-    # DDP's gradient bucket size in MiB (None: DDP's own default, a 1 MiB first bucket then 25 MiB ones -- unlike
-    # predict's StepPlan, where None means one reduction per layer)
+    # DDP's gradient bucket size in MiB (None: DDP's own default, a 1 MiB first bucket then 25 MiB ones)
     bucket_cap_mb: float | None = None
     microbatch: int | None = None  # samples per micro-batch (default: the inputs' leading dimension)
     microbatches: int | None = None  # micro-batches per step per data-parallel rank (default: from batch, else 1)

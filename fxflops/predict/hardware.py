@@ -61,7 +61,17 @@ CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
     "inter_bandwidth": ("B/s", "bandwidth of one network adapter (InfiniBand/RoCE), one direction"),
     "nics_per_node": ("NICs", "compute-network adapters per node"),
     "inter_latency": ("s", "per-step latency of a collective across nodes"),
+    # the training software's constants (defaults from data/software.toml, SOFTWARE_FILE)
+    "ddp_bucket_cap": ("B", "torch DDP's gradient bucket size (bucket_cap_mb's default)"),
+    "ddp_first_bucket": ("B", "torch DDP's first gradient bucket, with the default cap"),
+    "megatron_bucket_elements": ("elements", "Megatron-LM DDP's smallest gradient bucket (with overlap_grad_reduce)"),
+    "megatron_bucket_elements_per_dp": ("elements", "Megatron-LM DDP's bucket per data-parallel rank: a bucket is "
+                                                    "max(megatron_bucket_elements, this x dp)"),
+    "deepspeed_bucket_elements": ("elements", "DeepSpeed's gradient all-reduce bucket"),
+    "tp_overlap_gemm_slowdown": ("factor", "a GEMM's time multiplier while a tensor-parallel collective overlaps it "
+                                           "(SM sharing; 1: none), with tp_comm_overlap"),
 }
+SOFTWARE_FILE = "fxflops/predict/data/software.toml"
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,12 @@ class Cluster:
     inter_bandwidth: float  # B/s per NIC
     nics_per_node: int
     inter_latency: float  # s
+    ddp_bucket_cap: int  # B
+    ddp_first_bucket: int  # B
+    megatron_bucket_elements: int
+    megatron_bucket_elements_per_dp: int
+    deepspeed_bucket_elements: int
+    tp_overlap_gemm_slowdown: float
     constants: Mapping[str, Constant] = field(compare=False, repr=False)
     origin: str = ""
     device_override: DeviceModel | None = field(default=None, compare=False, repr=False)
@@ -369,8 +385,18 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
     return DeviceModel(name=name, gpu=gpu, constants=constants, origin=origin, **_typed(DEVICE_CONSTANTS, v))
 
 
+@cache
+def _software() -> dict[str, tuple[Any, str, str]]:
+    """The training software's constants every cluster takes unless its file sets them (SOFTWARE_FILE)."""
+    text = resources.files("fxflops.predict").joinpath("data").joinpath("software.toml").read_text(encoding="utf-8")
+    data = _parse(text, SOFTWARE_FILE)
+    return _values("clusters", {k: v for k, v in data.items() if k != "name"}, f"{PRESET} {SOFTWARE_FILE}",
+                   SOFTWARE_FILE)
+
+
 def _cluster(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) -> Cluster:
     name = meta["name"]
+    values = {**_software(), **values}
     missing = [key for key in CLUSTER_CONSTANTS if key not in values]
     if "gpu" not in meta:
         missing.insert(0, "gpu")
@@ -396,7 +422,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     typed = {}
     for key, (unit, _) in schema.items():
         value = values[key]
-        if unit in ("SMs", "GPUs", "NICs", "B"):
+        if unit in ("SMs", "GPUs", "NICs", "B", "elements"):
             value = int(value)
         elif unit == "FLOP/s":
             value = MappingProxyType(dict(value))

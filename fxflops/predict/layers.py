@@ -32,7 +32,7 @@ import torch
 from fxflops.parallel.plan import repeated_blocks
 from fxflops.predict.comm_time import collective_record_seconds
 from fxflops.predict.hardware import Cluster
-from fxflops.predict.op_time import FLASH, Kernels, node_seconds, node_times
+from fxflops.predict.op_time import FLASH, GEMM, NONE, Kernels, node_seconds, node_times, op_kind
 from fxflops.results import FORWARD
 
 TP, DP, CP, EP = "tp", "dp", "cp", "ep"  # what issued a collective (collective_kind)
@@ -62,6 +62,10 @@ class Part:
     # s, expert dispatch all-to-alls (token counts, tokens out and back); all of it in comm_forward/backward
     ep_comm_forward: float = 0.0
     ep_comm_backward: float = 0.0
+    # s of comm_forward / comm_backward that overlapping each tensor-parallel collective with the GEMMs it feeds
+    # or follows would save (`tp_overlap_seconds`); subtracted only under tp_comm_overlap
+    tp_overlap_forward: float = 0.0
+    tp_overlap_backward: float = 0.0
     saved_bytes: int = 0  # activation bytes the forward leaves for the backward
     kernels: int = 0  # ops counted (forward + backward)
 
@@ -145,9 +149,11 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         return PRE if node.module in pre_modules else POST
 
     sums: dict[Any, dict[str, float]] = {}
+    times: list[float] = []
     for node, timing in zip(nodes, node_times(nodes, device, dtype, kernels)):
         key = part(node)
         seconds = timing.seconds
+        times.append(seconds)
         entry = sums.setdefault(key, {})
         forward = node.phase == FORWARD
         _add(entry, "forward" if forward else "backward", seconds)
@@ -161,6 +167,8 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     experts = _expert_paths(model)
     attention_modules = {n.module for n in nodes if n.phase == FORWARD and _is_attention(n.op)} if cp > 1 else set()
     dispatching = experts if ep > 1 else ()
+    collective_nodes = {record.node for record in estimate.collectives}
+    claimed: set[int] = set()  # GEMMs already overlapped with a collective
     for record in estimate.collectives:
         kind = collective_kind(record, dispatching, attention_modules)
         if kind == DP:  # FSDP / DDP: the step simulation models them from the parameter counts
@@ -179,6 +187,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                                                                      device, dtype, kernels))
         elif kind == EP:
             _add(entry, f"ep_comm_{phase}", seconds)
+        elif record.node in position:
+            gemms = _overlapped_gemms(nodes, times, position[record.node], record.op, collective_nodes, claimed)
+            _add(entry, f"tp_overlap_{phase}", tp_overlap_seconds(seconds, gemms, cluster.tp_overlap_gemm_slowdown))
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
@@ -235,7 +246,36 @@ def _mean(sums: dict[Any, dict[str, float]], keys: range, field: str) -> float:
 
 
 _SECONDS = ("forward", "backward", "comm_forward", "comm_backward", "attention_forward", "cp_comm_forward",
-            "cp_comm_backward", "ep_comm_forward", "ep_comm_backward")
+            "cp_comm_backward", "ep_comm_forward", "ep_comm_backward", "tp_overlap_forward", "tp_overlap_backward")
+
+
+def tp_overlap_seconds(comm: float, gemm: float, slowdown: float = 1.0) -> float:
+    """Seconds saved by running a tensor-parallel collective of `comm` s beside GEMMs of `gemm` s on another
+    stream (Megatron-LM's --tp-comm-overlap, torchtitan's async TP): the pair takes max(comm, gemm x slowdown)
+    instead of comm + gemm (`slowdown`: the GEMMs' time multiplier while they share the SMs, 1: none)."""
+    return comm + gemm - max(comm, gemm * slowdown)
+
+
+def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str, collectives: set[str],
+                      claimed: set[int]) -> float:
+    """Seconds of the GEMMs a tensor-parallel collective overlaps with: an all-gather the GEMMs right after it
+    (those it feeds: q, k and v projections of one gathered input), a reduce-scatter or all-reduce the GEMMs
+    right before it (those it follows), in the same pass; views and the collective's own layout copy (a `cat`
+    in its module) lie between, any other op ends the run. A GEMM overlaps one collective at most."""
+    step = 1 if op == "all_gather" else -1
+    phase, module = nodes[index].phase, nodes[index].module
+    found = 0.0
+    i = index + step
+    while 0 <= i < len(nodes) and nodes[i].phase == phase and nodes[i].name not in collectives:
+        kind = op_kind(nodes[i])
+        if kind == GEMM:
+            if i not in claimed:
+                claimed.add(i)
+                found += times[i]
+        elif not (kind == NONE or (not found and "cat" in nodes[i].op and _under(nodes[i].module, module))):
+            break
+        i += step
+    return found
 
 
 def collective_kind(record: Any, expert_paths: tuple[str, ...], attention_modules: set[str]) -> str:

@@ -28,7 +28,7 @@ from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, dim_ranks_per_node,
-                                  simulate_plan)
+                                  simulate_plan, user_constants_note)
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
@@ -50,7 +50,8 @@ class PlanRow:
         """The plan as predict_step's parallel dict."""
         p = self.plan
         return {"tp": p.tp, "pp": p.pp, "dp": p.dp, "virtual_stages": p.virtual_stages, "fsdp": p.fsdp,
-                "sequence_parallel": p.sequence_parallel, **{k: getattr(p, k) for k in ("cp", "ep") if getattr(p, k) > 1}}
+                "sequence_parallel": p.sequence_parallel, **{k: getattr(p, k) for k in ("cp", "ep") if getattr(p, k) > 1},
+                **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {})}
 
     @property
     def step_time(self) -> float:
@@ -65,7 +66,8 @@ class PlanRow:
         p, pred = self.plan, self.prediction
         return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "schedule": self.schedule, "dp": p.dp,
                 "cp": p.cp, "ep": p.ep,
-                "fsdp": p.fsdp, "sequence_parallel": p.sequence_parallel, "micro_batch": p.micro_batch,
+                "fsdp": p.fsdp, "dp_shard": p.shard if p.fsdp else None, "sequence_parallel": p.sequence_parallel,
+                "tp_comm_overlap": p.tp_comm_overlap, "micro_batch": p.micro_batch,
                 "microbatches": p.microbatches, "recompute": p.recompute, "step_time_s": pred.step_time,
                 **{f"{k}_s": v for k, v in pred.breakdown.items()}, "mfu": pred.mfu, "hfu": pred.hfu,
                 "tokens_per_sec": pred.tokens_per_sec, "peak_memory_gib": self.peak_bytes / GiB,
@@ -99,15 +101,20 @@ class PlanSearch:
         """The top plans with their breakdown, one line each."""
         # cp and ep columns where a shown plan has them
         extra = [k for k in ("cp", "ep") if any(getattr(r.plan, k) > 1 for r in self.rows[:top])]
+        hsdp = any(r.plan.dp_shard is not None for r in self.rows[:top])
+        overlap = any(r.plan.tp_comm_overlap for r in self.rows[:top])
         head = (f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'sched':>5} {'dp':>5} "
-                + "".join(f"{k:>3} " for k in extra) + f"{'fsdp':>5} {'mb':>3} {'recompute':>9} "
-                f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'optim':>6} {'MFU':>6} {'mem GiB':>8}")
+                + "".join(f"{k:>3} " for k in extra) + f"{'fsdp':>5} " + (f"{'shard':>5} " if hsdp else "")
+                + (f"{'tpov':>5} " if overlap else "") + f"{'mb':>3} {'recompute':>9} "
+                + f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'optim':>6} {'MFU':>6} {'mem GiB':>8}")
         lines = [head]
         for i, row in enumerate(self.rows[:top], 1):
             p, b = row.plan, row.prediction.breakdown
             lines.append(f"{i:>3} {p.tp:>3} {p.pp:>3} {p.virtual_stages:>2} {row.schedule[:5]:>5} {p.dp:>5} "
                          + "".join(f"{getattr(p, k):>3} " for k in extra) + f"{str(p.fsdp):>5} "
-                         f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
+                         + (f"{p.shard if p.fsdp else '':>5} " if hsdp else "")
+                         + (f"{str(p.tp_comm_overlap):>5} " if overlap else "")
+                         + f"{p.micro_batch:>3} {p.recompute:>9} {row.step_time:>8.3f} {b['compute']:>8.3f} "
                          f"{b['exposed_comm']:>7.3f} {b['bubble']:>7.3f} {b['optimizer']:>6.3f} "
                          f"{row.prediction.mfu:>6.1%} {row.peak_bytes / GiB:>8.1f}")
         return "\n".join(lines)
@@ -171,7 +178,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
          device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,),
          attention: str = "flash", attention_dropout: float = 0.0,
-         schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE)) -> PlanSearch:
+         schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE), dp_shard: Sequence[int] | None = None,
+         tp_comm_overlap: Sequence[bool] = (False,)) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -193,7 +201,12 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
     them ("flash" or "math"). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
     ("1f1b", "gpipe"; a plan with virtual stages runs interleaved 1F1B), each simulated: GPipe keeps every
-    micro-batch's activations until its backward, so it needs more memory than 1F1B for the same bubble."""
+    micro-batch's activations until its backward, so it needs more memory than 1F1B for the same bubble.
+    `dp_shard`: HSDP's shard degrees to try beside FSDP over all of dp (each FSDP plan also as HSDP with each
+    degree that divides its dp, is below it and, with ep, a multiple of ep / cp); None: every such divisor above 1;
+    () for none. `tp_comm_overlap`: (False,) by default; (False, True) also tries each sequence-parallel plan with
+    its tensor-parallel collectives overlapped with their GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's
+    async TP)."""
     from fxflops.memory import Allowance
     from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
@@ -289,7 +302,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                         break
     rows, dropped = [], []
     dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
-    for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp, schedules):
+    for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp, schedules,
+                            dp_shard, tp_comm_overlap):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep,
                           step_plan.fsdp if step_plan.cp * step_plan.ep > 1 else None)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
@@ -302,6 +316,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
         notes.append(f"captured at a depth of {PROBE_LAYERS} layers (the same blocks), costs scaled to {depth}")
     if device.origin.startswith("your file"):
         notes.append(f"device constants from {device.origin}")
+    if user_constants_note(the_cluster):
+        notes.append(user_constants_note(the_cluster))
     return PlanSearch(rows, dropped, gpus, the_cluster.name, device.name, capacity, global_batch, captures, notes)
 
 
@@ -332,10 +348,12 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
         outside = (pre.params if rank == 0 else 0) + (post.params if rank == (chunks - 1) % p else 0)
         experts = rank_layers * block.expert_params  # split ep ways already, FSDP-sharded over dp / ep
         params = rank_layers * block.params + outside - experts
-        shard = plan.grad_group if fsdp else 1
-        state_shard = plan.grad_group if (fsdp or plan.distributed_optimizer) else 1
-        expert_shard = plan.expert_group if fsdp else 1
-        expert_state_shard = plan.expert_group if (fsdp or plan.distributed_optimizer) else 1
+        # FSDP shards over its shard group (all of dp x cp, or HSDP's dp_shard x cp), the distributed optimizer
+        # its state over dp x cp
+        shard = plan.shard_group if fsdp else 1
+        state_shard = shard if fsdp else plan.grad_group if plan.distributed_optimizer else 1
+        expert_shard = plan.expert_shard_group if fsdp else 1
+        expert_state_shard = expert_shard if fsdp else plan.expert_group if plan.distributed_optimizer else 1
         kinds = {"parameters": params * costs.param_bytes // shard + experts * costs.param_bytes // expert_shard,
                  "gradients": params * grad_bytes // shard + experts * grad_bytes // expert_shard,
                  "optimizer": params * optimizer_state_bytes // state_shard
@@ -384,8 +402,10 @@ def _data_parallel(gpus: int, tp: int, pp: int, cp: int, ep: int, global_batch: 
 def _plans(gpus: int, layers: int, global_batch: int,
            costs_by: dict[tuple[int, int, int, int, bool | None], LayerCosts], sp_of: dict[int, bool],
            pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str], fsdp: Iterable[bool],
-           schedules: Sequence[str] = (ONE_F_ONE_B,)) -> Iterable[StepPlan]:
+           schedules: Sequence[str] = (ONE_F_ONE_B,), dp_shard: Sequence[int] | None = (),
+           tp_comm_overlap: Sequence[bool] = (False,)) -> Iterable[StepPlan]:
     fsdp = list(dict.fromkeys(fsdp))
+    overlaps = list(dict.fromkeys(tp_comm_overlap))
     for (t, mb, c, e) in sorted({key[:4] for key in costs_by}):
         for p in _pipeline_degrees(gpus // (t * c), layers, pp):
             dp = _data_parallel(gpus, t, p, c, e, global_batch, mb)
@@ -400,11 +420,23 @@ def _plans(gpus: int, layers: int, global_batch: int,
                     for shard in fsdp:
                         if shard and dp * c == 1 or c * e > 1 and (t, mb, c, e, shard) not in costs_by:
                             continue
-                        for r in recompute:
-                            yield StepPlan(tp=t, pp=p, dp=dp, cp=c, ep=e, virtual_stages=v,
-                                           sequence_parallel=sp_of.get(t, False) and e == 1, fsdp=shard,
-                                           micro_batch=mb, global_batch=global_batch, recompute=r,
-                                           distributed_optimizer=not shard and dp * c > 1, schedule=schedule)
+                        sp = sp_of.get(t, False) and e == 1
+                        for degree in ([None, *_shard_degrees(dp, c, e, dp_shard)] if shard else [None]):
+                            for overlap in (overlaps if sp else [False]):
+                                for r in recompute:
+                                    yield StepPlan(tp=t, pp=p, dp=dp, cp=c, ep=e, virtual_stages=v,
+                                                   sequence_parallel=sp, fsdp=shard, micro_batch=mb,
+                                                   global_batch=global_batch, recompute=r,
+                                                   distributed_optimizer=not shard and dp * c > 1,
+                                                   schedule=schedule, dp_shard=degree, tp_comm_overlap=overlap)
+
+
+def _shard_degrees(dp: int, cp: int, ep: int, wanted: Sequence[int] | None) -> list[int]:
+    """HSDP's shard degrees for a plan of data-parallel degree dp: those `wanted` (None: every divisor) that
+    divide dp, lie between 1 and dp (1 and dp are DDP-like replication and FSDP) and, with ep, let ep divide
+    dp_shard x cp (torchtitan's ep borrows from dp_shard x cp)."""
+    candidates = _divisors(dp) if wanted is None else wanted
+    return [d for d in dict.fromkeys(candidates) if 1 < d < dp and dp % d == 0 and (d * cp) % ep == 0]
 
 
 def _pipeline_degrees(rest: int, layers: int, pp: Sequence[int] | None) -> list[int]:

@@ -12,11 +12,20 @@ step as it runs on each pipeline rank:
   gradients reduce-scattered after its backward, micro-batch by micro-batch; FSDP2's copy of each gathered
   layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
   the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
+- HSDP (fsdp with dp_shard < dp): the same per layer within the shard group (dp_shard x cp ranks, tp apart:
+  inside a node when they fit), each layer's gradient shard then all-reduced over the dp / dp_shard replicas
+  (ranks tp x cp x dp_shard apart) once its reduce-scatter is done, on a stream of its own (FSDP2's
+  all_reduce_stream), every micro-batch (FSDP2's default);
 - data parallel without FSDP: the gradients reduced once per step over dp x cp ranks (the experts' over the
-  dp x cp / ep ranks holding the same experts): an all-reduce per layer, or per DDP gradient bucket with
-  `bucket_cap_mb` (torch's Reducer's bucketing, fxflops.parallel.buckets), each once the last micro-batch's
-  backward has made its gradients, overlapped with what is left of it (the last one exposed), or a
-  distributed optimizer's reduce-scatter per layer (its parameters all-gathered after the step);
+  dp x cp / ep ranks holding the same experts): an all-reduce per gradient bucket as the software fills them
+  (`grad_buckets`: torch DDP's Reducer, 1 MiB then 25 MiB or `bucket_cap_mb`, fxflops.parallel.buckets;
+  Megatron-LM's; DeepSpeed's; or one per layer), each once the last micro-batch's backward has made its
+  gradients, overlapped with what is left of it (the last one exposed), or a distributed optimizer's
+  reduce-scatter per layer (its parameters all-gathered after the step);
+- tensor-parallel communication overlap (`tp_comm_overlap`, with sequence parallelism): each all-gather runs
+  beside the GEMMs it feeds, each reduce-scatter beside the GEMM it follows (`layers.LayerCosts`), the pair taking
+  the longer of the two (the GEMM times the cluster's tp_overlap_gemm_slowdown, 1 by default: no SM-sharing
+  penalty adopted);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages; or, with
   `pipeline_engine="deepspeed"`, as DeepSpeed's 2021 PipelineEngine runs it (`schedule.simulate_deepspeed`,
@@ -59,6 +68,7 @@ PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
 # DeepSpeed's PartitionedTensor.to_meta(): [ndims, *shape, num_parts, rank, *partition offsets] as int64, sent
 # before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x)
 _META_INT64 = 8
+GRAD_BUCKETS = ("torch", "megatron", "deepspeed", "layer")
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
                    "was not fitted to, see docs/guide/predict.md for the per-run errors")
 
@@ -66,8 +76,7 @@ ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: 
 @dataclass(frozen=True)
 class StepPlan:
     """The plan a step runs: degrees, batch, recomputation and how data parallelism reduces
-    (`bucket_cap_mb=None`: one gradient reduction per layer, where fxflops.Parallel's None is DDP's default
-    buckets)."""
+    (`grad_buckets`, `bucket_cap_mb`; None: the software's default buckets, as fxflops.Parallel's None)."""
 
     tp: int = 1
     pp: int = 1
@@ -85,12 +94,25 @@ class StepPlan:
     overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
     grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
     optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
-    # without FSDP: DDP's gradient buckets of this size in MiB; None: one reduction per layer as its backward
-    # ends (not DDP's default buckets, which None means in fxflops.Parallel)
+    # without FSDP: DDP's gradient buckets of this size in MiB (grad_buckets "torch"); None: the software's default
     bucket_cap_mb: float | None = None
     # the pipeline engine whose p2p and gradient reduction the step follows (see `_deepspeed_boundary`):
     # "megatron" (Megatron-LM's) or "deepspeed" (DeepSpeed's PipelineEngine of 2021, v0.5.x)
     pipeline_engine: str = MEGATRON
+    # without FSDP and the distributed optimizer, how the data-parallel all-reduce is bucketed (GRAD_BUCKETS):
+    # "torch" (DistributedDataParallel's Reducer: a 1 MiB first bucket, then 25 MiB ones, or bucket_cap_mb),
+    # "megatron" (Megatron-LM's DDP: max(40M, 1M x dp) elements a bucket when overlapping, else the whole gradient
+    # buffer at once), "deepspeed" (DeepSpeed's engine: 5e8 elements a bucket after the backward) or "layer" (one
+    # all-reduce per layer as its backward ends: torch's replicate() per block); the sizes are cluster constants
+    grad_buckets: str = "torch"
+    # HSDP: FSDP's shard degree within dp (dp / dp_shard replicas, each sharded dp_shard x cp ways: parameters
+    # gathered and gradients reduce-scattered in the shard group, the shards' gradients all-reduced over the
+    # replicas); None: FSDP over all of dp
+    dp_shard: int | None = None
+    # tensor-parallel communication overlapped with the GEMM it feeds or follows (Megatron-LM's --tp-comm-overlap,
+    # torchtitan's async TP; sequence parallelism only): each such pair takes max(comm, GEMM x the cluster's
+    # tp_overlap_gemm_slowdown) instead of their sum
+    tp_comm_overlap: bool = False
 
     @property
     def grad_group(self) -> int:
@@ -103,6 +125,26 @@ class StepPlan:
         """Ranks holding the same experts, which reduce their gradients: dp x cp / ep (torchtitan's dp_mod_ep,
         Megatron's expert-data-parallel group)."""
         return self.dp * self.cp // self.ep
+
+    @property
+    def shard(self) -> int:
+        """FSDP's shard degree within dp: dp_shard under HSDP, else dp."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def replicas(self) -> int:
+        """HSDP's replicas (dp / dp_shard), over which the gradient shards are all-reduced; 1 without HSDP."""
+        return self.dp // self.shard
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks FSDP shards a (non-expert) parameter over: dp_shard x cp (all of dp x cp without HSDP)."""
+        return self.shard * self.cp
+
+    @property
+    def expert_shard_group(self) -> int:
+        """Ranks FSDP shards an expert parameter over: dp_shard x cp / ep (ep borrows from dp_shard x cp)."""
+        return self.shard_group // self.ep
 
     @property
     def gpus(self) -> int:
@@ -136,12 +178,28 @@ class StepPlan:
             raise ValueError(f"ep={self.ep} borrows its ranks from dp={self.dp}{with_cp}: pick an ep that divides dp"
                              + (" x cp and is a multiple of cp" if self.cp > 1 else ""))
         if self.bucket_cap_mb is not None:
-            if self.fsdp or self.distributed_optimizer:
-                raise ValueError("bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False "
-                                 "and without the distributed optimizer")
+            if self.fsdp or self.distributed_optimizer or self.grad_buckets != "torch":
+                raise ValueError("bucket_cap_mb sizes DDP's gradient all-reduce buckets: give it with fsdp=False, "
+                                 "without the distributed optimizer and with grad_buckets='torch'")
             from fxflops.parallel.buckets import check_bucket_cap
 
             check_bucket_cap(self.bucket_cap_mb)
+        if self.grad_buckets not in GRAD_BUCKETS:
+            raise ValueError(f"grad_buckets={self.grad_buckets!r}: pick one of {', '.join(GRAD_BUCKETS)}")
+        if self.dp_shard is not None:
+            if not self.fsdp:
+                raise ValueError("dp_shard shards parameters (HSDP); give it with fsdp=True (DDP replicates them)")
+            if isinstance(self.dp_shard, bool) or not isinstance(self.dp_shard, int) or self.dp_shard < 1 \
+                    or self.dp % self.dp_shard:
+                raise ValueError(f"dp_shard={self.dp_shard!r} must divide dp={self.dp} (HSDP: dp / dp_shard replicas "
+                                 "of dp_shard shards)")
+            if self.ep > 1 and self.shard_group % self.ep:
+                raise ValueError(f"ep={self.ep} borrows its ranks from dp_shard x cp = {self.shard_group}: pick an "
+                                 "ep that divides it")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with "
+                             "their GEMMs (Megatron-LM's --tp-comm-overlap and torchtitan's async TP need it): give "
+                             "sequence_parallel=True with tp > 1")
 
 
 @dataclass
@@ -201,9 +259,10 @@ class StepPrediction:
         p = self.plan
         device = self.device + (f" from {self.device_origin}" if self.device_origin.startswith("your file") else "")
         lines = [f"predicted step on {p.gpus} x {device} ({self.cluster}): tp={p.tp} pp={p.pp} "
-                 f"v={p.virtual_stages} dp={p.dp}{' (FSDP)' if p.fsdp else ''}"
+                 f"v={p.virtual_stages} dp={p.dp}{_data_parallel_words(p)}"
                  f"{f' cp={p.cp}' if p.cp > 1 else ''}{f' ep={p.ep}' if p.ep > 1 else ''} sp={p.sequence_parallel} "
-                 f"micro-batch {p.micro_batch} x {p.microbatches} per step, recompute={p.recompute}",
+                 f"micro-batch {p.micro_batch} x {p.microbatches} per step, recompute={p.recompute}"
+                 + (", TP comm overlapped" if p.tp_comm_overlap else ""),
                  f"  step time {self.step_time * 1e3:,.1f} ms   MFU {self.mfu:.1%}   HFU {self.hfu:.1%}   "
                  f"{self.tokens_per_sec:,.0f} tokens/s   {self.tflops_per_gpu:.1f} TFLOP/s per GPU",
                  "  " + "   ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in self.breakdown.items())]
@@ -241,12 +300,17 @@ def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
     then dp, then pp (torchtitan's ParallelDims order, Megatron's: tp inside a node first); ep's ranks are the
     cp ranks and the dp ranks nearest them (torchtitan's ep = dp_shard_in_ep x cp: tp apart, contiguous), the
     ranks holding the same experts the dp_mod_ep ranks outside them (tp x ep apart); "fsdp" is the gradients'
-    group (dp x cp ranks, tp apart: FSDP's, or DDP's all-reduce), "fsdp_experts" the experts' (dp x cp / ep)."""
+    group (dp x cp ranks, tp apart: FSDP's, or DDP's all-reduce; HSDP's shard group, dp_shard x cp ranks),
+    "fsdp_experts" the experts' (dp x cp / ep, or dp_shard x cp / ep), "replicate" HSDP's replica group (dp / dp_shard
+    ranks, torchtitan's dp_replicate: outside dp_shard, tp x cp x dp_shard apart, so on other nodes once the shard
+    group fills one)."""
     tp, cp, dp = plan.tp, plan.cp, plan.dp
     return {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
             "dp": ranks_per_node(dp, tp * cp, cluster), "ep": ranks_per_node(plan.ep, tp, cluster),
-            "fsdp": ranks_per_node(plan.grad_group, tp, cluster),
-            "fsdp_experts": ranks_per_node(plan.expert_group, tp * plan.ep, cluster),
+            "fsdp": ranks_per_node(plan.shard_group if plan.fsdp else plan.grad_group, tp, cluster),
+            "fsdp_experts": ranks_per_node(plan.expert_shard_group if plan.fsdp else plan.expert_group,
+                                           tp * plan.ep, cluster),
+            "replicate": ranks_per_node(plan.replicas, tp * cp * plan.shard, cluster),
             "pp": ranks_per_node(plan.pp, tp * cp * dp, cluster)}
 
 
@@ -266,19 +330,26 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     notes = list(costs.notes)
 
     layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
-        _layer_passes(costs, plan.recompute)
+        _layer_passes(costs, plan.recompute, plan.tp_comm_overlap)
+    pre_comm, post_comm = _part_comm(pre, plan.tp_comm_overlap), _part_comm(post, plan.tp_comm_overlap)
 
     # FSDP: per layer, parameters gathered before forward and backward, gradients reduce-scattered after backward;
     # over dp x cp ranks, the experts' over the dp / ep ranks holding the same experts
     fsdp = plan.fsdp and plan.dp * plan.cp > 1
-    gather = scatter = 0.0
+    gather = scatter = replica = 0.0
     if fsdp:
-        gather, scatter = _fsdp_layer_seconds(block.params - block.expert_params, plan.dp * plan.cp,
+        gather, scatter = _fsdp_layer_seconds(block.params - block.expert_params, plan.shard_group,
                                               placed["fsdp"], costs.param_bytes, grad_bytes, cluster)
-        expert_gather, expert_scatter = _fsdp_layer_seconds(block.expert_params, plan.expert_group,
+        expert_gather, expert_scatter = _fsdp_layer_seconds(block.expert_params, plan.expert_shard_group,
                                                             placed["fsdp_experts"], costs.param_bytes, grad_bytes,
                                                             cluster)
         gather, scatter = gather + expert_gather, scatter + expert_scatter
+        # HSDP: each layer's gradient shards all-reduced over the replicas once its reduce-scatter is done, on
+        # FSDP2's all_reduce_stream, every micro-batch (FSDP2's default; set_requires_all_reduce(False) is not
+        # modelled)
+        replica = _replica_all_reduce(block.params - block.expert_params, plan.shard_group, plan, placed,
+                                      grad_bytes, cluster) \
+            + _replica_all_reduce(block.expert_params, plan.expert_shard_group, plan, placed, grad_bytes, cluster)
         if not costs.fsdp_in_capture:
             # FSDP2 copies each gathered layer out of the all-gather's buffer into its parameters on the compute
             # stream (foreach_all_gather_copy_out: split_with_sizes_copy, the buffer read and the parameters
@@ -303,15 +374,15 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         bwd = [layer_bwd_compute + layer_bwd_comm] * n
         if fsdp:
             fwd_time = _prefetched(fwd, [gather] * n, [0.0] * n)
-            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n)
+            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n, [replica] * n)
         else:
             fwd_time, bwd_time = sum(fwd), sum(bwd)
         if first:
-            fwd_time += pre.forward + pre.comm_forward
-            bwd_time += pre.backward + pre.comm_backward
+            fwd_time += pre.forward + pre_comm[0]
+            bwd_time += pre.backward + pre_comm[1]
         if last:
-            fwd_time += post.forward + post.comm_forward
-            bwd_time += post.backward + post.comm_backward
+            fwd_time += post.forward + post_comm[0]
+            bwd_time += post.backward + post_comm[1]
         if rebuild or partition:  # DeepSpeed: the received input rebuilt, the output partitioned for its send
             fwd_time += (rebuild if not first else 0.0) + (partition if not last else 0.0)
             # the backward rebuilds its partitioned output and the received gradient, partitions its input's
@@ -346,7 +417,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                     if experts else 0.0)
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
-    shard = plan.dp * plan.cp if (fsdp or plan.distributed_optimizer) else 1
+    shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer else 1
+    expert_shard = plan.expert_shard_group if fsdp else plan.expert_group
     roles = []
     step_end = 0.0
     device = cluster.device
@@ -357,7 +429,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
         # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
         local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
-            + _rank_expert_params(rank, chunks, p, costs) / (plan.expert_group if shard > 1 else 1)
+            + _rank_expert_params(rank, chunks, p, costs) / (expert_shard if shard > 1 else 1)
         optimizer = (stream_seconds(local * per_param, device) if rank_params else 0.0) \
             + after_step[rank]
         step_end = max(step_end, ends[rank] + optimizer)
@@ -387,6 +459,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     hw_tflops = job_hw_flops / gpus / step_end / 1e12
     if len(set(chunks)) > 1:
         notes.append(f"{layers} layers do not split evenly into {p * v} chunks: {chunks}")
+    notes += _assumption_notes(plan, cluster, fsdp, grad_bytes)
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin)
@@ -416,17 +489,66 @@ def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: 
     return p2p, rebuild, stream_seconds(2 * part, cluster.device)
 
 
-def _layer_passes(costs: LayerCosts, recompute: str) -> tuple[float, float, float, float, int]:
+def _part_comm(part: Any, overlap: bool) -> tuple[float, float]:
+    """A part's exposed communication per micro-batch, (forward, backward): less what overlapping its
+    tensor-parallel collectives with their GEMMs saves when `overlap` (tp_comm_overlap)."""
+    if not overlap:
+        return part.comm_forward, part.comm_backward
+    return part.comm_forward - part.tp_overlap_forward, part.comm_backward - part.tp_overlap_backward
+
+
+def _data_parallel_words(plan: StepPlan) -> str:
+    """How the plan's data parallelism holds the parameters, for the prediction's first line."""
+    if plan.fsdp and plan.dp_shard is not None:
+        return f" (HSDP: {plan.replicas} replicas x {plan.shard} shards)"
+    return " (FSDP)" if plan.fsdp else ""
+
+
+def _assumption_notes(plan: StepPlan, cluster: Cluster, fsdp: bool, grad_bytes: int) -> list[str]:
+    """What the prediction assumed about the plan's data-parallel buckets and overlaps, and which cluster
+    constants came from a user's file (by name: `explain` prints them with their sources)."""
+    notes = []
+    if plan.grad_group > 1 and not fsdp and not plan.distributed_optimizer:
+        if plan.grad_buckets == "layer":
+            notes.append("gradients all-reduced one layer at a time (grad_buckets='layer')")
+        else:
+            limits = ddp_bucket_limits(plan, cluster, grad_bytes)
+            sizes = ("one bucket: the whole gradient buffer" if limits == [_WHOLE_BUFFER]
+                     else " then ".join(f"{size / (1 << 20):,.4g} MiB" for size in limits))
+            notes.append(f"gradients all-reduced in {plan.grad_buckets}'s buckets ({sizes}"
+                         + (", the first pipeline stage's; one bucket on the others" if plan.grad_buckets == "megatron"
+                            and plan.pp > 1 and plan.overlap_grad_reduce else "") + ")")
+    if fsdp and plan.replicas > 1:
+        notes.append(f"HSDP: parameters gathered and gradients reduce-scattered over {plan.shard_group} ranks, the "
+                     f"gradient shards all-reduced over {plan.replicas} replicas each micro-batch (FSDP2's default)")
+    if plan.tp_comm_overlap:
+        notes.append("tensor-parallel all-gathers / reduce-scatters overlapped with the GEMMs they feed / follow, "
+                     f"the GEMMs x {cluster.tp_overlap_gemm_slowdown:g} while they overlap (tp_overlap_gemm_slowdown)")
+    mine = user_constants_note(cluster)
+    return notes + ([mine] if mine else [])
+
+
+def user_constants_note(cluster: Cluster) -> str | None:
+    """"cluster constants from your file PATH: NAMES" where a user's cluster file set some, else None."""
+    mine = [c for c in cluster.constants.values() if c.origin.startswith("your file")]
+    if not mine:
+        return None
+    return f"cluster constants from {mine[0].origin}: {', '.join(c.name for c in mine)}"
+
+
+def _layer_passes(costs: LayerCosts, recompute: str, overlap: bool = False) -> tuple[float, float, float, float, int]:
     """One layer, one micro-batch, as the compute stream sees it: forward compute, backward compute (with
-    what is recomputed), forward and backward tensor-parallel communication, and the recomputed FLOPs."""
+    what is recomputed), forward and backward tensor-parallel communication (less what `overlap`, tp_comm_overlap,
+    hides behind GEMMs), and the recomputed FLOPs."""
     block = costs.block
+    comm_forward, comm_backward = _part_comm(block, overlap)
     if recompute == "full":  # the forward and its collectives again, before the backward
-        return (block.forward, block.backward + block.forward, block.comm_forward,
-                block.comm_backward + block.comm_forward, block.forward_flops)
+        return (block.forward, block.backward + block.forward, comm_forward,
+                comm_backward + comm_forward, block.forward_flops)
     if recompute == "selective":  # the attention kernels again
-        return (block.forward, block.backward + block.attention_forward, block.comm_forward, block.comm_backward,
+        return (block.forward, block.backward + block.attention_forward, comm_forward, comm_backward,
                 block.attention_flops)
-    return block.forward, block.backward, block.comm_forward, block.comm_backward, 0
+    return block.forward, block.backward, comm_forward, comm_backward, 0
 
 
 def _fsdp_layer_seconds(params: int, group: int, per_node: int, param_bytes: int, grad_bytes: int,
@@ -436,6 +558,16 @@ def _fsdp_layer_seconds(params: int, group: int, per_node: int, param_bytes: int
         return 0.0, 0.0
     return (collective_seconds("all_gather", params * param_bytes, group, cluster, per_node),
             collective_seconds("reduce_scatter", params * grad_bytes, group, cluster, per_node))
+
+
+def _replica_all_reduce(params: int, shard_group: int, plan: StepPlan, placed: dict[str, int], grad_bytes: int,
+                        cluster: Cluster) -> float:
+    """HSDP's all-reduce of one layer's gradient shard (its `params` elements split `shard_group` ways) over the
+    plan's replicas; 0 without HSDP."""
+    if not params or plan.replicas <= 1:
+        return 0.0
+    return collective_seconds("all_reduce", params * grad_bytes // shard_group, plan.replicas, cluster,
+                              placed["replicate"])
 
 
 def _rank_expert_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
@@ -458,13 +590,13 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     experts' over the dp x cp / ep ranks holding the same experts), queued on the rank's communication stream
     as the last micro-batch's backward of their chunk produces them (the head's once its backward has run, the
     layers of a chunk evenly through that backward, last layer first, the embedding's at its end), or all
-    after the backward without overlap. With `bucket_cap_mb`, DDP's all-reduce runs per bucket as torch's
-    Reducer fills them (`fxflops.parallel.buckets`: the gradients in the order they become ready, a bucket
-    closed once it holds `bucket_cap_mb` MiB, one open bucket per group), each bucket once its last gradient is
-    ready, so the last one is exposed; without it (and with the distributed optimizer's reduce-scatter) each
-    layer's gradients are reduced at once (replicate() per block, Megatron-LM's overlapped reduction).
+    after the backward without overlap. The all-reduce runs per bucket as the plan's software fills them
+    (`ddp_bucket_limits`; `fxflops.parallel.buckets`: the gradients in the order they become ready, a bucket
+    closed once it reaches its limit, one open bucket per group), each bucket once its last gradient is ready,
+    so the last one is exposed; with grad_buckets "layer" (and the distributed optimizer's reduce-scatter) each
+    layer's gradients are reduced at once (replicate() per block).
     Returns when the rank's last reduction ends, and the reductions as (rank, name, start, end)."""
-    from fxflops.parallel.buckets import Gradient, assign_buckets, bucket_limits
+    from fxflops.parallel.buckets import Gradient, assign_buckets
 
     reduce = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
     grad_bytes = plan.grad_bytes or costs.param_bytes
@@ -491,7 +623,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
         if e.chunk == 0 and costs.pre.params:  # the embedding's, at the end of the first chunk's backward
             ready.append((at(e.end), costs.pre.params * grad_bytes, "", len(ready)))
     reductions: list[tuple[float, int, str]] = []  # (ready, bytes, group)
-    if plan.distributed_optimizer or plan.bucket_cap_mb is None:  # per layer (and per group)
+    if plan.distributed_optimizer or plan.grad_buckets == "layer":  # per layer (and per group)
         units: dict[tuple[int, str], list[Any]] = {}
         for when, size, group, unit in ready:
             units.setdefault((unit, group), []).append((when, size))
@@ -502,7 +634,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
             mine = [i for i, item in enumerate(ready) if item[2] == group]
             gradients = [Gradient(name=str(i), unit=str(ready[i][3]), bytes=ready[i][1], dtype="grad", group=group)
                          for i in mine]
-            for indices in assign_buckets(gradients, bucket_limits(plan.bucket_cap_mb)):
+            for indices in assign_buckets(gradients, ddp_bucket_limits(plan, cluster, grad_bytes, rank)):
                 picked = [mine[k] for k in indices]
                 reductions.append((max(ready[i][0] for i in picked), sum(ready[i][1] for i in picked), group))
     free, comm = 0.0, []
@@ -511,6 +643,31 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
         free = start + collective_seconds(reduce, size, groups[group][0], cluster, groups[group][1])
         comm.append((rank, f"dp {reduce}" + (" (experts)" if group else ""), start, free))
     return max(compute_end, free), comm
+
+
+def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, rank: int = 0) -> list[int]:
+    """The byte limits of the data-parallel all-reduce's buckets on pipeline rank `rank`, as the plan's software
+    fills them (the last limit repeats; `fxflops.parallel.buckets.assign_buckets` walks them), from the cluster's
+    software constants: torch DDP's 1 MiB first bucket then 25 MiB ones (`bucket_cap_mb` MiB each when given);
+    Megatron-LM's max(40M, 1M x dp) elements when the reduction overlaps the backward on the first pipeline stage
+    (Megatron turns bucketing off on the other stages and without overlap: the whole buffer at once); DeepSpeed's
+    5e8 elements."""
+    if plan.grad_buckets == "torch":
+        if plan.bucket_cap_mb is not None:
+            from fxflops.parallel.buckets import bucket_limits
+
+            return bucket_limits(plan.bucket_cap_mb)
+        return [cluster.ddp_first_bucket, cluster.ddp_bucket_cap]
+    if plan.grad_buckets == "megatron":
+        if not plan.overlap_grad_reduce or rank > 0:
+            return [_WHOLE_BUFFER]
+        return [max(cluster.megatron_bucket_elements, cluster.megatron_bucket_elements_per_dp * plan.dp) * grad_bytes]
+    if plan.grad_buckets == "deepspeed":
+        return [cluster.deepspeed_bucket_elements * grad_bytes]
+    raise ValueError(f"grad_buckets={plan.grad_buckets!r} has no bucket sizes; pick one of {', '.join(GRAD_BUCKETS)}")
+
+
+_WHOLE_BUFFER = 1 << 62  # a bucket limit no gradient buffer reaches: one bucket
 
 
 def _block_gradients(costs: LayerCosts) -> tuple[tuple[int, bool], ...]:
@@ -528,15 +685,17 @@ def _split(layers: int, chunks: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(chunks)]
 
 
-def _prefetched(compute: list[float], before: list[float], after: list[float]) -> float:
+def _prefetched(compute: list[float], before: list[float], after: list[float],
+                chained: list[float] | None = None) -> float:
     """Layers run one after another on the compute stream, each waiting for its `before` collective (FSDP's
     all-gather, issued on the communication stream when the previous layer starts: one layer of prefetch);
-    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends. Returns
-    when both streams are done."""
+    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends, and its
+    `chained` one (HSDP's all-reduce over the replicas) on a third stream once that reduce-scatter is done
+    (FSDP2's all_reduce_stream). Returns when every stream is done."""
     if not compute:
         return 0.0
     comm = ready = before[0]
-    end = 0.0
+    end = reduced = 0.0
     for i, seconds in enumerate(compute):
         start = max(end, ready)
         if i + 1 < len(compute):
@@ -544,7 +703,9 @@ def _prefetched(compute: list[float], before: list[float], after: list[float]) -
         end = start + seconds
         if after[i]:
             comm = max(comm, end) + after[i]
-    return max(end, comm)
+        if chained and chained[i]:
+            reduced = max(reduced, comm) + chained[i]
+    return max(end, comm, reduced)
 
 
 def tokens_of(inputs: Any) -> tuple[int, int]:
@@ -642,14 +803,18 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  layers: int | None = None, grad_bytes: int | None = None,
                  trace: str | Path | None = None, device: str | Path | Any = None,
                  routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
-                 fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON) -> StepPrediction:
+                 fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON,
+                 grad_buckets: str = "torch", tp_comm_overlap: bool = False) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
     `parallel` has `tp`, `pp`, `dp`, `virtual_stages` (interleaved 1F1B), `fsdp` (default True when dp x cp > 1:
-    FSDP; False: replicated parameters with the gradients all-reduced in DDP's buckets of `bucket_cap_mb` MiB
-    (left out: one all-reduce per layer, not DDP's default buckets that fxflops.Parallel's None means),
-    or reduce-scattered with `distributed_optimizer`), `ep` (experts split over ep of the dp x cp ranks,
+    FSDP; False: replicated parameters with the gradients all-reduced in buckets as `grad_buckets` says the
+    software fills them: "torch" (default: DDP's Reducer, a 1 MiB first bucket then 25 MiB ones, or
+    `bucket_cap_mb` MiB each, as fxflops.Parallel takes it), "megatron", "deepspeed" or "layer" (one all-reduce per
+    layer), the sizes cluster constants (`explain` prints them with their sources); or reduce-scattered with
+    `distributed_optimizer`), `dp_shard` (HSDP: FSDP's shard degree, dividing dp; the gradient shards all-reduced
+    over the dp / dp_shard replicas), `ep` (experts split over ep of the dp x cp ranks,
     torchtitan's layout: ep divides dp x cp, cp divides ep; `routing` as estimate() takes it, balanced by
     default) and `cp` (the sequence split over cp ranks, ring attention; gradients reduced over dp x cp), in any
     combination with each other, pp and FSDP or DDP, `loss_parallel` (tp > 1: the logits left
@@ -671,8 +836,10 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).
     `pipeline_engine`: "megatron" (default) or "deepspeed", DeepSpeed's 2021 PipelineEngine: blocking sends,
     activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
-    reduction after the last backward (`_deepspeed_boundary`). A prediction is a model with a stated error,
-    not a measurement."""
+    reduction after the last backward (`_deepspeed_boundary`). `tp_comm_overlap` (sequence parallelism only):
+    the tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed or follow
+    (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two. A
+    prediction is a model with a stated error, not a measurement."""
     import torch
 
     from fxflops.device.peaks import dtype_key
@@ -681,7 +848,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
 
     parallel = dict(parallel or {})
     known = ("tp", "pp", "dp", "ep", "cp", "virtual_stages", "fsdp", "sequence_parallel", "tp_plan", "loss_parallel",
-             "bucket_cap_mb")
+             "bucket_cap_mb", "dp_shard")
     unknown = set(parallel) - set(known)
     if unknown:
         raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; known: {', '.join(known)}")
@@ -698,9 +865,10 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     fsdp=bool(parallel.get("fsdp", dp * cp > 1)), micro_batch=batch,
                     global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-                    grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"),
-                    pipeline_engine=pipeline_engine)
-    if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or pipeline_engine != MEGATRON:
+                    grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"), grad_buckets=grad_buckets,
+                    dp_shard=parallel.get("dp_shard"), tp_comm_overlap=tp_comm_overlap, pipeline_engine=pipeline_engine)
+    if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or plan.dp_shard is not None or tp_comm_overlap \
+            or grad_buckets != "torch" or pipeline_engine != MEGATRON:
         plan.check(layers or 1 << 30)  # a plan that cannot run, refused before the capture
     loss_parallel = bool(parallel.get("loss_parallel", False))
     if loss_parallel and tp == 1:
@@ -719,8 +887,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         # layers is not built): predicted without sequence parallelism, and the prediction says so
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=False, **options)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it"
-        plan = dataclasses.replace(plan, sequence_parallel=False)
+        note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it" \
+            + (" and without tp_comm_overlap (it needs sequence parallelism)" if plan.tp_comm_overlap else "")
+        plan = dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=False)
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
     if note:
         prediction.notes.append(note)

@@ -205,6 +205,11 @@ class PublishedRun:
         return ", ".join(words)
 
     @property
+    def grad_buckets(self) -> str:
+        """How the row's software buckets the data-parallel all-reduce (StepPlan.grad_buckets), by its software."""
+        return _GRAD_BUCKETS.get(self.software, "torch")
+
+    @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp)
 
@@ -256,6 +261,10 @@ _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F
                         "which runs FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
                         "--training.mixed_precision_reduce, default and only choice 'float32', "
                         "torchtitan/config_manager.py of 2024); FSDP2's all-gather copy-out on the compute stream")
+# whose data-parallel all-reduce buckets each row's software fills (StepPlan.grad_buckets): Megatron-LM's own DDP
+# (2021-2022: each dtype's whole gradient buffer all-reduced after the backward, megatron/model/distributed.py),
+# DeepSpeed's engine (buckets of 5e8 elements); a row not named here runs torch's DDP defaults
+_GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSPEED_2021: "deepspeed"}
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
@@ -366,7 +375,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
                               attention=run.attention, attention_dropout=run.attention_dropout,
-                              fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine)
+                              fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine,
+                              grad_buckets=run.grad_buckets)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
