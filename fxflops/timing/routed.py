@@ -46,14 +46,17 @@ class RoutedSizes:
     rows: dict[str, str] = field(default_factory=dict)  # size -> the module whose input rows it is
     counts: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # size -> (module, element, length)
     derived: tuple[tuple[str, Callable[[dict[str, int]], int]], ...] = ()  # in graph order
+    # module -> (constant, sizes) where its input rows are constant + those sizes' sum, and the counts
+    # depend on them only through it
+    sums: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.counts)
+        return bool(self.rows or self.counts or self.sums)
 
     @property
     def paths(self) -> frozenset[str]:
         """The modules the meter watches."""
-        return frozenset(self.rows.values()) | {path for path, _, _ in self.counts.values()}
+        return frozenset(self.rows.values()) | {path for path, _, _ in self.counts.values()} | set(self.sums)
 
     def bind(self, seen: dict[str, Seen], point: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
         """(every free size's value, the routed rows to report: module -> rows, or module[expert] -> tokens)
@@ -73,6 +76,10 @@ class RoutedSizes:
             values[name] = read[path][element]
         for name, compute in self.derived:
             values[name] = compute({**point, **values})
+        for path, (constant, names) in self.sums.items():
+            values.update({name: 0 for name in names[1:]})
+            values[names[0]] = seen[path].rows - int(constant)
+            report[path] = seen[path].rows
         return values, report
 
 
@@ -93,23 +100,15 @@ def routed_modules(piece: Any) -> RoutedSizes:
     if not needed:
         return RoutedSizes()
     calls = piece.captured.module_calls
-    first: dict[str, Any] = {}  # module -> the first forward op run inside it (its own or a submodule's)
-    for cost in piece.costs:  # graph order
-        if cost.is_backward or not cost.module:
-            continue
-        parts = cost.module.split(".")
-        for depth in range(1, len(parts) + 1):
-            first.setdefault(".".join(parts[:depth]), cost)
+    inputs = _input_rows(piece)
     rows: dict[str, str] = {}
-    for path, cost in sorted(first.items(), key=lambda item: item[0].count(".")):  # outermost first
-        if calls.get(path, 0) != 1 or not cost.input_shapes or not cost.input_shapes[0]:
-            continue
-        shape = cost.input_shapes[0]  # the module's input, as its first op reads it
-        size = sympy.sympify(math.prod(shape[:-1]) if len(shape) > 1 else shape[0])
+    for path, size in inputs.items():  # outermost first: a module's input rows are one size at most
         if isinstance(size, sympy.Symbol) and size.name in needed:
             rows.setdefault(size.name, path)
     counts, derived = _values_read(piece, needed - set(rows), calls)
-    missing = sorted(needed - set(rows) - set(counts) - {name for name, _ in derived})
+    known = set(rows) | set(counts) | {name for name, _ in derived}
+    sums = _sums_read(piece, inputs, needed - known)
+    missing = sorted(needed - known - {name for _, (_, names) in sums.items() for name in names})
     if missing:
         where = sorted({cost.module or "(root)" for cost in piece.costs if isinstance(cost.flops, sympy.Basic)
                         and {symbol.name for symbol in cost.flops.free_symbols} & set(missing)})
@@ -118,7 +117,57 @@ def routed_modules(piece: Any) -> RoutedSizes:
                          "that reach no module as its input's rows (an expert called with the tokens routed to "
                          "it) nor as values of its 1-D integer input (grouped experts given the tokens per "
                          "expert): the meter cannot read them from the batch; count it with estimate(routing=...)")
-    return RoutedSizes(rows, counts, tuple(derived))
+    return RoutedSizes(rows, counts, tuple(derived), sums)
+
+
+def _input_rows(piece: Any) -> dict[str, Any]:
+    """Module -> its input's rows (elements / last dim) as an expression, for modules called once a
+    forward: what its forward received where its own pre-hooks hand it its inputs (an expert-parallel
+    dispatch), else what its first op reads."""
+    calls, given = piece.captured.module_calls, piece.captured.forward_inputs
+    sizes = piece.captured.sizes
+    first: dict[str, Any] = {}  # module -> the first forward op run inside it (its own or a submodule's)
+    for cost in piece.costs:  # graph order
+        if cost.is_backward or not cost.module:
+            continue
+        parts = cost.module.split(".")
+        for depth in range(1, len(parts) + 1):
+            first.setdefault(".".join(parts[:depth]), cost)
+    found: dict[str, Any] = {}
+    for path, cost in sorted(first.items(), key=lambda item: item[0].count(".")):  # outermost first
+        if calls.get(path, 0) != 1:
+            continue
+        if path in given:  # (its first op is its hooks')
+            shape = tuple(sizes.expression(size) for size in given[path][0].shape) if given[path] else ()
+        else:
+            shape = cost.input_shapes[0] if cost.input_shapes else ()
+        if shape:
+            found[path] = sympy.sympify(math.prod(shape[:-1]) if len(shape) > 1 else shape[0])
+    return found
+
+
+def _sums_read(piece: Any, inputs: dict[str, Any], wanted: set[str]) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """Module -> (its input rows' constant part, the sizes they sum) where a module's input rows are a sum of
+    free sizes (tokens an all-to-all delivered from each rank) and every FLOP count depends on those sizes
+    only through that sum (grouped matrix products over all the rows): any split of the rows read gives
+    the same counts, so the first size takes them all."""
+    found: dict[str, tuple[Any, tuple[str, ...]]] = {}
+    costs = [cost.flops for cost in piece.costs if isinstance(cost.flops, sympy.Basic)]
+    for path, rows in inputs.items():
+        names = sorted(symbol.name for symbol in rows.free_symbols if symbol.name in wanted)
+        if not names or any(name in taken for _, taken in found.values() for name in names):
+            continue
+        symbols = {symbol.name: symbol for symbol in rows.free_symbols}
+        if {symbol.name for symbol in rows.free_symbols} != set(names) \
+                or any(rows.coeff(symbols[name]) != 1 for name in names) \
+                or not sympy.expand(rows - sum(symbols[name] for name in names)).is_number:
+            continue  # not a plain sum of free sizes plus a constant
+        head, total = symbols[names[0]], sympy.Dummy("rows")
+        solved = total - (rows - head)
+        if all(not ({symbol.name for symbol in sympy.expand(flops.xreplace({head: solved})).free_symbols}
+                    & set(names[1:])) for flops in costs):
+            found[path] = (sympy.expand(rows - sum(symbols[name] for name in names)), tuple(names))
+    return found
 
 
 # ops that hand a tensor's values on unchanged (the walk from a value read back to where it entered a module)
@@ -148,7 +197,7 @@ def _values_read(piece: Any, wanted: set[str], calls: dict[str, int]
         name = symbol(value) if isinstance(value, torch.SymInt) else None
         if name not in wanted or getattr(node.target, "_opname", None) not in ("item", "_local_scalar_dense"):
             continue
-        found = _entered(node.args[0], module_of.get(node.name, ""), module_of)
+        found = _entered(node.args[0], module_of.get(node.name, ""), module_of, piece.captured.forward_inputs)
         if found is not None and calls.get(found[0], 0) == 1:
             counts[name] = found
 
@@ -184,17 +233,21 @@ def _slice_length(parts: tuple[Any, ...]) -> Callable[[dict[str, int]], int]:
     return length
 
 
-def _entered(node: Any, inside: str, module_of: dict[str, str]) -> tuple[str, int, int] | None:
+def _entered(node: Any, inside: str, module_of: dict[str, str],
+             forward_inputs: dict[str, tuple[torch.Tensor, ...]]) -> tuple[str, int, int] | None:
     """(module, element, length) where `node` (a 0-d element read inside module `inside`) comes, through ops
-    that keep values, from element `element` of a 1-D integer tensor of `length` values the module was
-    given (made outside it); None where it comes from anything else."""
+    that keep values, from element `element` of a 1-D integer tensor of `length` values the module's
+    forward was given (made outside it, or handed to it by the module's own pre-hooks: an expert-parallel
+    dispatch); None where it comes from anything else."""
     from torch.fx import Node
 
     element = None
+    given = forward_inputs.get(inside, ())
     while isinstance(node, Node):
         value = node.meta.get("val")
         where = module_of.get(node.name, "")
-        if node.op == "placeholder" or not (where == inside or where.startswith(inside + ".")):
+        if node.op == "placeholder" or not (where == inside or where.startswith(inside + ".")) \
+                or element is not None and any(value is tensor for tensor in given):
             if element is None or not isinstance(value, torch.Tensor) or value.dim() != 1 \
                     or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
                 return None
