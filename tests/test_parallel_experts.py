@@ -294,3 +294,7 @@ def test_sequence_parallel_moe_layers_gather_their_tokens_and_split_their_output
         for phase in ("forward", "backward"):
             assert [c.bytes for c in all_to_alls(est, phase)] == [ROUTED] * 2 * L
     assert not any(c.op == "reduce_scatter" and ".moe" in c.module for c in est.collectives)
+    if ep == 1:  # the report says what each tp rank runs whole: the router, and routed experts not split
+        whole = {"gate": 3 * ROUTER, **({} if layout == "list" else {"experts": 3 * experts(T * K)})}
+        assert {(r["module"], r["flops"], r["extra_flops"], r["whole"]) for r in est.parallel["replicated"]} == \
+            {(f"layers.{i}.moe.{name}", flops, flops, True) for i in range(L) for name, flops in whole.items()}
