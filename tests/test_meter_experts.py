@@ -148,3 +148,30 @@ def test_a_real_two_rank_expert_parallel_job_meters_each_ranks_received_tokens(t
     assert ranks[0]["rows"][0] == {"experts[0]": 3 + 1, "experts[1]": 3 + 4}
     assert ranks[0]["local"][0] == 640 + 640 * 11
     assert ranks[0]["job"] == ranks[1]["job"] == job
+
+
+def test_experts_handed_two_candidate_count_tensors_are_refused_in_one_line(quiet) -> None:
+    from tests.moe_models import TitanExperts
+
+    class Ambiguous(TitanExperts):
+        def forward(self, x, num_tokens_per_expert, also):
+            return super().forward(x, num_tokens_per_expert)
+
+    class Layer(TitanMoE):
+        def forward(self, x):
+            flat = x.reshape(-1, D)
+            picks = self.router(flat).argmax(-1)
+            counts = torch.histc(picks.float(), bins=EXPERTS, min=0, max=EXPERTS).long()
+            order = torch.argsort(picks, stable=True)
+            return self.experts(flat[order], counts, torch.arange(EXPERTS)).sum()
+
+    model = Layer(D, H, EXPERTS)
+    model.experts = Ambiguous(D, H, EXPERTS, grouped_mm=False)
+    x = routed_batch(ROUTINGS[0], D, SEQ)
+    meter = FlopsMeter(model, x, dims=DIMS, conventions="torch")
+    with pytest.raises(FlopsMeterWarning, match=r"^fxflops.FlopsMeter: a micro-batch was not counted: 'experts' was "
+                                                r"called with 2 1-D integer tensors of 4 elements, where its capture "
+                                                r"read its tokens per expert from one$"):
+        with meter.observe():
+            model(x).backward()
+            meter.micro_batch(x)

@@ -243,3 +243,4 @@ def test_routed_rows_no_module_receives_are_refused_in_one_line(quiet) -> None:
         meter = FlopsMeter(model, batch([0] * 10), dims=DIMS, conventions="torch")
     assert meter.step(batch([0] * 10), time=1.0).flops is None
     assert watched(model) == 0
+

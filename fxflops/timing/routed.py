@@ -1,13 +1,21 @@
 """Routed rows: the meter's mixture-of-experts count from the tokens each expert really received.
 
 A router's picks derive from the weights, so a capture does not know how many rows each expert gets:
-the meter's sweep keeps those sizes free (`sweep(value_sizes=True)`: `nonzero` over the picks makes a
-free symbol per expert, and every cost of that expert is an expression in it). `routed_modules` names,
-for each free size, the module whose input has that many rows (the expert's first layer, called once a
-forward). `RowObserver` reads those modules' real inputs while the loop's forwards run (forward
-pre-hooks, held only inside `FlopsMeter.observe()` and removed on leaving it, also on an exception), so
-each micro-batch is counted at the rows its experts received: under expert parallelism, the rows this
-rank's experts got from the all-to-all, the rank's local work.
+the meter's sweep keeps those sizes free (`sweep(value_sizes=True)`: `nonzero` over the picks, or the
+experts' own `.tolist()` of the tokens per expert, makes a free symbol per expert, and every cost of that
+expert is an expression in it). `routed_modules` says how each free size is read from a real forward:
+as a module's input rows (an expert called with the rows routed to it, called once a forward); as one
+value of a module's 1-D integer input (grouped experts handed the tokens per expert, torchtitan's
+`GroupedExperts(x, num_tokens_per_expert)`: the size's `.item()` is followed back through ops that keep
+values to the tensor the module's forward received); as a slice's length computed from those; or, where
+a module's input rows are a sum of free sizes (an all-to-all's splits) and every count depends on them
+only through that sum (`_grouped_mm` over all the rows), from the rows alone. A module whose own
+pre-hooks hand its forward its inputs (torchtitan's expert-parallel dispatch) is read as its forward
+received them: the capture records those (`Captured.forward_inputs`) and the meter's hooks, registered
+after the dispatch's, see the same. `RowObserver` reads the watched modules' real inputs while the loop's
+forwards run (forward pre-hooks, held only inside `FlopsMeter.observe()` and removed on leaving it, also
+on an exception), so each micro-batch is counted at the rows its experts received: under expert
+parallelism, the rows this rank's experts got from the all-to-all, the rank's local work.
 """
 
 from __future__ import annotations
