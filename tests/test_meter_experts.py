@@ -42,13 +42,6 @@ def counts(picks: list[int]) -> list[int]:
     return [picks.count(e) for e in range(EXPERTS)]
 
 
-def oracle(model: torch.nn.Module, x: torch.Tensor) -> int:
-    with FlopCounterMode(display=False) as counter:
-        model(x).sum().backward()
-    model.zero_grad()
-    return counter.get_total_flops()
-
-
 def metered(meter: FlopsMeter, model: torch.nn.Module, x: torch.Tensor) -> tuple:
     with meter.observe():
         with FlopCounterMode(display=False) as counter:

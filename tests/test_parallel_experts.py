@@ -270,7 +270,8 @@ class OutputMoE(MoEModel):
 
 
 @pytest.mark.filterwarnings("ignore:values the weights decide")
-@pytest.mark.parametrize(("layout", "ep"), [("loop", 1), ("grouped_mm", 1), ("list", 1), ("loop", 2), ("grouped_mm", 2)])
+@pytest.mark.parametrize(("layout", "ep"),
+                         [("loop", 1), ("grouped_mm", 1), ("list", 1), ("loop", 2), ("grouped_mm", 2)])
 def test_sequence_parallel_moe_layers_gather_their_tokens_and_split_their_output(layout, ep):
     """tp=2 with sequence parallelism: an MoE layer's sequence-sharded input is all-gathered (the router
     sees all T tokens), the layer runs as under tp alone (routed experts whole on each rank, listed experts
@@ -288,7 +289,8 @@ def test_sequence_parallel_moe_layers_gather_their_tokens_and_split_their_output
     for layer in range(L):
         at = [(c.op, c.phase, c.bytes) for c in est.collectives if c.module == f"layers.{layer}.moe"]
         assert sorted(at) == [("all_gather", "backward", tokens_bytes), ("all_gather", "forward", tokens_bytes)]
-        shared = [(c.op, c.phase, c.bytes) for c in est.collectives if c.module.startswith(f"layers.{layer}.moe.shared")]
+        shared = [(c.op, c.phase, c.bytes) for c in est.collectives
+                  if c.module.startswith(f"layers.{layer}.moe.shared")]
         assert sorted(shared) == [("all_reduce", "backward", tokens_bytes), ("all_reduce", "forward", tokens_bytes)]
     if ep > 1:  # every tp rank dispatches all T*K rows it routed, each way (the gathered tokens)
         for phase in ("forward", "backward"):

@@ -152,7 +152,6 @@ def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mappi
     function: sums of the nodes' costs, as the Estimate's root totals are."""
     import sympy
 
-    from fxflops.capture.dynamic import user_symbol
     from fxflops.sweeps import compile_expression
 
     def compiled(terms: list[Any]) -> Callable[[Mapping[str, int]], int]:
