@@ -4,8 +4,10 @@ or a FlopsMonitor (Lightning's DDP), and writes what it saw to OUT/<kind>-rank<k
 
 `exact`: the reduction of counts above 2^53, a NaN step time on one rank, and summary() of the job.
 `tp`: a Llama sharded tensor-parallel over both ranks, its local FLOPs metered (tests/test_meter_parallel.py).
+`ep`: torchtitan's expert parallelism, each rank's experts metered at the tokens they received
+(tests/test_meter_experts.py).
 
-    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning,exact,tp OUT"""
+    torchrun --nproc_per_node 2 tests/distributed_meter.py ddp,fsdp,trainer,lightning,exact,tp,ep OUT"""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def main(kinds: list[str], out: str) -> None:
             exact(out)
         elif kind == "tp":
             tensor_parallel(out)
+        elif kind == "ep":
+            expert_parallel(out)
         else:
             train(kind, out)
     dist.destroy_process_group()
@@ -138,6 +142,37 @@ def tensor_parallel(out: str) -> None:
                    "logged": {"rank": logged["rank"], "local_flops": logged["local_flops"]},
                    "job": [job.flops, job.world_size, job.job_total],
                    "scaled": [alone.flops, alone.world_size, alone.job_total]}, file)
+
+
+# per rank, per step: the expert each of its 10 tokens is routed to (tests/test_meter_experts.py)
+EP_ROUTINGS = ([[0, 0, 1, 2, 2, 2, 3, 0, 1, 1], [3] * 8 + [0, 1]],
+               [[2, 3, 3, 3, 0, 1, 1, 1, 1, 2], [0] * 10])
+
+
+def expert_parallel(out: str) -> None:
+    """torchtitan's expert parallelism over both ranks (2 of 4 experts each), each rank routing its own
+    batches; a meter built without an example (its first step observed) logs the rows this rank's experts
+    received from both ranks and its local FLOPs."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tests.moe_models import ExpertParallel, TitanMoE, routed_batch
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = TitanMoE(8, 8, 4)
+    ExpertParallel(init_device_mesh("cpu", (dist.get_world_size(),))).apply(model.experts)
+    meter = FlopsMeter(model, dims={"batch": 0, "seq": 1}, conventions="torch", peak_flops=1e12)
+    for picks in EP_ROUTINGS[rank]:
+        x = routed_batch(picks, 8, 5)
+        meter.start()
+        with meter.observe():
+            model(x).sum().backward()
+            meter.micro_batch(x)
+        meter.step()
+    job = meter.reduce(meter.total())
+    with open(f"{out}/ep-rank{rank}.json", "w") as file:
+        json.dump({"local": [s.flops for s in meter.steps], "rows": [s.routed_rows for s in meter.steps],
+                   "job": job.flops, "uncounted": meter.uncounted()}, file)
 
 
 def trainer(out: str) -> None:

@@ -194,8 +194,6 @@ class OddExperts(torch.nn.Module):
     (lambda: moe("loop"), {"ep": 2}, "ep=2 splits the experts over data-parallel ranks .*; dp=1 is not a multiple of 2"),
     (lambda: torch.nn.Linear(4, 4), {"ep": 2, "dp": 2}, "ep=2 found no experts in Linear to split; recognized is"),
     (OddExperts, {"ep": 2, "dp": 2}, "ep cannot split the experts of 'experts' \\(Linear\\): its layout is not one"),
-    (lambda: moe("loop"), {"tp": 2, "sequence_parallel": True},
-     "sequence_parallel with mixture-of-experts layers \\('layers.0.moe'\\) is not built yet"),
 ])
 def test_bad_expert_plans_are_one_clear_line(model, plan, message):
     with pytest.raises((ValueError, NotImplementedError), match=message) as caught:
@@ -253,3 +251,52 @@ def test_received_rows_are_regrouped_per_expert_and_back():
     grouped = _regroup(rows, 3, sizes, by_inner=True)
     assert grouped.tolist() == [[s, e] for e, size in enumerate(sizes) for s in range(3) for _ in range(size)]
     assert torch.equal(_regroup(grouped, 3, sizes, by_inner=False), rows)
+
+
+class OutputMoE(MoEModel):
+    """MoEModel with its head named `output`, which the derived plan recognizes (column parallel, reading
+    the sequence-sharded stream under sequence parallelism)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.output = self.head
+        del self.head
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(h)
+
+
+@pytest.mark.filterwarnings("ignore:values the weights decide")
+@pytest.mark.parametrize(("layout", "ep"),
+                         [("loop", 1), ("grouped_mm", 1), ("list", 1), ("loop", 2), ("grouped_mm", 2)])
+def test_sequence_parallel_moe_layers_gather_their_tokens_and_split_their_output(layout, ep):
+    """tp=2 with sequence parallelism: an MoE layer's sequence-sharded input is all-gathered (the router
+    sees all T tokens), the layer runs as under tp alone (routed experts whole on each rank, listed experts
+    and the shared expert column/row parallel with their all-reduces) and its output is split back along
+    the sequence (no communication forward; its gradient all-gathered). Only the head differs from tp
+    alone: column parallel here (HEAD / 2). Under ep=2 (balanced) a rank's experts get T*K rows as before."""
+    with torch.device("meta"):
+        model = OutputMoE(V, D, H, E, K, L, layout)
+    plan = {"tp": 2, "sequence_parallel": True, **({"ep": ep, "dp": ep} if ep > 1 else {})}
+    est = plan_estimate(model, **plan)
+    routed = experts(T * K) // (2 if layout == "list" else 1)  # listed experts are MLP blocks: tensor parallel
+    forward = L * (ROUTER + SHARED // 2 + routed) + HEAD // 2
+    assert (est.fwd_flops, est.bwd_flops) == (forward, 2 * forward)
+    tokens_bytes = B * S * D * FP32  # b·s·h float32: the whole layer input
+    for layer in range(L):
+        at = [(c.op, c.phase, c.bytes) for c in est.collectives if c.module == f"layers.{layer}.moe"]
+        assert sorted(at) == [("all_gather", "backward", tokens_bytes), ("all_gather", "forward", tokens_bytes)]
+        shared = [(c.op, c.phase, c.bytes) for c in est.collectives
+                  if c.module.startswith(f"layers.{layer}.moe.shared")]
+        assert sorted(shared) == [("all_reduce", "backward", tokens_bytes), ("all_reduce", "forward", tokens_bytes)]
+    if ep > 1:  # every tp rank dispatches all T*K rows it routed, each way (the gathered tokens)
+        for phase in ("forward", "backward"):
+            assert [c.bytes for c in all_to_alls(est, phase)] == [ROUTED] * 2 * L
+    assert not any(c.op == "reduce_scatter" and ".moe" in c.module for c in est.collectives)
+    if ep == 1:  # the report says what each tp rank runs whole: the router, and routed experts not split
+        whole = {"gate": 3 * ROUTER, **({} if layout == "list" else {"experts": 3 * experts(T * K)})}
+        assert {(r["module"], r["flops"], r["extra_flops"], r["whole"]) for r in est.parallel["replicated"]} == \
+            {(f"layers.{i}.moe.{name}", flops, flops, True) for i in range(L) for name, flops in whole.items()}

@@ -31,9 +31,10 @@ class ModuleTracker:
     def __init__(self, model: torch.nn.Module, prefix: str = "",
                  is_whole: Callable[[torch.nn.Module], bool] = lambda m: False,
                  keep: Callable[[Any], Any] = lambda value: value,
-                 phase: Callable[[], str] | None = None) -> None:
+                 phase: Callable[[], str] | None = None, forward_inputs: bool = False) -> None:
         self._names = {id(module): _strip_prefix(name, prefix)
                        for name, module, alias_of in walk_modules(model) if alias_of is None}
+        self._model = model
         self._is_whole = is_whole
         self._keep = keep
         self._phase = phase  # which pass runs (a forward recomputed in the backward is not a new call)
@@ -42,6 +43,13 @@ class ModuleTracker:
         self.whole_calls: list[WholeCall] = []
         self._handles: list[Any] = []
         self._ending: dict[int, list[Any]] = {}  # id(module) -> the hooks that end its calls after its own hooks
+        # a module with forward pre-hooks of its own (an expert-parallel dispatch, a tensor-parallel input
+        # redistribution): the tensors its forward itself received at its first call, after those hooks (the
+        # tokens and tokens per expert grouped experts are handed; the meter reads them, timing.routed)
+        # (`forward_inputs`: recorded only when asked, in captures that replay no block: the hook this needs
+        # would make every hooked block's calls run)
+        self.forward_inputs: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._record_inputs = forward_inputs
 
     @property
     def calls(self) -> dict[str, int]:
@@ -54,6 +62,12 @@ class ModuleTracker:
             hooks.register_module_forward_pre_hook(self._enter),
             hooks.register_module_forward_hook(self._exit, with_kwargs=True, always_call=True),
         ]
+        # last among each hooked module's own pre-hooks (a global hook runs before them: it cannot see
+        # what they hand the forward); removed on leaving, as isolation restores the hook tables
+        if self._record_inputs:
+            self._handles += [module.register_forward_pre_hook(self._forward_begins, with_kwargs=True)
+                              for _, module, alias_of in walk_modules(self._model)
+                              if alias_of is None and module._forward_pre_hooks]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -93,6 +107,11 @@ class ModuleTracker:
             self.whole_calls.append(WholeCall(name, module, self._keep(tuple(args)), self._keep(dict(kwargs)),
                                               self._keep(output), FORWARD if self._phase is None else self._phase()))
 
+
+    def _forward_begins(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        name = self.name_of(module)
+        if name is not None and name not in self.forward_inputs:
+            self.forward_inputs[name] = tuple(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
 
     def _after_own_hooks(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         handles = self._ending.get(id(module))

@@ -166,7 +166,8 @@ def capture(request: Request) -> Captured:
         if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
             request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
-        tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None)
+        tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None,
+                                forward_inputs=not replaying)
         # values the forward reads come from the real inputs (named sizes: the capture is shapes only)
         values = InputValues(mode, twins.run, tracker, type(model).__name__, Routing.of(request.routing)) \
             if sizes is None else None
@@ -192,7 +193,8 @@ def capture(request: Request) -> Captured:
         infos, aliases = module_infos(model)
     return Captured(graph_module, EAGER.name, infos, aliases, tracker.calls, request.whole_paths(),
                     tracker.whole_calls, backward=request.backward, sizes=sizes,
-                    cautions=[*recorder.cautions, *(values.cautions if values is not None else ())])
+                    cautions=[*recorder.cautions, *(values.cautions if values is not None else ())],
+                    forward_inputs=tracker.forward_inputs)
 
 
 def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:

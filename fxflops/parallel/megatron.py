@@ -27,7 +27,9 @@ import torch
 from functools import partial
 
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel, ParallelStyle, PrepareModuleInputOutput, RowwiseParallel, SequenceParallel,
+)
 
 from fxflops.capture.module_walk import walk_modules
 from fxflops.parallel.plan import repeated_blocks
@@ -93,7 +95,10 @@ def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False,
     """{module path: ParallelStyle} for parallelize_module; {} when no attention/MLP pair is recognized.
     `loss_parallel`: the output head column parallel with its logits left sharded along the vocabulary (a
     DTensor, Shard(-1)) for torch's loss_parallel() cross-entropy, as torchtitan's plan does."""
+    from fxflops.parallel.experts import moe_layers
+
     plan: dict[str, ParallelStyle] = {}
+    layers = moe_layers(model) if sequence_parallel else []  # (see moe_boundary)
     for name, module, alias in walk_modules(model):
         if alias is not None:
             continue
@@ -104,16 +109,34 @@ def megatron_plan(model: torch.nn.Module, sequence_parallel: bool = False,
             continue
         prefix = f"{name}." if name else ""
         fused = {key: _blocks(linears[key]) for key in columns if key in FUSED}
-        plan[name] = BlockInput(Shard(1) if sequence_parallel else Replicate(), local_widths=bool(fused))
+        # a block inside an MoE layer (a shared expert) reads the layer's gathered, replicated tokens
+        sequence = sequence_parallel and not any(name.startswith(layer + ".") for layer in layers)
+        plan[name] = BlockInput(Shard(1) if sequence else Replicate(), local_widths=bool(fused))
         for key in columns:
             transposed = is_conv1d(linears[key])
             plan[prefix + key] = ColumnParallel(transposed=transposed, blocks=fused.get(key, 1)) \
                 if transposed or key in fused else ColwiseParallel()
         row = RowParallel if is_conv1d(linears[rows[0]]) else RowwiseParallel
-        plan[prefix + rows[0]] = row(output_layouts=Shard(1), use_local_output=False) if sequence_parallel else row()
+        plan[prefix + rows[0]] = row(output_layouts=Shard(1), use_local_output=False) if sequence else row()
     if (sequence_parallel or loss_parallel) and plan:
-        plan.update(_outer_plan(model, sequence_parallel, loss_parallel))
+        plan.update({key: style for key, style in _outer_plan(model, sequence_parallel, loss_parallel).items()
+                     if not any(key.startswith(layer + ".") for layer in layers)})
+    plan.update({layer: moe_boundary() for layer in layers})
     return plan
+
+
+def moe_boundary() -> ParallelStyle:
+    """A mixture-of-experts layer under sequence parallelism: its sequence-sharded input all-gathered into
+    plain replicated tokens (the router sees every token, as in torchtitan), the layer run as under tp
+    without sequence parallelism (routed experts whole on every tp rank, a shared expert column/row
+    parallel with its all-reduce), its replicated output split back along the sequence (a local slice,
+    no communication; an all-gather of its gradient). torchtitan reduce-scatters a partial output instead,
+    which needs routed experts tensor-parallel over their hidden size or given 1/tp of the tokens: fxflops
+    does not split routed experts over tp, and a partial output of replicated experts would sum them tp
+    times."""
+    return PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                    use_local_input=True, output_layouts=(Replicate(),),
+                                    desired_output_layouts=(Shard(1),), use_local_output=False)
 
 
 def is_conv1d(module: torch.nn.Module) -> bool:

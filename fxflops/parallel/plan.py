@@ -248,13 +248,6 @@ class Parallel:
                 if heads % self.tp:
                     raise ValueError(f"parallel plan: tp={self.tp} does not divide the {heads} heads of {where}; "
                                      f"pick a tp that divides {heads}")
-        if self.sequence_parallel:
-            from fxflops.parallel.experts import moe_layers
-
-            layers = moe_layers(model)
-            if layers:
-                raise NotImplementedError(f"parallel plan: sequence_parallel with mixture-of-experts layers "
-                                          f"('{layers[0]}') is not built yet; give tp without it")
         if self.ep > 1:
             if self.cp > 1 and self.ep % self.cp:
                 # torchtitan's ParallelDims: ep = dp_shard_in_ep x cp, so cp divides ep

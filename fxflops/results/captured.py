@@ -82,6 +82,8 @@ class Captured:
     cautions: list[str] = field(default_factory=list)  # what a real forward would do differently (lookups)
     backward: bool = False  # the graph holds the backward too (nodes carry meta["fxflops_phase"])
     sizes: Any = None  # capture.dynamic.SizeSymbols when named sizes were symbolic, else None
+    # a module with pre-hooks of its own -> the tensors its forward received after them (eager capture)
+    forward_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 from fxflops.capture.backward import own_loss
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.timing.data_masks import DataMasks
-from fxflops.timing.routed import NOT_OBSERVED, NotObserved, RowObserver, routed_modules
+from fxflops.timing.routed import NOT_OBSERVED, NotObserved, RoutedSizes, RowObserver, routed_modules
 
 Warn = Callable[[str, Any], None]  # the meter's warn_once(message, key): a family reports through it
 
@@ -49,7 +49,7 @@ class Family:
         self._counting = self.sweep._counting  # the table and conventions its pieces were counted with
         self._effective = options.get("attention") == "effective"
         # per piece: its compiled totals, its data masks, and its routed sizes' modules (name -> module)
-        self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None, dict[str, str]]] = {}
+        self._totals: dict[int, tuple[tuple[Callable, ...], DataMasks | None, RoutedSizes]] = {}
         self._known: dict[tuple, Any] = {}
         self._warn = warn
         self.captures = len(self.sweep.pieces)
@@ -102,7 +102,7 @@ class Family:
                 compiled = self._totals.get(id(piece))
                 if compiled is None:
                     compiled = self._totals[id(piece)] = (*self._compile(piece), routed_modules(piece))
-                    self.watched.update(compiled[2].values())
+                    self.watched.update(compiled[2].paths)
             except Exception as error:
                 self._known[key] = error
                 raise
@@ -117,9 +117,8 @@ class Family:
         if routed:  # evaluated at this micro-batch's routed rows
             if observer is None:
                 raise NotObserved(NOT_OBSERVED)
-            rows = observer.take(routed.values())
-            values = tuple(function({**full, **{name: rows[path] for name, path in routed.items()}})
-                           for function in functions)
+            sizes, rows = routed.bind(observer.take(routed.paths), full)
+            values = tuple(function({**full, **sizes}) for function in functions)
         fwd, bwd, apart_fwd, apart_bwd, dense_fwd, dense_bwd = values
         if masks is None:
             return fwd, bwd, dense_fwd, dense_bwd, rows
@@ -153,7 +152,6 @@ def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mappi
     function: sums of the nodes' costs, as the Estimate's root totals are."""
     import sympy
 
-    from fxflops.capture.dynamic import user_symbol
     from fxflops.sweeps import compile_expression
 
     def compiled(terms: list[Any]) -> Callable[[Mapping[str, int]], int]:
@@ -161,7 +159,8 @@ def _compiled_totals(piece: Any, apart: frozenset[str]) -> tuple[Callable[[Mappi
         function = compile_expression(expr) if isinstance(expr, sympy.Basic) else None
         if function is not None:
             return function
-        return lambda point: int(sympy.sympify(expr).xreplace({user_symbol(n): v for n, v in point.items()}))
+        expr = sympy.sympify(expr)  # by name: sizes made from values (u0...) are not the user's symbols
+        return lambda point: int(expr.xreplace({symbol: point[symbol.name] for symbol in expr.free_symbols}))
 
     def dense(c: Any) -> Any:
         return c.dense_flops if c.dense_flops is not None else c.flops

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from fxflops.api import _callers_level
+from fxflops.capture.module_walk import walk_modules
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import meta_twin, with_twins
 from fxflops.count.attention import check_attention
@@ -181,9 +182,14 @@ class FlopsMeter:
         each expert module received (forward pre-hooks on those modules, removed on leaving, also on an
         exception), so micro_batch() called after a forward in here counts that forward's routing, not an
         average; under expert parallelism the rows this rank's experts received. A model without routed
-        sizes gets no hooks. The modules are those of the shape families captured so far: construct the
-        meter with `example_batch` so the first step's are known."""
-        paths = set().union(*(f.watched for f in self._families.values() if isinstance(f, Family)))
+        sizes gets no hooks. The modules are those of the shape families captured so far; before the first
+        capture (a meter built without `example_batch`, as the callbacks build theirs) which modules receive
+        routed rows is not known yet: every module is watched for that step (its input rows and 1-D integer
+        inputs read; only the first step), so the first step is counted too."""
+        if self._families:
+            paths = set().union(*(f.watched for f in self._families.values() if isinstance(f, Family)))
+        else:
+            paths = {name for name, _, alias in walk_modules(self.model) if name and alias is None}
         handles = self._observer.watch(self.model, paths)
         try:
             yield self
