@@ -2,10 +2,10 @@
 
 For each rank role (ranks that run the same ops), a fake process group of the plan's world size is
 initialized as one of those ranks, a DeviceMesh is built over it, and the capture applies the plan to
-the model's fake twins with torch's own APIs (parallelize_module, FSDP2's fully_shard) before the
-forward: what the rank runs is what torch runs. Everything the plan changed on the model is undone by
-the capture's isolation, torch's table of composable states is put back, and the process group is
-destroyed again, also when something fails.
+meta twins of the model's tensors with torch's own APIs (parallelize_module, FSDP2's fully_shard; the
+shards then get fake twins: capture.eager) before the forward: what the rank runs is what torch runs.
+Everything the plan changed on the model is undone by the capture's isolation, torch's table of
+composable states is put back, and the process group is destroyed again, also when something fails.
 """
 
 from __future__ import annotations
@@ -188,10 +188,11 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
 
 def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
                seen: RoutedCounts | None = None) -> tuple[set[str], set[str], list[Gradient]]:
-    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
-    `seen` collects the tokens routed to each expert under expert parallelism). Returns the names of the
-    modules FSDP or DDP wrapped as units, the names of the process groups they reduce gradients over, and
-    under DDP the gradients each unit reduces (for DDP's buckets: fxflops.parallel.buckets)."""
+    """Shard the model (its tensors meta twins: capture.eager) as the plan says, with torch's own APIs
+    (`styles`: see tp_styles; `seen` collects the tokens routed to each expert under expert parallelism).
+    Returns the names of the modules FSDP or DDP wrapped as units, the names of the process groups they
+    reduce gradients over, and under DDP the gradients each unit reduces (for DDP's buckets:
+    fxflops.parallel.buckets)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
