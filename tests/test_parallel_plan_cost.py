@@ -64,3 +64,31 @@ def test_applying_a_plan_does_not_grow_with_the_data_parallel_ranks(llama):
     # Counted as the fake mode counts its dispatches (never timed); a few differ where padding differs
     small, large = _fake_dispatches(llama, tp=2, dp=8), _fake_dispatches(llama, tp=2, dp=256)
     assert large - small < 64, (small, large)
+
+
+@pytest.mark.parametrize("plan", [dict(tp=2, dp=2), dict(dp=2, fsdp=False)])
+def test_a_plan_applies_again_when_its_capture_runs_again(llama, plan):
+    # a capture may run a second time (replay's re-capture without it): the plan is applied afresh, where
+    # FSDP's state of the run before (taken off the model by the capture's isolation) stayed in torch's table
+    # of composable states and fully_shard refused the module
+    import functools
+
+    from fxflops.api import _estimate
+    from fxflops.parallel.whatif import estimate_plan
+
+    tokens = torch.zeros(B, S, dtype=torch.long)
+    once = functools.partial(_estimate, llama, (tokens,), {}, "eager", "torch", None, None, True, None, None, None,
+                             "dense", False, False, replay=True, routing="balanced")
+
+    def twice(prepare, whole_memory=True):
+        once(prepare=prepare)
+        return once(prepare=prepare)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = estimate_plan(llama, plan, twice, ((tokens,), {}))
+    plain = plan_estimate(llama, **plan)
+    assert (again.fwd_flops, again.bwd_flops, again.total_params) == (plain.fwd_flops, plain.bwd_flops,
+                                                                        plain.total_params)
+    assert [(c.op, c.bytes, c.module, c.phase, c.group_size, c.per_step) for c in again.collectives] == \
+        [(c.op, c.bytes, c.module, c.phase, c.group_size, c.per_step) for c in plain.collectives]

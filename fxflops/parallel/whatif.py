@@ -61,12 +61,19 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
 
     def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None, list[Gradient]]:
         seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names, gradients)
-        with fake_world(plan.size, rank), composable_states_restored(), _loss_parallel(plan.loss_parallel):
+        with fake_world(plan.size, rank), composable_states_restored() as forget, _loss_parallel(plan.loss_parallel):
             mesh = _mesh(plan)
+
+            def prepare(fake_model: torch.nn.Module) -> None:
+                # a capture that runs again (a re-capture without replay) applies the plan afresh: FSDP's states
+                # of the run before, which its isolation took off the model, leave torch's table (fully_shard
+                # refuses a module it holds one for), and the tokens routed to the experts are noted anew
+                forget()
+                seen.calls.clear()
+                units.append(apply_plan(fake_model, plan, mesh, styles, seen))
+
             try:
-                estimate = count(None if mesh is None else
-                                 lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)),
-                                 plan.pp == 1 or stage_memory is None)
+                estimate = count(None if mesh is None else prepare, plan.pp == 1 or stage_memory is None)
             except CaptureError as error:
                 if styles and plan.tp_plan is None:  # the derived plan sharded what the model's code reads whole
                     error.advice = "; ".join(filter(None, (error.advice, _DERIVED_TP_ADVICE.format(tp=plan.tp))))
@@ -146,17 +153,22 @@ def _mesh(plan: Parallel) -> DeviceMesh | None:
 
 
 @contextlib.contextmanager
-def composable_states_restored() -> Iterator[None]:
+def composable_states_restored() -> Iterator[Callable[[], None]]:
     """torch's table of composable states (fully_shard's, per module) as it was, on the way out: the capture's
-    isolation takes the state off the module again, and a stale entry would refuse the next plan."""
+    isolation takes the state off the module again, and a stale entry would refuse the next plan. Yields
+    the function that puts the table back as it was before, for a plan applied again inside."""
     from torch.distributed._composable_state import _module_state_mapping
 
     before = set(_module_state_mapping.keys())
-    try:
-        yield
-    finally:
+
+    def forget() -> None:
         for module in [m for m in list(_module_state_mapping.keys()) if m not in before]:
             _module_state_mapping.pop(module, None)
+
+    try:
+        yield forget
+    finally:
+        forget()
 
 
 def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager:
