@@ -12,6 +12,7 @@ the script checks that too.
 
     python benchmarks/parallel_world_size.py [--layers 4] [--seq 512] [--shape 7b|70b] [--forward] [--no-replay]
                                              [--plans "tp=8" "tp=8,dp=16" ...]
+    python benchmarks/parallel_world_size.py --shape 70b --layers 80 --seq 4096   # the 70B training plans
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from benchmarks.common import ROOT, environment, status_kib  # noqa: E402
 PLANS = ("tp=8", "tp=8,dp=16", "tp=8,dp=128", "tp=8,dp=512", "tp=8,dp=16,dp_shard=8",
          # pipelines (4 stages of the 4 layers: first, middle, last roles), with micro-batches, FSDP and DDP
          "pp=4", "tp=8,pp=4,dp=32,microbatches=8", "tp=8,pp=4,dp=512,microbatches=8", "pp=4,dp=256,fsdp=false")
+# --shape 70b (80 layers, seq 4096 in the results): 8, 1,024 and 16,384 ranks, training plans of issue 38
+PLANS_70B = ("tp=8", "tp=8,dp=128", "tp=8,pp=4,dp=32,microbatches=8", "tp=8,pp=4,dp=512")
 
 
 SHAPES = {"7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32),
@@ -68,7 +71,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="7b")
     parser.add_argument("--forward", action="store_true", help="forward only (backward=False)")
     parser.add_argument("--no-replay", action="store_true", help="replay=False: every repeated block runs")
-    parser.add_argument("--plans", nargs="*", default=list(PLANS))
+    parser.add_argument("--plans", nargs="*", help="default: PLANS, or PLANS_70B with --shape 70b")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -81,7 +84,7 @@ def main() -> None:
     print("| plan | ranks | roles | wall s | CPU s | peak RSS MiB (before) | rank FLOPs | collectives | wire bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
     flops_by_tp = {}
-    for plan in args.plans:
+    for plan in args.plans or (PLANS_70B if args.shape == "70b" else PLANS):
         flags = ["--shape", args.shape] + ["--forward"] * args.forward + ["--no-replay"] * args.no_replay
         done = subprocess.run([sys.executable, __file__, "--one", plan, "--layers", str(args.layers), "--seq", str(args.seq),
                                *flags],

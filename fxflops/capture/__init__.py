@@ -53,7 +53,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     `knows_op(op, function)` says whether the rule table names a composite aten op (linear, einsum) or
     the builtin that called it: the eager and trace methods record those whole, and the rest as the
     ops they decompose into. `replay=False` runs every call of a repeated block (see capture.replay).
-    `prepare(model)` runs on the fake-tensor model before its forward (eager method only).
+    `prepare(model)` runs on the model, its tensors meta twins (then faked), before its forward (eager only).
     `routing` ("balanced", "worst" or per-expert token counts) is what a router's topk is assumed to pick
     where the forward reads the picks' values (see capture.input_values)."""
     if method not in CHOICES:

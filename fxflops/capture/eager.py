@@ -41,7 +41,8 @@ from fxflops.capture.recorder import CompositeOps, OpRecorder
 from fxflops.capture.replay import Replays
 from fxflops.capture.request import Request
 from fxflops.capture.tensor_walk import iter_tensors, map_tensors, tensors_in
-from fxflops.capture.twins import swap_tensors
+from fxflops.capture.module_walk import unique_modules
+from fxflops.capture.twins import meta_twin, swap_tensors
 from fxflops.results import Captured
 
 
@@ -162,9 +163,10 @@ def capture(request: Request) -> Captured:
     # a user's global module hook must see every module call, and a backward every op run
     replaying = request.replay and not request.backward and not global_hooks_present()
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
-        swap_tensors(modules, twins)
-        if request.prepare is not None:  # (outside the mode: a plan's device meshes are real; its shards of
-            request.prepare(model)        # the fake twins are fake, made by the twins' own mode)
+        if request.prepare is not None:
+            _prepared(model, modules, request.prepare, twins)
+        else:
+            swap_tensors(modules, twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None,
                                 forward_inputs=not replaying)
@@ -195,6 +197,26 @@ def capture(request: Request) -> Captured:
                     tracker.whole_calls, backward=request.backward, sizes=sizes,
                     cautions=[*recorder.cautions, *(values.cautions if values is not None else ())],
                     forward_inputs=tracker.forward_inputs)
+
+
+def _prepared(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]], prepare: Any,
+              twins: FakeTwins) -> None:
+    """`prepare(model)` (a parallel plan) run on plain meta twins of the model's tensors, which then get
+    their fake twins, the shards' local tensors theirs (DTensor's layout kept).
+
+    A plan shards with torch's own code: parallelize_module chunks each parameter tp ways, fully_shard
+    dp ways, to take this rank's piece. On fake tensors every piece is made through the fake mode (a
+    128-way chunk of one parameter took 4 ms, 60x a meta tensor's), so a plan cost time in proportion to
+    the world size; on meta tensors (torch's own meta-device initialization, as torchtitan shards a model
+    built on meta) it is C++ alone. fully_shard keeps its own references to the shards it made; its lazy
+    initialization on the first forward (FSDPParam.reset_sharded_param, the route torch gives to
+    parameters swapped after fully_shard: load_state_dict(assign=True), to_empty) takes the fake twins the
+    modules now hold and pads them as it pads its own, so the forward runs the ops it runs on shards
+    made fake."""
+    swap_tensors(modules, meta_twin)
+    prepare(model)
+    # the plan may register modules (expert parallelism's stand-ins for other ranks' experts): all of them
+    swap_tensors(unique_modules(model), twins)
 
 
 def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:

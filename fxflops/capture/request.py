@@ -34,8 +34,8 @@ class Request:
     # are recorded whole; the others as the ops they decompose into
     knows_op: Callable[[Any, Any], bool] = _every_op
     replay: bool = True  # a repeated block's call copies its first call's nodes where provably the same (capture.replay)
-    # run on the model once its tensors are fake twins, inside the fake mode, before the forward (a parallel
-    # plan applies itself there: fxflops.parallel); what it changes is undone with the rest (isolation)
+    # run on the model once its tensors are meta twins (which then get fake ones), before the forward (a
+    # parallel plan applies itself there: fxflops.parallel); what it changes is undone with the rest (isolation)
     prepare: Callable[[torch.nn.Module], None] | None = None
     # what a mixture-of-experts router's topk is assumed to pick where the forward reads the picks (capture.input_values)
     routing: Any = None  # None or "balanced", "worst", or per-expert token counts

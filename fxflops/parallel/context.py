@@ -54,7 +54,7 @@ def check_context(cp: int, args: tuple, kwargs: dict) -> None:
 
 def apply_context(model: torch.nn.Module, cp_mesh: Any) -> None:
     """Split the inputs' sequence over `cp_mesh` (1-D) as this rank and run attention as ring attention,
-    on the fake-tensor model (hooks the capture's isolation removes)."""
+    on the model's twins (hooks the capture's isolation removes)."""
     ring = _RingAttention(cp_mesh.size(), cp_mesh.get_local_rank(), cp_mesh.get_group())
 
     def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

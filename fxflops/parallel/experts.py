@@ -129,7 +129,7 @@ class RoutedCounts:
 
 
 def apply_experts(model: torch.nn.Module, ep_mesh: Any, seen: RoutedCounts) -> list[torch.nn.Parameter]:
-    """Split every MoE layer's experts over `ep_mesh` (a 1-D DeviceMesh) on the fake-tensor model, as this
+    """Split every MoE layer's experts over `ep_mesh` (a 1-D DeviceMesh) on the model's twins, as this
     rank; hooks dispatch and combine the tokens. Returns the rank's expert parameters (FSDP shards them over
     the data-parallel ranks that hold the same experts, not over the whole dp)."""
     ep, index = ep_mesh.size(), ep_mesh.get_local_rank()

@@ -2,10 +2,10 @@
 
 For each rank role (ranks that run the same ops), a fake process group of the plan's world size is
 initialized as one of those ranks, a DeviceMesh is built over it, and the capture applies the plan to
-the model's fake twins with torch's own APIs (parallelize_module, FSDP2's fully_shard) before the
-forward: what the rank runs is what torch runs. Everything the plan changed on the model is undone by
-the capture's isolation, torch's table of composable states is put back, and the process group is
-destroyed again, also when something fails.
+meta twins of the model's tensors with torch's own APIs (parallelize_module, FSDP2's fully_shard; the
+shards then get fake twins: capture.eager) before the forward: what the rank runs is what torch runs.
+Everything the plan changed on the model is undone by the capture's isolation, torch's table of
+composable states is put back, and the process group is destroyed again, also when something fails.
 """
 
 from __future__ import annotations
@@ -61,12 +61,19 @@ def estimate_plan(model: torch.nn.Module, parallel: Parallel | dict[str, Any] | 
 
     def capture(rank: int) -> tuple[Estimate, RoutedCounts, tuple[str, str] | None, list[Gradient]]:
         seen, units = RoutedCounts(), []  # units: apply_plan's data-parallel (unit names, group names, gradients)
-        with fake_world(plan.size, rank), composable_states_restored(), _loss_parallel(plan.loss_parallel):
+        with fake_world(plan.size, rank), composable_states_restored() as forget, _loss_parallel(plan.loss_parallel):
             mesh = _mesh(plan)
+
+            def prepare(fake_model: torch.nn.Module) -> None:
+                # a capture that runs again (a re-capture without replay) applies the plan afresh: FSDP's states
+                # of the run before, which its isolation took off the model, leave torch's table (fully_shard
+                # refuses a module it holds one for), and the tokens routed to the experts are noted anew
+                forget()
+                seen.calls.clear()
+                units.append(apply_plan(fake_model, plan, mesh, styles, seen))
+
             try:
-                estimate = count(None if mesh is None else
-                                 lambda fake_model: units.append(apply_plan(fake_model, plan, mesh, styles, seen)),
-                                 plan.pp == 1 or stage_memory is None)
+                estimate = count(None if mesh is None else prepare, plan.pp == 1 or stage_memory is None)
             except CaptureError as error:
                 if styles and plan.tp_plan is None:  # the derived plan sharded what the model's code reads whole
                     error.advice = "; ".join(filter(None, (error.advice, _DERIVED_TP_ADVICE.format(tp=plan.tp))))
@@ -146,17 +153,22 @@ def _mesh(plan: Parallel) -> DeviceMesh | None:
 
 
 @contextlib.contextmanager
-def composable_states_restored() -> Iterator[None]:
+def composable_states_restored() -> Iterator[Callable[[], None]]:
     """torch's table of composable states (fully_shard's, per module) as it was, on the way out: the capture's
-    isolation takes the state off the module again, and a stale entry would refuse the next plan."""
+    isolation takes the state off the module again, and a stale entry would refuse the next plan. Yields
+    the function that puts the table back as it was before, for a plan applied again inside."""
     from torch.distributed._composable_state import _module_state_mapping
 
     before = set(_module_state_mapping.keys())
-    try:
-        yield
-    finally:
+
+    def forget() -> None:
         for module in [m for m in list(_module_state_mapping.keys()) if m not in before]:
             _module_state_mapping.pop(module, None)
+
+    try:
+        yield forget
+    finally:
+        forget()
 
 
 def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager:
@@ -188,10 +200,11 @@ def tp_styles(model: torch.nn.Module, plan: Parallel) -> dict[str, Any]:
 
 def apply_plan(model: torch.nn.Module, plan: Parallel, mesh: DeviceMesh, styles: dict[str, Any],
                seen: RoutedCounts | None = None) -> tuple[set[str], set[str], list[Gradient]]:
-    """Shard the (fake-tensor) model as the plan says, with torch's own APIs (`styles`: see tp_styles;
-    `seen` collects the tokens routed to each expert under expert parallelism). Returns the names of the
-    modules FSDP or DDP wrapped as units, the names of the process groups they reduce gradients over, and
-    under DDP the gradients each unit reduces (for DDP's buckets: fxflops.parallel.buckets)."""
+    """Shard the model (its tensors meta twins: capture.eager) as the plan says, with torch's own APIs
+    (`styles`: see tp_styles; `seen` collects the tokens routed to each expert under expert parallelism).
+    Returns the names of the modules FSDP or DDP wrapped as units, the names of the process groups they
+    reduce gradients over, and under DDP the gradients each unit reduces (for DDP's buckets:
+    fxflops.parallel.buckets)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if styles:
