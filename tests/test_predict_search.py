@@ -280,7 +280,19 @@ def test_plan_takes_the_pipeline_engine_and_fused_pointwise_chains() -> None:
         search(pipeline_engine="zero")
 
 
-def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys) -> None:
+def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys, monkeypatch) -> None:
+    # the flags reach fxflops.plan (on gpt2-small as the CLI loads it, fused chains change no predicted time;
+    # test_plan_takes_the_pipeline_engine_and_fused_pointwise_chains checks their effect)
+    import fxflops.predict.search as search_module
+
+    given = {}
+    real = search_module.plan
+
+    def spy(*args, **kwargs):
+        given.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "plan", spy)
     table = tmp_path / "p.csv"
     assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16", "--seq-len", "128",
                  "--micro-batch", "2", "--fuse-elementwise", "--pipeline-engine", "deepspeed", "--csv", str(table)]) == 0
@@ -289,3 +301,4 @@ def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys) -> None
     assert rows and {row["pipeline_engine"] for row in rows} == {"deepspeed"}
     assert {row["virtual_stages"] for row in rows} == {"1"} and {row["schedule"] for row in rows} == {"1f1b"}
     assert "note: pipeline_engine='deepspeed'" in out
+    assert given["fuse_elementwise"] is True and given["pipeline_engine"] == "deepspeed"
