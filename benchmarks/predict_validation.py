@@ -41,7 +41,7 @@ def main() -> None:
         errors.append(abs(error))
         b = prediction.breakdown
         unit = UNITS[run.metric]
-        rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp} pp={run.pp} v={run.virtual_stages} "
+        rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp}{f' cp={run.cp}' if run.cp > 1 else ''} pp={run.pp} v={run.virtual_stages} "
                     f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute}"
                     f"{', DeepSpeed engine' if run.pipeline_engine == 'deepspeed' else ''} | "
                     f"{run.kernels} | {unit} | "

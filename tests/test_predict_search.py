@@ -194,3 +194,111 @@ def test_cli_plan_tries_the_context_and_expert_parallel_degrees_it_is_given(tmp_
     cp_column = rows[0].split(",").index("cp")
     assert any(row.split(",")[cp_column] == "2" for row in rows[1:])  # cp=2 plans evaluated
     assert "note: ep=2 at tp=1, micro-batch 2 left out: parallel plan: ep=2 found no experts in GPT2" in out
+
+
+def test_math_attention_keeps_the_probabilities_for_the_backward() -> None:
+    # build(2): 8 heads, 256 positions, micro-batch 1, bf16. Unfused attention keeps the probabilities P
+    # (8 x 256 x 256 elements of 2 bytes) per layer; with attention dropout also its one-byte mask and the
+    # dropped probabilities (2 + 1 + 2 bytes a pair, Korthikanti et al.'s 5 a s^2 b); the fused op keeps none
+    from fxflops.predict.op_time import Kernels
+    from fxflops.predict.step import capture_costs
+
+    a100, ids = cluster("DGX A100 80GB"), torch.zeros(1, 256, dtype=torch.long)
+    blocks = {kernels: capture_costs(build(2), ids, a100, memory=True, kernels=kernels).block
+              for kernels in (Kernels(), Kernels("math"), Kernels("math", 0.1))}
+    flash, math_, dropped = blocks.values()
+    assert flash.attention_saved_bytes == 0
+    assert math_.attention_saved_bytes == math_.saved_bytes - flash.saved_bytes == 8 * 256 * 256 * 2
+    assert dropped.attention_saved_bytes == dropped.saved_bytes - flash.saved_bytes == 8 * 256 * 256 * 5
+
+
+def test_rank_memory_selective_recomputation_frees_unfused_attention_by_hand() -> None:
+    # as test_rank_memory_by_hand, 30 of each layer's 100 saved bytes unfused attention's probabilities: selective
+    # recomputation keeps 70 a layer and micro-batch, plus one layer's 30 while its backward recomputes them
+    block = Part(forward=1.0, backward=2.0, params=1000, saved_bytes=100, attention_saved_bytes=30)
+    costs = LayerCosts(1, False, 1, 10, 8, block, Part(), Part(), 40, 2, "bfloat16", "A100", 8)
+    a100 = cluster("DGX A100 80GB")
+    for recompute, activations in (("none", 2 * 4 * 100), ("selective", 2 * 4 * 70 + 30), ("full", 2 * 4 * 40 + 100)):
+        plan = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True, recompute=recompute)
+        assert rank_memory(costs, plan, simulate_plan(costs, plan, a100))[1]["activations"] == activations
+
+
+def test_plan_with_math_attention_counts_the_probabilities_and_drops_what_no_longer_fits() -> None:
+    # one GPU, 4 layers, one micro-batch in flight: the math plan holds 4 x 8 x 256 x 256 x 2 bytes more
+    # activations without recomputation, one layer's worth with selective recomputation
+    def search(attention: str, margin: int = 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fxflops.plan(build, gpus=1, cluster="DGX A100 80GB", global_batch=2, seq_len=256, layers=4,
+                                micro_batch=(1,), recompute=("none", "selective"), attention=attention,
+                                memory_margin=margin)
+
+    flash, math_ = search("flash"), search("math")
+    by = {(r.plan.recompute,): r for r in flash.rows}
+    for row in math_.rows:
+        extra = row.memory["activations"] - by[(row.plan.recompute,)].memory["activations"]
+        assert extra == (4 if row.plan.recompute == "none" else 1) * 8 * 256 * 256 * 2
+    # memory for the flash plan and not the math one: the math search drops it
+    none_flash, none_math = by[("none",)], next(r for r in math_.rows if r.plan.recompute == "none")
+    usable = flash.capacity - (512 << 20)
+    tight = search("math", usable - (none_flash.peak_bytes + none_math.peak_bytes) // 2)
+    assert [r.plan.recompute for r in tight.dropped] == ["none"]
+    assert "none" in [r.plan.recompute for r in search("flash", usable - (none_flash.peak_bytes
+                                                                         + none_math.peak_bytes) // 2).rows]
+
+
+def test_plan_takes_the_pipeline_engine_and_fused_pointwise_chains() -> None:
+    # 4 GPUs, 8 layers, 16 micro-batches: under DeepSpeed's engine no plan has virtual stages, GPipe or FSDP with a
+    # pipeline (its TrainSchedule is a non-interleaved 1F1B; it refuses ZeRO-2/3 with pp), and each plan's step is
+    # the one predicted with pipeline_engine="deepspeed"
+    def search(**options):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fxflops.plan(build, gpus=4, cluster="DGX A100 80GB", global_batch=16, seq_len=256, layers=8,
+                                tp=(1,), micro_batch=(1,), recompute=("none",), **options)
+
+    megatron, deepspeed = search(), search(pipeline_engine="deepspeed")
+    assert any(r.plan.virtual_stages > 1 for r in megatron.rows) and any(r.schedule == "gpipe" for r in megatron.rows)
+    assert any(r.plan.fsdp and r.plan.pp > 1 for r in megatron.rows)
+    everything = deepspeed.rows + deepspeed.dropped
+    assert everything and all(r.plan.pipeline_engine == "deepspeed" and r.schedule == "1f1b" for r in everything)
+    assert not any(r.plan.fsdp and r.plan.pp > 1 for r in everything)
+    assert any("pipeline_engine='deepspeed'" in note for note in deepspeed.notes)
+    assert {r.record()["pipeline_engine"] for r in everything} == {"deepspeed"}
+    # the same plan under each engine: DeepSpeed's blocking sends lengthen the pipelined step
+    plain = {(r.plan.pp, r.plan.dp, r.plan.fsdp): r for r in megatron.rows if r.schedule == "1f1b"
+             and r.plan.virtual_stages == 1}
+    piped = [r for r in deepspeed.rows if r.plan.pp > 1]
+    assert piped and all(r.step_time > plain[(r.plan.pp, r.plan.dp, r.plan.fsdp)].step_time for r in piped)
+    # fused pointwise chains: the same plans, each with less compute
+    fused = {(r.plan.pp, r.plan.dp, r.plan.fsdp, r.schedule, r.plan.virtual_stages): r
+             for r in search(fuse_elementwise=True).rows}
+    for r in megatron.rows:
+        twin = fused[(r.plan.pp, r.plan.dp, r.plan.fsdp, r.schedule, r.plan.virtual_stages)]
+        assert twin.prediction.breakdown["compute"] < r.prediction.breakdown["compute"]
+    with pytest.raises(ValueError, match="pipeline_engine='zero'"):
+        search(pipeline_engine="zero")
+
+
+def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys, monkeypatch) -> None:
+    # the flags reach fxflops.plan (on gpt2-small as the CLI loads it, fused chains change no predicted time;
+    # test_plan_takes_the_pipeline_engine_and_fused_pointwise_chains checks their effect)
+    import fxflops.predict.search as search_module
+
+    given = {}
+    real = search_module.plan
+
+    def spy(*args, **kwargs):
+        given.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "plan", spy)
+    table = tmp_path / "p.csv"
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16", "--seq-len", "128",
+                 "--micro-batch", "2", "--fuse-elementwise", "--pipeline-engine", "deepspeed", "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader(io.StringIO(table.read_text())))
+    assert rows and {row["pipeline_engine"] for row in rows} == {"deepspeed"}
+    assert {row["virtual_stages"] for row in rows} == {"1"} and {row["schedule"] for row in rows} == {"1f1b"}
+    assert "note: pipeline_engine='deepspeed'" in out
+    assert given["fuse_elementwise"] is True and given["pipeline_engine"] == "deepspeed"

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "batched GEMMs and the scores through memory)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the attention probabilities (a kernel of its own with --attention math)")
+    parser.add_argument("--fuse-elementwise", action="store_true",
+                        help="the run fuses each chain of pointwise ops into one kernel (Megatron-LM's bias + GeLU "
+                        "and bias + dropout + add)")
+    parser.add_argument("--pipeline-engine", choices=["megatron", "deepspeed"], default="megatron",
+                        help="whose pipeline engine runs the stages (default megatron); deepspeed: no virtual "
+                        "stages, no GPipe, no FSDP with pp > 1")
     parser.add_argument("--dp-shard", type=int, nargs="*", default=None,
                         help="HSDP shard degrees to try beside FSDP over all of dp (default: every divisor of dp "
                         "between 1 and dp; give none, a bare --dp-shard, to try no HSDP)")
@@ -78,7 +84,8 @@ def main(argv: Sequence[str]) -> int:
     result = plan(model, gpus=args.gpus, cluster=args.cluster, global_batch=args.batch, seq_len=args.seq_len,
                   layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device,
                   cp=tuple(args.cp), ep=tuple(args.ep), schedules=tuple(args.schedules), attention=args.attention,
-                  attention_dropout=args.attention_dropout,
+                  attention_dropout=args.attention_dropout, fuse_elementwise=args.fuse_elementwise,
+                  pipeline_engine=args.pipeline_engine,
                   dp_shard=None if args.dp_shard is None else tuple(args.dp_shard),
                   tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
     sys.stdout.write(result.render(args.top) + "\n")

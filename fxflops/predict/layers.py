@@ -68,6 +68,9 @@ class Part:
     tp_overlap_backward: float = 0.0
     saved_bytes: int = 0  # activation bytes the forward leaves for the backward
     kernels: int = 0  # ops counted (forward + backward)
+    # of `saved_bytes`, the (batch, heads, query, key) tensors unfused attention keeps for its backward
+    # (`unfused_attention_saved_bytes`; 0 under a fused kernel): what selective recomputation frees
+    attention_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -200,14 +203,27 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             key = of_module(name)
             key = key if key >= 0 else (PRE if name in pre_modules else POST)
             saved[key] = saved.get(key, 0) + size
+    element = torch.empty((), dtype=dtype).element_size()
+    unfused: dict[Any, int] = {}
+    # the capture's one attention op saves no scores: unfused kernels keep them, added to the block's activations
+    if kernels.attention == "math" and memory is not None:
+        for node in nodes:
+            if node.phase == FORWARD and _is_attention(node.op) and "flex" not in node.op \
+                    and "backward" not in node.op.lower():
+                key = part(node)
+                unfused[key] = unfused.get(key, 0) + unfused_attention_saved_bytes(node, element,
+                                                                                   kernels.attention_dropout)
+        for key, size in unfused.items():
+            saved[key] = saved.get(key, 0) + size
     count = len(blocks)
     block = Part(**{f: _mean(sums, range(count), f) for f in _SECONDS},
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
-                 params=params["block"], expert_params=params["experts"], saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)))
+                 params=params["block"], expert_params=params["experts"],
+                 saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
+                 attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
     pre = _whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0))
     post = _whole(sums.get(POST, {}), params[POST], saved.get(POST, 0))
-    element = torch.empty((), dtype=dtype).element_size()
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
@@ -320,6 +336,23 @@ def _whole(entry: dict[str, float], params: int, saved: int) -> Part:
     floats = {f: entry.get(f, 0.0) for f in _SECONDS}
     ints = {f: int(entry.get(f, 0)) for f in ("forward_flops", "backward_flops", "attention_flops", "kernels")}
     return Part(**floats, **ints, params=params, saved_bytes=saved)
+
+
+def unfused_attention_saved_bytes(node: Any, element: int, dropout: float = 0.0) -> int:
+    """Bytes unfused attention keeps for the backward of one captured forward attention op, beyond what the
+    fused op saves: the probabilities P (batch x heads x query x key elements, read by softmax's backward and
+    by P V's), and with `dropout` > 0 its one-byte mask and the dropped probabilities (P V's input), as
+    torch's math SDPA backend and Megatron-LM's CoreAttention keep them (Korthikanti et al. 2022, Sec. 4.1:
+    5 a s^2 b bytes in 2-byte elements). The scores Q K^T are not kept (the softmax's backward reads its
+    output). 0 for an op whose query, key and value are not three 4-D tensors."""
+    from fxflops.predict.op_time import attention_dims
+
+    dims = attention_dims(node)
+    if dims is None:
+        return 0
+    groups, lq, lk, _, _ = dims
+    per_pair = element + (element + 1 if dropout > 0 else 0)
+    return groups * lq * lk * per_pair
 
 
 def _is_attention(op: str) -> bool:

@@ -171,7 +171,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         return OpTime(NONE, 0.0, 0.0, 0.0, 0.0, 1.0)
     # flex attention is a compiled fused kernel whatever the run's SDPA backend: only SDPA-family ops run unfused
     if kind == ATTENTION and kernels.attention == "math" and "flex" not in node.op:
-        dims = _attention_dims(node)
+        dims = attention_dims(node)
         if dims is not None:
             return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)
     memory = node.bytes / device.sustained if node.bytes else 0.0
@@ -196,7 +196,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
 
 
-def _attention_dims(node: NodeCost) -> tuple[int, int, int, int, int] | None:
+def attention_dims(node: NodeCost) -> tuple[int, int, int, int, int] | None:
     """(batch x query heads, query length, key length, head dim of q/k, head dim of v) of an attention op, from
     its query, key and value inputs (the first three inputs of a forward op; inputs 1-3 of a backward op, whose
     first input is the output's gradient); None when the inputs are not three 4-D tensors."""

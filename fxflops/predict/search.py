@@ -27,8 +27,8 @@ from fxflops.predict.comm_time import ranks_per_node
 from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
-from fxflops.predict.step import (ERROR_STATEMENT, StepPlan, StepPrediction, capture_costs, dim_ranks_per_node,
-                                  simulate_plan, user_constants_note)
+from fxflops.predict.step import (DEEPSPEED, ERROR_STATEMENT, MEGATRON, PIPELINE_ENGINES, StepPlan, StepPrediction,
+                                  capture_costs, dim_ranks_per_node, simulate_plan, user_constants_note)
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
@@ -67,7 +67,7 @@ class PlanRow:
         return {"tp": p.tp, "pp": p.pp, "virtual_stages": p.virtual_stages, "schedule": self.schedule, "dp": p.dp,
                 "cp": p.cp, "ep": p.ep,
                 "fsdp": p.fsdp, "dp_shard": p.shard if p.fsdp else None, "sequence_parallel": p.sequence_parallel,
-                "tp_comm_overlap": p.tp_comm_overlap, "micro_batch": p.micro_batch,
+                "tp_comm_overlap": p.tp_comm_overlap, "pipeline_engine": p.pipeline_engine, "micro_batch": p.micro_batch,
                 "microbatches": p.microbatches, "recompute": p.recompute, "step_time_s": pred.step_time,
                 **{f"{k}_s": v for k, v in pred.breakdown.items()}, "mfu": pred.mfu, "hfu": pred.hfu,
                 "tokens_per_sec": pred.tokens_per_sec, "peak_memory_gib": self.peak_bytes / GiB,
@@ -179,7 +179,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,),
          attention: str = "flash", attention_dropout: float = 0.0,
          schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE), dp_shard: Sequence[int] | None = None,
-         tp_comm_overlap: Sequence[bool] = (False,)) -> PlanSearch:
+         tp_comm_overlap: Sequence[bool] = (False,), fuse_elementwise: bool = False,
+         pipeline_engine: str = MEGATRON) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -199,7 +200,13 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     FSDP or DDP (with the distributed optimizer) and recomputation where ep divides dp x cp; a degree the model
     or sequence cannot take is left out with a note.
     `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
-    them ("flash" or "math"). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
+    them ("flash" or "math"); under "math" each layer's activations include the (batch, heads, query, key)
+    probabilities unfused attention keeps for its backward (and, with attention_dropout, the dropout's mask and
+    output), which selective recomputation frees. `fuse_elementwise`: each chain of pointwise ops timed as one
+    kernel, as predict_step takes it. `pipeline_engine`: "megatron" (default) or "deepspeed" (DeepSpeed's
+    PipelineEngine, as predict_step takes it): DeepSpeed runs a non-interleaved 1F1B and refuses ZeRO stages 2
+    and 3 with a pipeline, so under it the search leaves out plans with virtual stages, GPipe, and FSDP with
+    pp > 1 (a note says so). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
     ("1f1b", "gpipe"; a plan with virtual stages runs interleaved 1F1B), each simulated: GPipe keeps every
     micro-batch's activations until its backward, so it needs more memory than 1F1B for the same bubble.
     `dp_shard`: HSDP's shard degrees to try beside FSDP over all of dp (each FSDP plan also as HSDP with each
@@ -211,7 +218,9 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
-    kernels = Kernels(attention, attention_dropout)
+    kernels = Kernels(attention, attention_dropout, fuse_elementwise)
+    if pipeline_engine not in PIPELINE_ENGINES:
+        raise ValueError(f"plan(): pipeline_engine={pipeline_engine!r}: pick one of {', '.join(PIPELINE_ENGINES)}")
     unknown = [name for name in schedules if name not in (ONE_F_ONE_B, GPIPE)]
     if unknown or not schedules:
         raise ValueError(f"plan(): schedules={tuple(schedules)!r}: pick from {ONE_F_ONE_B!r}, {GPIPE!r} (interleaved "
@@ -303,7 +312,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     rows, dropped = [], []
     dtype_key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "bf16")
     for step_plan in _plans(gpus, depth, global_batch, costs_by, sp_of, pp, virtual_stages, recompute, fsdp, schedules,
-                            dp_shard, tp_comm_overlap):
+                            dp_shard, tp_comm_overlap, pipeline_engine):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep,
                           step_plan.fsdp if step_plan.cp * step_plan.ep > 1 else None)]
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
@@ -312,6 +321,9 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
         (rows if row.fits else dropped).append(row)
     rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
+    if pipeline_engine == DEEPSPEED:
+        notes.append("pipeline_engine='deepspeed': plans with virtual stages, GPipe, and FSDP with pp > 1 left out "
+                     "(DeepSpeed's PipelineEngine runs a non-interleaved 1F1B and refuses ZeRO stages 2 and 3)")
     if build is not None:
         notes.append(f"captured at a depth of {PROBE_LAYERS} layers (the same blocks), costs scaled to {depth}")
     if device.origin.startswith("your file"):
@@ -329,7 +341,8 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
     FSDP divides all three dp ways, the distributed optimizer its state); activations: the bytes one layer's
     forward saves (from the capture's memory timeline) times the layer-micro-batches the simulated schedule
     keeps in flight on the rank (full recomputation keeps each layer's input only, plus one layer's
-    activations while it is recomputed), plus the temporaries at the capture's peak (one op's workspace);
+    activations while it is recomputed; selective recomputation drops the (batch, heads, query, key) tensors
+    unfused attention keeps, plus one layer's of them while they are recomputed), plus the temporaries at the capture's peak (one op's workspace);
     FSDP adds two gathered layers (the one running and the prefetch), the parameters outside the blocks
     whole (FSDP2's root unit, the embedding and head, is not resharded after the forward) and one layer's
     whole gradients (the reduce-scatter's input).
@@ -367,6 +380,9 @@ def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
         if plan.recompute == "full":
             per_layer = costs.boundary_bytes
             transient = block.saved_bytes
+        elif plan.recompute == "selective":  # the attention core recomputed: unfused attention's scores freed,
+            # one layer's of them alive while its backward recomputes them
+            per_layer, transient = block.saved_bytes - block.attention_saved_bytes, block.attention_saved_bytes
         else:
             per_layer, transient = block.saved_bytes, 0
         activations = int(in_flight * per_chunk_layers * per_layer) + transient
@@ -403,8 +419,9 @@ def _plans(gpus: int, layers: int, global_batch: int,
            costs_by: dict[tuple[int, int, int, int, bool | None], LayerCosts], sp_of: dict[int, bool],
            pp: Sequence[int] | None, virtual_stages: Iterable[int], recompute: Iterable[str], fsdp: Iterable[bool],
            schedules: Sequence[str] = (ONE_F_ONE_B,), dp_shard: Sequence[int] | None = (),
-           tp_comm_overlap: Sequence[bool] = (False,)) -> Iterable[StepPlan]:
+           tp_comm_overlap: Sequence[bool] = (False,), pipeline_engine: str = MEGATRON) -> Iterable[StepPlan]:
     fsdp = list(dict.fromkeys(fsdp))
+    deepspeed = pipeline_engine == DEEPSPEED
     overlaps = list(dict.fromkeys(tp_comm_overlap))
     for (t, mb, c, e) in sorted({key[:4] for key in costs_by}):
         for p in _pipeline_degrees(gpus // (t * c), layers, pp):
@@ -413,12 +430,13 @@ def _plans(gpus: int, layers: int, global_batch: int,
                 continue
             m = global_batch // (dp * mb)
             for v in virtual_stages:
-                if v > 1 and (p == 1 or layers % (p * v) or m % p):
+                if v > 1 and (p == 1 or layers % (p * v) or m % p or deepspeed):
                     continue
                 # the schedule matters with one chunk a stage on two stages or more; more chunks: interleaved
-                for schedule in (schedules if p > 1 and v == 1 else (ONE_F_ONE_B,)):
+                for schedule in (schedules if p > 1 and v == 1 and not deepspeed else (ONE_F_ONE_B,)):
                     for shard in fsdp:
-                        if shard and dp * c == 1 or c * e > 1 and (t, mb, c, e, shard) not in costs_by:
+                        if shard and dp * c == 1 or c * e > 1 and (t, mb, c, e, shard) not in costs_by \
+                                or shard and deepspeed and p > 1:
                             continue
                         sp = sp_of.get(t, False) and e == 1
                         for degree in ([None, *_shard_degrees(dp, c, e, dp_shard)] if shard else [None]):
@@ -428,7 +446,8 @@ def _plans(gpus: int, layers: int, global_batch: int,
                                                    sequence_parallel=sp, fsdp=shard, micro_batch=mb,
                                                    global_batch=global_batch, recompute=r,
                                                    distributed_optimizer=not shard and dp * c > 1,
-                                                   schedule=schedule, dp_shard=degree, tp_comm_overlap=overlap)
+                                                   schedule=schedule, dp_shard=degree, tp_comm_overlap=overlap,
+                                                   pipeline_engine=pipeline_engine)
 
 
 def _shard_degrees(dp: int, cp: int, ep: int, wanted: Sequence[int] | None) -> list[int]:

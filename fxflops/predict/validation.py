@@ -1,8 +1,9 @@
 """Published training runs the step prediction is checked against, and the models they trained.
 
 Megatron-LM GPT runs on DGX A100 (Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG 530B), Llama 3 405B
-on H100 (the Llama 3 paper's Table 4) and torchtitan's FSDP2 Llama runs on A100; each row names its cluster
-preset and its metric as the publication reports it.
+on H100 at 8,192 and 131,072 tokens (the Llama 3 paper's Table 4; the long-context row with cp=16) and
+torchtitan's FSDP2 Llama runs on A100; each row names its cluster preset and its metric as the publication
+reports it.
 
 The runs' constants (device peaks, efficiency curves, link bandwidths) come from `fxflops/predict/data/`,
 each from a microbenchmark or datasheet; none was fitted to these runs. Each row names its publication,
@@ -190,6 +191,7 @@ class PublishedRun:
     grad_bytes: int | None = None
     fuse_elementwise: bool = False  # one kernel per chain of pointwise ops (Megatron-LM's fused bias-GeLU, ...)
     pipeline_engine: str = "megatron"  # "deepspeed": DeepSpeed's 2021 PipelineEngine (step._deepspeed_boundary)
+    cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
     @property
@@ -211,7 +213,7 @@ class PublishedRun:
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        return self.gpus // (self.tp * self.pp * self.cp)
 
     def published_flops(self) -> float:
         """FLOPs per iteration by Narayanan et al.'s Eq. 3 (full recomputation included):
@@ -233,6 +235,14 @@ _L_ASSUMED = ("Table 4 gives tp, cp=1, pp, dp, sequence 8,192 and sequences per 
               "parallelism, no recomputation, parameters replicated over dp with gradients reduce-scattered "
               "and overlapped (the paper's FSDP that keeps parameters after the forward), Meta's RoCE 400 Gb/s "
               "a GPU as the DGX H100 preset's InfiniBand, the paper's FLOPs as fxflops counts the model's")
+_L_LONG_ASSUMED = ("Table 4 gives tp=8, cp=16, pp=16, dp=8, sequence 131,072 and 16 sequences per data-parallel rank "
+                   "(16M tokens a step); assumed as for the 8,192-token rows (micro-batch 1, interleaved 1F1B with 2 "
+                   "chunks per stage, sequence parallelism, no recomputation, parameters replicated over dp with "
+                   "gradients reduce-scattered over dp x cp and overlapped, Meta's RoCE as the DGX H100 preset's "
+                   "InfiniBand, the paper's FLOPs as fxflops counts the model's: full-square attention, which at "
+                   "131,072 positions is more than half of them), and context parallelism as fxflops models it: "
+                   "each cp rank's queries against all keys and values, gathered over the cp ranks per layer (the "
+                   "gather overlapping attention on the rank's own keys), the same attention work on every cp rank")
 _T_ASSUMED = ("the page gives the model, 64 A100 80GB under FSDP2 (1D), the local batch and the activation "
               "checkpointing; assumed: Llama 3's sequence 8,192 and Llama 2's 4,096 (torchtitan's defaults, the "
               "page says Llama 2's is half Llama 3's), FSDP resharding after the forward (FSDP2's default), the "
@@ -343,6 +353,10 @@ RUNS: tuple[PublishedRun, ...] = (
                  "model_tflops_per_gpu", 400, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
                  vocab=128256, seq=8192, distributed_optimizer=True,
                  software=_LLAMA3_SOFTWARE),
+    PublishedRun("Llama 3 405B, 128K context, on 16384 H100", LLAMA3, 126, 16384, 128, 16384, 8, 16, 8 * 16, 1, 2,
+                 "none", True, "model_tflops_per_gpu", 380, _L_LONG_ASSUMED, cluster="DGX H100", arch="llama",
+                 ffn=53248, kv_heads=8, vocab=128256, seq=131072, distributed_optimizer=True, cp=16,
+                 software=_LLAMA3_SOFTWARE),
     PublishedRun("Llama 3 70B, FSDP, full AC", TORCHTITAN, 80, 8192, 64, 64, 1, 1, 64, 1, 1, "full", False,
                  "tokens_per_sec_per_gpu", 331, _T_ASSUMED, arch="llama", ffn=28672, kv_heads=8, vocab=128256,
                  seq=8192, fsdp=True,
@@ -363,7 +377,7 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
     from fxflops.predict.step import predict_step
 
     parallel = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "virtual_stages": run.virtual_stages,
-                "fsdp": run.fsdp, "sequence_parallel": run.sequence_parallel}
+                "fsdp": run.fsdp, "sequence_parallel": run.sequence_parallel, **({"cp": run.cp} if run.cp > 1 else {})}
     if run.arch == "llama":  # the derived plan is Megatron's for Hugging Face's names
         model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq)
     else:
