@@ -35,7 +35,8 @@ def calls(x, batch, seq):
             (aten.diagonal.default, (x, 0, 1, 2)), (aten.alias.default, (x,)), (aten.squeeze.dim, (x[:, :1], 1)),
             (aten.split.Tensor, (x, 2, 3)),  # several views
             (aten.mul.Tensor, (x, x)), (aten.add.Tensor, (x, x[:, :1])), (aten.neg.default, (x.transpose(1, 2),)),
-            (aten.cat.default, ([x, x], -1)), (aten.cat.default, ([x[:, :, 1:], x], 2)), (aten.sum.dim_IntList, (x, [2])),
+            (aten.cat.default, ([x, x], -1)), (aten.cat.default, ([x[:, :, 1:], x], 2)),
+            (aten.sum.dim_IntList, (x, [2])),
             (aten.max.dim, (x, 2)),  # two new tensors
             (aten.clone.default, (x.transpose(1, 2),)), (aten._to_copy.default, (x,), {"dtype": torch.bfloat16}),
             (aten.mul_.Tensor, (x.clone(), 2))]  # in place: its argument again

@@ -338,7 +338,8 @@ def _solved(condition: sympy.Basic) -> sympy.Basic | None:
         return None
     (size,) = difference.free_symbols
     slope, rest = difference.coeff(size, 1), difference.coeff(size, 0)
-    if not (slope.is_Rational and rest.is_Rational) or slope == 0 or sympy.expand(slope * size + rest - difference) != 0:
+    linear = slope.is_Rational and rest.is_Rational and slope != 0
+    if not linear or sympy.expand(slope * size + rest - difference) != 0:
         return None
     bound = -rest / slope
     return relation(size, bound) if slope > 0 else _FLIPPED[relation](size, bound)
