@@ -35,6 +35,7 @@ from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
 from fxflops.capture.sharded import dtensor_twin, is_dtensor
 from fxflops.capture.symbolic_kernels import symbolic_kernel
+from fxflops.capture.symbolic_cache import CacheHits
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -55,6 +56,7 @@ class FakeTwins:
         self.device = device
         self.shapes = shapes or {}  # id(tensor) -> the symbolic shape its twin gets
         self.meta_kernels = MetaKernels(mode)
+        self.cache_hits = CacheHits(mode) if self.shapes else None
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
@@ -89,8 +91,10 @@ class FakeTwins:
         """Run an op on fake tensors, repairing the two ways a fake kernel can fail where eager runs."""
         try:
             out = self.meta_kernels(func, args, kwargs)
-            if out is NotImplemented and self.shapes:  # named sizes: see capture.symbolic_kernels
+            if out is NotImplemented and self.shapes:  # named sizes: see capture.symbolic_kernels and _cache
                 out = symbolic_kernel(func, args, kwargs)
+                if out is NotImplemented:
+                    out = self.cache_hits(func, args, kwargs)
         except Exception:  # noqa: BLE001 - the mode's own dispatch raises it again, in its words, or repairs it
             out = NotImplemented
         if out is not NotImplemented:

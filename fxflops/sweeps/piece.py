@@ -303,11 +303,46 @@ def _symbolic_lookups(captured: Captured) -> list[tuple[sympy.Basic, str]]:
         low, high = (plain_sympy(captured.sizes.expression(value)) for value in (lookup.low, lookup.high))
         if not (low.free_symbols or high.free_symbols):
             continue  # a fixed range: the capture's own caution, if any
-        region = sympy.simplify(sympy.Or(sympy.Gt(high, lookup.rows - 1), sympy.Lt(low, lookup.least)))
+        region = _either(sympy.Gt(high, lookup.rows - 1), sympy.Lt(low, lookup.least))
         if region == sympy.false:
             continue
         found.append((region, lookup.caution(low, high, condition_text(region))))
     return found
+
+
+def _either(*conditions: sympy.Basic) -> sympy.Basic:
+    """`sympy.simplify(Or(*conditions))`, without it where each condition is decided or linear in one size
+    (`seq - 1 > 1023` is `seq > 1024`, as simplify writes it): simplify's first call in a process imports
+    sympy.physics (0.1 s, a fifth of a GPT-2 sweep's capture) for what is one division here."""
+    solved = [_solved(condition) for condition in conditions]
+    if any(found is None for found in solved) or sum(found not in (sympy.true, sympy.false) for found in solved) > 1:
+        return sympy.simplify(sympy.Or(*conditions))
+    return sympy.Or(*solved)
+
+
+# a relation and the one it becomes with its sides' sign flipped (a negative coefficient divided out)
+_FLIPPED = {sympy.StrictGreaterThan: sympy.StrictLessThan, sympy.StrictLessThan: sympy.StrictGreaterThan,
+            sympy.GreaterThan: sympy.LessThan, sympy.LessThan: sympy.GreaterThan}
+
+
+def _solved(condition: sympy.Basic) -> sympy.Basic | None:
+    """A decided condition as it is; `a*x + b OP c` (one size x, a and b numbers) as `x OP (c - b)/a`, the
+    relation flipped where a < 0; None for anything else."""
+    if condition in (sympy.true, sympy.false):
+        return condition
+    relation = type(condition)
+    if relation not in _FLIPPED:
+        return None
+    difference = sympy.expand(condition.lhs - condition.rhs)
+    if len(difference.free_symbols) != 1:
+        return None
+    (size,) = difference.free_symbols
+    slope, rest = difference.coeff(size, 1), difference.coeff(size, 0)
+    linear = slope.is_Rational and rest.is_Rational and slope != 0
+    if not linear or sympy.expand(slope * size + rest - difference) != 0:
+        return None
+    bound = -rest / slope
+    return relation(size, bound) if slope > 0 else _FLIPPED[relation](size, bound)
 
 
 def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
