@@ -442,3 +442,32 @@ def test_a_stage_built_by_torchs_tracer_splitter_counts_under_the_stages_names(k
     kinds = [("send", "forward"), ("recv", "backward")] if rank == 0 else [("recv", "forward"), ("send", "backward")]
     assert sorted(p2p(est)) == sorted((op, phase, rank, mb, peer, ACT, ACT if op == "send" else 0)
                                       for mb in range(M) for op, phase in kinds)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_traced_stages_in_a_v_shaped_zero_bubble_schedule(rank):
+    """Four traced stages (a block each; the last with the head) on 2 ranks, V-shaped: per micro-batch a block is
+    2+2 ONE forward (up, down), 2+4 backward on stage 0 (no input gradient into the first matmul), 4+4 elsewhere;
+    the head 1 forward, 2 backward. The real step's FLOPs are n_microbatches x the estimate's, and its send/recv
+    are the estimate's in order from the second real step on (the first adds the traced stages' warm-up)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    held = ((0, 3), (1, 2))[rank]
+    with fake_world(rank, 2):
+        torch.manual_seed(0)
+        pipe = pipeline(Blocks(), (torch.randn(MB, W),),
+                        split_spec={f"layers.{i}": SplitPoint.BEGINNING for i in (1, 2, 3)})
+        schedule = ScheduleZBVZeroBubble([pipe.build_stage(i, torch.device("cpu")) for i in held], M, loss_fn=loss)
+        args, kwargs = step_inputs(rank == 0, rank == 0)
+        est = fxflops.estimate(schedule, args, dict(kwargs), conventions="torch")
+        schedule.step(*args, **kwargs)
+        log = StepLog()
+        with log:
+            schedule.step(*args, **kwargs)
+    block = {0: 4 + 6, 1: 4 + 8, 2: 4 + 8, 3: 4 + 8 + 3}  # forward + backward of each stage
+    assert [(role.name, role.estimate.total_flops) for role in est.ranks] == [
+        (f"pipeline stage {index}", block[index] * ONE) for index in held]
+    assert [name for name in est.ranks[0].estimate.modules if name.count(".") == 1] == [f"layers.{held[0]}"]
+    assert log.flops == M * sum(role.estimate.total_flops for role in est.ranks)
+    assert [(c.op, c.bytes, c.peer) for c in est.collectives] == log.p2p
+    assert len(log.p2p) == 2 * 2 * M  # one boundary to the other rank per stage, each way, per micro-batch
