@@ -11,7 +11,10 @@ arguments: the whole batch on the first stage, `target=` on the last, nothing on
 - the FLOPs are each of the rank's stages counted on one micro-batch as the schedule splits it (the first
   stage: the schedule's own split of the step's inputs; another stage: the activations its metadata says it
   receives), with the schedule's loss on the last stage's micro-batch of `target`; forward and backward as
-  the schedule runs them (backward when it has a loss function).
+  the schedule runs them (backward when it has a loss function). A split backward (the zero-bubble schedules'
+  input-gradient and weight-gradient passes) is the same stage backward, each part once.
+- stages from torch's tracer splitter (`pipeline(...).build_stage(...)`) count under the names their modules
+  have; the one-time warm-up of their communicators on a first step is not the step's traffic.
 """
 
 from __future__ import annotations
