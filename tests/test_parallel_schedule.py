@@ -212,6 +212,14 @@ def test_a_real_two_process_gloo_pipeline_issues_what_the_fake_group_estimate_sa
         assert sorted(seen["real_p2p"][:2]) == sorted(vote)
         assert seen["real_p2p"][2:] == [[c.op, c.bytes, c.peer] for c in fake.collectives]
         assert seen["real_flops"] == M * (fake.fwd_flops + fake.bwd_flops)
+        # stages from torch's tracer: estimated inside the real group before any real step (their first step
+        # only warms up the communicators: a float each way, not listed); the same records and FLOPs
+        warm_up = [["send", 4, peer], ["recv", 4, peer]]
+        assert sorted(seen["traced_real_p2p"][:2]) == sorted(warm_up)
+        assert seen["traced"]["p2p"] == seen["after"]["p2p"]
+        assert seen["traced_real_p2p"][2:] == [[c.op, c.bytes, c.peer] for c in fake.collectives]
+        assert seen["traced_real_flops"] == seen["real_flops"]
+        assert (seen["traced"]["fwd"], seen["traced"]["bwd"]) == (fake.fwd_flops, fake.bwd_flops)
 
 
 class HFStage(torch.nn.Module):

@@ -137,10 +137,14 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
 
 def _check_initialized(schedule: Any, stages: list[Any]) -> None:
     """Under a real process group a schedule's first step has its ranks vote on how to learn the stages' shapes
-    (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step."""
+    (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step.
+    Stages from torch's tracer splitter know their shapes from the trace: their first step only warms up the
+    communicators (answered here, nothing sent), so they need no real step first."""
     import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
 
-    if _initialized(schedule) or all(dist.get_backend(stage.group) == "fake" for stage in stages):
+    if _initialized(schedule) or all(dist.get_backend(stage.group) == "fake" or not isinstance(stage, PipelineStage)
+                                     for stage in stages):
         return
     raise ValueError(f"{type(schedule).__name__} has not run a step yet: its first step votes with the other ranks "
                      "over the process group, which an estimate does not reach. Estimate it after one real step, or "
