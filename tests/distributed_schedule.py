@@ -2,7 +2,9 @@
 pipeline (each rank one stage of two linears) trains one real Schedule1F1B step. Each rank logs what it really
 did - every point-to-point op torch dispatched (kind, bytes, peer) and FlopCounterMode's FLOPs of the step -
 and what fxflops.estimate(schedule, ...) says inside the real process group after the real step (before it,
-one clear error: the schedule's first step votes with the other ranks);
+one clear error: the schedule's first step votes with the other ranks). Then the same two stages split by
+torch's tracer (pipeline(..., split_spec=) and build_stage), estimated before their first real step (no vote:
+nothing to refuse), and that first real step's point-to-point ops and FLOPs;
 it writes them to OUT/rank<k>.json.
 
     torchrun --nproc_per_node 2 tests/distributed_schedule.py OUT"""
@@ -14,7 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, SplitPoint, pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -69,10 +71,20 @@ def main(out: str) -> None:
     with flops, log:
         schedule.step(*args, **kwargs)
     after = estimated(schedule, args, kwargs)  # nothing sent: the other rank need not be estimating too
+    torch.manual_seed(0)  # the tracer traces the whole model on each rank
+    whole = torch.nn.Sequential(*(torch.nn.Linear(W, W, bias=False) for _ in range(4)))
+    traced_stage = pipeline(whole, (example.detach(),), split_spec={"2": SplitPoint.BEGINNING}).build_stage(
+        rank, torch.device("cpu"))
+    traced = Schedule1F1B(traced_stage, M, loss_fn=loss)
+    traced_before = estimated(traced, args, kwargs)  # before any real step
+    traced_log, traced_flops = P2PLog(), FlopCounterMode(display=False)
+    with traced_flops, traced_log:
+        traced.step(*args, **kwargs)
     dist.barrier()
     with open(f"{out}/rank{rank}.json", "w") as file:
-        json.dump({"refused": refused, "after": after, "real_p2p": log.ops, "real_flops": flops.get_total_flops()},
-                  file)
+        json.dump({"refused": refused, "after": after, "real_p2p": log.ops, "real_flops": flops.get_total_flops(),
+                   "traced": traced_before, "traced_real_p2p": traced_log.ops,
+                   "traced_real_flops": traced_flops.get_total_flops()}, file)
     dist.destroy_process_group()
 
 

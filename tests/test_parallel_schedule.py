@@ -12,8 +12,10 @@ import contextlib
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                         ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxflops
 from tests.parallel_models import Llama
@@ -210,6 +212,14 @@ def test_a_real_two_process_gloo_pipeline_issues_what_the_fake_group_estimate_sa
         assert sorted(seen["real_p2p"][:2]) == sorted(vote)
         assert seen["real_p2p"][2:] == [[c.op, c.bytes, c.peer] for c in fake.collectives]
         assert seen["real_flops"] == M * (fake.fwd_flops + fake.bwd_flops)
+        # stages from torch's tracer: estimated inside the real group before any real step (their first step
+        # only warms up the communicators: a float each way, not listed); the same records and FLOPs
+        warm_up = [["send", 4, peer], ["recv", 4, peer]]
+        assert sorted(seen["traced_real_p2p"][:2]) == sorted(warm_up)
+        assert seen["traced"]["p2p"] == seen["after"]["p2p"]
+        assert seen["traced_real_p2p"][2:] == [[c.op, c.bytes, c.peer] for c in fake.collectives]
+        assert seen["traced_real_flops"] == seen["real_flops"]
+        assert (seen["traced"]["fwd"], seen["traced"]["bwd"]) == (fake.fwd_flops, fake.bwd_flops)
 
 
 class HFStage(torch.nn.Module):
@@ -322,3 +332,150 @@ def test_tensor_parallel_stages_send_on_the_pp_group_and_all_reduce_on_the_tp_gr
     assert sorted((c.phase, c.module, c.micro_batch, c.group_desc, c.bytes) for c in est.collectives
                   if c.op == "all_reduce") == sorted((phase, module, mb, f"mesh_tp{rank}", ACT)
                                                      for mb in range(M) for phase, module in reduced)
+
+
+class StepLog(TorchDispatchMode):
+    """The oracle of a real `schedule.step()` under the fake process group (real tensors, nothing sent): each
+    send/recv torch dispatches (kind, bytes, peer) in order, and the step's FLOPs by FlopCounterMode's own formulas
+    (torch.utils.flop_counter's registry). FlopCounterMode itself cannot wrap a split-backward step: its module
+    tracker's gradient hooks on the stage's inputs fail inside the torch.autograd.grad of torch's input backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p2p: list[tuple] = []
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+        from torch.utils.flop_counter import flop_registry
+
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "c10d" and func._overloadpacket.__name__ in ("send", "recv_"):
+            kind = "send" if func._overloadpacket.__name__ == "send" else "recv"
+            self.p2p += [(kind, t.numel() * t.element_size(), int(args[2])) for t in args[0]]
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            shape = lambda value: value.shape if isinstance(value, torch.Tensor) else value  # noqa: E731
+            self.flops += formula(*tree_map(shape, args), **tree_map(shape, kwargs or {}), out_val=tree_map(shape, out))
+        return out
+
+
+# the split-backward schedules (rank r of 2 holds two of 4 stages: interleaved r and r+2, V-shaped r and 3-r)
+SPLIT = [(ScheduleInterleavedZeroBubble, ((0, 2), (1, 3))), (ScheduleZBVZeroBubble, ((0, 3), (1, 2))),
+         (ScheduleDualPipeV, ((0, 3), (1, 2)))]
+
+
+@pytest.mark.parametrize("kind,held", SPLIT, ids=[kind.__name__ for kind, _ in SPLIT])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_split_backward_schedule_counts_input_and_weight_gradients_once_each(kind, held, rank):
+    """Zero-bubble schedules run each micro-batch's backward as an input-gradient pass (I) and, later, a
+    weight-gradient pass (W). Per stage and micro-batch, two linears of MB x W x W: the forward 2 ONE; I: each
+    linear's input gradient (2 ONE; 1 ONE on stage 0, whose input needs none); W: each weight's gradient (2 ONE).
+    The stage's backward is I + W, once each (torch runs stage 0's I and W as one full backward in its W); the real
+    step's FLOPs are n_microbatches x that over the rank's stages, and its send/recv the estimate's, in order."""
+    stages = held[rank]
+    rank_of = {index: r for r, indices in enumerate(held) for index in indices}
+    with fake_world(rank, 2):
+        torch.manual_seed(0)
+        schedule = kind([stage(index, 4, torch.nn.Sequential(torch.nn.Linear(W, W, bias=False),
+                                                             torch.nn.Linear(W, W, bias=False)))
+                         for index in stages], M, loss_fn=loss)
+        args, kwargs = step_inputs(0 in stages, 3 in stages)
+        est = fxflops.estimate(schedule, args, dict(kwargs), conventions="torch")
+        log = StepLog()
+        with log:
+            schedule.step(*args, **kwargs)
+    input_grads = {index: 1 if index == 0 else 2 for index in stages}
+    assert [(role.name, role.estimate.fwd_flops, role.estimate.bwd_flops) for role in est.ranks] == [
+        (f"pipeline stage {index}", 2 * ONE, (input_grads[index] + 2) * ONE) for index in stages]
+    assert log.flops == M * sum(role.estimate.fwd_flops + role.estimate.bwd_flops for role in est.ranks)
+    expected = []
+    for index in stages:
+        for mb in range(M):
+            if index > 0 and rank_of[index - 1] != rank:  # from the stage before on the other rank, and back
+                expected += [("recv", "forward", index, mb, rank_of[index - 1], ACT, 0),
+                             ("send", "backward", index, mb, rank_of[index - 1], ACT, ACT)]
+            if index < 3 and rank_of[index + 1] != rank:
+                expected += [("send", "forward", index, mb, rank_of[index + 1], ACT, ACT),
+                             ("recv", "backward", index, mb, rank_of[index + 1], ACT, 0)]
+    assert sorted(p2p(est)) == sorted(expected)
+    assert [(c.op, c.bytes, c.peer) for c in est.collectives] == log.p2p  # the schedule's own order
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(W, 2 * W, bias=False), torch.nn.Linear(2 * W, W, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+        self.head = torch.nn.Linear(W, W, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("kind", [ScheduleGPipe, Schedule1F1B])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stage_built_by_torchs_tracer_splitter_counts_under_the_stages_names(kind, rank):
+    """pipeline(model, mb_args, split_spec=) then build_stage: the stage's module is the tracer's copy, its
+    submodules under their original qualified names. Per micro-batch (ONE = 2·MB·W·W): a block's up and down are
+    2 ONE forward each; backward 2 ONE per weight gradient and 2 ONE per input gradient, but none for the input of
+    stage 0's first matmul; the head 1 ONE forward, 2 backward. Only the step's traffic is listed: not the traced
+    stage's one-time warm-up of its communicators on the first step (a float each way, stage None before)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    with fake_world(rank, 2):
+        torch.manual_seed(0)
+        pipe = pipeline(Blocks(), (torch.randn(MB, W),), split_spec={"layers.2": SplitPoint.BEGINNING})
+        schedule = kind(pipe.build_stage(rank, torch.device("cpu")), M, loss_fn=loss)
+        est = fxflops.estimate(schedule, *step_inputs(rank == 0, rank == 1), conventions="torch")
+    flops = {name: module.flops for name, module in est.modules.items() if name.count(".") == 2 or name == "head"}
+    if rank == 0:
+        assert flops == {"layers.0.up": (2 + 2) * ONE, "layers.0.down": (2 + 4) * ONE,
+                         "layers.1.up": (2 + 4) * ONE, "layers.1.down": (2 + 4) * ONE}
+    else:
+        assert flops == {"layers.2.up": 6 * ONE, "layers.2.down": 6 * ONE, "layers.3.up": 6 * ONE,
+                         "layers.3.down": 6 * ONE, "head": (1 + 2) * ONE}
+    assert est.total_flops == sum(flops.values())
+    peer = 1 - rank
+    kinds = [("send", "forward"), ("recv", "backward")] if rank == 0 else [("recv", "forward"), ("send", "backward")]
+    assert sorted(p2p(est)) == sorted((op, phase, rank, mb, peer, ACT, ACT if op == "send" else 0)
+                                      for mb in range(M) for op, phase in kinds)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_traced_stages_in_a_v_shaped_zero_bubble_schedule(rank):
+    """Four traced stages (a block each; the last with the head) on 2 ranks, V-shaped: per micro-batch a block is
+    2+2 ONE forward (up, down), 2+4 backward on stage 0 (no input gradient into the first matmul), 4+4 elsewhere;
+    the head 1 forward, 2 backward. The real step's FLOPs are n_microbatches x the estimate's, and its send/recv
+    are the estimate's in order from the second real step on (the first adds the traced stages' warm-up)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    held = ((0, 3), (1, 2))[rank]
+    with fake_world(rank, 2):
+        torch.manual_seed(0)
+        pipe = pipeline(Blocks(), (torch.randn(MB, W),),
+                        split_spec={f"layers.{i}": SplitPoint.BEGINNING for i in (1, 2, 3)})
+        schedule = ScheduleZBVZeroBubble([pipe.build_stage(i, torch.device("cpu")) for i in held], M, loss_fn=loss)
+        args, kwargs = step_inputs(rank == 0, rank == 0)
+        est = fxflops.estimate(schedule, args, dict(kwargs), conventions="torch")
+        schedule.step(*args, **kwargs)
+        log = StepLog()
+        with log:
+            schedule.step(*args, **kwargs)
+    block = {0: 4 + 6, 1: 4 + 8, 2: 4 + 8, 3: 4 + 8 + 3}  # forward + backward of each stage
+    assert [(role.name, role.estimate.total_flops) for role in est.ranks] == [
+        (f"pipeline stage {index}", block[index] * ONE) for index in held]
+    assert [name for name in est.ranks[0].estimate.modules if name.count(".") == 1] == [f"layers.{held[0]}"]
+    assert log.flops == M * sum(role.estimate.total_flops for role in est.ranks)
+    assert [(c.op, c.bytes, c.peer) for c in est.collectives] == log.p2p
+    assert len(log.p2p) == 2 * 2 * M  # one boundary to the other rank per stage, each way, per micro-batch

@@ -11,7 +11,10 @@ arguments: the whole batch on the first stage, `target=` on the last, nothing on
 - the FLOPs are each of the rank's stages counted on one micro-batch as the schedule splits it (the first
   stage: the schedule's own split of the step's inputs; another stage: the activations its metadata says it
   receives), with the schedule's loss on the last stage's micro-batch of `target`; forward and backward as
-  the schedule runs them (backward when it has a loss function).
+  the schedule runs them (backward when it has a loss function). A split backward (the zero-bubble schedules'
+  input-gradient and weight-gradient passes) is the same stage backward, each part once.
+- stages from torch's tracer splitter (`pipeline(...).build_stage(...)`) count under the names their modules
+  have; the one-time warm-up of their communicators on a first step is not the step's traffic.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
             modules = stack.enter_context(isolated(stage.submod, reach if index == 0 else None))
             swap_tensors(modules, twins)
         fake_args, fake_kwargs = Reach((args, kwargs)).with_twins(twins)
-        recorder = _P2PRecorder(stages)
+        recorder = _P2PRecorder(schedule, stages)
         with torch.enable_grad(), mode, recorder:
             schedule.step(*fake_args, **fake_kwargs)
         # what each stage receives, as the step settled it (the user's static metadata, or inferred)
@@ -134,16 +137,24 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
 
 def _check_initialized(schedule: Any, stages: list[Any]) -> None:
     """Under a real process group a schedule's first step has its ranks vote on how to learn the stages' shapes
-    (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step."""
+    (values another rank sends, which a step on fake tensors cannot receive): estimate it after a real step.
+    Stages from torch's tracer splitter know their shapes from the trace: their first step only warms up the
+    communicators (answered here, nothing sent), so they need no real step first."""
     import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
 
-    initialized = getattr(schedule, "_stages_forward_initialized",  # (looped schedules; single-stage ones)
-                          getattr(schedule, "_stage_forward_initialized", False))
-    if initialized or all(dist.get_backend(stage.group) == "fake" for stage in stages):
+    if _initialized(schedule) or all(dist.get_backend(stage.group) == "fake" or not isinstance(stage, PipelineStage)
+                                     for stage in stages):
         return
     raise ValueError(f"{type(schedule).__name__} has not run a step yet: its first step votes with the other ranks "
                      "over the process group, which an estimate does not reach. Estimate it after one real step, or "
                      "under torch.distributed's fake process group (FakeStore)")
+
+
+def _initialized(schedule: Any) -> bool:
+    """Whether the schedule has set its stages up (its first step's initialization is over)."""
+    return bool(getattr(schedule, "_stages_forward_initialized",  # (looped schedules; single-stage ones)
+                        getattr(schedule, "_stage_forward_initialized", False)))
 
 
 class _P2PRecorder(TorchDispatchMode):
@@ -152,10 +163,13 @@ class _P2PRecorder(TorchDispatchMode):
     forward receive fills one of a stage's activation buffers, a backward one a gradient buffer; a forward
     send sends (a detached view of) an output the stage holds for that micro-batch; any other send is a
     gradient going back, of the micro-batch whose backward the stage began last (it took that micro-batch's
-    forward cache)."""
+    forward cache). What the schedule sends while it sets its stages up on its first step (the warm-up exchange
+    of a traced stage's communicators: one float each way per neighbour) is answered but not recorded: it is
+    not the step's traffic, and a later step does not repeat it."""
 
-    def __init__(self, stages: list[Any]) -> None:
+    def __init__(self, schedule: Any, stages: list[Any]) -> None:
         super().__init__()
+        self.schedule = schedule
         self.stages = stages
         self.records: list[Collective] = []
         self._cached: list[set[int]] = [set() for _ in stages]  # each stage's forward-cache keys at the last op
@@ -169,7 +183,7 @@ class _P2PRecorder(TorchDispatchMode):
         from torch._C._distributed_c10d import FakeWork
 
         tensors, group, peer = args[0], args[1], int(args[2])
-        for tensor in tensors:
+        for tensor in tensors if _initialized(self.schedule) else ():
             self.records.append(self._record(kind, tensor, group, peer))
         return FakeWork().boxed()
 
