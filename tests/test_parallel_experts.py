@@ -300,3 +300,35 @@ def test_sequence_parallel_moe_layers_gather_their_tokens_and_split_their_output
         whole = {"gate": 3 * ROUTER, **({} if layout == "list" else {"experts": 3 * experts(T * K)})}
         assert {(r["module"], r["flops"], r["extra_flops"], r["whole"]) for r in est.parallel["replicated"]} == \
             {(f"layers.{i}.moe.{name}", flops, flops, True) for i in range(L) for name, flops in whole.items()}
+
+
+@pytest.mark.filterwarnings("ignore:values the weights decide")
+@pytest.mark.parametrize(("sequence_parallel", "ep"), [(False, 2), (True, 2), (False, 4)])
+def test_listed_experts_under_tp_and_ep_dispatch_their_rows_before_splitting_them_tensor_parallel(
+        sequence_parallel, ep):
+    """A ModuleList of experts under tp=2 and ep together (with and without sequence parallelism), in
+    torchtitan's order: each expert call's rows go to the expert's rank first (all-to-all over the ep
+    ranks, plain tensors), the expert then runs column/row parallel over the tp ranks on the rows it
+    received (an all-reduce of them forward and one backward), and the results come back. Balanced: each
+    rank routes T*K/E rows to each expert, so an expert receives ep*T*K/E rows and a rank's E/ep experts
+    T*K rows, split over tp: experts(T*K)/2. Before, the expert's tensor-parallel input hook ran first
+    and the dispatch met a DTensor (the capture failed)."""
+    with torch.device("meta"):
+        model = OutputMoE(V, D, H, E, K, L, "list")
+    est = plan_estimate(model, tp=2, ep=ep, dp=ep, sequence_parallel=sequence_parallel)
+    head = HEAD // 2 if sequence_parallel else HEAD  # column parallel only under sequence parallelism
+    forward = L * (ROUTER + SHARED // 2 + experts(T * K) // 2) + head
+    assert (est.fwd_flops, est.bwd_flops) == (forward, 2 * forward)
+    assert [(r.name, r.ranks) for r in est.ranks] == [("every rank", tuple(range(2 * ep)))]
+    received = ep * T * K // E * D * FP32  # bytes of the rows one expert receives
+    for phase, linear in (("forward", "w2"), ("backward", "w1")):
+        found = all_to_alls(est, phase)
+        assert len(found) == 2 * L * E  # each expert call's rows there and back
+        assert sum(c.bytes for c in found) == 2 * L * ROUTED  # tokens x top-k x h each way
+        assert sum(c.wire_bytes for c in found) == 2 * L * ROUTED * (ep - 1) // ep  # 1/ep stays on the rank
+        assert {c.group_size for c in found} == {ep}
+        # the rank's E/ep experts (0 .. E/ep-1 on rank 0) reduce the rows they received over the tp ranks
+        reduced = [(c.module, c.bytes, c.group_size) for c in est.collectives
+                   if c.op == "all_reduce" and c.phase == phase and ".experts." in c.module]
+        assert sorted(reduced) == [(f"layers.{i}.moe.experts.{e}.{linear}", received, 2)
+                                   for i in range(L) for e in range(E // ep)]

@@ -25,6 +25,7 @@ from fxflops.capture.isolation import in_turn
 from fxflops.capture.kernel_checks import rejected_ops
 from fxflops.capture.lookups import out_of_range_lookups
 from fxflops.capture.mode import training_mode_cautions
+from fxflops.capture.sharded import forget_sharding_decisions
 from fxflops.capture.module_walk import uncompiled
 # the default method's module comes with the package (a first estimate would otherwise import it, ~8 ms
 # with the replay of repeated blocks); the other methods' are imported on first use
@@ -70,6 +71,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = AUT
     if sizes is not None:
         methods = _able(methods, method, "symbolic_sizes", "captures concrete sizes only; symbolic sizes are captured")
     with in_turn():  # another thread's capture swaps the weights for twins meanwhile: wait for it
+        forget_sharding_decisions()  # an earlier process group's cached decisions name its groups
         return _first_capture(request, methods, method, args, kwargs)
 
 

@@ -84,3 +84,24 @@ def _propagation_code() -> Any:
     propagator = getattr(sys.modules.get("torch.distributed.tensor._sharding_prop"), "ShardingPropagator", None)
     method = getattr(propagator, "_propagate_tensor_meta_non_cached", None)
     return getattr(method, "__code__", None)
+
+
+def forget_sharding_decisions() -> None:
+    """Empty DTensor's caches of sharding decisions, where DTensor is loaded, before a capture.
+
+    torch caches each op's output sharding (a DTensorSpec, holding a DeviceMesh) keyed by its inputs'
+    specs, and DeviceMesh objects compare equal when their layout and dimension names do, whatever
+    process group and rank they were built for. After one fake world is destroyed and another built with
+    the same mesh layout (a what-if plan's next rank role, or the user's fake group of another rank), a
+    cached decision hands back the earlier world's mesh: the collectives it issues name that world's
+    groups (a group this rank never joined: its size and description unknown) and read its rank's
+    coordinates. torch's debug module names this call the way to clear those caches; clearing only costs
+    the next ops one propagation each (the cache refills as before), so nothing needs restoring. The
+    redistribution planner's own cache (torch.distributed.tensor._redistribute._gen_transform_infos, keyed
+    by specs alike) has no such API and is left as it is: it keeps mesh dimensions and placements, and local
+    shapes only for uneven shards over two or more mesh dimensions."""
+    if _dtensor_class() is None:
+        return
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()

@@ -145,7 +145,11 @@ def apply_experts(model: torch.nn.Module, ep_mesh: Any, seen: RoutedCounts) -> l
                     module[number] = _Elsewhere()
                 else:
                     held.extend(expert.parameters())
-                module[number].register_forward_pre_hook(exchange.listed_dispatch(number, site.experts))
+                # dispatch before any tensor-parallel input hook of the expert (torchtitan's order: the
+                # tokens reach the expert's rank first, its tp then replicates them over the tp ranks),
+                # combine after its output hooks: the all-to-alls see the plain tensors they exchange
+                module[number].register_forward_pre_hook(exchange.listed_dispatch(number, site.experts),
+                                                         prepend=True)
                 module[number].register_forward_hook(exchange.listed_combine)
             continue
         for attribute in _COUNT_ATTRIBUTES:  # the experts' own count (Hugging Face's code sizes its bins by it)
