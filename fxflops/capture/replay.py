@@ -492,6 +492,10 @@ class Replays:
             copies[node] = copy
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
+        if self._owners is not None and template.nodes:
+            # autograd nodes made since the last op recorded (a checkpoint's, made before the ops it runs) belong
+            # to the block's first op, as in a full capture
+            self._owners.claim(copies[template.nodes[0]])
         if backward is not None:
             backward.copies, backward.wired = copies, wired
         out = rebuild(template.output, fresh, call, modules)
