@@ -103,6 +103,9 @@ class GradOwners:
         # whose module its ops belong to as autograd's AccumulateGrad's would
         self.accumulating: torch.Tensor | None = None
         self.accumulated: set[int] = set()  # ids of the leaves accumulated so: autograd may not accumulate them too
+        # while a replayed block's reference runs its backward once more to be copied: its forward nodes (an op
+        # of any other is autograd running past the block: a tensor it reads is reached another way too)
+        self.rerunning: set[torch.fx.Node] | None = None
 
     def start(self) -> None:
         """Called before the forward: numbers handed out earlier belong to no recorded op."""
@@ -138,6 +141,12 @@ class GradOwners:
         accumulated into a parameter, the module that owns it; None when neither is known."""
         if self.accumulating is not None:
             return self._leaf_owners.get(id(self.accumulating))
+        forward = self._differentiated()
+        if self.rerunning is not None and forward not in self.rerunning:
+            raise ReplayRetry("a replayed block's backward reaches past the block")
+        return forward
+
+    def _differentiated(self) -> torch.fx.Node | tuple[str, str] | None:
         grad_fn = torch._C._current_autograd_node()
         if grad_fn is None:
             return None

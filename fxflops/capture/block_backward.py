@@ -39,15 +39,19 @@ class BlockBackward:
     """What a reference call gives its copies' backward: which of the tensors it read from outside take
     gradients (by place), its outputs made in it, and a Program per kind of gradients its outputs get."""
 
-    __slots__ = ("places", "inputs", "outputs", "edges", "nodes_by_name", "programs", "outside")
+    __slots__ = ("places", "inputs", "outputs", "edges", "nodes_by_name", "programs", "outside", "forward_nodes",
+                 "externals")
 
     def __init__(self, places: list[tuple], inputs: list[torch.Tensor], outputs: list[torch.Tensor],
-                 edges: dict[int, Any], nodes_by_name: dict[str, torch.fx.Node], outside: frozenset[int]) -> None:
+                 edges: dict[int, Any], forward_nodes: list[torch.fx.Node], externals: dict[torch.fx.Node, tuple],
+                 outside: frozenset[int]) -> None:
         self.places = places  # where each input that takes a gradient comes from (capture.block_io.place)
         self.inputs = inputs  # the reference's tensors at those places
         self.outputs = outputs  # the reference's outputs made in the block, in the order of its copies' outputs
         self.edges = edges  # sequence number -> the reference's autograd node (its backward's deliverers)
-        self.nodes_by_name = nodes_by_name  # the reference's forward nodes by name (backward ops name theirs)
+        self.forward_nodes = set(forward_nodes)  # the reference's forward nodes
+        self.nodes_by_name = {node.name: node for node in forward_nodes}  # (a backward op names its forward op's)
+        self.externals = externals  # the nodes it read from outside -> their places
         self.outside = outside  # ids of the reference's tensors from outside (a backward may not read them unrecorded)
         self.programs: dict[tuple, Program] = {}
 
@@ -116,8 +120,7 @@ def gradient_key(grads: tuple) -> tuple:
                                             grad.device, type(grad)) for grad in grads)
 
 
-def record_program(backward: BlockBackward, recorder: OpRecorder, grads: tuple, template_nodes: set[torch.fx.Node],
-                   externals: dict[torch.fx.Node, tuple]) -> Program:
+def record_program(backward: BlockBackward, recorder: OpRecorder, owners: GradOwners, grads: tuple) -> Program:
     """Run the reference's backward for `grads` into a scratch graph and make it a Program (or ReplayRetry)."""
     roots = [(output, grad) for output, grad in zip(backward.outputs, grads) if grad is not None and output.requires_grad]
     program = Program()
@@ -130,6 +133,7 @@ def record_program(backward: BlockBackward, recorder: OpRecorder, grads: tuple, 
         if producer is not None:
             grad_producers.setdefault(producer, index)
     with recorder.scratch() as (graph, made):
+        owners.rerunning = backward.forward_nodes
         try:
             found = torch.autograd.grad([output for output, _ in roots], backward.inputs, [grad for _, grad in roots],
                                         retain_graph=True, allow_unused=True)
@@ -137,6 +141,8 @@ def record_program(backward: BlockBackward, recorder: OpRecorder, grads: tuple, 
             raise
         except Exception as error:  # (the reference's graph freed, ...): a full capture knows
             raise ReplayRetry(f"its reference's backward could not run again: {error}") from error
+        finally:
+            owners.rerunning = None
         made_by = {node: value for node, value in made}
         for position, value in enumerate(found):
             if value is None:
@@ -165,9 +171,9 @@ def record_program(backward: BlockBackward, recorder: OpRecorder, grads: tuple, 
                         program.sources[used] = ("grad", same) if same is not None else ("fresh", value)
                 elif used in grad_producers:
                     program.sources[used] = ("grad", grad_producers[used])
-                elif used in template_nodes:
+                elif used in backward.forward_nodes:
                     program.sources[used] = ("fwd", used)
-                elif used in externals:
+                elif used in backward.externals:
                     program.sources[used] = ("ext", used)
                 else:
                     raise ReplayRetry("its backward reads a node from outside the block")
@@ -214,15 +220,13 @@ class CopyBackward:
     """One replayed call's backward: its Program copied with its own nodes, when autograd reaches it."""
 
     __slots__ = ("backward", "recorder", "owners", "path", "reference", "copies", "wired", "inputs", "moved",
-                 "template_nodes", "externals", "fresh", "accumulators")
+                 "fresh", "accumulators")
 
     def __init__(self, backward: BlockBackward, recorder: OpRecorder, owners: GradOwners, path: str, reference: str,
-                 template_nodes: set[torch.fx.Node], externals: dict[torch.fx.Node, tuple],
                  inputs: list[torch.Tensor], fresh: Callable[[torch.Tensor], torch.Tensor],
                  moved: Callable[[str, str, str], str]) -> None:
         self.backward, self.recorder, self.owners = backward, recorder, owners
         self.path, self.reference = path, reference
-        self.template_nodes, self.externals = template_nodes, externals
         self.inputs = inputs
         self.fresh, self.moved = fresh, moved
         self.copies: dict[torch.fx.Node, torch.fx.Node] = {}  # the reference's forward node -> this call's
@@ -233,8 +237,7 @@ class CopyBackward:
         key = gradient_key(grads)
         program = self.backward.programs.get(key)
         if program is None:
-            program = self.backward.programs[key] = record_program(self.backward, self.recorder, grads,
-                                                                   self.template_nodes, self.externals)
+            program = self.backward.programs[key] = record_program(self.backward, self.recorder, self.owners, grads)
         recorder = self.recorder
         env: dict[torch.fx.Node, torch.fx.Node] = {}
         results: dict[torch.fx.Node, torch.Tensor] = {}  # a scratch node whose value is a gradient given out -> this call's
@@ -334,7 +337,7 @@ class _Copied(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         copy = ctx.copy
         owners = copy.owners
-        if owners.accumulating is not None:
+        if owners.accumulating is not None or owners.rerunning is not None:
             raise ReplayRetry("a replayed block's backward inside another's")
         return (None, None, *copy.run(grads))
 

@@ -417,8 +417,8 @@ class Replays:
         if why is not None:
             return why
         outside = frozenset(id(node.meta.get("val")) for node, _ in template.externals) | frozenset(template.state.tensors)
-        template.backward = BlockBackward(places, inputs, outputs, deliverers(outputs, first, last),
-                                          {node.name: node for node in template.nodes}, outside)
+        template.backward = BlockBackward(places, inputs, outputs, deliverers(outputs, first, last), template.nodes,
+                                          dict(template.externals), outside)
         return None
 
     def _output_spec(self, value: Any, inside: set[torch.fx.Node], call: CallKey, state: BlockState) -> Any:
@@ -458,8 +458,7 @@ class Replays:
         # of their own in their place, so no op sees one tensor where the full capture has two
         backward = None
         if template.backward is not None:  # made as outputs of the autograd node that copies the block's backward
-            backward = CopyBackward(template.backward, recorder, self._owners, path, template.path, set(template.nodes),
-                                    dict(template.externals),
+            backward = CopyBackward(template.backward, recorder, self._owners, path, template.path,
                                     [resolve(where, call, modules) for where in template.backward.places],
                                     self._fresh, _moved)
             made = self._recorder.unrecorded(self._made_like)
