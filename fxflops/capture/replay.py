@@ -207,7 +207,10 @@ class Replays:
                 if self._verify:
                     return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
-                    return self._replay(template, path, call, state)
+                    inputs = self._gradient_inputs(template, call, state)
+                    if inputs is not None:
+                        return self._replay(template, path, call, state, inputs)
+                return original(*args, **kwargs)
         if self._recording or not self._tracer.available():
             return original(*args, **kwargs)
         if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
@@ -393,9 +396,9 @@ class Replays:
             return str(why)
         made = {id(spec[2]): spec for spec in node_specs(template.output)}
         template.produced = [(spec[1], spec[2]) for spec in made.values()]
-        return self._fill_backward(template, call) if self._owners is not None else None
+        return self._fill_backward(template, inside) if self._owners is not None else None
 
-    def _fill_backward(self, template: Template, call: CallKey) -> str | None:
+    def _fill_backward(self, template: Template, inside: set[torch.fx.Node]) -> str | None:
         """How the reference's backward stands for its copies' (capture.block_backward); or why it cannot."""
         outputs = [like for _, like in template.produced]
         if any(like._is_view() for like in outputs):  # a copy's fresh output is no view: autograd would differ
@@ -407,6 +410,8 @@ class Replays:
                 continue
             if where[0] == "same" or where[-1] == LOCAL or is_sharded(value):
                 return "it reads a tensor that takes gradients and is not its argument nor its own, under a backward"
+            if value.grad_fn is None and any(user not in inside for user in node.users):
+                return "a leaf it reads that takes gradients is read outside it too, under a backward"
             seen.add(id(value))
             places.append(where)
             inputs.append(value)
@@ -450,7 +455,23 @@ class Replays:
 
     # --- a repeat -------------------------------------------------------------------------------------
 
-    def _replay(self, template: Template, path: str, call: CallKey, state: BlockState) -> Any:
+    def _gradient_inputs(self, template: Template, call: CallKey, state: BlockState) -> list[torch.Tensor] | None:
+        """Under a backward, the tensors this call reads from outside that take gradients (none without one);
+        None where a leaf among them was read before: its gradients are summed before autograd accumulates
+        them once, which a copy's accumulation cannot place (the call runs)."""
+        if template.backward is None:
+            return []
+        modules = dict(state.modules)
+        inputs = [resolve(where, call, modules) for where in template.backward.places]
+        for tensor in inputs:
+            if tensor.grad_fn is None:
+                read = self._recorder.producer_of(tensor)
+                if read is not None and read.users:
+                    return None
+        return inputs
+
+    def _replay(self, template: Template, path: str, call: CallKey, state: BlockState,
+                inputs: list[torch.Tensor]) -> Any:
         recorder = self._recorder
         modules = dict(state.modules)
         wired = {node: self._tensor_at(place, node, call, modules) for node, place in template.externals}
@@ -458,8 +479,7 @@ class Replays:
         # of their own in their place, so no op sees one tensor where the full capture has two
         backward = None
         if template.backward is not None:  # made as outputs of the autograd node that copies the block's backward
-            backward = CopyBackward(template.backward, recorder, self._owners, path, template.path,
-                                    [resolve(where, call, modules) for where in template.backward.places],
+            backward = CopyBackward(template.backward, recorder, self._owners, path, template.path, inputs,
                                     self._fresh, _moved)
             made = self._recorder.unrecorded(self._made_like)
             outputs = attached(backward, lambda: [made(like, False) for _, like in template.produced]) \
