@@ -155,6 +155,10 @@ def capture(request: Request) -> Captured:
     replaying = request.replay and not global_hooks_present()
     if not (replaying and request.backward):
         return _capture(request, replaying)
+    if request.prepare is not None:
+        # a parallel plan's capture: its blocks' backward runs (a capture that would have to run again could
+        # not apply the plan a second time: FSDP keeps each module's state in torch's own global table)
+        return _capture(request, replaying, backward_replay=False)
     if verifying():  # a backward's copies checked against a capture that runs every call: that one is returned
         try:
             replayed = _capture(request, True, verify=False)
@@ -167,7 +171,7 @@ def capture(request: Request) -> Captured:
         return _capture(request, False)
 
 
-def _capture(request: Request, replaying: bool, verify: bool | None = None) -> Captured:
+def _capture(request: Request, replaying: bool, verify: bool | None = None, backward_replay: bool = True) -> Captured:
     model = request.model
     sizes = SizeSymbols(request.sizes) if request.sizes is not None else None
     # static_shapes: only the planned axes are symbolic, not those of a stray real tensor the forward meets
@@ -188,7 +192,8 @@ def _capture(request: Request, replaying: bool, verify: bool | None = None) -> C
         args, kwargs = inputs.with_twins(values.twin_input(twins) if values is not None else twins)
         recorder = OpRecorder(tracker, type(model).__name__, run=values.run if values is not None else twins.run,
                               owners=owners)
-        replays = Replays(model, recorder, tracker, mode, owners, verify) if replaying else None
+        replays = Replays(model, recorder, tracker, mode, owners, verify) \
+            if replaying and (backward_replay or owners is None) else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
                 CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes), \
