@@ -28,8 +28,9 @@ the same shapes: the reference's nodes are copied with their module paths moved 
 their inputs wired to this call's tensors, the module calls it made are counted again, and fresh fake
 tensors shaped like the reference's outputs are returned. What cannot be proven is left to the plain
 path: the call runs. With FXFLOPS_VERIFY_REPLAY=1 every call that would be replayed runs as well, and a
-difference from the copy warns (`ReplayMismatch`). Forward-only captures: a backward needs every op to
-have run.
+difference from the copy warns (`ReplayMismatch`). Under a backward the copies' backward ops are copied too
+(`capture.block_backward`): the fresh outputs come out of an autograd node that copies the reference's backward;
+verification then captures twice, with and without replay, and compares every node (`verified_backward`).
 """
 
 from __future__ import annotations
