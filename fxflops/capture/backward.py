@@ -68,8 +68,9 @@ class SequenceRuns:
         return self._owners[thread][index] if index < len(ends) else None
 
 
-def graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
-    """Every autograd node reachable from the roots' grad_fns, each once."""
+def graph_nodes(roots: list[torch.Tensor], stop: Callable[[Any, int], bool] | None = None) -> list[Any]:
+    """Every autograd node reachable from the roots' grad_fns, each once (not past an edge `stop(node, input
+    number)` stops at)."""
     seen: set[int] = set()
     order: list[Any] = []
     stack = [root.grad_fn for root in roots if root.grad_fn is not None]
@@ -79,7 +80,8 @@ def graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
             continue
         seen.add(id(node))
         order.append(node)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
+        stack.extend(child for child, number in node.next_functions
+                     if child is not None and (stop is None or not stop(child, number)))
     return order
 
 

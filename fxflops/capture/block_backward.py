@@ -29,7 +29,16 @@ from typing import Any
 import torch
 from torch.fx.node import map_arg
 
-from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, PHASE, REPLAYED, GradOwners, ReplayRetry
+from fxflops.capture.backward import (
+    AUTOGRAD_NODE,
+    BACKWARD,
+    DIFFERENTIATES,
+    PHASE,
+    REPLAYED,
+    GradOwners,
+    ReplayRetry,
+    graph_nodes,
+)
 from fxflops.capture.recorder import SOURCE, OpRecorder
 
 REPLAY_OF = "fxflops_replay_of"  # (capture.replay's) node.meta key: the node a copy copies
@@ -69,36 +78,19 @@ def refusal(outputs: list[torch.Tensor], inputs: list[torch.Tensor], first: int,
                 return "a tensor it reads from outside has gradient hooks"
         else:
             exits.add((id(tensor.grad_fn), tensor.output_nr))
-    seen: set[int] = set()
-    stack = [output.grad_fn for output in outputs if output.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in graph_nodes(outputs, lambda child, number: (id(child), number) in exits
+                            or id(getattr(child, "variable", None)) in leaves):
         if not (first <= node._sequence_nr() < last) or getattr(node, "variable", None) is not None:
             return "its outputs' gradients reach a tensor from outside it that is not one it read"
         if type(node).__module__ != "builtins" or node.metadata:  # a Python autograd.Function, or tagged
             return f"its backward runs {type(node).__name__}, code a copy cannot key"
-        for child, number in node.next_functions:
-            if child is None or (id(child), number) in exits or id(getattr(child, "variable", None)) in leaves:
-                continue
-            stack.append(child)
     return None
 
 
 def deliverers(outputs: list[torch.Tensor], first: int, last: int) -> dict[int, Any]:
     """The reference's autograd nodes by sequence number (a backward op names the node that ran it)."""
-    found: dict[int, Any] = {}
-    stack = [output.grad_fn for output in outputs if output.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        number = node._sequence_nr()
-        if number in found or not first <= number < last or getattr(node, "variable", None) is not None:
-            continue
-        found[number] = node
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return found
+    return {node._sequence_nr(): node for node in graph_nodes(
+        outputs, lambda child, _: not first <= child._sequence_nr() < last or hasattr(child, "variable"))}
 
 
 class Program:
