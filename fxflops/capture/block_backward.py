@@ -39,6 +39,7 @@ from fxflops.capture.backward import (
     ReplayRetry,
     graph_nodes,
 )
+from fxflops.capture.block_state import size_key
 from fxflops.capture.recorder import SOURCE, OpRecorder
 
 REPLAY_OF = "fxflops_replay_of"  # (capture.replay's) node.meta key: the node a copy copies
@@ -108,8 +109,10 @@ class Program:
 
 
 def gradient_key(grads: tuple) -> tuple:
-    return tuple(None if grad is None else (tuple(grad.shape), grad.stride(), grad.storage_offset(), grad.dtype,
-                                            grad.device, type(grad)) for grad in grads)
+    """What a block's backward program can depend on of its output gradients (symbolic sizes by expression)."""
+    return tuple(None if grad is None else (tuple(map(size_key, grad.shape)), tuple(map(size_key, grad.stride())),
+                                            size_key(grad.storage_offset()), grad.dtype, grad.device, type(grad))
+                 for grad in grads)
 
 
 def record_program(backward: BlockBackward, recorder: OpRecorder, owners: GradOwners, grads: tuple) -> Program:
