@@ -404,6 +404,12 @@ class Replays:
         outputs = [like for _, like in template.produced]
         if any(like._is_view() for like in outputs):  # a copy's fresh output is no view: autograd would differ
             return "an output that is a view, under a backward"
+        if any(like.is_inference() for like in outputs):  # (which autograd refuses to save: a copy's would not be)
+            return "an output made in inference mode, under a backward"
+        if not template.state.modules[0][1]._modules:
+            # a leaf (a Linear): the module holding its weight is often called again (a loop in its parent), whose
+            # gradients autograd sums before one accumulation: the capture would have to run again
+            return "a leaf module, under a backward"
         places, inputs, seen = [], [], set()
         for node, where in template.externals:
             value = node.meta.get("val")
