@@ -253,3 +253,27 @@ def test_the_model_is_left_as_it_was_and_its_grads_untouched():
     assert [(type(m), dict(m.__dict__)) for m in model.modules()] == before
     assert model[1].proj.weight.grad is marker
     assert all(p.grad is None for name, p in model.named_parameters() if name != "1.proj.weight")
+
+
+class InferenceThenTraining(nn.Module):
+    """Every other block runs in inference mode: the next block's input is an inference tensor, which
+    autograd refuses to save (a copy of the first block, given a plain tensor, would hide that)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = _stack(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, block in enumerate(self.blocks):
+            if index % 2:
+                with torch.inference_mode():
+                    x = block(x).clone()
+            else:
+                x = block(x)
+        return x
+
+
+def test_an_inference_tensor_argument_is_keyed_as_one():
+    for replay in (True, False):
+        with pytest.raises(Exception, match="Inference tensors cannot be saved for backward"):
+            _capture(InferenceThenTraining(), (torch.randn(2, 8),), {}, replay)
