@@ -191,6 +191,18 @@ def test_a_checkpointed_block_recomputes_as_a_full_capture(reentrant):
     assert_same_as_full(model, (torch.randn(2, 8, requires_grad=True),))
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_llama_with_gradient_checkpointing(reentrant):
+    # each layer runs under checkpoint: saved-tensor hooks (non-reentrant) or no grad (reentrant) around it,
+    # and again in the backward: every node as a full capture's
+    model, kwargs = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL), use_cache=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same_as_full(model, (), kwargs)
+
+
 def test_blocks_saving_different_tensors_are_not_confused():
     # the same ops forward, but half the layers frozen: their backward computes no weight gradient
     model = _stack(8)
