@@ -125,6 +125,10 @@ class GradOwners:
                 if forward is not None:
                     grad_fn.metadata[OWNER] = forward
 
+    def leaf_owner(self, tensor: torch.Tensor) -> tuple[str, str] | None:
+        """(path, class) of the module holding a parameter; None for another leaf."""
+        return self._leaf_owners.get(id(tensor))
+
     def phase(self) -> str:
         if not self.in_backward:
             return FORWARD

@@ -43,6 +43,7 @@ from fxflops.capture.block_state import size_key
 from fxflops.capture.recorder import SOURCE, OpRecorder
 
 REPLAY_OF = "fxflops_replay_of"  # (capture.replay's) node.meta key: the node a copy copies
+_MISSING = object()
 
 
 class BlockBackward:
@@ -99,13 +100,45 @@ class Program:
     kwargs, meta; args naming the scratch nodes, the reference's nodes or `Grad`/`Fresh` stand-ins), where
     each leaf's accumulation falls, and what each input's gradient is."""
 
-    __slots__ = ("steps", "sources", "results", "first_copies")
+    __slots__ = ("steps", "sources", "results", "first_copies", "accumulations")
 
     def __init__(self) -> None:
         self.steps: list[tuple] = []  # ("op", node, args, kwargs, meta) | ("accumulate", input index)
         self.sources: dict[torch.fx.Node, tuple] = {}  # a node read from outside the run -> ("fwd"|"ext"|"grad"|"fresh", ...)
         self.results: list[tuple] = []  # per input: ("none",) | ("grad", j) | ("node", scratch node, tensor)
         self.first_copies: dict[torch.fx.Node, str] | None = None  # scratch node -> its first copy's name
+        # (input index, the leaf's layout) -> what its AccumulateGrad recorded the first time (Accumulation), or
+        # None where that cannot be copied (it runs every time)
+        self.accumulations: dict[tuple, Accumulation | None] = {}
+
+
+class Accumulation:
+    """The ops a leaf's AccumulateGrad recorded (its gradient copied into a new .grad), to copy for the same leaf
+    at the same place of another copy: the same op on a gradient of the same layout, into a leaf of the same
+    layout whose .grad is None, does the same."""
+
+    __slots__ = ("steps", "grad", "final", "first_module")
+
+    def __init__(self, steps: list[tuple], grad: torch.fx.Node, final: int, first_module: tuple) -> None:
+        self.steps = steps  # (node, args, kwargs, meta)
+        self.grad = grad  # the node of the gradient it was given
+        self.final = final  # id of the tensor it left in .grad (one of the steps' values)
+        self.first_module = first_module
+
+    @staticmethod
+    def of(nodes: list[torch.fx.Node], grad: torch.fx.Node | None, final: Any) -> Accumulation | None:
+        inside = set(nodes)
+        values = set()
+        for node in nodes:
+            value = node.meta.get("val")
+            if node.op != "call_function" or not isinstance(value, torch.Tensor) \
+                    or any(used not in inside and used is not grad for used in node.all_input_nodes):
+                return None
+            values.add(id(value))
+        if grad is None or not nodes or id(final) not in values:
+            return None
+        return Accumulation([(node, node.args, node.kwargs, dict(node.meta)) for node in nodes], grad, id(final),
+                            nodes[0].meta.get("fxflops_module"))
 
 
 def gradient_key(grads: tuple) -> tuple:
@@ -306,14 +339,43 @@ class CopyBackward:
             return False
         if leaf.grad is not None:  # a second part: a full capture sums the parts before accumulating once
             raise ReplayRetry("a leaf a replayed block reads takes gradients from elsewhere too")
-        owners = self.owners
-        owners.accumulating = leaf
-        try:
-            self.accumulators[index](results[program.results[index][1]])
-        finally:
-            owners.accumulating = None
+        owners, recorder = self.owners, self.recorder
+        grad = results[program.results[index][1]]
+        owner = owners.leaf_owner(leaf)
+        key = (index, tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.layout, type(leaf))
+        done = program.accumulations.get(key, _MISSING)
+        if done is not _MISSING and done is not None and owner is not None:
+            self._copy_accumulation(done, leaf, grad, owner)
+        else:
+            mark = recorder.last_node()
+            owners.accumulating = leaf
+            try:
+                self.accumulators[index](grad)
+            finally:
+                owners.accumulating = None
+            if done is _MISSING:
+                program.accumulations[key] = Accumulation.of(recorder.nodes_after(mark), recorder.producer_of(grad),
+                                                             leaf.grad) if owner is not None else None
         owners.accumulated.add(id(leaf))
         return True
+
+    def _copy_accumulation(self, done: Accumulation, leaf: torch.Tensor, grad: torch.Tensor, owner: tuple) -> None:
+        """What the leaf's AccumulateGrad would record, copied from the first one's (its module the leaf's own)."""
+        recorder = self.recorder
+        env = {done.grad: recorder.producer_of(grad)}
+        fresh: dict[int, torch.Tensor] = {}
+        for node, args, kwargs, meta in done.steps:
+            meta = dict(meta)
+            value = meta["val"]
+            made = fresh.get(id(value))
+            if made is None:
+                made = fresh[id(value)] = self.fresh(value)
+            meta["val"] = made
+            meta["fxflops_module"] = (owner[0], owner[1] or done.first_module[1])
+            copy = recorder.copy_node(node, map_arg(args, env.__getitem__), map_arg(kwargs, env.__getitem__), meta)
+            env[node] = copy
+            recorder.produced(made, copy)
+        leaf.grad = fresh[done.final]
 
 
 class _Copied(torch.autograd.Function):
