@@ -44,18 +44,22 @@ def main() -> None:
     model = build(options.layers)
     kwargs = {"input_ids": torch.zeros(1, options.seq, dtype=torch.long), "use_cache": False}
     timed(model, kwargs, True)  # warm: imports, rule table, kernels
-    rows = {True: [], False: []}
+    rows: dict = {True: [], False: []}
     totals = {}
     for _ in range(options.rounds):
         for replay in (True, False):
             cpu, wall, est = timed(model, kwargs, replay)
             rows[replay].append((cpu, wall))
             totals[replay] = (est.total_flops, est.fwd_flops, est.bwd_flops, len(est.nodes))
+            rows[replay, "nodes"] = [(c.name, c.op, c.status, c.module, c.macs, c.flops, c.bytes, c.source, c.phase,
+                                      c.differentiates, c.input_shapes, c.output_shapes) for c in est.nodes]
     for replay in (True, False):
         cpu = min(c for c, _ in rows[replay])
         wall = min(w for _, w in rows[replay])
         print(f"replay={replay!s:5}  cpu min {cpu:.2f} s  wall min {wall:.2f} s  all cpu {[round(c, 2) for c, _ in rows[replay]]}")
     print("totals (total, forward, backward FLOPs, nodes):", totals[True], "equal" if totals[True] == totals[False] else f"DIFFER {totals[False]}")
+    print("every node's cost row (name, op, module, MACs, FLOPs, bytes, source, phase, forward op, shapes):",
+          "equal" if rows[True, "nodes"] == rows[False, "nodes"] else "DIFFER")
 
 
 if __name__ == "__main__":

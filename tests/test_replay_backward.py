@@ -25,7 +25,7 @@ def _capture(model: nn.Module, args: tuple, kwargs: dict, replay: bool, loss=Non
     counting = Counting.prepare("deepspeed", None, None, "dense")
     captured = counting.capture(model, args, kwargs, "eager", replay=replay, backward=True, loss=loss)
     rows = [(c.name, c.op, c.status, c.rule, c.module, c.module_type, c.macs, c.flops, c.bytes, c.source,
-             c.input_shapes, c.output_shapes) for c in counting.count(captured)]
+             c.input_shapes, c.output_shapes, c.phase, c.differentiates) for c in counting.count(captured)]
     graph = captured.graph_module.graph
     copied = sum(REPLAY_OF in node.meta and node.meta.get(PHASE) == BACKWARD for node in graph.nodes)
     return rows, node_rows(graph), dict(captured.module_calls), copied
