@@ -22,6 +22,7 @@ one mode or differs is a finding. Each model runs in a worker process with a per
     nice -n 10 python benchmarks/replay_architectures.py                 # writes results/replay_architectures.md
     python benchmarks/replay_architectures.py --only llama,resnet18 --output ''   # quick look
     python benchmarks/replay_architectures.py --hostile only --output benchmarks/results/replay_hostile.md
+    python benchmarks/replay_architectures.py --backward ...   # training captures: the backward's replay too
 """
 
 from __future__ import annotations
@@ -56,14 +57,21 @@ SEQ = 12
 # ---------------------------------------------------------------- the worker side
 
 
+BACKWARD_ENV = "REPLAY_SWEEP_BACKWARD"  # set by --backward: every capture records the backward too (training)
+
+
 def _rows(model: Any, args: tuple, kwargs: dict, replay: bool) -> tuple:
     from fxflops.api import Counting
-    from fxflops.capture.replay import REPLAY_OF
+    from fxflops.capture.replay import REPLAY_OF, node_rows
 
+    backward = os.environ.get(BACKWARD_ENV) == "1"
     counting = Counting.prepare("deepspeed", None, None, "dense")
-    captured = counting.capture(model, args, kwargs, "eager", replay=replay)
+    captured = counting.capture(model, args, kwargs, "eager", replay=replay, backward=backward)
     copied = sum(REPLAY_OF in node.meta for node in captured.graph_module.graph.nodes)
-    return cost_rows(counting, captured), dict(captured.module_calls), list(captured.cautions), copied
+    rows = cost_rows(counting, captured)
+    if backward:  # and every node as it is (phase, the forward op a backward op differentiates, strides, inputs)
+        rows += node_rows(captured.graph_module.graph)
+    return rows, dict(captured.module_calls), list(captured.cautions), copied
 
 
 def cost_rows(counting: Any, captured: Any) -> list[tuple]:
@@ -109,6 +117,11 @@ def _verified(model: Any, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
 
     from fxflops.capture.replay import VERIFY_ENV, ReplayMismatch
 
+    if os.environ.get(BACKWARD_ENV) == "1":
+        # a training capture's verification captures twice (with and without replay), which a model keeping
+        # state between calls (a counter) sees differ; replay=True against replay=False, each from the same
+        # state, is the same comparison
+        return None, []
     os.environ[VERIFY_ENV] = "1"
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -126,6 +139,8 @@ def _verdict(replayed: Any, full: Any, verified: tuple[Any, list[str]]) -> dict:
     if difference:
         return {"verdict": "finding", "detail": difference, "copied": replayed[3]}
     rows, mismatches = verified
+    if rows is None:  # (not verified: a training capture's verification is replay against full itself)
+        return {"verdict": "identical", "copied": replayed[3], "nodes": len(full[0])}
     if isinstance(rows, str) or _first_difference(rows, full) or mismatches:
         detail = rows if isinstance(rows, str) else _first_difference(rows, full) or mismatches[0]
         return {"verdict": "finding", "detail": f"verification: {detail}", "copied": replayed[3]}
@@ -514,7 +529,11 @@ def main() -> None:
     parser = sweep_parser(__doc__, "replay_architectures", workers=2, budget=22 * 60, timeout_help="seconds per model")
     parser.add_argument("--hostile", choices=("with", "only", "none"), default="with",
                         help="the generated hostile models: beside the architectures (default), alone, or not")
+    parser.add_argument("--backward", action="store_true",
+                        help="training captures (backward=True): replay of the blocks' backward checked too")
     options = parser.parse_args()
+    if options.backward:
+        os.environ[BACKWARD_ENV] = "1"  # (the workers inherit it)
     start = time.monotonic()
     jobs = [] if options.hostile == "only" else selected_jobs(options.only)
     if options.hostile != "none":

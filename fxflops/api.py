@@ -162,7 +162,7 @@ def estimate(
     to pick: "balanced" (default), "worst", or per-expert token counts; the cautions say which was used.
 
     `replay=False` runs every call of a repeated block; by default a call that provably runs the
-    program an earlier call of its kind ran is copied from it instead (the eager method, forward only;
+    program an earlier call of its kind ran is copied from it instead, its backward too (the eager method;
     FXFLOPS_VERIFY_REPLAY=1 in the environment runs those calls too and warns at any difference).
     """
     if loss is not None and not backward:
@@ -199,7 +199,8 @@ def estimate(
         count = functools.partial(_estimate, model, args, kwargs, method, conventions, rules, leaf_modules, backward,
                                   loss, optimizer, progress, attention, strict,
                                   routing="balanced" if routing is None else routing)
-        # replay of repeated blocks as without a plan (forward only): a block carrying tensor parallelism's
+        # replay of repeated blocks as without a plan (the rank's forward; the unsharded capture's backward too): a
+        # block carrying tensor parallelism's
         # hooks and DTensor parameters is keyed with them (capture.block_hooks), one carrying FSDP's runs.
         # Not under memory=: a copied block's values share the reference's fake storages, which the memory
         # timeline (by storage) reads as one longer life. memory= only for the whole rank (whole_memory):

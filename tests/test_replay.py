@@ -336,11 +336,13 @@ def test_a_users_global_hook_sees_every_call_and_nothing_is_replayed():
     assert seen.count("Linear") == 4
 
 
-def test_a_training_count_runs_every_call():
+def test_a_training_count_copies_layers_backward_too():
+    # (every node equal to replay=False: tests/test_replay_backward.py)
     model, kwargs = _decoder(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL), use_cache=False)
     counting = Counting.prepare("deepspeed", None, None)
     captured = counting.capture(model, (), kwargs, "eager", backward=True)
-    assert not any(REPLAY_OF in node.meta for node in captured.graph_module.graph.nodes)
+    assert any(REPLAY_OF in node.meta and node.meta.get("fxflops_phase") == "backward"
+               for node in captured.graph_module.graph.nodes)
 
 
 def test_a_memory_estimate_runs_every_call_and_its_peak_is_that_of_no_replay():

@@ -26,12 +26,19 @@ from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import BACKWARD, FORWARD, PHASE, RECOMPUTE
 
-__all__ = ["AUTOGRAD_NODE", "BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "GradOwners",
-           "NothingToDifferentiateWarning", "SequenceRuns", "backward_roots", "cleared_grads", "differentiate",
+__all__ = ["AUTOGRAD_NODE", "BACKWARD", "DIFFERENTIATES", "FORWARD", "PHASE", "RECOMPUTE", "REPLAYED", "GradOwners",
+           "NothingToDifferentiateWarning", "ReplayRetry", "SequenceRuns", "backward_roots", "cleared_grads", "differentiate",
            "graph_nodes", "ones_like_each", "parameter_owners", "restore_grads", "run_backward"]
 DIFFERENTIATES = "fxflops_differentiates"  # node.meta key of a backward op: the forward node's name
 AUTOGRAD_NODE = "fxflops_autograd_node"  # node.meta key of a backward op: (class, sequence nr) of the autograd node running it
 OWNER = "fxflops_forward_node"  # autograd node.metadata key: the recorded forward node that created it
+REPLAYED = "fxflops_replayed_block"  # autograd node.metadata key: the node standing for a replayed block's backward
+ACCUMULATE = ("AccumulateGrad", 2 ** 64 - 1)  # AUTOGRAD_NODE of a leaf's gradient accumulation (autograd's own)
+
+
+class ReplayRetry(Exception):
+    """A replayed block's backward met what its copy cannot place as a full capture would (a gradient
+    accumulated into a tensor shared with other calls): the capture runs again, every call run."""
 
 Loss = Callable[[Any], torch.Tensor]
 
@@ -61,8 +68,9 @@ class SequenceRuns:
         return self._owners[thread][index] if index < len(ends) else None
 
 
-def graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
-    """Every autograd node reachable from the roots' grad_fns, each once."""
+def graph_nodes(roots: list[torch.Tensor], stop: Callable[[Any, int], bool] | None = None) -> list[Any]:
+    """Every autograd node reachable from the roots' grad_fns, each once (not past an edge `stop(node, input
+    number)` stops at)."""
     seen: set[int] = set()
     order: list[Any] = []
     stack = [root.grad_fn for root in roots if root.grad_fn is not None]
@@ -72,7 +80,8 @@ def graph_nodes(roots: list[torch.Tensor]) -> list[Any]:
             continue
         seen.add(id(node))
         order.append(node)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
+        stack.extend(child for child, number in node.next_functions
+                     if child is not None and (stop is None or not stop(child, number)))
     return order
 
 
@@ -92,6 +101,13 @@ class GradOwners:
         self._leaf_owners = leaf_owners or {}  # id(parameter) -> (module path, class name)
         self._runs = SequenceRuns()
         self.seeds: list[torch.Tensor] = []  # the gradients the backward started from (memory reads their lifetime)
+        # a replayed block's backward (capture.block_backward) accumulating a leaf's gradient itself: the leaf,
+        # whose module its ops belong to as autograd's AccumulateGrad's would
+        self.accumulating: torch.Tensor | None = None
+        self.accumulated: set[int] = set()  # ids of the leaves accumulated so: autograd may not accumulate them too
+        # while a replayed block's reference runs its backward once more to be copied: its forward nodes (an op
+        # of any other is autograd running past the block: a tensor it reads is reached another way too)
+        self.rerunning: set[torch.fx.Node] | None = None
 
     def start(self) -> None:
         """Called before the forward: numbers handed out earlier belong to no recorded op."""
@@ -109,28 +125,46 @@ class GradOwners:
                 if forward is not None:
                     grad_fn.metadata[OWNER] = forward
 
+    def leaf_owner(self, tensor: torch.Tensor) -> tuple[str, str] | None:
+        """(path, class) of the module holding a parameter; None for another leaf."""
+        return self._leaf_owners.get(id(tensor))
+
     def phase(self) -> str:
         if not self.in_backward:
             return FORWARD
         return RECOMPUTE if torch.is_grad_enabled() else BACKWARD
 
-    @staticmethod
-    def running() -> tuple[str, int] | None:
+    def running(self) -> tuple[str, int] | None:
         """The autograd node executing now, as (class name, sequence number); None outside one. One recorded
         forward op can make several autograd nodes, each freeing what it holds when it returns (memory)."""
+        if self.accumulating is not None:
+            return ACCUMULATE
         grad_fn = torch._C._current_autograd_node()
         return None if grad_fn is None else (type(grad_fn).__name__, grad_fn._sequence_nr())
 
     def differentiated(self) -> torch.fx.Node | tuple[str, str] | None:
         """The recorded forward node whose autograd node is executing now; for a gradient being
         accumulated into a parameter, the module that owns it; None when neither is known."""
+        if self.accumulating is not None:
+            return self._leaf_owners.get(id(self.accumulating))
+        forward = self._differentiated()
+        if self.rerunning is not None and forward not in self.rerunning:
+            raise ReplayRetry("a replayed block's backward reaches past the block")
+        return forward
+
+    def _differentiated(self) -> torch.fx.Node | tuple[str, str] | None:
         grad_fn = torch._C._current_autograd_node()
         if grad_fn is None:
             return None
         variable = getattr(grad_fn, "variable", None)  # AccumulateGrad: numbered past every forward op
         if variable is not None:
+            if id(variable) in self.accumulated:  # a full capture would have summed both before one accumulation
+                raise ReplayRetry("a leaf's gradient accumulated by a replayed block and by autograd")
             return self._leaf_owners.get(id(variable))
-        forward = grad_fn.metadata.get(OWNER)
+        metadata = grad_fn.metadata
+        if REPLAYED in metadata:  # an op on a replayed block's gradients (summed into a tensor used elsewhere too)
+            raise ReplayRetry("an op on a replayed block's gradient outside its copy")
+        forward = metadata.get(OWNER)
         if forward is not None:
             return forward
         # made during the backward (a recomputed forward's), on the thread that now runs it

@@ -66,7 +66,9 @@ def tensor_key(tensor: torch.Tensor) -> tuple:
                   size_key(tensor.storage_offset()))
     else:
         layout = (tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
-    return (kind, layout, tensor.dtype, tensor.device, tensor.requires_grad, tensor.is_conj(), tensor.is_neg())
+    # (an inference tensor: autograd refuses to save it, and an in-place op on it outside inference mode fails)
+    return (kind, layout, tensor.dtype, tensor.device, tensor.requires_grad, tensor.is_conj(), tensor.is_neg(),
+            tensor.is_inference())
 
 
 class CallKey:

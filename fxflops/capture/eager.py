@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import UninitializedTensorMixin
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
-from fxflops.capture.backward import GradOwners, differentiate, parameter_owners
+from fxflops.capture.backward import GradOwners, ReplayRetry, differentiate, parameter_owners
 from fxflops.capture.model_state import record_model_state
 from fxflops.capture.dynamic import SizeSymbols
 from fxflops.capture.flex import flex_runs_eagerly
@@ -39,7 +39,7 @@ from fxflops.capture.symbolic_cache import CacheHits
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
-from fxflops.capture.replay import Replays
+from fxflops.capture.replay import Replays, verified_backward, verifying
 from fxflops.capture.request import Request
 from fxflops.capture.tensor_walk import iter_tensors, map_tensors, tensors_in
 from fxflops.capture.module_walk import unique_modules
@@ -157,6 +157,26 @@ def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.devi
 
 
 def capture(request: Request) -> Captured:
+    replaying = request.replay and not global_hooks_present()
+    if not (replaying and request.backward):
+        return _capture(request, replaying)
+    if request.prepare is not None:
+        # a parallel plan's capture: its blocks' backward runs (a capture that would have to run again could
+        # not apply the plan a second time: FSDP keeps each module's state in torch's own global table)
+        return _capture(request, replaying, backward_replay=False)
+    if verifying():  # a backward's copies checked against a capture that runs every call: that one is returned
+        try:
+            replayed = _capture(request, True, verify=False)
+        except ReplayRetry:  # (nothing to check: the capture would run again without replay)
+            return _capture(request, False)
+        return verified_backward(replayed, _capture(request, False))
+    try:
+        return _capture(request, True)
+    except ReplayRetry:  # a replayed block's backward met what only a full capture places right
+        return _capture(request, False)
+
+
+def _capture(request: Request, replaying: bool, verify: bool | None = None, backward_replay: bool = True) -> Captured:
     model = request.model
     sizes = SizeSymbols(request.sizes) if request.sizes is not None else None
     # static_shapes: only the planned axes are symbolic, not those of a stray real tensor the forward meets
@@ -164,8 +184,7 @@ def capture(request: Request) -> Captured:
                           static_shapes=True if sizes else None)
     twins = FakeTwins(mode, _target_device(model, request.args, request.kwargs), _symbolic_shapes(request, sizes))
     inputs = Reach((request.args, request.kwargs))
-    # a user's global module hook must see every module call, and a backward every op run
-    replaying = request.replay and not request.backward and not global_hooks_present()
+    # (a user's global module hook must see every module call: no replay then)
     with isolated(model, inputs) as modules, _quiet_about_symbolic_args(sizes is not None):
         if request.prepare is not None:
             _prepared(model, modules, request.prepare, twins)
@@ -180,7 +199,8 @@ def capture(request: Request) -> Captured:
         args, kwargs = inputs.with_twins(values.twin_input(twins) if values is not None else twins)
         recorder = OpRecorder(tracker, type(model).__name__, run=values.run if values is not None else twins.run,
                               owners=owners)
-        replays = Replays(model, recorder, tracker, mode) if replaying else None
+        replays = Replays(model, recorder, tracker, mode, owners, verify) \
+            if replaying and (backward_replay or owners is None) else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
                 CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes), \

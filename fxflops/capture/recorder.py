@@ -6,13 +6,14 @@ Shared by the eager method (fake tensors) and the trace method (real tensors, ke
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import linecache
 import operator
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -68,11 +69,17 @@ class OpRecorder(TorchDispatchMode):
         self._producers: Any = _ProducersById() if keep is None else WeakIdKeyDictionary()
         self._names: dict[Any, str] = {}
         self._inputs = 0
+        self._scratch_inputs: list[tuple[torch.fx.Node, Any]] | None = None  # (scratch) placeholders made there
         self.inside_opaque = 0  # > 0 while a function recorded as one op runs its decomposition
         self.cautions: list[str] = []  # what the recorded ops do differently from one run (torch.cond)
         self._branches: list[tuple[int, int]] = []  # the torch.cond branches running now, outermost first
         self._conds = 0
         self._sharded = False  # whether DTensor ops ran (then its sharding propagation's own ops are skipped)
+        # (capture.replay under a backward) while a reference records: whether an op ran under saved-tensor hooks
+        # (activation checkpointing, offloading), or the forward touched autograd's graph (a tensor hook, retain_grad,
+        # grad_fn), both of which make its backward run code a copy cannot prove the same
+        self.watching_autograd = False
+        self.autograd_touched = False
 
     supports_higher_order_operators = True  # torch.cond reaches __torch_dispatch__ (the others are refused)
 
@@ -154,6 +161,8 @@ class OpRecorder(TorchDispatchMode):
             path, type_name = self.tracker.current()
             meta["fxflops_module"] = (path, type_name or self._root_type)
             meta[SOURCE] = user_frame()
+        if self.watching_autograd and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+            self.autograd_touched = True
         if self.owners is not None:
             meta[PHASE] = phase
             if phase != FORWARD:
@@ -202,6 +211,8 @@ class OpRecorder(TorchDispatchMode):
             producer = self.graph.create_node("placeholder", name, name=name)
             producer.meta["val"] = (keep or self._keep)(value)
             self._inputs += 1
+            if self._scratch_inputs is not None:
+                self._scratch_inputs.append((producer, value))
             self._producers[value] = producer
         return producer
 
@@ -211,7 +222,22 @@ class OpRecorder(TorchDispatchMode):
     def recording_plainly(self) -> bool:
         """Whether ops now recorded are the model's forward ops, one node each (not inside an op recorded
         whole, a torch.cond branch or a backward): only then may a block's nodes stand for its run."""
-        return not self.inside_opaque and not self._branches and self.owners is None
+        return not self.inside_opaque and not self._branches and (self.owners is None or not self.owners.in_backward)
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[tuple[torch.fx.Graph, list[tuple[torch.fx.Node, Any]]]]:
+        """Ops recorded into a graph of their own (a replayed block's backward run once to be copied:
+        capture.block_backward), reading the main graph's nodes: the main graph, its placeholder numbering
+        and which node produced each tensor are as before afterwards. Yields the graph and the placeholders
+        made in it with their tensors."""
+        graph, inputs, producers = self.graph, self._inputs, self._producers
+        made: list[tuple[torch.fx.Node, Any]] = []
+        self.graph, self._scratch_inputs = torch.fx.Graph(), made
+        self._producers = producers.copy()
+        try:
+            yield self.graph, made
+        finally:
+            self.graph, self._inputs, self._producers, self._scratch_inputs = graph, inputs, producers, None
 
     def last_node(self) -> torch.fx.Node | None:
         last = self.graph._root.prev
@@ -302,6 +328,11 @@ class _ProducersById:
     def __setitem__(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         self._by_id[id(tensor)] = (tensor, node)
 
+    def copy(self) -> _ProducersById:
+        copied = _ProducersById()
+        copied._by_id = dict(self._by_id)
+        return copied
+
 
 def lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     """A GraphModule that generates its Python code only if someone calls it: counting never does,
@@ -356,6 +387,8 @@ class CompositeOps(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self._recorder.watching_autograd and _touches_autograd(func):
+            self._recorder.autograd_touched = True
         if func in FLEX_HOPS and not self._recorder.inside_opaque:  # one node per call (fxflops.capture.flex)
             return self._whole(func, args, kwargs)
         overloads = self._composites.get(func)
@@ -380,6 +413,16 @@ class CompositeOps(TorchFunctionMode):
         if torch._C._is_any_autocast_enabled():  # its operands, as given, are cast as it runs (kernel_checks)
             self._recorder.last_node().meta[AUTOCAST] = True
         return out
+
+
+_AUTOGRAD_METHODS = frozenset(("register_hook", "retain_grad", "register_post_accumulate_grad_hook"))
+_GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"]
+
+
+def _touches_autograd(func: Any) -> bool:
+    """Whether a tensor method registers code for the backward or reaches its graph (a hook, retain_grad,
+    grad_fn: the graph's nodes take hooks of their own)."""
+    return getattr(func, "__name__", None) in _AUTOGRAD_METHODS or getattr(func, "__self__", None) is _GRAD_FN
 
 
 def _under_function_transform() -> bool:

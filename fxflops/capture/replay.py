@@ -28,8 +28,9 @@ the same shapes: the reference's nodes are copied with their module paths moved 
 their inputs wired to this call's tensors, the module calls it made are counted again, and fresh fake
 tensors shaped like the reference's outputs are returned. What cannot be proven is left to the plain
 path: the call runs. With FXFLOPS_VERIFY_REPLAY=1 every call that would be replayed runs as well, and a
-difference from the copy warns (`ReplayMismatch`). Forward-only captures: a backward needs every op to
-have run.
+difference from the copy warns (`ReplayMismatch`). Under a backward the copies' backward ops are copied too
+(`capture.block_backward`): the fresh outputs come out of an autograd node that copies the reference's backward;
+verification then captures twice, with and without replay, and compares every node (`verified_backward`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from torch.fx.node import map_arg
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.block_hooks import SHARDED, is_sharded, local_of
+from fxflops.capture.backward import DIFFERENTIATES, PHASE, GradOwners
+from fxflops.capture.block_backward import REPLAY_OF, BlockBackward, CopyBackward, attached, deliverers, refusal
+from fxflops.capture.block_hooks import LOCAL, SHARDED, is_sharded, local_of
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
 from fxflops.capture.block_reads import ReadLog, Tracer
 from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Keyer, Unsupported, structure_ids
@@ -56,7 +59,6 @@ from fxflops.capture.input_values import reads_values
 from fxflops.capture.module_walk import unique_modules
 from fxflops.capture.recorder import SOURCE, OpRecorder, user_frame
 
-REPLAY_OF = "fxflops_replay_of"  # node.meta key: the name of the reference node a replayed node copies
 _MAX_TEMPLATES = 4  # programs kept per (structure, arguments); a block whose every call differs stops trying
 _MAX_UNMATCHED = 2  # blocks recorded at their first call and not yet matched, beyond which first calls only run
 _MAX_OUTSIDE = 4096  # globals and namespace entries a reference may read and still be replayed
@@ -68,7 +70,7 @@ class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "log", "outside", "plan")
+                 "log", "outside", "plan", "backward", "sequence")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -85,6 +87,8 @@ class Template:
         self.produced: list[tuple[torch.fx.Node, torch.Tensor]] = []
         self.calls: list[tuple[Any, int]] = []
         self.plan: list[tuple] | None = None  # (Replays._plan) how to copy each node, made at the first copy
+        self.backward: BlockBackward | None = None  # under a backward: how its copies' backward is copied
+        self.sequence = (0, 0)  # the autograd sequence numbers its forward handed out (first, past the last)
 
     def matches(self, state: BlockState) -> bool:
         mine, theirs = self.state.entries, state.entries
@@ -115,8 +119,9 @@ class Replays:
     """Wraps each module's forward (in its instance dict, which `isolation` restores) to replay repeats."""
 
     def __init__(self, model: torch.nn.Module, recorder: OpRecorder, tracker: ModuleTracker,
-                 mode: FakeTensorMode) -> None:
+                 mode: FakeTensorMode, owners: GradOwners | None = None, verify: bool | None = None) -> None:
         self._recorder = recorder
+        self._owners = owners  # under a backward: copies' backward ops are copied too (capture.block_backward)
         self._tracker = tracker
         self._mode = mode
         modules = [module for _, module in unique_modules(model)]
@@ -130,10 +135,12 @@ class Replays:
         self._torch_classes: dict[type, bool] = {}
         self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
+        self._references = 0  # > 0 while any reference runs (under a backward, blocks inside it run: its autograd
+        # graph must be torch's own, capture.block_backward)
         self._given_up: set[tuple] = set()
         # structure -> the templates of a block recorded at its first call of a kind, until one is matched
         self._unmatched: dict[int, list[Template]] = {}
-        self._verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
+        self._verify = verifying() if verify is None else verify
         self.mismatches: list[str] = []  # with verification on: each call whose replay would have differed
 
     def install(self) -> None:
@@ -157,7 +164,8 @@ class Replays:
     # --- a call ------------------------------------------------------------------------------------
 
     def _call(self, module: torch.nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if not self._recorder.recording_plainly:
+        if not self._recorder.recording_plainly or self._owners is not None and (self._references
+                                                                                 or saved_tensor_hooks()):
             return original(*args, **kwargs)
         calls = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
         path = self._tracker.name_of(module)
@@ -200,7 +208,10 @@ class Replays:
                 if self._verify:
                     return self._verified(template, original, path, args, kwargs)
                 with torch._C.DisableTorchFunction():
-                    return self._replay(template, path, call, state)
+                    inputs = self._gradient_inputs(template, call, state)
+                    if inputs is not None:
+                        return self._replay(template, path, call, state, inputs)
+                return original(*args, **kwargs)
         if self._recording or not self._tracer.available():
             return original(*args, **kwargs)
         if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
@@ -219,13 +230,24 @@ class Replays:
         wholes, cautions = len(tracker.whole_calls), len(recorder.cautions)
         exclusive = not templates  # the first of its kind: its parts wait (see _call); a second one may not repeat
         self._recording += exclusive
+        backward = self._owners is not None
+        if backward:
+            watching, touched = recorder.watching_autograd, recorder.autograd_touched
+            recorder.watching_autograd, recorder.autograd_touched = True, False
+        first = torch.autograd._get_sequence_nr()
+        self._references += 1
         self._tracer.start()
         try:
             out = original(*args, **kwargs)
         finally:
             log = self._tracer.stop()
             self._recording -= exclusive
+            self._references -= 1
+            if backward:
+                touched, recorder.autograd_touched = recorder.autograd_touched, touched or recorder.autograd_touched
+                recorder.watching_autograd = watching
         template = Template(state, path, site)
+        template.sequence = (first, torch.autograd._get_sequence_nr())
         templates.append(template)
         with torch._C.DisableTorchFunction():
             template.log = log
@@ -238,6 +260,8 @@ class Replays:
                 pass
             elif len(tracker.whole_calls) != wholes or len(recorder.cautions) != cautions:
                 template.refused = "a module counted whole, or torch.cond, ran in it"
+            elif backward and touched:
+                template.refused = "its forward ran under saved-tensor hooks, or reached autograd's graph"
             else:
                 template.refused = self._fill(template, module, call, recorder.nodes_after(mark), out,
                                               args, kwargs)
@@ -373,6 +397,40 @@ class Replays:
             return str(why)
         made = {id(spec[2]): spec for spec in node_specs(template.output)}
         template.produced = [(spec[1], spec[2]) for spec in made.values()]
+        return self._fill_backward(template, inside) if self._owners is not None else None
+
+    def _fill_backward(self, template: Template, inside: set[torch.fx.Node]) -> str | None:
+        """How the reference's backward stands for its copies' (capture.block_backward); or why it cannot."""
+        outputs = [like for _, like in template.produced]
+        if any(like._is_view() for like in outputs):  # a copy's fresh output is no view: autograd would differ
+            return "an output that is a view, under a backward"
+        if any(like.is_inference() for like in outputs):  # (which autograd refuses to save: a copy's would not be)
+            return "an output made in inference mode, under a backward"
+        if not template.state.modules[0][1]._modules:
+            # a leaf (a Linear): the module holding its weight is often called again (a loop in its parent), whose
+            # gradients autograd sums before one accumulation: the capture would have to run again
+            return "a leaf module, under a backward"
+        places, inputs, seen = [], [], set()
+        for node, where in template.externals:
+            value = node.meta.get("val")
+            if not isinstance(value, torch.Tensor) or not value.requires_grad or id(value) in seen:
+                continue
+            if where[0] == "same" or where[-1] == LOCAL or is_sharded(value):
+                return "it reads a tensor that takes gradients and is not its argument nor its own, under a backward"
+            if value.grad_fn is None and any(user not in inside for user in node.users):
+                return "a leaf it reads that takes gradients is read outside it too, under a backward"
+            seen.add(id(value))
+            places.append(where)
+            inputs.append(value)
+        if any(kind[0] == SHARDED for kind in _specs(template.output)):
+            return "a sharded output, under a backward"
+        first, last = template.sequence
+        why = refusal(outputs, inputs, first, last)
+        if why is not None:
+            return why
+        outside = frozenset(id(node.meta.get("val")) for node, _ in template.externals) | frozenset(template.state.tensors)
+        template.backward = BlockBackward(places, inputs, outputs, deliverers(outputs, first, last), template.nodes,
+                                          dict(template.externals), outside)
         return None
 
     def _output_spec(self, value: Any, inside: set[torch.fx.Node], call: CallKey, state: BlockState) -> Any:
@@ -404,13 +462,38 @@ class Replays:
 
     # --- a repeat -------------------------------------------------------------------------------------
 
-    def _replay(self, template: Template, path: str, call: CallKey, state: BlockState) -> Any:
+    def _gradient_inputs(self, template: Template, call: CallKey, state: BlockState) -> list[torch.Tensor] | None:
+        """Under a backward, the tensors this call reads from outside that take gradients (none without one);
+        None where a leaf among them was read before: its gradients are summed before autograd accumulates
+        them once, which a copy's accumulation cannot place (the call runs)."""
+        if template.backward is None:
+            return []
+        modules = dict(state.modules)
+        inputs = [resolve(where, call, modules) for where in template.backward.places]
+        for tensor in inputs:
+            if tensor.grad_fn is None:
+                read = self._recorder.producer_of(tensor)
+                if read is not None and read.users:
+                    return None
+        return inputs
+
+    def _replay(self, template: Template, path: str, call: CallKey, state: BlockState,
+                inputs: list[torch.Tensor]) -> Any:
         recorder = self._recorder
         modules = dict(state.modules)
         wired = {node: self._tensor_at(place, node, call, modules) for node, place in template.externals}
         # the reference's outputs live on in its caller (as this call's input, say): the copies get tensors
         # of their own in their place, so no op sees one tensor where the full capture has two
-        fresh = {id(like): self._fresh(like) for _, like in template.produced}
+        backward = None
+        if template.backward is not None:  # made as outputs of the autograd node that copies the block's backward
+            backward = CopyBackward(template.backward, recorder, self._owners, path, template.path, inputs,
+                                    self._fresh, _moved)
+            made = self._recorder.unrecorded(self._made_like)
+            outputs = attached(backward, lambda: [made(like, False) for _, like in template.produced]) \
+                if template.produced else []
+            fresh = {id(like): out for (_, like), out in zip(template.produced, outputs)}
+        else:
+            fresh = {id(like): self._fresh(like) for _, like in template.produced}
         copies: dict[torch.fx.Node, torch.fx.Node] = {}
         site = user_frame()
         modules_moved: dict[str, tuple[str, str]] = {}  # a reference node's module -> this call's
@@ -435,6 +518,12 @@ class Replays:
             copies[node] = copy
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
+        if self._owners is not None and template.nodes:
+            # autograd nodes made since the last op recorded (a checkpoint's, made before the ops it runs) belong
+            # to the block's first op, as in a full capture
+            self._owners.claim(copies[template.nodes[0]])
+        if backward is not None:
+            backward.copies, backward.wired = copies, wired
         out = rebuild(template.output, fresh, call, modules)
         self._tracer.replayed(template.log)
         for (inside, name), count in template.calls:
@@ -486,7 +575,7 @@ class Replays:
         """A new fake tensor with `like`'s metadata (no op recorded for it)."""
         return self._recorder.unrecorded(self._made_like)(like)
 
-    def _made_like(self, like: torch.Tensor) -> torch.Tensor:
+    def _made_like(self, like: torch.Tensor, grad: bool = True) -> torch.Tensor:
         shape, stride, offset = like.shape, like.stride(), like.storage_offset()
         if all(type(size) is int for size in (*shape, *stride)):
             # around a meta tensor made past every dispatch mode: through the recorder and the fake
@@ -497,7 +586,64 @@ class Replays:
             made = FakeTensor(self._mode, meta, like.device)
         else:
             made = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
-        return made.requires_grad_(True) if like.requires_grad else made
+        return made.requires_grad_(True) if grad and like.requires_grad else made
+
+
+def verified_backward(replayed: Any, full: Any) -> Any:
+    """A training capture with replay checked against one that ran every call (FXFLOPS_VERIFY_REPLAY): every
+    node the same (name, op, module, phase, the forward op it differentiates, source line, values' shapes,
+    strides and dtypes, inputs by name), else a ReplayMismatch warning. Returns the full capture."""
+    ran, copied = node_rows(full.graph_module.graph), node_rows(replayed.graph_module.graph)
+    if ran != copied or replayed.module_calls != full.module_calls:
+        where = next((index for index, (a, b) in enumerate(zip(ran, copied)) if a != b), min(len(ran), len(copied)))
+        what = f"node {where}: ran {ran[where] if where < len(ran) else 'nothing'}, replay gave " \
+               f"{copied[where] if where < len(copied) else 'nothing'}" if ran != copied else "its module calls"
+        warnings.warn(f"fxflops: replaying blocks in a training capture would differ from running them ({what}); "
+                      "please report it (replay=False runs every call)", ReplayMismatch, stacklevel=2)
+    return full
+
+
+def node_rows(graph: torch.fx.Graph) -> list[tuple]:
+    """What a capture's nodes say, in order: each op's row (`_node_row`), then the placeholders' by name (a
+    replayed block reads the tensors it reads from outside first: their placeholders may come earlier)."""
+    ops, placeholders = [], []
+    for node in graph.nodes:
+        (placeholders if node.op == "placeholder" else ops).append(_node_row(node))
+    return ops + sorted(placeholders, key=lambda row: row[0])
+
+
+def _node_row(node: torch.fx.Node) -> tuple:
+    meta = node.meta
+    return (node.name, node.op, node.target, meta.get("fxflops_module"), meta.get(PHASE), meta.get(DIFFERENTIATES),
+            meta.get(SOURCE), _layout(meta.get("val")), tuple(used.name for used in node.all_input_nodes))
+
+
+def _layout(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
+    if isinstance(value, tuple | list):
+        return tuple(_layout(item) for item in value)
+    return type(value).__name__
+
+
+def verifying() -> bool:
+    """Whether FXFLOPS_VERIFY_REPLAY asks for every replay to be checked against running."""
+    return os.environ.get(VERIFY_ENV, "") not in ("", "0")
+
+
+def saved_tensor_hooks() -> bool:
+    """Whether saved-tensor hooks are active (checkpointing, offloading): a forward then saves through them."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+def _specs(spec: Any) -> list[tuple]:
+    """Every leaf of an output spec (capture.block_io's), sharded ones included."""
+    kind = spec[0]
+    if kind is dict:
+        return [found for _, item in spec[1] for found in _specs(item)]
+    if kind in (tuple, list):
+        return [found for item in spec[1] for found in _specs(item)]
+    return [spec]
 
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:

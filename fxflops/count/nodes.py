@@ -124,7 +124,8 @@ class ReplayedCosts:
     A copy (meta[REPLAY_OF] names the node it copies) runs the op its reference ran, on values of equal
     shapes, dtypes, strides and plain arguments: replay proved the block's program and arguments equal
     before copying it. What a rule reads of a call is just that, so the copy costs what its reference
-    costs: the reference's cost record is handed on, with the copy's name, module and source line. Only
+    costs: the reference's cost record is handed on, with the copy's name, module, source line and, in a
+    backward, the forward op it differentiates (a replayed backward's copies name the first copy's node). Only
     plain costs are (`add`): no attention reading, which reads where the mask came from, no lookup. A
     copy whose distinct inputs are fewer than its reference's (two tensors one there, one here: its
     bytes differ) is costed as any node."""
@@ -153,12 +154,13 @@ class ReplayedCosts:
         # (`_input_nodes`: the distinct input nodes FX keeps; `all_input_nodes` copies them into a list)
         if node.target is not original.target or len(node._input_nodes) != len(original._input_nodes) \
                 or meta.get("fxflops_module", ("", ""))[1] != cost.module_type \
-                or PHASE in meta or DIFFERENTIATES in meta:
+                or meta.get(PHASE, FORWARD) != cost.phase:
             return None
         made = object.__new__(NodeCost)
         state = made.__dict__
         state.update(cost.__dict__)
         state["name"], state["module"], state["source"] = node.name, path, self._values.source(node)
+        state["differentiates"] = meta.get(DIFFERENTIATES)  # (a backward copy's: its own block's forward op)
         return made
 
 
