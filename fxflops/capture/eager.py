@@ -160,9 +160,11 @@ def capture(request: Request) -> Captured:
     replaying = request.replay and not global_hooks_present()
     if not (replaying and request.backward):
         return _capture(request, replaying)
-    if request.prepare is not None:
+    if request.prepare is not None or _has_own_pre_hooks(request.model):
         # a parallel plan's capture: its blocks' backward runs (a capture that would have to run again could
-        # not apply the plan a second time: FSDP keeps each module's state in torch's own global table)
+        # not apply the plan a second time: FSDP keeps each module's state in torch's own global table);
+        # modules with forward pre-hooks of their own (an expert-parallel dispatch): what their forward
+        # received is recorded at every call (the meter reads it, timing.routed), which copies would skip
         return _capture(request, replaying, backward_replay=False)
     if verifying():  # a backward's copies checked against a capture that runs every call: that one is returned
         try:
@@ -191,16 +193,16 @@ def _capture(request: Request, replaying: bool, verify: bool | None = None, back
         else:
             swap_tensors(modules, twins)
         owners = GradOwners(parameter_owners(model)) if request.backward else None
+        copying = replaying and (backward_replay or owners is None)
         tracker = ModuleTracker(model, is_whole=request.is_whole, phase=owners.phase if owners else None,
-                                forward_inputs=not replaying)
+                                forward_inputs=not copying)
         # values the forward reads come from the real inputs (named sizes: the capture is shapes only)
         values = InputValues(mode, twins.run, tracker, type(model).__name__, Routing.of(request.routing)) \
             if sizes is None else None
         args, kwargs = inputs.with_twins(values.twin_input(twins) if values is not None else twins)
         recorder = OpRecorder(tracker, type(model).__name__, run=values.run if values is not None else twins.run,
                               owners=owners)
-        replays = Replays(model, recorder, tracker, mode, owners, verify) \
-            if replaying and (backward_replay or owners is None) else None
+        replays = Replays(model, recorder, tracker, mode, owners, verify) if copying else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
                 CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes), \
@@ -221,6 +223,11 @@ def _capture(request: Request, replaying: bool, verify: bool | None = None, back
                     tracker.whole_calls, backward=request.backward, sizes=sizes,
                     cautions=[*recorder.cautions, *(values.cautions if values is not None else ())],
                     forward_inputs=tracker.forward_inputs)
+
+
+def _has_own_pre_hooks(model: torch.nn.Module) -> bool:
+    """Whether a module of `model` has forward pre-hooks of its own."""
+    return any(module._forward_pre_hooks for module in model.modules())
 
 
 def _prepared(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]], prepare: Any,
