@@ -276,6 +276,42 @@ def test_hf_llama_stages_send_the_hidden_state_and_each_builds_its_rotary_tables
     assert [(r["module"], r["extra_flops"]) for r in est.parallel["replicated"]] == [("lm_head", 3 * HEAD)]
 
 
+class SharedProduct(torch.nn.Module):
+    """w = a @ b from two trainable parameters of the root, read after every block (a value from parameters
+    alone that two stages read)."""
+
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.empty(width, width))
+        self.b = torch.nn.Parameter(torch.empty(width, width))
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.a @ self.b
+        for layer in self.layers:
+            x = layer(x) @ w
+        return x
+
+
+def test_a_value_from_trainable_parameters_is_computed_once_and_sent_with_its_gradient_back():
+    # unlike the rotary tables (buffers and positions: each stage builds its own), w depends on parameters the
+    # first stage holds: the last stage neither holds them nor their gradients, so w is sent like an
+    # activation and its gradient comes back, and a @ b (and its backward) runs on the first stage only
+    width, rows = 8, 16
+    with torch.device("meta"):
+        model = SharedProduct(width, 2)
+    est = fxflops.estimate(model, (torch.randn(4, rows // 4, width, device="meta"),), conventions="torch",
+                           backward=True, parallel={"pp": 2})
+    one, product = 2 * rows * width * width, 2 * width ** 3  # a linear or `@ w`; a @ b
+    # backward: the input needs no gradient (the first linear: its weight gradient only); `@ w`: both gradients
+    assert roles(est) == {"pipeline stage 0 (first)": ((0,), 2 * one + product, 3 * one + 2 * product),
+                          "pipeline stage 1 (last)": ((1,), 2 * one, 4 * one)}
+    act, w = rows * width * FP32, width * width * FP32
+    first = est.ranks[0].estimate
+    assert sorted(p2p(first)) == sorted([("send", "forward", act, act), ("send", "forward", w, w),
+                                         ("recv", "backward", act, 0), ("recv", "backward", w, 0)])
+
+
 @pytest.mark.parametrize(("index", "sends"), [(0, "first"), (1, "middle"), (3, "last")])
 def test_a_pipeline_stage_of_torch_pipelining_counts_its_module_and_its_send_recv(index, sends):
     from torch.distributed.pipelining import PipelineStage

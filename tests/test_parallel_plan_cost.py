@@ -92,3 +92,31 @@ def test_a_plan_applies_again_when_its_capture_runs_again(llama, plan):
                                                                         plain.total_params)
     assert [(c.op, c.bytes, c.module, c.phase, c.group_size, c.per_step) for c in again.collectives] == \
         [(c.op, c.bytes, c.module, c.phase, c.group_size, c.per_step) for c in plain.collectives]
+
+
+class _ScaledLinear(torch.nn.Module):
+    """A linear whose input is scaled by a buffer and a plain tensor attribute, both requiring grad."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.alpha = torch.ones(width, requires_grad=True)
+        self.register_buffer("beta", torch.ones(width).requires_grad_(True), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x * self.alpha * self.beta)
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_a_plan_keeps_the_grad_flag_of_buffers_and_tensor_attributes(fsdp):
+    # the plan runs on meta twins of the model's tensors: a buffer or tensor attribute the backward
+    # differentiates must keep requires_grad there, or the linear's input gradient is not counted
+    width, tokens = 16, 8
+    model = _ScaledLinear(width)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fxflops.estimate(model, (torch.randn(2, 4, width),), conventions="torch", backward=True,
+                               parallel={"dp": 2, "fsdp": fsdp})
+    assert est.fwd_flops == 2 * tokens * width * width
+    assert est.bwd_flops == 2 * (2 * tokens * width * width)  # input gradient + weight gradient
+    assert model.alpha.requires_grad and model.beta.requires_grad and model.alpha.device.type == "cpu"

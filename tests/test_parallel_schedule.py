@@ -108,6 +108,21 @@ def test_an_interleaved_schedule_counts_both_stages_of_the_rank():
     assert sorted(p2p(est)) == sorted(expected)
 
 
+def test_each_stage_entry_of_an_interleaved_rank_holds_its_own_share_of_the_step():
+    with fake_world(1, 2):  # rank 1 holds stages 1 and 3 of 4
+        schedule = ScheduleInterleaved1F1B([stage(1, 4), stage(3, 4)], M, loss_fn=loss)
+        est = fxflops.estimate(schedule, (), {"target": torch.randn(ROWS, W)}, conventions="torch")
+    first, last = (role.estimate for role in est.ranks)
+    # stage 1: the activation in and its gradient out, the activation on to stage 2 and its gradient back;
+    # stage 3 (the last): the activation in and its gradient out; per micro-batch each
+    assert sorted(p2p(first)) == sorted(r for r in p2p(est) if r[2] == 1)
+    assert {r[2] for r in p2p(first)} == {1} and {r[2] for r in p2p(last)} == {3}
+    assert (len(p2p(first)), len(p2p(last))) == (4 * M, 2 * M)
+    assert (first.collective_bytes, last.collective_bytes, est.collective_bytes) == (4 * M * ACT, 2 * M * ACT,
+                                                                                     6 * M * ACT)
+    assert est.ranks[0].estimate is not est
+
+
 def test_the_schedule_its_stages_and_the_model_are_left_as_they_were():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(W, W, bias=False), torch.nn.Linear(W, W, bias=False))

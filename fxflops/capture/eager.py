@@ -244,10 +244,17 @@ def _prepared(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
     parameters swapped after fully_shard: load_state_dict(assign=True), to_empty) takes the fake twins the
     modules now hold and pads them as it pads its own, so the forward runs the ops it runs on shards
     made fake."""
-    swap_tensors(modules, meta_twin)
+    swap_tensors(modules, _plan_twin)
     prepare(model)
     # the plan may register modules (expert parallelism's stand-ins for other ranks' experts): all of them
     swap_tensors(unique_modules(model), twins)
+
+
+def _plan_twin(tensor: torch.Tensor) -> torch.Tensor:
+    """A meta twin that, like the fake twin it becomes, keeps the flag of a buffer or tensor attribute the
+    backward differentiates (meta_twin keeps a parameter's only): the gradients flowing to it are counted."""
+    twin = meta_twin(tensor)
+    return twin.requires_grad_(True) if tensor.requires_grad and not twin.requires_grad else twin
 
 
 def _symbolic_shapes(request: Request, sizes: SizeSymbols | None) -> dict[int, list[Any]]:

@@ -102,6 +102,8 @@ def forget_sharding_decisions() -> None:
     shapes only for uneven shards over two or more mesh dimensions."""
     if _dtensor_class() is None:
         return
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:  # a torch before the call existed: its caches are left as they are
+        return
     _clear_sharding_prop_cache()

@@ -86,6 +86,7 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
     touched: dict[str, set[int]] = {}
     free: list[torch.fx.Node] = []  # ops on parameters and constants alone: their readers' stage
     reads_inputs: set[str] = set()
+    trained: set[str] = set()  # forward values computed from a trainable parameter
     forward_stage, backward_stage = 0, stages - 1
     in_backward = False
     for position, node in enumerate(captured.graph_module.graph.nodes):
@@ -95,6 +96,8 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
             # a model input, what is computed from one, and what the backward reads first: the gradients'
             # seed and the tensors autograd saved (new placeholders there, parameters aside)
             reads_inputs.add(node.name)
+        if not in_backward and (_trainable(node) or any(arg.name in trained for arg in node.all_input_nodes)):
+            trained.add(node.name)
         cost = costs.get(node.name)
         if cost is None:
             continue
@@ -123,19 +126,28 @@ def cut(model: torch.nn.Module, estimate: Estimate, stages: int) -> Cut:
                 stage = backward_stage
             backward_stage = stage
         stage_of[node.name] = stage
-    # a value from parameters, buffers and constants alone is computed by every stage that reads it, never sent
-    # (as torchtitan's and Megatron's stages each build their rotary tables): its op runs on each of them
+    # a value from buffers and constants alone is computed by every stage that reads it, never sent (as
+    # torchtitan's and Megatron's stages each build their rotary tables): its op runs on each of them. One
+    # from a trainable parameter is computed once, by its first reader's stage, and sent on with its gradient
+    # back: a later stage holds neither the parameter nor its gradient (the tracer split's cut)
     computed_on: dict[str, set[int]] = {}
     for node in reversed(free):  # readers come later in the graph: settled first
         readers = {stage for user in node.users
                    for stage in computed_on.get(user.name, {stage_of[user.name]} if user.name in stage_of else ())}
         cost = costs[node.name]
         owner = owning_module(cost.module, captured.aliases, modules)
-        computed_on[node.name] = readers or {block_stage(owner) or 0}
-        stage_of[node.name] = min(computed_on[node.name])
+        on = readers or {block_stage(owner) or 0}
+        computed_on[node.name] = {min(on)} if node.name in trained else on
+        stage_of[node.name] = min(on)
     also = {name: frozenset(on - {stage_of[name]}) for name, on in computed_on.items() if len(on) > 1}
     names = frozenset(node.name for node in free)
-    return Cut(stage_of, _crossing(captured, costs, stage_of, stages, names), order, touched, names, also)
+    return Cut(stage_of, _crossing(captured, costs, stage_of, stages, names - trained), order, touched, names, also)
+
+
+def _trainable(node: torch.fx.Node) -> bool:
+    """Whether the node is a parameter the backward differentiates (a placeholder holding one)."""
+    value = node.meta.get("val")
+    return node.op == "placeholder" and isinstance(value, torch.nn.Parameter) and value.requires_grad
 
 
 def _crossing(captured: Captured, costs: dict[str, NodeCost], stage_of: dict[str, int],

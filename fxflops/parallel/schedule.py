@@ -79,17 +79,20 @@ def estimate_schedule(schedule: Any, args: tuple, kwargs: dict, count: StageCoun
             loss = lambda output, target=target, loss_kwargs=loss_kwargs: schedule._compute_loss(  # noqa: E731
                 output, target, loss_kwargs)
         estimates.append(count(stage, stage_args, stage_kwargs, loss, backward))
-    result = estimates[0]
     # the collectives the stage's own capture recorded (tensor parallelism's, FSDP's), not the send/recv a
     # stage's estimate derives from its inputs and outputs: the schedule's step said which it really issues
     own = [dataclasses.replace(c, micro_batch=i, stage=stage.stage_index)
            for stage, e in zip(stages, estimates, strict=True) for i in range(n) for c in e.collectives if c.node]
-    result.collectives = records + own
+    result = dataclasses.replace(estimates[0], collectives=records + own)
     if len(stages) > 1:
         import torch.distributed as dist
 
         rank = dist.get_rank()
-        result.ranks = [RankRole(f"pipeline stage {stage.stage_index}", (rank,), e)
+        # each stage's entry holds that stage's share of the step's records (not the whole step's on the first,
+        # nor the send/recv a stage's estimate derives from one micro-batch on the others): summed over the
+        # entries, the step's
+        result.ranks = [RankRole(f"pipeline stage {stage.stage_index}", (rank,), dataclasses.replace(
+                            e, collectives=[c for c in (*records, *own) if c.stage == stage.stage_index]))
                         for stage, e in zip(stages, estimates, strict=True)]
     return result
 
