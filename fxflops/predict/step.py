@@ -66,7 +66,8 @@ RECOMPUTE = ("none", "selective", "full")
 MEGATRON, DEEPSPEED = "megatron", "deepspeed"
 PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
 # DeepSpeed's PartitionedTensor.to_meta(): [ndims, *shape, num_parts, rank, *partition offsets] as int64, sent
-# before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x)
+# before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x); partition_uniform gives num_parts + 1
+# offsets, so a 3-D activation's meta holds 1 + 3 + 1 + 1 + (tp + 1) = 7 + tp elements
 _META_INT64 = 8
 GRAD_BUCKETS = ("torch", "megatron", "deepspeed", "layer")
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
@@ -482,7 +483,7 @@ def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: 
     if tp <= 1:
         return send, 0.0, 0.0
     part = -(-boundary_bytes // tp)
-    meta = collective_seconds("send", _META_INT64 * (6 + tp), 2, cluster, placed["pp"])
+    meta = collective_seconds("send", _META_INT64 * (7 + tp), 2, cluster, placed["pp"])
     p2p = meta + collective_seconds("send", part, 2, cluster, placed["pp"])
     rebuild = collective_seconds("all_gather", boundary_bytes, tp, cluster, placed["tp"]) \
         + stream_seconds(3 * boundary_bytes + 2 * part, cluster.device, kernels=3)
