@@ -87,6 +87,24 @@ def test_hsdp_plans_are_refused_in_one_line() -> None:
         fxflops.predict_step(tiny_gpt(), (ids,), {"dp": 4, "dp_shard": 3})
 
 
+def test_grad_buckets_other_than_the_default_are_refused_where_no_all_reduce_is_bucketed() -> None:
+    """grad_buckets sizes DDP's all-reduce buckets: FSDP reduce-scatters per layer and the distributed optimizer
+    reduce-scatters per layer, so "megatron", "deepspeed" or "layer" there would be ignored; predict_step's
+    default fsdp (True when dp > 1) must not swallow them either."""
+    for fsdp, dist_opt in ((True, False), (False, True)):
+        for buckets in ("megatron", "deepspeed", "layer"):
+            with pytest.raises(ValueError, match=r"^grad_buckets='" + buckets + r"' buckets the data-parallel "
+                                                 r"all-reduce: give it with fsdp=False and without the distributed "
+                                                 r"optimizer"):
+                StepPlan(dp=2, global_batch=2, fsdp=fsdp, distributed_optimizer=dist_opt,
+                         grad_buckets=buckets).check(layers=2)
+    StepPlan(dp=2, global_batch=2, fsdp=True).check(layers=2)  # the default stays accepted with FSDP
+    StepPlan(dp=2, global_batch=2, grad_buckets="megatron").check(layers=2)
+    ids = torch.zeros(1, 32, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^grad_buckets='megatron' buckets the data-parallel all-reduce"):
+        fxflops.predict_step(tiny_gpt(), (ids,), {"dp": 2}, grad_buckets="megatron")
+
+
 def tiny_gpt() -> GPT:
     with torch.device("meta"):
         return GPT(2, 64, 4, vocab=128, seq=32).to(torch.bfloat16)

@@ -187,6 +187,11 @@ class StepPlan:
             check_bucket_cap(self.bucket_cap_mb)
         if self.grad_buckets not in GRAD_BUCKETS:
             raise ValueError(f"grad_buckets={self.grad_buckets!r}: pick one of {', '.join(GRAD_BUCKETS)}")
+        if self.grad_buckets != "torch" and (self.fsdp or self.distributed_optimizer):
+            # FSDP and the distributed optimizer reduce-scatter per layer: the buckets would be ignored
+            raise ValueError(f"grad_buckets={self.grad_buckets!r} buckets the data-parallel all-reduce: give it with "
+                             "fsdp=False and without the distributed optimizer (FSDP and the distributed optimizer "
+                             "reduce-scatter each layer's gradients)")
         if self.dp_shard is not None:
             if not self.fsdp:
                 raise ValueError("dp_shard shards parameters (HSDP); give it with fsdp=True (DDP replicates them)")
