@@ -522,7 +522,7 @@ def _assumption_notes(plan: StepPlan, cluster: Cluster, fsdp: bool, grad_bytes: 
             sizes = ("one bucket: the whole gradient buffer" if limits == [_WHOLE_BUFFER]
                      else " then ".join(f"{size / (1 << 20):,.4g} MiB" for size in limits))
             notes.append(f"gradients all-reduced in {plan.grad_buckets}'s buckets ({sizes}"
-                         + (", the first pipeline stage's; one bucket on the others" if plan.grad_buckets == "megatron"
+                         + (", the first pipeline stage's first chunk's; one bucket a chunk on the others" if plan.grad_buckets == "megatron"
                             and plan.pp > 1 and plan.overlap_grad_reduce else "") + ")")
     if fsdp and plan.replicas > 1:
         notes.append(f"HSDP: parameters gathered and gradients reduce-scattered over {plan.shard_group} ranks, the "
@@ -609,6 +609,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     groups = {"": (plan.grad_group, placed["fsdp"]), "experts": (plan.expert_group, placed["fsdp_experts"])}
     # (ready, bytes, group, unit) in the order the gradients become ready; a unit is reduced at once per layer
     ready: list[tuple[float, int, str, int]] = []
+    chunk_of: list[int] = []  # each gradient's model chunk: every chunk is a DDP of its own, with its own buckets
     last = plan.microbatches - 1
     events = sorted((e for e in timeline.rank_events(rank)
                      if e.stream == "compute" and e.kind == "backward" and e.microbatch == last), key=lambda e: e.start)
@@ -628,6 +629,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
                               "experts" if expert else "", unit))
         if e.chunk == 0 and costs.pre.params:  # the embedding's, at the end of the first chunk's backward
             ready.append((at(e.end), costs.pre.params * grad_bytes, "", len(ready)))
+        chunk_of += [e.chunk] * (len(ready) - len(chunk_of))
     reductions: list[tuple[float, int, str]] = []  # (ready, bytes, group)
     if plan.distributed_optimizer or plan.grad_buckets == "layer":  # per layer (and per group)
         units: dict[tuple[int, str], list[Any]] = {}
@@ -635,12 +637,13 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
             units.setdefault((unit, group), []).append((when, size))
         reductions = [(max(w for w, _ in items), sum(b for _, b in items), group)
                       for (_, group), items in units.items()]
-    else:  # DDP's buckets, per process group (each group's gradients are bucketed apart), in ready order
-        for group in dict.fromkeys(item[2] for item in ready):
-            mine = [i for i, item in enumerate(ready) if item[2] == group]
+    else:  # DDP's buckets, per model chunk (Megatron-LM and torchtitan wrap each chunk in a DDP of its own) and
+        # per process group (each group's gradients are bucketed apart), in ready order
+        for chunk, group in dict.fromkeys((chunk_of[i], item[2]) for i, item in enumerate(ready)):
+            mine = [i for i, item in enumerate(ready) if item[2] == group and chunk_of[i] == chunk]
             gradients = [Gradient(name=str(i), unit=str(ready[i][3]), bytes=ready[i][1], dtype="grad", group=group)
                          for i in mine]
-            for indices in assign_buckets(gradients, ddp_bucket_limits(plan, cluster, grad_bytes, rank)):
+            for indices in assign_buckets(gradients, ddp_bucket_limits(plan, cluster, grad_bytes, chunk)):
                 picked = [mine[k] for k in indices]
                 reductions.append((max(ready[i][0] for i in picked), sum(ready[i][1] for i in picked), group))
     free, comm = 0.0, []
@@ -651,13 +654,14 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     return max(compute_end, free), comm
 
 
-def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, rank: int = 0) -> list[int]:
-    """The byte limits of the data-parallel all-reduce's buckets on pipeline rank `rank`, as the plan's software
-    fills them (the last limit repeats; `fxflops.parallel.buckets.assign_buckets` walks them), from the cluster's
-    software constants: torch DDP's 1 MiB first bucket then 25 MiB ones (`bucket_cap_mb` MiB each when given);
-    Megatron-LM's max(40M, 1M x dp) elements when the reduction overlaps the backward on the first pipeline stage
-    (Megatron turns bucketing off on the other stages and without overlap: the whole buffer at once); DeepSpeed's
-    5e8 elements."""
+def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, chunk: int = 0) -> list[int]:
+    """The byte limits of the data-parallel all-reduce's buckets of model chunk `chunk` (a DDP of its own; chunk c
+    on pipeline rank c mod pp), as the plan's software fills them (the last limit repeats;
+    `fxflops.parallel.buckets.assign_buckets` walks them), from the cluster's software constants: torch DDP's
+    1 MiB first bucket then 25 MiB ones (`bucket_cap_mb` MiB each when given); Megatron-LM's max(40M, 1M x dp)
+    elements when the reduction overlaps the backward, on the first pipeline stage's first chunk only (Megatron
+    turns bucketing off on the other stages, for the later chunks of interleaving, disable_bucketing, and
+    without overlap: the chunk's whole buffer at once); DeepSpeed's 5e8 elements."""
     if plan.grad_buckets == "torch":
         if plan.bucket_cap_mb is not None:
             from fxflops.parallel.buckets import bucket_limits
@@ -665,7 +669,7 @@ def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, rank: i
             return bucket_limits(plan.bucket_cap_mb)
         return [cluster.ddp_first_bucket, cluster.ddp_bucket_cap]
     if plan.grad_buckets == "megatron":
-        if not plan.overlap_grad_reduce or rank > 0:
+        if not plan.overlap_grad_reduce or chunk > 0:
             return [_WHOLE_BUFFER]
         return [max(cluster.megatron_bucket_elements, cluster.megatron_bucket_elements_per_dp * plan.dp) * grad_bytes]
     if plan.grad_buckets == "deepspeed":
