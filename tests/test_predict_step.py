@@ -352,6 +352,17 @@ def test_deepspeed_engine_by_hand() -> None:
         simulate_plan(costs(), StepPlan(pp=2, virtual_stages=2, global_batch=4, pipeline_engine="deepspeed"), A100)
     with pytest.raises(ValueError, match="pipeline_engine='colossal': pick one of megatron, deepspeed"):
         simulate_plan(costs(), StepPlan(pipeline_engine="colossal"), A100)
+    # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
+    # pipeline parallelism"): FSDP with pp > 1 is refused, also when predict_step's default makes dp > 1 FSDP
+    with pytest.raises(ValueError, match=r"^pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1"):
+        StepPlan(pp=2, dp=2, fsdp=True, global_batch=4, pipeline_engine="deepspeed").check(4)
+    StepPlan(pp=2, dp=2, fsdp=False, distributed_optimizer=True, global_batch=4, pipeline_engine="deepspeed").check(4)
+    StepPlan(pp=1, dp=2, fsdp=True, global_batch=4, pipeline_engine="deepspeed").check(4)  # ZeRO-3 without a pipeline
+    with torch.device("meta"):
+        gpt = GPT(2, 64, 4, vocab=128, seq=32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1"):
+        fxflops.predict_step(gpt, (torch.zeros(1, 32, dtype=torch.long),), {"pp": 2, "dp": 2},
+                             pipeline_engine="deepspeed")
 
 
 def test_predict_step_runs_deepspeed_engine_and_fused_chains_and_says_so(tmp_path) -> None:

@@ -167,6 +167,11 @@ class StepPlan:
         if self.pipeline_engine == DEEPSPEED and (self.virtual_stages > 1 or self.schedule != ONE_F_ONE_B):
             raise ValueError("pipeline_engine='deepspeed' runs DeepSpeed's TrainSchedule, a non-interleaved 1F1B: give "
                              "virtual_stages=1 and schedule='1f1b'")
+        if self.pipeline_engine == DEEPSPEED and self.pp > 1 and self.fsdp:
+            # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2
+            raise ValueError("pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1 only (DeepSpeed refuses "
+                             "ZeRO-2 and ZeRO-3 with a pipeline): give fsdp=False (distributed_optimizer=True for "
+                             "ZeRO-1)")
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch = "
                              f"{self.dp} x {self.micro_batch}; pick sizes that divide it")
