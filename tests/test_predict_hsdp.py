@@ -214,6 +214,18 @@ def test_a_user_cluster_file_changing_a_software_constant_changes_the_prediction
     assert "megatron_bucket_elements = 40000000 elements\n      Megatron-LM's DistributedDataParallel" in out
 
 
+def test_a_tp_overlap_slowdown_below_one_is_refused(tmp_path) -> None:
+    # a GEMM sharing its SMs with a collective runs no faster than alone: a slowdown of 0.5 would make the
+    # overlapped pair (max(comm, gemm x 0.5)) shorter than the GEMM by itself
+    path = tmp_path / "fast.toml"
+    path.write_text('base = "DGX A100 80GB"\nname = "fast"\n'
+                    '[tp_overlap_gemm_slowdown]\nvalue = 0.5\nsource = "wishful"\n')
+    with pytest.raises(ValueError, match=r"^tp_overlap_gemm_slowdown \(your file .*\) must be a factor >= 1"):
+        cluster(str(path))
+    path.write_text('base = "DGX A100 80GB"\nname = "slow"\n[tp_overlap_gemm_slowdown]\nvalue = 1.25\nsource = "ours"\n')
+    assert cluster(str(path)).tp_overlap_gemm_slowdown == 1.25
+
+
 def test_tp_overlap_seconds_by_hand() -> None:
     # a 3 s collective beside 2 s of GEMMs: 3 s instead of 5, 2 s saved; GEMMs twice as slow while they share the
     # SMs: max(3, 4) = 4 s, 1 s saved; a 1 s collective beside them at that slowdown costs 1 s more than none
