@@ -315,7 +315,7 @@ def test_deepspeed_engine_by_hand() -> None:
 
     device = A100.device
     size = 64 << 20
-    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, {"pp": 1, "tp": 2})
+    p2p, rebuild, partition, received = _deepspeed_boundary(size, 2, A100, {"pp": 1, "tp": 2})
     # PartitionedTensor.to_meta(): ndims (1), 3 sizes, num_parts (1), rank (1) and partition_uniform's tp + 1
     # offsets, int64 each: 8 x (7 + tp) = 72 bytes at tp = 2
     assert p2p == pytest.approx(collective_seconds("send", 72, 2, A100, 1)
@@ -325,8 +325,13 @@ def test_deepspeed_engine_by_hand() -> None:
                                     + (3 * size + 2 * (size // 2)) / device.sustained + 3 * device.launch_overhead,
                                     rel=1e-12)
     assert partition == pytest.approx(2 * (size // 2) / device.sustained + device.launch_overhead, rel=1e-12)
-    assert _deepspeed_boundary(size, 1, A100, {"pp": 1, "tp": 1}) == (collective_seconds("send", size, 2, A100, 1),
-                                                                     0.0, 0.0)
+    # _exec_forward_pass clones the received buffers before full(): the 72-byte meta and the part, read and
+    # written, two kernels; without tp the whole received activation
+    assert received == pytest.approx((2 * 72 + 2 * (size // 2)) / device.sustained + 2 * device.launch_overhead,
+                                     rel=1e-12)
+    assert _deepspeed_boundary(size, 1, A100, {"pp": 1, "tp": 1}) == pytest.approx(
+        (collective_seconds("send", size, 2, A100, 1), 0.0, 0.0, 2 * size / device.sustained + device.launch_overhead),
+        rel=1e-12)
 
     # 4 layers (1 s / 2 s), pp = 2, tp = 2, 2 micro-batches: stage 0 partitions its output in its forward and
     # rebuilds its output and the received gradient in its backward; stage 1 rebuilds its input in its forward
@@ -334,10 +339,10 @@ def test_deepspeed_engine_by_hand() -> None:
     layer_costs = dataclasses.replace(costs(layers=4), tp=2, boundary_bytes=size)
     plan = StepPlan(tp=2, pp=2, micro_batch=1, global_batch=2, pipeline_engine="deepspeed")
     placed = dim_ranks_per_node(plan, A100)
-    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, placed)
+    p2p, rebuild, partition, received = _deepspeed_boundary(size, 2, A100, placed)
     prediction = simulate_plan(layer_costs, plan, A100)
     expected = simulate_deepspeed([ChunkCost(2.0 + partition, 4.0 + 2 * rebuild, p2p),
-                                   ChunkCost(2.0 + rebuild, 4.0 + partition, p2p)], 2)
+                                   ChunkCost(2.0 + received + rebuild, 4.0 + partition, p2p)], 2)
     assert prediction.step_time == pytest.approx(expected.step_time, rel=1e-12)
     assert [(e.kind, e.start) for e in prediction.timeline.events] == [(e.kind, e.start) for e in expected.events]
 

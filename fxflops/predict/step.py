@@ -374,11 +374,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     chunk_costs, chunk_compute = [], []
     deepspeed = plan.pipeline_engine == DEEPSPEED
     if p > 1 and deepspeed:
-        p2p, rebuild, partition = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
+        p2p, rebuild, partition, received = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
     elif p > 1:
-        p2p, rebuild, partition = collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"]), 0.0, 0.0
+        p2p, rebuild, partition, received = (collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"]),
+                                             0.0, 0.0, 0.0)
     else:
-        p2p = rebuild = partition = 0.0
+        p2p = rebuild = partition = received = 0.0
     for c, n in enumerate(chunks):
         first, last = c == 0, c == len(chunks) - 1
         fwd = [layer_fwd_compute + layer_fwd_comm] * n
@@ -394,8 +395,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         if last:
             fwd_time += post.forward + post_comm[0]
             bwd_time += post.backward + post_comm[1]
-        if rebuild or partition:  # DeepSpeed: the received input rebuilt, the output partitioned for its send
-            fwd_time += (rebuild if not first else 0.0) + (partition if not last else 0.0)
+        if rebuild or partition or received:  # DeepSpeed: the received input cloned and rebuilt, the output
+            # partitioned for its send
+            fwd_time += (received + rebuild if not first else 0.0) + (partition if not last else 0.0)
             # the backward rebuilds its partitioned output and the received gradient, partitions its input's
             bwd_time += (2 * rebuild if not last else 0.0) + (partition if not first else 0.0)
         # each chunk's p2p: its output activations (forward) and its input gradients (backward) crossing to the
@@ -477,9 +479,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
 
 
 def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]
-                        ) -> tuple[float, float, float]:
+                        ) -> tuple[float, float, float, float]:
     """What one stage boundary costs a micro-batch under DeepSpeed's PipelineEngine (v0.5.x,
-    deepspeed/runtime/pipe/engine.py, p2p.py, utils.py), as (p2p, rebuild, partition) seconds:
+    deepspeed/runtime/pipe/engine.py, p2p.py, utils.py), as (p2p, rebuild, partition, received) seconds:
 
     - p2p: each direction's transfer, a blocking `dist.send` per tensor (p2p.py asserts async_op=False):
       with tensor parallelism (`is_pipe_partitioned = is_grad_partitioned = is_model_parallel`) the
@@ -487,17 +489,21 @@ def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: 
       part (two sends); without it the whole tensor;
     - rebuild: `PartitionedTensor.full()` on the receiving side, a zero-filled buffer, the tp ranks' parts
       all-gathered into it and the result cloned (memory-bound passes at the sustained bandwidth);
-    - partition: `_partition_tensor`, the rank's part cloned out of the tensor before its send.
+    - partition: `_partition_tensor`, the rank's part cloned out of the tensor before its send;
+    - received: `_exec_forward_pass` cloning its received buffers before it rebuilds them (`t.clone()` of each:
+      the meta tensor and the part, or without tp the whole activation), read and written.
     """
     send = collective_seconds("send", boundary_bytes, 2, cluster, placed["pp"])
     if tp <= 1:
-        return send, 0.0, 0.0
+        return send, 0.0, 0.0, stream_seconds(2 * boundary_bytes, cluster.device)
     part = -(-boundary_bytes // tp)
-    meta = collective_seconds("send", _META_INT64 * (7 + tp), 2, cluster, placed["pp"])
+    meta_bytes = _META_INT64 * (7 + tp)
+    meta = collective_seconds("send", meta_bytes, 2, cluster, placed["pp"])
     p2p = meta + collective_seconds("send", part, 2, cluster, placed["pp"])
     rebuild = collective_seconds("all_gather", boundary_bytes, tp, cluster, placed["tp"]) \
         + stream_seconds(3 * boundary_bytes + 2 * part, cluster.device, kernels=3)
-    return p2p, rebuild, stream_seconds(2 * part, cluster.device)
+    return p2p, rebuild, stream_seconds(2 * part, cluster.device), \
+        stream_seconds(2 * (meta_bytes + part), cluster.device, kernels=2)
 
 
 def _part_comm(part: Any, overlap: bool) -> tuple[float, float]:
