@@ -87,6 +87,24 @@ def test_hsdp_plans_are_refused_in_one_line() -> None:
         fxflops.predict_step(tiny_gpt(), (ids,), {"dp": 4, "dp_shard": 3})
 
 
+def test_grad_buckets_other_than_the_default_are_refused_where_no_all_reduce_is_bucketed() -> None:
+    """grad_buckets sizes DDP's all-reduce buckets: FSDP reduce-scatters per layer and the distributed optimizer
+    reduce-scatters per layer, so "megatron", "deepspeed" or "layer" there would be ignored; predict_step's
+    default fsdp (True when dp > 1) must not swallow them either."""
+    for fsdp, dist_opt in ((True, False), (False, True)):
+        for buckets in ("megatron", "deepspeed", "layer"):
+            with pytest.raises(ValueError, match=r"^grad_buckets='" + buckets + r"' buckets the data-parallel "
+                                                 r"all-reduce: give it with fsdp=False and without the distributed "
+                                                 r"optimizer"):
+                StepPlan(dp=2, global_batch=2, fsdp=fsdp, distributed_optimizer=dist_opt,
+                         grad_buckets=buckets).check(layers=2)
+    StepPlan(dp=2, global_batch=2, fsdp=True).check(layers=2)  # the default stays accepted with FSDP
+    StepPlan(dp=2, global_batch=2, grad_buckets="megatron").check(layers=2)
+    ids = torch.zeros(1, 32, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^grad_buckets='megatron' buckets the data-parallel all-reduce"):
+        fxflops.predict_step(tiny_gpt(), (ids,), {"dp": 2}, grad_buckets="megatron")
+
+
 def tiny_gpt() -> GPT:
     with torch.device("meta"):
         return GPT(2, 64, 4, vocab=128, seq=32).to(torch.bfloat16)
@@ -136,6 +154,31 @@ def test_megatron_and_deepspeed_buckets() -> None:
         StepPlan(grad_buckets="nccl").check(4)
 
 
+def test_interleaved_stages_bucket_each_model_chunk_apart() -> None:
+    # pp=2, v=2, dp=2 (4 GPUs in a node), 2 micro-batches: 4 chunks of one layer (two modules of 2^20 bf16
+    # elements, 4 MiB), chunks 0 and 2 on rank 0, 1 and 3 on rank 1. Each model chunk is its own DDP (Megatron-LM's
+    # get_model wraps every chunk, disable_bucketing for chunks after the first and on every stage but the first;
+    # torchtitan wraps every model part): its gradients fill buckets of their own, reduced once that chunk's last
+    # micro-batch backward ends. Megatron's buckets (80 MB on chunk 0 of rank 0, the whole chunk elsewhere): one
+    # 4 MiB all-reduce per chunk, S/B each over 2 ranks of a node.
+    costs = synthetic(4, 2 << 20, gradients=((1 << 20, False), (1 << 20, False)))
+    plan = StepPlan(pp=2, virtual_stages=2, dp=2, fsdp=False, micro_batch=1, global_batch=4,
+                    optimizer_bytes_per_param=0, grad_buckets="megatron")
+    prediction = simulate_plan(costs, plan, NO_LATENCY)
+    seconds = 4 * MIB / B_INTRA
+    for rank in (0, 1):
+        chunk_ends = sorted(e.end for e in prediction.timeline.rank_events(rank)
+                            if e.stream == "compute" and e.kind == "backward" and e.microbatch == 1)
+        assert len(chunk_ends) == 2
+        events = [(start, end) for r, _, start, end in prediction.comm_events if r == rank]
+        assert [start for start, _ in events] == pytest.approx(chunk_ends, rel=1e-12)
+        assert [end - start for start, end in events] == pytest.approx([seconds, seconds], rel=1e-9)
+    # torch's DDP per chunk: each chunk's Reducer closes its 1 MiB first bucket on the first 2 MiB module, the
+    # second module in a 25 MiB bucket: two all-reduces per chunk, four per rank
+    torch_ddp = simulate_plan(costs, dataclasses.replace(plan, grad_buckets="torch"), NO_LATENCY)
+    assert [sum(1 for r, *_ in torch_ddp.comm_events if r == rank) for rank in (0, 1)] == [4, 4]
+
+
 def test_validation_rows_bucket_as_their_software_does() -> None:
     # the 2021-2022 Megatron-LM rows all-reduce Megatron's way, MT-NLG's DeepSpeed's; FSDP and distributed
     # optimizer rows do not all-reduce in buckets at all
@@ -169,6 +212,18 @@ def test_a_user_cluster_file_changing_a_software_constant_changes_the_prediction
     assert main(["explain", "--cluster", "DGX H100"]) == 0
     out = capsys.readouterr().out
     assert "megatron_bucket_elements = 40000000 elements\n      Megatron-LM's DistributedDataParallel" in out
+
+
+def test_a_tp_overlap_slowdown_below_one_is_refused(tmp_path) -> None:
+    # a GEMM sharing its SMs with a collective runs no faster than alone: a slowdown of 0.5 would make the
+    # overlapped pair (max(comm, gemm x 0.5)) shorter than the GEMM by itself
+    path = tmp_path / "fast.toml"
+    path.write_text('base = "DGX A100 80GB"\nname = "fast"\n'
+                    '[tp_overlap_gemm_slowdown]\nvalue = 0.5\nsource = "wishful"\n')
+    with pytest.raises(ValueError, match=r"^tp_overlap_gemm_slowdown \(your file .*\) must be a factor >= 1"):
+        cluster(str(path))
+    path.write_text('base = "DGX A100 80GB"\nname = "slow"\n[tp_overlap_gemm_slowdown]\nvalue = 1.25\nsource = "ours"\n')
+    assert cluster(str(path)).tp_overlap_gemm_slowdown == 1.25
 
 
 def test_tp_overlap_seconds_by_hand() -> None:

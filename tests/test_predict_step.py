@@ -315,17 +315,23 @@ def test_deepspeed_engine_by_hand() -> None:
 
     device = A100.device
     size = 64 << 20
-    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, {"pp": 1, "tp": 2})
-    # PartitionedTensor.to_meta(): ndims, 3 sizes, num_parts, rank and tp + 1 offsets, int64 each: 8 x (6 + tp)
-    assert p2p == pytest.approx(collective_seconds("send", 8 * 8, 2, A100, 1)
+    p2p, rebuild, partition, received = _deepspeed_boundary(size, 2, A100, {"pp": 1, "tp": 2})
+    # PartitionedTensor.to_meta(): ndims (1), 3 sizes, num_parts (1), rank (1) and partition_uniform's tp + 1
+    # offsets, int64 each: 8 x (7 + tp) = 72 bytes at tp = 2
+    assert p2p == pytest.approx(collective_seconds("send", 72, 2, A100, 1)
                                 + collective_seconds("send", size // 2, 2, A100, 1), rel=1e-12)
     # full(): a zeroed buffer written, the local part copied in, the all-gather, the result cloned (read, written)
     assert rebuild == pytest.approx(collective_seconds("all_gather", size, 2, A100, 2)
                                     + (3 * size + 2 * (size // 2)) / device.sustained + 3 * device.launch_overhead,
                                     rel=1e-12)
     assert partition == pytest.approx(2 * (size // 2) / device.sustained + device.launch_overhead, rel=1e-12)
-    assert _deepspeed_boundary(size, 1, A100, {"pp": 1, "tp": 1}) == (collective_seconds("send", size, 2, A100, 1),
-                                                                     0.0, 0.0)
+    # _exec_forward_pass clones the received buffers before full(): the 72-byte meta and the part, read and
+    # written, two kernels; without tp the whole received activation
+    assert received == pytest.approx((2 * 72 + 2 * (size // 2)) / device.sustained + 2 * device.launch_overhead,
+                                     rel=1e-12)
+    assert _deepspeed_boundary(size, 1, A100, {"pp": 1, "tp": 1}) == pytest.approx(
+        (collective_seconds("send", size, 2, A100, 1), 0.0, 0.0, 2 * size / device.sustained + device.launch_overhead),
+        rel=1e-12)
 
     # 4 layers (1 s / 2 s), pp = 2, tp = 2, 2 micro-batches: stage 0 partitions its output in its forward and
     # rebuilds its output and the received gradient in its backward; stage 1 rebuilds its input in its forward
@@ -333,10 +339,10 @@ def test_deepspeed_engine_by_hand() -> None:
     layer_costs = dataclasses.replace(costs(layers=4), tp=2, boundary_bytes=size)
     plan = StepPlan(tp=2, pp=2, micro_batch=1, global_batch=2, pipeline_engine="deepspeed")
     placed = dim_ranks_per_node(plan, A100)
-    p2p, rebuild, partition = _deepspeed_boundary(size, 2, A100, placed)
+    p2p, rebuild, partition, received = _deepspeed_boundary(size, 2, A100, placed)
     prediction = simulate_plan(layer_costs, plan, A100)
     expected = simulate_deepspeed([ChunkCost(2.0 + partition, 4.0 + 2 * rebuild, p2p),
-                                   ChunkCost(2.0 + rebuild, 4.0 + partition, p2p)], 2)
+                                   ChunkCost(2.0 + received + rebuild, 4.0 + partition, p2p)], 2)
     assert prediction.step_time == pytest.approx(expected.step_time, rel=1e-12)
     assert [(e.kind, e.start) for e in prediction.timeline.events] == [(e.kind, e.start) for e in expected.events]
 
@@ -351,6 +357,17 @@ def test_deepspeed_engine_by_hand() -> None:
         simulate_plan(costs(), StepPlan(pp=2, virtual_stages=2, global_batch=4, pipeline_engine="deepspeed"), A100)
     with pytest.raises(ValueError, match="pipeline_engine='colossal': pick one of megatron, deepspeed"):
         simulate_plan(costs(), StepPlan(pipeline_engine="colossal"), A100)
+    # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
+    # pipeline parallelism"): FSDP with pp > 1 is refused, also when predict_step's default makes dp > 1 FSDP
+    with pytest.raises(ValueError, match=r"^pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1"):
+        StepPlan(pp=2, dp=2, fsdp=True, global_batch=4, pipeline_engine="deepspeed").check(4)
+    StepPlan(pp=2, dp=2, fsdp=False, distributed_optimizer=True, global_batch=4, pipeline_engine="deepspeed").check(4)
+    StepPlan(pp=1, dp=2, fsdp=True, global_batch=4, pipeline_engine="deepspeed").check(4)  # ZeRO-3 without a pipeline
+    with torch.device("meta"):
+        gpt = GPT(2, 64, 4, vocab=128, seq=32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1"):
+        fxflops.predict_step(gpt, (torch.zeros(1, 32, dtype=torch.long),), {"pp": 2, "dp": 2},
+                             pipeline_engine="deepspeed")
 
 
 def test_predict_step_runs_deepspeed_engine_and_fused_chains_and_says_so(tmp_path) -> None:

@@ -460,6 +460,8 @@ def _checked(key: str, value: Any, origin: str) -> Any:
         raise fail("a positive number")
     if unit == "fraction" and value > 1:
         raise fail("a fraction in (0, 1]")
+    if key == "tp_overlap_gemm_slowdown" and value < 1:  # sharing the SMs never speeds a GEMM up
+        raise fail("a factor >= 1 (a GEMM overlapped with a collective runs no faster than alone)")
     return value
 
 

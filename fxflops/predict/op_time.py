@@ -262,6 +262,12 @@ def _pointwise(node: NodeCost) -> bool:
     return op_kind(node) == MEMORY and (node.rule in _POINTWISE_RULES or any(r in op for r in _RANDOM_OPS))
 
 
+def _in_place(node: NodeCost) -> bool:
+    """An in-place op (aten.NAME_.overload): it writes its first input."""
+    parts = node.op.split(".")
+    return len(parts) > 1 and parts[1].endswith("_") and not parts[1].startswith("_")
+
+
 def _numel(node: NodeCost) -> int:
     return math.prod(node.output_shapes[0]) if node.output_shapes and node.output_shapes[0] else 1
 
@@ -292,8 +298,9 @@ def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any,
     """Each node's OpTime in order; with `kernels.fuse_elementwise` a fused chain's one pass (its FLOPs at the
     vector rate or its traffic at the sustained bandwidth, and one launch) shared among its ops in proportion
     to their own traffic. The chain's traffic: its ops' bytes less each intermediate result's write and read
-    (every op but the last hands its output, elements x the dtype's size, to the next), plus a one-byte mask
-    per element for each random draw (the dropout mask kept for the backward)."""
+    (every op but the last hands its output, elements x the dtype's size, to the next) and each in-place random
+    draw's read of the buffer it overwrites, plus a one-byte mask per element for each random draw (the dropout
+    mask kept for the backward)."""
     device = device_model(device)
     key = dtype_key(dtype)
     nodes = list(nodes)
@@ -304,8 +311,12 @@ def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any,
     for chain in fused_chains(nodes):
         members = [nodes[i] for i in chain]
         numel = _numel(members[0])
-        masks = sum(1 for n in members if any(r in n.op.lower() for r in _RANDOM_OPS))
-        traffic = sum(n.bytes for n in members) - 2 * (len(members) - 1) * numel * element + masks * numel
+        draws = [n for n in members if any(r in n.op.lower() for r in _RANDOM_OPS)]
+        # an in-place draw (bernoulli_) overwrites a fresh buffer it never reads: the fused kernel draws in
+        # registers, so that read (counted in its bytes) is no traffic
+        in_place = sum(1 for n in draws if _in_place(n))
+        traffic = sum(n.bytes for n in members) - (2 * (len(members) - 1) + in_place) * numel * element \
+            + len(draws) * numel
         traffic = max(traffic, numel * element)  # at least its output written (an op of another dtype in it)
         flops = sum(n.flops for n in members)
         compute = flops / device.vector_peak(key) if flops else 0.0

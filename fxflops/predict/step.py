@@ -66,7 +66,8 @@ RECOMPUTE = ("none", "selective", "full")
 MEGATRON, DEEPSPEED = "megatron", "deepspeed"
 PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
 # DeepSpeed's PartitionedTensor.to_meta(): [ndims, *shape, num_parts, rank, *partition offsets] as int64, sent
-# before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x)
+# before each partitioned tensor (deepspeed/runtime/utils.py, v0.5.x); partition_uniform gives num_parts + 1
+# offsets, so a 3-D activation's meta holds 1 + 3 + 1 + 1 + (tp + 1) = 7 + tp elements
 _META_INT64 = 8
 GRAD_BUCKETS = ("torch", "megatron", "deepspeed", "layer")
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
@@ -166,6 +167,11 @@ class StepPlan:
         if self.pipeline_engine == DEEPSPEED and (self.virtual_stages > 1 or self.schedule != ONE_F_ONE_B):
             raise ValueError("pipeline_engine='deepspeed' runs DeepSpeed's TrainSchedule, a non-interleaved 1F1B: give "
                              "virtual_stages=1 and schedule='1f1b'")
+        if self.pipeline_engine == DEEPSPEED and self.pp > 1 and self.fsdp:
+            # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2
+            raise ValueError("pipeline_engine='deepspeed' with pp > 1 runs ZeRO stage 0 or 1 only (DeepSpeed refuses "
+                             "ZeRO-2 and ZeRO-3 with a pipeline): give fsdp=False (distributed_optimizer=True for "
+                             "ZeRO-1)")
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch = "
                              f"{self.dp} x {self.micro_batch}; pick sizes that divide it")
@@ -186,6 +192,11 @@ class StepPlan:
             check_bucket_cap(self.bucket_cap_mb)
         if self.grad_buckets not in GRAD_BUCKETS:
             raise ValueError(f"grad_buckets={self.grad_buckets!r}: pick one of {', '.join(GRAD_BUCKETS)}")
+        if self.grad_buckets != "torch" and (self.fsdp or self.distributed_optimizer):
+            # FSDP and the distributed optimizer reduce-scatter per layer: the buckets would be ignored
+            raise ValueError(f"grad_buckets={self.grad_buckets!r} buckets the data-parallel all-reduce: give it with "
+                             "fsdp=False and without the distributed optimizer (FSDP and the distributed optimizer "
+                             "reduce-scatter each layer's gradients)")
         if self.dp_shard is not None:
             if not self.fsdp:
                 raise ValueError("dp_shard shards parameters (HSDP); give it with fsdp=True (DDP replicates them)")
@@ -363,11 +374,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     chunk_costs, chunk_compute = [], []
     deepspeed = plan.pipeline_engine == DEEPSPEED
     if p > 1 and deepspeed:
-        p2p, rebuild, partition = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
+        p2p, rebuild, partition, received = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
     elif p > 1:
-        p2p, rebuild, partition = collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"]), 0.0, 0.0
+        p2p, rebuild, partition, received = (collective_seconds("send", costs.boundary_bytes, 2, cluster, placed["pp"]),
+                                             0.0, 0.0, 0.0)
     else:
-        p2p = rebuild = partition = 0.0
+        p2p = rebuild = partition = received = 0.0
     for c, n in enumerate(chunks):
         first, last = c == 0, c == len(chunks) - 1
         fwd = [layer_fwd_compute + layer_fwd_comm] * n
@@ -383,8 +395,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         if last:
             fwd_time += post.forward + post_comm[0]
             bwd_time += post.backward + post_comm[1]
-        if rebuild or partition:  # DeepSpeed: the received input rebuilt, the output partitioned for its send
-            fwd_time += (rebuild if not first else 0.0) + (partition if not last else 0.0)
+        if rebuild or partition or received:  # DeepSpeed: the received input cloned and rebuilt, the output
+            # partitioned for its send
+            fwd_time += (received + rebuild if not first else 0.0) + (partition if not last else 0.0)
             # the backward rebuilds its partitioned output and the received gradient, partitions its input's
             bwd_time += (2 * rebuild if not last else 0.0) + (partition if not first else 0.0)
         # each chunk's p2p: its output activations (forward) and its input gradients (backward) crossing to the
@@ -466,9 +479,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
 
 
 def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]
-                        ) -> tuple[float, float, float]:
+                        ) -> tuple[float, float, float, float]:
     """What one stage boundary costs a micro-batch under DeepSpeed's PipelineEngine (v0.5.x,
-    deepspeed/runtime/pipe/engine.py, p2p.py, utils.py), as (p2p, rebuild, partition) seconds:
+    deepspeed/runtime/pipe/engine.py, p2p.py, utils.py), as (p2p, rebuild, partition, received) seconds:
 
     - p2p: each direction's transfer, a blocking `dist.send` per tensor (p2p.py asserts async_op=False):
       with tensor parallelism (`is_pipe_partitioned = is_grad_partitioned = is_model_parallel`) the
@@ -476,17 +489,21 @@ def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: 
       part (two sends); without it the whole tensor;
     - rebuild: `PartitionedTensor.full()` on the receiving side, a zero-filled buffer, the tp ranks' parts
       all-gathered into it and the result cloned (memory-bound passes at the sustained bandwidth);
-    - partition: `_partition_tensor`, the rank's part cloned out of the tensor before its send.
+    - partition: `_partition_tensor`, the rank's part cloned out of the tensor before its send;
+    - received: `_exec_forward_pass` cloning its received buffers before it rebuilds them (`t.clone()` of each:
+      the meta tensor and the part, or without tp the whole activation), read and written.
     """
     send = collective_seconds("send", boundary_bytes, 2, cluster, placed["pp"])
     if tp <= 1:
-        return send, 0.0, 0.0
+        return send, 0.0, 0.0, stream_seconds(2 * boundary_bytes, cluster.device)
     part = -(-boundary_bytes // tp)
-    meta = collective_seconds("send", _META_INT64 * (6 + tp), 2, cluster, placed["pp"])
+    meta_bytes = _META_INT64 * (7 + tp)
+    meta = collective_seconds("send", meta_bytes, 2, cluster, placed["pp"])
     p2p = meta + collective_seconds("send", part, 2, cluster, placed["pp"])
     rebuild = collective_seconds("all_gather", boundary_bytes, tp, cluster, placed["tp"]) \
         + stream_seconds(3 * boundary_bytes + 2 * part, cluster.device, kernels=3)
-    return p2p, rebuild, stream_seconds(2 * part, cluster.device)
+    return p2p, rebuild, stream_seconds(2 * part, cluster.device), \
+        stream_seconds(2 * (meta_bytes + part), cluster.device, kernels=2)
 
 
 def _part_comm(part: Any, overlap: bool) -> tuple[float, float]:
@@ -516,7 +533,7 @@ def _assumption_notes(plan: StepPlan, cluster: Cluster, fsdp: bool, grad_bytes: 
             sizes = ("one bucket: the whole gradient buffer" if limits == [_WHOLE_BUFFER]
                      else " then ".join(f"{size / (1 << 20):,.4g} MiB" for size in limits))
             notes.append(f"gradients all-reduced in {plan.grad_buckets}'s buckets ({sizes}"
-                         + (", the first pipeline stage's; one bucket on the others" if plan.grad_buckets == "megatron"
+                         + (", the first pipeline stage's first chunk's; one bucket a chunk on the others" if plan.grad_buckets == "megatron"
                             and plan.pp > 1 and plan.overlap_grad_reduce else "") + ")")
     if fsdp and plan.replicas > 1:
         notes.append(f"HSDP: parameters gathered and gradients reduce-scattered over {plan.shard_group} ranks, the "
@@ -603,6 +620,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     groups = {"": (plan.grad_group, placed["fsdp"]), "experts": (plan.expert_group, placed["fsdp_experts"])}
     # (ready, bytes, group, unit) in the order the gradients become ready; a unit is reduced at once per layer
     ready: list[tuple[float, int, str, int]] = []
+    chunk_of: list[int] = []  # each gradient's model chunk: every chunk is a DDP of its own, with its own buckets
     last = plan.microbatches - 1
     events = sorted((e for e in timeline.rank_events(rank)
                      if e.stream == "compute" and e.kind == "backward" and e.microbatch == last), key=lambda e: e.start)
@@ -622,6 +640,7 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
                               "experts" if expert else "", unit))
         if e.chunk == 0 and costs.pre.params:  # the embedding's, at the end of the first chunk's backward
             ready.append((at(e.end), costs.pre.params * grad_bytes, "", len(ready)))
+        chunk_of += [e.chunk] * (len(ready) - len(chunk_of))
     reductions: list[tuple[float, int, str]] = []  # (ready, bytes, group)
     if plan.distributed_optimizer or plan.grad_buckets == "layer":  # per layer (and per group)
         units: dict[tuple[int, str], list[Any]] = {}
@@ -629,12 +648,13 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
             units.setdefault((unit, group), []).append((when, size))
         reductions = [(max(w for w, _ in items), sum(b for _, b in items), group)
                       for (_, group), items in units.items()]
-    else:  # DDP's buckets, per process group (each group's gradients are bucketed apart), in ready order
-        for group in dict.fromkeys(item[2] for item in ready):
-            mine = [i for i, item in enumerate(ready) if item[2] == group]
+    else:  # DDP's buckets, per model chunk (Megatron-LM and torchtitan wrap each chunk in a DDP of its own) and
+        # per process group (each group's gradients are bucketed apart), in ready order
+        for chunk, group in dict.fromkeys((chunk_of[i], item[2]) for i, item in enumerate(ready)):
+            mine = [i for i, item in enumerate(ready) if item[2] == group and chunk_of[i] == chunk]
             gradients = [Gradient(name=str(i), unit=str(ready[i][3]), bytes=ready[i][1], dtype="grad", group=group)
                          for i in mine]
-            for indices in assign_buckets(gradients, ddp_bucket_limits(plan, cluster, grad_bytes, rank)):
+            for indices in assign_buckets(gradients, ddp_bucket_limits(plan, cluster, grad_bytes, chunk)):
                 picked = [mine[k] for k in indices]
                 reductions.append((max(ready[i][0] for i in picked), sum(ready[i][1] for i in picked), group))
     free, comm = 0.0, []
@@ -645,13 +665,14 @@ def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs:
     return max(compute_end, free), comm
 
 
-def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, rank: int = 0) -> list[int]:
-    """The byte limits of the data-parallel all-reduce's buckets on pipeline rank `rank`, as the plan's software
-    fills them (the last limit repeats; `fxflops.parallel.buckets.assign_buckets` walks them), from the cluster's
-    software constants: torch DDP's 1 MiB first bucket then 25 MiB ones (`bucket_cap_mb` MiB each when given);
-    Megatron-LM's max(40M, 1M x dp) elements when the reduction overlaps the backward on the first pipeline stage
-    (Megatron turns bucketing off on the other stages and without overlap: the whole buffer at once); DeepSpeed's
-    5e8 elements."""
+def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, chunk: int = 0) -> list[int]:
+    """The byte limits of the data-parallel all-reduce's buckets of model chunk `chunk` (a DDP of its own; chunk c
+    on pipeline rank c mod pp), as the plan's software fills them (the last limit repeats;
+    `fxflops.parallel.buckets.assign_buckets` walks them), from the cluster's software constants: torch DDP's
+    1 MiB first bucket then 25 MiB ones (`bucket_cap_mb` MiB each when given); Megatron-LM's max(40M, 1M x dp)
+    elements when the reduction overlaps the backward, on the first pipeline stage's first chunk only (Megatron
+    turns bucketing off on the other stages, for the later chunks of interleaving, disable_bucketing, and
+    without overlap: the chunk's whole buffer at once); DeepSpeed's 5e8 elements."""
     if plan.grad_buckets == "torch":
         if plan.bucket_cap_mb is not None:
             from fxflops.parallel.buckets import bucket_limits
@@ -659,7 +680,7 @@ def ddp_bucket_limits(plan: StepPlan, cluster: Cluster, grad_bytes: int, rank: i
             return bucket_limits(plan.bucket_cap_mb)
         return [cluster.ddp_first_bucket, cluster.ddp_bucket_cap]
     if plan.grad_buckets == "megatron":
-        if not plan.overlap_grad_reduce or rank > 0:
+        if not plan.overlap_grad_reduce or chunk > 0:
             return [_WHOLE_BUFFER]
         return [max(cluster.megatron_bucket_elements, cluster.megatron_bucket_elements_per_dp * plan.dp) * grad_bytes]
     if plan.grad_buckets == "deepspeed":
