@@ -26,7 +26,10 @@ print(json.dumps({"modules": before_tree, "macs": est.total_macs, "edges": edges
 """
 
 HEAVY = ("networkx", "tabulate", "tomllib", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
-         "fxflops.compare", "fxflops.cli")
+         "fxflops.compare", "fxflops.cli",
+         # DTensor's debug module (its tools, estimators and FlopCounterMode: ~80 ms) where a capture clears
+         # DTensor's sharding decisions
+         "torch.distributed.tensor.debug", "torch.distributed._tools")
 
 
 def _child(code: str) -> dict:
@@ -67,3 +70,14 @@ def test_first_use_imports_with_the_collector_paused_and_leaves_it_on():
     # allocation after it makes of the import's young objects, as the collector is switched back on
     assert found["collections"] in ([], [0]), found
     assert found["enabled"] and found["api"]
+
+
+def test_a_first_estimate_beside_dtensor_does_not_import_its_debug_module():
+    # torchvision and transformers load DTensor; a capture then clears DTensor's sharding decisions (a later
+    # fake world must not reuse an earlier one's meshes) without importing torch's debug module to do it
+    code = "import torch.distributed.tensor\n" + _FIRST_CALL
+    found = _child(code)
+    loaded = [name for name in found["modules"]
+              if name.startswith(("torch.distributed.tensor.debug", "torch.distributed._tools"))]
+    assert loaded == []
+    assert found["macs"] == 2 * 8 * 6 * 6 * 27 + 2 * 288 * 10

@@ -100,7 +100,17 @@ def forget_sharding_decisions() -> None:
     redistribution planner's own cache (torch.distributed.tensor._redistribute._gen_transform_infos, keyed
     by specs alike) has no such API and is left as it is: it keeps mesh dimensions and placements, and local
     shapes only for uneven shards over two or more mesh dimensions."""
-    if _dtensor_class() is None:
+    cls = _dtensor_class()
+    if cls is None:
+        return
+    # what torch.distributed.tensor.debug._clear_sharding_prop_cache() does, called where it is done: that
+    # module's import (torch's tools, estimators, FlopCounterMode) costs ~80 ms a first estimate would pay
+    python_cache = getattr(getattr(getattr(cls, "_op_dispatcher", None), "sharding_propagator", None),
+                           "propagate_op_sharding", None)
+    fast_path_cache = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if python_cache is not None and hasattr(python_cache, "cache_clear") and fast_path_cache is not None:
+        python_cache.cache_clear()
+        fast_path_cache()
         return
     try:
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
