@@ -2,8 +2,10 @@
 
 Each run of fxflops.predict.validation.RUNS (Korthikanti et al. 2022 Tables 3/5: iteration time; Narayanan
 et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula; Smith et al. 2022 (MT-NLG 530B):
-iteration time; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's performance page: tokens/s per
-A100) is predicted with predict_step on the run's cluster preset (DGX A100 80GB or DGX H100), the model
+iteration time; BigScience's BLOOM-176B log: iteration time; Megatron-LM's README (Megatron-Core r0.8.0 on H100):
+TFLOP/s per GPU by Megatron-LM's own formula; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's
+performance page: tokens/s per A100) is predicted with predict_step on the run's cluster (a preset, or a file of
+fxflops/predict/data/published/ for a cluster no preset describes), the model
 captured at two layers (the costs stand for the run's depth), with the kernels its software ran as the
 row states them (unfused or flash attention, attention dropout, fused pointwise chains, the gradient
 reduction's dtype) and its pipeline engine (Megatron-LM's or DeepSpeed's). The
@@ -25,6 +27,7 @@ from benchmarks.common import ROOT, environment  # noqa: E402
 
 
 UNITS = {"step_time": "s", "tflops_per_gpu": "TFLOP/s/GPU", "model_tflops_per_gpu": "TFLOP/s/GPU",
+         "megatron_tflops_per_gpu": "TFLOP/s/GPU",
          "tokens_per_sec_per_gpu": "tokens/s/GPU"}
 
 
@@ -43,6 +46,7 @@ def main() -> None:
         unit = UNITS[run.metric]
         rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp}{f' cp={run.cp}' if run.cp > 1 else ''} pp={run.pp} v={run.virtual_stages} "
                     f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute}"
+                    f"{', TP overlap' if run.tp_comm_overlap else ''}"
                     f"{', DeepSpeed engine' if run.pipeline_engine == 'deepspeed' else ''} | "
                     f"{run.kernels} | {unit} | "
                     f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.predict.validation import KORTHIKANTI, LLAMA3, NARAYANAN, RUNS, SMITH, TORCHTITAN, predict_run
+from fxflops.predict.validation import (BIGSCIENCE, KORTHIKANTI, LLAMA3, MCORE, NARAYANAN, RUNS, SMITH, TORCHTITAN,
+                                       predict_run)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "guide" / "predict.md"
 ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<source>[^|]+?) \| [^|]+ \| [^|]+ \| (?P<kernels>[^|]+?) \| (?P<unit>[^|]+?) \| "
@@ -33,13 +34,14 @@ def test_each_row_states_its_kernels() -> None:
     # the runs before FlashAttention (2021-2022 Megatron-LM and DeepSpeed) computed attention unfused with
     # Megatron-LM's attention dropout 0.1; torchtitan reduce-scatters gradients in fp32
     for run in RUNS:
-        unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH)
+        unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE)
         assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else ("flash", 0.0))
         assert run.grad_bytes == (4 if run.source == TORCHTITAN else None)
-        # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM and MT-NLG runs; MT-NLG's
-        # pipeline ran on DeepSpeed's engine
+        # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM, MT-NLG and BLOOM runs; MT-NLG's
+        # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 overlapped its TP communication
         assert run.fuse_elementwise == unfused and ("fused pointwise chains" in run.kernels) == unfused
-        assert run.pipeline_engine == ("deepspeed" if run.source == SMITH else "megatron")
+        assert run.pipeline_engine == ("deepspeed" if run.source in (SMITH, BIGSCIENCE) else "megatron")
+        assert run.tp_comm_overlap == (run.source == MCORE and run.tp > 1)
 
 
 def test_published_numbers() -> None:
@@ -54,10 +56,12 @@ def test_published_numbers() -> None:
         "76.1B on 1024 GPUs": 140, "145.6B on 1536 GPUs": 148, "310.1B on 1920 GPUs": 155,
         "529.6B on 2520 GPUs": 163, "1T on 3072 GPUs": 163,
         "MT-NLG 530B on 2240 GPUs": 60.1, "MT-NLG 530B on 2800 GPUs": 50.2, "MT-NLG 530B on 3360 GPUs": 44.4,
+        "BLOOM 176B on 384 A100": 104.70, "Megatron-Core 1.7B on 48 H100": 408.8, "Megatron-Core 7.1B on 96 H100": 465.9,
+        "Megatron-Core 16B on 192 H100": 489.1, "Megatron-Core 32B on 384 H100": 459.6,
         "Llama 3 405B on 8192 H100": 430, "Llama 3 405B on 16384 H100": 400,
         "Llama 3 405B, 128K context, on 16384 H100": 380, "Llama 3 70B, FSDP, full AC": 331,
         "Llama 2 70B, FSDP, full AC": 353, "Llama 2 13B, FSDP, no AC": 2162}
-    assert {run.source for run in RUNS} == {KORTHIKANTI, NARAYANAN, SMITH, LLAMA3, TORCHTITAN}
+    assert {run.source for run in RUNS} == {KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE, MCORE, LLAMA3, TORCHTITAN}
     for run in RUNS:  # the plans add up to the GPUs the papers name
         assert run.tp * run.cp * run.pp * run.dp == run.gpus
     # Narayanan et al.'s Eq. 3 reproduces their Table 1: 1T at 163 TFLOP/s on 3072 GPUs is 502 PFLOP/s aggregate,
@@ -71,6 +75,34 @@ def test_published_numbers() -> None:
     assert sorted(run.name.split(" on")[0] for run in table_1) == sorted(aggregate)
     for run in table_1:
         assert run.gpus * run.measured / 1000 == pytest.approx(aggregate[run.name.split(" on")[0]], abs=0.05 + run.gpus / 2000)
+    # the authors' script for Table 1 (Megatron-LM examples/sc21/run_table_1.sh): heads, micro-batch and
+    # --num-layers-per-virtual-pipeline-stage (layers a stage / that = virtual stages), DDP torch (overlapped) or local
+    script = {"1.7B": (24, 16, 1, True), "3.6B": (32, 16, 1, True), "7.5B": (32, 16, 1, True), "18.4B": (48, 8, 1, True),
+              "39.1B": (64, 4, 1, False), "76.1B": (80, 2, 15 // 5, False), "145.6B": (96, 2, 10 // 5, False),
+              "310.1B": (128, 1, 6 // 3, False), "529.6B": (128, 1, 3 // 1, False), "1T": (160, 1, 1, False)}
+    for run in table_1:
+        heads, micro, virtual, torch_ddp = script[run.name.split(" on")[0]]
+        assert (run.heads, run.micro_batch, run.virtual_stages, run.overlap_grad_reduce) == (heads, micro, virtual, torch_ddp)
+        assert run.grad_buckets == ("torch" if torch_ddp else "megatron")
+    # Korthikanti et al.'s Table 5 times against Megatron-LM's README (May 2022): MFU 41.5 / 51.4 / 56.0 / 56.3% for the
+    # SP + selective runs, Megatron-LM's model FLOPs over the time on 312 TFLOP/s A100s (1.10 s is rounded: 41.65%)
+    readme_mfu = {"22B": 0.415, "175B": 0.514, "530B": 0.560, "1T": 0.563}
+    for run in RUNS:
+        if run.source == KORTHIKANTI and run.recompute == "selective":
+            mfu = run.megatron_flops() / (run.gpus * run.measured * 312e12)
+            assert mfu == pytest.approx(readme_mfu[run.name.split(",")[0]], abs=0.002)
+    # BLOOM: the log line's 'TFLOPs: 149.77' is Eq. 3 (recomputation included, vocabulary 250,880) over 104.70 s on 384
+    bloom = next(run for run in RUNS if run.source == BIGSCIENCE)
+    assert (bloom.tp, bloom.pp, bloom.dp, bloom.micro_batch, bloom.global_batch) == (4, 12, 8, 2, 2048)
+    assert bloom.published_flops() / (384 * 104.70) / 1e12 == pytest.approx(149.77, abs=0.01)
+    # Megatron-Core r0.8.0's table: TFLOP/s / 989 is its MFU column, GPUs x TFLOP/s its aggregate PFLOP/s column
+    mcore = {"1.7B": (0.41, 19.6), "7.1B": (0.47, 44.7), "16B": (0.49, 93.9), "32B": (0.46, 176.5)}
+    for run in RUNS:
+        if run.source == MCORE:
+            mfu, aggregate = mcore[run.name.split()[1]]
+            assert run.measured / 989 == pytest.approx(mfu, abs=0.005)
+            assert run.gpus * run.measured / 1000 == pytest.approx(aggregate, abs=0.05)
+            assert (run.pp, run.dp, run.global_batch, run.vocab, run.seq) == (1, 48, 192, 131072, 4096)
     # Smith et al.'s TFLOP/s per GPU (126, 121, 113) are Eq. 3 over their iteration times (60.1, 50.2, 44.4 s):
     # the row's model, plan and batch are the paper's, recomputation included
     for run, tflops in zip((run for run in RUNS if run.source == SMITH), (126, 121, 113)):
@@ -103,22 +135,22 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     stated = re.search(r"Mean absolute error ([\d.]+)% over (\d+) runs; largest ([\d.]+)%", DOCS.read_text())
     assert int(stated[2]) == len(RUNS)
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
-    # issue 41's target holds on the runs it was first stated for and on every publication but MT-NLG's; the
-    # docs say why not there (the same model and plan on the same nodes under Megatron-LM, Narayanan et al.'s
-    # 529.6B row, is predicted within 8%)
+    # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows only (5.5%, largest 8.7%);
+    # on the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings, it does not
+    # (10.6%, largest 22.3%), nor over all 32 rows (13.6%, largest 31.3%: the bounds catch a change either way)
+    korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
+    assert sum(korthikanti) / len(korthikanti) < 0.06 and max(korthikanti) < 0.09
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
-    assert sum(first) / len(first) < 0.10 and max(first) < 0.20
-    rest = [error for run, error in zip(RUNS, errors) if run.source != SMITH]
-    assert sum(rest) / len(rest) < 0.10 and max(rest) < 0.20
-    # over every row it does not: the rows over 20% are exactly the three MT-NLG ones, and they take the mean
-    # over 10% (10.4% over 27 rows: the upper bound catches a change that makes the rest worse)
-    assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {run.name for run in RUNS
-                                                                             if run.source == SMITH}
-    assert 0.10 < mean < 0.11
+    assert 0.10 < sum(first) / len(first) < 0.11 and 0.22 < max(first) < 0.23
+    # the rows over 20%: MT-NLG's three and BLOOM (DeepSpeed's pipeline engine, too fast), and the smallest models
+    assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
+        "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs", "BLOOM 176B on 384 A100",
+        "1.7B on 32 GPUs", "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
+    assert 0.13 < mean < 0.14 and 0.31 < worst < 0.32
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",
-                                  "MT-NLG 530B on 2240 GPUs",
+                                  "MT-NLG 530B on 2240 GPUs", "BLOOM 176B on 384 A100", "Megatron-Core 7.1B on 96 H100",
                                   "Llama 3 405B on 16384 H100", "Llama 3 405B, 128K context, on 16384 H100",
                                   "Llama 2 13B, FSDP, no AC"])
 def test_rows_predicted_again(name: str) -> None:

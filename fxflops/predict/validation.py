@@ -1,6 +1,8 @@
 """Published training runs the step prediction is checked against, and the models they trained.
 
-Megatron-LM GPT runs on DGX A100 (Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG 530B), Llama 3 405B
+Megatron-LM GPT runs on DGX A100 (Narayanan et al. 2021 at the settings of the authors' script, Korthikanti et al.
+2022, MT-NLG 530B), BLOOM-176B (BigScience, DeepSpeed's pipeline engine, on Jean Zay's Omni-Path network: a
+cluster file in data/published/), Megatron-Core r0.8.0's GPT runs on H100 (Megatron-LM's README), Llama 3 405B
 on H100 at 8,192 and 131,072 tokens (the Llama 3 paper's Table 4; the long-context row with cp=16) and
 torchtitan's FSDP2 Llama runs on A100; each row names its cluster preset and its metric as the publication
 reports it.
@@ -38,6 +40,10 @@ LLAMA3 = ("Llama Team (AI @ Meta) 2024, The Llama 3 Herd of Models (arXiv:2407.2
           "configurations and MFU of Llama 3 405B pre-training) and Table 3 (model shape)")
 TORCHTITAN = ("torchtitan, docs/performance.md (Llama 3 and Llama 2 performance numbers, FSDP2 on 64 A100 80GB), "
               "github.com/pytorch/torchtitan/blob/041336434916bdc0f88c1f89fda176fd3c2092e4/docs/performance.md")
+MCORE = ("NVIDIA Megatron-LM README, Training Speed and Scalability (Megatron-Core r0.8.0 on H100; images/model_table.png "
+         "of commit 937571c, 2024-07-15)")
+BIGSCIENCE = ("BigScience 2022, BLOOM-176B training (bigscience-workshop/bigscience, train/tr11-176B-ml/README.md and "
+              "tr11-176B-ml.slurm at commit 39ed811)")
 SMITH = ("Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, A Large-Scale "
          "Generative Language Model (arXiv:2201.11990), Section 2.4 (system performance)")
 
@@ -109,10 +115,11 @@ class GPT(nn.Module):
         return self.output(self.final_layernorm(x))
 
 
-def gpt(layers: int, hidden: int, heads: int, dtype: torch.dtype = torch.bfloat16) -> GPT:
+def gpt(layers: int, hidden: int, heads: int, dtype: torch.dtype = torch.bfloat16, vocab: int = VOCAB,
+        seq: int = SEQ) -> GPT:
     """A Megatron-style GPT on the meta device (no memory allocated), training mode."""
     with torch.device("meta"):
-        return GPT(layers, hidden, heads).to(dtype)
+        return GPT(layers, hidden, heads, vocab, seq).to(dtype)
 
 
 def megatron_lm_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
@@ -170,8 +177,9 @@ class PublishedRun:
     virtual_stages: int
     recompute: str
     sequence_parallel: bool
-    # "step_time" (s), "tflops_per_gpu" (Narayanan et al.'s Eq. 3), "model_tflops_per_gpu" (the model's FLOPs
-    # as fxflops counts them) or "tokens_per_sec_per_gpu"
+    # "step_time" (s), "tflops_per_gpu" (Narayanan et al.'s Eq. 3), "megatron_tflops_per_gpu" (Megatron-LM's
+    # num_floating_point_operations: Eq. 3 without recomputation), "model_tflops_per_gpu" (the model's FLOPs as
+    # fxflops counts them) or "tokens_per_sec_per_gpu"
     metric: str
     measured: float
     assumed: str = ""  # settings the publication leaves out, as assumed here
@@ -191,6 +199,7 @@ class PublishedRun:
     grad_bytes: int | None = None
     fuse_elementwise: bool = False  # one kernel per chain of pointwise ops (Megatron-LM's fused bias-GeLU, ...)
     pipeline_engine: str = "megatron"  # "deepspeed": DeepSpeed's 2021 PipelineEngine (step._deepspeed_boundary)
+    tp_comm_overlap: bool = False  # tensor-parallel collectives beside the GEMMs (Megatron-LM's --tp-comm-overlap)
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
@@ -218,17 +227,44 @@ class PublishedRun:
     def published_flops(self) -> float:
         """FLOPs per iteration by Narayanan et al.'s Eq. 3 (full recomputation included):
         96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
-        b, s, l, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
+        b, s, l, h, v = self.global_batch, self.seq, self.layers, self.hidden, self.vocab
         return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
 
+    def megatron_flops(self) -> float:
+        """FLOPs per iteration as Megatron-LM's num_floating_point_operations counts them (megatron/training/
+        training.py of core_r0.8.0, no GQA, MoE or SwiGLU: 12 B s l h^2 (2 + s/h + 4 + V/(2 l h))): Eq. 3 without
+        the recomputed forward, 72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
+        b, s, l, h, v = self.global_batch, self.seq, self.layers, self.hidden, self.vocab
+        return 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
 
-_N_ASSUMED = ("Table 1 gives no micro-batch size or schedule: micro-batch 1, non-interleaved 1F1B, full "
-              "recomputation (the paper's FLOP count includes it), gradients all-reduced after the backward")
+
+_N_ASSUMED = ("micro-batch, interleaving, recomputation and DDP as the authors' script for Table 1 sets them: "
+              "Megatron-LM examples/sc21/run_table_1.sh (2021-08-10, commit de7dc40, 'Table 1 showing weak-scaling "
+              "throughput'): --micro-batch-size, --num-layers-per-virtual-pipeline-stage, --checkpoint-activations "
+              "(full recomputation; the paper's FLOP count includes it), --DDP-impl (torch: DDP's bucketed all-reduce "
+              "overlapped with the backward; local: Megatron-LM's all-reduce after it), --fp16 --loss-scale 8192")
 _S_ASSUMED = ("Section 2.4 gives tp=8 in a node, pp=35 across nodes, batch 1920, sequence 2048; assumed: "
               "micro-batch 1, DeepSpeed's pipeline engine (v0.5.4: TrainSchedule's 1F1B), full recomputation (the paper's TFLOP/s are "
               "Narayanan et al.'s Eq. 3, which includes it: Eq. 3 / (2240 x 60.1 s) = 125.7), no sequence "
               "parallelism, gradients reduced after the backward (DeepSpeed's pipeline engine), vocabulary "
               "50,257 padded to 51,200 (Megatron's padding for tp=8)")
+_B_ASSUMED = ("tr11-176B-ml.slurm gives tp=4, pp=12 on 48 nodes of 8 A100 80GB (dp=8), micro-batch 2, global batch 2048, "
+              "sequence 2048, 70 layers, hidden 14336, 112 heads, vocabulary padded to 250,880, --checkpoint-activations "
+              "(full recomputation), bf16, ZeRO stage 0 with DeepSpeed's bf16 optimizer; the README's log line at "
+              "iteration 85,376 reads 'elapsed time per iteration (s): 104.70 | global batch size: 2048 | ... | TFLOPs: "
+              "149.77' (its TFLOP/s are Eq. 3 over that time, recomputation included: the test checks it). Assumed: "
+              "the model as Megatron's GPT (learned positions where BLOOM has ALiBi inside the QK^T baddbmm, no "
+              "embedding LayerNorm, untied head: the tied-gradient all-reduce between first and last stage not timed), "
+              "fxflops' even layer split (6 layers on stages 0-9, 5 on the last two; BLOOM's --pp-partition-method "
+              "'type:transformer|embedding' puts 5 layers and the embedding on the first and last stages), the "
+              "gradients all-reduced after the backward (DeepSpeed's pipeline engine)")
+_M_ASSUMED = ("the README's table gives heads, hidden size, layers, tp, pp, dp, GPUs, global batch, per-GPU TFLOP/s and "
+              "MFU; its text: vocabulary 131,072, sequence 4,096, --overlap-grad-reduce --overlap-param-gather (the "
+              "distributed optimizer), --tp-comm-overlap, H100 GPUs. Assumed: the model as Megatron's GPT (12 h^2 a "
+              "layer: the README's parameter counts, e.g. 1.7B = 12 x 24 x 2048^2 + 2 x 131,072 x 2048; learned "
+              "positions, GeLU MLP of 4h), micro-batch 1, no recomputation, sequence parallelism with tp > 1, the "
+              "DGX H100 preset's network; only the rows with pp = 1 (the README does not give the interleaving "
+              "depth that sets the bubble of the others)")
 _L_ASSUMED = ("Table 4 gives tp, cp=1, pp, dp, sequence 8,192 and sequences per data-parallel rank; assumed: "
               "micro-batch 1, interleaved 1F1B with 2 chunks per stage (the paper interleaves without saying how "
               "many; its first and last stages hold one layer fewer, here the last two chunks do), sequence "
@@ -266,6 +302,17 @@ _DEEPSPEED_2021 = ("unfused attention with dropout 0.1 and pointwise chains fuse
                    "FlashAttention came in 2022); pipeline: DeepSpeed's PipelineEngine (the paper's 3D parallelism: DeepSpeed's "
                    "pipeline parallelism), as its code of v0.5.4 (2021-10-06, the release before the paper's "
                    "announcement) runs it: deepspeed/runtime/pipe/engine.py, p2p.py, schedule.py (TrainSchedule)")
+_MEGATRON_2021_TORCH_DDP = (_MEGATRON_2021 + "; gradients: torch's DistributedDataParallel (--DDP-impl torch in "
+                            "examples/sc21/run_table_1.sh), its buckets all-reduced as the backward fills them")
+_BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fused, as Megatron-LM's of 2021-2022 "
+                   "(BigScience's Megatron-DeepSpeed fork: --abort-on-unmet-fused-kernel-constraints makes the fused "
+                   "scale-mask-softmax kernel mandatory; FlashAttention was not in it; --attention-dropout is left at "
+                   "its default 0.1, assumed: the script does not set it), pipeline: DeepSpeed's PipelineEngine "
+                   "(--deepspeed with pp=12; modelled as its v0.5.4 code runs it, assumed unchanged in BigScience's "
+                   "2022 DeepSpeed), the inter-node network Omni-Path (data/published/jean_zay_a100.toml)")
+_MCORE_SOFTWARE = ("fused (flash) attention, no dropout (assumed: Megatron-Core r0.8.0 runs Transformer Engine's fused "
+                   "attention by default); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
+                   "the README)")
 _LLAMA3_SOFTWARE = "fused (flash) attention, no dropout (assumed: the paper does not name its attention kernel)"
 _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, "
                         "which runs FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
@@ -273,8 +320,10 @@ _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F
                         "torchtitan/config_manager.py of 2024); FSDP2's all-gather copy-out on the compute stream")
 # whose data-parallel all-reduce buckets each row's software fills (StepPlan.grad_buckets): Megatron-LM's own DDP
 # (2021-2022: each dtype's whole gradient buffer all-reduced after the backward, megatron/model/distributed.py),
-# DeepSpeed's engine (buckets of 5e8 elements); a row not named here runs torch's DDP defaults
-_GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSPEED_2021: "deepspeed"}
+# DeepSpeed's engine (buckets of 5e8 elements); a row not named here runs torch's DDP defaults (_MEGATRON_2021_TORCH_DDP:
+# Megatron-LM with --DDP-impl torch)
+_GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSPEED_2021: "deepspeed",
+                 _BLOOM_SOFTWARE: "deepspeed"}
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
@@ -303,31 +352,31 @@ RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
                  "step_time", 94.42, _K_FULL,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
-    PublishedRun("1.7B on 32 GPUs", NARAYANAN, 24, 2304, 24, 32, 1, 1, 512, 1, 1, "full", False,
-                 "tflops_per_gpu", 137, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("3.6B on 64 GPUs", NARAYANAN, 30, 3072, 32, 64, 2, 1, 512, 1, 1, "full", False,
+    PublishedRun("1.7B on 32 GPUs", NARAYANAN, 24, 2304, 24, 32, 1, 1, 512, 16, 1, "full", False,
+                 "tflops_per_gpu", 137, _N_ASSUMED, overlap_grad_reduce=True,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+    PublishedRun("3.6B on 64 GPUs", NARAYANAN, 30, 3072, 32, 64, 2, 1, 512, 16, 1, "full", False,
+                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=True,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+    PublishedRun("7.5B on 128 GPUs", NARAYANAN, 36, 4096, 32, 128, 4, 1, 512, 16, 1, "full", False,
+                 "tflops_per_gpu", 142, _N_ASSUMED, overlap_grad_reduce=True,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+    PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 8, 1, "full", False,
+                 "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=True,
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+    PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 4, 1, "full", False,
                  "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("7.5B on 128 GPUs", NARAYANAN, 36, 4096, 32, 128, 4, 1, 512, 1, 1, "full", False,
-                 "tflops_per_gpu", 142, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 1, 1, "full", False,
-                 "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 1, 1, "full", False,
-                 "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 1, 1, "full", False,
+    PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 2, 3, "full", False,
                  "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 1, 1, "full", False,
+    PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 2, 2, "full", False,
                  "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 1, "full", False,
+    PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 2, "full", False,
                  "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
-    PublishedRun("529.6B on 2520 GPUs", NARAYANAN, 105, 20480, 128, 2520, 8, 35, 2520, 1, 1, "full", False,
+    PublishedRun("529.6B on 2520 GPUs", NARAYANAN, 105, 20480, 128, 2520, 8, 35, 2520, 1, 3, "full", False,
                  "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
     PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
@@ -345,6 +394,22 @@ RUNS: tuple[PublishedRun, ...] = (
                  "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
                  software=_DEEPSPEED_2021),
+    PublishedRun("BLOOM 176B on 384 A100", BIGSCIENCE, 70, 14336, 112, 384, 4, 12, 2048, 2, 1, "full", False,
+                 "step_time", 104.70, _B_ASSUMED, overlap_grad_reduce=False, cluster="Jean Zay A100 80GB",
+                 vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True,
+                 pipeline_engine="deepspeed", software=_BLOOM_SOFTWARE),
+    PublishedRun("Megatron-Core 1.7B on 48 H100", MCORE, 24, 2048, 16, 48, 1, 1, 192, 1, 1, "none", False,
+                 "megatron_tflops_per_gpu", 408.8, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
+                 distributed_optimizer=True, tp_comm_overlap=False, software=_MCORE_SOFTWARE),
+    PublishedRun("Megatron-Core 7.1B on 96 H100", MCORE, 30, 4096, 32, 96, 2, 1, 192, 1, 1, "none", True,
+                 "megatron_tflops_per_gpu", 465.9, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
+                 distributed_optimizer=True, tp_comm_overlap=True, software=_MCORE_SOFTWARE),
+    PublishedRun("Megatron-Core 16B on 192 H100", MCORE, 32, 6144, 48, 192, 4, 1, 192, 1, 1, "none", True,
+                 "megatron_tflops_per_gpu", 489.1, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
+                 distributed_optimizer=True, tp_comm_overlap=True, software=_MCORE_SOFTWARE),
+    PublishedRun("Megatron-Core 32B on 384 H100", MCORE, 48, 7168, 56, 384, 8, 1, 192, 1, 1, "none", True,
+                 "megatron_tflops_per_gpu", 459.6, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
+                 distributed_optimizer=True, tp_comm_overlap=True, software=_MCORE_SOFTWARE),
     PublishedRun("Llama 3 405B on 8192 H100", LLAMA3, 126, 16384, 128, 8192, 8, 16, 64 * 32, 1, 2, "none", True,
                  "model_tflops_per_gpu", 430, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
                  vocab=128256, seq=8192, distributed_optimizer=True,
@@ -372,6 +437,19 @@ RUNS: tuple[PublishedRun, ...] = (
 )
 
 
+# clusters a publication names that no preset describes: files in fxflops/predict/data/published/, each value sourced
+_PUBLISHED_CLUSTERS = {"Jean Zay A100 80GB": "jean_zay_a100.toml"}
+
+
+def _cluster_file(name: str) -> str:
+    """A preset's name as it is, or the path of the published cluster file of that name."""
+    if name not in _PUBLISHED_CLUSTERS:
+        return name
+    from importlib import resources
+
+    return str(resources.files("fxflops.predict").joinpath("data", "published", _PUBLISHED_CLUSTERS[name]))
+
+
 def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, Any]:
     """(predicted value in the run's metric, the StepPrediction), the model captured at two layers."""
     from fxflops.predict.step import predict_step
@@ -381,20 +459,22 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
     if run.arch == "llama":  # the derived plan is Megatron's for Hugging Face's names
         model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq)
     else:
-        model = gpt(2, run.hidden, run.heads)
+        model = gpt(2, run.hidden, run.heads, vocab=run.vocab, seq=run.seq)
         parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel)
     ids = torch.zeros(run.micro_batch, run.seq, dtype=torch.long)
-    prediction = predict_step(model, (ids,), parallel, cluster or run.cluster, global_batch=run.global_batch,
+    prediction = predict_step(model, (ids,), parallel, cluster or _cluster_file(run.cluster), global_batch=run.global_batch,
                               recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
                               attention=run.attention, attention_dropout=run.attention_dropout,
                               fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine,
-                              grad_buckets=run.grad_buckets)
+                              grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
         return prediction.tflops_per_gpu, prediction
+    if run.metric == "megatron_tflops_per_gpu":
+        return run.megatron_flops() / run.gpus / prediction.step_time / 1e12, prediction
     if run.metric == "tokens_per_sec_per_gpu":
         return prediction.tokens_per_sec / run.gpus, prediction
     return run.published_flops() / run.gpus / prediction.step_time / 1e12, prediction
