@@ -3,7 +3,8 @@
 Each run of fxflops.predict.validation.RUNS (Korthikanti et al. 2022 Tables 3/5: iteration time; Narayanan
 et al. 2021 Table 1: per-GPU TFLOP/s by the paper's own FLOP formula; Smith et al. 2022 (MT-NLG 530B):
 iteration time; BigScience's BLOOM-176B log: iteration time; Megatron-LM's README (Megatron-Core r0.8.0 on H100):
-TFLOP/s per GPU by Megatron-LM's own formula; the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's
+TFLOP/s per GPU by Megatron-LM's own formula; MosaicML llm-foundry's MPT benchmark table: tokens/s per A100;
+the Llama 3 paper's Table 4: TFLOP/s per H100; torchtitan's
 performance page: tokens/s per A100) is predicted with predict_step on the run's cluster (a preset, or a file of
 fxflops/predict/data/published/ for a cluster no preset describes), the model
 captured at two layers (the costs stand for the run's depth), with the kernels its software ran as the

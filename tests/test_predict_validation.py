@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.predict.validation import (BIGSCIENCE, KORTHIKANTI, LLAMA3, MCORE, NARAYANAN, RUNS, SMITH, TORCHTITAN,
-                                       predict_run)
+from fxflops.predict.validation import (BIGSCIENCE, KORTHIKANTI, LLAMA3, MCORE, MOSAIC, NARAYANAN, RUNS, SMITH,
+                                       TORCHTITAN, predict_run)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "guide" / "predict.md"
 ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<source>[^|]+?) \| [^|]+ \| [^|]+ \| (?P<kernels>[^|]+?) \| (?P<unit>[^|]+?) \| "
@@ -36,7 +36,10 @@ def test_each_row_states_its_kernels() -> None:
     for run in RUNS:
         unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE)
         assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else ("flash", 0.0))
-        assert run.grad_bytes == (4 if run.source == TORCHTITAN else None)
+        # torchtitan reduce-scatters in fp32, and so does Composer's FSDP under its DEFAULT mixed precision (the MPT
+        # rows but the two 70B ones, which ran PURE bf16)
+        fp32_reduce = run.source == TORCHTITAN or (run.source == MOSAIC and not run.name.startswith("MPT-70B"))
+        assert run.grad_bytes == (4 if fp32_reduce else None)
         # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM, MT-NLG and BLOOM runs; MT-NLG's
         # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 overlapped its TP communication
         assert run.fuse_elementwise == unfused and ("fused pointwise chains" in run.kernels) == unfused
@@ -58,10 +61,15 @@ def test_published_numbers() -> None:
         "MT-NLG 530B on 2240 GPUs": 60.1, "MT-NLG 530B on 2800 GPUs": 50.2, "MT-NLG 530B on 3360 GPUs": 44.4,
         "BLOOM 176B on 384 A100": 104.70, "Megatron-Core 1.7B on 48 H100": 408.8, "Megatron-Core 7.1B on 96 H100": 465.9,
         "Megatron-Core 16B on 192 H100": 489.1, "Megatron-Core 32B on 384 H100": 459.6,
+        "MPT-70B on 64 A100, batch 2048/8": 410, "MPT-70B on 32 A100, batch 1024/2": 373,
+        "MPT-30B on 8 A100, batch 504/3": 916, "MPT-13B on 8 A100, batch 48/2": 2262, "MPT-7B on 8 A100, batch 96/6": 4641,
+        "MPT-3B on 8 A100, batch 160/10": 10811, "MPT-1B on 8 A100, batch 448/14": 20513,
+        "MPT-760M on 8 A100, batch 384/24": 32434, "MPT-350M on 8 A100, batch 512/32": 58782,
+        "MPT-125M on 8 A100, batch 640/40": 142830, "MPT-125M on 8 A100, batch 512/32": 141737,
         "Llama 3 405B on 8192 H100": 430, "Llama 3 405B on 16384 H100": 400,
         "Llama 3 405B, 128K context, on 16384 H100": 380, "Llama 3 70B, FSDP, full AC": 331,
         "Llama 2 70B, FSDP, full AC": 353, "Llama 2 13B, FSDP, no AC": 2162}
-    assert {run.source for run in RUNS} == {KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE, MCORE, LLAMA3, TORCHTITAN}
+    assert {run.source for run in RUNS} == {KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE, MCORE, MOSAIC, LLAMA3, TORCHTITAN}
     for run in RUNS:  # the plans add up to the GPUs the papers name
         assert run.tp * run.cp * run.pp * run.dp == run.gpus
     # Narayanan et al.'s Eq. 3 reproduces their Table 1: 1T at 163 TFLOP/s on 3072 GPUs is 502 PFLOP/s aggregate,
@@ -103,6 +111,20 @@ def test_published_numbers() -> None:
             assert run.measured / 989 == pytest.approx(mfu, abs=0.005)
             assert run.gpus * run.measured / 1000 == pytest.approx(aggregate, abs=0.05)
             assert (run.pp, run.dp, run.global_batch, run.vocab, run.seq) == (1, 48, 192, 131072, 4096)
+    # MPT: the table's Throughput (T/s) over its GPUs is the row's tokens a second a GPU (to its rounding), and micro-batch
+    # x gradient accumulation x GPUs its global batch; shapes of scripts/train/yamls/pretrain/mpt-*.yaml
+    mpt = {"MPT-70B on 64 A100, batch 2048/8": (26274, 4, (80, 8192, 64)), "MPT-70B on 32 A100, batch 1024/2": (11962, 16, (80, 8192, 64)),
+           "MPT-30B on 8 A100, batch 504/3": (7330, 21, (48, 7168, 56)), "MPT-13B on 8 A100, batch 48/2": (18097, 3, (40, 5120, 40)),
+           "MPT-7B on 8 A100, batch 96/6": (37130, 2, (32, 4096, 32)), "MPT-3B on 8 A100, batch 160/10": (86491, 2, (32, 2560, 20)),
+           "MPT-1B on 8 A100, batch 448/14": (164109, 4, (24, 2048, 16)), "MPT-760M on 8 A100, batch 384/24": (259472, 2, (24, 1536, 12)),
+           "MPT-350M on 8 A100, batch 512/32": (470263, 2, (24, 1024, 16)), "MPT-125M on 8 A100, batch 640/40": (1142641, 2, (12, 768, 12)),
+           "MPT-125M on 8 A100, batch 512/32": (1133901, 2, (12, 768, 12))}
+    assert {run.name for run in RUNS if run.source == MOSAIC} == set(mpt)
+    for run in RUNS:
+        if run.source == MOSAIC:
+            tokens, accumulation, shape = mpt[run.name]
+            assert run.measured == pytest.approx(tokens / run.gpus, abs=1) and (run.layers, run.hidden, run.heads) == shape
+            assert run.micro_batch * accumulation * run.gpus == run.global_batch and (run.vocab, run.seq, run.tie) == (50368, 2048, True)
     # Smith et al.'s TFLOP/s per GPU (126, 121, 113) are Eq. 3 over their iteration times (60.1, 50.2, 44.4 s):
     # the row's model, plan and batch are the paper's, recomputation included
     for run, tflops in zip((run for run in RUNS if run.source == SMITH), (126, 121, 113)):
@@ -137,20 +159,22 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
     # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows only (5.5%, largest 8.7%);
     # on the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings, it does not
-    # (10.6%, largest 22.3%), nor over all 32 rows (13.6%, largest 31.3%: the bounds catch a change either way)
+    # (10.6%, largest 22.3%), nor over all 43 rows (13.2%, largest 31.3%: the bounds catch a change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
     assert sum(korthikanti) / len(korthikanti) < 0.06 and max(korthikanti) < 0.09
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
     assert 0.10 < sum(first) / len(first) < 0.11 and 0.22 < max(first) < 0.23
-    # the rows over 20%: MT-NLG's three and BLOOM (DeepSpeed's pipeline engine, too fast), and the smallest models
+    # the rows over 20%: MT-NLG's three and BLOOM (DeepSpeed's pipeline engine, predicted too fast),
+    # and four predicted too fast
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
         "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs", "BLOOM 176B on 384 A100",
-        "1.7B on 32 GPUs", "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.13 < mean < 0.14 and 0.31 < worst < 0.32
+        "1.7B on 32 GPUs", "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100", "MPT-13B on 8 A100, batch 48/2"}
+    assert 0.13 < mean < 0.135 and 0.31 < worst < 0.32
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",
                                   "MT-NLG 530B on 2240 GPUs", "BLOOM 176B on 384 A100", "Megatron-Core 7.1B on 96 H100",
+                                  "MPT-7B on 8 A100, batch 96/6",
                                   "Llama 3 405B on 16384 H100", "Llama 3 405B, 128K context, on 16384 H100",
                                   "Llama 2 13B, FSDP, no AC"])
 def test_rows_predicted_again(name: str) -> None:

@@ -2,7 +2,8 @@
 
 Megatron-LM GPT runs on DGX A100 (Narayanan et al. 2021 at the settings of the authors' script, Korthikanti et al.
 2022, MT-NLG 530B), BLOOM-176B (BigScience, DeepSpeed's pipeline engine, on Jean Zay's Omni-Path network: a
-cluster file in data/published/), Megatron-Core r0.8.0's GPT runs on H100 (Megatron-LM's README), Llama 3 405B
+cluster file in data/published/), Megatron-Core r0.8.0's GPT runs on H100 (Megatron-LM's README), MosaicML's MPT
+runs under FSDP on A100 (llm-foundry's benchmark table), Llama 3 405B
 on H100 at 8,192 and 131,072 tokens (the Llama 3 paper's Table 4; the long-context row with cp=16) and
 torchtitan's FSDP2 Llama runs on A100; each row names its cluster preset and its metric as the publication
 reports it.
@@ -42,6 +43,8 @@ TORCHTITAN = ("torchtitan, docs/performance.md (Llama 3 and Llama 2 performance 
               "github.com/pytorch/torchtitan/blob/041336434916bdc0f88c1f89fda176fd3c2092e4/docs/performance.md")
 MCORE = ("NVIDIA Megatron-LM README, Training Speed and Scalability (Megatron-Core r0.8.0 on H100; images/model_table.png "
          "of commit 937571c, 2024-07-15)")
+MOSAIC = ("MosaicML llm-foundry, scripts/train/benchmarking/README.md, 'A100 80GB with 1600 Gbps node-node "
+          "interconnect (RoCE)' (MPT training throughput; table as of commit b2a43a1, 2023-10-19)")
 BIGSCIENCE = ("BigScience 2022, BLOOM-176B training (bigscience-workshop/bigscience, train/tr11-176B-ml/README.md and "
               "tr11-176B-ml.slurm at commit 39ed811)")
 SMITH = ("Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, A Large-Scale "
@@ -98,7 +101,7 @@ class GPT(nn.Module):
     """Megatron-LM's GPT (untied output head; attention dropout left out, hidden dropout 0.1)."""
 
     def __init__(self, layers: int, hidden: int, heads: int, vocab: int = VOCAB, seq: int = SEQ,
-                 dropout: float = 0.1) -> None:
+                 dropout: float = 0.1, tie: bool = False) -> None:
         super().__init__()
         self.num_attention_heads = heads
         self.word_embeddings = nn.Embedding(vocab, hidden)
@@ -106,6 +109,8 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(hidden, heads, dropout) for _ in range(layers))
         self.final_layernorm = nn.LayerNorm(hidden)
         self.output = nn.Linear(hidden, vocab, bias=False)
+        if tie:  # the head shares the word embedding's weight (MPT's, BLOOM's): one parameter, gathered and stepped once
+            self.output.weight = self.word_embeddings.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)[None]  # (1, seq): shardable along the sequence
@@ -116,10 +121,10 @@ class GPT(nn.Module):
 
 
 def gpt(layers: int, hidden: int, heads: int, dtype: torch.dtype = torch.bfloat16, vocab: int = VOCAB,
-        seq: int = SEQ) -> GPT:
+        seq: int = SEQ, tie: bool = False) -> GPT:
     """A Megatron-style GPT on the meta device (no memory allocated), training mode."""
     with torch.device("meta"):
-        return GPT(layers, hidden, heads, vocab, seq).to(dtype)
+        return GPT(layers, hidden, heads, vocab, seq, tie=tie).to(dtype)
 
 
 def megatron_lm_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
@@ -199,6 +204,7 @@ class PublishedRun:
     grad_bytes: int | None = None
     fuse_elementwise: bool = False  # one kernel per chain of pointwise ops (Megatron-LM's fused bias-GeLU, ...)
     pipeline_engine: str = "megatron"  # "deepspeed": DeepSpeed's 2021 PipelineEngine (step._deepspeed_boundary)
+    tie: bool = False  # the GPT's head shares the word embedding's weight
     tp_comm_overlap: bool = False  # tensor-parallel collectives beside the GEMMs (Megatron-LM's --tp-comm-overlap)
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
@@ -265,6 +271,15 @@ _M_ASSUMED = ("the README's table gives heads, hidden size, layers, tp, pp, dp, 
               "positions, GeLU MLP of 4h), micro-batch 1, no recomputation, sequence parallelism with tp > 1, the "
               "DGX H100 preset's network; only the rows with pp = 1 (the README does not give the interleaving "
               "depth that sets the bubble of the others)")
+_P_ASSUMED = ("the table gives per row the model (scripts/train/yamls/pretrain/mpt-*.yaml: d_model, n_heads, n_layers, "
+              "expansion 4, vocabulary 50,368, learned positions: the table's NumParams grow with the sequence), sequence, "
+              "GPUs, micro-batch, gradient accumulation, global batch, FSDP FULL_SHARD, its mixed precision (DEFAULT: "
+              "gradients reduced in fp32; PURE: in bf16), activation checkpointing, and tokens a second a GPU; "
+              "submit_benchmarks.py sets attn_impl triton (flash attention) and low_precision_layernorm. Rows: every "
+              "row of the table at MPT's training sequence 2,048 (the table also sweeps 512 to 65,536 tokens; those "
+              "rows were not predicted). Assumed: Megatron's GPT with the head tied to the word embedding (MPT's) and "
+              "biases (MPT's no_bias is False by default), FSDP timed as fxflops times FSDP2 (Composer ran FSDP1, "
+              "without FSDP2's copy-out of each gathered layer), one layer of prefetch, no torch.compile")
 _L_ASSUMED = ("Table 4 gives tp, cp=1, pp, dp, sequence 8,192 and sequences per data-parallel rank; assumed: "
               "micro-batch 1, interleaved 1F1B with 2 chunks per stage (the paper interleaves without saying how "
               "many; its first and last stages hold one layer fewer, here the last two chunks do), sequence "
@@ -313,6 +328,9 @@ _BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fuse
 _MCORE_SOFTWARE = ("fused (flash) attention, no dropout (assumed: Megatron-Core r0.8.0 runs Transformer Engine's fused "
                    "attention by default); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
                    "the README)")
+_MOSAIC_SOFTWARE = ("fused attention, no dropout (submit_benchmarks.py: --attn_impl triton, MPT's Triton "
+                    "FlashAttention; MPT's attn_pdrop 0); the gradient reduce-scatter in the precision of the row's FSDP "
+                    "mixed precision (Composer: DEFAULT reduces in fp32, PURE in bf16)")
 _LLAMA3_SOFTWARE = "fused (flash) attention, no dropout (assumed: the paper does not name its attention kernel)"
 _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F.scaled_dot_product_attention, "
                         "which runs FlashAttention-2 on A100); gradients reduce-scattered in fp32 (torchtitan's "
@@ -410,6 +428,39 @@ RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("Megatron-Core 32B on 384 H100", MCORE, 48, 7168, 56, 384, 8, 1, 192, 1, 1, "none", True,
                  "megatron_tflops_per_gpu", 459.6, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
                  distributed_optimizer=True, tp_comm_overlap=True, software=_MCORE_SOFTWARE),
+    PublishedRun("MPT-70B on 64 A100, batch 2048/8", MOSAIC, 80, 8192, 64, 64, 1, 1, 2048, 8, 1, "full",
+                 False, "tokens_per_sec_per_gpu", 410, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=None,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-70B on 32 A100, batch 1024/2", MOSAIC, 80, 8192, 64, 32, 1, 1, 1024, 2, 1, "full",
+                 False, "tokens_per_sec_per_gpu", 373, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=None,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-30B on 8 A100, batch 504/3", MOSAIC, 48, 7168, 56, 8, 1, 1, 504, 3, 1, "full",
+                 False, "tokens_per_sec_per_gpu", 916, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-13B on 8 A100, batch 48/2", MOSAIC, 40, 5120, 40, 8, 1, 1, 48, 2, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 2262, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-7B on 8 A100, batch 96/6", MOSAIC, 32, 4096, 32, 8, 1, 1, 96, 6, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 4641, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-3B on 8 A100, batch 160/10", MOSAIC, 32, 2560, 20, 8, 1, 1, 160, 10, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 10811, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-1B on 8 A100, batch 448/14", MOSAIC, 24, 2048, 16, 8, 1, 1, 448, 14, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 20513, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-760M on 8 A100, batch 384/24", MOSAIC, 24, 1536, 12, 8, 1, 1, 384, 24, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 32434, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-350M on 8 A100, batch 512/32", MOSAIC, 24, 1024, 16, 8, 1, 1, 512, 32, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 58782, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-125M on 8 A100, batch 640/40", MOSAIC, 12, 768, 12, 8, 1, 1, 640, 40, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 142830, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
+    PublishedRun("MPT-125M on 8 A100, batch 512/32", MOSAIC, 12, 768, 12, 8, 1, 1, 512, 32, 1, "none",
+                 False, "tokens_per_sec_per_gpu", 141737, _P_ASSUMED, vocab=50368, fsdp=True, tie=True, grad_bytes=4,
+                 software=_MOSAIC_SOFTWARE),
     PublishedRun("Llama 3 405B on 8192 H100", LLAMA3, 126, 16384, 128, 8192, 8, 16, 64 * 32, 1, 2, "none", True,
                  "model_tflops_per_gpu", 430, _L_ASSUMED, cluster="DGX H100", arch="llama", ffn=53248, kv_heads=8,
                  vocab=128256, seq=8192, distributed_optimizer=True,
@@ -459,7 +510,7 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
     if run.arch == "llama":  # the derived plan is Megatron's for Hugging Face's names
         model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq)
     else:
-        model = gpt(2, run.hidden, run.heads, vocab=run.vocab, seq=run.seq)
+        model = gpt(2, run.hidden, run.heads, vocab=run.vocab, seq=run.seq, tie=run.tie)
         parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel)
     ids = torch.zeros(run.micro_batch, run.seq, dtype=torch.long)
     prediction = predict_step(model, (ids,), parallel, cluster or _cluster_file(run.cluster), global_batch=run.global_batch,
