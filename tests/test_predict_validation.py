@@ -186,3 +186,13 @@ def test_rows_predicted_again(name: str) -> None:
         predicted, prediction = predict_run(run)
     assert f"{predicted:.2f}" == table()[name]["predicted"]
     assert sum(prediction.breakdown.values()) == pytest.approx(prediction.step_time)
+
+
+def test_a_tied_gpt_holds_the_head_once() -> None:
+    # MPT's head is its word embedding: tied, the model has vocabulary x hidden parameters fewer, one Parameter shared
+    from fxflops.predict.validation import gpt
+
+    tied, untied = gpt(2, 768, 12, vocab=50368, tie=True), gpt(2, 768, 12, vocab=50368)
+    assert tied.output.weight is tied.word_embeddings.weight
+    count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
+    assert count(untied) - count(tied) == 50368 * 768
