@@ -157,6 +157,23 @@ def test_fsdp_root_unit_is_gathered_first_and_reduce_scattered_last() -> None:
     assert ddp.breakdown["compute"] == 4 * 3.0 + 1.5
 
 
+def test_fsdp_root_unit_of_each_pipeline_stage_holds_its_own_parts() -> None:
+    # pp = 2: the first stage's root unit is the embedding (2^24 parameters), the last stage's the head (2^25);
+    # each stage copies its own root out once and its gradients in once per micro-batch, on its compute stream
+    pre, post = 1 << 24, 1 << 25
+    plan = StepPlan(pp=2, dp=2, fsdp=True, global_batch=2, optimizer_bytes_per_param=0)
+    model = costs(layers=4, pre=Part(forward=0.5, backward=0.25, params=pre),
+                  post=Part(forward=0.25, backward=0.5, params=post))
+    prediction = simulate_plan(model, plan, A100)
+
+    def copies(params: int) -> float:
+        return (2 * params * 2 + params * (2 + 2)) / A100.device.sustained + 2 * A100.device.launch_overhead
+
+    first, last = prediction.ranks
+    assert first.compute == pytest.approx(2 * 3.0 + 0.75 + copies(pre), rel=1e-12)
+    assert last.compute == pytest.approx(2 * 3.0 + 0.75 + copies(post), rel=1e-12)
+
+
 def test_fsdp_root_gather_overlaps_nothing_but_the_first_layer_gather_overlaps_the_embedding() -> None:
     # _prefetched with the root as a first step of the forward: the root's gather (0.5 s) then the embedding
     # (0.25 s of compute) while layer 0's gather (1 s) runs: layer 0 starts at 0.5 + 1, not at 0.5 + 0.25

@@ -10,8 +10,10 @@ step as it runs on each pipeline rank:
 - FSDP (fsdp=True, dp > 1): each layer's parameters all-gathered before its forward and again before its
   backward (resharded after the forward), prefetched one layer ahead on a communication stream, and its
   gradients reduce-scattered after its backward, micro-batch by micro-batch; FSDP2's copy of each gathered
-  layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
-  the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
+  layer out of the all-gather buffer into its parameters and its copy of each layer's gradients into the
+  reduce-scatter's input (cast to the reduce dtype) run on the compute stream (`_fsdp_copies`) unless the
+  capture itself ran FSDP; the parameters outside the blocks (FSDP2's root unit: embedding, head) gathered
+  once before the first op and reduce-scattered after the last backward op (`_fsdp_root`);
 - HSDP (fsdp with dp_shard < dp): the same per layer within the shard group (dp_shard x cp ranks, tp apart:
   inside a node when they fit), each layer's gradient shard then all-reduced over the dp / dp_shard replicas
   (ranks tp x cp x dp_shard apart) once its reduce-scatter is done, on a stream of its own (FSDP2's
@@ -771,8 +773,10 @@ def _prefetched(compute: list[float], before: list[float], after: list[float],
                 chained: list[float] | None = None) -> float:
     """Layers run one after another on the compute stream, each waiting for its `before` collective (FSDP's
     all-gather, issued on the communication stream when the previous layer starts: one layer of prefetch);
-    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends, and its
-    `chained` one (HSDP's all-reduce over the replicas) on a third stream once that reduce-scatter is done
+    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends (one queue for
+    both, in issue order: FSDP2's all-gather and reduce-scatter streams reach one NCCL communicator, whose
+    kernels NCCL runs one after another, src/enqueue.cc ncclLaunchPrepare), and its `chained` one (HSDP's
+    all-reduce over the replicas, another communicator) on a third stream once that reduce-scatter is done
     (FSDP2's all_reduce_stream). Returns when every stream is done."""
     if not compute:
         return 0.0
