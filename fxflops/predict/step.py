@@ -605,8 +605,8 @@ def _fsdp_copies(part: Any, param_bytes: int, grad_bytes: int, cluster: Cluster)
       `foreach_reduce_scatter_copy_in` (torch.ops.fsdp.chunk_cat), which casts them to the reduce dtype
       (`grad_bytes`: MixedPrecisionPolicy's reduce_dtype, 4 for an fp32 reduction), on the current (compute)
       stream before the reduce-scatter stream waits for it (torch/distributed/fsdp/_fully_shard/
-      _fsdp_collectives.py as installed). Each parameter's dim 0 padded to a multiple of the shard group
-      (`_get_dim0_padded_size`) is not counted: the padding is below one row in shard-group rows a parameter."""
+      _fsdp_collectives.py as installed). The padding of each parameter's dim 0 to a multiple of the shard group
+      (`_get_dim0_padded_size`: fewer than shard-group rows a parameter) is not counted."""
     if not part.params:
         return 0.0, 0.0
     kernels = 2 if part.expert_params and part.params > part.expert_params else 1
