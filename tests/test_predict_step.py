@@ -98,17 +98,86 @@ def test_fsdp_gathers_are_prefetched_one_layer_ahead() -> None:
 def test_fsdp_copies_each_gathered_layer_out_on_the_compute_stream() -> None:
     # 8 layers of 1 s / 2 s holding 2^26 bf16 parameters, FSDP over dp = 2 in a node: before each forward and each
     # backward FSDP2 copies the gathered layer into its parameters (2 x 2^26 x 2 bytes through memory, one
-    # kernel): 16 copies on the compute stream; a capture that ran FSDP has them among its ops already
+    # kernel): 16 copies on the compute stream; after each backward it copies the layer's bf16 gradients into the
+    # reduce-scatter's input (2^26 x (2 read + 2 written) bytes, one kernel): 8 more; a capture that ran FSDP has
+    # them among its ops already
     params = 1 << 26
     plan = StepPlan(dp=2, fsdp=True, global_batch=2)
     copy_out = 2 * params * 2 / A100.device.sustained + A100.device.launch_overhead
+    copy_in = params * (2 + 2) / A100.device.sustained + A100.device.launch_overhead
     prediction = simulate_plan(costs(params=params), plan, A100)
-    assert prediction.breakdown["compute"] == pytest.approx(8 * 3.0 + 16 * copy_out, rel=1e-12)
+    assert prediction.breakdown["compute"] == pytest.approx(8 * 3.0 + 16 * copy_out + 8 * copy_in, rel=1e-12)
     captured = simulate_plan(dataclasses.replace(costs(params=params), fsdp_in_capture=True), plan, A100)
     assert captured.breakdown["compute"] == pytest.approx(8 * 3.0, rel=1e-12)
     # without FSDP there is nothing to copy
     assert simulate_plan(costs(params=params), StepPlan(dp=2, fsdp=False, global_batch=2), A100
                          ).breakdown["compute"] == pytest.approx(8 * 3.0, rel=1e-12)
+
+
+def test_fsdp_reduce_scatter_copy_in_casts_to_the_reduce_dtype() -> None:
+    # torchtitan's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the bf16 gradients (2 bytes) are read
+    # and written as fp32 (4 bytes) into the reduce-scatter's input by chunk_cat, on the compute stream, once per
+    # layer per backward; the reduce-scatter then moves 4 bytes a parameter
+    params = 1 << 26
+    plan = StepPlan(dp=2, fsdp=True, global_batch=2, grad_bytes=4)
+    copy_out = 2 * params * 2 / A100.device.sustained + A100.device.launch_overhead
+    copy_in = params * (2 + 4) / A100.device.sustained + A100.device.launch_overhead
+    prediction = simulate_plan(costs(params=params), plan, A100)
+    assert prediction.breakdown["compute"] == pytest.approx(8 * 3.0 + 16 * copy_out + 8 * copy_in, rel=1e-12)
+    # the reduce-scatter itself stays hidden behind the next layer's backward, except the last layer's, which
+    # ends after the compute: exposed are the first gather of the forward and of the backward, and that last one
+    gather = collective_seconds("all_gather", params * 2, 2, A100, 2)
+    scatter = collective_seconds("reduce_scatter", params * 4, 2, A100, 2)
+    assert prediction.breakdown["exposed_comm"] == pytest.approx(2 * gather + scatter, rel=1e-9)
+
+
+def test_fsdp_root_unit_is_gathered_first_and_reduce_scattered_last() -> None:
+    # one stage, FSDP over dp = 2 in a node, 4 layers of 1 s / 2 s without parameters (nothing to gather), an
+    # embedding of 2^24 bf16 parameters (0.5 s forward, 0.25 s backward) and a head of 2^25 (0.25 s / 0.5 s): the
+    # root unit (fully_shard of the model) holds both, 3 x 2^24 parameters. Its all-gather is the first thing on
+    # the all-gather stream and the embedding waits for it (exposed); it is not resharded after the forward, so
+    # the backward does not gather it; its reduce-scatter follows the embedding's backward, the last op, exposed
+    root = 3 << 24
+    plan = StepPlan(dp=2, fsdp=True, global_batch=2, optimizer_bytes_per_param=0)
+    model = costs(layers=4, pre=Part(forward=0.5, backward=0.25, params=1 << 24),
+                  post=Part(forward=0.25, backward=0.5, params=1 << 25))
+    prediction = simulate_plan(model, plan, A100)
+    gather = collective_seconds("all_gather", root * 2, 2, A100, 2)
+    scatter = collective_seconds("reduce_scatter", root * 2, 2, A100, 2)
+    copy_out = 2 * root * 2 / A100.device.sustained + A100.device.launch_overhead  # once: gathered once
+    copy_in = root * (2 + 2) / A100.device.sustained + A100.device.launch_overhead
+    compute = 4 * 3.0 + 0.75 + 0.75 + copy_out + copy_in
+    assert prediction.breakdown["compute"] == pytest.approx(compute, rel=1e-12)
+    assert prediction.breakdown["exposed_comm"] == pytest.approx(gather + scatter, rel=1e-9)
+    # the optimizer streams the gradient and parameter of the 3 x 2^24 / 2 parameters a rank holds
+    optimizer = root / 2 * (2 + 2) / A100.device.sustained + A100.device.launch_overhead
+    assert prediction.step_time == pytest.approx(compute + gather + scatter + optimizer, rel=1e-9)
+    # without FSDP nothing is gathered: the gradients are all-reduced after the backward instead
+    ddp = simulate_plan(model, StepPlan(dp=2, fsdp=False, global_batch=2, optimizer_bytes_per_param=0), A100)
+    assert ddp.breakdown["compute"] == 4 * 3.0 + 1.5
+
+
+def test_fsdp_root_unit_of_each_pipeline_stage_holds_its_own_parts() -> None:
+    # pp = 2: the first stage's root unit is the embedding (2^24 parameters), the last stage's the head (2^25);
+    # each stage copies its own root out once and its gradients in once per micro-batch, on its compute stream
+    pre, post = 1 << 24, 1 << 25
+    plan = StepPlan(pp=2, dp=2, fsdp=True, global_batch=2, optimizer_bytes_per_param=0)
+    model = costs(layers=4, pre=Part(forward=0.5, backward=0.25, params=pre),
+                  post=Part(forward=0.25, backward=0.5, params=post))
+    prediction = simulate_plan(model, plan, A100)
+
+    def copies(params: int) -> float:
+        return (2 * params * 2 + params * (2 + 2)) / A100.device.sustained + 2 * A100.device.launch_overhead
+
+    first, last = prediction.ranks
+    assert first.compute == pytest.approx(2 * 3.0 + 0.75 + copies(pre), rel=1e-12)
+    assert last.compute == pytest.approx(2 * 3.0 + 0.75 + copies(post), rel=1e-12)
+
+
+def test_fsdp_root_gather_overlaps_nothing_but_the_first_layer_gather_overlaps_the_embedding() -> None:
+    # _prefetched with the root as a first step of the forward: the root's gather (0.5 s) then the embedding
+    # (0.25 s of compute) while layer 0's gather (1 s) runs: layer 0 starts at 0.5 + 1, not at 0.5 + 0.25
+    assert _prefetched([0.25, 2.0, 2.0], [0.5, 1.0, 1.0], [0.0] * 3) == 0.5 + 1.0 + 2.0 + 2.0
 
 
 def test_bad_plans_are_one_line() -> None:

@@ -10,8 +10,10 @@ step as it runs on each pipeline rank:
 - FSDP (fsdp=True, dp > 1): each layer's parameters all-gathered before its forward and again before its
   backward (resharded after the forward), prefetched one layer ahead on a communication stream, and its
   gradients reduce-scattered after its backward, micro-batch by micro-batch; FSDP2's copy of each gathered
-  layer out of the all-gather buffer into its parameters runs on the compute stream (a memory-bound copy of
-  the layer's parameters, read and written, per gather) unless the capture itself ran FSDP;
+  layer out of the all-gather buffer into its parameters and its copy of each layer's gradients into the
+  reduce-scatter's input (cast to the reduce dtype) run on the compute stream (`_fsdp_copies`) unless the
+  capture itself ran FSDP; the parameters outside the blocks (FSDP2's root unit: embedding, head) gathered
+  once before the first op and reduce-scattered after the last backward op (`_fsdp_root`);
 - HSDP (fsdp with dp_shard < dp): the same per layer within the shard group (dp_shard x cp ranks, tp apart:
   inside a node when they fit), each layer's gradient shard then all-reduced over the dp / dp_shard replicas
   (ranks tp x cp x dp_shard apart) once its reduce-scatter is done, on a stream of its own (FSDP2's
@@ -58,7 +60,7 @@ from typing import Any
 
 from fxflops.predict.comm_time import collective_seconds, ranks_per_node
 from fxflops.predict.hardware import Cluster
-from fxflops.predict.layers import LayerCosts
+from fxflops.predict.layers import LayerCosts, Part
 from fxflops.predict.op_time import stream_seconds
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
 
@@ -362,13 +364,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                                       grad_bytes, cluster) \
             + _replica_all_reduce(block.expert_params, plan.expert_shard_group, plan, placed, grad_bytes, cluster)
         if not costs.fsdp_in_capture:
-            # FSDP2 copies each gathered layer out of the all-gather's buffer into its parameters on the compute
-            # stream (foreach_all_gather_copy_out: split_with_sizes_copy, the buffer read and the parameters
-            # written), before the forward and again before the backward; the experts' group is a second copy
-            copy_out = stream_seconds(2 * block.params * costs.param_bytes, cluster.device,
-                                      kernels=2 if block.expert_params else 1)
+            # FSDP2's own copies on the compute stream (see `_fsdp_copies`): each gathered layer copied out of the
+            # all-gather's buffer before its forward and again before its backward, and its gradients copied into
+            # the reduce-scatter's input (cast to the reduce dtype) after its backward
+            copy_out, copy_in = _fsdp_copies(block, costs.param_bytes, grad_bytes, cluster)
             layer_fwd_compute += copy_out
-            layer_bwd_compute += copy_out
+            layer_bwd_compute += copy_out + copy_in
 
     chunks = _split(layers, p * v)
     chunk_costs, chunk_compute = [], []
@@ -384,17 +385,32 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         first, last = c == 0, c == len(chunks) - 1
         fwd = [layer_fwd_compute + layer_fwd_comm] * n
         bwd = [layer_bwd_compute + layer_bwd_comm] * n
+        root_copies = 0.0
         if fsdp:
-            fwd_time = _prefetched(fwd, [gather] * n, [0.0] * n)
-            bwd_time = _prefetched(bwd, [gather] * n, [scatter] * n, [replica] * n)
+            # the chunk's root unit (fully_shard of the model: what is outside the blocks, the embedding with the
+            # first chunk, the head with the last) gathered before its first op and, FSDP2 keeping the root
+            # unsharded from forward to backward, reduce-scattered after its last backward op (`_fsdp_root`)
+            root_gather, root_scatter, root_replica, root_out, root_in = _fsdp_root(
+                costs, first, last, plan, placed, grad_bytes, cluster)
+            root_copies = root_out + root_in
+            head_fwd = (pre.forward + pre_comm[0] if first else 0.0) + root_out
+            tail_fwd = [post.forward + post_comm[0]] if last else []
+            fwd_time = _prefetched([head_fwd, *fwd, *tail_fwd], [root_gather, *[gather] * n, *[0.0] * len(tail_fwd)],
+                                   [0.0] * (n + 1 + len(tail_fwd)))
+            head_bwd = [post.backward + post_comm[1]] if last else []
+            tail_bwd = (pre.backward + pre_comm[1] if first else 0.0) + root_in
+            k = len(head_bwd)
+            bwd_time = _prefetched([*head_bwd, *bwd, tail_bwd], [*[0.0] * k, *[gather] * n, 0.0],
+                                   [*[0.0] * k, *[scatter] * n, root_scatter],
+                                   [*[0.0] * k, *[replica] * n, root_replica])
         else:
             fwd_time, bwd_time = sum(fwd), sum(bwd)
-        if first:
-            fwd_time += pre.forward + pre_comm[0]
-            bwd_time += pre.backward + pre_comm[1]
-        if last:
-            fwd_time += post.forward + post_comm[0]
-            bwd_time += post.backward + post_comm[1]
+            if first:
+                fwd_time += pre.forward + pre_comm[0]
+                bwd_time += pre.backward + pre_comm[1]
+            if last:
+                fwd_time += post.forward + post_comm[0]
+                bwd_time += post.backward + post_comm[1]
         if rebuild or partition or received:  # DeepSpeed: the received input cloned and rebuilt, the output
             # partitioned for its send
             fwd_time += (received + rebuild if not first else 0.0) + (partition if not last else 0.0)
@@ -404,7 +420,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         # neighbouring rank; the schedule sends neither past the pipeline's ends
         chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p))
         compute = n * (layer_fwd_compute + layer_bwd_compute) + (pre.forward + pre.backward if first else 0.0) \
-            + (post.forward + post.backward if last else 0.0)
+            + (post.forward + post.backward if last else 0.0) + root_copies
         chunk_compute.append(compute)
     schedule = INTERLEAVED if v > 1 else plan.schedule
     timeline = simulate_deepspeed(chunk_costs, m) if deepspeed else simulate(chunk_costs, m, schedule, stages=p)
@@ -577,6 +593,53 @@ def _fsdp_layer_seconds(params: int, group: int, per_node: int, param_bytes: int
             collective_seconds("reduce_scatter", params * grad_bytes, group, cluster, per_node))
 
 
+def _fsdp_copies(part: Any, param_bytes: int, grad_bytes: int, cluster: Cluster) -> tuple[float, float]:
+    """FSDP2's copies of one unit (a block, or the root's parts) on the compute stream, as (copy-out, copy-in)
+    seconds, each a memory-bound kernel per FSDP group (the experts' group is a second one):
+
+    - copy-out, per gather: `foreach_all_gather_copy_out` (torch.ops.fsdp.split_with_sizes_copy) copies the
+      gathered parameters out of the all-gather's buffer into the unsharded parameters, the buffer read and the
+      parameters written, `param_bytes` each (the all-gather's dtype: MixedPrecisionPolicy's param_dtype);
+    - copy-in, per reduce-scatter: `foreach_reduce` copies the unsharded gradients (`param_bytes` each: autograd
+      makes them in the unsharded parameters' dtype) into the reduce-scatter's input with
+      `foreach_reduce_scatter_copy_in` (torch.ops.fsdp.chunk_cat), which casts them to the reduce dtype
+      (`grad_bytes`: MixedPrecisionPolicy's reduce_dtype, 4 for an fp32 reduction), on the current (compute)
+      stream before the reduce-scatter stream waits for it (torch/distributed/fsdp/_fully_shard/
+      _fsdp_collectives.py as installed). The padding of each parameter's dim 0 to a multiple of the shard group
+      (`_get_dim0_padded_size`: fewer than shard-group rows a parameter) is not counted."""
+    if not part.params:
+        return 0.0, 0.0
+    kernels = 2 if part.expert_params and part.params > part.expert_params else 1
+    return (stream_seconds(2 * part.params * param_bytes, cluster.device, kernels=kernels),
+            stream_seconds(part.params * (param_bytes + grad_bytes), cluster.device, kernels=kernels))
+
+
+def _fsdp_root(costs: LayerCosts, first: bool, last: bool, plan: StepPlan, placed: dict[str, int], grad_bytes: int,
+               cluster: Cluster) -> tuple[float, float, float, float, float]:
+    """One model chunk's root FSDP unit per micro-batch, as (all-gather, reduce-scatter, HSDP all-reduce, copy-out,
+    copy-in) seconds: fully_shard of the model (torchtitan's and fxflops.parallel's wrapping: each block a unit, the
+    model the root) holds what is outside the blocks, the embedding (`costs.pre`) with the first chunk and the
+    final norm, head and loss (`costs.post`) with the last. FSDP2 does not reshard the root after the forward
+    (FSDPState._lazy_init: "for the root, do not reshard after forward"): it is gathered once, before the chunk's
+    first op, on the all-gather stream ahead of the first block's gather, and its gradients reduce-scattered once
+    after the chunk's last backward op, when the embedding's are made (its post-backward), on the reduce-scatter
+    stream after the blocks'. Zeros for a chunk without such parameters."""
+    parts = [part for part, held in ((costs.pre, first), (costs.post, last)) if held and part.params]
+    if not parts:
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    root = Part(params=sum(p.params for p in parts), expert_params=sum(p.expert_params for p in parts))
+    dense = root.params - root.expert_params
+    gather, scatter = _fsdp_layer_seconds(dense, plan.shard_group, placed["fsdp"], costs.param_bytes, grad_bytes,
+                                          cluster)
+    expert_gather, expert_scatter = _fsdp_layer_seconds(root.expert_params, plan.expert_shard_group,
+                                                        placed["fsdp_experts"], costs.param_bytes, grad_bytes, cluster)
+    replica = _replica_all_reduce(dense, plan.shard_group, plan, placed, grad_bytes, cluster) \
+        + _replica_all_reduce(root.expert_params, plan.expert_shard_group, plan, placed, grad_bytes, cluster)
+    copy_out, copy_in = (0.0, 0.0) if costs.fsdp_in_capture else _fsdp_copies(root, costs.param_bytes, grad_bytes,
+                                                                             cluster)
+    return gather + expert_gather, scatter + expert_scatter, replica, copy_out, copy_in
+
+
 def _replica_all_reduce(params: int, shard_group: int, plan: StepPlan, placed: dict[str, int], grad_bytes: int,
                         cluster: Cluster) -> float:
     """HSDP's all-reduce of one layer's gradient shard (its `params` elements split `shard_group` ways) over the
@@ -710,8 +773,10 @@ def _prefetched(compute: list[float], before: list[float], after: list[float],
                 chained: list[float] | None = None) -> float:
     """Layers run one after another on the compute stream, each waiting for its `before` collective (FSDP's
     all-gather, issued on the communication stream when the previous layer starts: one layer of prefetch);
-    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends, and its
-    `chained` one (HSDP's all-reduce over the replicas) on a third stream once that reduce-scatter is done
+    each layer's `after` collective (reduce-scatter) queues on that stream when the layer ends (one queue for
+    both, in issue order: FSDP2's all-gather and reduce-scatter streams reach one NCCL communicator, whose
+    kernels NCCL runs one after another, src/enqueue.cc ncclLaunchPrepare), and its `chained` one (HSDP's
+    all-reduce over the replicas, another communicator) on a third stream once that reduce-scatter is done
     (FSDP2's all_reduce_stream). Returns when every stream is done."""
     if not compute:
         return 0.0
