@@ -159,32 +159,37 @@ def test_an_explicit_attention_mask_is_refused_naming_it():
     assert not dist.is_initialized() and torch._C._len_torch_function_stack() == 0
 
 
+def torch_ring_calls(cp: int, rank: int) -> list[tuple[torch.Size, torch.Size, torch.Size, bool]]:
+    """The SDPA calls torch's own _templated_ring_attention makes as `rank` of a fake cp-rank process group on
+    this file's causal attention (load balancing as torch's _cp_options says): (q, k, v shapes, is_causal)."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _templated_ring_attention
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+    try:
+        q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
+        calls = []
+
+        def op(q, k, v, is_causal, **kwargs):
+            calls.append((q.shape, k.shape, v.shape, is_causal))
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, **kwargs)
+
+        _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
+        return calls
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_the_hand_count_is_what_torchs_own_ring_attention_runs_on_every_rank(cp):
     """torch's _templated_ring_attention (load balancing on, its default) on the fake process group as
     each rank: the SDPA calls it makes, costed with FlopCounterMode's own formula, sum to ring(cp)."""
-    from torch.distributed.tensor.experimental._context_parallel._attention import (
-        _cp_options,
-        _templated_ring_attention,
-    )
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
     from torch.utils.flop_counter import sdpa_flop_count
 
     assert _cp_options.enable_load_balance
     for rank in range(cp):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
-        try:
-            q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
-            calls = []
-
-            def op(q, k, v, is_causal, **kwargs):
-                calls.append(sdpa_flop_count(q.shape, k.shape, v.shape))
-                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, **kwargs)
-
-            _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
-            assert sum(calls) == ring(cp)
-        finally:
-            dist.destroy_process_group()
+        assert sum(sdpa_flop_count(q, k, v) for q, k, v, _ in torch_ring_calls(cp, rank)) == ring(cp)
 
 
 def kept_balanced(cp: int) -> int:
@@ -234,31 +239,15 @@ def test_torchs_ring_keeps_these_pairs_per_rank_balanced_or_not(cp):
     """torch's own _templated_ring_attention on each rank of a fake process group, with its load balancing on
     (its default, which fxflops follows) and off: the pairs its SDPA calls keep (a causal call L(L+1)/2, others
     every pair) are the hand counts above, every rank alike only when balanced."""
-    from torch.distributed.tensor.experimental._context_parallel._attention import (
-        _cp_options,
-        _templated_ring_attention,
-    )
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
 
     default = _cp_options.enable_load_balance
     try:
         for balanced in (True, False):
             _cp_options.enable_load_balance = balanced
             for rank in range(cp):
-                dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
-                try:
-                    q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
-                    kept = []
-
-                    def op(q, k, v, is_causal, **kwargs):
-                        lq, lk = q.shape[-2], k.shape[-2]
-                        kept.append(lq * (lq + 1) // 2 if is_causal else lq * lk)
-                        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
-                                                                                          **kwargs)
-
-                    _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
-                    assert sum(kept) == (kept_balanced(cp) if balanced else kept_unbalanced(cp, rank))
-                finally:
-                    dist.destroy_process_group()
+                kept = [q[-2] * (q[-2] + 1) // 2 if causal else q[-2] * k[-2]
+                        for q, k, _, causal in torch_ring_calls(cp, rank)]
+                assert sum(kept) == (kept_balanced(cp) if balanced else kept_unbalanced(cp, rank))
     finally:
         _cp_options.enable_load_balance = default
