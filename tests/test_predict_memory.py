@@ -109,8 +109,9 @@ def test_pipeline_stages_memory_by_hand(temporaries, schedule, recompute, first_
     # full recomputation keeps each layer's input (its T x h output, sent on to the next stage) per micro-batch in
     # flight, and one layer's activations while its backward recomputes them
     layer, transient = (ACTIVATION, LAYER_SAVED) if recompute == "full" else (LAYER_SAVED, 0)
-    for stage, params, in_flight, outside in ((first, LAYER_PARAMS + PRE_PARAMS, first_in_flight, first_in_flight
-                                               * PRE_SAVED), (last, LAYER_PARAMS + POST_PARAMS, last_in_flight, last_in_flight * POST_SAVED)):
+    stages = ((first, LAYER_PARAMS + PRE_PARAMS, first_in_flight, first_in_flight * PRE_SAVED),
+              (last, LAYER_PARAMS + POST_PARAMS, last_in_flight, last_in_flight * POST_SAVED))
+    for stage, params, in_flight, outside in stages:
         assert stage.by_kind == {"parameters": 4 * params, "gradients": 4 * params, "optimizer": 8 * params,
                                  "activations": in_flight * layer + transient + outside, "temporaries": temporaries}
         assert stage.allowance == 512 * MiB and stage.total == sum(stage.by_kind.values()) + 512 * MiB

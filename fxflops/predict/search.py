@@ -191,8 +191,9 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     micro-batches into pp), dp = the rest, with `fsdp` and without (replicated parameters, the optimizer's state
     sharded dp ways), each `micro_batch` dividing global_batch / dp, each `recompute`. A plan fits when its
     busiest rank's predicted memory, the allowance included, is within the device's memory (`memory_margin`
-    more bytes kept free): `fxflops.predict.step_memory`, as predict_step reports it. `optimizer_state_bytes`: the optimizer's state per parameter element (default 12: Adam
-    with fp32 master weights and moments; 4 for torch's AdamW on a bf16 model, whose moments are bf16).
+    more bytes kept free): `fxflops.predict.step_memory`, as predict_step reports it. `optimizer_state_bytes`:
+    the optimizer's state per parameter element (default 12: Adam with fp32 master weights and moments; 4 for
+    torch's AdamW on a bf16 model, whose moments are bf16).
     `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
     `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
     each degree above 1 (and each ep with each cp it is a multiple of: torchtitan's ep = dp_in_ep x cp) is

@@ -61,7 +61,8 @@ from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.op_time import stream_seconds
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
-from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, RankMemory, busiest, fits, rank_memories
+from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, RankMemory, busiest, rank_memories
+from fxflops.predict.step_memory import fits as fits_in
 
 RECOMPUTE = ("none", "selective", "full")
 MEGATRON, DEEPSPEED = "megatron", "deepspeed"
@@ -274,7 +275,7 @@ class StepPrediction:
         """Whether the busiest rank's predicted memory, allowance included, is within the device's; None without
         memory."""
         top = self.peak_memory
-        return None if top is None else fits(top.total, self.capacity)
+        return None if top is None else fits_in(top.total, self.capacity)
 
     def memory_dict(self) -> dict[str, Any] | None:
         """The predicted memory as raw integers (bytes): per rank role, the peak, the capacity and whether it fits."""
@@ -322,14 +323,15 @@ class StepPrediction:
         gib = 1 << 30
         verdict = "fits" if self.fits else f"does NOT fit, short by {(top.total - self.capacity) / gib:,.2f} GiB"
         where = f" ({top.role})" if len(self.memory) > 1 else ""
-        lines = [f"  peak memory {top.total / gib:,.2f} GiB per GPU{where} of {self.capacity / gib:,.0f} GiB: {verdict}"]
+        lines = [f"  peak memory {top.total / gib:,.2f} GiB per GPU{where} of {self.capacity / gib:,.0f} GiB: "
+                 f"{verdict}"]
         for mem in self.memory:
             kinds = ", ".join(f"{kind} {size / gib:,.2f}" for kind, size in mem.by_kind.items())
             fsdp = f"; FSDP's gathered parameters {mem.gathered / gib:,.2f} and unsharded gradients " \
                 f"{mem.unsharded_gradients / gib:,.2f} among them" if mem.gathered else ""
-            lines.append(f"  {mem.role:<12} memory {mem.total / gib:,.2f} GiB: {kinds}, allowance {mem.allowance / gib:,.2f} "
-                         f"GiB ({mem.in_flight} micro-batch chunk{'s' if mem.in_flight != 1 else ''} of activations "
-                         f"in flight{fsdp})")
+            chunks = f"{mem.in_flight} micro-batch chunk{'s' if mem.in_flight != 1 else ''}"
+            lines.append(f"  {mem.role:<12} memory {mem.total / gib:,.2f} GiB: {kinds}, allowance "
+                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{fsdp})")
         return lines
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
