@@ -119,19 +119,26 @@ def test_pipeline_stages_memory_by_hand(temporaries, schedule, recompute, first_
     assert step.capacity == 80 << 30 and step.fits is True
 
 
+def search_pp2(margin: int = 0):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxflops.plan(TinyGPT(), lambda mb: torch.zeros(mb, SEQ, dtype=torch.long), gpus=2,
+                            cluster="DGX A100 80GB", global_batch=8, dtype=torch.float32, tp=(1,), pp=(2,),
+                            virtual_stages=(1,), micro_batch=(BATCH,), recompute=("none",), fsdp=(False,),
+                            schedules=("1f1b",), optimizer_state_bytes=8, memory_margin=margin)
+
+
 def test_predict_step_memory_is_the_plan_search_row(temporaries) -> None:
     # the search's row for the same plan holds the numbers predict_step reports (one computation)
     step = predict(parallel={"pp": 2}, global_batch=8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        search = fxflops.plan(TinyGPT(), lambda mb: torch.zeros(mb, SEQ, dtype=torch.long), gpus=2,
-                              cluster="DGX A100 80GB", global_batch=8, dtype=torch.float32, tp=(1,), pp=(2,),
-                              virtual_stages=(1,), micro_batch=(BATCH,), recompute=("none",), fsdp=(False,),
-                              schedules=("1f1b",), optimizer_state_bytes=8)
-    (row,) = search.rows
+    (row,) = search_pp2().rows
     assert row.peak_bytes == step.peak_memory.total and row.memory == step.peak_memory.by_kind
     assert row.fits == step.fits
     assert row.prediction.memory == step.memory
+    # the allowance is in the peak once: with exactly the rest of the device kept free the plan still fits, with a
+    # byte more it does not (the search subtracted the allowance from the capacity as well, before)
+    left = step.capacity - step.peak_memory.total
+    assert [len(search_pp2(left).rows), len(search_pp2(left + 1).dropped)] == [1, 1]
 
 
 def test_memory_in_the_report_json_and_traces(tmp_path) -> None:
