@@ -159,29 +159,95 @@ def test_an_explicit_attention_mask_is_refused_naming_it():
     assert not dist.is_initialized() and torch._C._len_torch_function_stack() == 0
 
 
+def torch_ring_calls(cp: int, rank: int) -> list[tuple[torch.Size, torch.Size, torch.Size, bool]]:
+    """The SDPA calls torch's own _templated_ring_attention makes as `rank` of a fake cp-rank process group on
+    this file's causal attention (load balancing as torch's _cp_options says): (q, k, v shapes, is_causal)."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _templated_ring_attention
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+    try:
+        q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
+        calls = []
+
+        def op(q, k, v, is_causal, **kwargs):
+            calls.append((q.shape, k.shape, v.shape, is_causal))
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, **kwargs)
+
+        _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
+        return calls
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_the_hand_count_is_what_torchs_own_ring_attention_runs_on_every_rank(cp):
     """torch's _templated_ring_attention (load balancing on, its default) on the fake process group as
     each rank: the SDPA calls it makes, costed with FlopCounterMode's own formula, sum to ring(cp)."""
-    from torch.distributed.tensor.experimental._context_parallel._attention import (
-        _cp_options,
-        _templated_ring_attention,
-    )
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
     from torch.utils.flop_counter import sdpa_flop_count
 
     assert _cp_options.enable_load_balance
     for rank in range(cp):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
-        try:
-            q, k, v = (torch.randn(B, HEADS, S // cp, HEAD_DIM) for _ in range(3))
-            calls = []
+        assert sum(sdpa_flop_count(q, k, v) for q, k, v, _ in torch_ring_calls(cp, rank)) == ring(cp)
 
-            def op(q, k, v, is_causal, **kwargs):
-                calls.append(sdpa_flop_count(q.shape, k.shape, v.shape))
-                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, **kwargs)
 
-            _templated_ring_attention(dist.group.WORLD, 2, op, q, k, v, is_causal=True)
-            assert sum(calls) == ring(cp)
-        finally:
-            dist.destroy_process_group()
+def kept_balanced(cp: int) -> int:
+    """Query-key pairs one rank's ring steps keep under torch's head-tail layout (chunks r and 2cp-1-r, the local
+    sequence of L = S/cp): step 0 causal over its own L positions, then cp - 1 steps of L x L/2 pairs all kept."""
+    local = S // cp
+    return local * (local + 1) // 2 + (cp - 1) * local * local // 2
+
+
+def kept_unbalanced(cp: int, rank: int) -> int:
+    """The same without load balancing (rank r holds the r-th contiguous chunk): step 0 causal, then all L x L
+    pairs against each of the r ranks before it, nothing against the ranks after it (torch skips those steps)."""
+    local = S // cp
+    return local * (local + 1) // 2 + rank * local * local
+
+
+def effective(pairs: int, heads: int = HEADS) -> int:
+    return 2 * B * heads * pairs * 2 * HEAD_DIM  # q @ k^T and p @ v over the kept pairs
+
+
+def forward_attention(est, field: str) -> int:
+    return sum(getattr(n, field) for n in est.nodes if n.phase == "forward" and "attention" in n.op)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_each_rank_runs_one_cp_th_of_the_causal_work_as_torchs_balanced_layout_makes_it(llama, cp):
+    """The time model reads a causal kernel's effective FLOPs (the pairs its mask keeps: fxflops.predict.op_time),
+    so the per-rank time is balanced when these are: under torch's head-tail layout every rank keeps 1/cp of the
+    sequence's S(S+1)/2 causal pairs; the unbalanced layout's last rank would keep L(L+1)/2 + (cp-1)L^2 (cp=2:
+    100 pairs against 68; cp=4: 58 against 34)."""
+    from fxflops.predict.hardware import cluster
+    from fxflops.predict.step import capture_costs
+
+    whole = fxflops.estimate(llama, (tokens(),), backward=True)
+    est = fxflops.estimate(llama, (tokens(),), backward=True, parallel={"cp": cp})
+    assert forward_attention(whole, "effective_flops") == L * effective(S * (S + 1) // 2)
+    assert forward_attention(est, "effective_flops") == L * effective(kept_balanced(cp))
+    assert cp * kept_balanced(cp) == S * (S + 1) // 2 < cp * kept_unbalanced(cp, cp - 1)
+    # the predicted step's per-layer costs: the rank's dense attention FLOPs are the balanced ring's, not the
+    # unbalanced last rank's cp full L x L blocks
+    costs = capture_costs(llama, tokens(), cluster("DGX A100 80GB"), cp=cp)
+    assert costs.block.attention_flops == ring(cp) < cp * sdpa(S // cp, S // cp)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_torchs_ring_keeps_these_pairs_per_rank_balanced_or_not(cp):
+    """torch's own _templated_ring_attention on each rank of a fake process group, with its load balancing on
+    (its default, which fxflops follows) and off: the pairs its SDPA calls keep (a causal call L(L+1)/2, others
+    every pair) are the hand counts above, every rank alike only when balanced."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+
+    default = _cp_options.enable_load_balance
+    try:
+        for balanced in (True, False):
+            _cp_options.enable_load_balance = balanced
+            for rank in range(cp):
+                kept = [q[-2] * (q[-2] + 1) // 2 if causal else q[-2] * k[-2]
+                        for q, k, _, causal in torch_ring_calls(cp, rank)]
+                assert sum(kept) == (kept_balanced(cp) if balanced else kept_unbalanced(cp, rank))
+    finally:
+        _cp_options.enable_load_balance = default

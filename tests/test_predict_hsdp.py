@@ -15,7 +15,6 @@ from fxflops.predict.comm_time import collective_record_seconds, ranks_per_node
 from fxflops.predict.hardware import cluster, constants_text
 from fxflops.predict.layers import LayerCosts, Part, tp_overlap_seconds
 from fxflops.predict.op_time import node_seconds
-from fxflops.predict.search import rank_memory
 from fxflops.predict.step import StepPlan, capture_costs, dim_ranks_per_node, simulate_plan
 from fxflops.predict.validation import GPT, RUNS, llama
 from tests.test_predict_combinations import MIB, NO_LATENCY, quiet, synthetic
@@ -65,7 +64,7 @@ def test_hsdp_memory_and_optimizer_are_per_shard_group() -> None:
     costs = synthetic(8, 1000)
     plan = StepPlan(dp=16, dp_shard=4, fsdp=True, global_batch=16)
     prediction = simulate_plan(costs, plan, NO_LATENCY)
-    _, memory = rank_memory(costs, plan, prediction)
+    memory = prediction.peak_memory.by_kind
     assert memory["parameters"] == 8 * 1000 * 2 // 4 + 2 * 1000 * 2
     assert memory["gradients"] == 8 * 1000 * 2 // 4 + 1000 * 2
     assert memory["optimizer"] == 8 * 1000 * 12 // 4

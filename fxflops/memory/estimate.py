@@ -88,8 +88,11 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     by_module = dict(sorted(by_module.items(), key=lambda item: -item[1]))
     forward_end = max((point.index for point in points if point.phase == FORWARD), default=0)
     saved: dict[str, int] = {}
+    saved_by_node: dict[str, int] = {}
     for storage in live_at(storages, forward_end, lambda s: s.kind == ACTIVATIONS):
         saved[storage.module] = saved.get(storage.module, 0) + storage.nbytes
+        made_by = points[storage.born].node
+        saved_by_node[made_by] = saved_by_node.get(made_by, 0) + storage.nbytes
     start = points[0].by_kind
     model_states = {kind: start[kind] for kind in (PARAMETERS, BUFFERS, OPTIMIZER)}
     model_states[GRADIENTS] = sum(s.nbytes for s in storages.values() if s.kind == GRADIENTS)
@@ -102,4 +105,4 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     allowance_bytes = AllowanceBytes(allowance.rounding(sizes), allowance.context_bytes, allowance.collective_bytes,
                                      int(allowance.fragmentation * peak.total))
     return MemoryEstimate(peak.total, dict(peak.by_kind), peak, by_module, points, model_states,
-                          label or None, allowance, allowance_bytes, notes, saved, device, capacity)
+                          label or None, allowance, allowance_bytes, notes, saved, device, capacity, saved_by_node)

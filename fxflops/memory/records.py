@@ -97,6 +97,9 @@ class MemoryEstimate:
     saved_by_module: dict[str, int] = field(default_factory=dict)
     device: str | None = None  # the device the step is checked against
     capacity: int | None = None  # its memory, bytes
+    # the same bytes by the graph node whose op made them ("start" for those alive before the first op): a module
+    # that runs ops both before and after its blocks (the model's own forward) is told apart by where they ran
+    saved_by_node: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool | None:

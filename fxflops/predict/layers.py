@@ -101,6 +101,9 @@ class LayerCosts:
     # one block's gradients in the order its backward makes them (its modules' own parameter elements, in reverse
     # registration order, before FSDP), each with whether it is in the experts: DDP's buckets are filled so
     block_gradients: tuple[tuple[int, bool], ...] = ()
+    # the capture read the memory timeline (memory=True): saved_bytes and transient_bytes are known, so a step's
+    # memory per rank can be predicted from these costs
+    memory_captured: bool = True
 
     @property
     def params(self) -> int:
@@ -199,7 +202,19 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     memory = getattr(estimate, "memory", None)
     saved = {}
     if memory is not None:
-        for name, size in memory.saved_by_module.items():
+        # by the op that made them (its part: a block, or before / after the blocks, the model's own forward running
+        # ops on both sides), else by the module
+        made = {name: size for name, size in memory.saved_by_node.items() if name in by_name}
+        module_of = {point.node: point.module for point in memory.timeline}
+        by_module: dict[str, int] = {}
+        for name, size in memory.saved_by_node.items():
+            if name not in made:
+                module = module_of.get(name, "")
+                by_module[module] = by_module.get(module, 0) + size
+        for name, size in made.items():
+            key = part(by_name[name])
+            saved[key] = saved.get(key, 0) + size
+        for name, size in (by_module if memory.saved_by_node else memory.saved_by_module).items():
             key = of_module(name)
             key = key if key >= 0 else (PRE if name in pre_modules else POST)
             saved[key] = saved.get(key, 0) + size
@@ -229,7 +244,8 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
-                      fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients)
+                      fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients,
+                      memory_captured=memory is not None)
 
 
 def _part_of(blocks: list[str]) -> Callable[[str], int]:

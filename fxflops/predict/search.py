@@ -29,10 +29,10 @@ from fxflops.predict.layers import LayerCosts
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (DEEPSPEED, ERROR_STATEMENT, MEGATRON, PIPELINE_ENGINES, StepPlan, StepPrediction,
                                   capture_costs, dim_ranks_per_node, simulate_plan, user_constants_note)
+from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, fits
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
-OPTIMIZER_STATE_BYTES = 12  # Adam with fp32 master weights: master copy, first and second moments (4 B each)
 
 
 @dataclass
@@ -42,8 +42,8 @@ class PlanRow:
     plan: StepPlan
     prediction: StepPrediction
     peak_bytes: int  # the highest predicted memory of any rank (tensor bytes + allowance)
-    memory: dict[str, int]  # that rank's bytes by kind
-    fits: bool
+    memory: dict[str, int]  # that rank's tensor bytes by kind (step_memory.MEMORY_KINDS)
+    fits: bool  # peak_bytes and the search's memory_margin within the device's memory
 
     @property
     def parallel(self) -> dict[str, Any]:
@@ -190,9 +190,10 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     layers), `virtual_stages` (interleaved 1F1B; layers must split evenly into pp x v chunks and the
     micro-batches into pp), dp = the rest, with `fsdp` and without (replicated parameters, the optimizer's state
     sharded dp ways), each `micro_batch` dividing global_batch / dp, each `recompute`. A plan fits when its
-    busiest rank's predicted memory is under the device's memory less the allowance (`memory_margin` more
-    bytes kept free). `optimizer_state_bytes`: the optimizer's state per parameter element (default 12: Adam
-    with fp32 master weights and moments; 4 for torch's AdamW on a bf16 model, whose moments are bf16).
+    busiest rank's predicted memory, the allowance included, is within the device's memory (`memory_margin`
+    more bytes kept free): `fxflops.predict.step_memory`, as predict_step reports it. `optimizer_state_bytes`:
+    the optimizer's state per parameter element (default 12: Adam with fp32 master weights and moments; 4 for
+    torch's AdamW on a bf16 model, whose moments are bf16).
     `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
     `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
     each degree above 1 (and each ep with each cp it is a multiple of: torchtitan's ep = dp_in_ep x cp) is
@@ -214,7 +215,6 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     () for none. `tp_comm_overlap`: (False,) by default; (False, True) also tries each sequence-parallel plan with
     its tensor-parallel collectives overlapped with their GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's
     async TP)."""
-    from fxflops.memory import Allowance
     from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
@@ -228,7 +228,6 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     the_cluster = with_device(cluster, device)
     device = the_cluster.device
     capacity = device.memory_bytes
-    usable = capacity - Allowance().context_bytes - memory_margin
     build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
     if build is not None and layers is None:
         raise ValueError("plan(): a model factory needs layers=, the depth of the real model")
@@ -315,9 +314,9 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                             dp_shard, tp_comm_overlap, pipeline_engine):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep,
                           step_plan.fsdp if step_plan.cp * step_plan.ep > 1 else None)]
-        prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key)
-        peak, by_kind = rank_memory(costs, step_plan, prediction, optimizer_state_bytes)
-        row = PlanRow(step_plan, prediction, peak, by_kind, peak <= usable)
+        prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key, optimizer_state_bytes)
+        top = prediction.peak_memory  # predict_step's own memory of this plan: one computation for both
+        row = PlanRow(step_plan, prediction, top.total, top.by_kind, fits(top.total, capacity, memory_margin))
         (rows if row.fits else dropped).append(row)
     rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
@@ -331,71 +330,6 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     if user_constants_note(the_cluster):
         notes.append(user_constants_note(the_cluster))
     return PlanSearch(rows, dropped, gpus, the_cluster.name, device.name, capacity, global_batch, captures, notes)
-
-
-def rank_memory(costs: LayerCosts, plan: StepPlan, prediction: StepPrediction,
-                optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES) -> tuple[int, dict[str, int]]:
-    """The predicted memory of the plan's fullest rank: (bytes with the allowance, bytes by kind).
-
-    Parameters, gradients and optimizer state of the layers the rank holds (tp-sharded in the capture;
-    FSDP divides all three dp ways, the distributed optimizer its state); activations: the bytes one layer's
-    forward saves (from the capture's memory timeline) times the layer-micro-batches the simulated schedule
-    keeps in flight on the rank (full recomputation keeps each layer's input only, plus one layer's
-    activations while it is recomputed; selective recomputation drops the (batch, heads, query, key) tensors
-    unfused attention keeps, plus one layer's of them while they are recomputed), plus the temporaries at the capture's peak (one op's workspace);
-    FSDP adds two gathered layers (the one running and the prefetch), the parameters outside the blocks
-    whole (FSDP2's root unit, the embedding and head, is not resharded after the forward) and one layer's
-    whole gradients (the reduce-scatter's input).
-    `optimizer_state_bytes`: optimizer state per parameter element (default Adam with fp32 master weights)."""
-    from fxflops.memory import Allowance
-
-    timeline = prediction.timeline
-    p, v = plan.pp, plan.virtual_stages
-    chunks = p * v
-    block, pre, post = costs.block, costs.pre, costs.post
-    grad_bytes = plan.grad_bytes or costs.param_bytes
-    fsdp = plan.fsdp and plan.dp * plan.cp > 1
-    best: tuple[int, dict[str, int]] = (-1, {})
-    for rank in range(p):
-        rank_layers = prediction.ranks[rank].layers
-        outside = (pre.params if rank == 0 else 0) + (post.params if rank == (chunks - 1) % p else 0)
-        experts = rank_layers * block.expert_params  # split ep ways already, FSDP-sharded over dp / ep
-        params = rank_layers * block.params + outside - experts
-        # FSDP shards over its shard group (all of dp x cp, or HSDP's dp_shard x cp), the distributed optimizer
-        # its state over dp x cp
-        shard = plan.shard_group if fsdp else 1
-        state_shard = shard if fsdp else plan.grad_group if plan.distributed_optimizer else 1
-        expert_shard = plan.expert_shard_group if fsdp else 1
-        expert_state_shard = expert_shard if fsdp else plan.expert_group if plan.distributed_optimizer else 1
-        kinds = {"parameters": params * costs.param_bytes // shard + experts * costs.param_bytes // expert_shard,
-                 "gradients": params * grad_bytes // shard + experts * grad_bytes // expert_shard,
-                 "optimizer": params * optimizer_state_bytes // state_shard
-                 + experts * optimizer_state_bytes // expert_state_shard}
-        if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
-            # and a layer's gradients are whole until their reduce-scatter has run
-            kinds["parameters"] += (2 * block.params + outside) * costs.param_bytes
-            kinds["gradients"] += block.params * grad_bytes
-        in_flight = timeline.in_flight(rank) if timeline is not None else 1
-        per_chunk_layers = rank_layers / v
-        if plan.recompute == "full":
-            per_layer = costs.boundary_bytes
-            transient = block.saved_bytes
-        elif plan.recompute == "selective":  # the attention core recomputed: unfused attention's scores freed,
-            # one layer's of them alive while its backward recomputes them
-            per_layer, transient = block.saved_bytes - block.attention_saved_bytes, block.attention_saved_bytes
-        else:
-            per_layer, transient = block.saved_bytes, 0
-        activations = int(in_flight * per_chunk_layers * per_layer) + transient
-        if rank == 0:
-            activations += in_flight * pre.saved_bytes // max(v, 1)
-        if rank == (chunks - 1) % p:
-            activations += post.saved_bytes
-        kinds["activations"] = activations
-        kinds["temporaries"] = costs.transient_bytes
-        total = sum(kinds.values()) + Allowance().context_bytes
-        if total > best[0]:
-            best = (total, kinds)
-    return best
 
 
 def _context_expert_degrees(rest: int, cp: Sequence[int], ep: Sequence[int]) -> list[tuple[int, int]]:

@@ -63,6 +63,8 @@ from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts, Part
 from fxflops.predict.op_time import stream_seconds
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
+from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, RankMemory, busiest, rank_memories
+from fxflops.predict.step_memory import fits as fits_in
 
 RECOMPUTE = ("none", "selective", "full")
 MEGATRON, DEEPSPEED = "megatron", "deepspeed"
@@ -259,6 +261,31 @@ class StepPrediction:
     notes: list[str] = field(default_factory=list)
     error: str = ERROR_STATEMENT
     device_origin: str = ""  # where the device's constants came from ("your file PATH" for a calibrated file)
+    # predicted peak memory per pipeline rank, as `ranks` (step_memory.rank_memories: what the plan search filters
+    # by); empty when the costs were captured without memory
+    memory: list[RankMemory] = field(default_factory=list)
+    capacity: int = 0  # the device's memory, bytes
+    optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES  # the optimizer's state per parameter element assumed
+
+    @property
+    def peak_memory(self) -> RankMemory | None:
+        """The rank holding the most bytes (tensors and allowance), or None without memory."""
+        return busiest(self.memory) if self.memory else None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the busiest rank's predicted memory, allowance included, is within the device's; None without
+        memory."""
+        top = self.peak_memory
+        return None if top is None else fits_in(top.total, self.capacity)
+
+    def memory_dict(self) -> dict[str, Any] | None:
+        """The predicted memory as raw integers (bytes): per rank role, the peak, the capacity and whether it fits."""
+        top = self.peak_memory
+        if top is None:
+            return None
+        return {"peak_bytes": top.total, "peak_role": top.role, "capacity_bytes": self.capacity, "fits": self.fits,
+                "optimizer_state_bytes": self.optimizer_state_bytes, "ranks": [m.as_dict() for m in self.memory]}
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "cluster": self.cluster, "device": self.device,
@@ -266,7 +293,8 @@ class StepPrediction:
                 "step_time": self.step_time, "breakdown": dict(self.breakdown), "mfu": self.mfu, "hfu": self.hfu,
                 "tokens_per_sec": self.tokens_per_sec, "tflops_per_gpu": self.tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
-                "ranks": [r.as_dict() for r in self.ranks], "notes": list(self.notes), "error": self.error}
+                "ranks": [r.as_dict() for r in self.ranks], "memory": self.memory_dict(), "notes": list(self.notes),
+                "error": self.error}
 
     def __str__(self) -> str:
         p = self.plan
@@ -284,9 +312,29 @@ class StepPrediction:
                 lines.append(f"  {rank.role:<12} x{rank.ranks:<6} compute {rank.compute * 1e3:,.1f} ms  exposed comm "
                              f"{rank.exposed_comm * 1e3:,.1f} ms  bubble {rank.bubble * 1e3:,.1f} ms  "
                              f"({rank.layers} layers)")
+        lines += self._memory_lines()
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  ({self.error})")
         return "\n".join(lines)
+
+    def _memory_lines(self) -> list[str]:
+        """The predicted peak memory: the busiest rank against the device's, then each rank role by kind."""
+        top = self.peak_memory
+        if top is None:
+            return []
+        gib = 1 << 30
+        verdict = "fits" if self.fits else f"does NOT fit, short by {(top.total - self.capacity) / gib:,.2f} GiB"
+        where = f" ({top.role})" if len(self.memory) > 1 else ""
+        lines = [f"  peak memory {top.total / gib:,.2f} GiB per GPU{where} of {self.capacity / gib:,.0f} GiB: "
+                 f"{verdict}"]
+        for mem in self.memory:
+            kinds = ", ".join(f"{kind} {size / gib:,.2f}" for kind, size in mem.by_kind.items())
+            fsdp = f"; FSDP's gathered parameters {mem.gathered / gib:,.2f} and unsharded gradients " \
+                f"{mem.unsharded_gradients / gib:,.2f} among them" if mem.gathered else ""
+            chunks = f"{mem.in_flight} micro-batch chunk{'s' if mem.in_flight != 1 else ''}"
+            lines.append(f"  {mem.role:<12} memory {mem.total / gib:,.2f} GiB: {kinds}, allowance "
+                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{fsdp})")
+        return lines
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
         """The pipeline ranks' timelines (compute and p2p per rank, the data-parallel reduction, the critical
@@ -327,8 +375,11 @@ def dim_ranks_per_node(plan: StepPlan, cluster: Cluster) -> dict[str, int]:
             "pp": ranks_per_node(plan.pp, tp * cp * dp, cluster)}
 
 
-def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key: str = "bf16") -> StepPrediction:
-    """The step of `plan` from one tp rank's per-layer costs (captured at plan.tp and plan.micro_batch)."""
+def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key: str = "bf16",
+                  optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES) -> StepPrediction:
+    """The step of `plan` from one tp rank's per-layer costs (captured at plan.tp and plan.micro_batch), with each
+    pipeline rank's predicted peak memory when the costs hold the capture's memory (`step_memory.rank_memories`,
+    `optimizer_state_bytes` of optimizer state per parameter element)."""
     if costs.tp != plan.tp or costs.micro_batch != plan.micro_batch:
         raise ValueError(f"per-layer costs were captured at tp={costs.tp}, micro-batch {costs.micro_batch}; "
                          f"the plan has tp={plan.tp}, micro-batch {plan.micro_batch}")
@@ -489,9 +540,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     if len(set(chunks)) > 1:
         notes.append(f"{layers} layers do not split evenly into {p * v} chunks: {chunks}")
     notes += _assumption_notes(plan, cluster, fsdp, grad_bytes)
+    memory = rank_memories(costs, plan, [r.layers for r in ranks], timeline, optimizer_state_bytes,
+                           [r.role for r in ranks]) if costs.memory_captured else []
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
-                          tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin)
+                          tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,
+                          memory=memory, capacity=device.memory_bytes, optimizer_state_bytes=optimizer_state_bytes)
 
 
 def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]
@@ -890,7 +944,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  trace: str | Path | None = None, device: str | Path | Any = None,
                  routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
                  fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON,
-                 grad_buckets: str = "torch", tp_comm_overlap: bool = False) -> StepPrediction:
+                 grad_buckets: str = "torch", tp_comm_overlap: bool = False,
+                 optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -924,8 +979,12 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
     reduction after the last backward (`_deepspeed_boundary`). `tp_comm_overlap` (sequence parallelism only):
     the tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed or follow
-    (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two. A
-    prediction is a model with a stated error, not a measurement."""
+    (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two.
+    The prediction also holds each pipeline rank's predicted peak memory by kind (`memory`, `peak_memory`,
+    `fits` against the device's memory; the computation the plan search filters by, `step_memory`), with
+    `optimizer_state_bytes` of optimizer state per parameter element (default 12: Adam with fp32 master weights
+    and moments; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one). A prediction is a model with a stated
+    error, not a measurement."""
     import torch
 
     from fxflops.device.peaks import dtype_key
@@ -962,7 +1021,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     placed = dim_ranks_per_node(plan, the_cluster)
     kernels = Kernels(attention, attention_dropout, fuse_elementwise)  # a bad choice fails here, before the capture
     options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
-                   routing=routing, kernels=kernels, fsdp=plan.fsdp, loss_parallel=loss_parallel)
+                   routing=routing, kernels=kernels, fsdp=plan.fsdp, loss_parallel=loss_parallel, memory=True)
     note = None
     try:
         costs = capture_costs(model, inputs, the_cluster, tp=tp, sequence_parallel=sp, **options)
@@ -976,7 +1035,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it" \
             + (" and without tp_comm_overlap (it needs sequence parallelism)" if plan.tp_comm_overlap else "")
         plan = dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=False)
-    prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype))
+    prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype), optimizer_state_bytes)
     if note:
         prediction.notes.append(note)
     if kernels.attention != "flash":

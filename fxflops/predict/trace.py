@@ -46,7 +46,11 @@ def html_timeline(prediction: Any, width: int = 1200) -> str:
     for rank in range(ranks):
         y = 10 + rank * (lane + gap)
         role = prediction.ranks[rank].role if rank < len(prediction.ranks) else f"rank {rank}"
-        shapes.append(f'<text x="0" y="{y + 17}" font-size="12">{html.escape(role)}</text>')
+        memory = prediction.memory[rank] if rank < len(getattr(prediction, "memory", [])) else None
+        # the rank's predicted peak memory, on hovering its name
+        held = f"<title>{html.escape(role)} memory {memory.total / (1 << 30):,.2f} GiB predicted</title>" \
+            if memory else ""
+        shapes.append(f'<text x="0" y="{y + 17}" font-size="12">{held}{html.escape(role)}</text>')
         for e in (timeline.rank_events(rank) if timeline is not None else []):
             top, tall = (y, lane - 8) if e.stream == COMPUTE else (y + lane - 7, 6)
             outline = ' stroke="black" stroke-width="1.5"' if e in critical else ""

@@ -1,0 +1,131 @@
+"""Predicted memory per pipeline rank of a planned step: what `predict_step` reports and the plan search filters by.
+
+One computation for both (`rank_memories`, called by `step.simulate_plan`): from one capture's per-layer costs
+(`layers.LayerCosts`: parameters per layer, the bytes one layer's forward saves, read from fxflops.memory's
+timeline of the capture, the temporaries at the capture's peak) and the simulated schedule (how many
+micro-batch chunks each rank holds at once), each pipeline rank's bytes by kind:
+
+- parameters, gradients and optimizer state of the layers the rank holds (tp- and ep-sharded as captured),
+  divided over FSDP's shard group (all three) or, with a distributed optimizer, the state over dp x cp;
+- FSDP's communication buffers, counted in `parameters` and `gradients` and named apart (`gathered`,
+  `unsharded_gradients`): two gathered layers (the one running and the prefetch), the root unit (what is outside
+  the blocks: FSDP2 does not reshard it after the forward) whole, one layer's whole gradients (the reduce-scatter's
+  input);
+- activations: one layer's saved bytes times the layer-micro-batches in flight on the rank (1F1B's first stage:
+  p micro-batches; GPipe: all of them; interleaved: as simulated), full recomputation keeping each layer's input
+  only plus one layer's activations while it is recomputed, selective freeing unfused attention's scores; the
+  first stage adds the embedding's saved bytes and the last the head's and loss's, per micro-batch of their chunk
+  in flight;
+- temporaries: those alive at the capture's own peak (an op's workspace, the loss's logits), once per rank;
+- the allowance beyond tensor bytes (fxflops.memory's `Allowance`: the CUDA context, NCCL's buffers).
+
+A prediction from a model of the step, not a measurement (docs/guide/predict.md states its error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+OPTIMIZER_STATE_BYTES = 12  # Adam with fp32 master weights: master copy, first and second moments (4 B each)
+# the kinds a rank's bytes are broken down by, in report order (all present on every rank, 0 where none)
+MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One pipeline rank's predicted peak memory: tensor bytes by kind (`MEMORY_KINDS`) and the allowance."""
+
+    role: str  # as the step's RankTime: "first stage", "stage 3", "last stage", "every rank"
+    by_kind: dict[str, int] = field(default_factory=dict)
+    allowance: int = 0  # bytes beyond tensors: the CUDA context and NCCL's buffers (fxflops.memory.Allowance)
+    in_flight: int = 1  # micro-batch chunks whose activations the rank holds at once (the schedule's)
+    gathered: int = 0  # of `parameters`: FSDP's gathered layers and root unit (its all-gather buffers)
+    unsharded_gradients: int = 0  # of `gradients`: one layer's whole gradients before FSDP's reduce-scatter
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(self.by_kind.values())
+
+    @property
+    def total(self) -> int:
+        """What the device must have free: tensor bytes and the allowance."""
+        return self.tensor_bytes + self.allowance
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "by_kind": dict(self.by_kind), "allowance": self.allowance,
+                "in_flight": self.in_flight, "gathered": self.gathered,
+                "unsharded_gradients": self.unsharded_gradients, "total": self.total}
+
+
+def fits(total: int, capacity: int, margin: int = 0) -> bool:
+    """Whether `total` bytes (tensors and allowance) and `margin` more kept free are within `capacity`."""
+    return total + margin <= capacity
+
+
+def busiest(memories: Sequence[RankMemory]) -> RankMemory:
+    """The rank with the most bytes (the first of equals)."""
+    return max(memories, key=lambda m: m.total)
+
+
+def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
+                  optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES, roles: Sequence[str] | None = None,
+                  allowance: Any = None) -> list[RankMemory]:
+    """Each pipeline rank's predicted peak memory (see the module's docstring). `costs`: a `LayerCosts`;
+    `plan`: a `StepPlan`; `layers[r]`: the layers rank r holds; `timeline`: the simulated schedule (None: one
+    micro-batch in flight); `optimizer_state_bytes`: the optimizer's state per parameter element (default Adam
+    with fp32 master weights; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one); `roles`: the ranks'
+    names; `allowance`: an `fxflops.memory.Allowance` (default: its 0.5 GiB CUDA context)."""
+    from fxflops.memory import Allowance
+
+    allowance = allowance or Allowance()
+    extra = allowance.context_bytes + allowance.collective_bytes
+    p, v = plan.pp, plan.virtual_stages
+    chunks = p * v
+    block, pre, post = costs.block, costs.pre, costs.post
+    grad_bytes = plan.grad_bytes or costs.param_bytes
+    fsdp = plan.fsdp and plan.dp * plan.cp > 1
+    # FSDP shards over its shard group (all of dp x cp, or HSDP's dp_shard x cp), the distributed optimizer its
+    # state over dp x cp; the experts over the ranks holding the same experts
+    shard = plan.shard_group if fsdp else 1
+    state_shard = shard if fsdp else plan.grad_group if plan.distributed_optimizer else 1
+    expert_shard = plan.expert_shard_group if fsdp else 1
+    expert_state_shard = expert_shard if fsdp else plan.expert_group if plan.distributed_optimizer else 1
+    found = []
+    for rank, rank_layers in enumerate(layers):
+        first, last = rank == 0, rank == (chunks - 1) % p
+        outside = (pre.params if first else 0) + (post.params if last else 0)
+        experts = rank_layers * block.expert_params  # split ep ways already, FSDP-sharded over dp x cp / ep
+        params = rank_layers * block.params + outside - experts
+        kinds = {"parameters": params * costs.param_bytes // shard + experts * costs.param_bytes // expert_shard,
+                 "gradients": params * grad_bytes // shard + experts * grad_bytes // expert_shard,
+                 "optimizer": params * optimizer_state_bytes // state_shard
+                 + experts * optimizer_state_bytes // expert_state_shard}
+        gathered = unsharded = 0
+        if fsdp:  # FSDP2 keeps its root unit (what is outside the blocks) gathered from forward to backward,
+            # and a layer's gradients are whole until their reduce-scatter has run
+            gathered = (2 * block.params + outside) * costs.param_bytes
+            unsharded = block.params * grad_bytes
+            kinds["parameters"] += gathered
+            kinds["gradients"] += unsharded
+        in_flight = timeline.in_flight(rank) if timeline is not None else 1
+        if plan.recompute == "full":  # each layer's input kept, one layer's activations while it is recomputed
+            per_layer, transient = costs.boundary_bytes, block.saved_bytes
+        elif plan.recompute == "selective":  # the attention core recomputed: unfused attention's scores freed,
+            # one layer's of them alive while its backward recomputes them
+            per_layer, transient = block.saved_bytes - block.attention_saved_bytes, block.attention_saved_bytes
+        else:
+            per_layer, transient = block.saved_bytes, 0
+        activations = int(in_flight * (rank_layers / v) * per_layer) + transient
+        # the embedding's and the head's activations, per micro-batch of their chunk in flight (1F1B's last stage:
+        # one; GPipe's: every micro-batch)
+        if first:
+            activations += (timeline.in_flight(rank, 0) if timeline is not None else 1) * pre.saved_bytes
+        if last:
+            activations += (timeline.in_flight(rank, chunks - 1) if timeline is not None else 1) * post.saved_bytes
+        kinds["activations"] = activations
+        kinds["temporaries"] = costs.transient_bytes
+        found.append(RankMemory(roles[rank] if roles else f"stage {rank}", kinds, extra, in_flight, gathered,
+                                unsharded))
+    return found
