@@ -51,6 +51,9 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "attention_backward": ("[seq, fraction]", "fraction of peak of the attention backward, head dim 128, no mask "
                                               "(with a mask: scaled by the forward's causal/no-mask ratio)"),
     "attention_head_dim": ("[head dim, factor]", "factor on the attention curves by head dimension"),
+    "unfused_attention_forward": ("[seq, factor]", "measured over modelled time of unfused (math) attention's "
+                                                   "forward kernels by query length (1.0: none)"),
+    "unfused_attention_backward": ("[seq, factor]", "the same for the unfused attention's backward kernels"),
     "launch_overhead": ("s", "per-kernel launch and fixed overhead"),
     "memory_bytes": ("B", "device memory capacity"),
 }
@@ -113,6 +116,8 @@ class DeviceModel:
     attention_forward_causal: Curve
     attention_backward: Curve
     attention_head_dim: Curve
+    unfused_attention_forward: Curve
+    unfused_attention_backward: Curve
     launch_overhead: float
     memory_bytes: int
     constants: Mapping[str, Constant] = field(compare=False, repr=False)

@@ -13,7 +13,9 @@ An op takes `max(flops / (peak x efficiency), bytes / (bandwidth x sustained)) +
   (`Kernels(attention="math")`: torch's math SDPA backend, Megatron-LM's CoreAttention before FlashAttention)
   is timed as the kernels it launches instead: batched GEMMs over every (query, key) pair, each at the GEMM
   model's efficiency or its memory traffic, whichever is slower, and the scores' round trips through memory
-  (softmax, attention dropout and their backward) at the sustained bandwidth; see `Kernels`.
+  (softmax, attention dropout and their backward) at the sustained bandwidth, the sum times the device's
+  `unfused_attention_forward` / `_backward` factor (published measurements of these kernels over this model);
+  see `Kernels`.
 - everything else (elementwise, norms, reductions, copies) at the vector rate or the sustained bandwidth;
   a run whose software fuses pointwise ops (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU
   and bias + dropout + add, a GPU's one-kernel dropout) has each chain of them timed as one pass (`node_times`).
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fxflops.predict.hardware import DeviceModel, device_model
+from fxflops.predict.hardware import DeviceModel, device_model, interpolate
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
 from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
 
@@ -241,7 +243,10 @@ def _math_attention_time(dims: tuple[int, int, int, int, int], backward: bool, d
     elementwise = passes * groups * lq * lk / device.sustained
     memory += elementwise
     overhead = kernels * device.launch_overhead
-    seconds += elementwise + overhead
+    # what published measurements of these kernels took over what the roofline above gives them (the device's
+    # unfused_attention curves, by query length; 1.0 where none is published)
+    measured = interpolate(device.unfused_attention_backward if backward else device.unfused_attention_forward, lq)
+    seconds = (seconds + elementwise) * measured + overhead
     efficiency = flops / (peak * compute) if compute else 1.0
     return OpTime(ATTENTION, seconds, compute, memory, overhead, efficiency)
 
