@@ -159,8 +159,8 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
     # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (2.1%, largest 4.1%; 3.6%
     # from the table's rounded seconds) and on the runs it was first stated for, with Narayanan et al.'s rows at their
-    # authors' settings (4.5%, largest 11.9%), not over all 43 rows (9.2%, largest 30.8%: the bounds catch a change
-    # either way)
+    # authors' settings (4.5%, largest 11.9%), over all 43 rows the mean holds (8.9%) and the largest does not (30.8%: the bounds catch a
+    # change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
     assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.025 and 0.035 < max(korthikanti) < 0.045
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
@@ -170,7 +170,7 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
         "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
         "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.09 < mean < 0.095 and 0.305 < worst < 0.31
+    assert 0.087 < mean < 0.092 and 0.305 < worst < 0.31
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",
