@@ -210,3 +210,101 @@ def test_gpt2_small_at_batch_one_is_the_capture_at_two():
         widths = 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100
         assert at.by_op["aten.linear.default"].macs == batch * seq * widths
     assert len(swept.pieces) == 1
+
+
+class ScaledRows(nn.Module):
+    """A scale of shape [1, 1, 4] (strides 1, 4, 1) times a transposed [batch, 3, 4] tensor (strides 12, 1, 3): the
+    product's slow path broadcasts the scale's batch axis (a stride of 0, or at batch 1 the scale's own, 1),
+    and the product's layout is all that reads that stride."""
+
+    def __init__(self, scale_first: bool, reads_expand: bool = False) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1, 4, 1))
+        self.proj = nn.Linear(3, 3)
+        self.scale_first = scale_first
+        self.reads_expand = reads_expand
+
+    def forward(self, z):  # z: [batch, 4, 3]
+        x = z.transpose(1, 2)
+        scale = self.scale.permute(2, 0, 1)
+        y = scale * x if self.scale_first else x * scale
+        y = y.transpose(1, 2)  # [batch, 4, 3]: contiguous where y's strides are x's
+        if self.reads_expand and scale.expand(x.shape).stride(0) != 0:  # the broadcast read by the model
+            y = self.proj(y)
+        return self.proj(self.proj(y)) if y.stride(0) == 3 else self.proj(y)
+
+
+def test_a_broadcast_the_first_operand_orders_holds_at_batch_one():
+    # x * scale: x, first, orders the batch axis against the others (strides 12 against 1 and 3), the
+    # scale's stride there is not read; should_expand's `batch != 1` expands either way (1 against 3)
+    model = ScaledRows(scale_first=False)
+    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 1"
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
+        assert at.total_macs == batch * 4 * 3 * 3  # by hand: one projection (y's strides are x's: 12, 1, 3)
+    assert len(swept.pieces) == 1
+
+
+def test_a_broadcast_operand_first_still_splits_at_batch_one():
+    # scale * x: the scale comes first, and at batch 1 its own batch stride (1) orders the product's layout
+    # (y's strides 3, 1, 3) where a stride of 0 leaves it to x (12, 1, 3): y.stride(0) decides a branch
+    model = ScaledRows(scale_first=True)
+    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
+        assert at.total_macs == (2 if batch == 1 else 1) * batch * 4 * 3 * 3  # by hand: the branch's projections
+    assert len(swept.pieces) == 2
+
+
+def test_the_broadcast_left_out_of_the_cache_is_asked_again():
+    # the product's broadcast (stride 0, answered without a guard) is kept out of the fake mode's cache: the
+    # model's own expand of the scale asks again, a guard (its stride at batch 1 is the scale's, 1)
+    model = ScaledRows(scale_first=False, reads_expand=True)
+    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
+        assert at.total_macs == (2 if batch == 1 else 1) * batch * 4 * 3 * 3  # by hand: the branch's projections
+    assert len(swept.pieces) == 2
+
+
+class Regrouped(nn.Module):
+    """Reshapes of a transposed tensor: C++ reshape asks whether the batch axis ends a chunk."""
+
+    def __init__(self, merge: bool) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.merge = merge
+
+    def forward(self, z):  # z: [batch, 4, 3], or [batch, 2, 3] to merge
+        if self.merge:  # [2, batch, 3] as [2 * batch, 3]: a view only where batch is 1, else a copy
+            return self.proj(z.transpose(0, 1).reshape(-1, 3))
+        x = z.transpose(1, 2)  # [batch, 3, 4], strides [12, 1, 3]
+        return self.proj(x.reshape(x.shape[0], -1, 4).transpose(1, 2))  # its own shape: a view either way
+
+
+def test_a_reshape_that_is_a_view_either_way_holds_at_batch_one():
+    model = Regrouped(merge=False)
+    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
+    assert swept.holds_for == "batch >= 1"
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
+        assert at.total_macs == batch * 4 * 3 * 3  # by hand: rows x in x out
+    assert len(swept.pieces) == 1
+
+
+def test_a_reshape_that_is_a_view_only_at_batch_one_still_splits():
+    # [2, batch, 3] with strides [3, 12, 1]: at batch 1 the size-1 axis joins the chunk and the merge is a
+    # view; elsewhere the batch axis ends a chunk and reshape copies (a clone the program records)
+    model = Regrouped(merge=True)
+    swept = sweep(model, torch.empty(2, 2, 3), dims={"batch": 0})
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        fresh = fxflops.estimate(model, torch.empty(batch, 2, 3))
+        assert_same(at, fresh)
+        assert ("aten.clone.default" in at.by_op) == (batch != 1)
+    assert len(swept.pieces) == 2
