@@ -308,3 +308,21 @@ def test_a_reshape_that_is_a_view_only_at_batch_one_still_splits():
         assert_same(at, fresh)
         assert ("aten.clone.default" in at.by_op) == (batch != 1)
     assert len(swept.pieces) == 2
+
+
+@pytest.mark.parametrize("sizes, strides, new", [
+    ((2, 1, 3), (3, 7, 1), (6,)),  # a size-1 axis with any stride joins the chunk: a view
+    ((2, 2, 3), (3, 7, 1), (12,)),  # the same axis at 2 ends a chunk: a copy
+    ((2, 3, 4), (12, 1, 3), (2, 3, 4)),  # its own shape: a view
+    ((2, 3, 4), (12, 1, 3), (6, 4)),  # a transposed pair merged: a copy
+    ((1, 4, 5, 16), (320, 16, 64, 1), (1, 4, 5, 16)),  # the attention output's reshape at batch 1
+    ((2, 4, 5, 16), (320, 16, 64, 1), (2, 20, 16)),
+    ((3, 1, 4), (4, 4, 1), (3, 4, 1)),
+    ((2, 6), (6, 1), (3, 4)),
+])
+def test_the_reshape_choice_is_torch_computestride(sizes, strides, new):
+    # the oracle: torch's own reshape of a (meta) tensor with these strides, a view or a copy
+    from fxflops.capture.size_one import _is_view
+
+    tensor = torch.empty_strided(sizes, strides, device="meta")
+    assert _is_view(list(sizes), list(strides), list(new), bool) == tensor.reshape(new)._is_view()

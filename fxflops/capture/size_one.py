@@ -15,7 +15,13 @@ shows the other answer would compute the same there; a question it does not reco
 always. Besides broadcasts and stride checks: `is_contiguous`'s "fewer than 2 elements" of a tensor
 whose strides are known to be the contiguous ones (contiguous either way), and the collapsed stride
 of `_collapse_view_helper` where the size-1 candidate's stride is known no less than the least so far
-(the same stride either way). Every other `== 1` (a squeeze, a
+(the same stride either way). A decoder's attention asks three more (its rotary tables broadcast over
+the batch, its output reshaped): `_maybe_broadcast`'s `x != y` of the constant 1 against a size where
+another axis is expanded anyway; the stride of that broadcast axis (0, or at 1 the input's), read only
+by its elementwise op's output layout, where the op's first operand orders that axis
+(`_layout_decided_without`; the broadcast is kept out of the fake mode's cache meanwhile, so no other
+call is served it unasked); C++ reshape's view-or-copy choice where it is the same at the capture's
+sizes and wherever the size is 1 (`_reshape_either_way`). Every other `== 1` (a squeeze, a
 branch in the model, a real broadcast, a stride that matters) stays a guard of its own, and none is
 hidden behind one of these: an unguarded question leaves nothing the ShapeEnv later assumes.
 """
@@ -452,7 +458,7 @@ def _running(frame: Any) -> bool:
 
 
 def _reshape_either_way(caller: Any, size: Any) -> str | None:
-    """NOT_ONE where the reshape that `caller` (a torch-function frame calling `Tensor.reshape` or
+    """NOT_ONE where the reshape that `caller` (the capture's torch-function mode calling `Tensor.reshape` or
     `torch.reshape`) runs is a view, or a copy, both at the capture's sizes and wherever `size` is 1.
 
     C++ reshape asks computeStride whether the new shape is a view of the tensor's strides; on a fake tensor
@@ -464,7 +470,7 @@ def _reshape_either_way(caller: Any, size: Any) -> str | None:
 
     if caller is None or not isinstance(size, sympy.Symbol):
         return None
-    call = _reshape_call(caller.f_locals)
+    call = _reshape_call(caller)
     if call is None:
         return None
     tensor, new = call
@@ -493,8 +499,13 @@ def _reshape_either_way(caller: Any, size: Any) -> str | None:
     return NOT_ONE if at_hint is not None and at_hint == at_one else None
 
 
-def _reshape_call(values: dict) -> tuple[Any, list] | None:
-    """(tensor, new sizes) of a `Tensor.reshape` / `torch.reshape` call that a torch-function frame runs."""
+def _reshape_call(caller: Any) -> tuple[Any, list] | None:
+    """(tensor, new sizes) of a `Tensor.reshape` / `torch.reshape` call that the capture's torch-function mode
+    runs in `caller` (fxflops.capture.recorder.CompositeOps, which calls nothing else that reshapes)."""
+    recorder = sys.modules.get("fxflops.capture.recorder")
+    if recorder is None or caller.f_code is not recorder.CompositeOps.__torch_function__.__code__:
+        return None
+    values = caller.f_locals
     func, args, kwargs = values.get("func"), values.get("args"), values.get("kwargs") or {}
     if func not in (torch.Tensor.reshape, torch.reshape) or not isinstance(args, tuple) or not args:
         return None
