@@ -4,6 +4,9 @@ Every point is checked against a fresh estimate() there."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -234,41 +237,40 @@ class ScaledRows(nn.Module):
         return self.proj(self.proj(y)) if y.stride(0) == 3 else self.proj(y)
 
 
-def test_a_broadcast_the_first_operand_orders_holds_at_batch_one():
-    # x * scale: x, first, orders the batch axis against the others (strides 12 against 1 and 3), the
-    # scale's stride there is not read; should_expand's `batch != 1` expands either way (1 against 3)
-    model = ScaledRows(scale_first=False)
-    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
-    assert swept.holds_for == "batch >= 1"
+def swept_over_batch(model: nn.Module, rest: tuple, macs: Callable[[int], int], pieces: int) -> Any:
+    """`model` swept over axis 0 of a [batch, *rest] input from batch 2; batch 1, 2 and 5 equal to fresh
+    estimates and to `macs(batch)` by hand, in `pieces` pieces."""
+    swept = sweep(model, torch.empty(2, *rest), dims={"batch": 0})
     for batch in (1, 2, 5):
         at = swept.at(batch=batch)
-        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
-        assert at.total_macs == batch * 4 * 3 * 3  # by hand: one projection (y's strides are x's: 12, 1, 3)
-    assert len(swept.pieces) == 1
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, *rest)))
+        assert at.total_macs == macs(batch)
+    assert len(swept.pieces) == pieces
+    return swept
+
+
+def test_a_broadcast_the_first_operand_orders_holds_at_batch_one():
+    # x * scale: x, first, orders the batch axis against the others (strides 12 against 1 and 3), the
+    # scale's stride there is not read; should_expand's `batch != 1` expands either way (1 against 3).
+    # By hand: one projection (y's strides are x's: 12, 1, 3), rows x in x out
+    swept = swept_over_batch(ScaledRows(scale_first=False), (4, 3), lambda batch: batch * 4 * 3 * 3, pieces=1)
+    assert swept.holds_for == "batch >= 1"
 
 
 def test_a_broadcast_operand_first_still_splits_at_batch_one():
     # scale * x: the scale comes first, and at batch 1 its own batch stride (1) orders the product's layout
-    # (y's strides 3, 1, 3) where a stride of 0 leaves it to x (12, 1, 3): y.stride(0) decides a branch
-    model = ScaledRows(scale_first=True)
-    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
-    for batch in (1, 2, 5):
-        at = swept.at(batch=batch)
-        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
-        assert at.total_macs == (2 if batch == 1 else 1) * batch * 4 * 3 * 3  # by hand: the branch's projections
-    assert len(swept.pieces) == 2
+    # (y's strides 3, 1, 3) where a stride of 0 leaves it to x (12, 1, 3): y.stride(0) decides a branch,
+    # two projections at batch 1
+    swept_over_batch(ScaledRows(scale_first=True), (4, 3), lambda batch: (2 if batch == 1 else 1) * batch * 4 * 3 * 3,
+                     pieces=2)
 
 
 def test_the_broadcast_left_out_of_the_cache_is_asked_again():
     # the product's broadcast (stride 0, answered without a guard) is kept out of the fake mode's cache: the
-    # model's own expand of the scale asks again, a guard (its stride at batch 1 is the scale's, 1)
-    model = ScaledRows(scale_first=False, reads_expand=True)
-    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
-    for batch in (1, 2, 5):
-        at = swept.at(batch=batch)
-        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
-        assert at.total_macs == (2 if batch == 1 else 1) * batch * 4 * 3 * 3  # by hand: the branch's projections
-    assert len(swept.pieces) == 2
+    # model's own expand of the scale asks again, a guard (its stride at batch 1 is the scale's, 1): an
+    # extra projection there
+    swept_over_batch(ScaledRows(scale_first=False, reads_expand=True), (4, 3),
+                     lambda batch: (2 if batch == 1 else 1) * batch * 4 * 3 * 3, pieces=2)
 
 
 class Regrouped(nn.Module):
@@ -287,27 +289,16 @@ class Regrouped(nn.Module):
 
 
 def test_a_reshape_that_is_a_view_either_way_holds_at_batch_one():
-    model = Regrouped(merge=False)
-    swept = sweep(model, torch.empty(2, 4, 3), dims={"batch": 0})
+    swept = swept_over_batch(Regrouped(merge=False), (4, 3), lambda batch: batch * 4 * 3 * 3, pieces=1)
     assert swept.holds_for == "batch >= 1"
-    for batch in (1, 2, 5):
-        at = swept.at(batch=batch)
-        assert_same(at, fxflops.estimate(model, torch.empty(batch, 4, 3)))
-        assert at.total_macs == batch * 4 * 3 * 3  # by hand: rows x in x out
-    assert len(swept.pieces) == 1
 
 
 def test_a_reshape_that_is_a_view_only_at_batch_one_still_splits():
-    # [2, batch, 3] with strides [3, 12, 1]: at batch 1 the size-1 axis joins the chunk and the merge is a
+    # [2, batch, 3] with strides [3, 6, 1]: at batch 1 the size-1 axis joins the chunk and the merge is a
     # view; elsewhere the batch axis ends a chunk and reshape copies (a clone the program records)
-    model = Regrouped(merge=True)
-    swept = sweep(model, torch.empty(2, 2, 3), dims={"batch": 0})
-    for batch in (1, 2, 5):
-        at = swept.at(batch=batch)
-        fresh = fxflops.estimate(model, torch.empty(batch, 2, 3))
-        assert_same(at, fresh)
-        assert ("aten.clone.default" in at.by_op) == (batch != 1)
-    assert len(swept.pieces) == 2
+    swept = swept_over_batch(Regrouped(merge=True), (2, 3), lambda batch: batch * 2 * 3 * 3, pieces=2)
+    for batch in (1, 2):
+        assert ("aten.clone.default" in swept.at(batch=batch).by_op) == (batch != 1)
 
 
 @pytest.mark.parametrize("sizes, strides, new", [
