@@ -394,9 +394,10 @@ def _layout_decided_without(frame: Any, tensor: Any, axis: int) -> bool:
     frame = _up_to(frame, inner)
     if frame is None or frame.f_locals.get("x") is not tensor:
         return False
-    common = frame.f_locals.get("shape")
-    ref = frame.f_back.f_back.f_back if frame.f_back is not None and frame.f_back.f_back is not None else None
-    if ref is None or ref.f_code is not binary or common is None:  # __maybe_broadcast <- genexpr <- _maybe_broadcast <- _ref
+    common, ref = frame.f_locals.get("shape"), frame
+    for _ in range(3):  # __maybe_broadcast <- its generator expression <- _maybe_broadcast <- _ref
+        ref = ref.f_back if ref is not None else None
+    if ref is None or ref.f_code is not binary or common is None:
         return False
     first, second = ref.f_locals.get("a"), ref.f_locals.get("b")
     if second is not tensor or not isinstance(first, torch.Tensor) or len(first.shape) != len(common) \
@@ -463,9 +464,9 @@ def _reshape_either_way(caller: Any, size: Any) -> str | None:
 
     C++ reshape asks computeStride whether the new shape is a view of the tensor's strides; on a fake tensor
     it uses the answer only to choose the view (whose strides the fake view computes) or a copy, and drops
-    computeStride's strides. Every question whether `size` is 1 in that call is then right at the capture's
-    answer if computeStride at the capture's sizes, and at any point where `size` is 1 (every other
-    question known from the sizes' ranges), choose alike."""
+    computeStride's strides. The capture's answer to each question in that call whether `size` is 1 is
+    then right wherever computeStride chooses alike at the capture's sizes and at any point where `size`
+    is 1 (there every other question known from the sizes' ranges)."""
     import sympy
 
     if caller is None or not isinstance(size, sympy.Symbol):
@@ -511,7 +512,9 @@ def _reshape_call(caller: Any) -> tuple[Any, list] | None:
         return None
     tensor, rest = args[0], list(args[1:])
     if kwargs:
-        rest += [kwargs.get("shape")] if set(kwargs) == {"shape"} else [None, None]
+        if set(kwargs) != {"shape"}:
+            return None
+        rest.append(kwargs["shape"])
     if len(rest) == 1 and isinstance(rest[0], tuple | list | torch.Size):
         rest = list(rest[0])
     if not isinstance(tensor, torch.Tensor) or not all(type(v) is int or isinstance(v, torch.SymInt) for v in rest):
@@ -572,7 +575,8 @@ def _is_view(old: list, strides: list, new: list, decide: Callable[[Any], "bool 
         view_d, base, tensor_numel, view_numel = len(new) - 1, strides[-1], 1, 1
         for tensor_d in range(len(old) - 1, -1, -1):
             tensor_numel = tensor_numel * old[tensor_d]
-            if tensor_d == 0 or (ask(_ne(old[tensor_d - 1], 1)) and ask(_ne(strides[tensor_d - 1], tensor_numel * base))):
+            if tensor_d == 0 or (ask(_ne(old[tensor_d - 1], 1))
+                                 and ask(_ne(strides[tensor_d - 1], tensor_numel * base))):
                 while view_d >= 0 and (ask(_lt(view_numel, tensor_numel)) or ask(_eq(new[view_d], 1))):
                     view_numel = view_numel * new[view_d]
                     view_d -= 1
