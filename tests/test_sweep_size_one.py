@@ -4,6 +4,9 @@ Every point is checked against a fresh estimate() there."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -210,3 +213,107 @@ def test_gpt2_small_at_batch_one_is_the_capture_at_two():
         widths = 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32 + 32 * 100
         assert at.by_op["aten.linear.default"].macs == batch * seq * widths
     assert len(swept.pieces) == 1
+
+
+class ScaledRows(nn.Module):
+    """A scale of shape [1, 1, 4] (strides 1, 4, 1) times a transposed [batch, 3, 4] tensor (strides 12, 1, 3): the
+    product's slow path broadcasts the scale's batch axis (a stride of 0, or at batch 1 the scale's own, 1),
+    and the product's layout is all that reads that stride."""
+
+    def __init__(self, scale_first: bool, reads_expand: bool = False) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1, 4, 1))
+        self.proj = nn.Linear(3, 3)
+        self.scale_first = scale_first
+        self.reads_expand = reads_expand
+
+    def forward(self, z):  # z: [batch, 4, 3]
+        x = z.transpose(1, 2)
+        scale = self.scale.permute(2, 0, 1)
+        y = scale * x if self.scale_first else x * scale
+        y = y.transpose(1, 2)  # [batch, 4, 3]: contiguous where y's strides are x's
+        if self.reads_expand and scale.expand(x.shape).stride(0) != 0:  # the broadcast read by the model
+            y = self.proj(y)
+        return self.proj(self.proj(y)) if y.stride(0) == 3 else self.proj(y)
+
+
+def swept_over_batch(model: nn.Module, rest: tuple, macs: Callable[[int], int], pieces: int) -> Any:
+    """`model` swept over axis 0 of a [batch, *rest] input from batch 2; batch 1, 2 and 5 equal to fresh
+    estimates and to `macs(batch)` by hand, in `pieces` pieces."""
+    swept = sweep(model, torch.empty(2, *rest), dims={"batch": 0})
+    for batch in (1, 2, 5):
+        at = swept.at(batch=batch)
+        assert_same(at, fxflops.estimate(model, torch.empty(batch, *rest)))
+        assert at.total_macs == macs(batch)
+    assert len(swept.pieces) == pieces
+    return swept
+
+
+def test_a_broadcast_the_first_operand_orders_holds_at_batch_one():
+    # x * scale: x, first, orders the batch axis against the others (strides 12 against 1 and 3), the
+    # scale's stride there is not read; should_expand's `batch != 1` expands either way (1 against 3).
+    # By hand: one projection (y's strides are x's: 12, 1, 3), rows x in x out
+    swept = swept_over_batch(ScaledRows(scale_first=False), (4, 3), lambda batch: batch * 4 * 3 * 3, pieces=1)
+    assert swept.holds_for == "batch >= 1"
+
+
+def test_a_broadcast_operand_first_still_splits_at_batch_one():
+    # scale * x: the scale comes first, and at batch 1 its own batch stride (1) orders the product's layout
+    # (y's strides 3, 1, 3) where a stride of 0 leaves it to x (12, 1, 3): y.stride(0) decides a branch,
+    # two projections at batch 1
+    swept_over_batch(ScaledRows(scale_first=True), (4, 3), lambda batch: (2 if batch == 1 else 1) * batch * 4 * 3 * 3,
+                     pieces=2)
+
+
+def test_the_broadcast_left_out_of_the_cache_is_asked_again():
+    # the product's broadcast (stride 0, answered without a guard) is kept out of the fake mode's cache: the
+    # model's own expand of the scale asks again, a guard (its stride at batch 1 is the scale's, 1): an
+    # extra projection there
+    swept_over_batch(ScaledRows(scale_first=False, reads_expand=True), (4, 3),
+                     lambda batch: (2 if batch == 1 else 1) * batch * 4 * 3 * 3, pieces=2)
+
+
+class Regrouped(nn.Module):
+    """Reshapes of a transposed tensor: C++ reshape asks whether the batch axis ends a chunk."""
+
+    def __init__(self, merge: bool) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.merge = merge
+
+    def forward(self, z):  # z: [batch, 4, 3], or [batch, 2, 3] to merge
+        if self.merge:  # [2, batch, 3] as [2 * batch, 3]: a view only where batch is 1, else a copy
+            return self.proj(z.transpose(0, 1).reshape(-1, 3))
+        x = z.transpose(1, 2)  # [batch, 3, 4], strides [12, 1, 3]
+        return self.proj(x.reshape(x.shape[0], -1, 4).transpose(1, 2))  # its own shape: a view either way
+
+
+def test_a_reshape_that_is_a_view_either_way_holds_at_batch_one():
+    swept = swept_over_batch(Regrouped(merge=False), (4, 3), lambda batch: batch * 4 * 3 * 3, pieces=1)
+    assert swept.holds_for == "batch >= 1"
+
+
+def test_a_reshape_that_is_a_view_only_at_batch_one_still_splits():
+    # [2, batch, 3] with strides [3, 6, 1]: at batch 1 the size-1 axis joins the chunk and the merge is a
+    # view; elsewhere the batch axis ends a chunk and reshape copies (a clone the program records)
+    swept = swept_over_batch(Regrouped(merge=True), (2, 3), lambda batch: batch * 2 * 3 * 3, pieces=2)
+    for batch in (1, 2):
+        assert ("aten.clone.default" in swept.at(batch=batch).by_op) == (batch != 1)
+
+
+@pytest.mark.parametrize("sizes, strides, new", [
+    ((2, 1, 3), (3, 7, 1), (6,)),  # a size-1 axis with any stride joins the chunk: a view
+    ((2, 2, 3), (3, 7, 1), (12,)),  # the same axis at 2 ends a chunk: a copy
+    ((2, 3, 4), (12, 1, 3), (2, 3, 4)),  # its own shape: a view
+    ((2, 3, 4), (12, 1, 3), (6, 4)),  # a transposed pair merged: a copy
+    ((1, 4, 5, 16), (320, 16, 64, 1), (1, 4, 5, 16)),  # the attention output's reshape at batch 1
+    ((2, 4, 5, 16), (320, 16, 64, 1), (2, 20, 16)),
+    ((3, 1, 4), (4, 4, 1), (3, 4, 1)),
+    ((2, 6), (6, 1), (3, 4)),
+])
+def test_the_reshape_choice_is_torch_computestride(sizes, strides, new):
+    # the oracle: torch's own reshape of a (meta) tensor with these strides, a view or a copy
+    from fxflops.capture.size_one import _is_view
+
+    tensor = torch.empty_strided(sizes, strides, device="meta")
+    assert _is_view(list(sizes), list(strides), list(new), bool) == tensor.reshape(new)._is_view()

@@ -15,7 +15,13 @@ shows the other answer would compute the same there; a question it does not reco
 always. Besides broadcasts and stride checks: `is_contiguous`'s "fewer than 2 elements" of a tensor
 whose strides are known to be the contiguous ones (contiguous either way), and the collapsed stride
 of `_collapse_view_helper` where the size-1 candidate's stride is known no less than the least so far
-(the same stride either way). Every other `== 1` (a squeeze, a
+(the same stride either way). A decoder's attention asks three more (its rotary tables broadcast over
+the batch, its output reshaped): `_maybe_broadcast`'s `x != y` of the constant 1 against a size where
+another axis is expanded anyway; the stride of that broadcast axis (0, or at 1 the input's), read only
+by its elementwise op's output layout, where the op's first operand orders that axis
+(`_layout_decided_without`; the broadcast is kept out of the fake mode's cache meanwhile, so no other
+call is served it unasked); C++ reshape's view-or-copy choice where it is the same at the capture's
+sizes and wherever the size is 1 (`_reshape_either_way`). Every other `== 1` (a squeeze, a
 branch in the model, a real broadcast, a stride that matters) stays a guard of its own, and none is
 hidden behind one of these: an unguarded question leaves nothing the ShapeEnv later assumes.
 """
@@ -29,6 +35,10 @@ from typing import Any
 
 import torch
 
+# the forms a question whether a size is 1 takes: `size == 1`, `size != 1`, `size < 2` (a size of at
+# least 1: 1), `size > 1`
+IS_ONE, NOT_ONE_ASKED, BELOW_TWO, ABOVE_ONE = "== 1", "!= 1", "< 2", "> 1"
+
 # what a recognised question's own values show: both answers give the same program (BOTH_WAYS), or
 # the answer "not 1" gives what "1" would at a point where the size is 1 (NOT_ONE), or neither (None)
 BOTH_WAYS = "both ways"
@@ -41,7 +51,13 @@ NOT_ONE = "not one"
 # stride not known to be the expected one ends the pass, and the tensor's contiguity is then a formula
 # in the sizes, right at every point. "Not 1" is right at a size of 1 either way; the other way is not
 # (an axis skipped at 1 may have a stride that fails the check elsewhere).
-_CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): NOT_ONE}
+# aten/src/ATen/TensorUtils.cpp, `computeStride` (fake_impls._compute_stride spells it in Python), called
+# by reshape to choose a view or a copy: whether an old axis ending a chunk is 1 (line 375), whether a new
+# size is 1 or the new sizes so far fall short of the chunk (line 388). Tested per call (`_reshape_either_way`).
+RESHAPE = "reshape"
+_CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): (NOT_ONE, frozenset({IS_ONE})),
+                  ("aten/src/ATen/TensorUtils.cpp", 375): (RESHAPE, frozenset({NOT_ONE_ASKED})),
+                  ("aten/src/ATen/TensorUtils.cpp", 388): (RESHAPE, frozenset({IS_ONE, ABOVE_ONE}))}
 # the torch release the C++ lines were read in: in another, that line may ask something else
 _CPP_QUESTIONS_READ_IN = "2.14."
 
@@ -50,9 +66,9 @@ _CPP_QUESTIONS_READ_IN = "2.14."
 # SymBool.__bool__) is passed over, and the first frame past it is the asking function
 _FRAMES_UP = 6
 
-# a recognised question: the test of its call's values (its frame's locals, and the size asked about),
-# and the forms it is asked in
-Question = tuple[Callable[[dict, Any], "str | None"], frozenset]
+# a recognised question: the test of its call's values (its frame's locals, the size asked about, the
+# frame itself for the calls above it, the form asked), and the forms it is asked in
+Question = tuple[Callable[[dict, Any, Any, str], "str | None"], frozenset]
 
 
 def size_one_shape_env() -> Any:
@@ -65,6 +81,11 @@ def size_one_shape_env() -> Any:
     questions = _questions()
 
     class SizeOneShapeEnv(ShapeEnv):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if isinstance(getattr(self, "fake_tensor_cache", None), dict):  # held while an answer's output differs
+                self.fake_tensor_cache = _HeldCache()
+
         # arguments passed on as given: other torch releases name and order them differently
         def evaluate_sym_node(self, sym_node: Any, *args: Any, **kwargs: Any) -> Any:
             answer = _unguarded_answer(sym_node, sys._getframe(1), questions)
@@ -131,7 +152,7 @@ def _unguarded_answer(sym_node: Any, frame: Any, questions: dict[Any, Question])
             test, kinds = question
             if kind not in kinds:
                 return None
-            either = test(frame.f_locals, size)
+            either = test(frame.f_locals, size, frame, kind)
             # the size is 1 at the capture's sizes where the question "is it 1" says yes, "is it not 1" no
             is_one = hint if kind in (IS_ONE, BELOW_TWO) else not hint
             return sympy.sympify(hint) if either is BOTH_WAYS or either is NOT_ONE and not is_one else None
@@ -146,10 +167,6 @@ def _is_machinery(code: Any) -> bool:
     return name.endswith(("torch/fx/experimental/sym_node.py", "torch/fx/experimental/symbolic_shapes.py")) \
         or code is torch.SymBool.__bool__.__code__
 
-
-# the forms a question whether a size is 1 takes: `size == 1`, `size != 1`, `size < 2` (a size of at
-# least 1: 1), `size > 1`
-IS_ONE, NOT_ONE_ASKED, BELOW_TWO, ABOVE_ONE = "== 1", "!= 1", "< 2", "> 1"
 
 
 def _form(expr: Any) -> tuple[str, Any] | None:
@@ -182,11 +199,16 @@ def _questions() -> dict[Any, Question]:
     from torch._subclasses import fake_impls
     from torch.fx.experimental.sym_node import SymNode
 
-    def cpp(values: dict) -> str | None:
+    def cpp(values: dict, size: Any, frame: Any, kind: str) -> str | None:
         if not torch.__version__.startswith(_CPP_QUESTIONS_READ_IN):
             return None
         file, line = str(values.get("file", "")).replace("\\", "/"), values.get("line")
-        return next((way for (name, at), way in _CPP_QUESTIONS.items() if file.endswith(name) and line == at), None)
+        way, kinds = next((way for (name, at), way in _CPP_QUESTIONS.items() if file.endswith(name) and line == at),
+                          (None, ()))
+        if kind not in kinds:
+            return None
+        # C++ frames are not Python's: the frame above the question's is the Python call into C++
+        return _reshape_either_way(frame.f_back, size) if way is RESHAPE else way
 
     def infer_size(values: dict) -> str | None:
         # fake elementwise ops, per axis: b's size if a's is 1, else a's (b's must then be 1 or a's)
@@ -203,13 +225,29 @@ def _questions() -> dict[Any, Question]:
         # are one size the answers are "both" or "neither", and both go on
         return BOTH_WAYS if _same_size(values.get("x"), values.get("y")) else None
 
-    def broadcast_in_dim(values: dict) -> str | None:
+    def should_expand_unequal(values: dict) -> str | None:
+        # `x != y` (the constant 1 against a size): "unequal" expands at once; "equal" (both 1) goes on to
+        # the next axes, and expands at the first pair known unequal (an earlier one would have returned
+        # already). Where the shapes have such a pair, the shape is expanded either way
+        shape, common = values.get("a"), values.get("b")
+        if shape is None or common is None or len(shape) != len(common):
+            return None
+        return BOTH_WAYS if any(_known(x != y) for x, y in zip(shape, common)) else None
+
+    def broadcast_in_dim(values: dict, size: Any, frame: Any, kind: str) -> str | None:
         # a kept axis of the broadcast view takes the input's stride if its size is not 1, and also if it
         # is 1 and the new size is the same: where the two are one size, the same stride either way
         tensor, axis, shape, new_axis = (values.get(name) for name in ("a", "original_idx", "shape", "idx"))
         if tensor is None or axis is None or shape is None or new_axis is None:
             return None
-        return BOTH_WAYS if _same_size(tensor.shape[axis], shape[new_axis]) else None
+        if _same_size(tensor.shape[axis], shape[new_axis]):
+            return BOTH_WAYS
+        # the constant 1 broadcast to a size: stride 0 where the size is not 1, the input's where it is. Inside
+        # an elementwise op that stride is read by the output's layout alone, which it does not change where
+        # the op's first operand orders the axis (`_layout_decided_without`)
+        if type(tensor.shape[axis]) is int and tensor.shape[axis] == 1:
+            return NOT_ONE if _layout_decided_without(frame, tensor, new_axis) else None
+        return None
 
     def contiguous(values: dict) -> str | None:
         # a size-1 axis skips its stride check and leaves the expected stride as is; an axis whose stride
@@ -225,7 +263,7 @@ def _questions() -> dict[Any, Question]:
             return None
         return NOT_ONE if _known_equal(tensor.stride()[axis], expected) else None
 
-    def numel_below_two(values: dict, size: Any) -> str | None:
+    def numel_below_two(values: dict, size: Any, frame: Any, kind: str) -> str | None:
         # is_contiguous: a tensor of fewer than 2 elements is contiguous; another is if its strides pass the
         # check. Where every stride is known to be the contiguous one for its sizes, the check passes at
         # every point: "contiguous" either way
@@ -234,7 +272,7 @@ def _questions() -> dict[Any, Question]:
             return None
         return BOTH_WAYS if _contiguous_strides(tensor.shape, tensor.stride()) else None
 
-    def collapse_stride(values: dict, size: Any) -> str | None:
+    def collapse_stride(values: dict, size: Any, frame: Any, kind: str) -> str | None:
         # _collapse_view_helper's stride of the collapsed axes: the least stride of the axes not 1 in size,
         # `stride = min(stride, strides[idx])` skipped for an axis of size 1. Where that axis's stride is
         # known to be no less than the least so far, min() keeps the least so far: the same stride either way
@@ -243,15 +281,17 @@ def _questions() -> dict[Any, Question]:
             return None
         return BOTH_WAYS if _known(strides[axis] >= stride) else None
 
-    def only(test: Callable[[dict], str | None]) -> Callable[[dict, Any], str | None]:
-        return lambda values, size: test(values)
+    def only(test: Callable[[dict], str | None]) -> Callable[[dict, Any, Any, str], str | None]:
+        return lambda values, size, frame, kind: test(values)
 
     asked_equal = frozenset({IS_ONE})
+    asked_any = frozenset({IS_ONE, NOT_ONE_ASKED, BELOW_TWO, ABOVE_ONE})
     found: dict[Any, Question] = {
-        SymNode.guard_or_false.__code__: (only(cpp), asked_equal),
+        SymNode.guard_or_false.__code__: (cpp, asked_any),
+        SymNode.guard_or_true.__code__: (cpp, asked_any),
         fake_impls.infer_size.__code__: (only(infer_size), asked_equal),
         refs._broadcast_shapes.__code__: (only(broadcast_shapes), asked_equal),
-        torch._prims._broadcast_in_dim_meta.__code__: (only(broadcast_in_dim), asked_equal),
+        torch._prims._broadcast_in_dim_meta.__code__: (broadcast_in_dim, asked_equal),
         prims_common.check_contiguous_sizes_strides.__code__: (only(contiguous), asked_equal),
         prims_common.is_channels_last_contiguous_2d.__code__: (only(channels_last), asked_equal),
         prims_common.is_channels_last_contiguous_3d.__code__: (only(channels_last), asked_equal),
@@ -260,7 +300,9 @@ def _questions() -> dict[Any, Question]:
     }
     nested = _nested_code(refs._maybe_broadcast, "should_expand")
     if nested is not None:
-        found[nested] = (only(should_expand), asked_equal)
+        expand_equal, expand_unequal = only(should_expand), only(should_expand_unequal)
+        found[nested] = (lambda values, size, frame, kind: (expand_equal if kind == IS_ONE else expand_unequal)(
+            values, size, frame, kind), frozenset({IS_ONE, NOT_ONE_ASKED}))
     return found
 
 
@@ -311,8 +353,255 @@ def _known_equal(a: Any, b: Any) -> bool:
 
 
 def _nested_code(function: Any, name: str) -> Any:
-    """The code object of the function `name` defined inside `function` (None if there is none)."""
-    for constant in function.__code__.co_consts:
+    """The code object of the function `name` defined inside `function` (a function or a code object; None
+    if there is none)."""
+    code = getattr(function, "__code__", function)
+    for constant in getattr(code, "co_consts", ()):
         if getattr(constant, "co_name", None) == name:
             return constant
     return None
+
+
+# how far up from a prim's meta function its caller in torch's references may be: the fake mode's
+# dispatch (cache, decompositions) lies between
+_DISPATCH_FRAMES = 40
+
+
+def _layout_decided_without(frame: Any, tensor: Any, axis: int) -> bool:
+    """Whether the stride on `axis` of the broadcast of `tensor` that `frame` (prims' broadcast_in_dim) makes
+    is read by nothing that it changes: the broadcast is an elementwise binary reference's expansion of its
+    second operand (`_maybe_broadcast`), its result goes to that op's prim alone, and the first operand, of
+    the broadcast's shape, orders `axis` against every other axis in the output's layout.
+
+    The prim's layout (`compute_elementwise_output_logical_to_physical_perm`) compares two axes' strides
+    operand by operand and takes the first operand's order where its strides there are nonzero and unequal:
+    known so at every point, the second's stride on `axis` is never compared, and the other comparisons do
+    not read it. Its contiguity checks read the first operand first and the second only where the first
+    passes; the second's check reaches `axis` only past its other axes, and asks there whether the size is
+    1, a guard of its own (its stride, 0, is not the expected one). The broadcast's output is held out of
+    the fake mode's cache until the reference returns (`_HeldCache`): another call of the same broadcast
+    elsewhere asks its own question."""
+    import torch._refs as refs
+
+    expand = getattr(refs.expand, "__wrapped__", refs.expand).__code__
+    inner = _nested_code(refs._maybe_broadcast, "__maybe_broadcast")
+    binary = _nested_code(_nested_code(refs._make_elementwise_binary_reference, "inner"), "_ref")
+    if inner is None or binary is None:
+        return False
+    frame = _up_to(frame, expand)
+    if frame is None or frame.f_locals.get("a") is not tensor:
+        return False
+    frame = _up_to(frame, inner)
+    if frame is None or frame.f_locals.get("x") is not tensor:
+        return False
+    common, ref = frame.f_locals.get("shape"), frame
+    for _ in range(3):  # __maybe_broadcast <- its generator expression <- _maybe_broadcast <- _ref
+        ref = ref.f_back if ref is not None else None
+    if ref is None or ref.f_code is not binary or common is None:
+        return False
+    first, second = ref.f_locals.get("a"), ref.f_locals.get("b")
+    if second is not tensor or not isinstance(first, torch.Tensor) or len(first.shape) != len(common) \
+            or not all(_same_size(x, y) for x, y in zip(first.shape, common)):
+        return False
+    strides = first.stride()
+    own = strides[axis]
+    if not _known(own != 0) or not all(_known(other != 0) and _known(own != other)
+                                       for at, other in enumerate(strides) if at != axis):
+        return False
+    cache = getattr(getattr(common[axis], "node", None), "shape_env", None)
+    cache = getattr(cache, "fake_tensor_cache", None)
+    if not isinstance(cache, _HeldCache):
+        return False
+    cache.hold(ref)
+    return True
+
+
+def _up_to(frame: Any, code: Any) -> Any:
+    """The nearest frame above `frame` running `code`, within the fake mode's dispatch; None past it."""
+    frame = frame.f_back
+    for _ in range(_DISPATCH_FRAMES):
+        if frame is None or frame.f_code is code:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+class _HeldCache(dict):
+    """The ShapeEnv's fake-tensor cache, storing nothing while a held frame runs.
+
+    A question answered without a guard where the op's own output differs by the answer (a broadcast's
+    stride that only its elementwise op reads) must not leave that output in the cache: a later equal call
+    from elsewhere would be served it without asking."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: Any = None
+
+    def hold(self, frame: Any) -> None:
+        self._held = frame
+
+    def __setitem__(self, key: Any, entry: Any) -> None:
+        if self._held is not None:
+            if _running(self._held):
+                return
+            self._held = None
+        super().__setitem__(key, entry)
+
+
+def _running(frame: Any) -> bool:
+    """Whether `frame` is on the current call stack."""
+    current = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
+
+
+def _reshape_either_way(caller: Any, size: Any) -> str | None:
+    """NOT_ONE where the reshape that `caller` (the capture's torch-function mode calling `Tensor.reshape` or
+    `torch.reshape`) runs is a view, or a copy, both at the capture's sizes and wherever `size` is 1.
+
+    C++ reshape asks computeStride whether the new shape is a view of the tensor's strides; on a fake tensor
+    it uses the answer only to choose the view (whose strides the fake view computes) or a copy, and drops
+    computeStride's strides. The capture's answer to each question in that call whether `size` is 1 is
+    then right wherever computeStride chooses alike at the capture's sizes and at any point where `size`
+    is 1 (there every other question known from the sizes' ranges)."""
+    import sympy
+
+    if caller is None or not isinstance(size, sympy.Symbol):
+        return None
+    call = _reshape_call(caller)
+    if call is None:
+        return None
+    tensor, new = call
+    old, strides = list(tensor.shape), list(tensor.stride())
+    env = next((v.node.shape_env for v in (*old, *strides, *new) if isinstance(v, torch.SymInt)), None)
+    if env is None:
+        return None
+    hints = [_hint(v) for v in (*old, *strides, *new)]
+    if any(h is None for h in hints):
+        return None
+    n, m = len(old), len(new)
+    at_hint = _is_view(hints[:n], hints[n:2 * n], _inferred(hints[2 * n:], hints[:n]), lambda c: bool(c))
+    exprs = [_expr(v).xreplace({size: 1}) for v in (*old, *strides, *new)]
+
+    def known(condition: Any) -> bool | None:
+        condition = sympy.sympify(condition)
+        if condition in (sympy.true, sympy.false):
+            return bool(condition)
+        try:
+            static = env._maybe_evaluate_static(condition)
+        except Exception:  # noqa: BLE001 (any failure: not known)
+            return None
+        return None if static is None else bool(static)
+
+    at_one = _is_view(exprs[:n], exprs[n:2 * n], _inferred(exprs[2 * n:2 * n + m], exprs[:n]), known)
+    return NOT_ONE if at_hint is not None and at_hint == at_one else None
+
+
+def _reshape_call(caller: Any) -> tuple[Any, list] | None:
+    """(tensor, new sizes) of a `Tensor.reshape` / `torch.reshape` call that the capture's torch-function mode
+    runs in `caller` (fxflops.capture.recorder.CompositeOps, which calls nothing else that reshapes)."""
+    recorder = sys.modules.get("fxflops.capture.recorder")
+    if recorder is None or caller.f_code is not recorder.CompositeOps.__torch_function__.__code__:
+        return None
+    values = caller.f_locals
+    func, args, kwargs = values.get("func"), values.get("args"), values.get("kwargs") or {}
+    if func not in (torch.Tensor.reshape, torch.reshape) or not isinstance(args, tuple) or not args:
+        return None
+    tensor, rest = args[0], list(args[1:])
+    if kwargs:
+        if set(kwargs) != {"shape"}:
+            return None
+        rest.append(kwargs["shape"])
+    if len(rest) == 1 and isinstance(rest[0], tuple | list | torch.Size):
+        rest = list(rest[0])
+    if not isinstance(tensor, torch.Tensor) or not all(type(v) is int or isinstance(v, torch.SymInt) for v in rest):
+        return None
+    return tensor, rest
+
+
+def _hint(value: Any) -> int | None:
+    """A size's value at the capture's sizes."""
+    if type(value) is int:
+        return value
+    hint = value.node.hint
+    return hint if type(hint) is int else None
+
+
+def _expr(value: Any) -> Any:
+    """A size as a sympy expression."""
+    import sympy
+
+    return sympy.Integer(value) if type(value) is int else value.node.expr
+
+
+def _inferred(new: list, old: list) -> list:
+    """The new sizes with a -1 replaced by what the old sizes' count leaves for it."""
+    if -1 not in new:
+        return new
+    numel, rest = 1, 1
+    for value in old:
+        numel = numel * value
+    for value in new:
+        if value != -1:
+            rest = rest * value
+    left = numel // rest if type(numel) is int and type(rest) is int else numel / rest
+    return [left if value == -1 else value for value in new]
+
+
+def _is_view(old: list, strides: list, new: list, decide: Callable[[Any], "bool | None"]) -> bool | None:
+    """Whether computeStride (aten/src/ATen/TensorUtils.cpp; fake_impls._compute_stride in Python) finds `new`
+    a view of sizes `old` with `strides`, each comparison answered by `decide` (None: it cannot tell)."""
+
+    class Unknown(Exception):
+        pass
+
+    def ask(condition: Any) -> bool:
+        answer = decide(condition)
+        if answer is None:
+            raise Unknown
+        return answer
+
+    try:
+        if not old:
+            return True
+        numel = 1
+        for value in old:
+            numel = numel * value
+        if ask(_eq(numel, 0)):
+            return None  # an empty tensor: its own rules, not followed here
+        view_d, base, tensor_numel, view_numel = len(new) - 1, strides[-1], 1, 1
+        for tensor_d in range(len(old) - 1, -1, -1):
+            tensor_numel = tensor_numel * old[tensor_d]
+            if tensor_d == 0 or (ask(_ne(old[tensor_d - 1], 1))
+                                 and ask(_ne(strides[tensor_d - 1], tensor_numel * base))):
+                while view_d >= 0 and (ask(_lt(view_numel, tensor_numel)) or ask(_eq(new[view_d], 1))):
+                    view_numel = view_numel * new[view_d]
+                    view_d -= 1
+                if ask(_ne(view_numel, tensor_numel)):
+                    return False
+                if tensor_d > 0:
+                    base, tensor_numel, view_numel = strides[tensor_d - 1], 1, 1
+        return view_d == -1
+    except Unknown:
+        return None
+
+
+def _eq(a: Any, b: Any) -> Any:
+    import sympy
+
+    return a == b if type(a) is int and type(b) is int else sympy.Eq(a, b)
+
+
+def _ne(a: Any, b: Any) -> Any:
+    import sympy
+
+    return a != b if type(a) is int and type(b) is int else sympy.Ne(a, b)
+
+
+def _lt(a: Any, b: Any) -> Any:
+    import sympy
+
+    return a < b if type(a) is int and type(b) is int else sympy.Lt(a, b)
