@@ -229,13 +229,8 @@ def test_a_layer_reading_the_cache_past_its_methods_runs():
     assert fxflops.estimate(model, args, conventions="torch").total_flops == oracle_flops(model, args)
 
 
-class _PassingLayer(torch.nn.Module):
+class _PassingLayer(_ReadingLayer):
     """Passes its index through arithmetic: not the attribute as it is."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__()
-        self.index = index
-        self.proj = torch.nn.Linear(8, 8)
 
     def forward(self, x, cache):
         keys, _ = cache.update(self.proj(x)[:, None], x[:, None], (self.index + 1) % 4)
@@ -264,3 +259,52 @@ def test_a_llama_sweep_with_a_cache_equals_fresh_estimates():
     swept = fxflops.sweep(model, (tokens(2, 33),), {"use_cache": True}, dims={"batch": 0, "seq": 1})
     for batch, seq in [(1, 1), (3, 17), (2, 100), (5, 7)]:
         assert_same(swept.at(batch=batch, seq=seq), fxflops.estimate(model, (tokens(batch, seq),), {"use_cache": True}))
+
+
+_TABLE = {"scale": 2.0}  # (test only) a mutable global the blocks below read
+
+
+def _writes_into_a_dict_it_built(x):
+    options = {}
+    options["scale"] = _TABLE["scale"]
+    options.update(bias=1.0)
+    return x * options["scale"] + options["bias"]
+
+
+def _writes_into_the_global(x):
+    options = _TABLE
+    options["scale"] = options["scale"] + 1.0  # each call scales by one more
+    return x * options["scale"]
+
+
+def test_a_write_into_a_dict_the_frame_built_is_not_a_write_into_what_it_read():
+    from fxflops.capture.block_reads import line_reads
+
+    built = line_reads(_writes_into_a_dict_it_built.__code__)
+    assert not any(reads.mutates for reads in built.values())
+    aliased = line_reads(_writes_into_the_global.__code__)
+    assert any(reads.mutates for reads in aliased.values())
+
+
+@pytest.mark.parametrize("function, replayed", [(_writes_into_a_dict_it_built, True), (_writes_into_the_global, False)])
+def test_a_block_reading_a_mutable_global_replays_only_where_it_writes_into_its_own_dict(function, replayed):
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return function(self.proj(x))
+
+    model = torch.nn.Sequential(*(Layer() for _ in range(3))).eval()
+    args = (torch.zeros(3, 8),)
+    before = dict(_TABLE)
+    try:
+        captured = Counting.prepare("torch", None, None).capture(model, args, {}, "eager", replay=True)
+        _TABLE.update(before)
+        assert_same_as_full(model, args)
+    finally:
+        _TABLE.clear()
+        _TABLE.update(before)
+    assert any(REPLAY_OF in node.meta and node.meta["fxflops_module"][0] == "2"
+               for node in captured.graph_module.graph.nodes) == replayed

@@ -37,7 +37,7 @@ import torch
 from fxflops.capture.backward import ReplayRetry
 from fxflops.capture.block_io import place_of, resolve
 from fxflops.capture.block_reads import Handed, Observer, ReadLog
-from fxflops.capture.block_state import _PLAIN, BlockState, CallKey, Unsupported, tensor_key
+from fxflops.capture.block_state import BlockState, CallKey, Unsupported, plain_key, tensor_key
 
 _SIMPLE = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF", "LOAD_CLOSURE"})
 _NAMED = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR", "LOAD_CONST", "LOAD_GLOBAL",
@@ -57,7 +57,8 @@ class Marks(Observer):
                       {id(t): self._producer_of(t) for t in result_tensors(call.arguments)})
 
     def end(self, call: Handed) -> None:
-        call.end = (self._last_node(), len(self._calls), {id(t): self._producer_of(t) for t in result_tensors(call.result)})
+        made = {id(t): self._producer_of(t) for t in result_tensors(call.result)}
+        call.end = (self._last_node(), len(self._calls), made)
 
 
 class Through:
@@ -78,7 +79,8 @@ class Through:
 
 
 def handed_calls(log: ReadLog, call: CallKey, state: BlockState, before: dict[int, set[str]],
-                 nodes: list[torch.fx.Node], watched: set[tuple[str, str]]) -> tuple[list[Through], frozenset, frozenset] | str:
+                 nodes: list[torch.fx.Node], watched: set[tuple[str, str]]
+                 ) -> tuple[list[Through], frozenset, frozenset] | str:
     """What a reference did with the objects it was handed, as copies make it again, the attributes passed to
     their calls (relative path, name) and the nodes the calls recorded; or why it cannot stand for another call."""
     if log.computed:
@@ -164,11 +166,10 @@ def writes_elsewhere(log: ReadLog) -> bool:
 
 def result_key(value: Any) -> Any:
     """A call's result as a key: tensors by metadata, plain values by value, containers item by item."""
+    plain = plain_key(value)
+    if plain is not None:
+        return plain
     kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)
-    if kind is float:
-        return (float, value.hex())
     if isinstance(value, torch.Tensor):
         return tensor_key(value)
     if kind is tuple or kind is list:
@@ -190,7 +191,8 @@ def data_names(value: Any) -> set[str]:
 
 def remake(through: Through, build: Any) -> tuple[tuple, dict]:
     """A handed call's arguments for a copy: `build(spec)` gives each value."""
-    return tuple(build(spec) for spec in through.positional), {key: build(spec) for key, spec in through.keywords.items()}
+    keywords = {key: build(spec) for key, spec in through.keywords.items()}
+    return tuple(build(spec) for spec in through.positional), keywords
 
 
 def check(through: Through, result: Any, made: list[torch.fx.Node], where: str) -> None:
@@ -234,7 +236,7 @@ class _Specs:
 
     def spec(self, value: Any) -> Any:
         kind = type(value)
-        if kind in _PLAIN or kind is float or id(value) in self._call.handed:
+        if plain_key(value) is not None or id(value) in self._call.handed:
             return ("plain", value)
         if isinstance(value, torch.Tensor):
             if id(value) in self._results:

@@ -115,7 +115,8 @@ def line_reads(code: types.CodeType) -> dict[int, LineReads]:
                 reads.reflective = True
             elif argument in _REFUSED:
                 reads.refused = _REFUSED[argument]
-            if argument in _MUTATORS and not (name == "LOAD_METHOD" and index and _is_fresh(instructions[index - 1], fresh)):
+            if argument in _MUTATORS and not (name == "LOAD_METHOD" and index
+                                              and _is_fresh(instructions[index - 1], fresh)):
                 reads.mutates = True
                 reads.mutating.append(instruction.offset)
     return lines
@@ -141,12 +142,9 @@ def _is_fresh(instruction: dis.Instruction, fresh: frozenset[str]) -> bool:
 
 def _into_fresh(instructions: list[dis.Instruction], index: int, fresh: frozenset[str]) -> bool:
     """Whether the subscript store or delete at `index` writes `v[k]` for a fresh local `v` and a plain key."""
-    if not fresh:
-        return False
-    store = instructions[index].opname == "STORE_SUBSCR"
     key, container = index - 1, index - 2
-    return container >= 0 and instructions[key].opname in ("LOAD_CONST", "LOAD_FAST") \
-        and _is_fresh(instructions[container], fresh) and (not store or container >= 1)
+    return bool(fresh) and container >= 0 and instructions[key].opname in ("LOAD_CONST", "LOAD_FAST") \
+        and _is_fresh(instructions[container], fresh)
 
 
 def _literal_name_follows(instructions: list[dis.Instruction], index: int) -> bool:

@@ -97,11 +97,10 @@ class CallKey:
         return self._locals.get(id(tensor))
 
     def _value(self, value: Any) -> Any:
+        plain = plain_key(value)
+        if plain is not None:
+            return plain
         kind = type(value)
-        if kind in _PLAIN:
-            return (kind, value)
-        if kind is float:
-            return (float, value.hex())
         if isinstance(value, torch.Tensor):
             seen = self._positions.get(id(value))
             if seen is not None:  # the same tensor again: an alias the block may rely on
@@ -134,6 +133,16 @@ class CallKey:
             return ("handed", id(value))
         # a model output, an object of a builtin or compiled class: the block may change it or read it as it changes
         raise Unsupported(f"an argument of type {kind.__name__}")
+
+
+def plain_key(value: Any) -> tuple | None:
+    """A plain value's key (floats by their bits: -0.0 is not 0.0), None for any other value."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return (float, value.hex())
+    return None
 
 
 def handable(value: Any) -> bool:

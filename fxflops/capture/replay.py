@@ -8,8 +8,8 @@ notes the lines of code it runs. A later call of a module of the same class repl
 
 - its arguments are equal: tensors by shape, strides, dtype, device and flags (fake tensors hold no
   values; a real one's values are keyed), plain values by value (floats by their bits), the same
-  tensor in the same places, and nothing else (a cache object, which the block would update, makes
-  the call run); and torch's global settings are equal (grad, inference mode, autocast per device and
+  tensor in the same places, an object of Python classes (a cache) by identity, and nothing else; and
+  torch's global settings are equal (grad, inference mode, autocast per device and
   its dtype, determinism, default dtype and device, attention kernels: `block_state.torch_state`);
 - its state is equal (`BlockState`): every module of the block by class, training flag, name and
   submodules, parameters and buffers by metadata, attributes as deep as they go (`Keyer`), except
@@ -22,6 +22,10 @@ notes the lines of code it runs. A later call of a module of the same class repl
   read no object identity, frame or whole namespace, may not have changed a mutable global it read,
   ran no torch.cond and no module counted whole, had no hook, and returned tensors (made in the block,
   or its inputs or its own tensors) and plain values in tuples, lists and dicts.
+
+A block handed an object (a cache) makes each call it made on it again, for real, at each copy, with the
+copy's tensors and attributes, and goes on only where the call returned and ran what it did at the reference
+(`capture.block_calls`, which says what is proven first; else the capture runs again without replay).
 
 The block's program is then a function of what was compared, so the call would run the same ops on
 the same shapes: the reference's nodes are copied with their module paths moved to this call's and
