@@ -89,6 +89,27 @@ def test_sliding_window_and_full_layers_each_replay_their_own_kind():
     assert shapes == _left_behind(_capture(model, {"input_ids": _tokens(), "use_cache": True}, False))[1:]
 
 
+def test_mistral_sliding_window_layers():
+    model = _model(tf.MistralForCausalLM, tf.MistralConfig(num_hidden_layers=3, sliding_window=5, **SMALL))
+    agrees(model, {"input_ids": _tokens(), "use_cache": True})
+
+
+def test_an_encoder_decoder_cache_read_past_its_methods_runs_every_layer():
+    # GPT-2 with cross-attention reads the EncoderDecoderCache's is_updated itself: its layers run
+    config = tf.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=64, n_positions=64, add_cross_attention=True)
+    model = _model(tf.GPT2LMHeadModel, config)
+    kwargs = {"input_ids": _tokens(), "encoder_hidden_states": torch.zeros(2, 5, 32), "use_cache": True}
+    agrees(model, kwargs, layers_copied=False)
+
+
+def test_two_layers_writing_one_slot_make_the_capture_run_every_call():
+    model = _model(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL))
+    model.model.layers[2].self_attn.layer_idx = 1  # layer 2 appends to layer 1's keys: twice as long there
+    kwargs = {"input_ids": _tokens(), "use_cache": True}
+    agrees(model, kwargs, layers_copied=False)
+    assert _copied(_capture(model, kwargs, True)) == 0  # the capture ran again without replay
+
+
 def test_a_second_decoding_step_reads_each_layers_filled_cache():
     model = _model(tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=4, **SMALL))
     with torch.no_grad():

@@ -404,7 +404,8 @@ def _function_of(cls: type, code: types.CodeType) -> Any:
     """The function of `cls` (a method, a property's getter) whose code is `code`, found through its classes."""
     for base in cls.__mro__:
         for item in vars(base).values():
-            for function in (item.fget, item.fset, item.fdel) if isinstance(item, property) else (item,):
+            for function in (item.fget, item.fset, item.fdel) if isinstance(item, property) else \
+                    (getattr(item, "__func__", item),):
                 if isinstance(function, types.FunctionType) and function.__code__ is code:
                     return function
     return None

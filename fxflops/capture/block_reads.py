@@ -249,6 +249,9 @@ class Tracer:
         self._handed: list[list[Handed]] = []
         self._foreign: list[str | None] = []  # per reference: why a handed call inside it cannot be its own
         self._inside = 0  # > 0 while a handed object's call runs (its code is not traced)
+        # the code of the handed objects' methods: a call of one with such an object first is a handed call (a
+        # function given one otherwise is the block's own code, read as any other)
+        self._methods: frozenset[types.CodeType] = frozenset()
 
     @property
     def active(self) -> bool:
@@ -267,6 +270,8 @@ class Tracer:
         self._watched.append(handed or {})
         self._handed.append([])
         self._foreign.append(None)
+        for value in (handed or {}).values():
+            self._methods |= methods_of(type(value))
         if len(self._lines) == 1:
             if self._libraries is None:
                 self._libraries = _library_roots(_SIZE_LIBRARIES)
@@ -278,6 +283,8 @@ class Tracer:
         given_handed = self._given_handed.pop()
         handed, foreign = self._handed.pop(), self._foreign.pop()
         self._watched.pop()
+        self._methods = frozenset().union(*(methods_of(type(value)) for watched in self._watched
+                                            for value in watched.values()))
         if not self._lines:
             sys.settrace(None)
         log = self._log(lines, given, given_handed)
@@ -298,7 +305,7 @@ class Tracer:
         if self._inside:  # run by a handed object's call: made again for real at each copy, not read here
             return None
         code = frame.f_code
-        if code.co_argcount and any(self._watched) and not code.co_filename.startswith(_OURS):
+        if code in self._methods and not code.co_filename.startswith(_OURS):
             first = _first_argument(frame)
             if any(id(first) in watched for watched in self._watched):
                 return self._handed_call(frame, first)
@@ -420,6 +427,17 @@ def _library_roots(names: tuple[str, ...]) -> tuple[str, ...]:
         if file:
             found.append(os.path.dirname(os.path.realpath(file)) + os.sep)
     return tuple(found)
+
+
+def methods_of(cls: type) -> frozenset[types.CodeType]:
+    """The code of a class's Python methods, and of its properties' accessors, through its bases."""
+    found = set()
+    for base in cls.__mro__[:-1]:
+        for item in vars(base).values():
+            parts = (item.fget, item.fset, item.fdel) if isinstance(item, property) else \
+                (getattr(item, "__func__", item),)
+            found.update(part.__code__ for part in parts if isinstance(part, types.FunctionType))
+    return frozenset(found)
 
 
 def _first_argument(frame: types.FrameType) -> Any:
