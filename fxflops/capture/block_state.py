@@ -34,6 +34,10 @@ _BY_IDENTITY = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeTyp
                 torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (not a builtin or C type)
+_NOT_HANDED = (torch.nn.Module, type, types.FunctionType, types.MethodType, functools.partial, enum.Enum)
+
+
 class Unsupported(Exception):
     """A value whose influence on the block's program cannot be keyed: the call runs as it is."""
 
@@ -74,10 +78,13 @@ def tensor_key(tensor: torch.Tensor) -> tuple:
 class CallKey:
     """A call's arguments as a key, and its tensors in order (the n-th tensor is what input n names)."""
 
-    __slots__ = ("key", "tensors", "_positions", "_locals")
+    __slots__ = ("key", "tensors", "handed", "_positions", "_locals")
 
     def __init__(self, args: tuple, kwargs: dict) -> None:
         self.tensors: list[torch.Tensor] = []
+        # id -> an object of a class of Python's handed to the block (a cache), keyed by identity: the block may
+        # change it; what it does with it is proven at the reference (capture.block_calls)
+        self.handed: dict[int, Any] = {}
         self._positions: dict[int, int] = {}
         self._locals: dict[int, int] = {}  # id(a DTensor argument's local tensor) -> the DTensor's position
         self.key = (self._value(args), self._value(kwargs), torch_state())
@@ -90,11 +97,10 @@ class CallKey:
         return self._locals.get(id(tensor))
 
     def _value(self, value: Any) -> Any:
+        plain = plain_key(value)
+        if plain is not None:
+            return plain
         kind = type(value)
-        if kind in _PLAIN:
-            return (kind, value)
-        if kind is float:
-            return (float, value.hex())
         if isinstance(value, torch.Tensor):
             seen = self._positions.get(id(value))
             if seen is not None:  # the same tensor again: an alias the block may rely on
@@ -122,8 +128,30 @@ class CallKey:
             return (dict, tuple((key, self._value(item)) for key, item in value.items()))
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             return ("sym", value.node.expr)
-        # a cache object, a model output, a user's object: the block may change it or read it as it changes
+        if handable(value):
+            self.handed[id(value)] = value
+            return ("handed", id(value))
+        # a model output, an object of a builtin or compiled class: the block may change it or read it as it changes
         raise Unsupported(f"an argument of type {kind.__name__}")
+
+
+def plain_key(value: Any) -> tuple | None:
+    """A plain value's key (floats by their bits: -0.0 is not 0.0), None for any other value."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return (float, value.hex())
+    return None
+
+
+def handable(value: Any) -> bool:
+    """Whether a value is an object of classes written in Python over `object` alone (a cache), whose every
+    method call the trace sees (capture.block_calls): not a module, a class, a function, a container."""
+    kind = type(value)
+    return type(getattr(value, "__dict__", None)) is dict and all(
+        cls is object or cls.__flags__ & _HEAP_TYPE and cls not in _NOT_HANDED for cls in kind.__mro__) \
+        and not isinstance(value, _NOT_HANDED)
 
 
 class BlockState:

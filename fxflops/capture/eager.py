@@ -158,8 +158,13 @@ def _target_device(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.devi
 
 def capture(request: Request) -> Captured:
     replaying = request.replay and not global_hooks_present()
-    if not (replaying and request.backward):
-        return _capture(request, replaying)
+    if not replaying:
+        return _capture(request, False)
+    if not request.backward:
+        try:
+            return _capture(request, True)
+        except ReplayRetry:  # a call on an object handed to a copy did not do what its reference's did
+            return _capture(request, False)
     if request.prepare is not None or _has_own_pre_hooks(request.model):
         # a parallel plan's capture: its blocks' backward runs (a capture that would have to run again could
         # not apply the plan a second time: FSDP keeps each module's state in torch's own global table);

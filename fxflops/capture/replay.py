@@ -8,8 +8,8 @@ notes the lines of code it runs. A later call of a module of the same class repl
 
 - its arguments are equal: tensors by shape, strides, dtype, device and flags (fake tensors hold no
   values; a real one's values are keyed), plain values by value (floats by their bits), the same
-  tensor in the same places, and nothing else (a cache object, which the block would update, makes
-  the call run); and torch's global settings are equal (grad, inference mode, autocast per device and
+  tensor in the same places, an object of Python classes (a cache) by identity, and nothing else; and
+  torch's global settings are equal (grad, inference mode, autocast per device and
   its dtype, determinism, default dtype and device, attention kernels: `block_state.torch_state`);
 - its state is equal (`BlockState`): every module of the block by class, training flag, name and
   submodules, parameters and buffers by metadata, attributes as deep as they go (`Keyer`), except
@@ -22,6 +22,10 @@ notes the lines of code it runs. A later call of a module of the same class repl
   read no object identity, frame or whole namespace, may not have changed a mutable global it read,
   ran no torch.cond and no module counted whole, had no hook, and returned tensors (made in the block,
   or its inputs or its own tensors) and plain values in tuples, lists and dicts.
+
+A block handed an object (a cache) makes each call it made on it again, for real, at each copy, with the
+copy's tensors and attributes, and goes on only where the call returned and ran what it did at the reference
+(`capture.block_calls`, which says what is proven first; else the capture runs again without replay).
 
 The block's program is then a function of what was compared, so the call would run the same ops on
 the same shapes: the reference's nodes are copied with their module paths moved to this call's and
@@ -50,6 +54,8 @@ from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
 from fxflops.capture.backward import DIFFERENTIATES, PHASE, GradOwners
+from fxflops.capture.block_calls import (Marks, Through, build, check, handed_calls, remake, result_tensors,
+                                         value_at, writes_elsewhere)
 from fxflops.capture.block_backward import REPLAY_OF, BlockBackward, CopyBackward, attached, deliverers, refusal
 from fxflops.capture.block_hooks import LOCAL, SHARDED, is_sharded, local_of
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
@@ -70,7 +76,7 @@ class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "log", "outside", "plan", "backward", "sequence")
+                 "log", "outside", "plan", "backward", "sequence", "throughs", "passed", "made_in_calls")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -89,6 +95,9 @@ class Template:
         self.plan: list[tuple] | None = None  # (Replays._plan) how to copy each node, made at the first copy
         self.backward: BlockBackward | None = None  # under a backward: how its copies' backward is copied
         self.sequence = (0, 0)  # the autograd sequence numbers its forward handed out (first, past the last)
+        self.throughs: list[Through] = []  # its calls on objects it was handed, made again at each copy
+        self.passed: frozenset[tuple[str, str]] = frozenset()  # attributes read only as arguments of those calls
+        self.made_in_calls: frozenset[torch.fx.Node] = frozenset()  # its nodes those calls recorded
 
     def matches(self, state: BlockState) -> bool:
         mine, theirs = self.state.entries, state.entries
@@ -112,7 +121,8 @@ class Template:
         """Whether two states of a module differ only in attributes the reference never read."""
         if mine[0] != theirs[0] or [key for key, _ in mine[1]] != [key for key, _ in theirs[1]]:
             return False
-        return all(a == b or (relative, key) in self.free for (key, a), (_, b) in zip(mine[1], theirs[1]))
+        return all(a == b or (relative, key) in self.free or (relative, key) in self.passed
+                   for (key, a), (_, b) in zip(mine[1], theirs[1]))
 
 
 class Replays:
@@ -131,7 +141,7 @@ class Replays:
         self._with_siblings = {id(module) for module in modules if counts[self._structures[id(module)]] > 1}
         self._calls: dict[int, int] = {}
         self._templates: dict[tuple, list[Template]] = {}
-        self._tracer = Tracer()
+        self._tracer = Tracer(Marks(recorder.last_node, recorder.producer_of, tracker.call_log))
         self._torch_classes: dict[type, bool] = {}
         self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
@@ -236,7 +246,8 @@ class Replays:
             recorder.watching_autograd, recorder.autograd_touched = True, False
         first = torch.autograd._get_sequence_nr()
         self._references += 1
-        self._tracer.start()
+        before = {key: set(vars(handed)) for key, handed in call.handed.items()}  # (its data names, as it ran)
+        self._tracer.start(call.handed)
         try:
             out = original(*args, **kwargs)
         finally:
@@ -262,9 +273,11 @@ class Replays:
                 template.refused = "a module counted whole, or torch.cond, ran in it"
             elif backward and touched:
                 template.refused = "its forward ran under saved-tensor hooks, or reached autograd's graph"
+            elif backward and call.handed:
+                template.refused = "it is handed an object, under a backward"
             else:
                 template.refused = self._fill(template, module, call, recorder.nodes_after(mark), out,
-                                              args, kwargs)
+                                              args, kwargs, before)
             template.calls = _moved_calls(tracker.call_log[first_call:], path)
         return out
 
@@ -347,19 +360,20 @@ class Replays:
         if why is not None:
             return why
         first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
+        mutates = log.mutates and writes_elsewhere(log)
         for namespace, name in pending:
             value = namespace.get(name, _MISSING)
             key = first.key(value)
             if key != again.key(value):
                 return f"it reads {name}, which cannot be compared between calls"
             if isinstance(value, types.ModuleType | type) and name in log.stored \
-                    or log.mutates and _mutable(value):
+                    or mutates and _mutable(value):
                 return f"it may change {name}, which it reads"
             template.outside.append((namespace, name, value, key))
         return None
 
     def _fill(self, template: Template, module: torch.nn.Module, call: CallKey, nodes: list[torch.fx.Node],
-              out: Any, args: tuple, kwargs: dict) -> str | None:
+              out: Any, args: tuple, kwargs: dict, before: dict[int, set[str]]) -> str | None:
         """Fill in how to copy the reference; or say why it cannot stand for another call."""
         try:
             after = BlockState(module, self._tracker.name_of, template.path, self._slots)
@@ -372,16 +386,24 @@ class Replays:
             return "its forward changed its arguments"
         if any(node.op == "call_function" and reads_values(node.target) for node in nodes):
             return "it read tensor values (capture.input_values), which another call's tensors need not share"
+        made: frozenset[torch.fx.Node] = frozenset()  # nodes the calls on objects it was handed recorded
+        if call.handed or template.log.handed:
+            found = handed_calls(template.log, call, template.state, before, nodes, self._watched(template.state))
+            if isinstance(found, str):
+                return found
+            template.throughs, template.passed, made = found
+            template.made_in_calls = made
         inside = set(nodes)
         externals: dict[torch.fx.Node, tuple] = {}
         for node in nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" and node not in made:
                 externals[node] = place(node, call, template.state)
         # a tensor first read in the block (an argument, a global tensor) has its placeholder among the
         # block's nodes: it is from outside all the same; the block's own parameters and buffers are its own
-        own = {node for node in nodes if node.op != "placeholder" or externals[node][0] == "state"}
+        # (what a call on a handed object recorded runs again at each copy: not read, nor written, by the copy)
+        own = {node for node in nodes if node.op != "placeholder" or node in made or externals[node][0] == "state"}
         for node in nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" or node in made:
                 continue
             for used in node.all_input_nodes:
                 if used not in inside and used not in externals:
@@ -395,8 +417,10 @@ class Replays:
             template.output = self._output_spec(out, inside, call, template.state)
         except Unsupported as why:
             return str(why)
-        made = {id(spec[2]): spec for spec in node_specs(template.output)}
-        template.produced = [(spec[1], spec[2]) for spec in made.values()]
+        specs = {id(spec[2]): spec for spec in node_specs(template.output)}
+        template.produced = [(spec[1], spec[2]) for spec in specs.values()]
+        if any(producer in made for producer, _ in template.produced):
+            return "it returns a tensor a call on an object handed to it made"
         return self._fill_backward(template, inside) if self._owners is not None else None
 
     def _fill_backward(self, template: Template, inside: set[torch.fx.Node]) -> str | None:
@@ -456,8 +480,8 @@ class Replays:
             return (kind, tuple(self._output_spec(item, inside, call, state) for item in value))
         if kind is dict:
             return (dict, tuple((key, self._output_spec(item, inside, call, state)) for key, item in value.items()))
-        if value is None or kind in (bool, int, float, str):
-            return ("plain", value)
+        if value is None or kind in (bool, int, float, str) or id(value) in call.handed:
+            return ("plain", value)  # (a handed object: the same object at each call)
         raise Unsupported(f"an output of type {kind.__name__}")
 
     # --- a repeat -------------------------------------------------------------------------------------
@@ -502,7 +526,15 @@ class Replays:
             copy = copies.get(node)
             return copy if copy is not None else wired[node]
 
-        for node, meta, where, library, outputs in template.plan or self._plan(template):
+        throughs, made_in_calls = template.throughs, template.made_in_calls
+        called = 0  # the calls on handed objects made again so far
+        results: dict[int, torch.Tensor] = {}  # id(a tensor such a call returned at the reference) -> at this copy
+        for index, (node, meta, where, library, outputs) in enumerate(template.plan or self._plan(template)):
+            while called < len(throughs) and throughs[called].first == index:
+                self._call_through(throughs[called], template, path, call, modules, copies, fresh, results, site)
+                called += 1
+            if node in made_in_calls:
+                continue
             kwargs = node.kwargs
             copy = recorder.copy_node(node, map_arg(node.args, source), map_arg(kwargs, source) if kwargs else {}, meta)
             meta = copy.meta
@@ -516,6 +548,8 @@ class Replays:
             if outputs:
                 meta["val"] = swapped(meta.get("val"), fresh)
             copies[node] = copy
+        for through in throughs[called:]:
+            self._call_through(through, template, path, call, modules, copies, fresh, results, site)
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
         if self._owners is not None and template.nodes:
@@ -529,6 +563,42 @@ class Replays:
         for (inside, name), count in template.calls:
             self._tracker.call_log.extend([(f"{path}.{name}" if name else path) if inside else name] * count)
         return out
+
+    def _call_through(self, through: Through, template: Template, path: str, call: CallKey,
+                      modules: dict[str, torch.nn.Module], copies: dict[torch.fx.Node, torch.fx.Node],
+                      fresh: dict[int, torch.Tensor], results: dict[int, torch.Tensor],
+                      site: tuple[str, int] | None) -> None:
+        """Make a call on a handed object again for this copy (capture.block_calls): its ops are recorded as
+        they run, then placed as the reference's (module, source line); its results stand for the reference's."""
+        recorder = self._recorder
+
+        def copied(spec: tuple) -> Any:
+            kind = spec[0]
+            if kind == "result":
+                return results[spec[1]]
+            if kind == "node":
+                producer, like = spec[1], spec[2]
+                made = fresh.get(id(like))
+                if made is None:
+                    made = fresh[id(like)] = self._fresh(like)
+                recorder.produced(made, copies[producer])
+                return made
+            return value_at(spec, call, modules)
+
+        positional, keywords = remake(through, lambda spec: build(spec, copied))
+        mark = recorder.last_node()
+        with torch._C._EnableTorchFunction():  # (a replay runs with them off: the call runs as the block would)
+            result = through.function(*positional, **keywords)
+        made = [node for node in recorder.nodes_after(mark) if node.op != "placeholder"]
+        check(through, result, made, path)
+        for reference, node in zip(through.ops, made):
+            copies[reference] = node
+            where = reference.meta.get("fxflops_module")
+            if where is not None:
+                node.meta["fxflops_module"] = (_moved(where[0], template.path, path), where[1])
+            node.meta[SOURCE] = site if reference.meta.get(SOURCE) == template.site else reference.meta.get(SOURCE)
+        for like, tensor in zip(through.tensors, result_tensors(result)):
+            results[id(like)] = tensor
 
     @staticmethod
     def _plan(template: Template) -> list[tuple]:
