@@ -7,6 +7,7 @@ capture run again without replay."""
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 
 import pytest
@@ -51,7 +52,8 @@ def agrees(model, kwargs: dict, oracle_kwargs: dict | None = None, layers_copied
     assert _left_behind(replayed) == _left_behind(full)
     estimate = fxflops.estimate(model, kwargs=kwargs, conventions="torch")
     assert estimate.total_flops == oracle_flops(model, kwargs=oracle_kwargs or kwargs)
-    if layers_copied:  # the layers' attention (its cache update inside) copied too, not only their MLPs
+    # the proof of a passed attribute reads CPython 3.11's call bytecode; elsewhere the layers run (sound, slower)
+    if layers_copied and sys.version_info[:2] == (3, 11):  # the attention (its cache update) copied, not only MLPs
         assert any(REPLAY_OF in node.meta and "scaled_dot_product" in str(node.target)
                    for node in replayed.graph_module.graph.nodes)
         assert copied > 0
