@@ -9,10 +9,13 @@ the input's dtype. Here that holds only where it holds at every point of the swe
 strides are provably (no guard asked) the contiguous ones of its symbolic shape, a static channel count,
 and in training more values than channels. Anything else goes through the mode, as before.
 
-The output's layout is what the decomposition's first elementwise step gives (that one op runs through the
-mode, asking its layout questions as the decomposition did, so a sweep holds where it held); the steps
-after it keep that layout, and their questions decide strides only, never a shape (a rule reads shapes,
-never strides; the sweep tests hold `at()` equal to `estimate()` on both sides of them).
+The output's layout is what the decomposition's first elementwise step (input - mean) gives: both operands
+contiguous at every point, torch's fast path makes the contiguous layout of the input's shape. That step
+also asks whether they are channels-last too, which decides nothing once they are contiguous (a guard on
+the map's area: a 1 x 1 map is both), so the kernel does not ask it; through the mode it was the costliest
+question of a ResNet's capture and split its sweep where the last map is 1 x 1. The steps after it keep
+that layout, and their questions decide strides only, never a shape (a rule reads shapes, never strides;
+the sweep tests hold `at()` equal to `estimate()` node by node on both sides of such a map).
 """
 
 from __future__ import annotations
@@ -58,19 +61,16 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
         if not _known(step == expected):
             return NotImplemented
         expected = expected * size
-    # the output's layout as the decomposition's first elementwise step gives it (input - mean, the mean
-    # [C, 1, ...] in eval and [1, C, 1, ...] in training): that op runs through the mode, asking its layout
-    # questions as before (a [N, C, 1, 1] map is channels-last too: a condition of the piece, as it was)
-    ones = (1,) * (source.dim() - 2)
-    operand_shape = (1, channels, *ones) if training else (channels, *ones)
+    # the output as the decomposition's first elementwise step (input - mean, the mean [C, 1, ...]) makes
+    # it: both operands are contiguous at every point, so torch's fast path gives the contiguous layout of
+    # the input's shape (its other layout question, whether they are channels-last too, decides nothing
+    # then: each a guard on the map's area that split a convnet's sweep for nothing, and the costliest
+    # questions of its capture); the steps after it keep that layout
     statistics = (channels,) if training else (0,)
     with unset_fake_temporarily():
-        operand = torch.empty(operand_shape, dtype=source.dtype, device="meta")
+        output = torch.empty(source.shape, dtype=source.dtype, device="meta", memory_format=torch.contiguous_format)
         saved = [torch.empty(statistics, dtype=source.dtype, device="meta") for _ in range(2)]
-    output = aten.sub.Tensor(source, FakeTensor(source.fake_mode, operand, source.device))
-    if output.dtype != source.dtype:
-        return NotImplemented
-    return (output, *(FakeTensor(source.fake_mode, meta, source.device) for meta in saved))
+    return tuple(FakeTensor(source.fake_mode, meta, source.device) for meta in (output, *saved))
 
 
 def _known(condition: Any) -> bool:
