@@ -570,6 +570,32 @@ def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
     assert [bool(p["cautions"]) for p in points] == [False, False, True]
 
 
+class Pooled(nn.Module):
+    """A convolution and a global average pool: the pool's backward reads its gradient expanded (stride 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.pool(self.conv(x)).flatten(1))
+
+
+def test_an_expanded_read_under_named_sizes_counts_its_distinct_bytes_as_estimate():
+    # the pool's backward divides a [N, C, 1, 1] gradient expanded to [N, C, H, W]: it reads N*C values,
+    # not N*C*H*W (traffic.py), under named sizes as at a fixed size
+    model = Pooled()
+    swept = sweep(model, torch.zeros(2, 3, 8, 8), dims={"batch": 0, "size": (2, 3)}, backward=True)
+    for batch, size in [(2, 8), (3, 5), (1, 13)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, torch.zeros(batch, 3, size, size),
+                                                                        backward=True)
+        assert at.total_bytes == fresh.total_bytes and at.nodes == fresh.nodes
+        (divide,) = [node for node in at.nodes if node.op == "aten.div.Scalar"]
+        assert divide.bytes == 4 * (batch * 4 + batch * 4 * size * size)  # by hand: read N*C, write N*C*H*W
+
+
 def test_conv_kernel_choice_and_batch_one_do_not_split_a_convnet_sweep():
     # which CPU kernel a convolution would use (oneDNN below channels x area thresholds, NNPACK from
     # batch 16) was a guard each, splitting a sweep over batch and image size into many pieces; it only
