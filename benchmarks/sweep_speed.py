@@ -3,7 +3,8 @@ and a 10,000-point grid of one sweep.
 
     python benchmarks/sweep_speed.py [--points 100] [--repeats 3] [--models ...] [--output FILE]
 
-For each model, in a fresh process: one warm-up estimate() (imports, first-use costs), then the sweep
+For each model, in a fresh process: one warm-up estimate() (imports, first-use costs) and a full garbage
+collection (one is due after the imports; each timed phase below starts from a collected heap), then the sweep
 (its capture, then `at()` at every point, reading the totals), then estimate() at every point; every
 point's total MACs, FLOPs and params must agree exactly. Then, on the warm sweep, `at()` again per
 point (totals alone, and with the per-module table read), `points()` per point (totals and the top 3
@@ -80,14 +81,19 @@ def measure(name: str, build, points: int) -> dict:
     grid = [point_of(i) for i in range(points)]
     totals = lambda e: (e.total_macs, e.total_flops, e.total_params)  # noqa: E731
     fxflops.estimate(model, inputs(*grid[0].values()))  # warm-up: imports and first-use costs
+    # each timed phase starts from a collected heap: a full collection the imports and the model's
+    # construction left due (0.2-0.5 s on this heap) falls on whichever phase allocates first otherwise
+    gc.collect()
     start = time.process_time()
     fxflops.estimate(model, inputs(*grid[0].values()))
     one_estimate = time.process_time() - start
+    gc.collect()
     start = time.process_time()
     swept = sweep(model, inputs(*grid[0].values()), dims=dims)
     captured = time.process_time() - start
     swept_totals = [totals(swept.at(**point)) for point in grid]
     swept_time = time.process_time() - start
+    gc.collect()
     start = time.process_time()
     fresh_totals = [totals(fxflops.estimate(model, inputs(*point.values()))) for point in grid]
     fresh_time = time.process_time() - start

@@ -32,7 +32,7 @@ class TensorBytes:
         found = self._found.get(id(tensor))
         if found is None:
             written = _bytes(tensor, self.sizes)
-            read = _bytes(tensor, self.sizes, distinct=True) if _expanded(tensor, self.sizes) else written
+            read = _bytes(tensor, self.sizes, distinct=True) if _expanded(tensor) else written
             found = self._found[id(tensor)] = (tensor, written, read)
         return found[2] if distinct else found[1]
 
@@ -103,14 +103,28 @@ def _schema_aliases_input(target: Any) -> bool:
 
 
 def _bytes(tensor: torch.Tensor, sizes: Any, distinct: bool = False) -> Any:
+    if distinct and _expanded(tensor):  # an expanded view reads each stored element once
+        kept = [size for size, step in zip(tensor.shape, tensor.stride(), strict=True) if not _zero(step)]
+        if sizes is None:
+            return math.prod(int(size) for size in kept) * tensor.element_size()
+        # under named sizes an axis not expanded must have a stride other than 0 at every point (a product
+        # of sizes, which are positive), else its elements are counted as the tensor's numel (as written)
+        if all(_positive(sizes.expression(step)) for step in tensor.stride() if not _zero(step)):
+            return math.prod(sizes.expression(size) for size in kept) * tensor.element_size()
     if sizes is not None:
         return sizes.expression(tensor.numel()) * tensor.element_size()
-    elements = tensor.numel()
-    if distinct and tensor.layout == torch.strided:  # an expanded view reads each stored element once
-        elements = math.prod(int(n) for n, s in zip(tensor.shape, tensor.stride(), strict=True) if s != 0)
-    return int(elements) * tensor.element_size()
+    return int(tensor.numel()) * tensor.element_size()
 
 
-def _expanded(tensor: torch.Tensor, sizes: Any) -> bool:
+def _expanded(tensor: torch.Tensor) -> bool:
     """Whether `_bytes(tensor, sizes, distinct=True)` can differ from its bytes written (a 0 stride)."""
-    return sizes is None and tensor.layout == torch.strided and 0 in tensor.stride()
+    return tensor.layout == torch.strided and any(_zero(step) for step in tensor.stride())
+
+
+def _zero(step: Any) -> bool:
+    """A stride of 0 (an expanded axis: a plain 0 under named sizes too)."""
+    return type(step) is int and step == 0
+
+
+def _positive(value: Any) -> bool:
+    return value > 0 if type(value) is int else bool(getattr(value, "is_positive", False))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import string
 import sys
 import types
 from pathlib import Path
@@ -197,6 +198,25 @@ def test_an_estimate_leaves_no_trace():
     assert [(type(m), dict(m.__dict__)) for m in model.modules()] == classes
     assert REGISTRY == registry and sys.gettrace() is trace
     assert set(sys.modules) - set(modules) <= {name for name in sys.modules if name.startswith("fxflops")}
+
+
+
+def test_each_file_is_classified_once(monkeypatch):
+    """The tracer sorts each file's code once (its realpath walk is ~50 us), code traced only where traced
+    code calls it (the standard library, sympy) included: a file asked twice is work done twice."""
+    from fxflops.capture import block_reads
+
+    asked: list[str] = []
+    kind = block_reads._kind
+    monkeypatch.setattr(block_reads, "_kind", lambda filename, *rest: asked.append(filename) or kind(filename, *rest))
+    tracer = block_reads.Tracer()
+    tracer.start()
+    try:
+        for _ in range(3):
+            string.capwords("a b")  # the standard library, called from this (traced) file
+    finally:
+        tracer.stop()
+    assert string.__file__ in asked and len(asked) == len(set(asked))
 
 
 # --- the switch and the self-check --------------------------------------------------------------------------

@@ -582,6 +582,32 @@ def test_cli_sweep_past_the_position_table_warns_and_reports(capsys):
     assert [bool(p["cautions"]) for p in points] == [False, False, True]
 
 
+class Pooled(nn.Module):
+    """A convolution and a global average pool: the pool's backward reads its gradient expanded (stride 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.pool(self.conv(x)).flatten(1))
+
+
+def test_an_expanded_read_under_named_sizes_counts_its_distinct_bytes_as_estimate():
+    # the pool's backward divides a [N, C, 1, 1] gradient expanded to [N, C, H, W]: it reads N*C values,
+    # not N*C*H*W (traffic.py), under named sizes as at a fixed size
+    model = Pooled()
+    swept = sweep(model, torch.zeros(2, 3, 8, 8), dims={"batch": 0, "size": (2, 3)}, backward=True)
+    for batch, size in [(2, 8), (3, 5), (1, 13)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, torch.zeros(batch, 3, size, size),
+                                                                        backward=True)
+        assert at.total_bytes == fresh.total_bytes and at.nodes == fresh.nodes
+        (divide,) = [node for node in at.nodes if node.op == "aten.div.Scalar"]
+        assert divide.bytes == 4 * (batch * 4 + batch * 4 * size * size)  # by hand: read N*C, write N*C*H*W
+
+
 def test_conv_kernel_choice_and_batch_one_do_not_split_a_convnet_sweep():
     # which CPU kernel a convolution would use (oneDNN below channels x area thresholds, NNPACK from
     # batch 16) was a guard each, splitting a sweep over batch and image size into many pieces; it only
@@ -596,17 +622,14 @@ def test_conv_kernel_choice_and_batch_one_do_not_split_a_convnet_sweep():
         return torch.empty(batch, 3, size, size, device="meta")
 
     swept = sweep(model, image(2, 224), dims={"batch": 0, "size": (2, 3)})
-    # size 33 is the least where the last stage's map is 2 x 2 (at 32 it is 1 x 1: a stride question
-    # that does decide the memory format of an elementwise op's output, so it is a condition)
-    assert swept.holds_for == "batch >= 1, size >= 33"
-    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200), (1, 224)]:
+    # every size: the last stage's map is 1 x 1 from size 32 down, where a contiguous map is channels-last
+    # too; torch's batch-norm decomposition asked that of its first step, whose output is contiguous either
+    # way (capture.symbolic_kernels), and it split the sweep at 33
+    assert swept.holds_for == "batch >= 1, size >= 1"
+    for batch, size in [(2, 33), (64, 517), (16, 64), (15, 100), (1, 33), (1, 517), (3, 200), (1, 224), (1, 32),
+                        (2, 32), (3, 17), (1, 2), (2, 1)]:
         at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
         assert_same(at, fresh)
-        assert at.total_bytes == fresh.total_bytes
+        assert at.total_bytes == fresh.total_bytes and at.nodes == fresh.nodes
     assert len(swept.pieces) == 1
     assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored
-    for batch, size in [(1, 32), (2, 32)]:  # past the boundary: captured again, as estimate() counts there
-        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, image(batch, size))
-        assert_same(at, fresh)
-        assert at.total_bytes == fresh.total_bytes
-    assert len(swept.pieces) == 2

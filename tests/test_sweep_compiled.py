@@ -258,3 +258,42 @@ def test_the_symbolic_batch_norm_gives_what_the_mode_gives(shape, training):
 
     assert run(lambda args: symbolic_kernel(torch.ops.aten.native_batch_norm.default, args, {})) == \
         run(lambda args: torch.ops.aten.native_batch_norm.default(*args))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_the_symbolic_batch_norm_asks_no_layout_question_that_decides_nothing(training):
+    """The decomposition's first step asks whether its contiguous operands are channels-last too, a guard
+    on the map's area (`Ne(((s - 1)//2 + 1)**2, 1)`: a 1 x 1 map is both); its output is contiguous either
+    way, so the kernel leaves the question out, and its output is the decomposition's on both sides of it."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    from fxflops.capture.size_one import size_one_shape_env
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    def run(kernel, hint):
+        env = size_one_shape_env()
+        symbol = env.create_symbol(hint, source=ConstantSource("size"), dynamic_dim=DimDynamic.DYNAMIC,
+                                   do_not_specialize_zero_one=True)
+        size = env.create_symintnode(symbol, hint=hint, source=ConstantSource("size"))
+        mode = FakeTensorMode(shape_env=env, static_shapes=True)
+        stats = [mode.from_tensor(torch.ones(4)) for _ in range(4)]
+        with mode:
+            side = (size - 1) // 2 + 1  # a stride-2 convolution's map
+            source = torch.empty(2, 4, side, side)
+            out = kernel((source, *stats, training, 0.1, 1e-5))
+        assert out is not NotImplemented
+        layout = [(tuple(map(str, t.shape)), tuple(map(str, t.stride())), t.dtype) for t in out[:3]]
+        return layout, {str(guard.expr) for guard in env.guards}, symbol
+
+    kernel = run(lambda args: symbolic_kernel(torch.ops.aten.native_batch_norm.default, args, {}), 9)
+    decomposed = run(lambda args: torch.ops.aten.native_batch_norm.default(*args), 9)
+    assert kernel[0] == decomposed[0]
+    (area,) = [guard for guard in decomposed[1] if guard.startswith("Ne(") and guard.endswith("**2, 1)")]
+    assert f"{decomposed[2]} - 1)//2" in area and kernel[1] == decomposed[1] - {area}
+    # at size 1 (a 1 x 1 map, where the question's answer flips) the decomposition gives the same layout
+    with FakeTensorMode():
+        static = torch.ops.aten.native_batch_norm.default(torch.empty(2, 4, 1, 1), *[torch.ones(4)] * 4, training,
+                                                          0.1, 1e-5)
+    assert [tuple(t.stride()) for t in static[:1]] == [(4, 1, 1, 1)]  # the contiguous strides of [2, 4, 1, 1]

@@ -49,6 +49,7 @@ _SIZE_LIBRARIES = ("sympy", "mpmath")
 
 _REFLECTIVE = frozenset({"__dict__", "vars", "getattr_static", "attrgetter", "__getattribute__", "dir",
                          "getmembers", "__getstate__", "asdict", "astuple", "__reduce_ex__", "__reduce__"})
+_UNKNOWN = object()  # a file not yet classified by _kind
 _BY_NAME = frozenset({"getattr", "hasattr", "setattr", "delattr"})
 _REFUSED = {"id": "reads object identities (id)", "hash": "reads object identities (hash)",
             "globals": "reads globals() as a whole", "locals": "reads locals()", "eval": "runs eval",
@@ -240,6 +241,9 @@ class Tracer:
         self._given_handed: list[set[types.CodeType]] = []  # ... with an object the block was handed at hand
         self._children: list[list[ReadLog]] = []
         self._traced: dict[types.CodeType, bool | None] = {}
+        # filename -> _kind of it: a file's code objects share it (realpath walks the path, ~50 us, and a
+        # symbolic capture runs thousands of sympy functions from a few hundred files)
+        self._kinds: dict[str, bool | None] = {}
         self._globals: dict[types.CodeType, dict[str, Any]] = {}
         self._analysed: dict[types.CodeType, tuple[dict[int, LineReads], bool]] = {}
         self._previous: Any = None
@@ -309,9 +313,13 @@ class Tracer:
             first = _first_argument(frame)
             if any(id(first) in watched for watched in self._watched):
                 return self._handed_call(frame, first)
-        traced = self._traced.get(code)
-        if traced is None:
-            traced = self._traced[code] = _kind(code.co_filename, self._libraries or ())
+        traced = self._traced.get(code, _UNKNOWN)
+        if traced is _UNKNOWN:  # (None is a kind: traced where traced code calls it)
+            filename = code.co_filename
+            traced = self._kinds.get(filename, _UNKNOWN)
+            if traced is _UNKNOWN:
+                traced = self._kinds[filename] = _kind(filename, self._libraries or ())
+            self._traced[code] = traced
             self._globals[code] = frame.f_globals
         if traced is not True and (traced is False or frame.f_back is None or frame.f_back.f_trace is None):
             return None

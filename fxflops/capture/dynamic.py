@@ -123,6 +123,9 @@ class SizeSymbols:
         self.env = size_one_shape_env()  # see fxflops.capture.size_one
         self.symints: dict[str, Any] = {}
         self._to_user: dict[sympy.Symbol, sympy.Symbol] = {}
+        # expression -> the same in the user's names: a count asks it of every size and numel, most of them
+        # shared (one xreplace each, ~40 us); a function of the expression and _to_user, set here once
+        self._in_user_names: dict[Any, Any] = {}
         self.fixed: dict[str, int] = {}  # names the ShapeEnv made constants (captured at 0)
         for name, hint in plan.hints.items():
             source = ConstantSource(f"fxflops_{name}")
@@ -153,9 +156,14 @@ class SizeSymbols:
         """An int, or the sympy expression of a SymInt in the user's names (replacements applied)."""
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             expr = self.env.replace(value.node.expr)
-            if not expr.free_symbols:
-                return int(expr) if expr.is_integer else expr
-            return expr.xreplace(self._to_user)
+            found = self._in_user_names.get(expr)
+            if found is None:
+                if not expr.free_symbols:
+                    found = int(expr) if expr.is_integer else expr
+                else:
+                    found = expr.xreplace(self._to_user)
+                self._in_user_names[expr] = found
+            return found
         return value
 
     def conditions(self) -> list[sympy.Basic]:

@@ -9,10 +9,19 @@ the input's dtype. Here that holds only where it holds at every point of the swe
 strides are provably (no guard asked) the contiguous ones of its symbolic shape, a static channel count,
 and in training more values than channels. Anything else goes through the mode, as before.
 
-The output's layout is what the decomposition's first elementwise step gives (that one op runs through the
-mode, asking its layout questions as the decomposition did, so a sweep holds where it held); the steps
-after it keep that layout, and their questions decide strides only, never a shape (a rule reads shapes,
-never strides; the sweep tests hold `at()` equal to `estimate()` on both sides of them).
+The output's layout is what the decomposition's first elementwise step (input - mean) gives: both operands
+contiguous at every point, torch's fast path makes the contiguous layout of the input's shape. That step
+also asks whether they are channels-last too, which decides nothing once they are contiguous (a guard on
+the map's area: a 1 x 1 map is both), so the kernel does not ask it; through the mode it was the costliest
+question of a ResNet's capture and split its sweep where the last map is 1 x 1. The steps after it keep
+that layout, and their questions decide strides only, never a shape (a rule reads shapes, never strides;
+the sweep tests hold `at()` equal to `estimate()` node by node on both sides of such a map).
+
+A CPU convolution goes through torch's fake convolution, which asks which CPU kernel would run and in
+which memory format, then the meta kernel's checks and shape formula, each step symbolic arithmetic:
+~45% of a ResNet-50 sweep's capture once the batch norms were direct. `_convolution_on_cpu` shapes it
+with the meta kernel's formula (the same expressions) where the layout is contiguous at every point and
+the meta kernel's checks hold at every point without a guard; anything else goes through the mode.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     """The outputs of `func` on symbolic sizes where they are known at every point, else NotImplemented."""
     if func is aten.native_batch_norm.default:
         return _batch_norm_on_cpu(args, kwargs)
+    if func is aten.convolution.default:
+        return _convolution_on_cpu(args, kwargs)
     return NotImplemented
 
 
@@ -36,13 +47,9 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
     if kwargs or len(args) != 8:
         return NotImplemented
     source, weight, bias, running_mean, running_var, training = args[:6]
-    if type(source) is not FakeTensor or not source._has_symbolic_sizes_strides or source.device.type != "cpu" \
-            or source.dim() < 2 or not source.is_floating_point() or source.layout is not torch.strided \
-            or source.constant is not None or not isinstance(training, bool):
+    if not _plain_symbolic(source) or not isinstance(training, bool):
         return NotImplemented
     channels = source.shape[1]
-    if type(channels) is not int:
-        return NotImplemented
     for tensor in (weight, bias, running_mean, running_var):
         if tensor is not None and (type(tensor) is not FakeTensor or tensor._has_symbolic_sizes_strides
                                    or tuple(tensor.shape) != (channels,) or tensor.device != source.device):
@@ -51,26 +58,109 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     numel = source.numel()
     # training divides by the values per channel less one: a batch of one value a channel takes the mode
-    if not _known(numel > channels if training else numel > 0) or not _known(source.storage_offset() == 0):
+    if not _known(numel > channels if training else numel > 0) or not _contiguous(source):
         return NotImplemented
+    # the output as the decomposition's first elementwise step (input - mean, the mean [C, 1, ...]) makes
+    # it: both operands are contiguous at every point, so torch's fast path gives the contiguous layout of
+    # the input's shape (its other layout question, whether they are channels-last too, decides nothing
+    # then: each a guard on the map's area that split a convnet's sweep for nothing, and the costliest
+    # questions of its capture); the steps after it keep that layout
+    statistics = (channels,) if training else (0,)
+    with unset_fake_temporarily():
+        output = torch.empty(source.shape, dtype=source.dtype, device="meta", memory_format=torch.contiguous_format)
+        saved = [torch.empty(statistics, dtype=source.dtype, device="meta") for _ in range(2)]
+    return tuple(FakeTensor(source.fake_mode, meta, source.device) for meta in (output, *saved))
+
+
+def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
+    """A CPU convolution (1-3d, grouped, dilated, strided, transposed) of a contiguous input, shaped as torch's
+    meta kernel shapes it: [N, C_out, *each side's formula], contiguous. Torch's fake convolution asks which
+    CPU kernel would run and its memory format, and the meta kernel checks the kernel fits the padded input
+    and the output is not empty: here the kernel choice is fixed (oneDNN and NNPACK off, as a sweep's capture
+    sets them), the layout is contiguous at every point (an input of 2 or more channels, contiguous, is never
+    channels-last-like; a weight that is takes the mode), and the checks must hold at every point without a
+    guard (else the mode asks them, as before). tests/test_symbolic_kernels.py holds it against the mode."""
+    if kwargs or len(args) != 9:
+        return NotImplemented
+    source, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    if not _plain_symbolic(source) or torch._C._get_mkldnn_enabled() or torch._C._get_nnpack_enabled():
+        return NotImplemented
+    sides = source.dim() - 2
+    numbers = (stride, padding, dilation, output_padding)
+    if sides not in (1, 2, 3) or type(groups) is not int or groups < 1 or not isinstance(transposed, bool) \
+            or not all(isinstance(v, list | tuple) and len(v) == sides and all(type(n) is int for n in v) for v in numbers):
+        return NotImplemented
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or min(output_padding) < 0 \
+            or not transposed and max(output_padding) > 0 \
+            or transposed and any(extra >= max(step, wide) for extra, step, wide in zip(output_padding, stride, dilation)):
+        return NotImplemented
+    for tensor in (weight, bias):
+        if tensor is not None and (type(tensor) is not FakeTensor or tensor._has_symbolic_sizes_strides
+                                   or tensor.dtype != source.dtype or tensor.device != source.device
+                                   or tensor.layout is not torch.strided):
+            return NotImplemented
+    channels = source.shape[1]
+    if weight.dim() != source.dim() or channels < 2 or weight.numel() == 0 or not weight.is_contiguous() \
+            or _channels_last_like(weight):
+        return NotImplemented
+    if transposed:
+        fits = weight.shape[0] == channels and channels % groups == 0
+        out_channels = groups * weight.shape[1]
+    else:
+        fits = weight.shape[1] * groups == channels and weight.shape[0] % groups == 0
+        out_channels = weight.shape[0]
+    if not fits or bias is not None and tuple(bias.shape) != (out_channels,) or not _known(source.numel() > 0) \
+            or not _contiguous(source):
+        return NotImplemented
+    kernel = weight.shape[2:]
+    if transposed:  # torch's _formula_transposed
+        out = [(size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1 for size, pad, wide, k, step, extra
+               in zip(source.shape[2:], padding, dilation, kernel, stride, output_padding)]
+    else:
+        if not all(_known(size + 2 * pad >= wide * (k - 1) + 1)
+                   for size, pad, wide, k in zip(source.shape[2:], padding, dilation, kernel)):
+            return NotImplemented
+        # torch's _formula, in its order of operations (the same expressions)
+        out = [(size + 2 * pad - wide * (k - 1) - 1) // step + 1
+               for size, pad, wide, k, step in zip(source.shape[2:], padding, dilation, kernel, stride)]
+    if not all(_known(side > 0) for side in out):
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((source.shape[0], out_channels, *out), dtype=source.dtype, device="meta",
+                           memory_format=torch.contiguous_format)
+    return FakeTensor(source.fake_mode, meta, source.device)
+
+
+def _plain_symbolic(source: Any) -> bool:
+    """A floating, strided CPU fake tensor with symbolic sizes, its channel axis (1) static."""
+    return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.device.type == "cpu" \
+        and source.dim() >= 2 and source.is_floating_point() and source.layout is torch.strided \
+        and source.constant is None and type(source.shape[1]) is int
+
+
+def _contiguous(source: Any) -> bool:
+    """Whether `source`'s strides are the contiguous ones of its shape at every point (no guard asked)."""
+    if not _known(source.storage_offset() == 0):
+        return False
     expected = 1
     for size, step in reversed(tuple(zip(source.shape, source.stride()))):
         if not _known(step == expected):
-            return NotImplemented
+            return False
         expected = expected * size
-    # the output's layout as the decomposition's first elementwise step gives it (input - mean, the mean
-    # [C, 1, ...] in eval and [1, C, 1, ...] in training): that op runs through the mode, asking its layout
-    # questions as before (a [N, C, 1, 1] map is channels-last too: a condition of the piece, as it was)
-    ones = (1,) * (source.dim() - 2)
-    operand_shape = (1, channels, *ones) if training else (channels, *ones)
-    statistics = (channels,) if training else (0,)
+    return True
+
+
+def _channels_last_like(weight: Any) -> bool:
+    """Whether torch's CPU convolution would take the (static) weight's layout as channels-last (it then
+    gives the output that layout); a 1d convolution's weight is asked with an axis of 1 before its last."""
+    from torch._prims_common import suggest_memory_format
+
+    shape, stride = tuple(weight.shape), tuple(weight.stride())
+    if len(shape) == 3:
+        shape, stride = (*shape[:2], 1, shape[2]), (*stride[:2], stride[2] * shape[2], stride[2])
     with unset_fake_temporarily():
-        operand = torch.empty(operand_shape, dtype=source.dtype, device="meta")
-        saved = [torch.empty(statistics, dtype=source.dtype, device="meta") for _ in range(2)]
-    output = aten.sub.Tensor(source, FakeTensor(source.fake_mode, operand, source.device))
-    if output.dtype != source.dtype:
-        return NotImplemented
-    return (output, *(FakeTensor(source.fake_mode, meta, source.device) for meta in saved))
+        meta = torch.empty_strided(shape, stride, device="meta")
+    return suggest_memory_format(meta) != torch.contiguous_format
 
 
 def _known(condition: Any) -> bool:

@@ -1,0 +1,132 @@
+"""capture.symbolic_kernels' convolution against torch's own fake convolution on the same symbolic input:
+the same output (shape, strides, dtype) and no guard torch would not ask, over dimensions, strides,
+paddings, dilations, groups, 1 x 1 and depthwise kernels, transposed ones; and sweeps of convnets equal to
+estimate() node by node on both sides of every size the kernels' checks care about."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import fxflops
+from fxflops.sweeps import sweep
+
+CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], weight_shape: tuple[int, ...],
+                  bias: int, channels_last_weight: bool = False):
+    """(output layout, guards) of `kernel(input, weight, bias)` (a bias of `bias` values, or none) on an input
+    [batch, channels, *sides] whose batch and sides are symbolic (a sweep's ShapeEnv), with oneDNN and NNPACK
+    off as a sweep's capture has them."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.size_one import size_one_shape_env
+
+    env = size_one_shape_env()
+    sizes = []
+    for index, hint in enumerate((batch, *sides)):
+        source = ConstantSource(f"size{index}")
+        symbol = env.create_symbol(hint, source=source, do_not_specialize_zero_one=True)
+        sizes.append(env.create_symintnode(symbol, hint=hint, source=source))
+    mode = FakeTensorMode(shape_env=env, static_shapes=True)
+    weight = torch.empty(weight_shape)
+    if channels_last_weight:
+        weight = weight.to(memory_format=torch.channels_last)
+    weight = mode.from_tensor(weight)
+    bias_tensor = mode.from_tensor(torch.empty(bias)) if bias else None
+    mkldnn, nnpack = torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    torch._C._set_nnpack_enabled(False)
+    try:
+        with mode:
+            source = torch.empty(sizes[0], channels, *sizes[1:])
+            out = kernel(source, weight, bias_tensor)
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn)
+        torch._C._set_nnpack_enabled(nnpack)
+    if out is NotImplemented:
+        return None, None
+    return (tuple(map(str, out.shape)), tuple(map(str, out.stride())), out.dtype), {str(g.expr) for g in env.guards}
+
+
+CASES = [
+    # (sides, channels, out or in-per-group channels, kernel, stride, padding, dilation, groups, transposed, output_padding)
+    ((9, 11), 3, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1, False, (0, 0)),
+    ((9, 11), 4, 6, (1, 1), (1, 1), (0, 0), (1, 1), 2, False, (0, 0)),
+    ((9, 11), 6, 6, (3, 3), (1, 2), (2, 1), (2, 1), 6, False, (0, 0)),  # depthwise, dilated
+    ((7, 7), 3, 4, (7, 7), (2, 2), (3, 3), (1, 1), 1, False, (0, 0)),  # a stem: 7 x 7, stride 2
+    ((5, 8), 2, 3, (2, 3), (3, 1), (1, 2), (1, 2), 1, False, (0, 0)),
+    ((17,), 4, 5, (3,), (2,), (1,), (1,), 1, False, (0,)),  # 1d
+    ((17,), 4, 4, (1,), (1,), (0,), (1,), 4, False, (0,)),  # 1d depthwise 1 x 1
+    ((5, 6, 7), 2, 3, (3, 3, 3), (1, 2, 1), (1, 1, 2), (1, 1, 2), 1, False, (0, 0, 0)),  # 3d
+    ((9, 11), 4, 3, (3, 3), (2, 2), (1, 1), (1, 1), 1, True, (1, 0)),  # transposed
+    ((9,), 4, 2, (4,), (3,), (1,), (1,), 2, True, (2,)),  # transposed 1d, grouped
+    ((4, 5, 6), 2, 2, (2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1), 1, True, (0, 0, 0)),  # transposed 3d
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_the_symbolic_convolution_gives_what_the_fake_convolution_gives(case, bias):
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    sides, channels, other, kernel, stride, padding, dilation, groups, transposed, output_padding = case
+    weight_shape = (channels, other, *kernel) if transposed else (other, channels // groups, *kernel)
+    bias = (groups * other if transposed else other) if bias else 0
+    arguments = (list(stride), list(padding), list(dilation), transposed, list(output_padding), groups)
+    for batch in (2, 3):
+        ours, our_guards = _symbolic_run(lambda x, w, b: symbolic_kernel(CONVOLUTION, (x, w, b, *arguments), {}),
+                                         batch, channels, sides, weight_shape, bias)
+        theirs, their_guards = _symbolic_run(lambda x, w, b: CONVOLUTION(x, w, b, *arguments), batch, channels, sides,
+                                             weight_shape, bias)
+        assert ours is not None, "the kernel takes this convolution"
+        assert ours == theirs and our_guards <= their_guards
+
+
+def test_a_channels_last_weight_or_a_too_small_input_goes_through_the_mode():
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    arguments = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    run = lambda x, w, b: symbolic_kernel(CONVOLUTION, (x, w, b, *arguments), {})  # noqa: E731
+    assert _symbolic_run(run, 2, 4, (5, 5), (8, 4, 3, 3), 0, channels_last_weight=True) == (None, None)
+    # a 5 x 5 kernel over sides that may be 2: whether it fits is a guard torch asks (the mode asks it)
+    assert _symbolic_run(run, 2, 4, (6, 6), (8, 4, 5, 5), 0) == (None, None)
+    # one input channel: its contiguous layout may be channels-last too (a 1 x 1 map)
+    assert _symbolic_run(run, 2, 1, (6, 6), (8, 1, 3, 3), 0) == (None, None)
+
+
+class Convs(nn.Module):
+    """Convolutions of each kind in a row: strided, dilated, grouped, depthwise 1 x 1, transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 5, stride=2, padding=2)
+        self.dilated = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2, bias=False)
+        self.pointwise = nn.Conv2d(8, 8, 1, groups=8)
+        self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.line = nn.Conv1d(4, 6, 3, stride=3, padding=1)
+
+    def forward(self, x):
+        x = self.up(self.pointwise(self.dilated(self.stem(x))))
+        return self.line(x.flatten(2))
+
+
+def test_a_convnet_sweep_counts_every_point_as_estimate_does():
+    model = Convs().eval()
+    swept = sweep(model, torch.zeros(2, 3, 12, 12), dims={"batch": 0, "size": (2, 3)})
+    for batch, size in itertools.product((1, 2, 5), (1, 2, 3, 7, 12, 31)):
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, torch.zeros(batch, 3, size, size))
+        assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
+        assert at.nodes == fresh.nodes
+    assert len(swept.pieces) == 1
+    side = lambda n: (n + 4 - 4 - 1) // 2 + 1  # noqa: E731 - the stem's output side, by hand
+    up = 2 * side(9)  # (side - 1) * 2 - 2 + 2 + 1 + 1
+    line = (up * up + 2 - 3) // 3 + 1
+    by_hand = 2 * (8 * side(9) ** 2 * 3 * 25 + 8 * side(9) ** 2 * 4 * 9 + 8 * side(9) ** 2
+                   + 8 * side(9) ** 2 * 4 * 9 + 6 * line * 4 * 3)
+    assert swept.at(batch=2, size=9).total_macs == by_hand
