@@ -37,8 +37,9 @@ def test_each_row_states_its_kernels() -> None:
         unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE)
         assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else ("flash", 0.0))
         # torchtitan reduce-scatters in fp32, and so does Composer's FSDP under its DEFAULT mixed precision (the MPT
-        # rows but the two 70B ones, which ran PURE bf16)
-        fp32_reduce = run.source == TORCHTITAN or (run.source == MOSAIC and not run.name.startswith("MPT-70B"))
+        # rows but the two 70B ones, which ran PURE bf16); BLOOM's DeepSpeed BF16_Optimizer all-reduces its fp32
+        # gradient buffer (tr11-176B-ml/README.md at 39ed811: "The new `BF16_Optimizer` accumulates grads in fp32")
+        fp32_reduce = run.source in (TORCHTITAN, BIGSCIENCE) or (run.source == MOSAIC and not run.name.startswith("MPT-70B"))
         assert run.grad_bytes == (4 if fp32_reduce else None)
         # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM, MT-NLG and BLOOM runs; MT-NLG's
         # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 overlapped its TP communication

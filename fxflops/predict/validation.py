@@ -324,7 +324,12 @@ _BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fuse
                    "scale-mask-softmax kernel mandatory; FlashAttention was not in it; --attention-dropout is left at "
                    "its default 0.1, assumed: the script does not set it), pipeline: DeepSpeed's PipelineEngine "
                    "(--deepspeed with pp=12; modelled as its v0.5.4 code runs it, assumed unchanged in BigScience's "
-                   "2022 DeepSpeed), the inter-node network Omni-Path (data/published/jean_zay_a100.toml)")
+                   "2022 DeepSpeed), the inter-node network Omni-Path (data/published/jean_zay_a100.toml); gradients "
+                   "all-reduced in fp32 (the README: 'The new `BF16_Optimizer` accumulates grads in fp32', its "
+                   "unsharded fp32 buffer the all-reduce's input). Not modelled: that optimizer's own ZeRO stage 1 "
+                   "(the README: fp32 master weights and Adam state sharded over dp, the updated bf16 parameters "
+                   "all-gathered after the step; fxflops' DeepSpeed buckets exclude the distributed optimizer), so the "
+                   "step leaves out that all-gather and the predicted memory counts the optimizer state unsharded")
 _MCORE_SOFTWARE = ("fused (flash) attention, no dropout (assumed: Megatron-Core r0.8.0 runs Transformer Engine's fused "
                    "attention by default); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
                    "the README)")
@@ -414,7 +419,7 @@ RUNS: tuple[PublishedRun, ...] = (
                  software=_DEEPSPEED_2021),
     PublishedRun("BLOOM 176B on 384 A100", BIGSCIENCE, 70, 14336, 112, 384, 4, 12, 2048, 2, 1, "full", False,
                  "step_time", 104.70, _B_ASSUMED, overlap_grad_reduce=False, cluster="Jean Zay A100 80GB",
-                 vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True,
+                 vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True, grad_bytes=4,
                  pipeline_engine="deepspeed", software=_BLOOM_SOFTWARE),
     # Megatron-LM README's model table (Megatron-Core r0.8.0), the rows with pp = 1: (name, heads, hidden, layers, tp, GPUs,
     # global batch, TFLOP/s per GPU); dp = 48 in each
