@@ -48,6 +48,7 @@ def main() -> None:
         rows.append(f"| {run.name} | {run.source.split(',')[0]} | {run.cluster} | tp={run.tp}{f' cp={run.cp}' if run.cp > 1 else ''} pp={run.pp} v={run.virtual_stages} "
                     f"dp={run.dp}{' (FSDP)' if run.fsdp else ''}, batch {run.global_batch}/{run.micro_batch}, {run.recompute}"
                     f"{', TP overlap' if run.tp_comm_overlap else ''}"
+                    f"{', param-gather overlap' if run.overlap_param_gather else ''}"
                     f"{', DeepSpeed engine' if run.pipeline_engine == 'deepspeed' else ''} | "
                     f"{run.kernels} | {unit} | "
                     f"{run.measured:g} | {predicted:.2f} | {error:+.1%} | {b['compute']:.2f} / "

@@ -109,8 +109,12 @@ def test_pipeline_stages_memory_by_hand(temporaries, schedule, recompute, first_
     # full recomputation keeps each layer's input (its T x h output, sent on to the next stage) per micro-batch in
     # flight, and one layer's activations while its backward recomputes them
     layer, transient = (ACTIVATION, LAYER_SAVED) if recompute == "full" else (LAYER_SAVED, 0)
-    stages = ((first, LAYER_PARAMS + PRE_PARAMS, first_in_flight, first_in_flight * PRE_SAVED),
-              (last, LAYER_PARAMS + POST_PARAMS, last_in_flight, last_in_flight * POST_SAVED))
+    # under full recomputation the first layer's checkpointed input IS the embeddings' sum the pre part saves (one
+    # tensor, held once: only the positions are left besides it), and the last layer's output, which the final
+    # norm saves, is no layer's input: the last stage holds it beside the head's activations
+    pre_saved, post_saved = (SEQ * 8, POST_SAVED + ACTIVATION) if recompute == "full" else (PRE_SAVED, POST_SAVED)
+    stages = ((first, LAYER_PARAMS + PRE_PARAMS, first_in_flight, first_in_flight * pre_saved),
+              (last, LAYER_PARAMS + POST_PARAMS, last_in_flight, last_in_flight * post_saved))
     for stage, params, in_flight, outside in stages:
         assert stage.by_kind == {"parameters": 4 * params, "gradients": 4 * params, "optimizer": 8 * params,
                                  "activations": in_flight * layer + transient + outside, "temporaries": temporaries}
@@ -118,6 +122,30 @@ def test_pipeline_stages_memory_by_hand(temporaries, schedule, recompute, first_
     assert step.peak_memory is max(step.memory, key=lambda m: m.total)
     assert step.capacity == 80 << 30 and step.fits is True
 
+
+
+def test_full_recompute_first_stage_against_torchs_saved_tensors() -> None:
+    """Oracle: the tensors autograd keeps for the backward when the first stage (the embeddings and one block under
+    torch.utils.checkpoint) runs one micro-batch forward, unique storages, the token ids (an input) left out: the
+    embeddings' sum (the checkpoint's input) and the positions wpe's backward reads; predict_step's first stage
+    holds as much per micro-batch in flight, beside the one layer being recomputed."""
+    from torch.utils.checkpoint import checkpoint
+
+    model, tokens = TinyGPT(), ids()
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() != tokens.untyped_storage().data_ptr():
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        x = model.wte(tokens) + model.wpe(torch.arange(SEQ))
+        checkpoint(model.blocks[0], x, use_reentrant=False)
+    assert sum(kept.values()) == ACTIVATION + SEQ * 8
+    first = predict(parallel={"pp": 2}, global_batch=8, recompute="full").memory[0]
+    assert first.by_kind["activations"] == first.in_flight * sum(kept.values()) + LAYER_SAVED
 
 def search_pp2(margin: int = 0):
     with warnings.catch_warnings():

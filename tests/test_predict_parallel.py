@@ -116,7 +116,7 @@ def test_ep_step_gathers_experts_over_dp_over_ep_and_the_rest_over_dp() -> None:
         + collective_seconds("all_gather", experts * 2, 2, A100, two)
     scatter = collective_seconds("reduce_scatter", dense * 2, 4, A100, four) \
         + collective_seconds("reduce_scatter", experts * 2, 2, A100, two)
-    optimizer = stream_seconds((dense / 4 + experts / 2) * (2 * 16 + 2 + 2), A100.device)
+    optimizer = stream_seconds((dense / 4 + experts / 2) * (2 * 12 + 2 + 2), A100.device)
     assert prediction.breakdown["compute"] == pytest.approx(3.0)
     assert prediction.breakdown["exposed_comm"] == pytest.approx(0.75 + 2 * gather + scatter, rel=1e-12)
     assert prediction.breakdown["optimizer"] == pytest.approx(optimizer, rel=1e-12)
@@ -132,7 +132,7 @@ def test_cp_step_shards_over_dp_times_cp_and_counts_its_gpus() -> None:
     prediction = simulate_plan(synthetic(params, 0), plan, A100)
     gather = collective_seconds("all_gather", params * 2, 4, A100, ranks_per_node(4, 1, A100))
     scatter = collective_seconds("reduce_scatter", params * 2, 4, A100, ranks_per_node(4, 1, A100))
-    optimizer = stream_seconds(params / 4 * (2 * 16 + 2 + 2), A100.device)
+    optimizer = stream_seconds(params / 4 * (2 * 12 + 2 + 2), A100.device)
     assert prediction.step_time == pytest.approx(3.0 + 2 * gather + scatter + optimizer, rel=1e-12)
     assert plan.gpus == 4 and prediction.ranks[0].ranks == 4
     assert prediction.tflops_per_gpu == pytest.approx(300 * 4 / 4 / prediction.step_time / 1e12, rel=1e-12)

@@ -37,9 +37,15 @@ def test_each_row_states_its_kernels() -> None:
         unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE)
         assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else ("flash", 0.0))
         # torchtitan reduce-scatters in fp32, and so does Composer's FSDP under its DEFAULT mixed precision (the MPT
-        # rows but the two 70B ones, which ran PURE bf16)
-        fp32_reduce = run.source == TORCHTITAN or (run.source == MOSAIC and not run.name.startswith("MPT-70B"))
+        # rows but the two 70B ones, which ran PURE bf16); BLOOM's DeepSpeed BF16_Optimizer all-reduces its fp32
+        # gradient buffer (tr11-176B-ml/README.md at 39ed811: "The new `BF16_Optimizer` accumulates grads in fp32")
+        # Megatron-Core r0.8.0 under --bf16 forces accumulate_allreduce_grads_in_fp32 (megatron/training/arguments.py
+        # at the README's commit 937571c): its gradient buffer and reduce-scatter are fp32
+        fp32_reduce = run.source in (TORCHTITAN, BIGSCIENCE, MCORE) \
+            or (run.source == MOSAIC and not run.name.startswith("MPT-70B"))
         assert run.grad_bytes == (4 if fp32_reduce else None)
+        # the Megatron-LM README names --overlap-param-gather for its table; no other publication states it
+        assert run.overlap_param_gather == (run.source == MCORE) and (not run.overlap_param_gather or run.distributed_optimizer)
         # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM, MT-NLG and BLOOM runs; MT-NLG's
         # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 overlapped its TP communication
         assert run.fuse_elementwise == unfused and ("fused pointwise chains" in run.kernels) == unfused
@@ -157,20 +163,19 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     stated = re.search(r"Mean absolute error ([\d.]+)% over (\d+) runs; largest ([\d.]+)%", DOCS.read_text())
     assert int(stated[2]) == len(RUNS)
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
-    # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (2.1%, largest 4.1%; 3.6%
-    # from the table's rounded seconds) and on the runs it was first stated for, with Narayanan et al.'s rows at their
-    # authors' settings (4.5%, largest 11.9%), over all 43 rows the mean holds (8.9%) and the largest does not (30.8%: the bounds catch a
-    # change either way)
+    # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (1.9%, largest 2.9%) and on
+    # the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings (4.4%, largest 12.0%);
+    # over all 43 rows the mean holds (9.3%) and the largest does not (32.5%: the bounds catch a change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
-    assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.025 and 0.035 < max(korthikanti) < 0.045
+    assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.022 and 0.025 < max(korthikanti) < 0.033
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
     assert 0.04 < sum(first) / len(first) < 0.05 and 0.115 < max(first) < 0.125
-    # the rows over 20%: MT-NLG's three (DeepSpeed's pipeline engine) and Megatron-Core's two smallest on H100,
-    # all predicted too fast
+    # the rows over 20%: MT-NLG's three (DeepSpeed's pipeline engine) and Megatron-Core's two smallest on H100
+    # (+32.5%, +28.1%), all predicted too fast
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
         "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
         "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.087 < mean < 0.092 and 0.305 < worst < 0.31
+    assert 0.09 < mean < 0.095 and 0.32 < worst < 0.33
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",

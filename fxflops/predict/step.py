@@ -33,7 +33,10 @@ step as it runs on each pipeline rank:
   `pipeline_engine="deepspeed"`, as DeepSpeed's 2021 PipelineEngine runs it (`schedule.simulate_deepspeed`,
   `_deepspeed_boundary`: blocking sends of tp-partitioned tensors, the data-parallel reduction after the
   last backward);
-- the optimizer step: memory-bound, every local parameter's state read and written once;
+- the optimizer step: memory-bound, every local parameter's state (optimizer_state_bytes, the bytes the memory
+  per stage counts) read and written once, its gradient read and the parameter written; the distributed
+  optimizer's all-gather of the updated parameters after it, or with overlap_param_gather beside the next
+  forward, one layer ahead (`_param_gather_exposed`);
 - context parallelism (cp): each rank runs S/cp positions (captured so), ring attention's keys and values
   all-gathered per attention call over the cp ranks, overlapped with step 0 of the ring (the rank's queries
   against its own keys, as torch's ring issues the gather and waits for it at step 1), the rest exposed;
@@ -98,7 +101,13 @@ class StepPlan:
     distributed_optimizer: bool = False  # without FSDP: reduce-scatter grads, all-gather params (ZeRO-1)
     overlap_grad_reduce: bool = True  # the gradient reduction overlaps the last micro-batch's backward
     grad_bytes: int | None = None  # bytes per gradient element (default: the parameters')
-    optimizer_bytes_per_param: int = 16  # Adam with fp32 master weights: master, m, v read and written (4 B each)
+    # bytes of optimizer state per parameter element the optimizer step reads and writes once each; None: the
+    # optimizer_state_bytes simulate_plan is given (predict_step's, 12 by default: Adam's fp32 master, m, v at 4 B
+    # each), the same number the memory per stage counts, so time and memory describe one optimizer
+    optimizer_bytes_per_param: int | None = None
+    # with the distributed optimizer: the updated parameters' all-gather overlapped with the next step's forward,
+    # bucket by bucket (Megatron-LM's --overlap-param-gather; `_param_gather_exposed`); False: after the step
+    overlap_param_gather: bool = False
     # without FSDP: DDP's gradient buckets of this size in MiB (grad_buckets "torch"); None: the software's default
     bucket_cap_mb: float | None = None
     # the pipeline engine whose p2p and gradient reduction the step follows (see `_deepspeed_boundary`):
@@ -211,6 +220,10 @@ class StepPlan:
             if self.ep > 1 and self.shard_group % self.ep:
                 raise ValueError(f"ep={self.ep} borrows its ranks from dp_shard x cp = {self.shard_group}: pick an "
                                  "ep that divides it")
+        if self.overlap_param_gather and (not self.distributed_optimizer or self.fsdp):
+            raise ValueError("overlap_param_gather overlaps the distributed optimizer's parameter all-gather with the "
+                             "next forward (Megatron-LM's --overlap-param-gather): give it with "
+                             "distributed_optimizer=True and fsdp=False")
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise ValueError("tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with "
                              "their GEMMs (Megatron-LM's --tp-comm-overlap and torchtitan's async TP need it): give "
@@ -489,12 +502,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                                                      ends[rank])
             comm_events += events
             if plan.distributed_optimizer:  # the updated parameter shards gathered back after the step
-                experts = _rank_expert_params(rank, chunks, p, costs)
-                after_step[rank] = collective_seconds(
-                    "all_gather", (_rank_params(rank, chunks, p, costs) - experts) * costs.param_bytes,
-                    plan.grad_group, cluster, placed["fsdp"]) + (collective_seconds(
-                    "all_gather", experts * costs.param_bytes, plan.expert_group, cluster, placed["fsdp_experts"])
-                    if experts else 0.0)
+                after_step[rank] = _param_gather_exposed(rank, chunks, costs, plan, cluster, placed,
+                                                         layer_fwd_compute + layer_fwd_comm, pre_comm[0], post_comm[0])
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
     shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer else 1
@@ -506,7 +515,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         rank_chunks = list(range(rank, len(chunks), p))
         rank_layers = sum(chunks[c] for c in rank_chunks)
         rank_params = _rank_params(rank, chunks, p, costs)
-        per_param = 2 * plan.optimizer_bytes_per_param + grad_bytes + costs.param_bytes
+        state = optimizer_state_bytes if plan.optimizer_bytes_per_param is None else plan.optimizer_bytes_per_param
+        per_param = 2 * state + grad_bytes + costs.param_bytes
         # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
         local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
             + _rank_expert_params(rank, chunks, p, costs) / (expert_shard if shard > 1 else 1)
@@ -702,6 +712,40 @@ def _replica_all_reduce(params: int, shard_group: int, plan: StepPlan, placed: d
         return 0.0
     return collective_seconds("all_reduce", params * grad_bytes // shard_group, plan.replicas, cluster,
                               placed["replicate"])
+
+
+def _param_gather_exposed(rank: int, chunks: list[int], costs: LayerCosts, plan: StepPlan, cluster: Cluster,
+                          placed: dict[str, int], layer_fwd: float, pre_comm: float, post_comm: float) -> float:
+    """Seconds the distributed optimizer's all-gather of the updated parameters adds to a pipeline rank's step.
+
+    Without overlap_param_gather: the whole gather after the optimizer step. With it, as Megatron-Core r0.8.0's
+    DistributedOptimizer runs it (distrib_optimizer.py: zero_grad dispatches the first bucket's all-gather, and
+    each bucket's forward pre-hook waits for its own and dispatches the next: one bucket in flight, in forward
+    order): each unit (the embedding with the first chunk, each layer, the head with the last; the gather
+    bucketed per layer, as the reduce-scatter is) gathered one ahead of the rank's first micro-batch forward,
+    what that forward does not hide exposed. The rank's later chunks (interleaved pipeline) are taken as run
+    right after its first, which hides less than the schedule does."""
+
+    def gather(params: int, experts: int) -> float:
+        return collective_seconds("all_gather", (params - experts) * costs.param_bytes, plan.grad_group, cluster,
+                                  placed["fsdp"]) + (collective_seconds(
+            "all_gather", experts * costs.param_bytes, plan.expert_group, cluster, placed["fsdp_experts"])
+            if experts else 0.0)
+
+    block, pre, post = costs.block, costs.pre, costs.post
+    if not plan.overlap_param_gather:
+        return gather(_rank_params(rank, chunks, plan.pp, costs), _rank_expert_params(rank, chunks, plan.pp, costs))
+    compute, gathers = [], []
+    for c in range(rank, len(chunks), plan.pp):
+        if c == 0:
+            compute.append(pre.forward + pre_comm)
+            gathers.append(gather(pre.params, 0))
+        compute += [layer_fwd] * chunks[c]
+        gathers += [gather(block.params, block.expert_params)] * chunks[c]
+        if c == len(chunks) - 1:
+            compute.append(post.forward + post_comm)
+            gathers.append(gather(post.params, 0))
+    return _prefetched(compute, gathers, [0.0] * len(compute)) - sum(compute)
 
 
 def _rank_expert_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
@@ -945,7 +989,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
                  fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON,
                  grad_buckets: str = "torch", tp_comm_overlap: bool = False,
-                 optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES) -> StepPrediction:
+                 optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
+                 overlap_param_gather: bool = False) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -980,10 +1025,14 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     reduction after the last backward (`_deepspeed_boundary`). `tp_comm_overlap` (sequence parallelism only):
     the tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed or follow
     (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two.
+    `overlap_param_gather` (with `distributed_optimizer`): the updated parameters' all-gather overlapped with the
+    next step's forward, one bucket (layer) ahead (Megatron-LM's --overlap-param-gather); without it the gather
+    runs after the optimizer step.
     The prediction also holds each pipeline rank's predicted peak memory by kind (`memory`, `peak_memory`,
     `fits` against the device's memory; the computation the plan search filters by, `step_memory`), with
     `optimizer_state_bytes` of optimizer state per parameter element (default 12: Adam with fp32 master weights
-    and moments; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one). A prediction is a model with a stated
+    and moments; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one); the optimizer step's time reads and
+    writes the same state once each. A prediction is a model with a stated
     error, not a measurement."""
     import torch
 
@@ -1011,8 +1060,10 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     global_batch=global_batch or batch * dp, recompute=recompute, schedule=schedule,
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
                     grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"), grad_buckets=grad_buckets,
-                    dp_shard=parallel.get("dp_shard"), tp_comm_overlap=tp_comm_overlap, pipeline_engine=pipeline_engine)
+                    dp_shard=parallel.get("dp_shard"), tp_comm_overlap=tp_comm_overlap, pipeline_engine=pipeline_engine,
+                    overlap_param_gather=overlap_param_gather)
     if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or plan.dp_shard is not None or tp_comm_overlap \
+            or overlap_param_gather \
             or grad_buckets != "torch" or pipeline_engine != MEGATRON:
         plan.check(layers or 1 << 30)  # a plan that cannot run, refused before the capture
     loss_parallel = bool(parallel.get("loss_parallel", False))

@@ -15,7 +15,8 @@ micro-batch chunks each rank holds at once), each pipeline rank's bytes by kind:
   p micro-batches; GPipe: all of them; interleaved: as simulated), full recomputation keeping each layer's input
   only plus one layer's activations while it is recomputed, selective freeing unfused attention's scores; the
   first stage adds the embedding's saved bytes and the last the head's and loss's, per micro-batch of their chunk
-  in flight;
+  in flight (under full recomputation the embedding's output, the first layer's kept input, counted once, and the
+  last layer's output, which the head saves, added to the last stage);
 - temporaries: those alive at the capture's own peak (an op's workspace, the loss's logits), once per rank;
 - the allowance beyond tensor bytes (fxflops.memory's `Allowance`: the CUDA context, NCCL's buffers).
 
@@ -119,11 +120,17 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             per_layer, transient = block.saved_bytes, 0
         activations = int(in_flight * (rank_layers / v) * per_layer) + transient
         # the embedding's and the head's activations, per micro-batch of their chunk in flight (1F1B's last stage:
-        # one; GPipe's: every micro-batch)
+        # one; GPipe's: every micro-batch). Under full recomputation the first layer's kept input is the tensor the
+        # embedding made, which `pre.saved_bytes` holds already (attributed to the op that made it): held once; and
+        # the last layer's output, which the head's first op saves (attributed to the layer that made it), is no
+        # layer's input: held beside the head's
+        full = plan.recompute == "full" and rank_layers > 0
+        pre_saved = max(pre.saved_bytes - costs.boundary_bytes, 0) if full else pre.saved_bytes
+        post_saved = post.saved_bytes + costs.boundary_bytes if full else post.saved_bytes
         if first:
-            activations += (timeline.in_flight(rank, 0) if timeline is not None else 1) * pre.saved_bytes
+            activations += (timeline.in_flight(rank, 0) if timeline is not None else 1) * pre_saved
         if last:
-            activations += (timeline.in_flight(rank, chunks - 1) if timeline is not None else 1) * post.saved_bytes
+            activations += (timeline.in_flight(rank, chunks - 1) if timeline is not None else 1) * post_saved
         kinds["activations"] = activations
         kinds["temporaries"] = costs.transient_bytes
         found.append(RankMemory(roles[rank] if roles else f"stage {rank}", kinds, extra, in_flight, gathered,

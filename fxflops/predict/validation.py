@@ -206,6 +206,8 @@ class PublishedRun:
     pipeline_engine: str = "megatron"  # "deepspeed": DeepSpeed's 2021 PipelineEngine (step._deepspeed_boundary)
     tie: bool = False  # the GPT's head shares the word embedding's weight
     tp_comm_overlap: bool = False  # tensor-parallel collectives beside the GEMMs (Megatron-LM's --tp-comm-overlap)
+    # the distributed optimizer's parameter all-gather beside the next forward (Megatron-LM's --overlap-param-gather)
+    overlap_param_gather: bool = False
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
@@ -324,10 +326,22 @@ _BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fuse
                    "scale-mask-softmax kernel mandatory; FlashAttention was not in it; --attention-dropout is left at "
                    "its default 0.1, assumed: the script does not set it), pipeline: DeepSpeed's PipelineEngine "
                    "(--deepspeed with pp=12; modelled as its v0.5.4 code runs it, assumed unchanged in BigScience's "
-                   "2022 DeepSpeed), the inter-node network Omni-Path (data/published/jean_zay_a100.toml)")
+                   "2022 DeepSpeed), the inter-node network Omni-Path (data/published/jean_zay_a100.toml); gradients "
+                   "all-reduced in fp32 (the README: 'The new `BF16_Optimizer` accumulates grads in fp32', its "
+                   "unsharded fp32 buffer the all-reduce's input). Not modelled: that optimizer's own ZeRO stage 1 "
+                   "(the README: fp32 master weights and Adam state sharded over dp, the updated bf16 parameters "
+                   "all-gathered after the step; fxflops' DeepSpeed buckets exclude the distributed optimizer), so the "
+                   "step leaves out that all-gather and the predicted memory counts the optimizer state unsharded")
 _MCORE_SOFTWARE = ("fused (flash) attention, no dropout (assumed: Megatron-Core r0.8.0 runs Transformer Engine's fused "
                    "attention by default); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
-                   "the README)")
+                   "the README); the distributed optimizer's parameter all-gather overlapped with the next step's "
+                   "forward, one bucket ahead (--overlap-param-gather, the README; distrib_optimizer.py of core_r0.8.0 "
+                   "and of the README's commit 937571c dispatches each bucket's gather from the previous bucket's "
+                   "forward pre-hook), bucketed per layer as fxflops buckets its reduce-scatter; gradients accumulated "
+                   "and reduce-scattered in fp32 (megatron/training/arguments.py at 937571c: with --bf16 'bfloat16 "
+                   "requires gradient accumulation and all-reduce to be done in fp32', accumulate_allreduce_grads_in_fp32 "
+                   "forced on, training.py passing it as grad_reduce_in_fp32; bf16 assumed: the README's MFU column is "
+                   "the TFLOP/s over H100's 989 TFLOP/s bf16 peak)")
 _MOSAIC_SOFTWARE = ("fused attention, no dropout (submit_benchmarks.py: --attn_impl triton, MPT's Triton "
                     "FlashAttention; MPT's attn_pdrop 0); the gradient reduce-scatter in the precision of the row's FSDP "
                     "mixed precision (Composer: DEFAULT reduces in fp32, PURE in bf16)")
@@ -414,13 +428,14 @@ RUNS: tuple[PublishedRun, ...] = (
                  software=_DEEPSPEED_2021),
     PublishedRun("BLOOM 176B on 384 A100", BIGSCIENCE, 70, 14336, 112, 384, 4, 12, 2048, 2, 1, "full", False,
                  "step_time", 104.70, _B_ASSUMED, overlap_grad_reduce=False, cluster="Jean Zay A100 80GB",
-                 vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True,
+                 vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True, grad_bytes=4,
                  pipeline_engine="deepspeed", software=_BLOOM_SOFTWARE),
     # Megatron-LM README's model table (Megatron-Core r0.8.0), the rows with pp = 1: (name, heads, hidden, layers, tp, GPUs,
     # global batch, TFLOP/s per GPU); dp = 48 in each
     *(PublishedRun(f"Megatron-Core {name} on {gpus} H100", MCORE, layers, hidden, heads, gpus, tp, 1, batch, 1, 1, "none",
                    tp > 1, "megatron_tflops_per_gpu", tflops, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
-                   distributed_optimizer=True, tp_comm_overlap=tp > 1, software=_MCORE_SOFTWARE)
+                   distributed_optimizer=True, overlap_param_gather=True, tp_comm_overlap=tp > 1, grad_bytes=4,
+                   software=_MCORE_SOFTWARE)
       for name, heads, hidden, layers, tp, gpus, batch, tflops in (
           ("1.7B", 16, 2048, 24, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 96, 192, 465.9),
           ("16B", 48, 6144, 32, 4, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 384, 192, 459.6))),
@@ -497,7 +512,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
                               attention=run.attention, attention_dropout=run.attention_dropout,
                               fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine,
-                              grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap)
+                              grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap,
+                              overlap_param_gather=run.overlap_param_gather)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
