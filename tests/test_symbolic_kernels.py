@@ -130,3 +130,59 @@ def test_a_convnet_sweep_counts_every_point_as_estimate_does():
     by_hand = 2 * (8 * side(9) ** 2 * 3 * 25 + 8 * side(9) ** 2 * 4 * 9 + 8 * side(9) ** 2
                    + 8 * side(9) ** 2 * 4 * 9 + 6 * line * 4 * 3)
     assert swept.at(batch=2, size=9).total_macs == by_hand
+
+
+CAT = torch.ops.aten.cat.default
+# (tensors from symbolic batch b and seq s, dim): a cache's empty start before keys (transposed heads), more
+# than one joined, two empties, a 5-d permuted one; and ones the kernel leaves to the mode
+CAT_CASES = {
+    "cache start": lambda b, s: ([torch.tensor([]), torch.empty(b, s, 2, 8).transpose(1, 2)], -2),
+    "3-d": lambda b, s: ([torch.tensor([]), torch.empty(b, s, 8)], 1),
+    "two joined": lambda b, s: ([torch.tensor([]), torch.empty(b, 2, s, 8).transpose(1, 2),
+                                 torch.empty(b, 3, s, 8).transpose(1, 2)], 2),
+    "two empties": lambda b, s: ([torch.tensor([]), torch.empty(b, s, 8), torch.tensor([])], 0),
+    "5-d": lambda b, s: ([torch.tensor([]), torch.empty(b, 3, s, 2, 2).permute(0, 2, 1, 3, 4)], 2),
+}
+CAT_REFUSED = {
+    "first not 1-d": lambda b, s: ([torch.empty(b, s, 8), torch.tensor([])], 1),
+    "two dtypes": lambda b, s: ([torch.tensor([], dtype=torch.float16), torch.empty(b, s, 8)], 1),
+    "1-d of a named size": lambda b, s: ([torch.empty(s), torch.empty(b)], 0),
+    "other axis of another size": lambda b, s: ([torch.tensor([]), torch.empty(b, s, 8), torch.empty(s, s, 8)], 2),
+}
+
+
+def _cat_run(kernel, build):
+    """(output layout and constant, guards) of `kernel(tensors, dim)` on tensors of symbolic sizes b=2, s=7."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.size_one import size_one_shape_env
+
+    env = size_one_shape_env()
+    sizes = []
+    for name, hint in (("b", 2), ("s", 7)):
+        source = ConstantSource(name)
+        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
+                                           hint=hint, source=source))
+    with FakeTensorMode(shape_env=env, static_shapes=True):
+        out = kernel(*build(*sizes))
+    if out is NotImplemented:
+        return None
+    return (tuple(map(str, out.shape)), tuple(map(str, out.stride())), out.dtype, out.constant), \
+        {str(g.expr) for g in env.guards}
+
+
+@pytest.mark.parametrize("case", CAT_CASES)
+def test_the_symbolic_cat_after_an_empty_start_gives_what_the_mode_gives(case):
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    direct = _cat_run(lambda tensors, dim: symbolic_kernel(CAT, (tensors, dim), {}), CAT_CASES[case])
+    assert direct is not None
+    assert direct == _cat_run(lambda tensors, dim: CAT(tensors, dim), CAT_CASES[case])
+
+
+@pytest.mark.parametrize("case", CAT_REFUSED)
+def test_a_cat_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(case):
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    assert _cat_run(lambda tensors, dim: symbolic_kernel(CAT, (tensors, dim), {}), CAT_REFUSED[case]) is None

@@ -655,7 +655,11 @@ class Replays:
                 meta = torch.empty(offset + span, dtype=like.dtype, device="meta").as_strided(shape, stride, offset)
             made = FakeTensor(self._mode, meta, like.device)
         else:
-            made = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
+            # what the mode's constructor runs (the meta kernel, its output wrapped), past the mode: the mode's
+            # cache key and entry for sizes never asked again cost more than the kernel
+            with no_dispatch():
+                meta = torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
+            made = FakeTensor(self._mode, meta, like.device)
         return made.requires_grad_(True) if grad and like.requires_grad else made
 
 

@@ -22,6 +22,11 @@ which memory format, then the meta kernel's checks and shape formula, each step 
 ~45% of a ResNet-50 sweep's capture once the batch norms were direct. `_convolution_on_cpu` shapes it
 with the meta kernel's formula (the same expressions) where the layout is contiguous at every point and
 the meta kernel's checks hold at every point without a guard; anything else goes through the mode.
+
+A concatenation whose first tensor is 1-d (a decoder's cache update: `torch.cat([torch.tensor([]), keys])`,
+two a layer, each run again at every copied layer) goes through torch's Python reference of `cat`; `_cat`
+shapes it as that reference does where no step of it is a question (tests/test_symbolic_kernels.py holds it
+against the mode, guards included).
 """
 
 from __future__ import annotations
@@ -40,7 +45,46 @@ def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
         return _batch_norm_on_cpu(args, kwargs)
     if func is aten.convolution.default:
         return _convolution_on_cpu(args, kwargs)
+    if func is aten.cat.default:
+        return _cat(args, kwargs)
     return NotImplemented
+
+
+def _cat(args: tuple, kwargs: dict) -> Any:
+    """A concatenation whose first tensor is 1-d (a cache's empty start, `torch.tensor([])`, before the first
+    step's keys), shaped as torch's reference shapes it: the 1-d empty tensors (static) left out, the rest
+    joined along `dim` (each other axis provably equal, no guard asked), in one dtype and on one device, the
+    output contiguous. Torch's `cat` takes the layout of the first input whose suggested format is
+    contiguous, and a 1-d tensor's always is; its Python reference otherwise asks each step in symbolic
+    arithmetic (a decoder's two cache updates a layer). Anything else goes through the mode."""
+    if len(args) not in (1, 2) or set(kwargs) - {"dim"} or not isinstance(args[0], list | tuple):
+        return NotImplemented
+    tensors, dim = args[0], kwargs.get("dim", args[1] if len(args) == 2 else 0)
+    if not tensors or type(dim) is not int or any(type(t) is not FakeTensor or t.layout is not torch.strided
+                                                   for t in tensors):
+        return NotImplemented
+    first = tensors[0]
+    if first.dim() != 1 or any(t.dtype != first.dtype or t.device != first.device or t.fake_mode is not first.fake_mode
+                               for t in tensors):
+        return NotImplemented
+    joined = [t for t in tensors if not (t.dim() == 1 and type(t.shape[0]) is int and t.shape[0] == 0)]
+    if not joined or not any(t._has_symbolic_sizes_strides for t in joined):
+        return NotImplemented
+    rank = joined[0].dim()
+    if rank == 0 or any(t.dim() != rank for t in joined) or not -rank <= dim < rank \
+            or rank == 1 and any(type(t.shape[0]) is not int for t in joined):  # (the mode asks if it is empty)
+        return NotImplemented
+    dim %= rank
+    shape = list(joined[0].shape)
+    for tensor in joined[1:]:
+        for axis, (size, other) in enumerate(zip(shape, tensor.shape)):
+            if axis == dim:
+                shape[axis] = size + other
+            elif not (size is other or _known(size == other)):
+                return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty(shape, dtype=first.dtype, device="meta", memory_format=torch.contiguous_format)
+    return FakeTensor(first.fake_mode, meta, first.device)
 
 
 def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
