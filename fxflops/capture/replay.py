@@ -148,6 +148,7 @@ class Replays:
         self._references = 0  # > 0 while any reference runs (under a backward, blocks inside it run: its autograd
         # graph must be torch's own, capture.block_backward)
         self._given_up: set[tuple] = set()
+        self._refused_handed: set[int] = set()  # ids of objects handed to a block whose reference was refused
         # structure -> the templates of a block recorded at its first call of a kind, until one is matched
         self._unmatched: dict[int, list[Template]] = {}
         self._verify = verifying() if verify is None else verify
@@ -224,6 +225,8 @@ class Replays:
                 return original(*args, **kwargs)
         if self._recording or not self._tracer.available():
             return original(*args, **kwargs)
+        if any(id(handed) in self._refused_handed for handed in call.handed.values()):
+            return original(*args, **kwargs)
         if len(templates) == _MAX_TEMPLATES:  # a block whose calls all differ: no longer tried
             self._given_up.add(key)
             return original(*args, **kwargs)
@@ -279,6 +282,11 @@ class Replays:
                 template.refused = self._fill(template, module, call, recorder.nodes_after(mark), out,
                                               args, kwargs, before)
             template.calls = _moved_calls(tracker.call_log[first_call:], path)
+            if template.refused is not None and call.handed:
+                # the other blocks handed the same object (the next layers, their parts) run the same code with
+                # it: refused alike, each further reference would only be traced (the dearest way to run a
+                # block) and refused again
+                self._refused_handed.update(id(handed) for handed in call.handed.values())
         return out
 
     def _watched(self, state: BlockState) -> set[tuple[str, str]]:
