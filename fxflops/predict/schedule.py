@@ -38,11 +38,14 @@ P2P = "p2p"
 @dataclass(frozen=True)
 class ChunkCost:
     """One model chunk's time per micro-batch: its forward, its backward (recomputation included), and the
-    time its output activations (forward) / input gradients (backward) take to reach the neighbouring rank."""
+    time its output activations (forward) / input gradients (backward) take to reach the neighbouring rank;
+    `accumulate`: what each backward but the first micro-batch's adds, adding its gradients into those the
+    step's earlier micro-batches left (torch's AccumulateGrad once a parameter's .grad exists)."""
 
     forward: float
     backward: float
     p2p: float = 0.0
+    accumulate: float = 0.0
 
 
 class Event(NamedTuple):
@@ -208,7 +211,7 @@ def simulate(chunks: Sequence[ChunkCost], microbatches: int, schedule: str = ONE
                     break
                 ready, needed = waited
                 start = max(free[rank], ready)
-                cost = chunks[c].forward if kind == FORWARD else chunks[c].backward
+                cost = _cost(chunks[c], kind, mb)
                 end = start + cost
                 event = Event(rank, kind, mb, c, start, end)
                 timeline.by_rank[rank].append(event)
@@ -285,7 +288,7 @@ def simulate_deepspeed(chunks: Sequence[ChunkCost], microbatches: int) -> Timeli
             while position[s] < len(programs[s]):
                 kind, mb = programs[s][position[s]]
                 if kind in (FORWARD, BACKWARD):
-                    cost = chunks[s].forward if kind == FORWARD else chunks[s].backward
+                    cost = _cost(chunks[s], kind, mb)
                     event = Event(s, kind, mb, s, free[s], free[s] + cost)
                     timeline.by_rank[s].append(event)
                     timeline.causes[event] = waited[s] if waited[s] is not None else last[s]
@@ -317,6 +320,13 @@ def simulate_deepspeed(chunks: Sequence[ChunkCost], microbatches: int) -> Timeli
             raise RuntimeError(f"DeepSpeed pipeline schedule deadlocked (p={p}, m={m})")
     timeline.step_time = max(free)
     return timeline
+
+
+def _cost(chunk: ChunkCost, kind: str, mb: int) -> float:
+    """One pass's time: the forward; the backward, plus its gradient accumulation after micro-batch 0."""
+    if kind == FORWARD:
+        return chunk.forward
+    return chunk.backward + (chunk.accumulate if mb else 0.0)
 
 
 def _ready(kind: str, mb: int, c: int, n: int, chunks: Sequence[ChunkCost], done: dict

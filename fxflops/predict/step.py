@@ -77,6 +77,7 @@ PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
 # offsets, so a 3-D activation's meta holds 1 + 3 + 1 + 1 + (tp + 1) = 7 + tp elements
 _META_INT64 = 8
 GRAD_BUCKETS = ("torch", "megatron", "deepspeed", "layer")
+_FP32 = 4  # bytes of an fp32 element (BF16_Optimizer's gradients)
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
                    "was not fitted to, see docs/guide/predict.md for the per-run errors")
 
@@ -403,7 +404,11 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         raise ValueError(f"global batch {plan.global_batch} gives no micro-batch per data-parallel rank")
     placed = dim_ranks_per_node(plan, cluster)
     block, pre, post = costs.block, costs.pre, costs.post
-    grad_bytes = plan.grad_bytes or costs.param_bytes
+    deepspeed = plan.pipeline_engine == DEEPSPEED
+    # DeepSpeed's engine with bf16 and neither ZeRO stage runs its BF16_Optimizer (`_deepspeed_accumulation`): fp32
+    # gradients, all-reduced in fp32, the optimizer sharded over dp, the bf16 parameters all-gathered after the step
+    bf16_optimizer = deepspeed and dtype_key == "bf16" and not plan.fsdp and not plan.distributed_optimizer
+    grad_bytes = plan.grad_bytes or (_FP32 if bf16_optimizer else costs.param_bytes)
     notes = list(costs.notes)
 
     layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
@@ -437,7 +442,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
 
     chunks = _split(layers, p * v)
     chunk_costs, chunk_compute = [], []
-    deepspeed = plan.pipeline_engine == DEEPSPEED
+    accumulated = []  # per chunk: seconds of gradient accumulation its backwards add over the step
     if p > 1 and deepspeed:
         p2p, rebuild, partition, received = _deepspeed_boundary(costs.boundary_bytes, plan.tp, cluster, placed)
     elif p > 1:
@@ -480,9 +485,16 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
             fwd_time += (received + rebuild if not first else 0.0) + (partition if not last else 0.0)
             # the backward rebuilds its partitioned output and the received gradient, partitions its input's
             bwd_time += (2 * rebuild if not last else 0.0) + (partition if not first else 0.0)
+        # DeepSpeed's engine: each backward accumulates the chunk's gradients itself (every micro-batch's with its
+        # BF16_Optimizer, every one's but the first with torch's AccumulateGrad)
+        accumulate, every = _deepspeed_accumulation(n * block.params + (pre.params if first else 0)
+                                                    + (post.params if last else 0), costs.param_bytes,
+                                                    bf16_optimizer, cluster) if deepspeed and not fsdp else (0.0, False)
+        bwd_time += accumulate if every else 0.0
+        accumulated.append(accumulate * (m if every else m - 1))
         # each chunk's p2p: its output activations (forward) and its input gradients (backward) crossing to the
         # neighbouring rank; the schedule sends neither past the pipeline's ends
-        chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p))
+        chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p, 0.0 if every else accumulate))
         compute = n * (layer_fwd_compute + layer_bwd_compute) + (pre.forward + pre.backward if first else 0.0) \
             + (post.forward + post.backward if last else 0.0) + root_copies
         chunk_compute.append(compute)
@@ -501,12 +513,12 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
             ends[rank], events = _gradient_reduction(timeline, rank, chunks, costs, plan, cluster, placed,
                                                      ends[rank])
             comm_events += events
-            if plan.distributed_optimizer:  # the updated parameter shards gathered back after the step
+            if plan.distributed_optimizer or bf16_optimizer:  # the updated parameter shards gathered back after the step
                 after_step[rank] = _param_gather_exposed(rank, chunks, costs, plan, cluster, placed,
                                                          layer_fwd_compute + layer_fwd_comm, pre_comm[0], post_comm[0])
     # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
     # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
-    shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer else 1
+    shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer or bf16_optimizer else 1
     expert_shard = plan.expert_shard_group if fsdp else plan.expert_group
     roles = []
     step_end = 0.0
@@ -522,11 +534,15 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
             + _rank_expert_params(rank, chunks, p, costs) / (expert_shard if shard > 1 else 1)
         optimizer = (stream_seconds(local * per_param, device) if rank_params else 0.0) \
             + after_step[rank]
+        if bf16_optimizer and rank_params:
+            # BF16_Optimizer.step: the global norm reads every fp32 gradient of the rank (get_grads_for_norm: all of
+            # them, not the rank's 1/dp), clear_hp_grads zeroes them after the step
+            optimizer += stream_seconds(2 * _FP32 * rank_params, device, kernels=2)
         step_end = max(step_end, ends[rank] + optimizer)
         flops = m * (rank_layers * (block.forward_flops + block.backward_flops)
                      + (pre.forward_flops + pre.backward_flops if 0 in rank_chunks else 0)
                      + (post.forward_flops + post.backward_flops if len(chunks) - 1 in rank_chunks else 0))
-        compute = m * sum(chunk_compute[c] for c in rank_chunks)
+        compute = m * sum(chunk_compute[c] for c in rank_chunks) + sum(accumulated[c] for c in rank_chunks)
         roles.append((rank, rank_layers, compute, optimizer, flops, m * rank_layers * recompute_flops))
     ranks = []
     for rank, rank_layers, compute, optimizer, flops, re_flops in roles:
@@ -556,6 +572,30 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,
                           memory=memory, capacity=device.memory_bytes, optimizer_state_bytes=optimizer_state_bytes)
+
+
+def _deepspeed_accumulation(params: int, param_bytes: int, bf16_optimizer: bool, cluster: Cluster
+                            ) -> tuple[float, bool]:
+    """Seconds a chunk's backward spends accumulating its `params` gradients under DeepSpeed's engine, and whether
+    every micro-batch's backward does (True) or every one's but the first (False):
+
+    - bf16 (BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py as BigScience ran it, merged as "bf16+pipeline
+      parallelism", DeepSpeed #1801, 56c5223): after every backward (`_exec_backward_pass`; on the last stage
+      through `optimizer.backward`) `update_hp_grads` runs `hp_grad.add_(lp.grad.to(fp32))` for each parameter:
+      the bf16 gradient read and cast into a new fp32 tensor, then the fp32 accumulator and that tensor read and the
+      sum written: param_bytes + 4 x 4 bytes an element, two kernels; every micro-batch, the accumulator being a
+      zeroed fp32 buffer (clear_hp_grads after each step);
+    - otherwise (fp16: FP16_Optimizer / ZeRO-1, DeepSpeed v0.5.x): the gradients accumulate in the parameters'
+      .grad, torch's AccumulateGrad adding each micro-batch's into it in place (read both, write one: 3 x
+      param_bytes), from the second micro-batch on (zero_grad sets .grad to None after the step, and the first
+      backward's gradient is taken as it is).
+    Memory-bound, on the compute stream, at the sustained bandwidth; one pair of kernels (one kernel) counted per
+    chunk, not per parameter tensor (the launches are not counted per tensor)."""
+    if not params:
+        return 0.0, bf16_optimizer
+    if bf16_optimizer:
+        return stream_seconds(params * (param_bytes + 4 * _FP32), cluster.device, kernels=2), True
+    return stream_seconds(params * 3 * param_bytes, cluster.device), False
 
 
 def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]

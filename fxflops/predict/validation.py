@@ -209,6 +209,7 @@ class PublishedRun:
     # the distributed optimizer's parameter all-gather beside the next forward (Megatron-LM's --overlap-param-gather)
     overlap_param_gather: bool = False
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
+    dtype: str = "bf16"  # the training precision, "bf16" or "fp16" (the model's dtype: predict_step's `dtype`)
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
     @property
@@ -417,15 +418,15 @@ RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("MT-NLG 530B on 2240 GPUs", SMITH, 105, 20480, 128, 2240, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
-                 software=_DEEPSPEED_2021),
+                 dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 2800 GPUs", SMITH, 105, 20480, 128, 2800, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
-                 software=_DEEPSPEED_2021),
+                 dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 3360 GPUs", SMITH, 105, 20480, 128, 3360, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False,
                  attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
-                 software=_DEEPSPEED_2021),
+                 dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("BLOOM 176B on 384 A100", BIGSCIENCE, 70, 14336, 112, 384, 4, 12, 2048, 2, 1, "full", False,
                  "step_time", 104.70, _B_ASSUMED, overlap_grad_reduce=False, cluster="Jean Zay A100 80GB",
                  vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True, grad_bytes=4,
@@ -500,13 +501,15 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
 
     parallel = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "virtual_stages": run.virtual_stages,
                 "fsdp": run.fsdp, "sequence_parallel": run.sequence_parallel, **({"cp": run.cp} if run.cp > 1 else {})}
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[run.dtype]
     if run.arch == "llama":  # the derived plan is Megatron's for Hugging Face's names
-        model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq)
+        model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq, dtype=dtype)
     else:
-        model = gpt(2, run.hidden, run.heads, vocab=run.vocab, seq=run.seq, tie=run.tie)
+        model = gpt(2, run.hidden, run.heads, dtype=dtype, vocab=run.vocab, seq=run.seq, tie=run.tie)
         parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel)
     ids = torch.zeros(run.micro_batch, run.seq, dtype=torch.long)
     prediction = predict_step(model, (ids,), parallel, cluster or _cluster_file(run.cluster), global_batch=run.global_batch,
+                              dtype=dtype,
                               recompute=run.recompute, sequence_parallel=run.sequence_parallel, loss=lm_loss,
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
