@@ -149,3 +149,18 @@ def test_deepspeed_blocking_sends_by_hand() -> None:
     # the critical path ends with stage 0's last backward, which waited on stage 1's
     assert [(e.rank, e.kind, e.microbatch) for e in timeline.critical_path()][-2:] == [(1, BACKWARD, 1),
                                                                                       (0, BACKWARD, 1)]
+
+
+def test_gradient_accumulation_from_the_second_micro_batch_by_hand() -> None:
+    from fxflops.predict.schedule import simulate_deepspeed
+
+    # p = 2, m = 2, F 1 s, B 2 s, no transfer time, 0.5 s of accumulation in every backward but micro-batch 0's.
+    # 1F1B: stage 0 F0 0-1, F1 1-2; stage 1 F0 1-2, B0 2-4 (micro-batch 0: no accumulation), F1 4-5,
+    # B1 5-7.5; stage 0 B0 4-6, B1 7.5-10. Without accumulation B1 ends at 7 and 9.
+    chunks = [ChunkCost(1.0, 2.0, 0.0, 0.5)] * 2
+    for timeline in (simulate(chunks, 2, "1f1b"), simulate_deepspeed(chunks, 2)):
+        backwards = [(e.rank, e.microbatch, e.start, e.end) for e in timeline.events
+                     if e.kind == "backward"]
+        assert sorted(backwards) == [(0, 0, 4.0, 6.0), (0, 1, 7.5, 10.0), (1, 0, 2.0, 4.0), (1, 1, 5.0, 7.5)]
+        assert timeline.step_time == 10.0
+    assert simulate([ChunkCost(1.0, 2.0)] * 2, 2, "1f1b").step_time == 9.0

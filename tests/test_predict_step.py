@@ -420,7 +420,8 @@ def test_deepspeed_engine_by_hand() -> None:
     params = 50_000_000
     reduced = dataclasses.replace(costs(layers=4, params=params))
     plan = StepPlan(dp=2, micro_batch=1, global_batch=4, optimizer_bytes_per_param=0, pipeline_engine="deepspeed")
-    layer = collective_seconds("all_reduce", params * 2, 2, A100, 2)
+    # (in bf16, DeepSpeed's BF16_Optimizer reduces its fp32 gradients: 4 bytes an element)
+    layer = collective_seconds("all_reduce", params * 4, 2, A100, 2)
     assert simulate_plan(reduced, plan, A100).breakdown["exposed_comm"] == pytest.approx(4 * layer)
     with pytest.raises(ValueError, match="DeepSpeed's TrainSchedule, a non-interleaved 1F1B"):
         simulate_plan(costs(), StepPlan(pp=2, virtual_stages=2, global_batch=4, pipeline_engine="deepspeed"), A100)
@@ -459,3 +460,59 @@ def test_predict_step_runs_deepspeed_engine_and_fused_chains_and_says_so(tmp_pat
     with pytest.raises(ValueError, match="pipeline_engine='deepspeed' runs DeepSpeed's TrainSchedule"):
         fxflops.predict_step(model, (ids,), {"pp": 2, "virtual_stages": 2}, "DGX A100 80GB",
                              pipeline_engine="deepspeed", **options)
+
+
+def test_deepspeed_bf16_optimizer_by_hand() -> None:
+    """DeepSpeed's engine in bf16 runs its BF16_Optimizer (bf16_optimizer.py, DeepSpeed #1801 as BigScience ran it):
+    every backward casts each bf16 gradient to fp32 and adds it into an fp32 accumulator (update_hp_grads); the
+    fp32 gradients are all-reduced; the step reads their global norm, updates the rank's 1/dp of the fp32 weights
+    and Adam state, zeroes the fp32 gradients, and all-gathers the updated bf16 parameters over dp."""
+    device = A100.device
+    params = 50_000_000  # a layer's, on this rank
+    layer_costs = costs(layers=4, params=params)
+    plan = StepPlan(dp=2, micro_batch=1, global_batch=4, pipeline_engine="deepspeed")  # m = 2 micro-batches
+    prediction = simulate_plan(layer_costs, plan, A100, "bf16")
+    # each backward: the stage's 4 layers' gradients, 2 bytes read, 4 written (the cast), 4 + 4 read and 4 written
+    # (the add): 18 bytes an element, two kernels
+    accumulate = 4 * params * 18 / device.sustained + 2 * device.launch_overhead
+    assert prediction.breakdown["compute"] == pytest.approx(2 * (4 * 3.0 + accumulate), rel=1e-12)
+    # the fp32 gradients all-reduced after the backward, layer by layer as test_deepspeed_engine_by_hand has them
+    assert prediction.breakdown["exposed_comm"] == pytest.approx(
+        4 * collective_seconds("all_reduce", params * 4, 2, A100, 2), rel=1e-12)
+    # Adam on the rank's half: fp32 weights, m and v read and written (24 bytes), the fp32 gradient read (4), the
+    # bf16 weight written (2); the norm reads and clear_hp_grads zeroes every fp32 gradient (8 bytes, two kernels);
+    # the updated bf16 parameters (2 bytes each) all-gathered over the 2 data-parallel ranks in one node
+    optimizer = (2 * params * 30 / device.sustained + device.launch_overhead) \
+        + (4 * params * 8 / device.sustained + 2 * device.launch_overhead) \
+        + collective_seconds("all_gather", 4 * params * 2, 2, A100, 2)
+    assert prediction.breakdown["optimizer"] == pytest.approx(optimizer, rel=1e-12)
+    assert prediction.step_time == pytest.approx(sum(prediction.breakdown.values()), rel=1e-12)
+    # Megatron-LM's engine does none of it: no accumulation, Adam over every parameter, no gather
+    megatron = simulate_plan(layer_costs, dataclasses.replace(plan, pipeline_engine="megatron",
+                                                              overlap_grad_reduce=False), A100, "bf16")
+    assert megatron.breakdown["compute"] == 2 * 4 * 3.0
+    assert megatron.breakdown["optimizer"] == pytest.approx(4 * params * (24 + 2 + 2) / device.sustained
+                                                            + device.launch_overhead, rel=1e-12)
+
+
+def test_deepspeed_fp16_accumulates_from_the_second_micro_batch_by_hand() -> None:
+    """DeepSpeed's engine in fp16 (v0.5.x: FP16_Optimizer, no bf16 pipeline before v0.6): the gradients accumulate in
+    the parameters' .grad, torch's AccumulateGrad adding each micro-batch's in place (read two, write one: 3 x 2
+    bytes an element) from the second micro-batch on; the optimizer as it was, over every parameter."""
+    device = A100.device
+    params = 50_000_000
+    plan = StepPlan(pp=2, micro_batch=1, global_batch=3, pipeline_engine="deepspeed")  # 2 layers a stage, m = 3
+    prediction = simulate_plan(costs(layers=4, params=params), plan, NO_LATENCY, "fp16")
+    accumulate = 2 * params * 6 / device.sustained + device.launch_overhead
+    # p = 2, m = 3, F 2 s, B 4 s, transfers of nothing (no latency) but stage 1's forward clones what it received
+    # (r: one kernel's launch); micro-batches 1 and 2's backwards take 4 s + a: stage 1 F0 2-4+r, B0 4+r-8+r,
+    # F1 8+r-10+2r, B1 10+2r-14+2r+a, F2 -16+3r+a, B2 -20+3r+2a; stage 0's last backward waits for it: -24+3r+3a
+    received = device.launch_overhead
+    assert max(e.end for e in prediction.timeline.events) == pytest.approx(24.0 + 3 * received + 3 * accumulate,
+                                                                           rel=1e-12)
+    assert prediction.breakdown["compute"] == pytest.approx(3 * 2 * 3.0 + 2 * accumulate, rel=1e-12)
+    # Adam over the stage's 2 layers (24 bytes of fp32 state read and written, the fp16 gradient read, the weight
+    # written), after the last backward
+    optimizer = 2 * params * (24 + 2 + 2) / device.sustained + device.launch_overhead
+    assert prediction.breakdown["optimizer"] == pytest.approx(optimizer, rel=1e-12)
+    assert prediction.step_time == pytest.approx(24.0 + 3 * received + 3 * accumulate + optimizer, rel=1e-12)

@@ -135,6 +135,9 @@ def test_published_numbers() -> None:
     # the row's model, plan and batch are the paper's, recomputation included
     for run, tflops in zip((run for run in RUNS if run.source == SMITH), (126, 121, 113)):
         assert (run.gpus, run.tp, run.pp, run.global_batch) == (run.gpus, 8, 35, 1920)
+        # fp16: DeepSpeed's pipeline engine ran bf16 only from "bf16+pipeline parallelism" (#1801, April 2022); v0.5.x's
+        # engine has no bf16 path
+        assert run.dtype == "fp16" and run.pipeline_engine == "deepspeed"
         assert run.published_flops() / (run.gpus * run.measured) / 1e12 == pytest.approx(tflops, rel=0.01)
     # Llama 3 Table 4: 16M tokens a step (dp x sequences per dp rank x 8,192 or 131,072), MFU 43%, 41% and 38% of
     # 989 TFLOP/s (400 / 989 is 40.4%: the table's TFLOP/s are rounded, to within 1% of the peak); the rows'
@@ -165,17 +168,17 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
     # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (1.9%, largest 2.9%) and on
     # the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings (4.4%, largest 12.0%);
-    # over all 43 rows the mean holds (9.3%) and the largest does not (32.5%: the bounds catch a change either way)
+    # over all 43 rows the mean holds (8.9%) and the largest does not (32.5%: the bounds catch a change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
     assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.022 and 0.025 < max(korthikanti) < 0.033
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
     assert 0.04 < sum(first) / len(first) < 0.05 and 0.115 < max(first) < 0.125
-    # the rows over 20%: MT-NLG's three (DeepSpeed's pipeline engine) and Megatron-Core's two smallest on H100
-    # (+32.5%, +28.1%), all predicted too fast
+    # the rows over 20%: MT-NLG's two larger (DeepSpeed's pipeline engine, -20.8% and -23.2%; 2,240 GPUs -19.8%) and
+    # Megatron-Core's two smallest on H100 (+32.5%, +28.1%), all predicted too fast
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
-        "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
+        "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
         "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.09 < mean < 0.095 and 0.32 < worst < 0.33
+    assert 0.087 < mean < 0.091 and 0.32 < worst < 0.33
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",

@@ -408,7 +408,9 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     # DeepSpeed's engine with bf16 and neither ZeRO stage runs its BF16_Optimizer (`_deepspeed_accumulation`): fp32
     # gradients, all-reduced in fp32, the optimizer sharded over dp, the bf16 parameters all-gathered after the step
     bf16_optimizer = deepspeed and dtype_key == "bf16" and not plan.fsdp and not plan.distributed_optimizer
-    grad_bytes = plan.grad_bytes or (_FP32 if bf16_optimizer else costs.param_bytes)
+    if bf16_optimizer and plan.grad_bytes is None:
+        plan = dataclasses.replace(plan, grad_bytes=_FP32)
+    grad_bytes = plan.grad_bytes or costs.param_bytes
     notes = list(costs.notes)
 
     layer_fwd_compute, layer_bwd_compute, layer_fwd_comm, layer_bwd_comm, recompute_flops = \
