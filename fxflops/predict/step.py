@@ -32,7 +32,8 @@ step as it runs on each pipeline rank:
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages; or, with
   `pipeline_engine="deepspeed"`, as DeepSpeed's 2021 PipelineEngine runs it (`schedule.simulate_deepspeed`,
   `_deepspeed_boundary`: blocking sends of tp-partitioned tensors, the data-parallel reduction after the
-  last backward);
+  last backward; `_deepspeed_accumulation`: the engine's own gradient accumulation in each backward, and in
+  bf16 its BF16_Optimizer's ZeRO-1 step);
 - the optimizer step: memory-bound, every local parameter's state (optimizer_state_bytes, the bytes the memory
   per stage counts) read and written once, its gradient read and the parameter written; the distributed
   optimizer's all-gather of the updated parameters after it, or with overlap_param_gather beside the next
@@ -405,9 +406,8 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     placed = dim_ranks_per_node(plan, cluster)
     block, pre, post = costs.block, costs.pre, costs.post
     deepspeed = plan.pipeline_engine == DEEPSPEED
-    # DeepSpeed's engine with bf16 and neither ZeRO stage runs its BF16_Optimizer (`_deepspeed_accumulation`): fp32
-    # gradients, all-reduced in fp32, the optimizer sharded over dp, the bf16 parameters all-gathered after the step
-    bf16_optimizer = deepspeed and dtype_key == "bf16" and not plan.fsdp and not plan.distributed_optimizer
+    # fp32 gradients, all-reduced in fp32, the optimizer sharded over dp, the bf16 parameters all-gathered after the step
+    bf16_optimizer = _bf16_optimizer(plan, dtype_key)
     if bf16_optimizer and plan.grad_bytes is None:
         plan = dataclasses.replace(plan, grad_bytes=_FP32)
     grad_bytes = plan.grad_bytes or costs.param_bytes
@@ -574,6 +574,13 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,
                           memory=memory, capacity=device.memory_bytes, optimizer_state_bytes=optimizer_state_bytes)
+
+
+def _bf16_optimizer(plan: StepPlan, dtype_key: str | None) -> bool:
+    """Whether the plan's step runs DeepSpeed's BF16_Optimizer: DeepSpeed's engine in bf16 with neither ZeRO-1 (the
+    distributed optimizer; bf16 + ZeRO-1 raised NotImplementedError in its pipeline engine then) nor ZeRO-3 (FSDP)
+    (see `_deepspeed_accumulation`)."""
+    return plan.pipeline_engine == DEEPSPEED and dtype_key == "bf16" and not plan.fsdp and not plan.distributed_optimizer
 
 
 def _deepspeed_accumulation(params: int, param_bytes: int, bf16_optimizer: bool, cluster: Cluster
@@ -1064,7 +1071,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).
     `pipeline_engine`: "megatron" (default) or "deepspeed", DeepSpeed's 2021 PipelineEngine: blocking sends,
     activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
-    reduction after the last backward (`_deepspeed_boundary`). `tp_comm_overlap` (sequence parallelism only):
+    reduction after the last backward (`_deepspeed_boundary`), the gradients accumulated by the engine in each
+    backward and, in bf16, its BF16_Optimizer's sharded step and parameter all-gather (`_deepspeed_accumulation`;
+    pass dtype=torch.float16 for DeepSpeed of 2021, whose engine had no bf16). `tp_comm_overlap` (sequence parallelism only):
     the tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed or follow
     (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two.
     `overlap_param_gather` (with `distributed_optimizer`): the updated parameters' all-gather overlapped with the
@@ -1138,7 +1147,11 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     if plan.pipeline_engine == DEEPSPEED and pp > 1:
         prediction.notes.append(
             "DeepSpeed's pipeline engine: blocking sends (meta and 1/tp part), the receiver all-gathering over tp, "
-            "the data-parallel reduction after the last backward; its tied-embedding gradient all-reduce "
+            "the gradients accumulated by the engine in each backward ("
+            + ("BF16_Optimizer: cast to fp32 and added every micro-batch; fp32 all-reduce, optimizer sharded over dp, "
+               "bf16 parameters all-gathered after the step" if _bf16_optimizer(plan, dtype_key(dtype))
+               else "torch's AccumulateGrad from the second micro-batch")
+            + "), the data-parallel reduction after the last backward; its tied-embedding gradient all-reduce "
             "(ReduceTiedGrads) is not modelled")
     if trace is not None and str(trace).endswith((".html", ".htm")):
         prediction.to_html(trace)
