@@ -495,6 +495,24 @@ def test_deepspeed_bf16_optimizer_by_hand() -> None:
                                                             + device.launch_overhead, rel=1e-12)
 
 
+def test_deepspeed_bf16_optimizer_memory_by_hand() -> None:
+    """The memory the BF16_Optimizer's step assumes (bf16_optimizer.py at DeepSpeed 56c5223): its fp32 master
+    weights and Adam state hold the rank's 1/dp partition (fp32_groups_flat_partition), its fp32 gradients are
+    whole (fp32_groups_gradients_flat, zeros_like the bf16 flat buffer) and the bf16 .grad of the last backward
+    stays beside them (update_hp_grads(clear_lp_grads=False), cleared only by the next backward's clear_lp_grads)."""
+    # 8 layers of 1,000 parameters saving 100 bytes a micro-batch; pp = 2, dp = 2, m = 4: the first stage holds
+    # 4 layers and, in 1F1B, 2 micro-batches in flight
+    block = Part(forward=1.0, backward=2.0, params=1000, saved_bytes=100)
+    layer_costs = LayerCosts(1, False, 1, 10, 8, block, Part(), Part(), 40, 2, "bfloat16", "A100", 8)
+    plan = StepPlan(pp=2, dp=2, micro_batch=1, global_batch=8, pipeline_engine="deepspeed")
+    kinds = simulate_plan(layer_costs, plan, A100, "bf16").peak_memory.by_kind
+    assert kinds == {"parameters": 4 * 1000 * 2, "gradients": 4 * 1000 * (4 + 2), "optimizer": 4 * 1000 * 12 // 2,
+                     "activations": 2 * 4 * 100, "temporaries": 0}
+    # fp16 (FP16_Optimizer): the fp16 .grad only, fp32 master weights and Adam state on every data-parallel rank
+    kinds = simulate_plan(layer_costs, plan, A100, "fp16").peak_memory.by_kind
+    assert (kinds["gradients"], kinds["optimizer"]) == (4 * 1000 * 2, 4 * 1000 * 12)
+
+
 def test_deepspeed_fp16_accumulates_from_the_second_micro_batch_by_hand() -> None:
     """DeepSpeed's engine in fp16 (v0.5.x: FP16_Optimizer, no bf16 pipeline before v0.6): the gradients accumulate in
     the parameters' .grad, torch's AccumulateGrad adding each micro-batch's in place (read two, write one: 3 x 2

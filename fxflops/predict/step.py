@@ -569,7 +569,7 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         notes.append(f"{layers} layers do not split evenly into {p * v} chunks: {chunks}")
     notes += _assumption_notes(plan, cluster, fsdp, grad_bytes)
     memory = rank_memories(costs, plan, [r.layers for r in ranks], timeline, optimizer_state_bytes,
-                           [r.role for r in ranks]) if costs.memory_captured else []
+                           [r.role for r in ranks], bf16_optimizer=bf16_optimizer) if costs.memory_captured else []
     return StepPrediction(plan, cluster.name, device.name, step_end, breakdown, tflops * 1e12 / peak,
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,

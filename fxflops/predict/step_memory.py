@@ -6,7 +6,8 @@ timeline of the capture, the temporaries at the capture's peak) and the simulate
 micro-batch chunks each rank holds at once), each pipeline rank's bytes by kind:
 
 - parameters, gradients and optimizer state of the layers the rank holds (tp- and ep-sharded as captured),
-  divided over FSDP's shard group (all three) or, with a distributed optimizer, the state over dp x cp;
+  divided over FSDP's shard group (all three) or, with a distributed optimizer or DeepSpeed's BF16_Optimizer,
+  the state over dp x cp (the BF16_Optimizer's gradients counted twice: its fp32 accumulators and the bf16 .grad);
 - FSDP's communication buffers, counted in `parameters` and `gradients` and named apart (`gathered`,
   `unsharded_gradients`): two gathered layers (the one running and the prefetch), the root unit (what is outside
   the blocks: FSDP2 does not reshard it after the forward) whole, one layer's whole gradients (the reduce-scatter's
@@ -72,12 +73,16 @@ def busiest(memories: Sequence[RankMemory]) -> RankMemory:
 
 def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
                   optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES, roles: Sequence[str] | None = None,
-                  allowance: Any = None) -> list[RankMemory]:
+                  allowance: Any = None, bf16_optimizer: bool = False) -> list[RankMemory]:
     """Each pipeline rank's predicted peak memory (see the module's docstring). `costs`: a `LayerCosts`;
     `plan`: a `StepPlan`; `layers[r]`: the layers rank r holds; `timeline`: the simulated schedule (None: one
     micro-batch in flight); `optimizer_state_bytes`: the optimizer's state per parameter element (default Adam
     with fp32 master weights; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one); `roles`: the ranks'
-    names; `allowance`: an `fxflops.memory.Allowance` (default: its 0.5 GiB CUDA context)."""
+    names; `allowance`: an `fxflops.memory.Allowance` (default: its 0.5 GiB CUDA context); `bf16_optimizer`:
+    DeepSpeed's BF16_Optimizer runs the step (`step._bf16_optimizer`; bf16_optimizer.py at DeepSpeed 56c5223,
+    #1801): the fp32 master weights and Adam state its rank's 1/dp (x cp) partition, the fp32 gradients
+    (`plan.grad_bytes`, 4 by default there) whole, beside the bf16 .grad of the last backward, which
+    `update_hp_grads(clear_lp_grads=False)` leaves until the next backward's `clear_lp_grads`."""
     from fxflops.memory import Allowance
 
     allowance = allowance or Allowance()
@@ -90,9 +95,12 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
     # FSDP shards over its shard group (all of dp x cp, or HSDP's dp_shard x cp), the distributed optimizer its
     # state over dp x cp; the experts over the ranks holding the same experts
     shard = plan.shard_group if fsdp else 1
-    state_shard = shard if fsdp else plan.grad_group if plan.distributed_optimizer else 1
+    sharded_state = plan.distributed_optimizer or bf16_optimizer
+    state_shard = shard if fsdp else plan.grad_group if sharded_state else 1
     expert_shard = plan.expert_shard_group if fsdp else 1
-    expert_state_shard = expert_shard if fsdp else plan.expert_group if plan.distributed_optimizer else 1
+    expert_state_shard = expert_shard if fsdp else plan.expert_group if sharded_state else 1
+    if bf16_optimizer:  # the fp32 accumulators and the bf16 .grad, both whole
+        grad_bytes += costs.param_bytes
     found = []
     for rank, rank_layers in enumerate(layers):
         first, last = rank == 0, rank == (chunks - 1) % p
