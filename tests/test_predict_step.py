@@ -513,6 +513,26 @@ def test_deepspeed_bf16_optimizer_memory_by_hand() -> None:
     assert (kinds["gradients"], kinds["optimizer"]) == (4 * 1000 * 2, 4 * 1000 * 12)
 
 
+def test_deepspeed_bf16_optimizer_without_a_pipeline_and_says_so() -> None:
+    # DeepSpeed's engine runs its BF16_Optimizer whatever pp (DeepSpeedEngine.backward calls optimizer.backward,
+    # update_hp_grads included); fsdp=True over one data-parallel rank shards nothing, as the rest of the step has it:
+    # 4 layers of 1 s / 2 s, m = 2, each backward adding 18 bytes an element of the 4 layers' gradients, two kernels
+    device = A100.device
+    params = 50_000_000
+    accumulate = 4 * params * 18 / device.sustained + 2 * device.launch_overhead
+    for fsdp in (False, True):
+        plan = StepPlan(dp=1, fsdp=fsdp, micro_batch=1, global_batch=2, pipeline_engine="deepspeed")
+        prediction = simulate_plan(costs(layers=4, params=params), plan, A100, "bf16")
+        assert prediction.breakdown["compute"] == pytest.approx(2 * (4 * 3.0 + accumulate), rel=1e-12)
+    ids = torch.zeros(1, 128, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prediction = fxflops.predict_step(small_gpt(), (ids,), {"dp": 2, "fsdp": False}, "DGX A100 80GB",
+                                          global_batch=4, loss=lm_loss, layers=4, pipeline_engine="deepspeed")
+    assert any(note.startswith("DeepSpeed's engine: the gradients accumulated by the engine in each backward "
+                               "(BF16_Optimizer") for note in prediction.notes)
+
+
 def test_deepspeed_fp16_accumulates_from_the_second_micro_batch_by_hand() -> None:
     """DeepSpeed's engine in fp16 (v0.5.x: FP16_Optimizer, no bf16 pipeline before v0.6): the gradients accumulate in
     the parameters' .grad, torch's AccumulateGrad adding each micro-batch's in place (read two, write one: 3 x 2

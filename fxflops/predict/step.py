@@ -580,7 +580,8 @@ def _bf16_optimizer(plan: StepPlan, dtype_key: str | None) -> bool:
     """Whether the plan's step runs DeepSpeed's BF16_Optimizer: DeepSpeed's engine in bf16 with neither ZeRO-1 (the
     distributed optimizer; bf16 + ZeRO-1 raised NotImplementedError in its pipeline engine then) nor ZeRO-3 (FSDP)
     (see `_deepspeed_accumulation`)."""
-    return plan.pipeline_engine == DEEPSPEED and dtype_key == "bf16" and not plan.fsdp and not plan.distributed_optimizer
+    fsdp = plan.fsdp and plan.dp * plan.cp > 1  # as simulate_plan takes it: FSDP over one rank is none
+    return plan.pipeline_engine == DEEPSPEED and dtype_key == "bf16" and not fsdp and not plan.distributed_optimizer
 
 
 def _deepspeed_accumulation(params: int, param_bytes: int, bf16_optimizer: bool, cluster: Cluster
@@ -1144,15 +1145,17 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         prediction.notes.append(_kernels_note(kernels))
     if kernels.fuse_elementwise:
         prediction.notes.append("each chain of pointwise ops timed as one fused kernel (fuse_elementwise=True)")
-    if plan.pipeline_engine == DEEPSPEED and pp > 1:
-        prediction.notes.append(
-            "DeepSpeed's pipeline engine: blocking sends (meta and 1/tp part), the receiver all-gathering over tp, "
-            "the gradients accumulated by the engine in each backward ("
+    if plan.pipeline_engine == DEEPSPEED and (pp > 1 or not (plan.fsdp and dp * cp > 1)):
+        # the engine's own gradient accumulation applies with or without a pipeline (not under FSDP)
+        accumulation = "the gradients accumulated by the engine in each backward (" \
             + ("BF16_Optimizer: cast to fp32 and added every micro-batch; fp32 all-reduce, optimizer sharded over dp, "
                "bf16 parameters all-gathered after the step" if _bf16_optimizer(plan, dtype_key(dtype))
-               else "torch's AccumulateGrad from the second micro-batch")
-            + "), the data-parallel reduction after the last backward; its tied-embedding gradient all-reduce "
-            "(ReduceTiedGrads) is not modelled")
+               else "torch's AccumulateGrad from the second micro-batch") + ")"
+        prediction.notes.append(
+            "DeepSpeed's pipeline engine: blocking sends (meta and 1/tp part), the receiver all-gathering over tp, "
+            f"{accumulation}, the data-parallel reduction after the last backward; its tied-embedding gradient "
+            "all-reduce (ReduceTiedGrads) is not modelled" if pp > 1
+            else f"DeepSpeed's engine: {accumulation}, the data-parallel reduction after the last backward")
     if trace is not None and str(trace).endswith((".html", ".htm")):
         prediction.to_html(trace)
     elif trace is not None:
