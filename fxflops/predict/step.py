@@ -975,6 +975,8 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
 def _kernels_note(kernels: Any) -> str:
     """What a prediction says about the attention kernels it assumed, when they are not the default."""
+    if kernels.attention == "cudnn":
+        return "attention timed as cuDNN's fused kernels ('cudnn': the device's cudnn_attention curves)"
     dropout = f" and attention dropout {kernels.attention_dropout:g}" if kernels.attention_dropout else ""
     return (f"attention timed as unfused ({kernels.attention!r}) kernels{dropout}: batched GEMMs over every pair, the "
             "scores through memory")
@@ -1015,8 +1017,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     tokens_per_sec, per rank role. `device`: the cluster's GPUs replaced by this device (a preset, or a device
     file such as `fxflops.predict.calibrate` writes from a measured run; the prediction names the file).
     `attention`: the attention kernels the run's software launches, "flash" (a fused FlashAttention-class
-    kernel, default) or "math" (unfused: batched GEMMs over every pair, softmax and its backward through
-    memory, as torch's math SDPA backend and Megatron-LM before FlashAttention run it), with
+    kernel, default), "cudnn" (cuDNN's fused kernel, as Transformer Engine runs it on Hopper) or "math"
+    (unfused: batched GEMMs over every pair, softmax and its backward through memory, as torch's math SDPA
+    backend and Megatron-LM before FlashAttention run it), with
     `attention_dropout` (the attention probabilities' dropout, a kernel of its own when unfused); see
     `fxflops.predict.op_time.Kernels`; `fuse_elementwise`: the run's software fuses each chain of pointwise ops
     into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).
