@@ -264,7 +264,7 @@ def test_unfused_attention_by_hand():
     assert node_seconds(backward, a100, "bf16", Kernels("math", 0.1)) == pytest.approx(expected, rel=1e-12)
     # the fused default is unchanged by the dropout probability, and an unknown kernel is a one-line error
     assert node_seconds(forward, a100, "bf16", Kernels("flash", 0.1)) == node_seconds(forward, a100, "bf16")
-    with pytest.raises(ValueError, match="attention='eager': pick one of flash, math"):
+    with pytest.raises(ValueError, match="attention='eager': pick one of flash, cudnn, math"):
         Kernels("eager")
 
 

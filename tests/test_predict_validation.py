@@ -35,8 +35,9 @@ def test_each_row_states_its_kernels() -> None:
     # Megatron-LM's attention dropout 0.1; torchtitan reduce-scatters gradients in fp32
     for run in RUNS:
         unfused = run.source in (KORTHIKANTI, NARAYANAN, SMITH, BIGSCIENCE)
-        fused = "cudnn" if run.source == MCORE else "flash"
-        assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else (fused, 0.0))
+        # Megatron-Core r0.8.0: Transformer Engine's cuDNN kernels, Megatron-LM's default attention dropout 0.1
+        fused = ("cudnn", 0.1) if run.source == MCORE else ("flash", 0.0)
+        assert (run.attention, run.attention_dropout) == (("math", 0.1) if unfused else fused)
         # torchtitan reduce-scatters in fp32, and so does Composer's FSDP under its DEFAULT mixed precision (the MPT
         # rows but the two 70B ones, which ran PURE bf16); BLOOM's DeepSpeed BF16_Optimizer all-reduces its fp32
         # gradient buffer (tr11-176B-ml/README.md at 39ed811: "The new `BF16_Optimizer` accumulates grads in fp32")
@@ -54,8 +55,10 @@ def test_each_row_states_its_kernels() -> None:
         # the Megatron-LM README names --overlap-param-gather for its table; no other publication states it
         assert run.overlap_param_gather == (run.source == MCORE) and (not run.overlap_param_gather or run.distributed_optimizer)
         # Megatron-LM's fused bias-GeLU / bias-dropout-add kernels in the Megatron-LM, MT-NLG and BLOOM runs; MT-NLG's
-        # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 overlapped its TP communication
-        assert run.fuse_elementwise == unfused and ("fused pointwise chains" in run.kernels) == unfused
+        # and BLOOM's pipelines ran on DeepSpeed's engine; Megatron-Core r0.8.0 keeps them (bias_gelu_fusion,
+        # bias_dropout_fusion on by default) and overlapped its TP communication
+        fused_pointwise = unfused or run.source == MCORE
+        assert run.fuse_elementwise == fused_pointwise and ("fused pointwise chains" in run.kernels) == fused_pointwise
         assert run.pipeline_engine == ("deepspeed" if run.source in (SMITH, BIGSCIENCE) else "megatron")
         assert run.tp_comm_overlap == (run.source == MCORE and run.tp > 1)
 
@@ -172,17 +175,17 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
     # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (2.0%, largest 4.8%) and on
     # the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings (5.2%, largest 13.4%);
-    # over all 43 rows the mean holds (9.5%) and the largest does not (30.0%: the bounds catch a change either way)
+    # over all 43 rows the mean holds (9.7%) and the largest does not (33.8%: the bounds catch a change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
     assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.025 and 0.045 < max(korthikanti) < 0.051
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
     assert 0.048 < sum(first) / len(first) < 0.056 and 0.13 < max(first) < 0.138
     # the rows over 20%: MT-NLG's three (DeepSpeed's pipeline engine) and Megatron-Core's two smallest on H100
-    # (+30.0%, +28.2%), all predicted too fast
+    # (+33.1%, +33.8%), all predicted too fast
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
         "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
         "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.093 < mean < 0.098 and 0.295 < worst < 0.305
+    assert 0.095 < mean < 0.1 and 0.333 < worst < 0.343
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",

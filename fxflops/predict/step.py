@@ -25,7 +25,8 @@ step as it runs on each pipeline rank:
   gradients, overlapped with what is left of it (the last one exposed), or a distributed optimizer's
   reduce-scatter per layer (its parameters all-gathered after the step);
 - tensor-parallel communication overlap (`tp_comm_overlap`, with sequence parallelism): each all-gather runs
-  beside the GEMMs it feeds, each reduce-scatter beside the GEMM it follows (`layers.LayerCosts`), the pair taking
+  beside the GEMMs it feeds, each reduce-scatter beside the GEMM it follows (a backward one beside the
+  weight-gradient GEMMs before it: Transformer Engine's bulk overlap; `layers._overlapped_gemms`), the pair taking
   the longer of the two (the GEMM times the cluster's tp_overlap_gemm_slowdown, 1 by default: no SM-sharing
   penalty adopted);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),

@@ -340,7 +340,11 @@ _BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fuse
                    "(the README: fp32 master weights and Adam state sharded over dp, the updated bf16 parameters "
                    "all-gathered after the step; fxflops' DeepSpeed buckets exclude the distributed optimizer), so the "
                    "step leaves out that all-gather and the predicted memory counts the optimizer state unsharded")
-_MCORE_SOFTWARE = ("cuDNN's fused attention, no dropout (assumed); Megatron-Core r0.8.0 runs Transformer Engine's "
+_MCORE_SOFTWARE = ("cuDNN's fused attention with Megatron-LM's default dropout 0.1 (--attention-dropout, arguments.py "
+                   "of core_r0.8.0; the README does not set it; a fused kernel's dropout is timed as free: no published "
+                   "measurement of cuDNN's with and without it), pointwise chains fused (Megatron-Core's defaults "
+                   "bias_gelu_fusion and bias_dropout_fusion, --no-bias-gelu-fusion / --no-bias-dropout-fusion unset: "
+                   "mlp.py's bias_gelu_impl, the layer's fused bias-dropout-add); Megatron-Core r0.8.0 runs Transformer Engine's "
                    "DotProductAttention by default, which on sm90 picks FusedAttention (cuDNN's F16_arbitrary_seqlen "
                    "kernels) over flash-attn whenever both can run (transformer_engine/pytorch/attention.py of TE v1.6, "
                    "v1.7 and v1.8, 2024-05 to 2024-07: 'Select FusedAttention on sm90 and FlashAttention on others for "
@@ -452,7 +456,8 @@ RUNS: tuple[PublishedRun, ...] = (
     *(PublishedRun(f"Megatron-Core {name} on {gpus} H100", MCORE, layers, hidden, heads, gpus, tp, 1, batch, 1, 1, "none",
                    tp > 1, "megatron_tflops_per_gpu", tflops, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
                    distributed_optimizer=True, overlap_param_gather=True, tp_comm_overlap=tp > 1, grad_bytes=4,
-                   attention="cudnn", loss_parallel=True, software=_MCORE_SOFTWARE)
+                   attention="cudnn", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
+                   software=_MCORE_SOFTWARE)
       for name, heads, hidden, layers, tp, gpus, batch, tflops in (
           ("1.7B", 16, 2048, 24, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 96, 192, 465.9),
           ("16B", 48, 6144, 32, 4, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 384, 192, 459.6))),
