@@ -278,6 +278,42 @@ def test_tp_overlap_pairs_each_collective_with_the_gemms_it_feeds_or_follows() -
         dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=True).check(2)
 
 
+def test_a_backward_reduce_scatter_overlaps_the_weight_gradient_gemms_before_it() -> None:
+    """Transformer Engine's bulk overlap (ub_bulk_dgrad; Megatron-Core's tp_comm_bulk_dgrad): the backward's
+    reduce-scatter of a column-parallel linear's input gradient runs beside its weight-gradient GEMM. A synthetic
+    backward of 4,096 tokens: all-gather, the row-parallel linear's dgrad (K = 2,048 output features, claimed by
+    the all-gather) and wgrad (K = 4,096 tokens), a bias-gradient sum, the column-parallel linear's dgrad (K =
+    8,192) and wgrad (K = 4,096), an add, the reduce-scatter. The all-gather claims the GEMMs right after it
+    (7 + 5 s: the sum ends the run); the reduce-scatter then overlaps the column-parallel wgrad (3 s), never a
+    dgrad (it makes what the reduce-scatter sends); without the all-gather's claim, both wgrads (3 + 5 s). A
+    forward reduce-scatter keeps the rule of the GEMMs right before it (an add first: none)."""
+    from fxflops.predict.layers import _overlapped_gemms
+    from fxflops.results.costs import COUNTED, NodeCost
+
+    def node(name: str, op: str, m: int, n: int, k: int, phase: str = "backward") -> NodeCost:
+        macs = m * n * k
+        return NodeCost(name=name, op=op, status=COUNTED, rule="mm" if macs else "elementwise", module="layer",
+                        module_type="Block", input_shapes=((m, k), (k, n)), output_shapes=((m, n),), macs=macs,
+                        flops=2 * macs if macs else m * n, phase=phase, bytes=2 * m * n)
+
+    nodes = [node("ag", "_c10d_functional.all_gather_into_tensor.default", 4096, 2048, 0),
+             node("row_dgrad", "aten.mm.default", 4096, 8192, 2048),
+             node("row_wgrad", "aten.mm.default", 2048, 8192, 4096),
+             node("bias", "aten.sum.dim_IntList", 1, 2048, 0),
+             node("col_dgrad", "aten.mm.default", 4096, 2048, 8192),
+             node("col_wgrad", "aten.mm.default", 8192, 2048, 4096),
+             node("add", "aten.add.Tensor", 4096, 2048, 0),
+             node("rs", "_c10d_functional.reduce_scatter_tensor.default", 2048, 2048, 0)]
+    times = [0.0, 7.0, 5.0, 0.1, 11.0, 3.0, 0.1, 0.0]
+    collectives = {"ag", "rs"}
+    claimed: set[int] = set()
+    assert _overlapped_gemms(nodes, times, 0, "all_gather", collectives, claimed, 4096) == 7.0 + 5.0
+    assert _overlapped_gemms(nodes, times, 7, "reduce_scatter", collectives, claimed, 4096) == 3.0
+    assert _overlapped_gemms(nodes, times, 7, "reduce_scatter", collectives, set(), 4096) == 3.0 + 5.0
+    forward = [dataclasses.replace(n, phase="forward") for n in nodes]
+    assert _overlapped_gemms(forward, times, 7, "reduce_scatter", collectives, set(), 4096) == 0.0
+
+
 def test_plan_search_tries_tp_comm_overlap_only_when_asked(tmp_path) -> None:
     def build(layers: int) -> GPT:
         with torch.device("meta"):

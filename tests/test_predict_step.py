@@ -245,7 +245,7 @@ def test_unfused_attention_is_timed_in_the_step_and_said() -> None:
     assert steps["math"].breakdown["compute"] - steps["flash"].breakdown["compute"] == pytest.approx(delta, rel=1e-9)
     assert any("unfused ('math')" in note and "dropout 0.1" in note for note in steps["math"].notes)
     assert not any("unfused" in note for note in steps["flash"].notes)
-    with pytest.raises(ValueError, match="attention='fused': pick one of flash, math"):
+    with pytest.raises(ValueError, match="attention='fused': pick one of flash, cudnn, math"):
         fxflops.predict_step(model, (ids,), {}, "DGX A100 80GB", loss=lm_loss, attention="fused")
 
 

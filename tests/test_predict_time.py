@@ -264,7 +264,7 @@ def test_unfused_attention_by_hand():
     assert node_seconds(backward, a100, "bf16", Kernels("math", 0.1)) == pytest.approx(expected, rel=1e-12)
     # the fused default is unchanged by the dropout probability, and an unknown kernel is a one-line error
     assert node_seconds(forward, a100, "bf16", Kernels("flash", 0.1)) == node_seconds(forward, a100, "bf16")
-    with pytest.raises(ValueError, match="attention='eager': pick one of flash, math"):
+    with pytest.raises(ValueError, match="attention='eager': pick one of flash, cudnn, math"):
         Kernels("eager")
 
 
@@ -619,3 +619,30 @@ def test_fused_elementwise_chain_by_hand():
     est = type("Est", (), {"nodes": nodes, "dtype": torch.bfloat16})()
     total = estimate_seconds(est, h100, kernels=Kernels(fuse_elementwise=True))["total"]
     assert total == pytest.approx(sum(t.seconds for t in fused), rel=1e-12)
+
+
+def test_cudnn_attention_by_hand():
+    """Kernels("cudnn"): cuDNN's fused attention at the H100's cudnn_attention curves (the FlashAttention-3 paper's
+    cuDNN bars). Causal forward, 2 x 16 heads x 4,096 x 128: the kept pairs' FLOPs (2 x 16 x 4096 x 4097 / 2 pairs,
+    4 x 128 FLOPs each) at 518 / 989.4 = 0.524 of 989.4 TFLOP/s, plus the 2 us launch; the backward at the backward
+    curve (0.504) times the forward's causal / no-mask ratio (0.524 / 0.616). FlashAttention's curves give 0.585
+    there: cuDNN is slower. A device with no published cuDNN curve (A100) takes its FlashAttention curves, and its
+    constants say so."""
+    h100 = device_model("H100 SXM")
+    kept_flops = 2 * 16 * 4096 * 4097 // 2 * 4 * 128
+    forward = attention(2, 16, 4096, 128, causal=True)
+    backward = attention(2, 16, 4096, 128, causal=True, backward=True)
+    assert forward.effective_flops == kept_flops
+    cudnn = Kernels("cudnn")
+    assert node_seconds(forward, h100, "bf16", cudnn) == pytest.approx(kept_flops / (989.4 * T * 0.524) + 2e-6,
+                                                                      rel=1e-12)
+    assert node_seconds(backward, h100, "bf16", cudnn) == pytest.approx(
+        kept_flops / (989.4 * T * 0.504 * 0.524 / 0.616) + 2e-6, rel=1e-12)
+    assert node_seconds(forward, h100, "bf16") == pytest.approx(kept_flops / (989.4 * T * 0.585) + 2e-6, rel=1e-12)
+    a100 = device_model("A100 80GB SXM")
+    for node in (forward, backward):
+        assert node_seconds(node, a100, "bf16", cudnn) == node_seconds(node, a100, "bf16")
+    assert a100.constants["cudnn_attention_forward"].source.startswith("none: no published measurement of cuDNN")
+    assert "518" in h100.constants["cudnn_attention_forward_causal"].source
+    with pytest.raises(ValueError, match="attention='fa4': pick one of flash, cudnn, math"):
+        Kernels("fa4")

@@ -51,6 +51,11 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "attention_backward": ("[seq, fraction]", "fraction of peak of the attention backward, head dim 128, no mask "
                                               "(with a mask: scaled by the forward's causal/no-mask ratio)"),
     "attention_head_dim": ("[head dim, factor]", "factor on the attention curves by head dimension"),
+    "cudnn_attention_forward": ("[seq, fraction]", "fraction of peak cuDNN's fused attention forward reaches by "
+                                                   "sequence length, head dim 128, no mask (Kernels('cudnn'))"),
+    "cudnn_attention_forward_causal": ("[seq, fraction]", "the same with a causal mask (FLOPs of the kept pairs)"),
+    "cudnn_attention_backward": ("[seq, fraction]", "fraction of peak of cuDNN's fused attention backward, head dim "
+                                                    "128, no mask (with a mask: scaled as attention_backward is)"),
     "unfused_attention_forward": ("[seq, factor]", "measured over modelled time of unfused (math) attention's "
                                                    "forward kernels by query length (1.0: none)"),
     "unfused_attention_backward": ("[seq, factor]", "the same for the unfused attention's backward kernels"),
@@ -116,6 +121,9 @@ class DeviceModel:
     attention_forward_causal: Curve
     attention_backward: Curve
     attention_head_dim: Curve
+    cudnn_attention_forward: Curve
+    cudnn_attention_forward_causal: Curve
+    cudnn_attention_backward: Curve
     unfused_attention_forward: Curve
     unfused_attention_backward: Curve
     launch_overhead: float
@@ -167,15 +175,23 @@ class DeviceModel:
                 return factor
         return min(factor for _, factor in self.gemm_alignment)
 
-    def attention_fraction(self, seq: int, head_dim: int, backward: bool = False, causal: bool = False) -> float:
+    def attention_fraction(self, seq: int, head_dim: int, backward: bool = False, causal: bool = False,
+                           kernel: str = "flash") -> float:
         """Fraction of peak a fused attention kernel reaches at this query length and head dimension
-        (of the FLOPs it does: with a causal mask, those of the kept pairs)."""
+        (of the FLOPs it does: with a causal mask, those of the kept pairs). `kernel`: "flash" (the
+        attention_* curves: FlashAttention's) or "cudnn" (the cudnn_attention_* curves: cuDNN's fused
+        attention, which Transformer Engine runs on Hopper)."""
         seq = max(seq, 1)
-        forward = interpolate(self.attention_forward_causal if causal else self.attention_forward, seq)
+        if kernel == "cudnn":
+            plain, masked, back = (self.cudnn_attention_forward, self.cudnn_attention_forward_causal,
+                                   self.cudnn_attention_backward)
+        else:
+            plain, masked, back = self.attention_forward, self.attention_forward_causal, self.attention_backward
+        forward = interpolate(masked if causal else plain, seq)
         if backward:
-            fraction = interpolate(self.attention_backward, seq)
+            fraction = interpolate(back, seq)
             if causal:  # no published causal backward curve: the forward's causal / no-mask ratio
-                fraction *= forward / interpolate(self.attention_forward, seq)
+                fraction *= forward / interpolate(plain, seq)
         else:
             fraction = forward
         return fraction * interpolate(self.attention_head_dim, max(head_dim, 1), log=False)
@@ -380,6 +396,14 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
             values.setdefault("memory_bytes", (CAPACITY_GIB[row.label] * GiB,
                                                f"{row.label} datasheet ({CAPACITY_TABLE})", f"{PRESET} {CAPACITY_TABLE}"))
         gpu = row.label
+    for kernel in ("forward", "forward_causal", "backward"):
+        # cuDNN's fused attention where no measurement of it on this device is published: the device's
+        # FlashAttention curve, said so
+        flash = values.get(f"attention_{kernel}")
+        if flash is not None:
+            values.setdefault(f"cudnn_attention_{kernel}", (
+                flash[0], f"none: no published measurement of cuDNN's fused attention on this device; its "
+                          f"attention_{kernel} (FlashAttention) curve", flash[2]))
     missing = [key for key in DEVICE_CONSTANTS if key not in values]
     if missing:
         raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")

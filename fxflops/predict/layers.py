@@ -32,8 +32,8 @@ import torch
 from fxflops.parallel.plan import repeated_blocks
 from fxflops.predict.comm_time import collective_record_seconds
 from fxflops.predict.hardware import Cluster
-from fxflops.predict.op_time import FLASH, GEMM, NONE, Kernels, node_seconds, node_times, op_kind
-from fxflops.results import FORWARD
+from fxflops.predict.op_time import FLASH, GEMM, NONE, Kernels, gemm_shape, node_seconds, node_times, op_kind
+from fxflops.results import BACKWARD, FORWARD
 
 TP, DP, CP, EP = "tp", "dp", "cp", "ep"  # what issued a collective (collective_kind)
 PRE = "pre"  # before the first block: the embedding
@@ -194,7 +194,8 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         elif kind == EP:
             _add(entry, f"ep_comm_{phase}", seconds)
         elif record.node in position:
-            gemms = _overlapped_gemms(nodes, times, position[record.node], record.op, collective_nodes, claimed)
+            gemms = _overlapped_gemms(nodes, times, position[record.node], record.op, collective_nodes, claimed,
+                                      max(tokens // max(cp, 1), 1))
             _add(entry, f"tp_overlap_{phase}", tp_overlap_seconds(seconds, gemms, cluster.tp_overlap_gemm_slowdown))
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
@@ -289,11 +290,19 @@ def tp_overlap_seconds(comm: float, gemm: float, slowdown: float = 1.0) -> float
 
 
 def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str, collectives: set[str],
-                      claimed: set[int]) -> float:
+                      claimed: set[int], tokens: int = 0) -> float:
     """Seconds of the GEMMs a tensor-parallel collective overlaps with: an all-gather the GEMMs right after it
     (those it feeds: q, k and v projections of one gathered input), a reduce-scatter or all-reduce the GEMMs
     right before it (those it follows), in the same pass; views and the collective's own layout copy (a `cat`
-    in its module) lie between, any other op ends the run. A GEMM overlaps one collective at most."""
+    in its module) lie between, any other op ends the run. A reduce-scatter of the backward (the input gradient
+    of column-parallel linears) overlaps instead the weight-gradient GEMMs since the pass's previous collective,
+    whatever lies between: Transformer Engine's bulk overlap, which runs that reduce-scatter beside the wgrad GEMM
+    (TE's ub_bulk_dgrad; Megatron-Core's tp_comm_bulk_dgrad, on by default with --tp-comm-overlap,
+    model_parallel_config.py of core_r0.8.0). A weight-gradient GEMM reduces over the micro-batch's `tokens` (its
+    K); the input-gradient GEMMs, which make what the reduce-scatter sends, reduce over the output features. A
+    GEMM overlaps one collective at most."""
+    if op == "reduce_scatter" and nodes[index].phase == BACKWARD and tokens:
+        return _wgrad_gemms_before(nodes, times, index, collectives, claimed, tokens)
     step = 1 if op == "all_gather" else -1
     phase, module = nodes[index].phase, nodes[index].module
     found = 0.0
@@ -307,6 +316,21 @@ def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str,
         elif not (kind == NONE or (not found and "cat" in nodes[i].op and _under(nodes[i].module, module))):
             break
         i += step
+    return found
+
+
+def _wgrad_gemms_before(nodes: list[Any], times: list[float], index: int, collectives: set[str], claimed: set[int],
+                        tokens: int) -> float:
+    """Seconds of the unclaimed weight-gradient GEMMs (K = `tokens`) between a backward reduce-scatter and the
+    pass's previous collective (see `_overlapped_gemms`), each claimed."""
+    phase = nodes[index].phase
+    found = 0.0
+    i = index - 1
+    while i >= 0 and nodes[i].phase == phase and nodes[i].name not in collectives:
+        if op_kind(nodes[i]) == GEMM and i not in claimed and gemm_shape(nodes[i])[2] == tokens:
+            claimed.add(i)
+            found += times[i]
+        i -= 1
     return found
 
 

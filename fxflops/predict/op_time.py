@@ -43,7 +43,7 @@ _DTYPE_KEYS = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": 
                "float16": "fp16", "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 
 
-ATTENTION_KERNELS = ("flash", "math")
+ATTENTION_KERNELS = ("flash", "cudnn", "math")
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class Kernels:
     one `scaled_dot_product_attention` whichever backend runs it).
 
     `attention`: "flash" (default): one fused kernel that keeps the scores on chip and skips the blocks a causal
-    mask drops. "math": unfused attention, as torch's math SDPA backend and Megatron-LM's CoreAttention before
+    mask drops, at the device's FlashAttention curves. "cudnn": the same kind of kernel as cuDNN builds it
+    (Transformer Engine's FusedAttention, which TE's DotProductAttention picks over flash-attn on Hopper), at the
+    device's cudnn_attention curves. "math": unfused attention, as torch's math SDPA backend and Megatron-LM's CoreAttention before
     FlashAttention run it: per (batch, query head) the scores Q K^T as a batched GEMM over every (query, key)
     pair (the mask applied after it), one softmax kernel over the scores (scale and mask fused into it, as
     Megatron's FusedScaleMaskSoftmax does: scores read, probabilities written), the attention dropout when
@@ -79,7 +81,8 @@ class Kernels:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention={self.attention!r}: pick one of {', '.join(ATTENTION_KERNELS)} "
-                             "(flash: a fused kernel; math: bmm + softmax (+ dropout) + bmm, the scores in memory)")
+                             "(flash: a fused kernel; cudnn: cuDNN's fused kernel; math: bmm + softmax (+ dropout) "
+                             "+ bmm, the scores in memory)")
         if not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={self.attention_dropout!r}: a probability in [0, 1)")
 
@@ -188,8 +191,10 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
             flops = node.effective_flops  # a flash kernel skips the blocks a band mask drops
+        # flex attention is a compiled kernel of its own: the FlashAttention curves whatever the run's backend
+        kernel = "cudnn" if kernels.attention == "cudnn" and "flex" not in node.op else "flash"
         efficiency = device.attention_fraction(seq, head_dim, backward=_is_backward_op(node),
-                                               causal=causal)
+                                               causal=causal, kernel=kernel)
         compute = flops / (device.peak(key) * efficiency)
     else:
         efficiency = 1.0

@@ -201,7 +201,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     FSDP or DDP (with the distributed optimizer) and recomputation where ep divides dp x cp; a degree the model
     or sequence cannot take is left out with a note.
     `attention`, `attention_dropout`: the attention kernels the run's software launches, as predict_step takes
-    them ("flash" or "math"); under "math" each layer's activations include the (batch, heads, query, key)
+    them ("flash", "cudnn" or "math"); under "math" each layer's activations include the (batch, heads, query, key)
     probabilities unfused attention keeps for its backward (and, with attention_dropout, the dropout's mask and
     output), which selective recomputation frees. `fuse_elementwise`: each chain of pointwise ops timed as one
     kernel, as predict_step takes it. `pipeline_engine`: "megatron" (default) or "deepspeed" (DeepSpeed's

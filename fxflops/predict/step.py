@@ -25,7 +25,8 @@ step as it runs on each pipeline rank:
   gradients, overlapped with what is left of it (the last one exposed), or a distributed optimizer's
   reduce-scatter per layer (its parameters all-gathered after the step);
 - tensor-parallel communication overlap (`tp_comm_overlap`, with sequence parallelism): each all-gather runs
-  beside the GEMMs it feeds, each reduce-scatter beside the GEMM it follows (`layers.LayerCosts`), the pair taking
+  beside the GEMMs it feeds, each reduce-scatter beside the GEMM it follows (a backward one beside the
+  weight-gradient GEMMs before it: Transformer Engine's bulk overlap; `layers._overlapped_gemms`), the pair taking
   the longer of the two (the GEMM times the cluster's tp_overlap_gemm_slowdown, 1 by default: no SM-sharing
   penalty adopted);
 - the pipeline: layers cut into pp * v chunks (the first carries the embedding, the last the head and loss),
@@ -1025,6 +1026,8 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
 
 def _kernels_note(kernels: Any) -> str:
     """What a prediction says about the attention kernels it assumed, when they are not the default."""
+    if kernels.attention == "cudnn":
+        return "attention timed as cuDNN's fused kernels ('cudnn': the device's cudnn_attention curves)"
     dropout = f" and attention dropout {kernels.attention_dropout:g}" if kernels.attention_dropout else ""
     return (f"attention timed as unfused ({kernels.attention!r}) kernels{dropout}: batched GEMMs over every pair, the "
             "scores through memory")
@@ -1065,8 +1068,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     tokens_per_sec, per rank role. `device`: the cluster's GPUs replaced by this device (a preset, or a device
     file such as `fxflops.predict.calibrate` writes from a measured run; the prediction names the file).
     `attention`: the attention kernels the run's software launches, "flash" (a fused FlashAttention-class
-    kernel, default) or "math" (unfused: batched GEMMs over every pair, softmax and its backward through
-    memory, as torch's math SDPA backend and Megatron-LM before FlashAttention run it), with
+    kernel, default), "cudnn" (cuDNN's fused kernel, as Transformer Engine runs it on Hopper) or "math"
+    (unfused: batched GEMMs over every pair, softmax and its backward through memory, as torch's math SDPA
+    backend and Megatron-LM before FlashAttention run it), with
     `attention_dropout` (the attention probabilities' dropout, a kernel of its own when unfused); see
     `fxflops.predict.op_time.Kernels`; `fuse_elementwise`: the run's software fuses each chain of pointwise ops
     into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).

@@ -127,19 +127,20 @@ def gpt(layers: int, hidden: int, heads: int, dtype: torch.dtype = torch.bfloat1
         return GPT(layers, hidden, heads, vocab, seq, tie=tie).to(dtype)
 
 
-def megatron_lm_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+def megatron_lm_plan(model: nn.Module, sequence_parallel: bool, loss_parallel: bool = False) -> dict[str, Any]:
     """The tensor-parallel plan Megatron-LM runs: fxflops' derived Megatron-style plan, with the word embedding
     vocabulary-parallel and the output layer column-parallel also without sequence parallelism (the derived
     plan splits them only with it; Megatron-LM always does)."""
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     from fxflops.parallel.megatron import megatron_plan
 
-    styles = megatron_plan(model, sequence_parallel)
+    styles = megatron_plan(model, sequence_parallel, loss_parallel)
     if not sequence_parallel:
         styles["word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        styles["output"] = ColwiseParallel(output_layouts=Replicate())
+        styles["output"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) if loss_parallel \
+            else ColwiseParallel(output_layouts=Replicate())
     return styles
 
 
@@ -197,7 +198,7 @@ class PublishedRun:
     seq: int = SEQ
     distributed_optimizer: bool = False
     fsdp: bool = False
-    # the software's kernels where the model's ops do not say them (op_time.Kernels): "flash" or "math"
+    # the software's kernels where the model's ops do not say them (op_time.Kernels): "flash", "cudnn" or "math"
     # (unfused) attention, the attention dropout, and bytes per gradient element in the data-parallel reduction
     attention: str = "flash"
     attention_dropout: float = 0.0
@@ -210,18 +211,23 @@ class PublishedRun:
     overlap_param_gather: bool = False
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (StepPlan.cp)
     dtype: str = "bf16"  # the training precision, "bf16" or "fp16" (the model's dtype: predict_step's `dtype`)
+    # the cross-entropy over vocabulary-sharded logits (tp > 1): Megatron-LM's vocab_parallel_cross_entropy, the
+    # logits never gathered, three all-reduces of one value a position (predict_step's loss_parallel)
+    loss_parallel: bool = False
     software: str = ""  # what the publication says about those, with its section (the row's stated assumptions)
 
     @property
     def kernels(self) -> str:
         """The software's kernels as the row assumes them, in a few words (the docs table's column)."""
-        words = ["unfused attention" if self.attention == "math" else "flash attention"]
+        words = [{"math": "unfused attention", "cudnn": "cuDNN fused attention"}.get(self.attention, "flash attention")]
         if self.attention_dropout:
             words.append(f"dropout {self.attention_dropout:g}")
         if self.fuse_elementwise:
             words.append("fused pointwise chains")
         if self.grad_bytes == 4:
             words.append("fp32 gradient reduction")
+        if self.loss_parallel and self.tp > 1:
+            words.append("vocabulary-parallel loss")
         return ", ".join(words)
 
     @property
@@ -304,7 +310,9 @@ _T_ASSUMED = ("the page gives the model, 64 A100 80GB under FSDP2 (1D), the loca
               "WPS as tokens a second a GPU")
 _MEGATRON_FUSION = ("; pointwise chains fused: Narayanan et al. 2021 Sec. 4.2 fuse bias + GeLU and bias + dropout + add "
                     "(PyTorch JIT), Megatron-LM's fused_bias_gelu / bias_dropout_add_fused_train "
-                    "(megatron/model/fused_bias_gelu.py, transformer.py)")
+                    "(megatron/model/fused_bias_gelu.py, transformer.py); the loss Megatron-LM's vocab_parallel_cross_entropy "
+                    "over the vocabulary-sharded logits (megatron/model/gpt_model.py at de7dc40: the logits never "
+                    "gathered over tp)")
 _MEGATRON_2021 = ("unfused attention with dropout 0.1: Narayanan et al. Sec. 4.2 (computation optimizations) fuse "
                   "bias + GeLU and bias + dropout + add with PyTorch JIT and write custom kernels fusing scale, mask "
                   "and softmax, so the scores go through memory between the two batched GEMMs (FlashAttention came "
@@ -333,8 +341,17 @@ _BLOOM_SOFTWARE = ("unfused attention with dropout 0.1 and pointwise chains fuse
                    "(the README: fp32 master weights and Adam state sharded over dp, the updated bf16 parameters "
                    "all-gathered after the step; fxflops' DeepSpeed buckets exclude the distributed optimizer), so the "
                    "step leaves out that all-gather and the predicted memory counts the optimizer state unsharded")
-_MCORE_SOFTWARE = ("fused (flash) attention, no dropout (assumed: Megatron-Core r0.8.0 runs Transformer Engine's fused "
-                   "attention by default); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
+_MCORE_SOFTWARE = ("cuDNN's fused attention with Megatron-LM's default dropout 0.1 (--attention-dropout, arguments.py "
+                   "of core_r0.8.0; the README does not set it; a fused kernel's dropout is timed as free: no published "
+                   "measurement of cuDNN's with and without it), pointwise chains fused (Megatron-Core's defaults "
+                   "bias_gelu_fusion and bias_dropout_fusion, --no-bias-gelu-fusion / --no-bias-dropout-fusion unset: "
+                   "mlp.py's bias_gelu_impl, the layer's fused bias-dropout-add); Megatron-Core r0.8.0 runs Transformer Engine's "
+                   "DotProductAttention by default, which on sm90 picks FusedAttention (cuDNN's F16_arbitrary_seqlen "
+                   "kernels) over flash-attn whenever both can run (transformer_engine/pytorch/attention.py of TE v1.6, "
+                   "v1.7 and v1.8, 2024-05 to 2024-07: 'Select FusedAttention on sm90 and FlashAttention on others for "
+                   "performance'); the loss Megatron's vocab_parallel_cross_entropy over the vocabulary-sharded logits "
+                   "(megatron/core/tensor_parallel/cross_entropy.py of core_r0.8.0: the logits never gathered, all-reduces "
+                   "of each position's max, target logit and sum); tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap, "
                    "the README); the distributed optimizer's parameter all-gather overlapped with the next step's "
                    "forward, one bucket ahead (--overlap-param-gather, the README; distrib_optimizer.py of core_r0.8.0 "
                    "and of the README's commit 937571c dispatches each bucket's gather from the previous bucket's "
@@ -363,79 +380,84 @@ _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (
 RUNS: tuple[PublishedRun, ...] = (
     PublishedRun("22B, SP + selective", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "selective", True,
                  "step_time", 1.10, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("22B, full recompute", KORTHIKANTI, 48, 6144, 64, 8, 8, 1, 4, 4, 1, "full", False,
                  "step_time", 1.42, _K_FULL,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("175B, SP + selective", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "selective", True,
                  "step_time", 13.75, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("175B, full recompute", KORTHIKANTI, 96, 12288, 96, 64, 8, 8, 64, 1, 3, "full", False,
                  "step_time", 18.13, _K_FULL,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("530B, SP + selective", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "selective", True,
                  "step_time", 37.83, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("530B, full recompute", KORTHIKANTI, 105, 20480, 128, 280, 8, 35, 280, 1, 3, "full", False,
                  "step_time", 49.05, _K_FULL,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("1T, SP + selective", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "selective", True,
                  "step_time", 71.49, _K_SELECTIVE,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("1T, full recompute", KORTHIKANTI, 128, 25600, 160, 512, 8, 64, 512, 1, 1, "full", False,
                  "step_time", 94.42, _K_FULL,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2022),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2022),
     PublishedRun("1.7B on 32 GPUs", NARAYANAN, 24, 2304, 24, 32, 1, 1, 512, 16, 1, "full", False,
                  "tflops_per_gpu", 137, _N_ASSUMED, overlap_grad_reduce=True,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
+                 software=_MEGATRON_2021_TORCH_DDP),
     PublishedRun("3.6B on 64 GPUs", NARAYANAN, 30, 3072, 32, 64, 2, 1, 512, 16, 1, "full", False,
                  "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=True,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
+                 software=_MEGATRON_2021_TORCH_DDP),
     PublishedRun("7.5B on 128 GPUs", NARAYANAN, 36, 4096, 32, 128, 4, 1, 512, 16, 1, "full", False,
                  "tflops_per_gpu", 142, _N_ASSUMED, overlap_grad_reduce=True,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
+                 software=_MEGATRON_2021_TORCH_DDP),
     PublishedRun("18.4B on 256 GPUs", NARAYANAN, 40, 6144, 48, 256, 8, 1, 1024, 8, 1, "full", False,
                  "tflops_per_gpu", 135, _N_ASSUMED, overlap_grad_reduce=True,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021_TORCH_DDP),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
+                 software=_MEGATRON_2021_TORCH_DDP),
     PublishedRun("39.1B on 512 GPUs", NARAYANAN, 48, 8192, 64, 512, 8, 2, 1536, 4, 1, "full", False,
                  "tflops_per_gpu", 138, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("76.1B on 1024 GPUs", NARAYANAN, 60, 10240, 80, 1024, 8, 4, 1792, 2, 3, "full", False,
                  "tflops_per_gpu", 140, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("145.6B on 1536 GPUs", NARAYANAN, 80, 12288, 96, 1536, 8, 8, 2304, 2, 2, "full", False,
                  "tflops_per_gpu", 148, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("310.1B on 1920 GPUs", NARAYANAN, 96, 16384, 128, 1920, 8, 16, 2160, 1, 2, "full", False,
                  "tflops_per_gpu", 155, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("529.6B on 2520 GPUs", NARAYANAN, 105, 20480, 128, 2520, 8, 35, 2520, 1, 3, "full", False,
                  "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("1T on 3072 GPUs", NARAYANAN, 128, 25600, 160, 3072, 8, 64, 3072, 1, 1, "full", False,
                  "tflops_per_gpu", 163, _N_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, software=_MEGATRON_2021),
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, software=_MEGATRON_2021),
     PublishedRun("MT-NLG 530B on 2240 GPUs", SMITH, 105, 20480, 128, 2240, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 60.1, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, pipeline_engine="deepspeed",
                  dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 2800 GPUs", SMITH, 105, 20480, 128, 2800, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 50.2, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, pipeline_engine="deepspeed",
                  dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("MT-NLG 530B on 3360 GPUs", SMITH, 105, 20480, 128, 3360, 8, 35, 1920, 1, 1, "full", False,
                  "step_time", 44.4, _S_ASSUMED, overlap_grad_reduce=False,
-                 attention="math", attention_dropout=0.1, fuse_elementwise=True, pipeline_engine="deepspeed",
+                 attention="math", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True, pipeline_engine="deepspeed",
                  dtype="fp16", software=_DEEPSPEED_2021),
     PublishedRun("BLOOM 176B on 384 A100", BIGSCIENCE, 70, 14336, 112, 384, 4, 12, 2048, 2, 1, "full", False,
                  "step_time", 104.70, _B_ASSUMED, overlap_grad_reduce=False, cluster="Jean Zay A100 80GB",
                  vocab=250880, attention="math", attention_dropout=0.1, fuse_elementwise=True, grad_bytes=4,
-                 pipeline_engine="deepspeed", software=_BLOOM_SOFTWARE),
+                 loss_parallel=True, pipeline_engine="deepspeed", software=_BLOOM_SOFTWARE),
     # Megatron-LM README's model table (Megatron-Core r0.8.0), the rows with pp = 1: (name, heads, hidden, layers, tp, GPUs,
     # global batch, TFLOP/s per GPU); dp = 48 in each
     *(PublishedRun(f"Megatron-Core {name} on {gpus} H100", MCORE, layers, hidden, heads, gpus, tp, 1, batch, 1, 1, "none",
                    tp > 1, "megatron_tflops_per_gpu", tflops, _M_ASSUMED, cluster="DGX H100", vocab=131072, seq=4096,
                    distributed_optimizer=True, overlap_param_gather=True, tp_comm_overlap=tp > 1, grad_bytes=4,
+                   attention="cudnn", attention_dropout=0.1, fuse_elementwise=True, loss_parallel=True,
                    software=_MCORE_SOFTWARE)
       for name, heads, hidden, layers, tp, gpus, batch, tflops in (
           ("1.7B", 16, 2048, 24, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 96, 192, 465.9),
@@ -506,7 +528,9 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
         model = llama(2, run.hidden, run.heads, run.ffn, run.kv_heads, run.vocab, run.seq, dtype=dtype)
     else:
         model = gpt(2, run.hidden, run.heads, dtype=dtype, vocab=run.vocab, seq=run.seq, tie=run.tie)
-        parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel)
+        parallel["tp_plan"] = megatron_lm_plan(model, run.sequence_parallel, run.loss_parallel)
+    if run.loss_parallel and run.tp > 1:
+        parallel["loss_parallel"] = True
     ids = torch.zeros(run.micro_batch, run.seq, dtype=torch.long)
     prediction = predict_step(model, (ids,), parallel, cluster or _cluster_file(run.cluster), global_batch=run.global_batch,
                               dtype=dtype,
