@@ -23,6 +23,7 @@ shards: `fsdp_shard` / `expert_shard` undo that factor, giving the parameters a 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,9 @@ class Part:
     # of `saved_bytes`, the (batch, heads, query, key) tensors unfused attention keeps for its backward
     # (`unfused_attention_saved_bytes`; 0 under a fused kernel): what selective recomputation frees
     attention_saved_bytes: int = 0
+    # of `params`, the weights of Linear modules: their gradient is a GEMM's output (what Megatron-LM's
+    # gradient_accumulation_fusion accumulates inside that GEMM; `step._accumulation`)
+    gemm_weight_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,11 +160,19 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
 
     sums: dict[Any, dict[str, float]] = {}
     times: list[float] = []
-    for node, timing in zip(nodes, node_times(nodes, device, dtype, kernels)):
+    for index, (node, timing) in enumerate(zip(nodes, node_times(nodes, device, dtype, kernels))):
         key = part(node)
         seconds = timing.seconds
-        times.append(seconds)
         entry = sums.setdefault(key, {})
+        if accumulate_grad_copy(nodes, index):
+            # the capture's AccumulateGrad copy, which a real step does not run (see `accumulate_grad_copy`): not
+            # timed; the step times each engine's own gradient accumulation (`step._accumulation`)
+            times.append(0.0)
+            shape = node.input_shapes[0] if node.input_shapes else ()
+            if len(shape) == 2 and "Linear" in (node.module_type or ""):
+                _add(entry, "gemm_weight_params", math.prod(shape))
+            continue
+        times.append(seconds)
         forward = node.phase == FORWARD
         _add(entry, "forward" if forward else "backward", seconds)
         _add(entry, "forward_flops" if forward else "backward_flops", node.flops)
@@ -236,6 +248,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
                  params=params["block"], expert_params=params["experts"],
+                 gemm_weight_params=int(round(_mean(sums, range(count), "gemm_weight_params"))),
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
     pre = _whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0))
@@ -268,6 +281,21 @@ def _part_of(blocks: list[str]) -> Callable[[str], int]:
         return found
 
     return of
+
+
+def accumulate_grad_copy(nodes: list[Any], index: int) -> bool:
+    """Whether nodes[index] is the capture's AccumulateGrad copy of a leaf's gradient into a new .grad (a backward
+    copy_ into the tensor new_empty_strided made just before, differentiating no forward op), which a real step
+    does not run: torch's AccumulateGrad (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad) keeps
+    the incoming gradient itself as .grad when nothing else holds it and it has the parameter's layout (what the
+    capture's record, holding every value, never sees), and adds it in place (`variable_grad += new_grad`) once
+    .grad exists; `fxflops.memory.timeline.stolen_grads` takes the copy so for the memory. A gradient made in
+    another layout than its parameter's is copied by a real step too: not told apart here (Linear, LayerNorm and
+    Embedding make theirs in the parameter's)."""
+    node = nodes[index]
+    return node.phase != FORWARD and node.op == "aten.copy_.default" and node.differentiates is None \
+        and index > 0 and nodes[index - 1].op == "aten.new_empty_strided.default" \
+        and nodes[index - 1].phase != FORWARD
 
 
 def _add(entry: dict[str, float], key: str, value: float) -> None:
@@ -375,7 +403,8 @@ def _next_attention_seconds(nodes: list[Any], start: int | None, module: str, de
 def _whole(entry: dict[str, float], params: int, saved: int) -> Part:
     floats = {f: entry.get(f, 0.0) for f in _SECONDS}
     ints = {f: int(entry.get(f, 0)) for f in ("forward_flops", "backward_flops", "attention_flops", "kernels")}
-    return Part(**floats, **ints, params=params, saved_bytes=saved)
+    return Part(**floats, **ints, params=params, saved_bytes=saved,
+                gemm_weight_params=int(entry.get("gemm_weight_params", 0)))
 
 
 def unfused_attention_saved_bytes(node: Any, element: int, dropout: float = 0.0) -> int:

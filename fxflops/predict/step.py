@@ -33,8 +33,13 @@ step as it runs on each pipeline rank:
   simulated micro-batch by micro-batch (`schedule.simulate`), activations sent between stages; or, with
   `pipeline_engine="deepspeed"`, as DeepSpeed's 2021 PipelineEngine runs it (`schedule.simulate_deepspeed`,
   `_deepspeed_boundary`: blocking sends of tp-partitioned tensors, the data-parallel reduction after the
-  last backward; `_deepspeed_accumulation`: the engine's own gradient accumulation in each backward, and in
-  bf16 its BF16_Optimizer's ZeRO-1 step);
+  last backward; in bf16 its BF16_Optimizer's ZeRO-1 step);
+- gradient accumulation over a step's micro-batches, as the software does it (`_accumulation`): torch's
+  AccumulateGrad adding into .grad from the second micro-batch (plain torch, torch DDP, Megatron-LM's local DDP of
+  2021, DeepSpeed's engine in fp16), Megatron-LM's main_grad hooks every micro-batch (with
+  gradient_accumulation_fusion only for what no weight-gradient GEMM accumulates), DeepSpeed's BF16_Optimizer every
+  micro-batch, FSDP's sharded adds after each reduce-scatter (`_fsdp_accumulation`); the capture's own
+  AccumulateGrad copies are not timed (`layers.accumulate_grad_copy`);
 - the optimizer step: memory-bound, every local parameter's state (optimizer_state_bytes, the bytes the memory
   per stage counts) read and written once, its gradient read and the parameter written; the distributed
   optimizer's all-gather of the updated parameters after it, or with overlap_param_gather beside the next
@@ -79,6 +84,12 @@ PIPELINE_ENGINES = (MEGATRON, DEEPSPEED)
 # offsets, so a 3-D activation's meta holds 1 + 3 + 1 + 1 + (tp + 1) = 7 + tp elements
 _META_INT64 = 8
 GRAD_BUCKETS = ("torch", "megatron", "deepspeed", "layer")
+# how the software accumulates a step's micro-batches' gradients without FSDP and outside DeepSpeed's engine
+# (`_accumulation`): "autograd" (torch's AccumulateGrad into .grad: plain torch, torch DDP under no_sync,
+# Megatron-LM's local DDP without contiguous buffers), "main_grad" (Megatron-LM's DDP with a contiguous gradient
+# buffer: a hook adds each .grad into param.main_grad), "fused" (that, with the Linear weights' gradients
+# accumulated into main_grad by their weight-gradient GEMM: Megatron-LM's gradient_accumulation_fusion)
+GRAD_ACCUMULATION = ("autograd", "main_grad", "fused")
 _FP32 = 4  # bytes of an fp32 element (BF16_Optimizer's gradients)
 ERROR_STATEMENT = ("a prediction, a model with stated error, not a measurement: against published runs it "
                    "was not fitted to, see docs/guide/predict.md for the per-run errors")
@@ -130,6 +141,9 @@ class StepPlan:
     # torchtitan's async TP; sequence parallelism only): each such pair takes max(comm, GEMM x the cluster's
     # tp_overlap_gemm_slowdown) instead of their sum
     tp_comm_overlap: bool = False
+    # how the gradients of a step's micro-batches accumulate (GRAD_ACCUMULATION, `_accumulation`); DeepSpeed's
+    # engine and FSDP accumulate as their code does, whatever this says
+    grad_accumulation: str = "autograd"
 
     @property
     def grad_group(self) -> int:
@@ -206,6 +220,8 @@ class StepPlan:
             from fxflops.parallel.buckets import check_bucket_cap
 
             check_bucket_cap(self.bucket_cap_mb)
+        if self.grad_accumulation not in GRAD_ACCUMULATION:
+            raise ValueError(f"grad_accumulation={self.grad_accumulation!r}: pick one of {', '.join(GRAD_ACCUMULATION)}")
         if self.grad_buckets not in GRAD_BUCKETS:
             raise ValueError(f"grad_buckets={self.grad_buckets!r}: pick one of {', '.join(GRAD_BUCKETS)}")
         if self.grad_buckets != "torch" and (self.fsdp or self.distributed_optimizer):
@@ -488,13 +504,27 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
             fwd_time += (received + rebuild if not first else 0.0) + (partition if not last else 0.0)
             # the backward rebuilds its partitioned output and the received gradient, partitions its input's
             bwd_time += (2 * rebuild if not last else 0.0) + (partition if not first else 0.0)
-        # DeepSpeed's engine: each backward accumulates the chunk's gradients itself (every micro-batch's with its
-        # BF16_Optimizer, every one's but the first with torch's AccumulateGrad)
-        accumulate, every = _deepspeed_accumulation(n * block.params + (pre.params if first else 0)
-                                                    + (post.params if last else 0), costs.param_bytes,
-                                                    bf16_optimizer, cluster) if deepspeed and not fsdp else (0.0, False)
+        # each backward accumulates the chunk's gradients into what the step's earlier micro-batches left, as the
+        # software does it (`_accumulation`): every micro-batch's, or every one's but the first
+        parts = [block] * n + ([pre] if first else []) + ([post] if last else [])
+        params, gemm_params = sum(q.params for q in parts), sum(q.gemm_weight_params for q in parts)
+        if fsdp:
+            # FSDP: each layer's sharded gradients added into the .grad the earlier micro-batches left, after its
+            # reduce-scatter (or HSDP's all-reduce) on that stream, from the second micro-batch (`_fsdp_accumulation`):
+            # the backward with them, less the backward without
+            later = _fsdp_accumulation([block], plan, costs.param_bytes, cluster)
+            root_later = _fsdp_accumulation([q for q, held in ((pre, first), (post, last)) if held], plan,
+                                            costs.param_bytes, cluster)
+            accumulate = _prefetched([*head_bwd, *bwd, tail_bwd], [*[0.0] * k, *[gather] * n, 0.0],
+                                     [*[0.0] * k, *[scatter] * n, root_scatter],
+                                     [*[0.0] * k, *[replica + later] * n, root_replica + root_later]) - bwd_time
+            every = False
+        else:
+            accumulate, every = _accumulation(plan, params, gemm_params, costs.param_bytes, grad_bytes, dtype_key,
+                                              bf16_optimizer, cluster)
         bwd_time += accumulate if every else 0.0
-        accumulated.append(accumulate * (m if every else m - 1))
+        # compute-stream work; FSDP's adds run on the reduce-scatter's stream (what they delay is waiting, not compute)
+        accumulated.append(0.0 if fsdp else accumulate * (m if every else m - 1))
         # each chunk's p2p: its output activations (forward) and its input gradients (backward) crossing to the
         # neighbouring rank; the schedule sends neither past the pipeline's ends
         chunk_costs.append(ChunkCost(fwd_time, bwd_time, p2p, 0.0 if every else accumulate))
@@ -580,33 +610,70 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
 def _bf16_optimizer(plan: StepPlan, dtype_key: str | None) -> bool:
     """Whether the plan's step runs DeepSpeed's BF16_Optimizer: DeepSpeed's engine in bf16 with neither ZeRO-1 (the
     distributed optimizer; bf16 + ZeRO-1 raised NotImplementedError in its pipeline engine then) nor ZeRO-3 (FSDP)
-    (see `_deepspeed_accumulation`)."""
+    (see `_accumulation`)."""
     fsdp = plan.fsdp and plan.dp * plan.cp > 1  # as simulate_plan takes it: FSDP over one rank is none
     return plan.pipeline_engine == DEEPSPEED and dtype_key == "bf16" and not fsdp and not plan.distributed_optimizer
 
 
-def _deepspeed_accumulation(params: int, param_bytes: int, bf16_optimizer: bool, cluster: Cluster
-                            ) -> tuple[float, bool]:
-    """Seconds a chunk's backward spends accumulating its `params` gradients under DeepSpeed's engine, and whether
-    every micro-batch's backward does (True) or every one's but the first (False):
+def _accumulation(plan: StepPlan, params: int, gemm_params: int, param_bytes: int, grad_bytes: int, dtype_key: str,
+                  bf16_optimizer: bool, cluster: Cluster) -> tuple[float, bool]:
+    """Seconds a chunk's backward spends accumulating its `params` gradients (`gemm_params` of them Linear
+    weights) into what the step's earlier micro-batches left, and whether every micro-batch's backward does
+    (True) or every one's but the first (False). Not under FSDP (`_fsdp_accumulation`). The capture's own
+    AccumulateGrad copies are not timed (`layers.accumulate_grad_copy`): this is the only accumulation term.
 
-    - bf16 (BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py as BigScience ran it, merged as "bf16+pipeline
-      parallelism", DeepSpeed #1801, 56c5223): after every backward (`_exec_backward_pass`; on the last stage
-      through `optimizer.backward`) `update_hp_grads` runs `hp_grad.add_(lp.grad.to(fp32))` for each parameter:
-      the bf16 gradient read and cast into a new fp32 tensor, then the fp32 accumulator and that tensor read and the
-      sum written: param_bytes + 4 x 4 bytes an element, two kernels; every micro-batch, the accumulator being a
-      zeroed fp32 buffer (clear_hp_grads after each step);
-    - otherwise (fp16: FP16_Optimizer / ZeRO-1, DeepSpeed v0.5.x): the gradients accumulate in the parameters'
-      .grad, torch's AccumulateGrad adding each micro-batch's into it in place (read both, write one: 3 x
-      param_bytes), from the second micro-batch on (zero_grad sets .grad to None after the step, and the first
-      backward's gradient is taken as it is).
-    Memory-bound, on the compute stream, at the sustained bandwidth; one pair of kernels (one kernel) counted per
-    chunk, not per parameter tensor (the launches are not counted per tensor)."""
-    if not params:
-        return 0.0, bf16_optimizer
-    if bf16_optimizer:
+    - DeepSpeed's engine (`pipeline_engine="deepspeed"`), in bf16 (BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py
+      as BigScience ran it, merged as "bf16+pipeline parallelism", DeepSpeed #1801, 56c5223): after every backward
+      (`_exec_backward_pass`; on the last stage through `optimizer.backward`) `update_hp_grads` runs
+      `hp_grad.add_(lp.grad.to(fp32))` for each parameter: the bf16 gradient read and cast into a new fp32 tensor,
+      then the fp32 accumulator and that tensor read and the sum written: param_bytes + 4 x 4 bytes an element, two
+      kernels; every micro-batch, the accumulator being a zeroed fp32 buffer (clear_hp_grads after each step);
+      in fp16 (FP16_Optimizer / ZeRO-1, DeepSpeed v0.5.x) as "autograd" below;
+    - "autograd": the gradients accumulate in the parameters' .grad, torch's AccumulateGrad
+      (torch/csrc/autograd/functions/accumulate_grad.h) keeping the first micro-batch's gradient as it is (zero_grad
+      sets .grad to None after the step) and adding each later one in place (`variable_grad += new_grad`: read
+      both, write one, 3 x param_bytes), from the second micro-batch on; torch DDP's no_sync (the micro-batches
+      before the last: Megatron-LM's forward_backward_no_pipelining) leaves that as it is, its Reducer only
+      skipping the all-reduce; Megatron-LM's local DDP without contiguous buffers (megatron/model/distributed.py
+      at de7dc40: `_grad_buffers` None, no hooks) too;
+    - "main_grad": Megatron-LM's DDP with a contiguous gradient buffer (distributed.py at de7dc40,
+      use_contiguous_buffers_in_ddp, forced by accumulate_allreduce_grads_in_fp32 under bf16): a hook on each
+      parameter's AccumulateGrad runs `param.main_grad.add_(param.grad.data); param.grad = None` every micro-batch,
+      the buffer zeroed at the step's start (zero_grad_buffer): param_bytes read, the buffer's element read and
+      written (fp32, 4 bytes, under bf16, which forces accumulate_allreduce_grads_in_fp32 (arguments.py at de7dc40),
+      or with grad_bytes 4; else the parameters' dtype);
+    - "fused": that, with Megatron-LM's gradient_accumulation_fusion (commit 83b1e42, on unless
+      --no-gradient-accumulation-fusion, and only with an fp32 buffer: arguments.py turns it off otherwise;
+      Megatron-Core's, through Transformer Engine's fuse_wgrad_accumulation):
+      each Linear weight's weight-gradient GEMM accumulates into main_grad itself (wgrad_gemm_accum_fp32: the
+      buffer read and written in the GEMM's epilogue, timed within the GEMM as its bf16 output was; no .grad, no
+      hook), the other parameters (norms, biases, embeddings) through the hook as "main_grad".
+    Memory-bound, on the compute stream, at the sustained bandwidth; one kernel (pair) counted per chunk, not per
+    parameter tensor."""
+    if plan.pipeline_engine == DEEPSPEED and bf16_optimizer:
+        if not params:
+            return 0.0, True
         return stream_seconds(params * (param_bytes + 4 * _FP32), cluster.device, kernels=2), True
-    return stream_seconds(params * 3 * param_bytes, cluster.device), False
+    if plan.pipeline_engine == DEEPSPEED or plan.grad_accumulation == "autograd":
+        return (stream_seconds(params * 3 * param_bytes, cluster.device) if params else 0.0), False
+    buffer = _FP32 if dtype_key == "bf16" or grad_bytes == _FP32 else param_bytes
+    hooked = params - (gemm_params if plan.grad_accumulation == "fused" and buffer == _FP32 else 0)
+    return (stream_seconds(hooked * (param_bytes + 2 * buffer), cluster.device) if hooked else 0.0), True
+
+
+def _fsdp_accumulation(parts: list[Part], plan: StepPlan, param_bytes: int, cluster: Cluster) -> float:
+    """Seconds FSDP spends adding one FSDP unit's reduce-scattered gradient shards into those of the step's earlier
+    micro-batches (every micro-batch's but the first): FSDP2's foreach_reduce (torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py) views each parameter's shard out of the reduce-scatter's output, cast to
+    the parameter's dtype, and runs `sharded_param.grad._local_tensor += new_sharded_grad` once a .grad exists
+    (the first micro-batch's kept as it is), on the reduce-scatter's stream after it (HSDP: the all-reduce's):
+    3 x param_bytes an element of the rank's shard (1/shard_group of the dense parameters, 1/expert_shard_group
+    of the experts'), one kernel per unit. FSDP1 (FullyShardedDataParallel's _accumulate_sharded_grad) adds the
+    same; no_sync / set_requires_gradient_sync(False) (gradients kept unsharded, reduced once) not modelled."""
+    dense = sum(q.params - q.expert_params for q in parts)
+    experts = sum(q.expert_params for q in parts)
+    elements = dense / plan.shard_group + experts / plan.expert_shard_group
+    return stream_seconds(elements * 3 * param_bytes, cluster.device) if elements else 0.0
 
 
 def _deepspeed_boundary(boundary_bytes: int, tp: int, cluster: Cluster, placed: dict[str, int]
@@ -1043,7 +1110,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON,
                  grad_buckets: str = "torch", tp_comm_overlap: bool = False,
                  optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
-                 overlap_param_gather: bool = False) -> StepPrediction:
+                 overlap_param_gather: bool = False, grad_accumulation: str = "autograd") -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -1077,13 +1144,17 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     `pipeline_engine`: "megatron" (default) or "deepspeed", DeepSpeed's 2021 PipelineEngine: blocking sends,
     activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
     reduction after the last backward (`_deepspeed_boundary`), the gradients accumulated by the engine in each
-    backward and, in bf16, its BF16_Optimizer's sharded step and parameter all-gather (`_deepspeed_accumulation`;
+    backward and, in bf16, its BF16_Optimizer's sharded step and parameter all-gather (`_accumulation`;
     pass dtype=torch.float16 for DeepSpeed of 2021, whose engine had no bf16). `tp_comm_overlap` (sequence parallelism only):
     the tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed or follow
     (Megatron-LM's --tp-comm-overlap, torchtitan's async TP), each pair taking the longer of the two.
     `overlap_param_gather` (with `distributed_optimizer`): the updated parameters' all-gather overlapped with the
     next step's forward, one bucket (layer) ahead (Megatron-LM's --overlap-param-gather); without it the gather
-    runs after the optimizer step.
+    runs after the optimizer step. `grad_accumulation`: how the software adds each micro-batch's gradients into the
+    step's (without FSDP and outside DeepSpeed's engine, which accumulate as their code does): "autograd" (default:
+    torch's AccumulateGrad into .grad from the second micro-batch; plain torch, DDP), "main_grad" (Megatron-LM's
+    DDP hooks adding .grad into a main_grad buffer of `grad_bytes` every micro-batch) or "fused" (that, the Linear
+    weights' accumulated by their weight-gradient GEMM: Megatron-LM's gradient_accumulation_fusion); `_accumulation`.
     The prediction also holds each pipeline rank's predicted peak memory by kind (`memory`, `peak_memory`,
     `fits` against the device's memory; the computation the plan search filters by, `step_memory`), with
     `optimizer_state_bytes` of optimizer state per parameter element (default 12: Adam with fp32 master weights
@@ -1117,9 +1188,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
                     grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"), grad_buckets=grad_buckets,
                     dp_shard=parallel.get("dp_shard"), tp_comm_overlap=tp_comm_overlap, pipeline_engine=pipeline_engine,
-                    overlap_param_gather=overlap_param_gather)
+                    overlap_param_gather=overlap_param_gather, grad_accumulation=grad_accumulation)
     if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or plan.dp_shard is not None or tp_comm_overlap \
-            or overlap_param_gather \
+            or overlap_param_gather or grad_accumulation != "autograd" \
             or grad_buckets != "torch" or pipeline_engine != MEGATRON:
         plan.check(layers or 1 << 30)  # a plan that cannot run, refused before the capture
     loss_parallel = bool(parallel.get("loss_parallel", False))

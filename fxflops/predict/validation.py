@@ -236,6 +236,11 @@ class PublishedRun:
         return _GRAD_BUCKETS.get(self.software, "torch")
 
     @property
+    def grad_accumulation(self) -> str:
+        """How the row's software accumulates the micro-batches' gradients (StepPlan.grad_accumulation)."""
+        return _GRAD_ACCUMULATION.get(self.software, "autograd")
+
+    @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp * self.cp)
 
@@ -374,6 +379,14 @@ _TORCHTITAN_SOFTWARE = ("fused attention, no dropout (torchtitan's Llama calls F
 # Megatron-LM with --DDP-impl torch)
 _GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSPEED_2021: "deepspeed",
                  _BLOOM_SOFTWARE: "deepspeed"}
+# how each software accumulates the micro-batches' gradients (step._accumulation): Megatron-LM from commit 83b1e42
+# (2022-02, "gradient accumulation fusion", on with fp32 accumulation, which bf16 forces) and Megatron-Core r0.8.0
+# (gradient_accumulation_fusion, TE's fuse_wgrad_accumulation) accumulate the Linear weights' gradients in their
+# weight-gradient GEMM and the rest through main_grad hooks; Megatron-LM at de7dc40 in fp16 (Narayanan's rows:
+# --fp16, no --accumulate-allreduce-grads-in-fp32 / --use-contiguous-buffers-in-ddp, so local DDP keeps no buffer)
+# and torch DDP, DeepSpeed's engine in fp16 and a row not named here accumulate in .grad (torch's AccumulateGrad);
+# DeepSpeed's BF16_Optimizer and FSDP as their code does (the step knows them by engine)
+_GRAD_ACCUMULATION = {_MEGATRON_2022: "fused", _MCORE_SOFTWARE: "fused"}
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
@@ -540,7 +553,7 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               attention=run.attention, attention_dropout=run.attention_dropout,
                               fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine,
                               grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap,
-                              overlap_param_gather=run.overlap_param_gather)
+                              overlap_param_gather=run.overlap_param_gather, grad_accumulation=run.grad_accumulation)
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
