@@ -160,6 +160,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
 
     sums: dict[Any, dict[str, float]] = {}
     times: list[float] = []
+    linear_weights: set[str] = set()  # Linear modules whose weight is counted in gemm_weight_params
     for index, (node, timing) in enumerate(zip(nodes, node_times(nodes, device, dtype, kernels))):
         key = part(node)
         seconds = timing.seconds
@@ -168,11 +169,12 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             # the capture's AccumulateGrad copy, which a real step does not run (see `accumulate_grad_copy`): not
             # timed; the step times each engine's own gradient accumulation (`step._accumulation`)
             times.append(0.0)
-            shape = node.input_shapes[0] if node.input_shapes else ()
-            if len(shape) == 2 and "Linear" in (node.module_type or ""):
-                _add(entry, "gemm_weight_params", math.prod(shape))
             continue
         times.append(seconds)
+        weight = _linear_weight(node)
+        if weight and node.module not in linear_weights:
+            linear_weights.add(node.module)
+            _add(entry, "gemm_weight_params", weight)
         forward = node.phase == FORWARD
         _add(entry, "forward" if forward else "backward", seconds)
         _add(entry, "forward_flops" if forward else "backward_flops", node.flops)
@@ -296,6 +298,19 @@ def accumulate_grad_copy(nodes: list[Any], index: int) -> bool:
     return node.phase != FORWARD and node.op == "aten.copy_.default" and node.differentiates is None \
         and index > 0 and nodes[index - 1].op == "aten.new_empty_strided.default" \
         and nodes[index - 1].phase != FORWARD
+
+
+def _linear_weight(node: Any) -> int:
+    """Elements of the weight (this rank's shard) a Linear module's forward GEMM multiplies by: linear's and mm's
+    second operand, addmm's third (the weight or its transpose), 0 for any other op."""
+    operand = _WEIGHT_OPERAND.get(node.op)
+    if node.phase != FORWARD or operand is None or not (node.module_type or "").endswith("Linear") \
+            or len(node.input_shapes) <= operand:
+        return 0
+    return math.prod(node.input_shapes[operand])
+
+
+_WEIGHT_OPERAND = {"aten.linear.default": 1, "aten.mm.default": 1, "aten.addmm.default": 2}
 
 
 def _add(entry: dict[str, float], key: str, value: float) -> None:
