@@ -100,8 +100,10 @@ def test_gpipe_is_enumerated_and_ranks_after_1f1b_or_is_dropped_for_memory() -> 
                                 recompute=("none",), memory_margin=margin)
 
     both = search()
-    assert [row.schedule for row in both.rows] == ["1f1b", "gpipe"] and not both.dropped
-    one_f, gpipe = both.rows
+    assert sorted(row.schedule for row in both.rows) == ["1f1b", "gpipe"] and not both.dropped
+    one_f, gpipe = sorted(both.rows, key=lambda row: row.schedule)
+    # equal but for the summation order (the backwards after micro-batch 0 add their gradients into .grad, so the
+    # passes are not all alike): the ranking between the two is a matter of the last bit
     assert gpipe.step_time == pytest.approx(one_f.step_time, rel=1e-9)
     assert [gpipe.prediction.timeline.in_flight(0), one_f.prediction.timeline.in_flight(0)] == [16, 4]
     # stage by stage the same parameters, gradients and optimizer state; more activations (GPipe's last stage holds

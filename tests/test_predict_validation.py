@@ -177,19 +177,19 @@ def test_docs_table_holds_every_run_and_its_error() -> None:
     stated = re.search(r"Mean absolute error ([\d.]+)% over (\d+) runs; largest ([\d.]+)%", DOCS.read_text())
     assert int(stated[2]) == len(RUNS)
     assert float(stated[1]) == pytest.approx(100 * mean, abs=0.051) and float(stated[3]) == pytest.approx(100 * worst, abs=0.051)
-    # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (2.0%, largest 4.8%) and on
-    # the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings (5.2%, largest 13.4%);
-    # over all 43 rows the mean holds (9.5%) and the largest does not (33.8%: the bounds catch a change either way)
+    # issue 41's target (mean under 10%, none over 20%) holds on Korthikanti et al.'s rows (2.1%, largest 4.7%) and on
+    # the runs it was first stated for, with Narayanan et al.'s rows at their authors' settings (4.2%, largest 11.6%);
+    # over all 43 rows the mean holds (9.5%) and the largest does not (38.6%: the bounds catch a change either way)
     korthikanti = [error for run, error in zip(RUNS, errors) if run.source == KORTHIKANTI]
     assert 0.015 < sum(korthikanti) / len(korthikanti) < 0.025 and 0.045 < max(korthikanti) < 0.051
     first = [error for run, error in zip(RUNS, errors) if run.source in FIRST_SET]
-    assert 0.048 < sum(first) / len(first) < 0.056 and 0.13 < max(first) < 0.138
+    assert 0.038 < sum(first) / len(first) < 0.046 and 0.112 < max(first) < 0.120
     # the rows over 20%: MT-NLG's three (DeepSpeed's pipeline engine, -21.1/-22.0/-24.3%) and Megatron-Core's two
-    # smallest on H100 (+33.1%, +33.8%), all predicted too fast
+    # smallest on H100 (+38.6%, +32.9%), all predicted too fast
     assert {run.name for run, error in zip(RUNS, errors) if error > 0.20} == {
         "MT-NLG 530B on 2240 GPUs", "MT-NLG 530B on 2800 GPUs", "MT-NLG 530B on 3360 GPUs",
         "Megatron-Core 1.7B on 48 H100", "Megatron-Core 7.1B on 96 H100"}
-    assert 0.093 < mean < 0.097 and 0.333 < worst < 0.343
+    assert 0.093 < mean < 0.097 and 0.381 < worst < 0.391
 
 
 @pytest.mark.parametrize("name", ["22B, full recompute", "18.4B on 256 GPUs", "529.6B on 2520 GPUs",
@@ -206,6 +206,15 @@ def test_rows_predicted_again(name: str) -> None:
         predicted, prediction = predict_run(run)
     assert f"{predicted:.2f}" == table()[name]["predicted"]
     assert sum(prediction.breakdown.values()) == pytest.approx(prediction.step_time)
+
+
+def test_each_row_accumulates_gradients_as_its_software_does() -> None:
+    # Megatron-LM from 83b1e42 (Korthikanti et al. 2022, bf16: fp32 accumulation forced, the fusion on) and
+    # Megatron-Core r0.8.0 fuse the Linear weights' accumulation into the wgrad GEMM; Narayanan et al.'s fp16 runs at
+    # de7dc40 (torch DDP, or local DDP without a buffer) and the rest accumulate in .grad (DeepSpeed's engine and FSDP
+    # as their code does, whatever the field says)
+    for run in RUNS:
+        assert run.grad_accumulation == ("fused" if run.source in (KORTHIKANTI, MCORE) else "autograd")
 
 
 def test_a_tied_gpt_holds_the_head_once() -> None:

@@ -318,8 +318,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
         top = prediction.peak_memory  # predict_step's own memory of this plan: one computation for both
         row = PlanRow(step_plan, prediction, top.total, top.by_kind, fits(top.total, capacity, memory_margin))
         (rows if row.fits else dropped).append(row)
-    # times equal to 12 significant digits (two summation orders of the same passes) keep the enumeration order
-    rows.sort(key=lambda r: float(f"{r.step_time:.12g}"))
+    rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
     if pipeline_engine == DEEPSPEED:
         notes.append("pipeline_engine='deepspeed': plans with virtual stages, GPipe, and FSDP with pp > 1 left out "
