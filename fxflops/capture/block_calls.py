@@ -47,18 +47,38 @@ _VARARGS, _VARKEYWORDS = 0x04, 0x08
 
 class Marks(Observer):
     """Notes, around each handed call of a reference, the last node recorded, the module calls made so far and
-    which node produced each tensor among its arguments (at the start) and results (at the end)."""
+    which node produced each tensor among its arguments (at the start) and results (at the end); and, with
+    `read`/`changed` given, that the call changed nothing the block had read (`read()` keys it, `changed(keys)`
+    says what changed: the call's code is not traced, and may write into a global the block reads)."""
 
-    def __init__(self, last_node: Any, producer_of: Any, calls: list) -> None:
+    def __init__(self, last_node: Any, producer_of: Any, calls: list, read: Any = None, changed: Any = None) -> None:
         self._last_node, self._producer_of, self._calls = last_node, producer_of, calls
+        self._read, self._changed = read, changed
 
     def begin(self, call: Handed) -> None:
         call.start = (self._last_node(), len(self._calls),
                       {id(t): self._producer_of(t) for t in result_tensors(call.arguments)})
+        shapes = tensor_keys(call.arguments)
+        call.before = (shapes, self._read() if self._read is not None else None)
 
     def end(self, call: Handed) -> None:
         made = {id(t): self._producer_of(t) for t in result_tensors(call.result)}
         call.end = (self._last_node(), len(self._calls), made)
+        shapes, read = call.before
+        what = "a tensor it is given in place (its shape, strides or dtype)" if tensor_keys(call.arguments) != shapes \
+            else self._changed(read) if self._changed is not None else None
+        if what is not None:
+            call.flaw = call.flaw or f"{call.code.co_qualname}, called on an object handed to it, changes {what}"
+
+
+def tensor_keys(value: Any) -> list | None:
+    """The keys of the tensors in a value's tuples, lists and dicts (None where one cannot be keyed): a call
+    that changes them in place (`as_strided_`) would leave the block's later ops reading other tensors."""
+    try:
+        with torch._C.DisableTorchFunction():
+            return [tensor_key(tensor) for tensor in result_tensors(value)]
+    except Unsupported:
+        return None
 
 
 class Through:
@@ -195,10 +215,12 @@ def remake(through: Through, build: Any) -> tuple[tuple, dict]:
     return tuple(build(spec) for spec in through.positional), keywords
 
 
-def check(through: Through, result: Any, made: list[torch.fx.Node], where: str) -> None:
-    """A handed call made again at a copy must return what it returned and run the ops it ran: else the
-    capture runs again without replay."""
-    if result_key(result) != through.key or len(made) != len(through.ops) \
+def check(through: Through, result: Any, made: list[torch.fx.Node], where: str, before: list | None = None,
+          after: list | None = None) -> None:
+    """A handed call made again at a copy must return what it returned, run the ops it ran and leave the
+    tensors it was given as they were (`before`, `after`: their keys): else the capture runs again without
+    replay."""
+    if result_key(result) != through.key or len(made) != len(through.ops) or before != after \
             or any(a.target is not b.target for a, b in zip(made, through.ops)):
         raise ReplayRetry(f"{where}: a call on an object handed to it returned or ran what it did not at its reference")
 
@@ -349,7 +371,7 @@ def _proven(passes: dict[tuple[str, str], list[tuple]], calls_at: dict, log: Rea
     """The passed attributes whose name is read on no line run but as such an argument, on lines that ran
     as often as their call was made."""
     proven = []
-    if not passes:
+    if not passes or log.reflective:  # (a read by a computed name may be of any of them)
         return frozenset()
     made_from: dict[tuple[types.CodeType, int | None], int] = {}  # (code, line) -> handed calls made on it
     for (caller, offset), made in calls_at.items():
