@@ -6,8 +6,10 @@ a call reads (another layer's slot, a counter of its own), so its effect is not 
 block the call is made again, on the same object, with this copy's tensors and this copy's values of the
 attributes passed to it (`layer_idx`), and its ops are recorded as they run. The copy goes on only where the
 call returned what the reference's returned (tensors by shape, strides, dtype and flags, plain values by
-value) and ran the same ops; otherwise the whole capture runs again without replay (`ReplayRetry`). The
-rest of the block is then a function of what was compared, as for any replayed block.
+value), ran the same ops, left the tensors it was given as they were, and changed neither what the block
+read from outside (`Template.outside`) nor its modules' state; otherwise the whole capture runs again
+without replay (`ReplayRetry`). The rest of the block is then a function of what was compared, as for any
+replayed block.
 
 Proven at the reference (`handed_calls`, else the block's calls run):
 
@@ -15,15 +17,18 @@ Proven at the reference (`handed_calls`, else the block's calls run):
   in every call (keyed by identity), and the block's own code reaches it only by calling it: no name of
   its data (its attributes, its classes' attributes that are not Python functions or properties) occurs on
   a line the block ran, no line reads attributes by computed names, and every call on it came from
-  traced code, returned (no exception, no generator) and ran no module;
+  traced code, returned (no exception, no generator), ran no module, left the tensors it was given as
+  they were, and changed nothing the block had read so far (globals, the attributes it reached, its
+  modules' state: `Marks`, keyed before the call and compared after it);
 - each call's arguments are the object, tensors (made in the block before it, its inputs or state, or
   what an earlier call returned), plain values, block modules, and tuples, lists and dicts of them;
   its results are plain values, and tensors made by its own ops, in tuples, lists and dicts; the block's
   other ops read only those results of its ops, and its outputs are none of them;
 - an attribute of the block's modules may differ between the reference and a copy (`layer_idx`) where
   every read of its name on a line run is `self.<name>` written as an argument of a call on the object
-  (the call instruction found from the caller's frame), the line ran as often as that call was made, and
-  `self` is a module of the block: the copy passes its own module's value.
+  (the call instruction found from the caller's frame), the line ran as often as that call was made, no
+  line run reads attributes by computed names, and `self` is a module of the block: the copy passes its
+  own module's value.
 """
 
 from __future__ import annotations

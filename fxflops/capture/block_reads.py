@@ -6,11 +6,13 @@ own code aside: their frames get no line events). Each line's bytecode then says
 - attribute names and string constants: an instance attribute of the block's modules whose name occurs
   on no line run was never read (a `layer_idx` used only to pick a cache slot, with no cache given);
 - reads by a name the code computes (`vars(x)`, `x.__dict__`, `inspect.getattr_static`, `getattr(x, n)`
-  with `n` not a literal): every attribute then counts as read;
+  with `n` not a literal, such a function under another name) where the frame's values reach a module:
+  every attribute then counts as read;
 - globals, and the attributes of modules and classes the code reaches by a name it reads: what the
   reference saw there is keyed and compared before every replay;
 - what cannot be keyed refuses the reference: writes to globals or to an enclosing function's
-  variables, object identities (`id`, `hash`), frames, `eval`/`exec`; and a write into anything
+  variables, one code run with two globals dicts, object identities (`id`, `hash`), frames,
+  `eval`/`exec`; and a write into anything
   (`d[k] = v`, `.append`, `x.a = v`) when the code also read a mutable global (it may be that one).
 
 An object the block is handed (a cache: `capture.block_calls`) is watched: a call of a function whose
