@@ -64,14 +64,23 @@ class Marks(Observer):
         call.start = (self._last_node(), len(self._calls),
                       {id(t): self._producer_of(t) for t in result_tensors(call.arguments)})
         shapes = tensor_keys(call.arguments)
-        call.before = (shapes, self._read() if self._read is not None else None)
+        try:  # (run inside the trace function: an exception would reach the model's code)
+            read = self._read() if self._read is not None else None
+        except Exception:  # noqa: BLE001 - what it read cannot be keyed: the call cannot be proven harmless
+            read = None
+            call.flaw = call.flaw or f"{call.code.co_qualname}, called on it, follows reads that cannot be keyed"
+        call.before = (shapes, read)
 
     def end(self, call: Handed) -> None:
         made = {id(t): self._producer_of(t) for t in result_tensors(call.result)}
         call.end = (self._last_node(), len(self._calls), made)
         shapes, read = call.before
-        what = "a tensor it is given in place (its shape, strides or dtype)" if tensor_keys(call.arguments) != shapes \
-            else self._changed(read) if self._changed is not None else None
+        try:
+            what = "a tensor it is given in place (its shape, strides or dtype)" \
+                if tensor_keys(call.arguments) != shapes \
+                else self._changed(read) if self._changed is not None and read is not None else None
+        except Exception:  # noqa: BLE001 - as in begin
+            what = "what the block read (it cannot be keyed again)"
         if what is not None:
             call.flaw = call.flaw or f"{call.code.co_qualname}, called on an object handed to it, changes {what}"
 
