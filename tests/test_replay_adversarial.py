@@ -310,9 +310,27 @@ def test_a_tensor_a_call_returned_and_a_later_call_restrides_runs():
     _agrees(Stack(Layer).eval())
 
 
-def test_reads_through_an_object_holding_the_module_by_a_computed_name():
+class _DepthHeldLater(_Depth):
+    """The same read, first through a holder of nothing, then through the same holder given the module."""
+
+    def forward(self, x):
+        holder = types.SimpleNamespace(module=None)
+        _read_depth_or_none(holder)
+        holder.module = self
+        for _ in range(_read_depth_or_none(holder)):
+            x = self.proj(x)
+        return self.proj(x)
+
+
+def _read_depth_or_none(holder) -> int:
+    name = "".join(("de", "pth"))
+    return getattr(holder.module, name) if holder.module is not None else 0
+
+
+@pytest.mark.parametrize("layer", [_Depth, _DepthHeldLater])
+def test_reads_through_an_object_holding_the_module_by_a_computed_name(layer):
     # failed before: the read's frame holds no module itself, so its layers (depth 0..3) were copies of the first
-    _agrees(nn.Sequential(*(_Depth(index) for index in range(4))).eval())
+    _agrees(nn.Sequential(*(layer(index) for index in range(4))).eval())
 
 
 # --- one code, two sets of globals ---------------------------------------------------------------------------

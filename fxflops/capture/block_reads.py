@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fxflops.capture.reach import reaches
+from fxflops.capture.reach import own_attribute, reaches
 
 # frames of these trees get no line events: torch's machinery (dispatch, fake tensors, the modules' own
 # forwards, which read their attributes only through `torch.nn`'s machinery) and our recorder
@@ -281,7 +281,7 @@ class Tracer:
         # function given one otherwise is the block's own code, read as any other)
         self._methods: frozenset[types.CodeType] = frozenset()
         self._reflective = _reflective_functions()
-        self._reached: dict[tuple[int, int, int], tuple[Any, bool]] = {}  # see _reaches; emptied when tracing ends
+        self._reached: dict[tuple[int, int, int], tuple[Any, bool, Any]] = {}  # see _reaches; emptied as tracing ends
 
     @property
     def active(self) -> bool:
@@ -390,11 +390,12 @@ class Tracer:
             return False
         key = (id(value), which, len(self._lines))
         known = self._reached.get(key)
-        if known is None:
+        held = _held(value)
+        if known is None or known[2] != held:  # (asked again where what it holds itself changed since)
             watched = self._watched[-1]
             found = (lambda node: isinstance(node, torch.nn.Module)) if which == 0 else \
                 (lambda node: id(node) in watched)
-            known = self._reached[key] = (value, reaches(value, found, _REACH_LIMIT))
+            known = self._reached[key] = (value, reaches(value, found, _REACH_LIMIT), held)
         return known[1]
 
     def _line(self, frame: types.FrameType, event: str, arg: Any) -> Any:
@@ -490,6 +491,17 @@ def _kind(filename: str, libraries: tuple[str, ...] = ()) -> bool | None:
     if real.startswith(_STDLIB) and "-packages" + os.sep not in real or libraries and real.startswith(libraries):
         return None
     return True
+
+
+def _held(value: Any) -> Any:
+    """The identities of what a value holds itself (its attributes, or a container's items): a cheap sign
+    that what it reaches may have changed."""
+    if isinstance(value, dict):
+        return tuple(map(id, dict.values(value)))
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(map(id, value))
+    state = own_attribute(value, "__dict__", None)
+    return tuple(map(id, state.values())) if type(state) is dict else None
 
 
 def _reflective_functions() -> frozenset[int]:
