@@ -69,12 +69,15 @@ class _Layer(nn.Module):
 
 
 class _Stack(nn.Module):
-    def __init__(self, layer: type, count: int = 4) -> None:
+    """Layers handed one fresh cache (of class `cache`) per forward."""
+
+    def __init__(self, layer: type, count: int = 4, cache: type = _Cache) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layer(index) for index in range(count))
+        self.cache = cache
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cache = _Cache()
+        cache = self.cache()
         for layer in self.layers:
             x = layer(x, cache)
         return x
@@ -271,14 +274,7 @@ def test_a_dict_the_block_built_and_gave_the_cache_is_remade_and_compared():
             options["scale"] = 2
             return self.proj(cache.use(self.proj(x)))
 
-    class Stack(_Stack):
-        def forward(self, x):
-            cache = Keeps()
-            for layer in self.layers:
-                x = layer(x, cache)
-            return x
-
-    _agrees(Stack(Layer).eval())
+    _agrees(_Stack(Layer, cache=Keeps).eval())
 
 
 def test_a_tensor_a_call_returned_and_a_later_call_restrides_runs():
@@ -300,14 +296,7 @@ def test_a_tensor_a_call_returned_and_a_later_call_restrides_runs():
             cache.restride()
             return self.proj(x) + key.sum(0)[:1]
 
-    class Stack(_Stack):
-        def forward(self, x):
-            cache = Restrides()
-            for layer in self.layers:
-                x = layer(x, cache)
-            return x
-
-    _agrees(Stack(Layer).eval())
+    _agrees(_Stack(Layer, cache=Restrides).eval())
 
 
 class _DepthHeldLater(_Depth):
