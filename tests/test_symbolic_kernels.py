@@ -186,3 +186,92 @@ def test_a_cat_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(
     from fxflops.capture.symbolic_kernels import symbolic_kernel
 
     assert _cat_run(lambda tensors, dim: symbolic_kernel(CAT, (tensors, dim), {}), CAT_REFUSED[case]) is None
+
+
+VIEW, UNSAFE_VIEW, TRANSPOSE = torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.transpose.int
+
+
+def _state(env) -> tuple:
+    """What a ShapeEnv learned: its guards in order, runtime asserts, replacements and ranges."""
+    return ([str(g.expr) for g in env.guards],
+            sorted(str(a.expr) for asserts in env.deferred_runtime_asserts.values() for a in asserts),
+            sorted((str(k), str(v)) for k, v in env.replacements.items()),
+            sorted((str(k), str(v)) for k, v in env.var_to_range.items()))
+
+
+def _layout_run(op, build, hints=(2, 7), direct=True):
+    """(output layout, ShapeEnv state) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a
+    sweep's ShapeEnv: through symbolic_kernel (None where it leaves the op to the mode) or through the mode;
+    an error the mode raises is returned as its type."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.size_one import size_one_shape_env
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    env = size_one_shape_env()
+    sizes = []
+    for name, hint in zip(("b", "s"), hints):
+        source = ConstantSource(name)
+        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
+                                           hint=hint, source=source))
+    with FakeTensorMode(shape_env=env, static_shapes=True):
+        args = build(*sizes)
+        try:
+            out = symbolic_kernel(op, args, {}) if direct else op(*args)
+        except Exception as error:  # noqa: BLE001 - the mode's own refusal, compared by kind
+            return type(error).__name__, None
+    if out is NotImplemented:
+        return None, None
+    source = args[0]
+    layout = (tuple(map(str, out.shape)), tuple(map(str, out.stride())), str(out.storage_offset()), out.dtype,
+              out.device, out.requires_grad, out.untyped_storage()._cdata == source.untyped_storage()._cdata)
+    return layout, _state(env)
+
+
+# (op, inputs from symbolic batch b and seq s): views a decoder makes (heads split and merged, a linear's
+# rows folded and unfolded), ones on strided inputs (a slice, an offset), size-1 axes, -1 inferred
+VIEW_CASES = {
+    "heads split": (VIEW, lambda b, s: (torch.empty(b, s, 48), [b, s, -1, 8])),
+    "heads merged": (VIEW, lambda b, s: (torch.empty(b, s, 6, 8), [b, s, 48])),
+    "rows folded": (VIEW, lambda b, s: (torch.empty(b, s, 48), [-1, 48])),
+    "rows unfolded": (UNSAFE_VIEW, lambda b, s: (torch.empty(b * s, 48), [b, s, 48])),
+    "batch 1 folded": (VIEW, lambda b, s: (torch.empty(1, s, 48), [-1, 48])),
+    "all to 1-d": (VIEW, lambda b, s: (torch.empty(b, s, 4), [-1])),
+    "1-d to 2-d": (VIEW, lambda b, s: (torch.empty(s * 4), [s, 4])),
+    "a slice's last axis split": (VIEW, lambda b, s: (torch.empty(b, s, 48)[:, :, :16], [b, s, 2, 8])),
+    "an offset": (VIEW, lambda b, s: (torch.empty(b, s + 1, 48)[:, 1:], [b, s, 6, 8])),
+    "an offset, merged": (VIEW, lambda b, s: (torch.empty(3, b, s, 8)[1], [b * s, 8])),
+    "size-1 axis kept": (VIEW, lambda b, s: (torch.empty(b, 1, s, 8), [b, 1, s, 2, 4])),
+    "size-1 axis dropped": (VIEW, lambda b, s: (torch.empty(b, 1, s, 8), [b, s, 8])),
+    "size-1 axis added": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, 1, s, 8])),
+    "tail unsqueeze": (VIEW, lambda b, s: (torch.empty(b, s), [b, s, 1])),
+    "a batch's own axis": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, s * 8])),
+    "a strided size-1 axis": (VIEW, lambda b, s: (torch.empty(b, 4, s, 8)[:, :1], [b, s, 8])),
+    "transposed, split": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 6, 2, 4])),
+    "transpose": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8), 1, 2)),
+    "transpose, negative axes": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8)[:, 1:], -1, -3)),
+    "transpose of one axis": (TRANSPOSE, lambda b, s: (torch.empty(b, s), 1, -1)),
+}
+# views the kernel leaves to the mode: a merge after a split, a tail squeeze, a copy (not a view), no elements
+VIEW_REFUSED = {
+    "merge after a split": (VIEW, lambda b, s: (torch.empty(b, s, 6, 8), [b, s, 3, 16])),
+    "tail squeeze": (VIEW, lambda b, s: (torch.empty(b, s, 1), [b, s])),
+    "transposed, merged": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 48])),
+    "no elements": (VIEW, lambda b, s: (torch.empty(b, s, 0), [b, 0, s])),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1)])
+@pytest.mark.parametrize("case", VIEW_CASES)
+def test_the_symbolic_view_gives_what_the_mode_gives(case, hints):
+    op, build = VIEW_CASES[case]
+    direct = _layout_run(op, build, hints)
+    assert direct[0] is not None, "the kernel takes this view"
+    assert direct == _layout_run(op, build, hints, direct=False)
+
+
+@pytest.mark.parametrize("case", VIEW_REFUSED)
+def test_a_view_the_kernel_cannot_shape_goes_through_the_mode(case):
+    op, build = VIEW_REFUSED[case]
+    assert _layout_run(op, build) == (None, None)

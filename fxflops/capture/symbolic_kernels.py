@@ -31,6 +31,8 @@ against the mode, guards included).
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import torch
@@ -47,7 +49,146 @@ def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
         return _convolution_on_cpu(args, kwargs)
     if func is aten.cat.default:
         return _cat(args, kwargs)
+    if func is aten.view.default or func is aten._unsafe_view.default:
+        return _view(args, kwargs)
+    if func is aten.transpose.int:
+        return _transpose(args, kwargs)
     return NotImplemented
+
+
+class _Refused(Exception):
+    """A step of a view the kernel leaves to the mode (raised before anything is asked that the mode would
+    answer otherwise)."""
+
+
+def _view(args: tuple, kwargs: dict) -> Any:
+    """A view (`view`, `_unsafe_view`) on named sizes, shaped by torch's own algorithm
+    (`_refs._reshape_view_helper`, which the mode runs for it) re-run on the sizes and strides alone.
+
+    Through the mode each of the algorithm's steps (split an axis, merge axes, squeeze) is an op of its own,
+    dispatched through the fake mode with its cache key and entry, an as_strided, each in symbolic
+    arithmetic: ~5-10 ms a view. Here the same questions are asked in the same order, of the same
+    expressions, through the same functions where `size_one` recognises the asking function
+    (`infer_size`, `is_contiguous_or_false`, `_collapse_view_helper` on the input itself), and as plain
+    questions where the mode asks them as plain questions (its guards are then this kernel's, one for
+    one); the output is one view of the input's storage with the sizes, strides and offset the
+    algorithm's last step gives. A merge of axes after a split (the mode would ask it of an intermediate
+    view) or any case the algorithm special-cases (no elements, 0-d) goes to the mode, which asks the
+    questions asked so far again, answered now without a new guard."""
+    from torch._prims_common import infer_size, is_contiguous_or_false
+    from torch._subclasses.fake_impls import _view_has_unbacked_input
+
+    if kwargs or len(args) != 2 or not _view_source(args[0]) or not isinstance(args[1], list | tuple):
+        return NotImplemented
+    source, shape = args
+    if torch.fx.experimental._config.backed_size_oblivious or _view_has_unbacked_input(source, shape):
+        return NotImplemented
+    if len(shape) == 1 and isinstance(shape[0], list | tuple):
+        shape = shape[0]
+    if not shape or source.dim() == 0 or not all(type(size) is int or isinstance(size, torch.SymInt) for size in shape):
+        return NotImplemented
+    shape = infer_size(tuple(shape), source.numel())
+    if source.numel() == 0:  # (asked as the mode asks it)
+        return NotImplemented
+    offset = source.storage_offset()
+    if is_contiguous_or_false(source):
+        if len(shape) == 1 and source.dim() > 1:
+            return _aliasing(source, [source.numel()], [1], offset)
+        if len(shape) == 2 and source.dim() == 1:
+            return _aliasing(source, list(shape), [shape[1], 1], offset)
+    shape_numel = functools.reduce(operator.mul, shape, 1)
+    torch._check(source.numel() == shape_numel,
+                 lambda: f"Could not reshape a tensor with shape {source.shape} as a tensor with shape {shape}!")
+    try:
+        sizes, strides = _reshape_view_steps(source, shape)
+    except _Refused:
+        return NotImplemented
+    return _aliasing(source, sizes, strides, offset)
+
+
+def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
+    """torch's `_reshape_view_helper_core_alg` (allow_copy=False) on (sizes, strides): the view's layout."""
+    from torch._prims import _collapse_view_helper
+    from torch._prims_common import validate_dim_length
+
+    sizes, strides = list(source.shape), list(source.stride())
+    split = False  # whether the layout is still the input's (a merge asks its questions of the input itself)
+
+    def split_dim(dim: int, outer: Any) -> None:  # prims.split_dim's meta
+        validate_dim_length(outer)
+        inner = sizes[dim] // outer
+        if (sizes[dim] % outer) != 0:
+            raise _Refused
+        stride = strides[dim]
+        sizes[dim:dim + 1] = [outer, inner]
+        strides[dim:dim + 1] = [stride * inner, stride]
+
+    idx = 0
+    for length in shape:
+        if idx >= len(sizes):  # a tail unsqueeze
+            if length != 1:
+                raise _Refused
+            split_dim(len(sizes) - 1, sizes[-1])
+            split = True
+            idx += 1
+            continue
+        if length == sizes[idx]:
+            idx += 1
+            continue
+        accum, end = sizes[idx], idx
+        while accum % length != 0:
+            end += 1
+            if end >= len(sizes):
+                raise _Refused
+            accum *= sizes[end]
+        if end != idx:
+            if split:  # the mode asks the merge's questions of an intermediate view
+                raise _Refused
+            new_shape, new_strides = _collapse_view_helper(source, idx, end, must_be_valid=None)
+            if new_shape is None:  # not a view: the mode raises (view) or copies (reshape)
+                raise _Refused
+            sizes, strides = list(new_shape), list(new_strides)
+        if accum != length:
+            split_dim(idx, length)
+        split = split or end != idx or accum != length
+        idx += 1
+    if idx < len(sizes):  # a tail squeeze
+        raise _Refused
+    return sizes, strides
+
+
+def _transpose(args: tuple, kwargs: dict) -> Any:
+    """`transpose(a, d0, d1)` on named sizes: the C++ kernel the mode runs swaps the two axes' sizes and
+    strides (an alias where they are one axis); no question is asked, but the mode's cache entry and its
+    as_strided are symbolic arithmetic (~5 ms)."""
+    if kwargs or len(args) != 3 or not _view_source(args[0]) or type(args[1]) is not int or type(args[2]) is not int:
+        return NotImplemented
+    source, first, second = args
+    rank = source.dim()
+    if rank == 0 or not (-rank <= first < rank and -rank <= second < rank):
+        return NotImplemented
+    first, second = first % rank, second % rank
+    sizes, strides = list(source.shape), list(source.stride())
+    sizes[first], sizes[second] = sizes[second], sizes[first]
+    strides[first], strides[second] = strides[second], strides[first]
+    return _aliasing(source, sizes, strides, source.storage_offset())
+
+
+def _view_source(source: Any) -> bool:
+    """A strided fake tensor with named sizes, not a constant (the mode would carry a constant's value)."""
+    return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.layout is torch.strided \
+        and source.constant is None and not source.is_sparse
+
+
+def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
+    """A fake view of `source`'s storage with these sizes, strides and offset (the meta kernel's as_strided,
+    on the storage the fake tensor holds)."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    mode = source.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = aten.as_strided.default(source, sizes, strides, offset)
+    return FakeTensor(mode, meta, source.device)
 
 
 def _cat(args: tuple, kwargs: dict) -> Any:
