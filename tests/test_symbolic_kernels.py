@@ -189,6 +189,7 @@ def test_a_cat_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(
 
 
 VIEW, UNSAFE_VIEW, TRANSPOSE = torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.transpose.int
+UNSQUEEZE, SLICE = torch.ops.aten.unsqueeze.default, torch.ops.aten.slice.Tensor
 
 
 def _state(env) -> tuple:
@@ -252,6 +253,17 @@ VIEW_CASES = {
     "transpose": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8), 1, 2)),
     "transpose, negative axes": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8)[:, 1:], -1, -3)),
     "transpose of one axis": (TRANSPOSE, lambda b, s: (torch.empty(b, s), 1, -1)),
+    "unsqueeze inside": (UNSQUEEZE, lambda b, s: (torch.empty(b, s, 8)[:, 1:], 1)),
+    "unsqueeze at the end": (UNSQUEEZE, lambda b, s: (torch.empty(b, s, 8).transpose(0, 1), -1)),
+    "unsqueeze first": (UNSQUEEZE, lambda b, s: (torch.empty(s, 8), 0)),
+    "slice of a static axis": (SLICE, lambda b, s: (torch.empty(b, s, 8), 2, 0, 4)),
+    "slice, negative start": (SLICE, lambda b, s: (torch.empty(b, s, 8), -1, -4, 9223372036854775807)),
+    "slice, a step": (SLICE, lambda b, s: (torch.empty(b, s, 8)[:, 1:], 2, 1, 7, 2)),
+    "slice of a named axis": (SLICE, lambda b, s: (torch.empty(b, s + 3, 8), 1, 0, s)),
+    "slice up to a constant": (SLICE, lambda b, s: (torch.empty(b, s, 8), 1, 0, 5)),
+    "slice from a named start": (SLICE, lambda b, s: (torch.empty(b, 2 * s, 8), 1, s)),
+    "slice past the end": (SLICE, lambda b, s: (torch.empty(b, s, 8), 0, 1, 100)),
+    "slice, nothing given": (SLICE, lambda b, s: (torch.empty(b, s, 8), 1)),
 }
 # views the kernel leaves to the mode: a merge after a split, a tail squeeze, a copy (not a view), no elements
 VIEW_REFUSED = {

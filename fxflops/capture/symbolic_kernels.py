@@ -53,6 +53,10 @@ def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
         return _view(args, kwargs)
     if func is aten.transpose.int:
         return _transpose(args, kwargs)
+    if func is aten.unsqueeze.default:
+        return _unsqueeze(args, kwargs)
+    if func is aten.slice.Tensor:
+        return _slice(args, kwargs)
     return NotImplemented
 
 
@@ -174,10 +178,74 @@ def _transpose(args: tuple, kwargs: dict) -> Any:
     return _aliasing(source, sizes, strides, source.storage_offset())
 
 
+def _unsqueeze(args: tuple, kwargs: dict) -> Any:
+    """`unsqueeze(a, d)` on named sizes: the C++ kernel the mode runs inserts a size 1 whose stride is the next
+    axis's size times its stride (1 at the end); no question, only the mode's cache entry and as_strided."""
+    if kwargs or len(args) != 2 or not _view_source(args[0]) or type(args[1]) is not int:
+        return NotImplemented
+    source, dim = args
+    rank = source.dim() + 1
+    if not -rank <= dim < rank:
+        return NotImplemented
+    dim %= rank
+    sizes, strides = list(source.shape), list(source.stride())
+    stride = 1 if dim >= source.dim() else sizes[dim] * strides[dim]
+    sizes.insert(dim, 1)
+    strides.insert(dim, stride)
+    return _aliasing(source, sizes, strides, source.storage_offset())
+
+
+def _slice(args: tuple, kwargs: dict) -> Any:
+    """`slice(a, dim, start, end, step)` on named sizes by the mode's own Python kernel for it
+    (`fake_impls.slice_forward`: the same questions from the same function), handed the input behind a
+    stand-in whose as_strided is one view of its storage: through the mode that as_strided is an op of its
+    own with its cache entry, besides the slice's (~5 ms a slice). Unbacked sizes (where that kernel would
+    make a new symbol) go to the mode."""
+    from torch._subclasses.fake_impls import slice_forward
+    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
+
+    if len(args) < 1 or not _view_source(args[0]) or set(kwargs) - {"dim", "start", "end", "step"}:
+        return NotImplemented
+    names = ("dim", "start", "end", "step")
+    values = dict(zip(names, args[1:]), **kwargs)
+    source = args[0]
+    if len(args) > 5 or any(type(v) is not int and not isinstance(v, torch.SymInt)
+                            for name, v in values.items() if v is not None or name in ("dim", "step")):
+        return NotImplemented
+    if type(values.get("dim", 0)) is not int or type(values.get("step", 1)) is not int \
+            or not all(has_guarding_hint(v) for v in (*source.shape, *source.stride(), source.storage_offset(),
+                                                      *(v for v in values.values() if v is not None))):
+        return NotImplemented
+    return slice_forward(source.fake_mode, aten.slice.Tensor, _Sliced(source), **values)
+
+
+class _Sliced:
+    """A fake tensor as `fake_impls.slice_forward` reads it, its as_strided a direct view of its storage."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.is_quantized = False
+
+    def dim(self) -> int:
+        return self.source.dim()
+
+    def size(self) -> Any:
+        return self.source.size()
+
+    def stride(self) -> Any:
+        return self.source.stride()
+
+    def storage_offset(self) -> Any:
+        return self.source.storage_offset()
+
+    def as_strided(self, sizes: list, strides: list, offset: Any) -> Any:
+        return _aliasing(self.source, list(sizes), list(strides), offset)
+
+
 def _view_source(source: Any) -> bool:
     """A strided fake tensor with named sizes, not a constant (the mode would carry a constant's value)."""
     return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.layout is torch.strided \
-        and source.constant is None and not source.is_sparse
+        and source.constant is None and not source.is_sparse and not source.is_quantized
 
 
 def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
