@@ -287,3 +287,53 @@ def test_the_symbolic_view_gives_what_the_mode_gives(case, hints):
 def test_a_view_the_kernel_cannot_shape_goes_through_the_mode(case):
     op, build = VIEW_REFUSED[case]
     assert _layout_run(op, build) == (None, None)
+
+
+class Attention(nn.Module):
+    """A decoder's attention as transformers writes it: heads split by view and transpose, half-rotated by
+    slices, a gate sliced from the input and unsqueezed over the heads, the heads merged again (a view after
+    transpose and contiguous, a reshape), two layers (replayed)."""
+
+    def __init__(self, width: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head = heads, width // heads
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3 * self.heads, self.head).transpose(1, 2).split(self.heads, dim=1)
+        half = self.head // 2
+        q = torch.cat((-q[..., half:], q[..., :half]), dim=-1) * x[..., :1].unsqueeze(1)
+        scores = q @ k.transpose(-1, -2)
+        y = (scores.softmax(-1) @ v).transpose(1, 2).contiguous()
+        return self.out(y.view(b, s, -1)) + self.out(y.reshape(b * s, -1)).view(b, s, -1)
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Attention() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+    from fxflops.capture import eager
+
+    model = Decoder().eval()
+    dims = {"batch": 0, "seq": 1}
+    swept = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+    with monkeypatch.context() as patched:
+        patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
+        through_the_mode = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+    assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
+    for batch, seq in itertools.product((1, 2, 3), (1, 2, 5, 9)):
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
+        assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
+        assert at.nodes == fresh.nodes
+    # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
+    rows = lambda b, s: b * s  # noqa: E731
+    assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)
