@@ -57,7 +57,45 @@ def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
         return _unsqueeze(args, kwargs)
     if func is aten.slice.Tensor:
         return _slice(args, kwargs)
+    if func is aten.addmm.default:
+        return _addmm(args, kwargs)
     return NotImplemented
+
+
+def _addmm(args: tuple, kwargs: dict) -> Any:
+    """`addmm(bias, rows, weight)` (a linear layer on rows whose count is a named size: GPT-2's Conv1D, a
+    classifier's head) shaped as the mode's decomposition of it shapes it: `rows @ weight` (meta_mm: a new
+    contiguous [rows, out]), times 1, plus the bias times 1 (each a fast elementwise op: contiguous
+    operands give a contiguous output). Four ops through the mode, each with its cache entry; here one new
+    tensor. Their questions: the reduction axes equal (both static here), whether the rows are 1 in each
+    contiguity check and broadcast against the bias, which `size_one` answers without a guard where the rows
+    are not 1 at the capture's sizes (the stride is the expected one; the bias's axis is the constant 1).
+    So only: one floating dtype (no casts), static weight and bias [out], the rows' count known not to be 1
+    or not 1 at the capture's sizes (else the mode, whose question is then a guard)."""
+    if kwargs or len(args) != 3:
+        return NotImplemented
+    bias, rows, weight = args
+    if not all(type(t) is FakeTensor and t.layout is torch.strided and t.constant is None for t in args) \
+            or rows.dtype not in (torch.float32, torch.float64) or rows.device.type != "cpu" \
+            or any(t.dtype != rows.dtype or t.device != rows.device or t.fake_mode is not rows.fake_mode
+                   for t in (bias, weight)):
+        return NotImplemented
+    if rows.dim() != 2 or weight.dim() != 2 or bias.dim() != 1 or not rows._has_symbolic_sizes_strides \
+            or weight._has_symbolic_sizes_strides or bias._has_symbolic_sizes_strides or not bias.is_contiguous():
+        return NotImplemented
+    count, width = rows.shape
+    if type(width) is not int or width != weight.shape[0] or tuple(bias.shape) != (weight.shape[1],) \
+            or not isinstance(count, torch.SymInt) or not (_known(count != 1) or _hint(count) not in (None, 1)):
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((count, weight.shape[1]), dtype=rows.dtype, device="meta",
+                           memory_format=torch.contiguous_format)
+    return FakeTensor(rows.fake_mode, meta, rows.device)
+
+
+def _hint(size: Any) -> Any:
+    """The size at the capture's point (None where it has none)."""
+    return size.node.hint if isinstance(size, torch.SymInt) else size
 
 
 class _Refused(Exception):
