@@ -298,6 +298,24 @@ def test_the_symbolic_view_gives_what_the_mode_gives(case, hints):
     assert direct == _layout_run(op, build, hints, direct=False)
 
 
+# views that are views only where a size is 1 (merging axes across a transpose, or past a size-1 axis of any stride)
+VIEW_AT_SOME_SIZES = {
+    "merged across a transpose": lambda b, s: (torch.empty(b, s, 6, 8).transpose(1, 2), [b, 6 * s * 8]),
+    "merged past a strided size-1 axis": lambda b, s: (torch.empty(b, 4, s, 8)[:, :1], [b, s * 8]),
+    "batch merged into rows across a transpose": lambda b, s: (torch.empty(s, b, 8).transpose(0, 1), [b * s, 8]),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (2, 1), (1, 7), (1, 1)])
+@pytest.mark.parametrize("case", VIEW_AT_SOME_SIZES)
+def test_a_view_only_at_some_sizes_is_the_modes_view_or_its_refusal(case, hints):
+    direct, through_the_mode = (_layout_run(VIEW, VIEW_AT_SOME_SIZES[case], hints, direct=d) for d in (True, False))
+    if isinstance(through_the_mode[0], str):  # not a view at these sizes: the mode raises its own error
+        assert direct == (None, None)
+    else:
+        assert direct == through_the_mode
+
+
 @pytest.mark.parametrize("case", VIEW_REFUSED)
 def test_a_view_the_kernel_cannot_shape_goes_through_the_mode(case):
     op, build = VIEW_REFUSED[case]
