@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -58,23 +59,8 @@ aten = torch.ops.aten
 
 def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     """The outputs of `func` on symbolic sizes where they are known at every point, else NotImplemented."""
-    if func is aten.native_batch_norm.default:
-        return _batch_norm_on_cpu(args, kwargs)
-    if func is aten.convolution.default:
-        return _convolution_on_cpu(args, kwargs)
-    if func is aten.cat.default:
-        return _cat(args, kwargs)
-    if func is aten.view.default or func is aten._unsafe_view.default:
-        return _view(args, kwargs)
-    if func is aten.transpose.int:
-        return _transpose(args, kwargs)
-    if func is aten.unsqueeze.default:
-        return _unsqueeze(args, kwargs)
-    if func is aten.slice.Tensor:
-        return _slice(args, kwargs)
-    if func is aten.addmm.default:
-        return _addmm(args, kwargs)
-    return NotImplemented
+    kernel = _KERNELS.get(func)
+    return NotImplemented if kernel is None else kernel(args, kwargs)
 
 
 def _addmm(args: tuple, kwargs: dict) -> Any:
@@ -474,3 +460,12 @@ def _known(condition: Any) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return statically_known_true(condition)
+
+
+# each op's kernel (a read-only table: symbolic_kernel is asked of every op of a symbolic capture)
+_KERNELS = MappingProxyType({
+    aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
+    aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
+    aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
+    aten.addmm.default: _addmm,
+})
