@@ -10,30 +10,21 @@ import torch
 import fxflops
 from fxflops.results import ZERO
 from fxflops.sweeps import sweep
+from tests.test_symbolic_kernels import _cat_run
 
 LAYER_NORM = torch.ops.aten.native_layer_norm.default
 
 
 def _run(kernel, build):
-    """(each output's shape, strides and dtype; the guards) of `kernel(*build(b, s))` under a sweep's shape env,
-    sizes b=2, s=7 symbolic."""
-    from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """[(each output's shape, strides, dtype and constant; the guards)] of `kernel(*build(b, s))` under a sweep's
+    shape env, sizes b=2, s=7 symbolic (test_symbolic_kernels' run, once per output); None where it gives
+    NotImplemented."""
+    found = [_cat_run(lambda *args, index=index: _output(kernel(*args), index), build) for index in range(3)]
+    return None if None in found else found
 
-    from fxflops.capture.size_one import size_one_shape_env
 
-    env = size_one_shape_env()
-    sizes = []
-    for name, hint in (("b", 2), ("s", 7)):
-        source = ConstantSource(name)
-        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
-                                           hint=hint, source=source))
-    with FakeTensorMode(shape_env=env, static_shapes=True):
-        out = kernel(*build(*sizes))
-    if out is NotImplemented:
-        return None
-    return [(tuple(map(str, t.shape)), tuple(map(str, t.stride())), t.dtype) for t in out], \
-        {str(g.expr) for g in env.guards}
+def _output(out, index):
+    return out if out is NotImplemented else out[index]
 
 
 def _norm(shape, normalized, dtype=torch.float32, weight=True, bias=True, parameter_dtype=None):
