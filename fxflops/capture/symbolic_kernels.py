@@ -36,15 +36,17 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.capture.symbolic_norms import layer_norm_on_cpu
+from fxflops.capture.symbolic_layers import addmm_on_cpu, layer_norm_on_cpu
 
 aten = torch.ops.aten
 
 
 def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     """The outputs of `func` on symbolic sizes where they are known at every point, else NotImplemented."""
-    if func is aten.native_layer_norm.default:  # (fxflops.capture.symbolic_norms)
+    if func is aten.native_layer_norm.default:  # (fxflops.capture.symbolic_layers)
         return layer_norm_on_cpu(args, kwargs, _contiguous)
+    if func is aten.addmm.default:
+        return addmm_on_cpu(args, kwargs)
     if func is aten.native_batch_norm.default:
         return _batch_norm_on_cpu(args, kwargs)
     if func is aten.convolution.default:

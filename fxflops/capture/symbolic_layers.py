@@ -1,4 +1,5 @@
-"""A CPU layer norm shaped directly on named (symbolic) sizes, where the mode's route is torch's Python reference.
+"""A CPU layer norm and a linear layer's addmm shaped directly on named (symbolic) sizes, where the mode's route
+is torch's Python reference or decomposition.
 
 Under named sizes FakeTensorMode shapes `native_layer_norm` with `torch._refs.native_layer_norm` (its C++
 meta kernel takes no SymInts): the checks, a `var_mean`, an `rsqrt`, a subtraction, two multiplications and
@@ -11,7 +12,17 @@ contiguous layout (an elementwise result of a contiguous full-shape first operan
 contiguous in the input's shape with the last axis 1, in its dtype. Anything else goes through the mode:
 another device, rank, dtype or layout, several normalized axes, a symbolic normalized size, a mismatched
 weight (a 4-d input, bfloat16 or a mixed dtype make the mode ask about the sizes: guards the kernel would
-not ask). tests/test_symbolic_norms.py holds it against the mode (layout, dtype, guards).
+not ask).
+
+`addmm(bias, input, weight)` (a linear layer on a 2-d input: GPT-2's Conv1D, a classifier's head) has no
+meta kernel taking SymInts either: the mode runs torch's decomposition, an `mm` and a broadcast addition in
+symbolic arithmetic, 3-5 ms a call. Its output is the `mm`'s, [rows, columns] contiguous (the addition's
+first operand is it, contiguous and of the full shape), in the inputs' dtype: known where the three are
+float32 or float64 alike (bfloat16 is computed in float32 and converted back) on the CPU, the input's
+columns and the weight's rows static and equal, the weight static, the bias a static 1-d tensor of the
+weight's columns, beta and alpha left at 1.
+
+tests/test_symbolic_layers.py holds both against the mode (layouts, dtypes, guards).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ def layer_norm_on_cpu(args: tuple, kwargs: dict, contiguous: Any) -> Any:
     if type(source) is not FakeTensor or not source._has_symbolic_sizes_strides or source.device.type != "cpu" \
             or source.layout is not torch.strided or not source.is_floating_point() or source.constant is not None:
         return NotImplemented
-    # where the reference asks nothing (the mode's guards, tests/test_symbolic_norms.py): a 2-d or 3-d input (a
+    # where the reference asks nothing (the mode's guards, tests/test_symbolic_layers.py): a 2-d or 3-d input (a
     # 4-d one's layout is asked whether it is channels-last: whether a named size is 1), one normalized axis,
     # one dtype throughout and a computation dtype (bfloat16/half are normalized in float32 and converted
     # back: the conversion asks about the sizes)
@@ -55,3 +66,25 @@ def layer_norm_on_cpu(args: tuple, kwargs: dict, contiguous: Any) -> Any:
         made = [torch.empty(shape, dtype=source.dtype, device="meta", memory_format=torch.contiguous_format)
                 for shape in (source.shape, statistics, statistics)]
     return tuple(FakeTensor(source.fake_mode, meta, source.device) for meta in made)
+
+
+def addmm_on_cpu(args: tuple, kwargs: dict) -> Any:
+    """addmm's output where it is known at every point (see the module's docstring), else NotImplemented."""
+    if kwargs or len(args) != 3:
+        return NotImplemented
+    bias, source, weight = args
+    if type(source) is not FakeTensor or not source._has_symbolic_sizes_strides or source.device.type != "cpu" \
+            or source.dim() != 2 or source.layout is not torch.strided or source.constant is not None \
+            or source.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    for tensor in (bias, weight):
+        if type(tensor) is not FakeTensor or tensor._has_symbolic_sizes_strides or tensor.dtype != source.dtype \
+                or tensor.device != source.device or tensor.fake_mode is not source.fake_mode \
+                or tensor.layout is not torch.strided or tensor.constant is not None:
+            return NotImplemented
+    rows, inner = source.shape
+    if weight.dim() != 2 or type(inner) is not int or inner != weight.shape[0] or tuple(bias.shape) != (weight.shape[1],):
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((rows, weight.shape[1]), dtype=source.dtype, device="meta")
+    return FakeTensor(source.fake_mode, meta, source.device)

@@ -1,6 +1,7 @@
-"""capture.symbolic_norms' layer norm against the fake mode's own (torch's Python reference) on the same
-symbolic input: the same outputs (shapes, strides, dtypes) and guards, over ranks, normalized shapes, dtypes,
-weights and biases; the cases it leaves to the mode; and a GPT-2 sweep equal to estimate() node by node."""
+"""capture.symbolic_layers' layer norm and addmm against the fake mode's own (torch's Python reference and
+decomposition) on the same symbolic inputs: the same outputs (shapes, strides, dtypes) and guards, over ranks,
+normalized shapes, dtypes, weights and biases, layouts; the cases they leave to the mode; and a GPT-2 sweep
+(its Conv1D is an addmm) equal to estimate() node by node."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from fxflops.sweeps import sweep
 from tests.test_symbolic_kernels import _cat_run
 
 LAYER_NORM = torch.ops.aten.native_layer_norm.default
+ADDMM = torch.ops.aten.addmm.default
 
 
-def _run(kernel, build):
+def _run(kernel, build, outputs=3):
     """[(each output's shape, strides, dtype and constant; the guards)] of `kernel(*build(b, s))` under a sweep's
     shape env, sizes b=2, s=7 symbolic (test_symbolic_kernels' run, once per output); None where it gives
     NotImplemented."""
-    found = [_cat_run(lambda *args, index=index: _output(kernel(*args), index), build) for index in range(3)]
+    if outputs == 1:
+        return _cat_run(kernel, build)
+    found = [_cat_run(lambda *args, index=index: _output(kernel(*args), index), build) for index in range(outputs)]
     return None if None in found else found
 
 
@@ -78,6 +82,47 @@ def test_a_layer_norm_the_kernel_cannot_shape_without_a_question_goes_through_th
     from fxflops.capture.symbolic_kernels import symbolic_kernel
 
     assert _run(lambda *args: symbolic_kernel(LAYER_NORM, args, {}), REFUSED[case]) is None
+
+
+def _addmm(rows, dtype=torch.float32, transposed=False, bias=(8,)):
+    def build(b, s):
+        size = {"b": b, "s": s, "b*s": b * s}[rows]
+        source = torch.empty(16, size, dtype=dtype).t() if transposed else torch.empty(size, 16, dtype=dtype)
+        return torch.empty(bias, dtype=dtype), source, torch.empty(16, 8, dtype=dtype)
+    return build
+
+
+ADDMM_CASES = {
+    "[b * s, 16] (a transformer's tokens)": _addmm("b*s"),
+    "[b, 16] (a classifier's head)": _addmm("b"),
+    "[s, 16], float64": _addmm("s", torch.float64),
+    "a transposed input": _addmm("b*s", transposed=True),
+}
+
+ADDMM_REFUSED = {
+    "bfloat16": _addmm("b*s", torch.bfloat16),
+    "a [1, 8] bias": _addmm("b", bias=(1, 8)),
+    "a symbolic inner size": lambda b, s: (torch.empty(8), torch.empty(b, s), torch.empty(7, 8)),
+    "static sizes": lambda b, s: (torch.empty(8), torch.empty(3, 16), torch.empty(16, 8)),
+}
+
+
+@pytest.mark.parametrize("case", ADDMM_CASES)
+def test_the_symbolic_addmm_gives_what_the_mode_gives(case):
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    direct = _run(lambda *args: symbolic_kernel(ADDMM, args, {}), ADDMM_CASES[case], outputs=1)
+    assert direct is not None
+    assert direct == _run(ADDMM, ADDMM_CASES[case], outputs=1)
+
+
+@pytest.mark.parametrize("case", ADDMM_REFUSED)
+def test_an_addmm_the_kernel_does_not_shape_goes_through_the_mode(case):
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    assert _run(lambda *args: symbolic_kernel(ADDMM, args, {}), ADDMM_REFUSED[case], outputs=1) is None
+    assert _run(lambda *args: symbolic_kernel(ADDMM, args, {"beta": 2}), ADDMM_CASES["[b, 16] (a classifier's head)"],
+                outputs=1) is None
 
 
 def test_a_gpt2_sweep_counts_every_point_as_estimate_does():
