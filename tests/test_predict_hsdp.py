@@ -278,40 +278,54 @@ def test_tp_overlap_pairs_each_collective_with_the_gemms_it_feeds_or_follows() -
         dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=True).check(2)
 
 
-def test_a_backward_reduce_scatter_overlaps_the_weight_gradient_gemms_before_it() -> None:
-    """Transformer Engine's bulk overlap (ub_bulk_dgrad; Megatron-Core's tp_comm_bulk_dgrad): the backward's
-    reduce-scatter of a column-parallel linear's input gradient runs beside its weight-gradient GEMM. A synthetic
-    backward of 4,096 tokens: all-gather, the row-parallel linear's dgrad (K = 2,048 output features, claimed by
-    the all-gather) and wgrad (K = 4,096 tokens), a bias-gradient sum, the column-parallel linear's dgrad (K =
-    8,192) and wgrad (K = 4,096), an add, the reduce-scatter. The all-gather claims the GEMMs right after it
-    (7 + 5 s: the sum ends the run); the reduce-scatter then overlaps the column-parallel wgrad (3 s), never a
-    dgrad (it makes what the reduce-scatter sends); without the all-gather's claim, both wgrads (3 + 5 s). A
-    forward reduce-scatter keeps the rule of the GEMMs right before it (an add first: none)."""
+def test_a_backward_reduce_scatter_overlaps_the_weight_gradient_gemms_of_the_linears_it_fed() -> None:
+    """Transformer Engine's bulk overlap (ub_bulk_wgrad, BULK_OVERLAP_RS; Megatron-Core's tp_comm_bulk_wgrad): the
+    backward's reduce-scatter of a column-parallel linear's input gradient runs beside that linear's
+    weight-gradient GEMM. A synthetic MLP of 4,096 tokens. Forward: the all-gather (module mlp) feeding fc1, GeLU,
+    fc2, its reduce-scatter. Backward: the all-gather of fc2's output gradient, fc2's dgrad (K = 2,048 output
+    features) and wgrad (K = 4,096 tokens), a bias-gradient sum, GeLU's backward, fc1's dgrad (K = 8,192) and wgrad
+    (K = 4,096), an add, the reduce-scatter (module mlp). The forward all-gather claims fc1's forward GEMM (2 s) and
+    so says it fed mlp.fc1; the backward all-gather claims fc2's two GEMMs (7 + 5 s: the sum ends the run); the
+    reduce-scatter overlaps fc1's wgrad (3 s), never a dgrad (it makes what the reduce-scatter sends). Without the
+    all-gather's claim still only fc1's wgrad: fc2's wgrad ran before the reduce-scatter's payload existed (before
+    this fix: 3 + 5 s). Not knowing what the all-gather fed, the walk stops at the GEMMs another collective claimed.
+    A forward reduce-scatter keeps the rule of the GEMMs right before it (fc2's forward, 4 s)."""
     from fxflops.predict.layers import _overlapped_gemms
     from fxflops.results.costs import COUNTED, NodeCost
 
-    def node(name: str, op: str, m: int, n: int, k: int, phase: str = "backward") -> NodeCost:
+    def node(name: str, op: str, module: str, m: int, n: int, k: int, phase: str = "backward") -> NodeCost:
         macs = m * n * k
-        return NodeCost(name=name, op=op, status=COUNTED, rule="mm" if macs else "elementwise", module="layer",
+        return NodeCost(name=name, op=op, status=COUNTED, rule="mm" if macs else "elementwise", module=module,
                         module_type="Block", input_shapes=((m, k), (k, n)), output_shapes=((m, n),), macs=macs,
                         flops=2 * macs if macs else m * n, phase=phase, bytes=2 * m * n)
 
-    nodes = [node("ag", "_c10d_functional.all_gather_into_tensor.default", 4096, 2048, 0),
-             node("row_dgrad", "aten.mm.default", 4096, 8192, 2048),
-             node("row_wgrad", "aten.mm.default", 2048, 8192, 4096),
-             node("bias", "aten.sum.dim_IntList", 1, 2048, 0),
-             node("col_dgrad", "aten.mm.default", 4096, 2048, 8192),
-             node("col_wgrad", "aten.mm.default", 8192, 2048, 4096),
-             node("add", "aten.add.Tensor", 4096, 2048, 0),
-             node("rs", "_c10d_functional.reduce_scatter_tensor.default", 2048, 2048, 0)]
-    times = [0.0, 7.0, 5.0, 0.1, 11.0, 3.0, 0.1, 0.0]
-    collectives = {"ag", "rs"}
+    ag, rs, mm = ("_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.reduce_scatter_tensor.default",
+                  "aten.mm.default")
+    nodes = [node("ag_f", ag, "mlp", 4096, 2048, 0, "forward"),
+             node("fc1_f", mm, "mlp.fc1", 4096, 8192, 2048, "forward"),
+             node("gelu_f", "aten.gelu.default", "mlp.act", 4096, 8192, 0, "forward"),
+             node("fc2_f", mm, "mlp.fc2", 4096, 2048, 8192, "forward"),
+             node("rs_f", rs, "mlp.fc2", 2048, 2048, 0, "forward"),
+             node("ag", ag, "mlp.fc2", 4096, 2048, 0),
+             node("fc2_dgrad", mm, "mlp.fc2", 4096, 8192, 2048),
+             node("fc2_wgrad", mm, "mlp.fc2", 2048, 8192, 4096),
+             node("bias", "aten.sum.dim_IntList", "mlp.fc2", 1, 2048, 0),
+             node("gelu", "aten.gelu_backward.default", "mlp.act", 4096, 8192, 0),
+             node("fc1_dgrad", mm, "mlp.fc1", 4096, 2048, 8192),
+             node("fc1_wgrad", mm, "mlp.fc1", 8192, 2048, 4096),
+             node("add", "aten.add.Tensor", "mlp", 4096, 2048, 0),
+             node("rs", rs, "mlp", 2048, 2048, 0)]
+    times = [0.0, 2.0, 0.1, 4.0, 0.0, 0.0, 7.0, 5.0, 0.1, 0.1, 11.0, 3.0, 0.1, 0.0]
+    collectives = {"ag_f", "rs_f", "ag", "rs"}
     claimed: set[int] = set()
-    assert _overlapped_gemms(nodes, times, 0, "all_gather", collectives, claimed, 4096) == 7.0 + 5.0
-    assert _overlapped_gemms(nodes, times, 7, "reduce_scatter", collectives, claimed, 4096) == 3.0
-    assert _overlapped_gemms(nodes, times, 7, "reduce_scatter", collectives, set(), 4096) == 3.0 + 5.0
-    forward = [dataclasses.replace(n, phase="forward") for n in nodes]
-    assert _overlapped_gemms(forward, times, 7, "reduce_scatter", collectives, set(), 4096) == 0.0
+    fed: dict[str, set[str]] = {}
+    assert _overlapped_gemms(nodes, times, 0, "all_gather", collectives, claimed, 4096, fed) == 2.0
+    assert fed == {"mlp": {"mlp.fc1"}}
+    assert _overlapped_gemms(nodes, times, 4, "reduce_scatter", collectives, claimed, 4096, fed) == 4.0
+    assert _overlapped_gemms(nodes, times, 5, "all_gather", collectives, claimed, 4096, fed) == 7.0 + 5.0
+    assert _overlapped_gemms(nodes, times, 13, "reduce_scatter", collectives, claimed, 4096, fed) == 3.0
+    assert _overlapped_gemms(nodes, times, 13, "reduce_scatter", collectives, {0, 1, 3}, 4096, fed) == 3.0
+    assert _overlapped_gemms(nodes, times, 13, "reduce_scatter", collectives, {6, 7}, 4096) == 3.0
 
 
 def test_plan_search_tries_tp_comm_overlap_only_when_asked(tmp_path) -> None:

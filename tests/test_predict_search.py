@@ -156,6 +156,17 @@ def test_cli_plan(tmp_path, capsys) -> None:
     assert {row["schedule"] for row in rows if row["pp"] != "1" and row["virtual_stages"] == "1"} == {"gpipe"}
 
 
+def test_cli_plan_takes_every_attention_kernel_predict_step_takes() -> None:
+    """`--attention` offers what plan() / predict_step take (op_time.ATTENTION_KERNELS), cuDNN's kernels included."""
+    from fxflops.cli.plan import build_parser
+    from fxflops.predict.op_time import ATTENTION_KERNELS
+
+    for kernel in ATTENTION_KERNELS:
+        args = build_parser().parse_args(["gpt2-small", "--gpus", "8", "--batch", "16", "--seq-len", "128",
+                                            "--attention", kernel])
+        assert args.attention == kernel
+
+
 def test_cli_plan_errors_are_one_line(capsys) -> None:
     assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX Z9", "--batch", "16", "--seq-len", "128"]) == 1
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import fxflops
 from fxflops.capture.dynamic import SizePlan, SizeSymbols
-from fxflops.capture.symbolic_cache import CacheHits
+from fxflops.capture.symbolic_cache import FIRST_SIGHT, CacheHits
 from fxflops.results import ZERO
 from fxflops.sweeps import sweep
 
@@ -76,21 +76,50 @@ def test_a_repeated_op_is_the_tensor_the_mode_rebuilds(symbolic):
 def test_the_mode_runs_what_it_has_not_cached_or_is_no_plain_tensor(symbolic):
     mode, hits, x, batch, seq = symbolic
     with mode:
-        assert hits(aten.slice.Tensor, (x, 3, 0, 4), {}) is NotImplemented  # a first call: no entry yet
+        assert hits(aten.slice.Tensor, (x, 3, 0, 4), {}) is FIRST_SIGHT  # a first call: no entry yet
+        assert hits(aten.slice.Tensor, (x, 3, 0, 4), {}) is NotImplemented  # met before: the mode makes the entry
         y = torch.empty(4, 6)
         y.view(torch.int32)
-        assert hits(aten.view.dtype, (y, torch.int32), {}) is NotImplemented  # another dtype
+        assert _declined(hits(aten.view.dtype, (y, torch.int32), {}))  # another dtype
         aten.transpose_(x.clone(), 0, 1)
-        assert hits(aten.transpose_.default, (x.clone(), 0, 1), {}) is NotImplemented  # an in-place view
+        assert _declined(hits(aten.transpose_.default, (x.clone(), 0, 1), {}))  # an in-place view
         made = ((batch, seq, 3), (3 * seq, 3, 1))
         aten.empty_strided.default(*made)
-        assert hits(aten.empty_strided.default, made, {}) is NotImplemented  # the mode does not cache it
+        assert _declined(hits(aten.empty_strided.default, made, {}))  # the mode does not cache it
         z = torch.empty(3, 4, dtype=torch.complex64)
         aten._conj(z)
-        assert hits(aten._conj.default, (z,), {}) is NotImplemented  # the conjugate bit
+        assert _declined(hits(aten._conj.default, (z,), {}))  # the conjugate bit
         w = torch.empty(3, 4, requires_grad=True)
         aten.t.default(w)
-        assert hits(aten.t.default, (w,), {}) is NotImplemented  # autograd's
+        assert _declined(hits(aten.t.default, (w,), {}))  # autograd's
+
+
+def test_a_call_met_once_makes_no_entry_the_second_makes_it_the_third_takes_the_route(symbolic):
+    # the mode's entry (made at every miss, checked by rebuilding the output once more in symbolic arithmetic)
+    # is made only for a call met before: most of a replayed capture's calls are met once
+    mode, hits, x, batch, seq = symbolic
+    call = (aten.transpose.int, (x, 1, 3), {})
+    cache = mode.shape_env.fake_tensor_cache
+    entries = len(cache)  # (the fixture's empty_strided)
+    with mode:
+        assert hits(*call) is FIRST_SIGHT
+        with hits.uncached():
+            first = aten.transpose.int(x, 1, 3)
+        assert mode.cache_enabled and len(cache) == entries  # the flag back; no entry made
+        assert hits(*call) is NotImplemented
+        second = aten.transpose.int(x, 1, 3)  # through the mode, which makes the entry
+        assert len(cache) > entries
+        third = hits(*call)
+    assert (first.shape, first.stride()) == (second.shape, second.stride()) == (third.shape, third.stride()) \
+        == ((batch, 16, seq, 8), (128 * seq, 1, 128, 16))
+    with pytest.raises(ZeroDivisionError), hits.uncached():
+        1 / 0
+    assert mode.cache_enabled  # restored on an error too
+
+
+def _declined(found):
+    """The route gives no output: the mode runs the call (FIRST_SIGHT: without making an entry)."""
+    return found is NotImplemented or found is FIRST_SIGHT
 
 
 def test_no_route_without_named_sizes():

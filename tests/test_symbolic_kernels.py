@@ -186,3 +186,187 @@ def test_a_cat_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(
     from fxflops.capture.symbolic_kernels import symbolic_kernel
 
     assert _cat_run(lambda tensors, dim: symbolic_kernel(CAT, (tensors, dim), {}), CAT_REFUSED[case]) is None
+
+
+VIEW, UNSAFE_VIEW, TRANSPOSE = torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.transpose.int
+UNSQUEEZE, SLICE, ADDMM = torch.ops.aten.unsqueeze.default, torch.ops.aten.slice.Tensor, torch.ops.aten.addmm.default
+
+
+def _state(env) -> tuple:
+    """What a ShapeEnv learned: its guards in order, runtime asserts, replacements and ranges."""
+    return ([str(g.expr) for g in env.guards],
+            sorted(str(a.expr) for asserts in env.deferred_runtime_asserts.values() for a in asserts),
+            sorted((str(k), str(v)) for k, v in env.replacements.items()),
+            sorted((str(k), str(v)) for k, v in env.var_to_range.items()))
+
+
+def _layout_run(op, build, hints=(2, 7), direct=True):
+    """(output layout, ShapeEnv state) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a
+    sweep's ShapeEnv: through symbolic_kernel (None where it leaves the op to the mode) or through the mode;
+    an error the mode raises is returned as its type."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.size_one import size_one_shape_env
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    env = size_one_shape_env()
+    sizes = []
+    for name, hint in zip(("b", "s"), hints):
+        source = ConstantSource(name)
+        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
+                                           hint=hint, source=source))
+    with FakeTensorMode(shape_env=env, static_shapes=True):
+        args = build(*sizes)
+        try:
+            out = symbolic_kernel(op, args, {}) if direct else op(*args)
+        except Exception as error:  # noqa: BLE001 - the mode's own refusal, compared by kind
+            return type(error).__name__, None
+    if out is NotImplemented:
+        return None, None
+    source = args[0]
+    layout = (tuple(map(str, out.shape)), tuple(map(str, out.stride())), str(out.storage_offset()), out.dtype,
+              out.device, out.requires_grad, out.untyped_storage()._cdata == source.untyped_storage()._cdata)
+    return layout, _state(env)
+
+
+# (op, inputs from symbolic batch b and seq s): views a decoder makes (heads split and merged, a linear's
+# rows folded and unfolded), ones on strided inputs (a slice, an offset), size-1 axes, -1 inferred
+VIEW_CASES = {
+    "heads split": (VIEW, lambda b, s: (torch.empty(b, s, 48), [b, s, -1, 8])),
+    "heads merged": (VIEW, lambda b, s: (torch.empty(b, s, 6, 8), [b, s, 48])),
+    "rows folded": (VIEW, lambda b, s: (torch.empty(b, s, 48), [-1, 48])),
+    "rows unfolded": (UNSAFE_VIEW, lambda b, s: (torch.empty(b * s, 48), [b, s, 48])),
+    "batch 1 folded": (VIEW, lambda b, s: (torch.empty(1, s, 48), [-1, 48])),
+    "all to 1-d": (VIEW, lambda b, s: (torch.empty(b, s, 4), [-1])),
+    "1-d to 2-d": (VIEW, lambda b, s: (torch.empty(s * 4), [s, 4])),
+    "a slice's last axis split": (VIEW, lambda b, s: (torch.empty(b, s, 48)[:, :, :16], [b, s, 2, 8])),
+    "an offset": (VIEW, lambda b, s: (torch.empty(b, s + 1, 48)[:, 1:], [b, s, 6, 8])),
+    "an offset, merged": (VIEW, lambda b, s: (torch.empty(3, b, s, 8)[1], [b * s, 8])),
+    "size-1 axis kept": (VIEW, lambda b, s: (torch.empty(b, 1, s, 8), [b, 1, s, 2, 4])),
+    "size-1 axis dropped": (VIEW, lambda b, s: (torch.empty(b, 1, s, 8), [b, s, 8])),
+    "size-1 axis added": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, 1, s, 8])),
+    "tail unsqueeze": (VIEW, lambda b, s: (torch.empty(b, s), [b, s, 1])),
+    "a batch's own axis": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, s * 8])),
+    "a strided size-1 axis": (VIEW, lambda b, s: (torch.empty(b, 4, s, 8)[:, :1], [b, s, 8])),
+    "transposed, split": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 6, 2, 4])),
+    "transpose": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8), 1, 2)),
+    "transpose, negative axes": (TRANSPOSE, lambda b, s: (torch.empty(b, s, 6, 8)[:, 1:], -1, -3)),
+    "transpose of one axis": (TRANSPOSE, lambda b, s: (torch.empty(b, s), 1, -1)),
+    "unsqueeze inside": (UNSQUEEZE, lambda b, s: (torch.empty(b, s, 8)[:, 1:], 1)),
+    "unsqueeze at the end": (UNSQUEEZE, lambda b, s: (torch.empty(b, s, 8).transpose(0, 1), -1)),
+    "unsqueeze first": (UNSQUEEZE, lambda b, s: (torch.empty(s, 8), 0)),
+    "slice of a static axis": (SLICE, lambda b, s: (torch.empty(b, s, 8), 2, 0, 4)),
+    "slice, negative start": (SLICE, lambda b, s: (torch.empty(b, s, 8), -1, -4, 9223372036854775807)),
+    "slice, a step": (SLICE, lambda b, s: (torch.empty(b, s, 8)[:, 1:], 2, 1, 7, 2)),
+    "slice of a named axis": (SLICE, lambda b, s: (torch.empty(b, s + 3, 8), 1, 0, s)),
+    "slice up to a constant": (SLICE, lambda b, s: (torch.empty(b, s, 8), 1, 0, 5)),
+    "slice from a named start": (SLICE, lambda b, s: (torch.empty(b, 2 * s, 8), 1, s)),
+    "slice past the end": (SLICE, lambda b, s: (torch.empty(b, s, 8), 0, 1, 100)),
+    "slice, nothing given": (SLICE, lambda b, s: (torch.empty(b, s, 8), 1)),
+    "addmm of rows": (ADDMM, lambda b, s: (torch.empty(6), torch.empty(s, 4), torch.empty(4, 6))),
+    "addmm of folded rows": (ADDMM, lambda b, s: (torch.empty(6), torch.empty(b * s, 4), torch.empty(4, 6))),
+    "addmm of transposed rows": (ADDMM, lambda b, s: (torch.empty(6, dtype=torch.float64),
+                                                      torch.empty(4, s, dtype=torch.float64).t(),
+                                                      torch.empty(6, 4, dtype=torch.float64).t())),
+}
+# where an input's size is 1 at the capture's point the mode asks it as a guard: addmm leaves it to the mode
+NOT_AT_ONE = {"addmm of rows": (3, 1), "addmm of transposed rows": (3, 1)}
+# views the kernel leaves to the mode: a merge after a split, a tail squeeze, a copy (not a view), no elements
+VIEW_REFUSED = {
+    "merge after a split": (VIEW, lambda b, s: (torch.empty(b, s, 6, 8), [b, s, 3, 16])),
+    "tail squeeze": (VIEW, lambda b, s: (torch.empty(b, s, 1), [b, s])),
+    "transposed, merged": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 48])),
+    "no elements": (VIEW, lambda b, s: (torch.empty(b, s, 0), [b, 0, s])),
+    "addmm of a named width": (ADDMM, lambda b, s: (torch.empty(6), torch.empty(4, s), torch.empty(7, 6))),
+    "addmm with a 2-d bias": (ADDMM, lambda b, s: (torch.empty(s, 6), torch.empty(s, 4), torch.empty(4, 6))),
+    "addmm in half precision": (ADDMM, lambda b, s: (torch.empty(6, dtype=torch.float16),
+                                                     torch.empty(s, 4, dtype=torch.float16),
+                                                     torch.empty(4, 6, dtype=torch.float16))),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1)])
+@pytest.mark.parametrize("case", VIEW_CASES)
+def test_the_symbolic_view_gives_what_the_mode_gives(case, hints):
+    op, build = VIEW_CASES[case]
+    direct = _layout_run(op, build, hints)
+    if NOT_AT_ONE.get(case) == hints:  # the mode guards on it there: a shortcut would lose that guard
+        assert direct == (None, None) and _layout_run(op, build, hints, direct=False)[1][0]
+        return
+    assert direct[0] is not None, "the kernel takes this view"
+    assert direct == _layout_run(op, build, hints, direct=False)
+
+
+# views that are views only where a size is 1 (merging axes across a transpose, or past a size-1 axis of any stride)
+VIEW_AT_SOME_SIZES = {
+    "merged across a transpose": lambda b, s: (torch.empty(b, s, 6, 8).transpose(1, 2), [b, 6 * s * 8]),
+    "merged past a strided size-1 axis": lambda b, s: (torch.empty(b, 4, s, 8)[:, :1], [b, s * 8]),
+    "batch merged into rows across a transpose": lambda b, s: (torch.empty(s, b, 8).transpose(0, 1), [b * s, 8]),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (2, 1), (1, 7), (1, 1)])
+@pytest.mark.parametrize("case", VIEW_AT_SOME_SIZES)
+def test_a_view_only_at_some_sizes_is_the_modes_view_or_its_refusal(case, hints):
+    direct, through_the_mode = (_layout_run(VIEW, VIEW_AT_SOME_SIZES[case], hints, direct=d) for d in (True, False))
+    if isinstance(through_the_mode[0], str):  # not a view at these sizes: the mode raises its own error
+        assert direct == (None, None)
+    else:
+        assert direct == through_the_mode
+
+
+@pytest.mark.parametrize("case", VIEW_REFUSED)
+def test_a_view_the_kernel_cannot_shape_goes_through_the_mode(case):
+    op, build = VIEW_REFUSED[case]
+    assert _layout_run(op, build) == (None, None)
+
+
+class Attention(nn.Module):
+    """A decoder's attention as transformers writes it: heads split by view and transpose, half-rotated by
+    slices, a gate sliced from the input and unsqueezed over the heads, the heads merged again (a view after
+    transpose and contiguous, a reshape), two layers (replayed)."""
+
+    def __init__(self, width: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head = heads, width // heads
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3 * self.heads, self.head).transpose(1, 2).split(self.heads, dim=1)
+        half = self.head // 2
+        q = torch.cat((-q[..., half:], q[..., :half]), dim=-1) * x[..., :1].unsqueeze(1)
+        scores = q @ k.transpose(-1, -2)
+        y = (scores.softmax(-1) @ v).transpose(1, 2).contiguous()
+        return self.out(y.view(b, s, -1)) + self.out(y.reshape(b * s, -1)).view(b, s, -1)
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Attention() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+    from fxflops.capture import eager
+
+    model = Decoder().eval()
+    dims = {"batch": 0, "seq": 1}
+    swept = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+    with monkeypatch.context() as patched:
+        patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
+        through_the_mode = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+    assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
+    for batch, seq in itertools.product((1, 2, 3), (1, 2, 5, 9)):
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
+        assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
+        assert at.nodes == fresh.nodes
+    # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
+    rows = lambda b, s: b * s  # noqa: E731
+    assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)

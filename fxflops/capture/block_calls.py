@@ -6,8 +6,10 @@ a call reads (another layer's slot, a counter of its own), so its effect is not 
 block the call is made again, on the same object, with this copy's tensors and this copy's values of the
 attributes passed to it (`layer_idx`), and its ops are recorded as they run. The copy goes on only where the
 call returned what the reference's returned (tensors by shape, strides, dtype and flags, plain values by
-value) and ran the same ops; otherwise the whole capture runs again without replay (`ReplayRetry`). The
-rest of the block is then a function of what was compared, as for any replayed block.
+value), ran the same ops, left the tensors it was given as they were, and changed neither what the block
+read from outside (`Template.outside`) nor its modules' state; otherwise the whole capture runs again
+without replay (`ReplayRetry`). The rest of the block is then a function of what was compared, as for any
+replayed block.
 
 Proven at the reference (`handed_calls`, else the block's calls run):
 
@@ -15,15 +17,18 @@ Proven at the reference (`handed_calls`, else the block's calls run):
   in every call (keyed by identity), and the block's own code reaches it only by calling it: no name of
   its data (its attributes, its classes' attributes that are not Python functions or properties) occurs on
   a line the block ran, no line reads attributes by computed names, and every call on it came from
-  traced code, returned (no exception, no generator) and ran no module;
+  traced code, returned (no exception, no generator), ran no module, left the tensors it was given as
+  they were, and changed nothing the block had read so far (globals, the attributes it reached, its
+  modules' state: `Marks`, keyed before the call and compared after it);
 - each call's arguments are the object, tensors (made in the block before it, its inputs or state, or
   what an earlier call returned), plain values, block modules, and tuples, lists and dicts of them;
   its results are plain values, and tensors made by its own ops, in tuples, lists and dicts; the block's
   other ops read only those results of its ops, and its outputs are none of them;
 - an attribute of the block's modules may differ between the reference and a copy (`layer_idx`) where
   every read of its name on a line run is `self.<name>` written as an argument of a call on the object
-  (the call instruction found from the caller's frame), the line ran as often as that call was made, and
-  `self` is a module of the block: the copy passes its own module's value.
+  (the call instruction found from the caller's frame), the line ran as often as that call was made, no
+  line run reads attributes by computed names, and `self` is a module of the block: the copy passes its
+  own module's value.
 """
 
 from __future__ import annotations
@@ -47,18 +52,47 @@ _VARARGS, _VARKEYWORDS = 0x04, 0x08
 
 class Marks(Observer):
     """Notes, around each handed call of a reference, the last node recorded, the module calls made so far and
-    which node produced each tensor among its arguments (at the start) and results (at the end)."""
+    which node produced each tensor among its arguments (at the start) and results (at the end); and, with
+    `read`/`changed` given, that the call changed nothing the block had read (`read()` keys it, `changed(keys)`
+    says what changed: the call's code is not traced, and may write into a global the block reads)."""
 
-    def __init__(self, last_node: Any, producer_of: Any, calls: list) -> None:
+    def __init__(self, last_node: Any, producer_of: Any, calls: list, read: Any = None, changed: Any = None) -> None:
         self._last_node, self._producer_of, self._calls = last_node, producer_of, calls
+        self._read, self._changed = read, changed
 
     def begin(self, call: Handed) -> None:
         call.start = (self._last_node(), len(self._calls),
                       {id(t): self._producer_of(t) for t in result_tensors(call.arguments)})
+        shapes = tensor_keys(call.arguments)
+        try:  # (run inside the trace function: an exception would reach the model's code)
+            read = self._read() if self._read is not None else None
+        except Exception:  # noqa: BLE001 - what it read cannot be keyed: the call cannot be proven harmless
+            read = None
+            call.flaw = call.flaw or f"{call.code.co_qualname}, called on it, follows reads that cannot be keyed"
+        call.before = (shapes, read)
 
     def end(self, call: Handed) -> None:
         made = {id(t): self._producer_of(t) for t in result_tensors(call.result)}
         call.end = (self._last_node(), len(self._calls), made)
+        shapes, read = call.before
+        try:
+            what = "a tensor it is given in place (its shape, strides or dtype)" \
+                if tensor_keys(call.arguments) != shapes \
+                else self._changed(read) if self._changed is not None and read is not None else None
+        except Exception:  # noqa: BLE001 - as in begin
+            what = "what the block read (it cannot be keyed again)"
+        if what is not None:
+            call.flaw = call.flaw or f"{call.code.co_qualname}, called on an object handed to it, changes {what}"
+
+
+def tensor_keys(value: Any) -> list | None:
+    """The keys of the tensors in a value's tuples, lists and dicts (None where one cannot be keyed): a call
+    that changes them in place (`as_strided_`) would leave the block's later ops reading other tensors."""
+    try:
+        with torch._C.DisableTorchFunction():
+            return [tensor_key(tensor) for tensor in result_tensors(value)]
+    except Unsupported:
+        return None
 
 
 class Through:
@@ -195,10 +229,12 @@ def remake(through: Through, build: Any) -> tuple[tuple, dict]:
     return tuple(build(spec) for spec in through.positional), keywords
 
 
-def check(through: Through, result: Any, made: list[torch.fx.Node], where: str) -> None:
-    """A handed call made again at a copy must return what it returned and run the ops it ran: else the
-    capture runs again without replay."""
-    if result_key(result) != through.key or len(made) != len(through.ops) \
+def check(through: Through, result: Any, made: list[torch.fx.Node], where: str, before: list | None = None,
+          after: list | None = None) -> None:
+    """A handed call made again at a copy must return what it returned, run the ops it ran and leave the
+    tensors it was given as they were (`before`, `after`: their keys): else the capture runs again without
+    replay."""
+    if result_key(result) != through.key or len(made) != len(through.ops) or before != after \
             or any(a.target is not b.target for a, b in zip(made, through.ops)):
         raise ReplayRetry(f"{where}: a call on an object handed to it returned or ran what it did not at its reference")
 
@@ -349,7 +385,7 @@ def _proven(passes: dict[tuple[str, str], list[tuple]], calls_at: dict, log: Rea
     """The passed attributes whose name is read on no line run but as such an argument, on lines that ran
     as often as their call was made."""
     proven = []
-    if not passes:
+    if not passes or log.reflective:  # (a read by a computed name may be of any of them)
         return frozenset()
     made_from: dict[tuple[types.CodeType, int | None], int] = {}  # (code, line) -> handed calls made on it
     for (caller, offset), made in calls_at.items():

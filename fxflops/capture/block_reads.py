@@ -6,11 +6,13 @@ own code aside: their frames get no line events). Each line's bytecode then says
 - attribute names and string constants: an instance attribute of the block's modules whose name occurs
   on no line run was never read (a `layer_idx` used only to pick a cache slot, with no cache given);
 - reads by a name the code computes (`vars(x)`, `x.__dict__`, `inspect.getattr_static`, `getattr(x, n)`
-  with `n` not a literal): every attribute then counts as read;
+  with `n` not a literal, such a function under another name) where the frame's values reach a module:
+  every attribute then counts as read;
 - globals, and the attributes of modules and classes the code reaches by a name it reads: what the
   reference saw there is keyed and compared before every replay;
 - what cannot be keyed refuses the reference: writes to globals or to an enclosing function's
-  variables, object identities (`id`, `hash`), frames, `eval`/`exec`; and a write into anything
+  variables, one code run with two globals dicts, object identities (`id`, `hash`), frames,
+  `eval`/`exec`; and a write into anything
   (`d[k] = v`, `.append`, `x.a = v`) when the code also read a mutable global (it may be that one).
 
 An object the block is handed (a cache: `capture.block_calls`) is watched: a call of a function whose
@@ -35,6 +37,8 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.reach import own_attribute, reaches
+
 # frames of these trees get no line events: torch's machinery (dispatch, fake tensors, the modules' own
 # forwards, which read their attributes only through `torch.nn`'s machinery) and our recorder
 _UNTRACED = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
@@ -50,6 +54,7 @@ _SIZE_LIBRARIES = ("sympy", "mpmath")
 _REFLECTIVE = frozenset({"__dict__", "vars", "getattr_static", "attrgetter", "__getattribute__", "dir",
                          "getmembers", "__getstate__", "asdict", "astuple", "__reduce_ex__", "__reduce__"})
 _UNKNOWN = object()  # a file not yet classified by _kind
+_REACH_LIMIT = 2_000  # objects walked to find whether a frame's value reaches a module (more: taken to)
 _BY_NAME = frozenset({"getattr", "hasattr", "setattr", "delattr"})
 _REFUSED = {"id": "reads object identities (id)", "hash": "reads object identities (hash)",
             "globals": "reads globals() as a whole", "locals": "reads locals()", "eval": "runs eval",
@@ -58,7 +63,12 @@ _REFUSED = {"id": "reads object identities (id)", "hash": "reads object identiti
             "get_referrers": "reads the garbage collector", "__import__": "imports by a computed name"}
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "update", "setdefault", "clear", "remove",
                        "add", "discard", "sort", "reverse", "__setitem__", "__delitem__", "__setattr__",
-                       "__delattr__", "setattr", "delattr", "__iadd__", "__ior__"})
+                       "__delattr__", "setattr", "delattr", "__iadd__", "__ior__",
+                       # functions written in C that write into their first argument (operator, heapq, bisect,
+                       # collections.deque): their code is not traced, only their names are seen
+                       "setitem", "delitem", "iadd", "ior", "iconcat", "heappush", "heappop", "heapify",
+                       "heapreplace", "heappushpop", "insort", "insort_left", "insort_right", "appendleft",
+                       "extendleft", "popleft", "rotate"})
 _BUILDS = frozenset({"BUILD_MAP", "BUILD_LIST", "BUILD_SET", "BUILD_CONST_KEY_MAP"})
 _LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CONST", "LOAD_CLASSDEREF"})
 
@@ -102,8 +112,9 @@ def line_reads(code: types.CodeType) -> dict[int, LineReads]:
         elif name in ("LOAD_GLOBAL", "LOAD_NAME"):
             reads.globals.add(argument)
             reads.names.add(argument)
-            if argument in _BY_NAME and not _literal_name_follows(instructions, index):
-                reads.reflective = True
+        if name in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD") and argument in _BY_NAME \
+                and not _literal_name_follows(instructions, index):  # (builtins.getattr too)
+            reads.reflective = True
         elif name in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"):
             reads.refused = f"writes the global {argument}"
         elif name in ("STORE_DEREF", "DELETE_DEREF") and argument in code.co_freevars:
@@ -154,11 +165,21 @@ def _literal_name_follows(instructions: list[dis.Instruction], index: int) -> bo
     position = index + 1
     if position >= len(instructions) or instructions[position].opname not in _LOADS:
         return False
+    position = _past_attributes(instructions, position + 1)
+    if position >= len(instructions) or instructions[position].opname != "LOAD_CONST" \
+            or type(instructions[position].argval) is not str:
+        return False
+    # the string is the whole argument (not `"_".join(parts)`): the call follows, or a default loaded first
     position += 1
+    if position < len(instructions) and instructions[position].opname in _LOADS:
+        position = _past_attributes(instructions, position + 1)
+    return position < len(instructions) and instructions[position].opname == "PRECALL"
+
+
+def _past_attributes(instructions: list[dis.Instruction], position: int) -> int:
     while position < len(instructions) and instructions[position].opname == "LOAD_ATTR":
         position += 1
-    return position < len(instructions) and instructions[position].opname == "LOAD_CONST" \
-        and type(instructions[position].argval) is str
+    return position
 
 
 class Handed:
@@ -166,7 +187,7 @@ class Handed:
     its code, its arguments as bound, the call instruction that made it (caller's code, offset, first
     argument), and what `Observer` noted around it; `result` once it returned."""
 
-    __slots__ = ("code", "arguments", "caller", "offset", "caller_self", "start", "end", "result", "flaw")
+    __slots__ = ("code", "arguments", "caller", "offset", "caller_self", "start", "end", "result", "flaw", "before")
 
     def __init__(self, frame: types.FrameType) -> None:
         code = frame.f_code
@@ -179,6 +200,7 @@ class Handed:
         self.start: Any = None
         self.end: Any = None
         self.result: Any = None
+        self.before: Any = None  # what the block had read when it was made, as `Observer.begin` keyed it
         # what makes it unfit to be made again: not called by traced code, a generator, an exception in it
         self.flaw: str | None = None
         if caller is None or caller.f_trace is None:
@@ -251,11 +273,15 @@ class Tracer:
         self._observer = observer if observer is not None else Observer()
         self._watched: list[dict[int, Any]] = []  # per reference: id -> an object it was handed
         self._handed: list[list[Handed]] = []
-        self._foreign: list[str | None] = []  # per reference: why a handed call inside it cannot be its own
+        # per reference: why it cannot stand for another call, found while it runs (a handed call inside it that is
+        # not its own, code run with two sets of globals)
+        self._foreign: list[str | None] = []
         self._inside = 0  # > 0 while a handed object's call runs (its code is not traced)
         # the code of the handed objects' methods: a call of one with such an object first is a handed call (a
         # function given one otherwise is the block's own code, read as any other)
         self._methods: frozenset[types.CodeType] = frozenset()
+        self._reflective = _reflective_functions()
+        self._reached: dict[tuple[int, int, int], tuple[Any, bool, Any]] = {}  # see _reaches; emptied as tracing ends
 
     @property
     def active(self) -> bool:
@@ -291,6 +317,7 @@ class Tracer:
                                             for value in watched.values()))
         if not self._lines:
             sys.settrace(None)
+        self._reached = {key: known for key, known in self._reached.items() if key[2] <= len(self._lines)}
         log = self._log(lines, given, given_handed)
         for child in children:
             log.merge(child)
@@ -298,6 +325,17 @@ class Tracer:
         log.refused = log.refused or foreign
         if self._children:
             self._children[-1].append(log)
+        return log
+
+    def so_far(self) -> ReadLog:
+        """What the references recording now have read so far: their lines run and their finished parts'
+        logs (a call on a handed object may change what was read before it: `capture.replay` compares)."""
+        log = ReadLog()
+        for lines, given, given_handed, children in zip(self._lines, self._given_modules, self._given_handed,
+                                                         self._children):
+            log.merge(self._log(lines, given, given_handed))
+            for child in children:
+                log.merge(child)
         return log
 
     def replayed(self, log: ReadLog) -> None:
@@ -323,19 +361,42 @@ class Tracer:
             self._globals[code] = frame.f_globals
         if traced is not True and (traced is False or frame.f_back is None or frame.f_back.f_trace is None):
             return None
+        if frame.f_globals is not self._globals[code]:
+            # one code run with other globals (types.FunctionType(code, namespace)): its lines' globals are read in
+            # the namespace of its first call, so what this call reads would not be compared
+            for level, why in enumerate(self._foreign):
+                self._foreign[level] = why or f"it runs {code.co_qualname} with two different sets of globals"
         lines = self._lines[-1]
         key = (code, frame.f_lineno)
         lines[key] = lines.get(key, 0) + 1
         if self._reads(code)[1] and (code not in self._given_modules[-1] or code not in self._given_handed[-1]):
             # reads by computed names count where they can reach a module, or an object the block was handed:
-            # its arguments and closure hold one (a config's own __getattribute__ reads the config, keyed whole)
+            # its arguments and closure hold one, or an object they hold does (a config's own __getattribute__
+            # reads the config, keyed whole)
             values = list(frame.f_locals.values())
-            if any(isinstance(value, torch.nn.Module) for value in values):
+            if any(self._reaches(value, 0) for value in values):
                 self._given_modules[-1].add(code)
             watched = self._watched[-1]
-            if watched and any(id(value) in watched for value in values):
+            if watched and any(self._reaches(value, 1) for value in values):
                 self._given_handed[-1].add(code)
         return self._line
+
+    def _reaches(self, value: Any, which: int) -> bool:
+        """Whether a value reaches a module (`which` 0) or an object the innermost reference was handed (1),
+        found once per value while the references record (the value kept: its id is not reused meanwhile)."""
+        if isinstance(value, torch.nn.Module):
+            return which == 0
+        if value is None or isinstance(value, str | int | float | torch.Tensor | type | types.FunctionType):
+            return False
+        key = (id(value), which, len(self._lines))
+        known = self._reached.get(key)
+        held = _held(value)
+        if known is None or known[2] != held:  # (asked again where what it holds itself changed since)
+            watched = self._watched[-1]
+            found = (lambda node: isinstance(node, torch.nn.Module)) if which == 0 else \
+                (lambda node: id(node) in watched)
+            known = self._reached[key] = (value, reaches(value, found, _REACH_LIMIT), held)
+        return known[1]
 
     def _line(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line" and self._lines:
@@ -393,7 +454,12 @@ class Tracer:
             if reads.globals:
                 namespace = self._globals[code]
                 for name in reads.globals:
-                    log.read_global(namespace if name in namespace else _builtins(namespace), name)
+                    space = namespace if name in namespace else _builtins(namespace)
+                    log.read_global(space, name)
+                    if name not in _BY_NAME and name not in _REFLECTIVE and id(space.get(name)) in self._reflective:
+                        # a reflective function under another name (`ga = getattr`): what names it reads is
+                        # not in the code; every attribute counts as read, and an object handed is not proven
+                        log.reflective = log.computed = True
         return log
 
 
@@ -425,6 +491,29 @@ def _kind(filename: str, libraries: tuple[str, ...] = ()) -> bool | None:
     if real.startswith(_STDLIB) and "-packages" + os.sep not in real or libraries and real.startswith(libraries):
         return None
     return True
+
+
+def _held(value: Any) -> Any:
+    """The identities of what a value holds itself (its attributes, or a container's items): a cheap sign
+    that what it reaches may have changed."""
+    if isinstance(value, dict):
+        return tuple(map(id, dict.values(value)))
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(map(id, value))
+    state = own_attribute(value, "__dict__", None)
+    return tuple(map(id, state.values())) if type(state) is dict else None
+
+
+def _reflective_functions() -> frozenset[int]:
+    """The ids of the functions that read attributes by a name given to them, of the modules imported (one not
+    imported cannot have been bound to another name)."""
+    found = [getattr(builtins, name) for name in ("getattr", "hasattr", "setattr", "delattr", "vars", "dir")]
+    found.append(object.__getattribute__)
+    for module, names in (("operator", ("attrgetter",)), ("inspect", ("getattr_static", "getmembers")),
+                          ("dataclasses", ("asdict", "astuple"))):
+        imported = sys.modules.get(module)
+        found.extend(getattr(imported, name) for name in names if imported is not None)
+    return frozenset(id(function) for function in found)
 
 
 def _library_roots(names: tuple[str, ...]) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
 from fxflops.capture.sharded import dtensor_twin, is_dtensor
 from fxflops.capture.symbolic_kernels import symbolic_kernel
-from fxflops.capture.symbolic_cache import CacheHits
+from fxflops.capture.symbolic_cache import FIRST_SIGHT, CacheHits
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
 from fxflops.capture.recorder import CompositeOps, OpRecorder
@@ -97,8 +97,14 @@ class FakeTwins:
                     out = self.cache_hits(func, args, kwargs)
         except Exception:  # noqa: BLE001 - the mode's own dispatch raises it again, in its words, or repairs it
             out = NotImplemented
+        if out is FIRST_SIGHT:  # a call not met before in this capture: the mode runs it, making no cache entry
+            with self.cache_hits.uncached():
+                return self._through_mode(func, args, kwargs)
         if out is not NotImplemented:
             return out
+        return self._through_mode(func, args, kwargs)
+
+    def _through_mode(self, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
             return run_relaxing_dtype(func, args, kwargs)
         except FakeTensorDeviceMismatchError:

@@ -117,6 +117,23 @@ class Reach:
         return order
 
 
+def reaches(value: Any, found: Callable[[Any], bool], limit: int) -> bool:
+    """Whether `found(x)` holds for an object the value reaches through containers and attributes (not past
+    such an object, a tensor or a class); past `limit` objects it is taken to."""
+    stack, seen = [value], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or _is_scalar(node) or isinstance(node, torch.Tensor | type):
+            continue
+        if found(node):
+            return True
+        seen.add(id(node))
+        if len(seen) > limit:
+            return True
+        stack.extend(child for _, child in _children(node))
+    return False
+
+
 def _children(node: Any) -> list[tuple[Any, Any]]:
     """(where, child) for what a node holds that may lead to a tensor; plain scalars are left out."""
     if isinstance(node, list | tuple):

@@ -53,9 +53,9 @@ from torch.fx.node import map_arg
 from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker
-from fxflops.capture.backward import DIFFERENTIATES, PHASE, GradOwners
+from fxflops.capture.backward import DIFFERENTIATES, PHASE, GradOwners, ReplayRetry
 from fxflops.capture.block_calls import (Marks, Through, build, check, handed_calls, remake, result_tensors,
-                                         value_at, writes_elsewhere)
+                                         tensor_keys, value_at, writes_elsewhere)
 from fxflops.capture.block_backward import REPLAY_OF, BlockBackward, CopyBackward, attached, deliverers, refusal
 from fxflops.capture.block_hooks import LOCAL, SHARDED, is_sharded, local_of
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
@@ -76,7 +76,8 @@ class Template:
     """A reference call: its state, what it read, and how to copy its nodes; or why it cannot be copied."""
 
     __slots__ = ("state", "free", "refused", "path", "site", "nodes", "externals", "output", "produced", "calls",
-                 "log", "outside", "plan", "backward", "sequence", "throughs", "passed", "made_in_calls")
+                 "log", "outside", "plan", "backward", "sequence", "throughs", "passed", "made_in_calls",
+                 "shapes")
 
     def __init__(self, state: BlockState, path: str, site: tuple[str, int] | None) -> None:
         self.state = state
@@ -98,6 +99,13 @@ class Template:
         self.throughs: list[Through] = []  # its calls on objects it was handed, made again at each copy
         self.passed: frozenset[tuple[str, str]] = frozenset()  # attributes read only as arguments of those calls
         self.made_in_calls: frozenset[torch.fx.Node] = frozenset()  # its nodes those calls recorded
+        # the keys of its outputs as it returned them: code after it may change them in place (`t_()`), and a
+        # copy's fresh outputs are made like them
+        self.shapes: list | None = None
+
+    def intact(self) -> bool:
+        """Whether its outputs are still as it returned them (nothing changed their shape in place since)."""
+        return self.shapes is None or tensor_keys([like for _, like in self.produced]) == self.shapes
 
     def matches(self, state: BlockState) -> bool:
         mine, theirs = self.state.entries, state.entries
@@ -141,7 +149,9 @@ class Replays:
         self._with_siblings = {id(module) for module in modules if counts[self._structures[id(module)]] > 1}
         self._calls: dict[int, int] = {}
         self._templates: dict[tuple, list[Template]] = {}
-        self._tracer = Tracer(Marks(recorder.last_node, recorder.producer_of, tracker.call_log))
+        self._tracer = Tracer(Marks(recorder.last_node, recorder.producer_of, tracker.call_log, self._read_now,
+                                    self._changed_since))
+        self._states: list[tuple[torch.nn.Module, str, BlockState]] = []  # the references recording, outermost first
         self._torch_classes: dict[type, bool] = {}
         self._slots: dict[type, tuple[str, ...]] = {}  # (Keyer's) each type's slot names
         self._recording = 0  # > 0 while a first reference of its kind runs
@@ -212,7 +222,7 @@ class Replays:
             return original(*args, **kwargs)
         for template in templates:
             if template.matches(state) and (template.refused is not None or template.outside_same(self._slots)):
-                if template.refused is not None:
+                if template.refused is not None or not template.intact():
                     return original(*args, **kwargs)
                 if self._unmatched.get(key[0]) is templates:
                     del self._unmatched[key[0]]
@@ -251,9 +261,11 @@ class Replays:
         self._references += 1
         before = {key: set(vars(handed)) for key, handed in call.handed.items()}  # (its data names, as it ran)
         self._tracer.start(call.handed)
+        self._states.append((module, path, state))
         try:
             out = original(*args, **kwargs)
         finally:
+            self._states.pop()
             log = self._tracer.stop()
             self._recording -= exclusive
             self._references -= 1
@@ -341,6 +353,67 @@ class Replays:
         the attributes (by the names its code read) of the modules and classes it reached, its modules'
         classes included. Says why not, where one cannot be keyed or may have been changed by the call."""
         log = template.log
+        pending = self._read_outside(log, state)
+        if isinstance(pending, str):
+            return pending
+        first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
+        mutates = log.mutates and writes_elsewhere(log)
+        for namespace, name in pending:
+            value = namespace.get(name, _MISSING)
+            key = first.key(value)
+            if key != again.key(value):
+                return f"it reads {name}, which cannot be compared between calls"
+            if isinstance(value, types.ModuleType | type) and name in log.stored \
+                    or mutates and _mutable(value):
+                return f"it may change {name}, which it reads"
+            template.outside.append((namespace, name, value, key))
+        return None
+
+    def _read_now(self) -> Any:
+        """What the references recording now have read from outside so far, keyed, with their modules' state:
+        before each call on an object handed to them (`_changed_since` compares after it)."""
+        with torch._C.DisableTorchFunction():
+            return self._read_outside_now()
+
+    def _read_outside_now(self) -> Any:
+        log = self._tracer.so_far()
+        read: dict[tuple[int, str], tuple] = {}
+        for _, _, state in self._states:
+            pending = self._read_outside(log, state)
+            if isinstance(pending, str):  # (the reference is refused for it at its end)
+                continue
+            keyer = Keyer(slots=self._slots)
+            for namespace, name in pending:
+                if (id(namespace), name) not in read:
+                    value = namespace.get(name, _MISSING)
+                    read[(id(namespace), name)] = (namespace, name, value, keyer.key(value))
+        return list(read.values()), list(self._states)
+
+    def _changed_since(self, before: Any) -> str | None:
+        """What of `before` (`_read_now`) differs now: a global's name, or a block's modules' state."""
+        read, states = before
+        keyer = Keyer(slots=self._slots)
+        with torch._C.DisableTorchFunction():
+            for namespace, name, value, key in read:
+                now = namespace.get(name, _MISSING)
+                if not (now is value and Keyer.by_identity(value)) and keyer.key(now) != key:
+                    return f"{name}, which the block read before it"
+        for module, path, state in states:
+            if not self._same_state(module, path, state):
+                return f"the state of {path}"
+        return None
+
+    def _same_state(self, module: torch.nn.Module, path: str, state: BlockState) -> bool:
+        try:
+            with torch._C.DisableTorchFunction():
+                return BlockState(module, self._tracker.name_of, path, self._slots).entries == state.entries
+        except Unsupported:
+            return False
+
+    def _read_outside(self, log: ReadLog, state: BlockState) -> list[tuple[dict, str]] | str:
+        """Where the code of `log` read from outside its modules and arguments: (namespace, name) of each
+        global, and of the attributes of the modules and classes it reached by the names it read, its
+        closures' functions; or why it cannot be known."""
         names = log.names
         pending = list(log.outside.values())
         spaces: set[int] = set()
@@ -365,20 +438,7 @@ class Replays:
             if len(pending) > _MAX_OUTSIDE:
                 return "it reads too many globals to compare"
         why = self._closures(log, state, classes, pending)
-        if why is not None:
-            return why
-        first, again = Keyer(slots=self._slots), Keyer(slots=self._slots)
-        mutates = log.mutates and writes_elsewhere(log)
-        for namespace, name in pending:
-            value = namespace.get(name, _MISSING)
-            key = first.key(value)
-            if key != again.key(value):
-                return f"it reads {name}, which cannot be compared between calls"
-            if isinstance(value, types.ModuleType | type) and name in log.stored \
-                    or mutates and _mutable(value):
-                return f"it may change {name}, which it reads"
-            template.outside.append((namespace, name, value, key))
-        return None
+        return why if why is not None else pending
 
     def _fill(self, template: Template, module: torch.nn.Module, call: CallKey, nodes: list[torch.fx.Node],
               out: Any, args: tuple, kwargs: dict, before: dict[int, set[str]]) -> str | None:
@@ -427,6 +487,7 @@ class Replays:
             return str(why)
         specs = {id(spec[2]): spec for spec in node_specs(template.output)}
         template.produced = [(spec[1], spec[2]) for spec in specs.values()]
+        template.shapes = tensor_keys([like for _, like in template.produced])
         if any(producer in made for producer, _ in template.produced):
             return "it returns a tensor a call on an object handed to it made"
         return self._fill_backward(template, inside) if self._owners is not None else None
@@ -539,7 +600,8 @@ class Replays:
         results: dict[int, torch.Tensor] = {}  # id(a tensor such a call returned at the reference) -> at this copy
         for index, (node, meta, where, library, outputs) in enumerate(template.plan or self._plan(template)):
             while called < len(throughs) and throughs[called].first == index:
-                self._call_through(throughs[called], template, path, call, modules, copies, fresh, results, site)
+                self._call_through(throughs[called], template, path, call, modules, copies, fresh, results, site,
+                                   state)
                 called += 1
             if node in made_in_calls:
                 continue
@@ -557,7 +619,7 @@ class Replays:
                 meta["val"] = swapped(meta.get("val"), fresh)
             copies[node] = copy
         for through in throughs[called:]:
-            self._call_through(through, template, path, call, modules, copies, fresh, results, site)
+            self._call_through(through, template, path, call, modules, copies, fresh, results, site, state)
         for producer, like in template.produced:
             recorder.produced(fresh[id(like)], copies[producer])
         if self._owners is not None and template.nodes:
@@ -575,9 +637,11 @@ class Replays:
     def _call_through(self, through: Through, template: Template, path: str, call: CallKey,
                       modules: dict[str, torch.nn.Module], copies: dict[torch.fx.Node, torch.fx.Node],
                       fresh: dict[int, torch.Tensor], results: dict[int, torch.Tensor],
-                      site: tuple[str, int] | None) -> None:
+                      site: tuple[str, int] | None, state: BlockState) -> None:
         """Make a call on a handed object again for this copy (capture.block_calls): its ops are recorded as
-        they run, then placed as the reference's (module, source line); its results stand for the reference's."""
+        they run, then placed as the reference's (module, source line); its results stand for the reference's.
+        What the block reads from outside and its modules' state must be as the call found them (the block's
+        code after it would read them: the capture runs again without replay where they changed)."""
         recorder = self._recorder
 
         def copied(spec: tuple) -> Any:
@@ -594,11 +658,14 @@ class Replays:
             return value_at(spec, call, modules)
 
         positional, keywords = remake(through, lambda spec: build(spec, copied))
+        given = tensor_keys((positional, keywords))
         mark = recorder.last_node()
         with torch._C._EnableTorchFunction():  # (a replay runs with them off: the call runs as the block would)
             result = through.function(*positional, **keywords)
         made = [node for node in recorder.nodes_after(mark) if node.op != "placeholder"]
-        check(through, result, made, path)
+        check(through, result, made, path, given, tensor_keys((positional, keywords)))
+        if not template.outside_same(self._slots) or not self._same_state(modules[""], path, state):
+            raise ReplayRetry(f"{path}: a call on an object handed to it changed what the block reads")
         for reference, node in zip(through.ops, made):
             copies[reference] = node
             where = reference.meta.get("fxflops_module")

@@ -18,16 +18,27 @@ conjugate or negative bit, not quantized, not requiring grad; an in-place op's o
 again, as in the mode); anything else, and any call without an entry (a first call, one the mode
 does not cache), goes through the mode as before. tests/test_symbolic_cache.py holds the outputs
 equal to the mode's, and sweeps equal to fresh estimates node by node.
+
+An entry is made only for a call met before. The mode makes one at every miss, and making it rebuilds the
+output from it once more to check it (`empty_strided` and `set_` in symbolic arithmetic again): most calls
+of a capture with replay are met once (the reference block's), so the entries cost a third of its capture
+and served a few calls. A call whose key the capture has not met (`FIRST_SIGHT`) runs through the mode with
+its cache off for that call: the mode's own dispatch, the output it computes as on any miss, no entry. The
+second equal call is a miss that makes the entry, the third on take the route. Nothing else changes: a hit
+gives the tensor a miss computes, and a miss is what the mode does without an entry.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 _REFUSED = object()  # an output the route does not rebuild: the call goes through the mode
+FIRST_SIGHT = object()  # a call not met before in this capture: the mode runs it with its cache off (`uncached`)
 
 
 class CacheHits:
@@ -39,8 +50,11 @@ class CacheHits:
         self._parts = _cache_internals() if mode.shape_env is not None and mode.cache_enabled \
             and not mode.cache_crosscheck_enabled else None
         self._taken: dict[Any, bool] = {}  # op -> whether the route may take its calls (decided once per op)
+        self._met: set[Any] = set()  # the keys of the calls met so far without an entry
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The outputs from the mode's entry; FIRST_SIGHT for a call whose key was not met before (run it
+        through the mode under `uncached()`); NotImplemented where the mode runs it as it would."""
         if self._parts is None or not self._takes(func) or torch._C._is_torch_function_mode_enabled():
             return NotImplemented
         mode, parts = self.mode, self._parts
@@ -51,12 +65,28 @@ class CacheHits:
             return NotImplemented
         cache = mode.shape_env.fake_tensor_cache if state.cache_on_shape_env() else type(mode).cache
         entry = cache.get(key)
+        if entry is None:
+            if key not in self._met:
+                self._met.add(key)
+                return FIRST_SIGHT
+            return NotImplemented  # met before: the mode runs it and makes its entry
         if not isinstance(entry, parts["_DispatchCacheValidEntry"]):
-            return NotImplemented  # a first call, or one the mode does not cache: the mode runs it
+            return NotImplemented  # one the mode does not cache: the mode runs it
         outputs = [self._output(info, key, state, func, args) for info in entry.output_infos]
         if any(output is _REFUSED for output in outputs):
             return NotImplemented
         return tuple(outputs) if entry.is_output_tuple else outputs[0]
+
+    @contextlib.contextmanager
+    def uncached(self) -> Iterator[None]:
+        """The mode with its cache off while a call met for the first time runs (its own flag, restored)."""
+        mode = self.mode
+        before = mode.cache_enabled
+        mode.cache_enabled = False
+        try:
+            yield
+        finally:
+            mode.cache_enabled = before
 
     def _output(self, info: Any, key: Any, state: Any, func: Any, args: tuple) -> Any:
         """One output as the mode's `_get_output_tensor_from_cache_entry` makes it, or _REFUSED."""

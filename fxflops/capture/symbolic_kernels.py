@@ -27,27 +27,277 @@ A concatenation whose first tensor is 1-d (a decoder's cache update: `torch.cat(
 two a layer, each run again at every copied layer) goes through torch's Python reference of `cat`; `_cat`
 shapes it as that reference does where no step of it is a question (tests/test_symbolic_kernels.py holds it
 against the mode, guards included).
+
+Views on named sizes cost the mode more than their answer: a `view` (and `_unsafe_view`, matmul's) runs torch's
+Python reshape algorithm, each step (split an axis, merge axes) an op of its own through the mode with its
+cache entry and an as_strided, 5-10 ms a view and 14 in GPT-2's reference layer; a `transpose`, `unsqueeze` or
+`slice` is one C++ or Python kernel plus the mode's cache entry, ~5 ms. Each is shaped here by the same
+algorithm, asking the same questions of the same expressions in the same order, through torch's own functions
+wherever `size_one` tells questions apart by the function asking them (so a question it answers without a guard
+there is answered so here, and a guard the mode would add is this kernel's, one for one); the output is one
+as_strided of the input's storage, as the mode's last step gives it. A `view` whose algorithm would ask a
+question of an intermediate view (axes merged after a split), or a case it special-cases, goes to the mode,
+which asks what was asked again (answered now without a new guard). An `addmm` of a 2-d linear layer on a
+named row count is its decomposition's one contiguous output where that decomposition's questions are all
+static or answered by `size_one` without a guard. tests/test_symbolic_kernels.py holds every one against the
+mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
+ranges, at points where a size is 1 too.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from fxflops.capture.symbolic_layers import layer_norm_on_cpu
 
 aten = torch.ops.aten
 
 
 def symbolic_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     """The outputs of `func` on symbolic sizes where they are known at every point, else NotImplemented."""
-    if func is aten.native_batch_norm.default:
-        return _batch_norm_on_cpu(args, kwargs)
-    if func is aten.convolution.default:
-        return _convolution_on_cpu(args, kwargs)
-    if func is aten.cat.default:
-        return _cat(args, kwargs)
-    return NotImplemented
+    kernel = _KERNELS.get(func)
+    return NotImplemented if kernel is None else kernel(args, kwargs)
+
+
+def _addmm(args: tuple, kwargs: dict) -> Any:
+    """`addmm(bias, rows, weight)` (a linear layer on rows whose count is a named size: GPT-2's Conv1D, a
+    classifier's head) shaped as the mode's decomposition of it shapes it: `rows @ weight` (meta_mm: a new
+    contiguous [rows, out]), times 1, plus the bias times 1 (each a fast elementwise op: contiguous
+    operands give a contiguous output). Four ops through the mode, each with its cache entry; here one new
+    tensor. Their questions: the reduction axes equal (both static here), whether the rows are 1 in each
+    contiguity check and broadcast against the bias, which `size_one` answers without a guard where the rows
+    are not 1 at the capture's sizes (the stride is the expected one; the bias's axis is the constant 1).
+    So only: one floating dtype (no casts), static weight and bias [out], the rows' count known not to be 1
+    or not 1 at the capture's sizes (else the mode, whose question is then a guard)."""
+    if kwargs or len(args) != 3:
+        return NotImplemented
+    bias, rows, weight = args
+    if not all(type(t) is FakeTensor and t.layout is torch.strided and t.constant is None for t in args) \
+            or rows.dtype not in (torch.float32, torch.float64) or rows.device.type != "cpu" \
+            or any(t.dtype != rows.dtype or t.device != rows.device or t.fake_mode is not rows.fake_mode
+                   for t in (bias, weight)):
+        return NotImplemented
+    if rows.dim() != 2 or weight.dim() != 2 or bias.dim() != 1 or not rows._has_symbolic_sizes_strides \
+            or weight._has_symbolic_sizes_strides or bias._has_symbolic_sizes_strides or not bias.is_contiguous():
+        return NotImplemented
+    count, width = rows.shape
+    if type(width) is not int or width != weight.shape[0] or tuple(bias.shape) != (weight.shape[1],) \
+            or not isinstance(count, torch.SymInt) or not (_known(count != 1) or _hint(count) not in (None, 1)):
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((count, weight.shape[1]), dtype=rows.dtype, device="meta",
+                           memory_format=torch.contiguous_format)
+    return FakeTensor(rows.fake_mode, meta, rows.device)
+
+
+def _hint(size: Any) -> Any:
+    """The size at the capture's point (None where it has none)."""
+    return size.node.hint if isinstance(size, torch.SymInt) else size
+
+
+class _Refused(Exception):
+    """A step of a view the kernel leaves to the mode (raised before anything is asked that the mode would
+    answer otherwise)."""
+
+
+def _view(args: tuple, kwargs: dict) -> Any:
+    """A view (`view`, `_unsafe_view`) on named sizes, shaped by torch's own algorithm
+    (`_refs._reshape_view_helper`, which the mode runs for it) re-run on the sizes and strides alone.
+
+    Through the mode each of the algorithm's steps (split an axis, merge axes, squeeze) is an op of its own,
+    dispatched through the fake mode with its cache key and entry, an as_strided, each in symbolic
+    arithmetic: ~5-10 ms a view. Here the same questions are asked in the same order, of the same
+    expressions, through the same functions where `size_one` recognises the asking function
+    (`infer_size`, `is_contiguous_or_false`, `_collapse_view_helper` on the input itself), and as plain
+    questions where the mode asks them as plain questions (its guards are then this kernel's, one for
+    one); the output is one view of the input's storage with the sizes, strides and offset the
+    algorithm's last step gives. A merge of axes after a split (the mode would ask it of an intermediate
+    view) or any case the algorithm special-cases (no elements, 0-d) goes to the mode, which asks the
+    questions asked so far again, answered now without a new guard."""
+    from torch._prims_common import infer_size, is_contiguous_or_false
+    from torch._subclasses.fake_impls import _view_has_unbacked_input
+
+    if kwargs or len(args) != 2 or not _view_source(args[0]) or not isinstance(args[1], list | tuple):
+        return NotImplemented
+    source, shape = args
+    if torch.fx.experimental._config.backed_size_oblivious or _view_has_unbacked_input(source, shape):
+        return NotImplemented
+    if len(shape) == 1 and isinstance(shape[0], list | tuple):
+        shape = shape[0]
+    if not shape or source.dim() == 0 or not all(type(size) is int or isinstance(size, torch.SymInt) for size in shape):
+        return NotImplemented
+    shape = infer_size(tuple(shape), source.numel())
+    if source.numel() == 0:  # (asked as the mode asks it)
+        return NotImplemented
+    offset = source.storage_offset()
+    if is_contiguous_or_false(source):
+        if len(shape) == 1 and source.dim() > 1:
+            return _aliasing(source, [source.numel()], [1], offset)
+        if len(shape) == 2 and source.dim() == 1:
+            return _aliasing(source, list(shape), [shape[1], 1], offset)
+    shape_numel = functools.reduce(operator.mul, shape, 1)
+    torch._check(source.numel() == shape_numel,
+                 lambda: f"Could not reshape a tensor with shape {source.shape} as a tensor with shape {shape}!")
+    try:
+        sizes, strides = _reshape_view_steps(source, shape)
+    except _Refused:
+        return NotImplemented
+    return _aliasing(source, sizes, strides, offset)
+
+
+def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
+    """torch's `_reshape_view_helper_core_alg` (allow_copy=False) on (sizes, strides): the view's layout."""
+    from torch._prims import _collapse_view_helper
+    from torch._prims_common import validate_dim_length
+
+    sizes, strides = list(source.shape), list(source.stride())
+    split = False  # whether the layout is still the input's (a merge asks its questions of the input itself)
+
+    def split_dim(dim: int, outer: Any) -> None:  # prims.split_dim's meta
+        validate_dim_length(outer)
+        inner = sizes[dim] // outer
+        if (sizes[dim] % outer) != 0:
+            raise _Refused
+        stride = strides[dim]
+        sizes[dim:dim + 1] = [outer, inner]
+        strides[dim:dim + 1] = [stride * inner, stride]
+
+    idx = 0
+    for length in shape:
+        if idx >= len(sizes):  # a tail unsqueeze
+            if length != 1:
+                raise _Refused
+            split_dim(len(sizes) - 1, sizes[-1])
+            split = True
+            idx += 1
+            continue
+        if length == sizes[idx]:
+            idx += 1
+            continue
+        accum, end = sizes[idx], idx
+        while accum % length != 0:
+            end += 1
+            if end >= len(sizes):
+                raise _Refused
+            accum *= sizes[end]
+        if end != idx:
+            if split:  # the mode asks the merge's questions of an intermediate view
+                raise _Refused
+            new_shape, new_strides = _collapse_view_helper(source, idx, end, must_be_valid=None)
+            if new_shape is None:  # not a view: the mode raises (view) or copies (reshape)
+                raise _Refused
+            sizes, strides = list(new_shape), list(new_strides)
+        if accum != length:
+            split_dim(idx, length)
+        split = split or end != idx or accum != length
+        idx += 1
+    if idx < len(sizes):  # a tail squeeze
+        raise _Refused
+    return sizes, strides
+
+
+def _transpose(args: tuple, kwargs: dict) -> Any:
+    """`transpose(a, d0, d1)` on named sizes: the C++ kernel the mode runs swaps the two axes' sizes and
+    strides (an alias where they are one axis); no question is asked, but the mode's cache entry and its
+    as_strided are symbolic arithmetic (~5 ms)."""
+    if kwargs or len(args) != 3 or not _view_source(args[0]) or type(args[1]) is not int or type(args[2]) is not int:
+        return NotImplemented
+    source, first, second = args
+    rank = source.dim()
+    if rank == 0 or not (-rank <= first < rank and -rank <= second < rank):
+        return NotImplemented
+    first, second = first % rank, second % rank
+    sizes, strides = list(source.shape), list(source.stride())
+    sizes[first], sizes[second] = sizes[second], sizes[first]
+    strides[first], strides[second] = strides[second], strides[first]
+    return _aliasing(source, sizes, strides, source.storage_offset())
+
+
+def _unsqueeze(args: tuple, kwargs: dict) -> Any:
+    """`unsqueeze(a, d)` on named sizes: the C++ kernel the mode runs inserts a size 1 whose stride is the next
+    axis's size times its stride (1 at the end); no question, only the mode's cache entry and as_strided."""
+    if kwargs or len(args) != 2 or not _view_source(args[0]) or type(args[1]) is not int:
+        return NotImplemented
+    source, dim = args
+    rank = source.dim() + 1
+    if not -rank <= dim < rank:
+        return NotImplemented
+    dim %= rank
+    sizes, strides = list(source.shape), list(source.stride())
+    stride = 1 if dim >= source.dim() else sizes[dim] * strides[dim]
+    sizes.insert(dim, 1)
+    strides.insert(dim, stride)
+    return _aliasing(source, sizes, strides, source.storage_offset())
+
+
+def _slice(args: tuple, kwargs: dict) -> Any:
+    """`slice(a, dim, start, end, step)` on named sizes by the mode's own Python kernel for it
+    (`fake_impls.slice_forward`: the same questions from the same function), handed the input behind a
+    stand-in whose as_strided is one view of its storage: through the mode that as_strided is an op of its
+    own with its cache entry, besides the slice's (~5 ms a slice). Unbacked sizes (where that kernel would
+    make a new symbol) go to the mode."""
+    from torch._subclasses.fake_impls import slice_forward
+    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
+
+    if len(args) < 1 or not _view_source(args[0]) or set(kwargs) - {"dim", "start", "end", "step"}:
+        return NotImplemented
+    names = ("dim", "start", "end", "step")
+    values = dict(zip(names, args[1:]), **kwargs)
+    source = args[0]
+    if len(args) > 5 or any(type(v) is not int and not isinstance(v, torch.SymInt)
+                            for name, v in values.items() if v is not None or name in ("dim", "step")):
+        return NotImplemented
+    if type(values.get("dim", 0)) is not int or type(values.get("step", 1)) is not int \
+            or not all(has_guarding_hint(v) for v in (*source.shape, *source.stride(), source.storage_offset(),
+                                                      *(v for v in values.values() if v is not None))):
+        return NotImplemented
+    return slice_forward(source.fake_mode, aten.slice.Tensor, _Sliced(source), **values)
+
+
+class _Sliced:
+    """A fake tensor as `fake_impls.slice_forward` reads it, its as_strided a direct view of its storage."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.is_quantized = False
+
+    def dim(self) -> int:
+        return self.source.dim()
+
+    def size(self) -> Any:
+        return self.source.size()
+
+    def stride(self) -> Any:
+        return self.source.stride()
+
+    def storage_offset(self) -> Any:
+        return self.source.storage_offset()
+
+    def as_strided(self, sizes: list, strides: list, offset: Any) -> Any:
+        return _aliasing(self.source, list(sizes), list(strides), offset)
+
+
+def _view_source(source: Any) -> bool:
+    """A strided fake tensor with named sizes, not a constant (the mode would carry a constant's value)."""
+    return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.layout is torch.strided \
+        and source.constant is None and not source.is_sparse and not source.is_quantized
+
+
+def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
+    """A fake view of `source`'s storage with these sizes, strides and offset (the meta kernel's as_strided,
+    on the storage the fake tensor holds)."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    mode = source.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = aten.as_strided.default(source, sizes, strides, offset)
+    return FakeTensor(mode, meta, source.device)
 
 
 def _cat(args: tuple, kwargs: dict) -> Any:
@@ -212,3 +462,12 @@ def _known(condition: Any) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return statically_known_true(condition)
+
+
+# each op's kernel (a read-only table: symbolic_kernel is asked of every op of a symbolic capture)
+_KERNELS = MappingProxyType({
+    aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
+    aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
+    aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
+    aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+})

@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="expert parallel degrees to try (MoE models; with cp, multiples of it), e.g. --ep 1 2 4")
     parser.add_argument("--schedules", nargs="+", choices=["1f1b", "gpipe"], default=["1f1b", "gpipe"],
                         help="pipeline schedules to try with one chunk a stage (virtual stages run interleaved 1F1B)")
-    parser.add_argument("--attention", choices=["flash", "math"], default="flash",
-                        help="the attention kernels the run launches: flash (fused, default) or math (unfused: "
-                        "batched GEMMs and the scores through memory)")
+    parser.add_argument("--attention", choices=["flash", "cudnn", "math"], default="flash",
+                        help="the attention kernels the run launches: flash (fused, default), cudnn (cuDNN's fused "
+                        "kernels, as Transformer Engine runs them on Hopper) or math (unfused: batched GEMMs and the "
+                        "scores through memory)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the attention probabilities (a kernel of its own with --attention math)")
     parser.add_argument("--fuse-elementwise", action="store_true",

@@ -189,6 +189,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     dispatching = experts if ep > 1 else ()
     collective_nodes = {record.node for record in estimate.collectives}
     claimed: set[int] = set()  # GEMMs already overlapped with a collective
+    fed: dict[str, set[str]] = {}  # a forward all-gather's module: the modules of the GEMMs its output feeds
     for record in estimate.collectives:
         kind = collective_kind(record, dispatching, attention_modules)
         if kind == DP:  # FSDP / DDP: the step simulation models them from the parameter counts
@@ -209,7 +210,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, f"ep_comm_{phase}", seconds)
         elif record.node in position:
             gemms = _overlapped_gemms(nodes, times, position[record.node], record.op, collective_nodes, claimed,
-                                      max(tokens // max(cp, 1), 1))
+                                      max(tokens // max(cp, 1), 1), fed)
             _add(entry, f"tp_overlap_{phase}", tp_overlap_seconds(seconds, gemms, cluster.tp_overlap_gemm_slowdown))
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
@@ -333,21 +334,24 @@ def tp_overlap_seconds(comm: float, gemm: float, slowdown: float = 1.0) -> float
 
 
 def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str, collectives: set[str],
-                      claimed: set[int], tokens: int = 0) -> float:
+                      claimed: set[int], tokens: int = 0, fed: dict[str, set[str]] | None = None) -> float:
     """Seconds of the GEMMs a tensor-parallel collective overlaps with: an all-gather the GEMMs right after it
     (those it feeds: q, k and v projections of one gathered input), a reduce-scatter or all-reduce the GEMMs
     right before it (those it follows), in the same pass; views and the collective's own layout copy (a `cat`
     in its module) lie between, any other op ends the run. A reduce-scatter of the backward (the input gradient
-    of column-parallel linears) overlaps instead the weight-gradient GEMMs since the pass's previous collective,
-    whatever lies between: Transformer Engine's bulk overlap, which runs that reduce-scatter beside the wgrad GEMM
-    (TE's ub_bulk_dgrad; Megatron-Core's tp_comm_bulk_dgrad, on by default with --tp-comm-overlap,
-    model_parallel_config.py of core_r0.8.0). A weight-gradient GEMM reduces over the micro-batch's `tokens` (its
-    K); the input-gradient GEMMs, which make what the reduce-scatter sends, reduce over the output features. A
-    GEMM overlaps one collective at most."""
-    if op == "reduce_scatter" and nodes[index].phase == BACKWARD and tokens:
-        return _wgrad_gemms_before(nodes, times, index, collectives, claimed, tokens)
-    step = 1 if op == "all_gather" else -1
+    of the column-parallel linears a forward all-gather fed) overlaps instead the weight-gradient GEMMs of those
+    linears: Transformer Engine's bulk overlap, which runs that reduce-scatter beside the linear's wgrad GEMM
+    (TE's ub_bulk_wgrad, BULK_OVERLAP_RS in LayerNormLinear's backward; Megatron-Core's tp_comm_bulk_wgrad, on by
+    default with --tp-comm-overlap, model_parallel_config.py and arguments.py of core_r0.8.0), and Megatron's own
+    ColumnParallelLinear under sequence parallelism (its async reduce-scatter of the input gradient beside the
+    wgrad GEMM). `fed` (forward all-gather's module -> the modules of the GEMMs it claimed) is filled by the
+    forward all-gathers and read by the backward reduce-scatter issued in the same module; a weight-gradient GEMM
+    reduces over the micro-batch's `tokens` (its K), an input-gradient GEMM, which makes what the reduce-scatter
+    sends, over the output features. A GEMM overlaps one collective at most."""
     phase, module = nodes[index].phase, nodes[index].module
+    if op == "reduce_scatter" and phase == BACKWARD and tokens:
+        return _wgrad_gemms_before(nodes, times, index, collectives, claimed, tokens, (fed or {}).get(module))
+    step = 1 if op == "all_gather" else -1
     found = 0.0
     i = index + step
     while 0 <= i < len(nodes) and nodes[i].phase == phase and nodes[i].name not in collectives:
@@ -356,6 +360,8 @@ def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str,
             if i not in claimed:
                 claimed.add(i)
                 found += times[i]
+                if op == "all_gather" and phase == FORWARD and fed is not None:
+                    fed.setdefault(module, set()).add(nodes[i].module)
         elif not (kind == NONE or (not found and "cat" in nodes[i].op and _under(nodes[i].module, module))):
             break
         i += step
@@ -363,16 +369,22 @@ def _overlapped_gemms(nodes: list[Any], times: list[float], index: int, op: str,
 
 
 def _wgrad_gemms_before(nodes: list[Any], times: list[float], index: int, collectives: set[str], claimed: set[int],
-                        tokens: int) -> float:
-    """Seconds of the unclaimed weight-gradient GEMMs (K = `tokens`) between a backward reduce-scatter and the
-    pass's previous collective (see `_overlapped_gemms`), each claimed."""
+                        tokens: int, modules: set[str] | None) -> float:
+    """Seconds of the weight-gradient GEMMs (K = `tokens`) of `modules` (the linears the reduce-scatter's forward
+    all-gather fed; None: not known, any module) between a backward reduce-scatter and the pass's previous
+    collective, each claimed. The walk stops at a GEMM another collective claimed: the linear before those (a
+    row-parallel one, whose gradient an all-gather brought) ran its wgrad before the reduce-scatter's payload was
+    made, so it cannot hide it."""
     phase = nodes[index].phase
     found = 0.0
     i = index - 1
     while i >= 0 and nodes[i].phase == phase and nodes[i].name not in collectives:
-        if op_kind(nodes[i]) == GEMM and i not in claimed and gemm_shape(nodes[i])[2] == tokens:
-            claimed.add(i)
-            found += times[i]
+        if op_kind(nodes[i]) == GEMM:
+            if i in claimed:
+                break
+            if gemm_shape(nodes[i])[2] == tokens and (modules is None or nodes[i].module in modules):
+                claimed.add(i)
+                found += times[i]
         i -= 1
     return found
 
