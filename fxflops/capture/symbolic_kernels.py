@@ -55,6 +55,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from fxflops.capture.symbolic_layers import layer_norm_on_cpu
+from fxflops.capture.symbolic_pooling import add_in_place, max_pool2d_with_indices, mean_over_trailing_axes, relu_in_place
 
 aten = torch.ops.aten
 
@@ -470,4 +471,8 @@ _KERNELS = MappingProxyType({
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
     aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+    aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+    aten.relu_.default: relu_in_place,
+    aten.add_.Tensor: add_in_place,
+    aten.mean.dim: mean_over_trailing_axes,
 })
