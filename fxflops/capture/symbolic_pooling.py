@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 def relu_in_place(args: tuple, kwargs: dict) -> Any:
     """`relu_(x)`: `x` itself, where no question of torch's is a guard (see the module's docstring)."""
-    if kwargs or len(args) != 1 or not _plain(args[0]) or not _contiguous_named(args[0]):
+    if kwargs or len(args) != 1 or not _plain(args[0]) or not contiguous_as_expressions(args[0]):
         return NotImplemented
     return args[0]
 
@@ -53,7 +53,7 @@ def add_in_place(args: tuple, kwargs: dict) -> Any:
             or other.constant is not None or other.dim() != target.dim() \
             or not all(_same(a, b) for a, b in zip(target.shape, other.shape)):
         return NotImplemented
-    if not _contiguous_named(target) or other is not target and not _contiguous_named(other):
+    if not contiguous_as_expressions(target) or other is not target and not contiguous_as_expressions(other):
         return NotImplemented
     return target
 
@@ -77,7 +77,7 @@ def max_pool2d_with_indices(args: tuple, kwargs: dict) -> Any:
     # the layout questions (suggest_memory_format: contiguous, not channels-last, asked of sizes and strides)
     # and the checks of non-empty sides hold at every point where both sides are at least 1; a channel count
     # of at least 2 makes the channels-last test fail on the last axis's stride (1 < C * H * W)
-    if not _contiguous_named(source) or not all(_known(side >= 1) for side in (height, width)):
+    if not contiguous_as_expressions(source) or not all(_known(side >= 1) for side in (height, width)):
         return NotImplemented
     sides = []
     for size, k, step, pad, wide in zip((height, width), kernel, stride, padding, dilation):
@@ -109,7 +109,7 @@ def mean_over_trailing_axes(args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     reduced = {d % rank for d in dims}
     if len(reduced) != len(dims) or reduced != set(range(rank - len(reduced), rank)) or len(reduced) == rank \
-            or not _contiguous_named(source):
+            or not contiguous_as_expressions(source):
         return NotImplemented
     shape = [1 if axis in reduced else size for axis, size in enumerate(source.shape)]
     with unset_fake_temporarily():
@@ -127,7 +127,7 @@ def _plain(source: Any) -> bool:
     return all(type(size) is int or size.node.hint not in (None, 1) or _known(size != 1) for size in source.shape)
 
 
-def _contiguous_named(source: Any) -> bool:
+def contiguous_as_expressions(source: Any) -> bool:
     """Whether `source`'s strides are, as expressions, the contiguous ones of its shape and its offset 0: then
     they are at every point (a sufficient test that asks nothing; a layout equal only in value takes the mode)."""
     offset = source.storage_offset()
