@@ -200,10 +200,10 @@ def _state(env) -> tuple:
             sorted((str(k), str(v)) for k, v in env.var_to_range.items()))
 
 
-def _layout_run(op, build, hints=(2, 7), direct=True):
-    """(output layout, ShapeEnv state) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a
-    sweep's ShapeEnv: through symbolic_kernel (None where it leaves the op to the mode) or through the mode;
-    an error the mode raises is returned as its type."""
+def symbolic_call(op, build, hints, direct):
+    """(inputs, output, ShapeEnv) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a sweep's
+    ShapeEnv, through symbolic_kernel (NotImplemented where it leaves the op to the mode) or through the mode;
+    an error the mode raises is returned as its type's name (inputs and ShapeEnv None)."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -219,9 +219,17 @@ def _layout_run(op, build, hints=(2, 7), direct=True):
     with FakeTensorMode(shape_env=env, static_shapes=True):
         args = build(*sizes)
         try:
-            out = symbolic_kernel(op, args, {}) if direct else op(*args)
+            return args, symbolic_kernel(op, args, {}) if direct else op(*args), env
         except Exception as error:  # noqa: BLE001 - the mode's own refusal, compared by kind
-            return type(error).__name__, None
+            return None, type(error).__name__, None
+
+
+def _layout_run(op, build, hints=(2, 7), direct=True):
+    """(output layout, ShapeEnv state) of `op(*build(b, s))` (`symbolic_call`): None where the kernel leaves the
+    op to the mode; an error the mode raises is returned as its type."""
+    args, out, env = symbolic_call(op, build, hints, direct)
+    if isinstance(out, str):
+        return out, None
     if out is NotImplemented:
         return None, None
     source = args[0]

@@ -12,7 +12,7 @@ from torch import nn
 
 import fxflops
 from fxflops.sweeps import sweep
-from tests.test_symbolic_kernels import _state
+from tests.test_symbolic_kernels import _state, symbolic_call
 
 aten = torch.ops.aten
 MAX_POOL, RELU_, ADD_, MEAN = (aten.max_pool2d_with_indices.default, aten.relu_.default, aten.add_.Tensor,
@@ -21,26 +21,11 @@ MAX_POOL, RELU_, ADD_, MEAN = (aten.max_pool2d_with_indices.default, aten.relu_.
 
 def _run(op, build, hints, direct):
     """(outputs' layouts, ShapeEnv state) of `op(*build(b, s))` on symbolic b and s (hints given), through
-    symbolic_kernel or through the mode; a mode's error as its type. Where the kernel leaves the op to the mode:
-    (None, whether a size of the first input is 1 at this point)."""
-    from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fxflops.capture.size_one import size_one_shape_env
-    from fxflops.capture.symbolic_kernels import symbolic_kernel
-
-    env = size_one_shape_env()
-    sizes = []
-    for name, hint in zip(("b", "s"), hints):
-        source = ConstantSource(name)
-        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
-                                           hint=hint, source=source))
-    with FakeTensorMode(shape_env=env, static_shapes=True):
-        args = build(*sizes)
-        try:
-            out = symbolic_kernel(op, args, {}) if direct else op(*args)
-        except Exception as error:  # noqa: BLE001 - the mode's own refusal, compared by kind
-            return type(error).__name__, None
+    symbolic_kernel or through the mode (`symbolic_call`); a mode's error as its type. Where the kernel leaves
+    the op to the mode: (None, whether a size of the first input is 1 at this point)."""
+    args, out, env = symbolic_call(op, build, hints, direct)
+    if isinstance(out, str):
+        return out, None
     if out is NotImplemented:
         return None, any(getattr(size, "node", None) is not None and size.node.hint == 1 for size in args[0].shape)
     layouts = tuple((tuple(map(str, o.shape)), tuple(map(str, o.stride())), str(o.storage_offset()), o.dtype,
