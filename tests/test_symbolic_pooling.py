@@ -154,6 +154,8 @@ class TinyResNet(nn.Module):
 def test_a_resnet_sweep_counts_every_point_as_estimate_does_down_to_one_by_one_maps():
     model = TinyResNet().eval()
     swept = sweep(model, (torch.empty(2, 3, 33, 33),), dims={"batch": 0, "size": (2, 3)})
+    # the kernels ask no guard: one piece for every size (each takes its op at the capture's point)
+    assert len(swept.pieces) == 1 and swept.holds_for == "batch >= 1, size >= 1"
     for batch, size in [(2, 33), (1, 1), (1, 2), (3, 5), (1, 8), (4, 9), (2, 17), (1, 64)]:
         at = swept.at(batch=batch, size=size)
         expected = fxflops.estimate(model, (torch.empty(batch, 3, size, size),))
