@@ -199,8 +199,10 @@ def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
             split_dim(idx, length)
         split = split or end != idx or accum != length
         idx += 1
-    if idx < len(sizes):  # a tail squeeze
-        raise _Refused
+    while idx < len(sizes):  # a tail squeeze (a flatten of a 1 x 1 map): of constant 1s, whose check and
+        if type(sizes[idx]) is not int or sizes[idx] != 1:  # squeeze ask nothing; a named size takes the mode
+            raise _Refused
+        del sizes[idx], strides[idx]
     return sizes, strides
 
 
