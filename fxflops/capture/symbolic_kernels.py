@@ -36,8 +36,9 @@ algorithm, asking the same questions of the same expressions in the same order, 
 wherever `size_one` tells questions apart by the function asking them (so a question it answers without a guard
 there is answered so here, and a guard the mode would add is this kernel's, one for one); the output is one
 as_strided of the input's storage, as the mode's last step gives it. A `view` whose algorithm would ask a
-question of an intermediate view (axes merged after a split), or a case it special-cases, goes to the mode,
-which asks what was asked again (answered now without a new guard). An `addmm` of a 2-d linear layer on a
+question of an intermediate view (axes merged after a split), a tail squeeze of a named size, or a case it
+special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
+squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
 static or answered by `size_one` without a guard. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
