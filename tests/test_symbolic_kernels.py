@@ -200,10 +200,10 @@ def _state(env) -> tuple:
             sorted((str(k), str(v)) for k, v in env.var_to_range.items()))
 
 
-def _layout_run(op, build, hints=(2, 7), direct=True):
-    """(output layout, ShapeEnv state) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a
-    sweep's ShapeEnv: through symbolic_kernel (None where it leaves the op to the mode) or through the mode;
-    an error the mode raises is returned as its type."""
+def symbolic_call(op, build, hints, direct):
+    """(inputs, output, ShapeEnv) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a sweep's
+    ShapeEnv, through symbolic_kernel (NotImplemented where it leaves the op to the mode) or through the mode;
+    an error the mode raises is returned as its type's name (inputs and ShapeEnv None)."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -219,9 +219,17 @@ def _layout_run(op, build, hints=(2, 7), direct=True):
     with FakeTensorMode(shape_env=env, static_shapes=True):
         args = build(*sizes)
         try:
-            out = symbolic_kernel(op, args, {}) if direct else op(*args)
+            return args, symbolic_kernel(op, args, {}) if direct else op(*args), env
         except Exception as error:  # noqa: BLE001 - the mode's own refusal, compared by kind
-            return type(error).__name__, None
+            return None, type(error).__name__, None
+
+
+def _layout_run(op, build, hints=(2, 7), direct=True):
+    """(output layout, ShapeEnv state) of `op(*build(b, s))` (`symbolic_call`): None where the kernel leaves the
+    op to the mode; an error the mode raises is returned as its type."""
+    args, out, env = symbolic_call(op, build, hints, direct)
+    if isinstance(out, str):
+        return out, None
     if out is NotImplemented:
         return None, None
     source = args[0]
@@ -247,6 +255,11 @@ VIEW_CASES = {
     "size-1 axis dropped": (VIEW, lambda b, s: (torch.empty(b, 1, s, 8), [b, s, 8])),
     "size-1 axis added": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, 1, s, 8])),
     "tail unsqueeze": (VIEW, lambda b, s: (torch.empty(b, s), [b, s, 1])),
+    "tail squeeze": (VIEW, lambda b, s: (torch.empty(b, s, 1), [b, s])),
+    "flatten of a 1 x 1 map": (VIEW, lambda b, s: (torch.empty(b, 8, 1, 1), [b, 8])),
+    "tail squeezes after a merge": (VIEW, lambda b, s: (torch.empty(b, s, 4, 1, 1), [b, s * 4])),
+    "tail squeeze after a split": (VIEW, lambda b, s: (torch.empty(b, 6, 1), [b, 2, 3])),
+    "tail squeeze of a strided map": (VIEW, lambda b, s: (torch.empty(b, 8, 3, 3)[:, :, 1:2, 2:], [b, 8])),
     "a batch's own axis": (VIEW, lambda b, s: (torch.empty(b, s, 8), [b, s * 8])),
     "a strided size-1 axis": (VIEW, lambda b, s: (torch.empty(b, 4, s, 8)[:, :1], [b, s, 8])),
     "transposed, split": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 6, 2, 4])),
@@ -275,7 +288,6 @@ NOT_AT_ONE = {"addmm of rows": (3, 1), "addmm of transposed rows": (3, 1)}
 # views the kernel leaves to the mode: a merge after a split, a tail squeeze, a copy (not a view), no elements
 VIEW_REFUSED = {
     "merge after a split": (VIEW, lambda b, s: (torch.empty(b, s, 6, 8), [b, s, 3, 16])),
-    "tail squeeze": (VIEW, lambda b, s: (torch.empty(b, s, 1), [b, s])),
     "transposed, merged": (VIEW, lambda b, s: (torch.empty(b, 6, s, 8).transpose(1, 2), [b, s, 48])),
     "no elements": (VIEW, lambda b, s: (torch.empty(b, s, 0), [b, 0, s])),
     "addmm of a named width": (ADDMM, lambda b, s: (torch.empty(6), torch.empty(4, s), torch.empty(7, 6))),
@@ -320,6 +332,11 @@ def test_a_view_only_at_some_sizes_is_the_modes_view_or_its_refusal(case, hints)
 def test_a_view_the_kernel_cannot_shape_goes_through_the_mode(case):
     op, build = VIEW_REFUSED[case]
     assert _layout_run(op, build) == (None, None)
+
+
+def test_a_tail_squeeze_of_a_named_size_goes_through_the_mode():
+    # a view only where s is 1 (the mode asks it as a guard there): the kernel squeezes constant 1s alone
+    assert _layout_run(VIEW, lambda b, s: (torch.empty(b, 2, s), [b, 2]), hints=(3, 1)) == (None, None)
 
 
 class Attention(nn.Module):

@@ -36,8 +36,9 @@ algorithm, asking the same questions of the same expressions in the same order, 
 wherever `size_one` tells questions apart by the function asking them (so a question it answers without a guard
 there is answered so here, and a guard the mode would add is this kernel's, one for one); the output is one
 as_strided of the input's storage, as the mode's last step gives it. A `view` whose algorithm would ask a
-question of an intermediate view (axes merged after a split), or a case it special-cases, goes to the mode,
-which asks what was asked again (answered now without a new guard). An `addmm` of a 2-d linear layer on a
+question of an intermediate view (axes merged after a split), a tail squeeze of a named size, or a case it
+special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
+squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
 static or answered by `size_one` without a guard. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
@@ -55,6 +56,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from fxflops.capture.symbolic_layers import layer_norm_on_cpu
+from fxflops.capture.symbolic_pooling import (add_in_place, contiguous_as_expressions, max_pool2d_with_indices,
+                                              mean_over_trailing_axes, relu_in_place)
 
 aten = torch.ops.aten
 
@@ -197,8 +200,10 @@ def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
             split_dim(idx, length)
         split = split or end != idx or accum != length
         idx += 1
-    if idx < len(sizes):  # a tail squeeze
-        raise _Refused
+    while idx < len(sizes):  # a tail squeeze (a flatten of a 1 x 1 map): of constant 1s, whose check and
+        if type(sizes[idx]) is not int or sizes[idx] != 1:  # squeeze ask nothing; a named size takes the mode
+            raise _Refused
+        del sizes[idx], strides[idx]
     return sizes, strides
 
 
@@ -434,6 +439,8 @@ def _plain_symbolic(source: Any) -> bool:
 
 def _contiguous(source: Any) -> bool:
     """Whether `source`'s strides are the contiguous ones of its shape at every point (no guard asked)."""
+    if contiguous_as_expressions(source):  # the same expressions: nothing to ask (a tenth of the questions' cost)
+        return True
     if not _known(source.storage_offset() == 0):
         return False
     expected = 1
@@ -470,4 +477,8 @@ _KERNELS = MappingProxyType({
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
     aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+    aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+    aten.relu_.default: relu_in_place,
+    aten.add_.Tensor: add_in_place,
+    aten.mean.dim: mean_over_trailing_axes,
 })
