@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from fxflops.capture import symbolic_elementwise as elementwise
 from fxflops.capture.symbolic_layers import layer_norm_on_cpu
 
 aten = torch.ops.aten
@@ -470,4 +471,12 @@ _KERNELS = MappingProxyType({
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
     aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+    aten.add.Tensor: elementwise.binary,
+    aten.sub.Tensor: elementwise.binary,
+    aten.mul.Tensor: elementwise.binary,
+    aten.div.Tensor: lambda args, kwargs: elementwise.binary(args, kwargs, elementwise.INT_TO_FLOAT),
+    aten.neg.default: elementwise.unary,
+    aten.rsqrt.default: elementwise.unary,
+    aten.pow.Tensor_Scalar: elementwise.unary,
+    aten.mean.dim: elementwise.mean,
 })
