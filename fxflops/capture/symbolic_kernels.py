@@ -39,7 +39,8 @@ as_strided of the input's storage, as the mode's last step gives it. A `view` wh
 question of an intermediate view (axes merged after a split), or a case it special-cases, goes to the mode,
 which asks what was asked again (answered now without a new guard). An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
-static or answered by `size_one` without a guard. tests/test_symbolic_kernels.py holds every one against the
+static or answered by `size_one` without a guard. Elementwise ops of provably contiguous operands (an RMSNorm,
+a residual add) are `symbolic_elementwise`'s. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
 ranges, at points where a size is 1 too.
 """
