@@ -6,15 +6,11 @@ estimate() at every point."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from torch import nn
 
-import fxflops
-from fxflops.sweeps import sweep
-from tests.test_symbolic_kernels import _layout_run
+from tests.test_symbolic_kernels import _layout_run, sweep_as_without_the_kernels
 
 aten = torch.ops.aten
 ADD, SUB, MUL, DIV = aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor
@@ -164,18 +160,6 @@ class Stack(nn.Module):
 
 
 def test_an_rmsnorm_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
-    from fxflops.capture import eager
-
-    model = Stack().eval()
-    dims = {"batch": 0, "seq": 1}
-    swept = sweep(model, torch.zeros(2, 5, 16), dims=dims)
-    with monkeypatch.context() as patched:
-        patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
-        through_the_mode = sweep(model, torch.zeros(2, 5, 16), dims=dims)
-    assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
-    for batch, seq in itertools.product((1, 2, 3), (1, 2, 5, 9)):
-        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
-        assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
-        assert at.nodes == fresh.nodes
+    swept = sweep_as_without_the_kernels(Stack().eval(), monkeypatch)
     # by hand: two linears a block, 16*32 + 32*16 MACs a row
     assert swept.at(batch=2, seq=9).total_macs == 2 * 2 * 9 * (16 * 32 + 32 * 16)
