@@ -20,10 +20,12 @@ ShapeEnv's guards (in order), runtime asserts, replacements and ranges, at point
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch._subclasses.fake_impls import make_fast_binary_impl
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from fxflops.capture.size_one import _contiguous_strides, _same_size
@@ -32,7 +34,27 @@ from fxflops.capture.size_one import _contiguous_strides, _same_size
 _DEFAULT, INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT, ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
 
 
-def binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMOTION_KIND = _DEFAULT) -> Any:
+def binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMOTION_KIND = _DEFAULT,
+           named_broadcast: bool = False) -> Any:
+    """`add`/`sub`/`mul`/`div` of contiguous operands (`_contiguous_binary`), else of a strided first operand
+    (`_strided_binary`), else NotImplemented. `named_broadcast`: whether the op's reference is torch's generic
+    binary one (`mul`, `div`), whose expansion of a size-1 axis against a named size `size_one` answers
+    unguarded; `add` and `sub` have references of their own (`alpha`), where that question is a guard."""
+    out = _contiguous_binary(args, kwargs, promotion)
+    return _strided_binary(args, kwargs, promotion, named_broadcast) if out is NotImplemented else out
+
+
+def multiplying(args: tuple, kwargs: dict) -> Any:
+    """`mul`: `binary` through torch's generic binary reference."""
+    return binary(args, kwargs, _DEFAULT, named_broadcast=True)
+
+
+def dividing(args: tuple, kwargs: dict) -> Any:
+    """`div` (true division, integers promoted to floating): `binary` through the generic binary reference."""
+    return binary(args, kwargs, INT_TO_FLOAT, named_broadcast=True)
+
+
+def _contiguous_binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMOTION_KIND) -> Any:
     """`add`/`sub`/`mul`/`div` (`.Tensor`, no `alpha`) of two operands, tensors or Python numbers, as the mode's
     fast path shapes them (`make_fast_binary_impl`), where it does so without a guard: the broadcast shape,
     per axis one expression against itself, a static size against a static size, or a size against the
@@ -74,6 +96,101 @@ def binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMOTION_KIND
         except Exception:  # noqa: BLE001 - the mode raises it in its own words
             return NotImplemented
     return _contiguous_output(tensors[0], shape, dtype)
+
+
+class _Slow(Exception):
+    """The binary fast path gave up (its layout is not obvious): torch's reference would run."""
+
+
+def _give_up(*args: Any, **kwargs: Any) -> Any:
+    raise _Slow
+
+
+# torch's own binary fast path, per promotion kind, with its slow route (the reference) replaced by giving up
+_FAST = MappingProxyType({kind: make_fast_binary_impl(_give_up, kind) for kind in (_DEFAULT, INT_TO_FLOAT)})
+
+
+def _strided_binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMOTION_KIND, named_broadcast: bool) -> Any:
+    """A binary op whose first operand has the output's shape in any layout (a decoder's rotary block on
+    transposed heads: `q * cos`, `q * cos + rotate_half(q) * sin`), the second a tensor of its dtype and rank
+    that broadcasts against it by static sizes of 1 (one of fewer axes is expanded by new leading axes, where
+    the mode asks whether the first's named sizes are 1: guards). Shaped by torch's own functions, each asked what the mode
+    asks under `size_one.refusing_guards` (a question that would be a guard leaves the op to the mode): the
+    fast path (`make_fast_binary_impl`, its reference replaced by giving up), then the reference's broadcast
+    (`_broadcast_shapes`; the second operand's expansion, whose questions `size_one` answers unguarded where
+    the first operand orders every axis, checked here) and the prim's output layout
+    (`compute_elementwise_output_strides` of the first operand and the expansion)."""
+    import torch._refs as refs
+    from torch._prims_common import compute_elementwise_output_strides
+
+    from fxflops.capture.size_one import WouldGuard, refusing_guards
+
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    first, second = args
+    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor) or not _strided(first, first) \
+            or not _strided(second, first) or second.dtype != first.dtype or not first.is_floating_point() \
+            or not first._has_symbolic_sizes_strides or first.dim() < 2 or second.dim() != first.dim() \
+            or not hasattr(type(first.fake_mode.shape_env), "refusing"):
+        return NotImplemented
+    shape, strides, padded = tuple(first.shape), first.stride(), tuple(second.shape)
+    # the expansion of the second operand: its own axes kept, the constant 1 against a static size or (its
+    # stride asked by `size_one`, unguarded where the first operand's stride on that axis is known nonzero and
+    # unlike every other) against a named size not 1 at the capture's point
+    ordered = all(_known(stride != 0) for stride in strides) \
+        and all(_known(one != other) for at, one in enumerate(strides) for other in strides[at + 1:])
+    expanded = []
+    for axis, (size, own) in enumerate(zip(shape, padded)):
+        if _same_size(size, own):
+            expanded.append(second.stride()[axis])
+        elif type(own) is int and own == 1 and (type(size) is int or named_broadcast and ordered and _not_one(size)):
+            expanded.append(0)
+        else:
+            return NotImplemented
+    # the reference's should_expand: `1 != size` of the two shapes, unguarded where some pair is known unequal
+    if not any(_known(x != y) for x, y in zip(padded, shape)) and not all(_same_size(x, y) for x, y in zip(padded, shape)):
+        return NotImplemented
+    env = first.fake_mode.shape_env
+    with refusing_guards(env):
+        try:
+            try:
+                return _FAST[promotion](first.fake_mode, first, second)
+            except _Slow:
+                pass
+            if refs._broadcast_shapes(shape, tuple(second.shape)) is None:
+                return NotImplemented
+            broadcast = _aliasing(second, list(shape), expanded, second.storage_offset())
+            layout = compute_elementwise_output_strides(first, broadcast)
+        except WouldGuard:
+            return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty_strided(shape, layout, dtype=first.dtype, device="meta")
+    return FakeTensor(first.fake_mode, meta, first.device)
+
+
+def _strided(tensor: Any, first: Any) -> bool:
+    """A strided, non-constant fake tensor like `first` (device, mode), no named size of it 1 at the capture's
+    point (where `size_one`'s "not 1" answers are guards)."""
+    return type(tensor) is FakeTensor and tensor.layout is torch.strided and tensor.constant is None \
+        and not tensor.is_sparse and not tensor.is_quantized and tensor.device.type in ("cpu", "cuda") \
+        and tensor.device == first.device and tensor.fake_mode is first.fake_mode and tensor.dim() > 0 \
+        and all(_not_one(size) for size in tensor.shape)
+
+
+def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
+    """A fake view of `source`'s storage (the meta kernel's as_strided, as the mode's expansion gives it)."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    mode = source.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = torch.ops.aten.as_strided.default(source, sizes, strides, offset)
+    return FakeTensor(mode, meta, source.device)
+
+
+def _known(condition: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(condition)
 
 
 def unary(args: tuple, kwargs: dict) -> Any:
