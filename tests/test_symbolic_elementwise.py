@@ -217,3 +217,27 @@ def test_an_rmsnorm_sweep_is_the_captures_without_the_kernels_and_every_point_is
     swept = sweep_as_without_the_kernels(Stack().eval(), monkeypatch)
     # by hand: two linears a block, 16*32 + 32*16 MACs a row
     assert swept.at(batch=2, seq=9).total_macs == 2 * 2 * 9 * (16 * 32 + 32 * 16)
+
+
+def test_a_transformers_llama_sweep_has_the_captures_pieces_without_the_kernels_and_estimates_totals(monkeypatch):
+    """Rotary block on transposed heads, RMSNorm, GQA: the pieces (conditions) the mode alone gives, and
+    estimate()'s totals at points where batch or seq is 1 too."""
+    transformers = pytest.importorskip("transformers")
+    import fxflops
+    from fxflops.capture import eager
+    from fxflops.sweeps import sweep
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=256)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).eval()
+    tokens = lambda b, s: torch.zeros(b, s, dtype=torch.long, device="meta")  # noqa: E731
+    dims = {"batch": 0, "seq": 1}
+    swept = sweep(model, tokens(2, 7), dims=dims)
+    with monkeypatch.context() as patched:
+        patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
+        through_the_mode = sweep(model, tokens(2, 7), dims=dims)
+    assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
+    for batch, seq in ((1, 1), (1, 7), (3, 1), (3, 30)):
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, tokens(batch, seq))
+        assert (at.total_macs, at.total_flops) == (fresh.total_macs, fresh.total_flops)

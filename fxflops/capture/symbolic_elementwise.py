@@ -14,6 +14,10 @@ against itself or against the constant 1). The kernels here accept exactly those
 questions only in that form; any other (a real broadcast of two named sizes, an operand not provably
 contiguous, a 0-d tensor, a symbolic scalar, a 4-d or 5-d operand, another device) goes to the mode, as before.
 
+A binary op whose first operand is strided (a decoder's rotary block on transposed heads) is shaped by torch's
+own functions under `size_one.refusing_guards` (`_strided_binary`): a question that would be a guard stops it
+and the op goes to the mode, which asks it.
+
 tests/test_symbolic_elementwise.py holds each against the mode: sizes, strides, offset, dtype, and the
 ShapeEnv's guards (in order), runtime asserts, replacements and ranges, at points where a size is 1 too.
 """
