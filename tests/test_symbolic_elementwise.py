@@ -241,3 +241,16 @@ def test_a_transformers_llama_sweep_has_the_captures_pieces_without_the_kernels_
     for batch, seq in ((1, 1), (1, 7), (3, 1), (3, 30)):
         at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, tokens(batch, seq))
         assert (at.total_macs, at.total_flops) == (fresh.total_macs, fresh.total_flops)
+
+
+def test_refusing_guards_raises_where_a_question_would_be_a_guard_and_adds_none():
+    from fxflops.capture.size_one import WouldGuard, refusing_guards
+
+    env = _env()
+    b, s = _sizes(env)
+    with refusing_guards(env):
+        assert bool(b * s >= 0)  # known from the ranges: answered
+        with pytest.raises(WouldGuard):
+            bool(b == s)
+    assert not env.guards and not env.refusing
+    assert not bool(b == s) and len(env.guards) == 1  # outside it, asked as always: a guard
