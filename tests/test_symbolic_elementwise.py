@@ -71,6 +71,9 @@ STRIDED = {
     "sub of a table (its own reference asks whether the batch is 1)": (
         SUB, lambda b, s: (_heads(b, _seq_not_one(s)), torch.empty(1, 1, s, 8))),
     "div by a static table": (DIV, lambda b, s: (_heads(b, _seq_not_one(s)), torch.empty(1, 4, 1, 8))),
+    "neg of a transposed half": (NEG, lambda b, s: (_heads(b, _seq_not_one(s))[..., 4:],)),
+    "neg of transposed heads": (NEG, lambda b, s: (_heads(b, s),)),
+    "neg of a 3-d transpose": (NEG, lambda b, s: (torch.empty(s, b, 8).transpose(0, 1),)),
     "3-d transposed": (MUL, lambda b, s: (torch.empty(s, b, 8).transpose(0, 1), torch.empty(b, s, 8))),
     "channels last": (MUL, lambda b, s: (torch.empty(b, 3, s, s).to(memory_format=torch.channels_last),
                                          torch.empty(1, 3, 1, 1))),
@@ -91,7 +94,7 @@ def test_the_strided_elementwise_op_gives_what_the_mode_gives_or_is_the_modes(ca
 
 def test_the_rotary_ops_are_taken_once_seq_is_known_not_1():
     assert _layout_run(*STRIDED["sub of a table (its own reference asks whether the batch is 1)"])[0] is None
-    for case in ("q * cos, seq known not 1", "k * cos", "half * sin", "rotated + q * cos",
+    for case in ("q * cos, seq known not 1", "k * cos", "half * sin", "neg of a transposed half", "rotated + q * cos",
                  "sub, double", "div by a static table"):
         op, build = STRIDED[case]
         assert _layout_run(op, build)[0] is not None, case
@@ -119,7 +122,6 @@ REFUSED = {
     "scalar first": (MUL, lambda b, s: (2, torch.empty(b, s, 8))),
     "alpha": (ADD, lambda b, s: (torch.empty(b, s, 8), torch.empty(b, s, 8))),
     "static sizes": (ADD, lambda b, s: (torch.empty(3, 8), torch.empty(3, 8))),
-    "neg, transposed": (NEG, lambda b, s: (torch.empty(b, s, 8).transpose(1, 2),)),
     "neg of ints": (NEG, lambda b, s: (torch.empty(b, s, dtype=torch.long),)),
     "rsqrt, 4-d": (RSQRT, lambda b, s: (torch.empty(b, 2, s, 1),)),
     "pow by a tensor's exponent": (POW, lambda b, s: (torch.empty(b, s, 8), s)),

@@ -198,6 +198,36 @@ def _known(condition: Any) -> bool:
 
 
 def unary(args: tuple, kwargs: dict) -> Any:
+    """`neg`, `rsqrt`, `pow` by a number: `_contiguous_unary`, else NotImplemented."""
+    return _contiguous_unary(args, kwargs)
+
+
+def negating(args: tuple, kwargs: dict) -> Any:
+    """`neg`: `_contiguous_unary`, else of a strided floating tensor (rotate-half's `-x2`, a slice of transposed
+    heads) by its own meta kernel on the fake tensor's meta (what the mode runs for it) under
+    `size_one.refusing_guards`: a question that would be a guard leaves it to the mode."""
+    out = _contiguous_unary(args, kwargs)
+    if out is not NotImplemented or kwargs or len(args) != 1:
+        return out
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    from fxflops.capture.size_one import WouldGuard, refusing_guards
+
+    source = args[0]
+    if not isinstance(source, torch.Tensor) or not _strided(source, source) or not source.is_floating_point() \
+            or not source._has_symbolic_sizes_strides or not hasattr(type(source.fake_mode.shape_env), "refusing"):
+        return NotImplemented
+    mode = source.fake_mode
+    with refusing_guards(mode.shape_env):
+        try:
+            with in_kernel_invocation_manager(mode):
+                meta = torch.ops.aten.neg.default(source)
+        except WouldGuard:
+            return NotImplemented
+    return FakeTensor(mode, meta, source.device)
+
+
+def _contiguous_unary(args: tuple, kwargs: dict) -> Any:
     """`neg`, `rsqrt` (or `pow` by a Python number) of a floating tensor, provably contiguous, not 4-d or
     5-d: the elementwise output layout of one contiguous operand is its contiguous layout (torch's
     `compute_elementwise_output_logical_to_physical_perm` short-circuits there, its questions `size_one`'s),

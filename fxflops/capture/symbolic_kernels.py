@@ -476,7 +476,7 @@ _KERNELS = MappingProxyType({
     aten.sub.Tensor: elementwise.binary,
     aten.mul.Tensor: elementwise.multiplying,
     aten.div.Tensor: elementwise.dividing,
-    aten.neg.default: elementwise.unary,
+    aten.neg.default: elementwise.negating,
     aten.rsqrt.default: elementwise.unary,
     aten.pow.Tensor_Scalar: elementwise.unary,
     aten.mean.dim: elementwise.mean,
