@@ -32,7 +32,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from torch._subclasses.fake_impls import make_fast_binary_impl
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.capture.size_one import _contiguous_strides, _same_size
+from fxflops.capture.size_one import _contiguous_strides, _known, _same_size
 
 # the binary fast path's type promotion: DEFAULT, or INT_TO_FLOAT for `div` (torch's `get_fast_op_impls`)
 _DEFAULT, INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT, ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
@@ -189,12 +189,6 @@ def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
     with in_kernel_invocation_manager(mode):
         meta = torch.ops.aten.as_strided.default(source, sizes, strides, offset)
     return FakeTensor(mode, meta, source.device)
-
-
-def _known(condition: Any) -> bool:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return statically_known_true(condition)
 
 
 def unary(args: tuple, kwargs: dict) -> Any:
