@@ -370,20 +370,27 @@ class Decoder(nn.Module):
         return x
 
 
-def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+def sweep_as_without_the_kernels(model, monkeypatch, width: int = 16):
+    """A batch x seq sweep of `model` on [b, s, width], held to the capture without the kernels (the same
+    pieces) and to estimate() node by node at points where each size is 1 too."""
     from fxflops.capture import eager
 
-    model = Decoder().eval()
     dims = {"batch": 0, "seq": 1}
-    swept = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+    swept = sweep(model, torch.zeros(2, 5, width), dims=dims)
     with monkeypatch.context() as patched:
         patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
-        through_the_mode = sweep(model, torch.zeros(2, 5, 16), dims=dims)
+        through_the_mode = sweep(model, torch.zeros(2, 5, width), dims=dims)
     assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
     for batch, seq in itertools.product((1, 2, 3), (1, 2, 5, 9)):
-        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, width))
         assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
         assert at.nodes == fresh.nodes
+    return swept
+
+
+def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+    model = Decoder().eval()
+    swept = sweep_as_without_the_kernels(model, monkeypatch)
     # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
     rows = lambda b, s: b * s  # noqa: E731
     assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)

@@ -28,9 +28,10 @@ hidden behind one of these: an unguarded question leaves nothing the ShapeEnv la
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -81,6 +82,8 @@ def size_one_shape_env() -> Any:
     questions = _questions()
 
     class SizeOneShapeEnv(ShapeEnv):
+        refusing = False  # within refusing_guards
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             if isinstance(getattr(self, "fake_tensor_cache", None), dict):  # held while an answer's output differs
@@ -91,6 +94,11 @@ def size_one_shape_env() -> Any:
             answer = _unguarded_answer(sym_node, sys._getframe(1), questions)
             if answer is not None:
                 return answer
+            if self.refusing:  # a direct kernel's dry run: a question that would be a guard stops it
+                static = self._maybe_evaluate_static(sym_node.expr)
+                if static is None:
+                    raise WouldGuard(str(sym_node.expr))
+                return static
             return super().evaluate_sym_node(sym_node, *args, **kwargs)
 
         def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[Any, str]:
@@ -104,6 +112,24 @@ def size_one_shape_env() -> Any:
 
     # duck sizing off: two names that happen to share a value are still two sizes
     return SizeOneShapeEnv(duck_shape=False)
+
+
+class WouldGuard(Exception):
+    """A question asked under `refusing_guards` that neither the sizes' expressions nor `size_one` answer: through
+    the mode it would be a guard."""
+
+
+@contextlib.contextmanager
+def refusing_guards(shape_env: Any) -> Iterator[None]:
+    """Within it, a question of `size_one_shape_env()`'s that would add a guard raises `WouldGuard` instead (a
+    direct kernel asking torch's own functions what the mode would ask, leaving the op to the mode where that
+    is a guard); other ShapeEnvs answer as always."""
+    previous = getattr(shape_env, "refusing", False)
+    shape_env.refusing = True
+    try:
+        yield
+    finally:
+        shape_env.refusing = previous
 
 
 def _stack_summary_as_read(shape_env: type) -> bool:

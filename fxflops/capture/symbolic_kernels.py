@@ -40,7 +40,8 @@ question of an intermediate view (axes merged after a split), a tail squeeze of 
 special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
 squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
-static or answered by `size_one` without a guard. tests/test_symbolic_kernels.py holds every one against the
+static or answered by `size_one` without a guard. Elementwise ops of provably contiguous operands (an RMSNorm,
+a residual add) are `symbolic_elementwise`'s. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
 ranges, at points where a size is 1 too.
 """
@@ -55,6 +56,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from fxflops.capture import symbolic_elementwise as elementwise
 from fxflops.capture.symbolic_layers import layer_norm_on_cpu
 from fxflops.capture.symbolic_pooling import (add_in_place, contiguous_as_expressions, max_pool2d_with_indices,
                                               mean_over_trailing_axes, relu_in_place)
@@ -141,9 +143,9 @@ def _view(args: tuple, kwargs: dict) -> Any:
     offset = source.storage_offset()
     if is_contiguous_or_false(source):
         if len(shape) == 1 and source.dim() > 1:
-            return _aliasing(source, [source.numel()], [1], offset)
+            return elementwise.aliasing(source, [source.numel()], [1], offset)
         if len(shape) == 2 and source.dim() == 1:
-            return _aliasing(source, list(shape), [shape[1], 1], offset)
+            return elementwise.aliasing(source, list(shape), [shape[1], 1], offset)
     shape_numel = functools.reduce(operator.mul, shape, 1)
     torch._check(source.numel() == shape_numel,
                  lambda: f"Could not reshape a tensor with shape {source.shape} as a tensor with shape {shape}!")
@@ -151,7 +153,7 @@ def _view(args: tuple, kwargs: dict) -> Any:
         sizes, strides = _reshape_view_steps(source, shape)
     except _Refused:
         return NotImplemented
-    return _aliasing(source, sizes, strides, offset)
+    return elementwise.aliasing(source, sizes, strides, offset)
 
 
 def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
@@ -221,7 +223,7 @@ def _transpose(args: tuple, kwargs: dict) -> Any:
     sizes, strides = list(source.shape), list(source.stride())
     sizes[first], sizes[second] = sizes[second], sizes[first]
     strides[first], strides[second] = strides[second], strides[first]
-    return _aliasing(source, sizes, strides, source.storage_offset())
+    return elementwise.aliasing(source, sizes, strides, source.storage_offset())
 
 
 def _unsqueeze(args: tuple, kwargs: dict) -> Any:
@@ -238,7 +240,7 @@ def _unsqueeze(args: tuple, kwargs: dict) -> Any:
     stride = 1 if dim >= source.dim() else sizes[dim] * strides[dim]
     sizes.insert(dim, 1)
     strides.insert(dim, stride)
-    return _aliasing(source, sizes, strides, source.storage_offset())
+    return elementwise.aliasing(source, sizes, strides, source.storage_offset())
 
 
 def _slice(args: tuple, kwargs: dict) -> Any:
@@ -285,24 +287,13 @@ class _Sliced:
         return self.source.storage_offset()
 
     def as_strided(self, sizes: list, strides: list, offset: Any) -> Any:
-        return _aliasing(self.source, list(sizes), list(strides), offset)
+        return elementwise.aliasing(self.source, list(sizes), list(strides), offset)
 
 
 def _view_source(source: Any) -> bool:
     """A strided fake tensor with named sizes, not a constant (the mode would carry a constant's value)."""
     return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.layout is torch.strided \
         and source.constant is None and not source.is_sparse and not source.is_quantized
-
-
-def _aliasing(source: Any, sizes: list, strides: list, offset: Any) -> Any:
-    """A fake view of `source`'s storage with these sizes, strides and offset (the meta kernel's as_strided,
-    on the storage the fake tensor holds)."""
-    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
-
-    mode = source.fake_mode
-    with in_kernel_invocation_manager(mode):
-        meta = aten.as_strided.default(source, sizes, strides, offset)
-    return FakeTensor(mode, meta, source.device)
 
 
 def _cat(args: tuple, kwargs: dict) -> Any:
@@ -471,6 +462,14 @@ def _known(condition: Any) -> bool:
     return statically_known_true(condition)
 
 
+def _mean(args: tuple, kwargs: dict) -> Any:
+    """A mean over trailing axes of a map of 4 or more axes (an adaptive 1 x 1 pool: symbolic_pooling), else
+    over the last axis of a tensor not 4-d or 5-d (an RMSNorm: symbolic_elementwise); each takes only cases
+    whose every question is known without a guard (each held against the mode), else NotImplemented."""
+    made = mean_over_trailing_axes(args, kwargs)
+    return elementwise.mean(args, kwargs) if made is NotImplemented else made
+
+
 # each op's kernel (a read-only table: symbolic_kernel is asked of every op of a symbolic capture)
 _KERNELS = MappingProxyType({
     aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
@@ -480,5 +479,12 @@ _KERNELS = MappingProxyType({
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.relu_.default: relu_in_place,
     aten.add_.Tensor: add_in_place,
-    aten.mean.dim: mean_over_trailing_axes,
+    aten.add.Tensor: elementwise.binary,
+    aten.sub.Tensor: elementwise.binary,
+    aten.mul.Tensor: elementwise.multiplying,
+    aten.div.Tensor: elementwise.dividing,
+    aten.neg.default: elementwise.negating,
+    aten.rsqrt.default: elementwise.unary,
+    aten.pow.Tensor_Scalar: elementwise.unary,
+    aten.mean.dim: _mean,
 })

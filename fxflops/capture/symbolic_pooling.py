@@ -99,12 +99,14 @@ def max_pool2d_with_indices(args: tuple, kwargs: dict) -> Any:
 
 
 def mean_over_trailing_axes(args: tuple, kwargs: dict) -> Any:
-    """`mean.dim(x, dims, keepdim=True)` over a contiguous input's trailing axes (an adaptive average pool to
-    1 x 1): the reduced axes 1, contiguous, in the input's dtype; else NotImplemented."""
+    """`mean.dim(x, dims, keepdim=True)` over a contiguous input's trailing axes, 4-d or more (an adaptive
+    average pool to 1 x 1): the reduced axes 1, contiguous, in the input's dtype; else NotImplemented."""
     if kwargs or len(args) != 3 or not _plain(args[0]) or args[2] is not True:
         return NotImplemented
     source, dims = args[0], args[1]
     rank = source.dim()
+    if rank < 4:  # a pooled map; a lower rank's last-axis mean is symbolic_elementwise's, the rest the mode's
+        return NotImplemented
     if not isinstance(dims, list | tuple) or not dims or any(type(d) is not int or not -rank <= d < rank for d in dims):
         return NotImplemented
     reduced = {d % rank for d in dims}
