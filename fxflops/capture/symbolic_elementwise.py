@@ -70,7 +70,7 @@ def _contiguous_binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PR
         return NotImplemented
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or not all(_operand(t, tensors[0]) for t in tensors) \
-            or not all(isinstance(a, torch.Tensor) or type(a) in (int, float, bool) for a in args) \
+            or not all(isinstance(a, torch.Tensor) or type(a) in (int, float, bool) and _in_int64(a) for a in args) \
             or not any(t._has_symbolic_sizes_strides for t in tensors):
         return NotImplemented
     shape: tuple = ()
@@ -231,10 +231,24 @@ def _contiguous_unary(args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     source = args[0]
     if not isinstance(source, torch.Tensor) or not _operand(source, source) or not source._has_symbolic_sizes_strides \
-            or source.dim() == 0 or not source.is_floating_point() \
-            or len(args) == 2 and type(args[1]) not in (int, float):
+            or source.dim() == 0 or source.dtype not in _FULL_FLOATS:
+        return NotImplemented
+    if len(args) == 2 and (type(args[1]) not in (int, float) or not _in_int64(args[1]) or args[1] == 1
+                           or not all(_not_one(size) for size in source.shape)):
+        # `pow` by 1 is the reference's clone, and where every named size is 1 at the capture's point (fewer
+        # than 2 elements) the reference's questions are guards: both take the mode's route, which asks them
         return NotImplemented
     return _contiguous_output(source, tuple(source.shape), source.dtype)
+
+
+# float16 and bfloat16 run the mode's reference computing in float32 (its conversions ask layout questions
+# that are guards): the unary ops and the mean here take only these
+_FULL_FLOATS = (torch.float32, torch.float64)
+
+
+def _in_int64(number: Any) -> bool:
+    """Whether a Python number is no int outside int64 (the mode raises OverflowError converting one)."""
+    return type(number) is not int or -2**63 <= number < 2**63
 
 
 def mean(args: tuple, kwargs: dict) -> Any:
@@ -246,7 +260,7 @@ def mean(args: tuple, kwargs: dict) -> Any:
     source, dims = args[0], args[1]
     keepdim = args[2] if len(args) == 3 else kwargs.get("keepdim", False)
     if not isinstance(source, torch.Tensor) or not _operand(source, source) or not source._has_symbolic_sizes_strides \
-            or source.dim() < 2 or not source.is_floating_point() or type(keepdim) is not bool \
+            or source.dim() < 2 or source.dtype not in _FULL_FLOATS or type(keepdim) is not bool \
             or not isinstance(dims, list | tuple) or len(dims) != 1 or type(dims[0]) is not int \
             or dims[0] % source.dim() != source.dim() - 1 or not -source.dim() <= dims[0] < source.dim():
         return NotImplemented
