@@ -417,3 +417,22 @@ def test_replayed_copies_keep_the_kernel_problems_of_their_reference():
     counting = Counting.prepare("deepspeed", None, None)
     cautions = counting.capture(model, (torch.zeros(3, 8),), {}, "eager").cautions
     assert any("(4 calls)" in caution and "operands of different dtypes" in caution for caution in cautions), cautions
+
+
+def test_a_copys_fresh_output_has_its_references_strides_as_expressions():
+    """A reference output contiguous as expressions whose size may be 0 (`s - 3`): torch.empty would stride it
+    `Max(1, s - 3)`, not the mode's `s - 3` (found by review): it is made with the reference's strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.replay import Replays
+    from tests.test_symbolic_elementwise import _env, _sizes
+
+    env = _env()
+    b, s = _sizes(env)
+    mode = FakeTensorMode(shape_env=env, static_shapes=True)
+    with mode:
+        likes = [torch.empty(b * (s - 3)).view(b, s - 3), torch.empty(b, s, 8)]
+    for like in likes:
+        made = Replays._made_like(types.SimpleNamespace(_mode=mode), like)
+        assert [str(step) for step in made.stride()] == [str(step) for step in like.stride()]
+        assert (made.shape, made.dtype, made.storage_offset()) == (like.shape, like.dtype, 0)

@@ -736,10 +736,18 @@ class Replays:
             # contiguous one as expressions is made as that (the same strides, as the same expressions): half
             # the symbolic arithmetic of empty_strided's storage span and checks, 45 a ResNet-50 sweep capture
             with no_dispatch():
-                meta = torch.empty(shape, dtype=like.dtype, device="meta") if contiguous_as_expressions(like) \
-                    else torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
+                meta = torch.empty(shape, dtype=like.dtype, device="meta") if contiguous_as_expressions(like) else None
+                # empty's strides are `Max(1, size)` products where sympy cannot drop the Max (a size that may be
+                # 0): not the same expressions, so those are made as given
+                if meta is None or _expressions(meta.stride()) != _expressions(stride):
+                    meta = torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
             made = FakeTensor(self._mode, meta, like.device)
         return made.requires_grad_(True) if grad and like.requires_grad else made
+
+
+def _expressions(sizes: Any) -> list:
+    """Sizes or strides as sympy expressions (ints as themselves)."""
+    return [size.node.expr if isinstance(size, torch.SymInt) else size for size in sizes]
 
 
 def verified_backward(replayed: Any, full: Any) -> Any:
