@@ -13,6 +13,9 @@ in the promoted dtype, and each question it asks on the way is either decided by
 against itself or against the constant 1). The kernels here accept exactly those cases, asking the same
 questions only in that form; any other (a real broadcast of two named sizes, an operand not provably
 contiguous, a 0-d tensor, a symbolic scalar, a 4-d or 5-d operand, another device) goes to the mode, as before.
+So do a float16 or bfloat16 `neg`, `rsqrt`, `pow` or `mean` (the reference computes in float32 and its
+conversions ask whether sizes are 1: guards), `pow` by 1 (the reference's clone) or where every named size is
+1 at the capture's point (there the reference guards each to 1), and an int beyond int64 (the mode raises).
 
 A binary op whose first operand is strided (a decoder's rotary block on transposed heads) is shaped by torch's
 own functions under `size_one.refusing_guards` (`_strided_binary`): a question that would be a guard stops it
