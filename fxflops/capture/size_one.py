@@ -371,6 +371,13 @@ def _known(condition: Any) -> bool:
     return statically_known_true(condition)
 
 
+def _not_one(size: Any) -> bool:
+    """Whether `size == 1` is answered without a guard where the mode asks it as this module's "not 1" question
+    (a broadcast against the constant 1, a contiguity check): static, known not 1, or not 1 at the capture's
+    sizes (at a point where it is 1 that answer is a guard of the mode's)."""
+    return type(size) is int or size.node.hint not in (None, 1) or _known(size != 1)
+
+
 def _known_equal(a: Any, b: Any) -> bool:
     """Whether two sizes are equal wherever the capture's conditions hold, without adding a condition."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true

@@ -35,7 +35,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from torch._subclasses.fake_impls import make_fast_binary_impl
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.capture.size_one import _contiguous_strides, _known, _same_size
+from fxflops.capture.size_one import _contiguous_strides, _known, _not_one, _same_size
 
 # the binary fast path's type promotion: DEFAULT, or INT_TO_FLOAT for `div` (torch's `get_fast_op_impls`)
 _DEFAULT, INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT, ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
@@ -282,15 +282,6 @@ def _operand(tensor: Any, first: Any) -> bool:
         and tensor.device.type in ("cpu", "cuda") and tensor.device == first.device \
         and tensor.fake_mode is first.fake_mode and tensor.dim() not in (0, 4, 5) \
         and _contiguous_strides(tensor.shape, tensor.stride()) and _layout_unasked(tensor)
-
-
-def _not_one(size: Any) -> bool:
-    """Whether `size == 1` is answered without a guard where the mode asks it of this axis as `size_one`'s "not
-    1" question (a broadcast against the constant 1, a contiguity check): static, known not 1, or not 1 at
-    the capture's sizes (at a point where it is 1 that answer is a guard of the mode's)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return type(size) is int or size.node.hint not in (None, 1) or statically_known_true(size != 1)
 
 
 def _layout_unasked(tensor: Any) -> bool:

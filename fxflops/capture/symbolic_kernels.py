@@ -57,6 +57,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from fxflops.capture import symbolic_elementwise as elementwise
+from fxflops.capture.size_one import _not_one
 from fxflops.capture.symbolic_layers import layer_norm_on_cpu
 from fxflops.capture.symbolic_pooling import (add_in_place, contiguous_as_expressions, max_pool2d_with_indices,
                                               mean_over_trailing_axes, relu_in_place)
@@ -93,17 +94,12 @@ def _addmm(args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     count, width = rows.shape
     if type(width) is not int or width != weight.shape[0] or tuple(bias.shape) != (weight.shape[1],) \
-            or not isinstance(count, torch.SymInt) or not (_known(count != 1) or _hint(count) not in (None, 1)):
+            or not isinstance(count, torch.SymInt) or not _not_one(count):
         return NotImplemented
     with unset_fake_temporarily():
         meta = torch.empty((count, weight.shape[1]), dtype=rows.dtype, device="meta",
                            memory_format=torch.contiguous_format)
     return FakeTensor(rows.fake_mode, meta, rows.device)
-
-
-def _hint(size: Any) -> Any:
-    """The size at the capture's point (None where it has none)."""
-    return size.node.hint if isinstance(size, torch.SymInt) else size
 
 
 class _Refused(Exception):

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from fxflops.capture.size_one import _known, _not_one, _same_size
+
 
 def relu_in_place(args: tuple, kwargs: dict) -> Any:
     """`relu_(x)`: `x` itself, where no question of torch's is a guard (see the module's docstring)."""
@@ -51,7 +53,7 @@ def add_in_place(args: tuple, kwargs: dict) -> Any:
     if not _plain(target) or type(other) is not FakeTensor or other.fake_mode is not target.fake_mode \
             or other.dtype != target.dtype or other.device != target.device or other.layout is not torch.strided \
             or other.constant is not None or other.dim() != target.dim() \
-            or not all(_same(a, b) for a, b in zip(target.shape, other.shape)):
+            or not all(_same_size(a, b) for a, b in zip(target.shape, other.shape)):
         return NotImplemented
     if not contiguous_as_expressions(target) or other is not target and not contiguous_as_expressions(other):
         return NotImplemented
@@ -126,7 +128,7 @@ def _plain(source: Any) -> bool:
             and source.dtype in (torch.float32, torch.float64) and source.layout is torch.strided
             and source.constant is None and source.dim() >= 1):
         return False
-    return all(type(size) is int or size.node.hint not in (None, 1) or _known(size != 1) for size in source.shape)
+    return all(_not_one(size) for size in source.shape)
 
 
 def contiguous_as_expressions(source: Any) -> bool:
@@ -148,20 +150,8 @@ def _expression(size: Any) -> Any:
     return size.node.expr if isinstance(size, torch.SymInt) else size
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Whether two sizes are the same constant or the same expression (equal at every point, nothing asked)."""
-    return a is b or type(a) is type(b) and (a == b if type(a) is int else a.node.expr == b.node.expr)
-
-
 def _pair(value: Any) -> tuple | None:
     """A pooling argument of one or two ints as (height, width), as torch's unpack reads it, else None."""
     if not isinstance(value, list | tuple) or len(value) not in (1, 2) or any(type(v) is not int for v in value):
         return None
     return (value[0], value[-1])
-
-
-def _known(condition: Any) -> bool:
-    """Whether a size condition holds at every point the capture's ranges allow, asking no guard."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return statically_known_true(condition)
