@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import (
     FakeTensor,
-    FakeTensorDeviceMismatchError,
     FakeTensorMode,
     unset_fake_temporarily,
 )
@@ -28,6 +27,7 @@ from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, ReplayRetry, differentiate, parameter_owners
 from fxflops.capture.model_state import record_model_state
 from fxflops.capture.dynamic import SizeSymbols
+from fxflops.capture.torch_versions import is_device_mismatch
 from fxflops.capture.flex import flex_runs_eagerly
 from fxflops.capture.input_values import InputValues, Routing
 from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
@@ -107,10 +107,10 @@ class FakeTwins:
     def _through_mode(self, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
             return run_relaxing_dtype(func, args, kwargs)
-        except FakeTensorDeviceMismatchError:
+        except RuntimeError as error:
             # a meta tensor without a twin (one tucked inside a container attribute) met the twins:
             # it gets one, on the device the model runs on, and the op runs again
-            if not any(_is_meta(tensor) for tensor in tensors_in((args, kwargs))):
+            if not is_device_mismatch(error) or not any(_is_meta(tensor) for tensor in tensors_in((args, kwargs))):
                 raise
             lift = lambda t: self(t) if _is_meta(t) else t  # noqa: E731
             return run_relaxing_dtype(func, map_tensors(args, lift), map_tensors(kwargs, lift))

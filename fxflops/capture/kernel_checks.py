@@ -29,6 +29,7 @@ import torch
 from fxflops.capture.branches import where
 from fxflops.capture.recorder import AUTOCAST, SOURCE
 from fxflops.capture.replay import REPLAY_OF
+from fxflops.capture.torch_versions import is_inplace
 from fxflops.results import FORWARD, PHASE
 
 aten = torch.ops.aten
@@ -108,7 +109,7 @@ def _aten_nodes(graph_module: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
 def _plan(op: Any) -> tuple[str, tuple[str, ...]] | None:
     schema = op._schema
     packet = schema.name.partition("::")[2]
-    if packet in _ONE_DTYPE or packet in _NORMS or torch.Tag.inplace in op.tags:
+    if packet in _ONE_DTYPE or packet in _NORMS or is_inplace(op):
         return packet, tuple(argument.name for argument in schema.arguments)
     return None
 
@@ -123,7 +124,7 @@ def _problems(node: torch.fx.Node, packet: str, names: tuple[str, ...], promoted
         yield from _mixed(bound, _ONE_DTYPE[packet])
     elif packet in _NORMS:
         yield from _norm_mixed(bound, *_NORMS[packet])
-    if names and torch.Tag.inplace in op.tags:  # (an in-place op: its first argument is written)
+    if names and is_inplace(op):  # (an in-place op: its first argument is written)
         destination = bound.get(names[0])
         if isinstance(destination, torch.Tensor):
             yield from _inplace(op, packet, node, destination, promoted)

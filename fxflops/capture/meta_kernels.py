@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from fxflops.capture.torch_versions import is_inplace
+
 aten = torch.ops.aten
 
 # tags under which the mode does more than run the kernel: unbacked sizes, metadata written in place
@@ -228,7 +230,7 @@ def _plain_arguments(mode: Any, args: tuple, kwargs: dict) -> list[Any] | None:
 def _in_place_key(func: Any, args: tuple, kwargs: dict, flat: list[Any]) -> tuple | None:
     """For an in-place pointwise op whose only tensor is a dense `self`: what its kernel's checks read
     (op, dtype, device, the other arguments); None for any other call."""
-    if torch.Tag.inplace not in func.tags or torch.Tag.pointwise not in func.tags:
+    if not is_inplace(func) or torch.Tag.pointwise not in func.tags:
         return None
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
     if len(tensors) != 1 or not args or tensors[0] is not args[0] or not _is_dense(args[0]):

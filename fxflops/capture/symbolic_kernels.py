@@ -246,7 +246,7 @@ def _slice(args: tuple, kwargs: dict) -> Any:
     own with its cache entry, besides the slice's (~5 ms a slice). Unbacked sizes (where that kernel would
     make a new symbol) go to the mode."""
     from torch._subclasses.fake_impls import slice_forward
-    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
+    from fxflops.capture.torch_versions import has_guarding_hint
 
     if len(args) < 1 or not _view_source(args[0]) or set(kwargs) - {"dim", "start", "end", "step"}:
         return NotImplemented

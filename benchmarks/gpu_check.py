@@ -1,0 +1,570 @@
+"""Issue 42's device check: everything fxflops does on a real GPU, measured in one short run.
+
+    python3 benchmarks/gpu_check.py --out DIR [--commit SHA]          # on the GPU (about 5 minutes)
+    python benchmarks/gpu_check.py --out DIR --quick --device cpu     # a dry run of the same code on a CPU
+
+It only measures, and writes what it measured as it goes (DIR/gpu_check.json, rewritten after every
+section, so a run cut short keeps what it finished; DIR/gpu_check.log; DIR/pytest.txt). Every comparison
+with a prediction is made afterwards, on any machine, by `benchmarks/gpu_tables.py`, which reads that file.
+Sections, in order (each in its own try: one failing does not stop the others):
+
+1. env: GPU, driver, clocks, torch and CUDA versions, the commit, the date.
+2. ceilings: a bf16 8192^3 matrix product and a device-to-device copy (the two numbers METHOD.md asks for).
+3. ops: ~30 GEMM shapes, SDPA attention (flash and cuDNN backends, forward and backward, several sequence
+   lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
+   norm, GELU, softmax, embedding, add, and two backwards), each the median of CUDA-event timed calls with
+   the L2 cache flushed between calls (triton's do_bench where there is triton).
+4. tests: tests/test_cuda.py (every test marked cuda), its output in DIR/pytest.txt.
+5. profile: fxflops.profile() on GPT-2 (bf16, batch 8, seq 1024) and ResNet-50 (bf16, batch 64): each
+   module's CUDA-event latency against the kernel time torch.profiler attributes to the same module
+   (record_function ranges opened and closed by hooks), and the hooked / plain forward ratio.
+6. meter: FlopsMeter on real bf16 training steps of a small Llama: its logged MFU against FlopCounterMode's
+   FLOPs of a real step / the step time measured here / the peak, and the meter's cost per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BF16 = torch.bfloat16
+
+
+class Run:
+    """The results dict, written after each section; a log line per event."""
+
+    def __init__(self, out: Path, quick: bool, device: str) -> None:
+        self.out = out
+        self.quick = quick
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.results: dict[str, Any] = {"quick": quick}
+        self.started = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        self.log_file = open(out / "gpu_check.log", "a", encoding="utf-8")
+
+    def log(self, text: str) -> None:
+        line = f"[{time.perf_counter() - self.started:7.1f}s] {text}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    def save(self) -> None:
+        (self.out / "gpu_check.json").write_text(json.dumps(self.results, indent=1, default=str), encoding="utf-8")
+
+    def section(self, name: str, body: Callable[[Run], Any]) -> None:
+        self.log(f"== {name}")
+        began = time.perf_counter()
+        try:
+            self.results[name] = body(self)
+        except Exception as error:  # a section's failure is a result too: the others still run
+            self.results[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            self.log(f"{name} FAILED: {type(error).__name__}: {error}")
+        self.results.setdefault("section_seconds", {})[name] = round(time.perf_counter() - began, 2)
+        self.save()
+        self.log(f"{name} done in {time.perf_counter() - began:.1f} s")
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def bench(run: Run, fn: Callable[[], Any], reps_ms: float = 40.0) -> list[float]:
+    """Seconds per call of `fn`: on a GPU CUDA events around each call, the L2 flushed before each
+    (a 256 MB write, as triton's do_bench does), after a warm-up; on a CPU perf_counter. Returns each timed
+    call's seconds (the caller takes the median)."""
+    if not run.cuda:
+        fn()
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+        return times
+    flush = _flush_buffer(run)
+    fn()
+    torch.cuda.synchronize()
+    began = torch.cuda.Event(enable_timing=True)
+    ended = torch.cuda.Event(enable_timing=True)
+    began.record()
+    for _ in range(3):
+        fn()
+    ended.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(began.elapsed_time(ended) / 3, 1e-3)
+    count = int(min(max(reps_ms / estimate_ms, 5), 200))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for i in range(count):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+
+def _flush_buffer(run: Run) -> torch.Tensor:
+    if "flush" not in run.__dict__:
+        run.flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=run.device)
+    return run.flush
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def randn(run: Run, *shape: int, dtype: torch.dtype = BF16, grad: bool = False) -> torch.Tensor:
+    return torch.randn(*shape, device=run.device, dtype=dtype, requires_grad=grad)
+
+
+# ------------------------------------------------------------------------------------------- sections
+
+
+def env(run: Run) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": sys.version.split()[0],
+        "commit": run.results.get("commit"),
+        "script": "benchmarks/gpu_check.py",
+        "device": str(run.device),
+    }
+    if run.cuda:
+        props = torch.cuda.get_device_properties(run.device)
+        info.update(name=props.name, sm_count=props.multi_processor_count,
+                    memory_gib=round(props.total_memory / 2**30, 1), capability=f"{props.major}.{props.minor}",
+                    l2_mb=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
+        info["nvidia_smi"] = _smi("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
+                                  "temperature.gpu,persistence_mode")
+    for name in ("transformers", "torchvision", "triton"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as error:  # absent: say so
+            info[name] = f"absent ({type(error).__name__})"
+    run.log(json.dumps(info))
+    return info
+
+
+def _smi(fields: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"], capture_output=True,
+                              text=True, timeout=20).stdout.strip()
+    except Exception as error:
+        return f"nvidia-smi failed: {error}"
+
+
+def ceilings(run: Run) -> dict[str, Any]:
+    n = 1024 if run.quick else 8192
+    a, b = randn(run, n, n), randn(run, n, n)
+    mm = median(bench(run, lambda: a @ b, 200))
+    numel = (1 << 20) if run.quick else (1 << 30)  # 2 GiB of bf16
+    src = randn(run, numel)
+    dst = torch.empty_like(src)
+    copy = median(bench(run, lambda: dst.copy_(src), 200))
+    result = {"matmul": {"n": n, "seconds": mm, "tflops": 2 * n**3 / mm / 1e12},
+              "copy": {"bytes_moved": 2 * src.numel() * 2, "seconds": copy, "tb_per_s": 4 * numel / copy / 1e12}}
+    run.log(f"ceilings: matmul {result['matmul']['tflops']:.0f} TFLOP/s, copy {result['copy']['tb_per_s']:.2f} TB/s")
+    return result
+
+
+GEMMS = [  # (M, N, K): square, a transformer's linears (tokens x out x in), skinny and unaligned ones
+    (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+    (8192, 8192, 8192), (16384, 16384, 16384),
+    (1000, 1000, 1000), (4095, 4095, 4095), (8191, 8191, 8191), (4097, 4097, 4097),
+    (8192, 2304, 768), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (8192, 50257, 768),
+    (8192, 50304, 768), (16384, 12288, 4096), (16384, 4096, 4096), (16384, 28672, 4096), (16384, 4096, 14336),
+    (4096, 1280, 8192), (4096, 8192, 1024), (4096, 3584, 8192), (4096, 8192, 3584),
+    (16, 4096, 4096), (128, 4096, 4096), (64, 12288, 12288), (32768, 128, 128), (2048, 2048, 65536),
+    (100, 8191, 1023), (3000, 5000, 7000),
+]
+
+
+def gemm_ops(run: Run) -> list[dict[str, Any]]:
+    rows = []
+    shapes = [(min(m, 512), min(n, 512), min(k, 512)) for m, n, k in GEMMS[:8]] if run.quick else GEMMS
+    for m, n, k in shapes:
+        a, b = randn(run, m, k), randn(run, k, n)
+        seconds = median(bench(run, lambda: torch.mm(a, b)))  # noqa: B023
+        rows.append({"kind": "gemm", "op": "mm", "shape": [m, n, k], "dtype": "bfloat16", "seconds": seconds,
+                     "tflops": 2 * m * n * k / seconds / 1e12})
+        del a, b
+    return rows
+
+
+def gemm_grid(run: Run) -> list[dict[str, Any]]:
+    """A linear's GEMM (x[M, K] @ W[N, K]^T, as nn.Linear runs it) over a grid of M, N, K: the measured
+    3-D efficiency table a step-time model can read directly."""
+    sizes = ([128, 256], [128, 384], [128, 256]) if run.quick else (
+        [1024, 4096, 16384], [1024, 2048, 4096, 8192, 16384, 32768], [1024, 2048, 4096, 8192, 16384])
+    rows = []
+    for m in sizes[0]:
+        for n in sizes[1]:
+            for k in sizes[2]:
+                x, w = randn(run, m, k), randn(run, n, k)
+                seconds = median(bench(run, lambda: torch.nn.functional.linear(x, w), 25))  # noqa: B023
+                rows.append({"kind": "gemm", "op": "linear", "shape": [m, n, k], "dtype": "bfloat16",
+                             "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12})
+                del x, w
+    return rows
+
+
+def attention_shapes(run: Run) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, seq, head dim) at 16k tokens and a model width of 2048, as FlashAttention-3's figures."""
+    seqs = [128, 256] if run.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    tokens = 512 if run.quick else 16384
+    width = 256 if run.quick else 2048
+    return [(max(tokens // s, 1), width // d, s, d) for d in (64, 128) for s in seqs]
+
+
+def attention_ops(run: Run) -> list[dict[str, Any]]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH}
+    if run.cuda:
+        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    rows = []
+    for label, backend in backends.items():
+        for b, h, s, d in attention_shapes(run):
+            if label == "math" and (s > (256 if run.quick else 2048) or d != 128):
+                continue  # the unfused kernels hold b*h*s*s scores: a few points are enough
+            if label == "cudnn" and d != 128:
+                continue
+            for causal in (False, True):
+                q, k, v = (randn(run, b, h, s, d, grad=True) for _ in range(3))
+                try:
+                    with sdpa_kernel([backend]):
+                        call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: B023,E731
+                        forward = median(bench(run, call))
+                        out = call()
+                        grad = torch.randn_like(out)
+                        backward = median(bench(run, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)))  # noqa: B023
+                except RuntimeError as error:  # a backend refusing a shape is a finding, not a failure
+                    rows.append({"kind": "attention", "backend": label, "shape": [b, h, s, d], "causal": causal,
+                                 "error": str(error).splitlines()[0][:300]})
+                    continue
+                finally:
+                    del q, k, v
+                dense = 4 * b * h * s * s * d
+                kept = dense / 2 if causal else dense
+                rows.append({"kind": "attention", "backend": label, "shape": [b, h, s, d], "causal": causal,
+                             "dtype": "bfloat16", "forward_seconds": forward, "backward_seconds": backward,
+                             "forward_tflops_kept": kept / forward / 1e12,
+                             "backward_tflops_kept": 2.5 * kept / backward / 1e12})
+    return rows
+
+
+def memory_ops(run: Run) -> list[dict[str, Any]]:
+    """(name, shapes, call) of memory-bound ops at sizes from a few KB (launch-bound) to a few hundred MB."""
+    f = torch.nn.functional
+    rows = []
+    token_counts = [64, 8192] if run.quick else [16, 1024, 8192, 32768]
+    widths = [64, 256] if run.quick else [768, 4096, 8192]
+    for tokens in token_counts:
+        for width in widths:
+            x = randn(run, tokens, width)
+            w, bias = randn(run, width), randn(run, width)
+            cases = {
+                "layer_norm": lambda: f.layer_norm(x, (width,), w, bias),  # noqa: B023
+                "rms_norm": lambda: f.rms_norm(x, (width,), w),  # noqa: B023
+                "gelu": lambda: f.gelu(x),  # noqa: B023
+                "gelu_tanh": lambda: f.gelu(x, approximate="tanh"),  # noqa: B023
+                "silu": lambda: f.silu(x),  # noqa: B023
+                "softmax": lambda: torch.softmax(x, -1),  # noqa: B023
+                "add": lambda: x + x,  # noqa: B023
+                "mul": lambda: x * w,  # noqa: B023
+            }
+            for name, call in cases.items():
+                rows.append({"kind": "memory", "op": name, "shape": [tokens, width], "dtype": "bfloat16",
+                             "seconds": median(bench(run, call))})
+            xg = randn(run, tokens, width, grad=True)
+            for name, make in (("gelu_backward", lambda t: f.gelu(t)),
+                               ("layer_norm_backward", lambda t: f.layer_norm(t, (width,), w, bias))):  # noqa: B023
+                out = make(xg)
+                grad = torch.randn_like(out)
+                seconds = median(bench(run, lambda: torch.autograd.grad(out, (xg,), grad, retain_graph=True)))  # noqa: B023
+                rows.append({"kind": "memory", "op": name, "shape": [tokens, width], "dtype": "bfloat16",
+                             "seconds": seconds})
+            del x, xg
+    vocabularies = [(1000, 64)] if run.quick else [(50257, 768), (128256, 4096), (32000, 8192)]
+    for vocab, width in vocabularies:
+        table = randn(run, vocab, width)
+        for tokens in token_counts:
+            ids = torch.randint(0, vocab, (tokens,), device=run.device)
+            rows.append({"kind": "memory", "op": "embedding", "shape": [tokens, vocab, width], "dtype": "bfloat16",
+                         "seconds": median(bench(run, lambda: f.embedding(ids, table)))})  # noqa: B023
+    scores = [(2, 2, 64, 64)] if run.quick else [(8, 12, 1024, 1024), (1, 32, 4096, 4096)]
+    for shape in scores:
+        x = randn(run, *shape)
+        rows.append({"kind": "memory", "op": "softmax", "shape": list(shape), "dtype": "bfloat16",
+                     "seconds": median(bench(run, lambda: torch.softmax(x, -1)))})  # noqa: B023
+    return rows
+
+
+def ops(run: Run) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for name, body in (("gemm", gemm_ops), ("attention", attention_ops), ("memory", memory_ops),
+                       ("gemm_grid", gemm_grid)):
+        began = time.perf_counter()
+        try:
+            result[name] = body(run)
+        except Exception as error:
+            result[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        run.log(f"ops.{name}: {len(result[name]) if isinstance(result[name], list) else 'FAILED'} rows "
+                f"in {time.perf_counter() - began:.1f} s")
+        run.results["ops"] = result
+        run.save()
+        if run.cuda:
+            torch.cuda.empty_cache()
+    return result
+
+
+def tests(run: Run) -> dict[str, Any]:
+    if not run.cuda:
+        return {"skipped": "no GPU: tests/test_cuda.py skips itself"}
+    env_vars = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "cuda", "-s",
+               "tests/test_cuda.py"]
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=240)
+    (run.out / "pytest.txt").write_text(done.stdout + "\n--- stderr\n" + done.stderr, encoding="utf-8")
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    run.log(f"pytest: rc {done.returncode}, {tail[0]}")
+    return {"returncode": done.returncode, "summary": tail[0], "seconds": time.perf_counter() - began}
+
+
+# ------------------------------------------------------------------------------------ profile section
+
+
+def kernel_times_per_module(run: Run, model: torch.nn.Module, call: Callable[[], Any], steps: int) -> dict[str, float]:
+    """Seconds per forward step of GPU kernels torch.profiler attributes to each module: a record_function
+    range per module call, opened by a pre-hook and closed by a hook; a range's device time counts the
+    kernels launched inside it (its children's too)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    open_ranges: dict[int, list[Any]] = {}
+    handles = []
+    for name, module in model.named_modules():
+        label = f"fxm::{name or '<root>'}"
+
+        def enter(mod, args, label=label):
+            rf = record_function(label)
+            rf.__enter__()
+            open_ranges.setdefault(id(mod), []).append(rf)
+
+        def leave(mod, args, output):
+            open_ranges[id(mod)].pop().__exit__(None, None, None)
+
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else [])
+    try:
+        with torch.no_grad():
+            call()
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    call()
+                if run.cuda:
+                    torch.cuda.synchronize()
+    finally:
+        for handle in handles:
+            handle.remove()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.name.startswith("fxm::"):
+            name = event.name[5:]
+            seconds = (event.device_time_total if run.cuda else event.cpu_time_total) / 1e6
+            totals[name] = totals.get(name, 0.0) + seconds / steps
+    return totals
+
+
+def bare_forward(run: Run, call: Callable[[], Any], steps: int) -> float:
+    with torch.no_grad():
+        return median(bench(run, call, 100)) if run.cuda else median([_timed(call) for _ in range(steps)])
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    began = time.perf_counter()
+    call()
+    return time.perf_counter() - began
+
+
+def profile_one(run: Run, label: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> dict[str, Any]:
+    import fxflops
+
+    steps = 3 if run.quick else 10
+    began = time.perf_counter()
+    result = fxflops.profile(model, inputs, steps=steps, warm_up=3)
+    profile_seconds = time.perf_counter() - began
+    m = result.measurements
+    kernels = kernel_times_per_module(run, model, lambda: model(*inputs), 5 if not run.quick else 2)
+    modules = {}
+    for name, stats in result.modules.items():
+        modules[name or "<root>"] = {"type": stats.type if hasattr(stats, "type") else None,
+                                     "latency": stats.latency, "calls": stats.calls,
+                                     "flops": getattr(stats, "flops", None),
+                                     "kernel_seconds": kernels.get(name or "<root>")}
+    prediction = result.prediction
+    row = {
+        "model": label, "timer": m.timer, "device_name": m.device_name, "steps": m.steps,
+        "fwd_latency": m.fwd_latency, "fwd_latency_median": m.fwd_latency_median,
+        "hooked_fwd_latency": m.hooked_fwd_latency, "hook_overhead": m.hook_overhead,
+        "bare_forward_flushed": bare_forward(run, lambda: model(*inputs), steps),
+        "flops": result.fwd_flops, "achieved_flops": result.achieved_flops,
+        "utilization": result.utilization, "peak_flops": m.peak_flops, "peak_source": m.peak_flops_source,
+        "predicted_latency": prediction.latency if prediction is not None else None,
+        "prediction_device": prediction.device if prediction is not None else None,
+        "profile_call_seconds": profile_seconds, "modules": modules,
+        "unmatched_measured": list(m.unmatched_measured), "unmatched_graph": list(m.unmatched_graph),
+    }
+    run.log(f"profile {label}: fwd {m.fwd_latency * 1e3:.3f} ms, hooked {m.hooked_fwd_latency and m.hooked_fwd_latency * 1e3:.3f} ms, "
+            f"root kernels {kernels.get('<root>', 0) * 1e3:.3f} ms, utilization {result.utilization}")
+    return row
+
+
+def profiles(run: Run) -> dict[str, Any]:
+    from fxflops.cli.examples import get_example
+
+    rows: dict[str, Any] = {}
+    example = get_example("gpt2-small")
+    sizes = {"n_layer": 2, "d_model": 64, "n_head": 2} if run.quick else {}
+    try:
+        gpt2 = example.build(**sizes).to(run.device, BF16).eval()
+        (ids,) = example.inputs(batch=2 if run.quick else 8, seq_len=64 if run.quick else 1024, device=run.device)
+        rows["gpt2"] = profile_one(run, "GPT-2 small, bf16, batch 8, seq 1024", gpt2, (ids,))
+        del gpt2
+    except Exception as error:
+        rows["gpt2"] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        run.log(f"profile gpt2 FAILED: {error}")
+    run.results["profile"] = rows
+    run.save()
+    try:
+        import torchvision
+
+        resnet = torchvision.models.resnet50().to(run.device, BF16).eval()
+        x = randn(run, 2 if run.quick else 64, 3, 64 if run.quick else 224, 64 if run.quick else 224)
+        rows["resnet50"] = profile_one(run, "ResNet-50, bf16, batch 64, 224x224", resnet, (x,))
+    except Exception as error:
+        rows["resnet50"] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        run.log(f"profile resnet50 FAILED: {error}")
+    return rows
+
+
+# -------------------------------------------------------------------------------------- meter section
+
+
+def small_llama(run: Run) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if run.quick:
+        config = LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+    else:
+        config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(run.device, BF16).train()
+
+
+def meter(run: Run) -> dict[str, Any]:
+    import fxflops
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = small_llama(run)
+    batch_size, seq = (2, 64) if run.quick else (8, 1024)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq), device=run.device)
+    batch = {"input_ids": ids, "labels": ids}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step() -> None:
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    steps = 3 if run.quick else 10
+    for _ in range(3):
+        train_step()
+    bare = [_step_seconds(run, train_step) for _ in range(steps)]
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(**batch).loss.backward()
+    opt.zero_grad(set_to_none=True)
+    oracle_flops = counter.get_total_flops()
+
+    began = time.perf_counter()
+    flops_meter = fxflops.FlopsMeter(model, batch, optimizer=opt, conventions="torch")
+    construct = time.perf_counter() - began
+    logged = []
+    metered = []
+    for _ in range(steps):
+        if run.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        flops_meter.start()
+        flops_meter.micro_batch(batch)
+        train_step()
+        stats = flops_meter.step()
+        if run.cuda:
+            torch.cuda.synchronize()
+        metered.append(time.perf_counter() - t0)
+        logged.append({"flops": stats.flops, "time": stats.time, "mfu": stats.mfu, "peak": stats.peak_flops,
+                       "tokens_per_sec": stats.tokens_per_sec})
+    bare_median = median(bare)
+    peak = logged[-1]["peak"]
+    result = {
+        "model": f"Llama {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, bf16, AdamW, "
+                 f"batch {batch_size}, seq {seq}",
+        "oracle_flops": oracle_flops, "bare_step_seconds": bare, "metered_step_seconds": metered,
+        "meter_construct_seconds": construct, "logged": logged,
+        "mfu_from_oracle": oracle_flops / bare_median / peak if peak else None,
+        "meter_overhead_seconds": median(metered) - bare_median,
+    }
+    run.log(f"meter: oracle {oracle_flops:.4g} FLOPs, meter {logged[-1]['flops']}, bare step {bare_median * 1e3:.2f} ms, "
+            f"metered {median(metered) * 1e3:.2f} ms, mfu logged {logged[-1]['mfu']}, from oracle {result['mfu_from_oracle']}")
+    return result
+
+
+def _step_seconds(run: Run, step: Callable[[], None]) -> float:
+    if run.cuda:
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    step()
+    if run.cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the code)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--only", default="env,ceilings,ops,profile,meter,tests")
+    args = parser.parse_args()
+    run = Run(args.out, args.quick, args.device)
+    run.results["commit"] = args.commit
+    bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter}
+    for name in args.only.split(","):
+        run.section(name, bodies[name])
+    run.log("all sections done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Names torch moved or renamed between the versions fxflops runs on (pyproject asks torch >= 2.5; the
+CUDA images of lent GPUs carry older builds than the one tests pin): the newer name asked for first, the
+older one as the fallback, in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEVICE_MISMATCH_MESSAGE = "Unhandled FakeTensor Device Propagation"  # the RuntimeError before torch 2.12
+
+
+def has_guarding_hint(value: Any) -> bool:
+    """Whether a SymInt has a hint a guard could use (plain ints do): `has_guarding_hint` in newer torch,
+    `has_hint` before it."""
+    from torch.fx.experimental import symbolic_shapes
+
+    check = getattr(symbolic_shapes, "has_guarding_hint", None) or symbolic_shapes.has_hint
+    return check(value)
+
+
+def is_device_mismatch(error: BaseException) -> bool:
+    """Whether a fake kernel refused tensors on two devices: `FakeTensorDeviceMismatchError` in newer
+    torch, a RuntimeError with the same message before it."""
+    from torch._subclasses import fake_tensor
+
+    kind = getattr(fake_tensor, "FakeTensorDeviceMismatchError", None)
+    if kind is not None and isinstance(error, kind):
+        return True
+    return isinstance(error, RuntimeError) and DEVICE_MISMATCH_MESSAGE in str(error)
+
+
+def is_inplace(op: Any) -> bool:
+    """Whether an aten overload writes its first argument and returns it (`add_`, `mul_.Tensor`):
+    `torch.Tag.inplace` where torch has it, else the schema's own marks (a name ending in `_` whose first
+    argument is written; an `out=` overload is not in-place)."""
+    import torch
+
+    tag = getattr(torch.Tag, "inplace", None)
+    if tag is not None:
+        return tag in op.tags
+    schema = op._schema
+    base = schema.name.split("::")[-1]
+    first = schema.arguments[0] if schema.arguments else None
+    written = first is not None and first.alias_info is not None and first.alias_info.is_write \
+        and str(first.type) == "Tensor"
+    return written and base.endswith("_") and not (base.startswith("__") and not base.startswith("__i"))
