@@ -117,6 +117,41 @@ def bench(run: Run, fn: Callable[[], Any], reps_ms: float = 40.0) -> list[float]
     return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
 
 
+def graph_seconds(run: Run, fn: Callable[[], Any], calls: int = 10) -> float | str | None:
+    """Seconds per call when `calls` back-to-back calls are replayed from one CUDA graph: the kernels' own
+    time with the host's launch cost out of the way (and no L2 flush between them). None on a CPU; the
+    error's text where a call cannot be captured."""
+    if not run.cuda or run.__dict__.get("no_graphs"):
+        return None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began.record()
+            graph.replay()
+            ended.record()
+            torch.cuda.synchronize()
+            times.append(began.elapsed_time(ended) / 1e3 / calls)
+        del graph
+        return median(times)
+    except Exception as error:  # not capturable: said, and no more captures tried (a failed one can poison the stream)
+        run.no_graphs = True
+        torch.cuda.synchronize()
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+
+
 def _flush_buffer(run: Run) -> torch.Tensor:
     if "flush" not in run.__dict__:
         run.flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=run.device)
@@ -172,6 +207,11 @@ def _smi(fields: str) -> str:
 def ceilings(run: Run) -> dict[str, Any]:
     n = 1024 if run.quick else 8192
     a, b = randn(run, n, n), randn(run, n, n)
+    ramp_until = time.perf_counter() + (0.0 if run.quick else 1.0)  # an idle GPU's clocks ramp up first
+    while time.perf_counter() < ramp_until:
+        a @ b
+        if run.cuda:
+            torch.cuda.synchronize()
     mm = median(bench(run, lambda: a @ b, 200))
     numel = (1 << 20) if run.quick else (1 << 30)  # 2 GiB of bf16
     src = randn(run, numel)
@@ -202,7 +242,8 @@ def gemm_ops(run: Run) -> list[dict[str, Any]]:
         a, b = randn(run, m, k), randn(run, k, n)
         seconds = median(bench(run, lambda: torch.mm(a, b)))  # noqa: B023
         rows.append({"kind": "gemm", "op": "mm", "shape": [m, n, k], "dtype": "bfloat16", "seconds": seconds,
-                     "tflops": 2 * m * n * k / seconds / 1e12})
+                     "tflops": 2 * m * n * k / seconds / 1e12,
+                     "graph_seconds": graph_seconds(run, lambda: torch.mm(a, b))})  # noqa: B023
         del a, b
     return rows
 
@@ -251,6 +292,7 @@ def attention_ops(run: Run) -> list[dict[str, Any]]:
                     with sdpa_kernel([backend]):
                         call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: B023,E731
                         forward = median(bench(run, call))
+                        forward_graph = graph_seconds(run, call)
                         out = call()
                         grad = torch.randn_like(out)
                         backward = median(bench(run, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)))  # noqa: B023
@@ -264,6 +306,7 @@ def attention_ops(run: Run) -> list[dict[str, Any]]:
                 kept = dense / 2 if causal else dense
                 rows.append({"kind": "attention", "backend": label, "shape": [b, h, s, d], "causal": causal,
                              "dtype": "bfloat16", "forward_seconds": forward, "backward_seconds": backward,
+                             "forward_graph_seconds": forward_graph,
                              "forward_tflops_kept": kept / forward / 1e12,
                              "backward_tflops_kept": 2.5 * kept / backward / 1e12})
     return rows
@@ -291,7 +334,7 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
             }
             for name, call in cases.items():
                 rows.append({"kind": "memory", "op": name, "shape": [tokens, width], "dtype": "bfloat16",
-                             "seconds": median(bench(run, call))})
+                             "seconds": median(bench(run, call)), "graph_seconds": graph_seconds(run, call)})
             xg = randn(run, tokens, width, grad=True)
             for name, make in (("gelu_backward", lambda t: f.gelu(t)),
                                ("layer_norm_backward", lambda t: f.layer_norm(t, (width,), w, bias))):  # noqa: B023
@@ -306,13 +349,15 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
         table = randn(run, vocab, width)
         for tokens in token_counts:
             ids = torch.randint(0, vocab, (tokens,), device=run.device)
+            call = lambda: f.embedding(ids, table)  # noqa: B023,E731
             rows.append({"kind": "memory", "op": "embedding", "shape": [tokens, vocab, width], "dtype": "bfloat16",
-                         "seconds": median(bench(run, lambda: f.embedding(ids, table)))})  # noqa: B023
+                         "seconds": median(bench(run, call)), "graph_seconds": graph_seconds(run, call)})
     scores = [(2, 2, 64, 64)] if run.quick else [(8, 12, 1024, 1024), (1, 32, 4096, 4096)]
     for shape in scores:
         x = randn(run, *shape)
+        call = lambda: torch.softmax(x, -1)  # noqa: B023,E731
         rows.append({"kind": "memory", "op": "softmax", "shape": list(shape), "dtype": "bfloat16",
-                     "seconds": median(bench(run, lambda: torch.softmax(x, -1)))})  # noqa: B023
+                     "seconds": median(bench(run, call)), "graph_seconds": graph_seconds(run, call)})
     return rows
 
 
@@ -351,7 +396,8 @@ def tests(run: Run) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ profile section
 
 
-def kernel_times_per_module(run: Run, model: torch.nn.Module, call: Callable[[], Any], steps: int) -> dict[str, float]:
+def kernel_times_per_module(run: Run, model: torch.nn.Module, call: Callable[[], Any], steps: int
+                            ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per forward step of GPU kernels torch.profiler attributes to each module: a record_function
     range per module call, opened by a pre-hook and closed by a hook; a range's device time counts the
     kernels launched inside it (its children's too)."""
@@ -383,13 +429,20 @@ def kernel_times_per_module(run: Run, model: torch.nn.Module, call: Callable[[],
     finally:
         for handle in handles:
             handle.remove()
-    totals: dict[str, float] = {}
+    from torch.autograd import DeviceType
+
+    kernels: dict[str, float] = {}
+    spans: dict[str, float] = {}
     for event in prof.events():
-        if event.name.startswith("fxm::"):
-            name = event.name[5:]
+        if not event.name.startswith("fxm::"):
+            continue
+        name = event.name[5:]
+        if event.device_type == DeviceType.CPU:  # the range on the host: the kernels launched inside it
             seconds = (event.device_time_total if run.cuda else event.cpu_time_total) / 1e6
-            totals[name] = totals.get(name, 0.0) + seconds / steps
-    return totals
+            kernels[name] = kernels.get(name, 0.0) + seconds / steps
+        else:  # the same range as the GPU ran it (a gpu_user_annotation): first kernel's start to last's end
+            spans[name] = spans.get(name, 0.0) + event.device_time_total / 1e6 / steps
+    return kernels, spans
 
 
 def bare_forward(run: Run, call: Callable[[], Any], steps: int) -> float:
@@ -411,13 +464,14 @@ def profile_one(run: Run, label: str, model: torch.nn.Module, inputs: tuple[Any,
     result = fxflops.profile(model, inputs, steps=steps, warm_up=3)
     profile_seconds = time.perf_counter() - began
     m = result.measurements
-    kernels = kernel_times_per_module(run, model, lambda: model(*inputs), 5 if not run.quick else 2)
+    kernels, spans = kernel_times_per_module(run, model, lambda: model(*inputs), 5 if not run.quick else 2)
     modules = {}
     for name, stats in result.modules.items():
         modules[name or "<root>"] = {"type": stats.type if hasattr(stats, "type") else None,
                                      "latency": stats.latency, "calls": stats.calls,
                                      "flops": getattr(stats, "flops", None),
-                                     "kernel_seconds": kernels.get(name or "<root>")}
+                                     "kernel_seconds": kernels.get(name or "<root>"),
+                                     "gpu_span_seconds": spans.get(name or "<root>")}
     prediction = result.prediction
     row = {
         "model": label, "timer": m.timer, "device_name": m.device_name, "steps": m.steps,
@@ -475,7 +529,7 @@ def small_llama(run: Run) -> torch.nn.Module:
                              num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
     else:
         config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-                             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
+                             num_key_value_heads=16, vocab_size=32000, max_position_embeddings=4096)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(run.device, BF16).train()
@@ -527,6 +581,7 @@ def meter(run: Run) -> dict[str, Any]:
                        "tokens_per_sec": stats.tokens_per_sec})
     bare_median = median(bare)
     peak = logged[-1]["peak"]
+    kernels = step_kernels(run, train_step)
     result = {
         "model": f"Llama {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, bf16, AdamW, "
                  f"batch {batch_size}, seq {seq}",
@@ -534,10 +589,33 @@ def meter(run: Run) -> dict[str, Any]:
         "meter_construct_seconds": construct, "logged": logged,
         "mfu_from_oracle": oracle_flops / bare_median / peak if peak else None,
         "meter_overhead_seconds": median(metered) - bare_median,
+        "kernels": kernels,
     }
     run.log(f"meter: oracle {oracle_flops:.4g} FLOPs, meter {logged[-1]['flops']}, bare step {bare_median * 1e3:.2f} ms, "
             f"metered {median(metered) * 1e3:.2f} ms, mfu logged {logged[-1]['mfu']}, from oracle {result['mfu_from_oracle']}")
     return result
+
+
+def step_kernels(run: Run, step: Callable[[], None]) -> dict[str, Any]:
+    """The GPU kernels of one step as torch.profiler sees them: the busy time, and the 40 longest kernels
+    by total time (which attention kernel SDPA picked, how long the optimizer's kernels take)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if not run.cuda:
+        return {}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU:
+            entry = totals.setdefault(event.name[:160], [0.0, 0])
+            entry[0] += event.device_time_total / 1e6
+            entry[1] += 1
+    busy = sum(seconds for seconds, _ in totals.values())
+    top = sorted(totals.items(), key=lambda item: -item[1][0])[:40]
+    return {"busy_seconds": busy, "top": [[name, seconds, count] for name, (seconds, count) in top]}
 
 
 def _step_seconds(run: Run, step: Callable[[], None]) -> float:
@@ -556,7 +634,7 @@ def main() -> None:
     parser.add_argument("--commit", default=None)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the code)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--only", default="env,ceilings,ops,profile,meter,tests")
+    parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit
