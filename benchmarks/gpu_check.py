@@ -483,6 +483,8 @@ def profile_one(run: Run, label: str, model: torch.nn.Module, inputs: tuple[Any,
         "predicted_latency": prediction.latency if prediction is not None else None,
         "prediction_device": prediction.device if prediction is not None else None,
         "profile_call_seconds": profile_seconds, "modules": modules,
+        "extra": {key: m.extra[key] for key in ("module_latency", "host_launch_plain", "host_launch_hooked")
+                  if key in m.extra},
         "unmatched_measured": list(m.unmatched_measured), "unmatched_graph": list(m.unmatched_graph),
     }
     run.log(f"profile {label}: fwd {m.fwd_latency * 1e3:.3f} ms, hooked {m.hooked_fwd_latency and m.hooked_fwd_latency * 1e3:.3f} ms, "

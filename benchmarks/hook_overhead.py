@@ -58,7 +58,7 @@ MODELS: dict[str, Callable[[torch.device], tuple[torch.nn.Module, tuple, dict]]]
 def measure(name: str, build: Callable, device: torch.device, warm_up: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model, args, kwargs = build(device)
-    plain, records = measure_forward(model, args, kwargs, device=device, warm_up=warm_up, steps=steps)
+    plain, records, _ = measure_forward(model, args, kwargs, device=device, warm_up=warm_up, steps=steps)
     hooked = [r.latency for r in records]
     return {
         "model": name,

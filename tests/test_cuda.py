@@ -150,3 +150,35 @@ def test_cuda_gpt2_sized_prediction_is_within_reach() -> None:
     (ids,) = example.inputs(batch=16, seq_len=512, device="cuda")
     ratio = measured_over_predicted(net, ids)
     assert 0.9 <= ratio <= 10.0  # a floor, as for ResNet-50
+
+
+# ---------------------------------------------------------------- the host queued ahead of the timed pass
+
+
+def many_tiny_ops() -> nn.Module:
+    """60 launches of microseconds each: the host, not the GPU, sets an eager forward's pace."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(30)]).cuda().eval()
+
+
+def test_cuda_module_spans_are_device_time_when_the_host_is_the_slower() -> None:
+    net = many_tiny_ops()
+    result = profile(net, (torch.randn(4, 16, device="cuda"),), steps=5, warm_up=2)
+    m = result.measurements
+    assert m.extra["module_latency"].startswith("device time")
+    # the plain forward waits on the host's launches; the hooked one ran its kernels back to back
+    assert m.hooked_fwd_latency < m.fwd_latency
+    assert m.extra["host_launch_hooked"] > m.extra["host_launch_plain"] > 0  # the hooks cost the host
+    for name, stats in result.modules.items():
+        assert stats.latency + EVENT_RESOLUTION >= sum(result.modules[c].latency for c in stats.children), name
+    assert hooks_of(net) == 0
+
+
+def test_cuda_the_sleep_before_a_pass_is_in_no_module_span() -> None:
+    net = nn.Linear(4096, 4096, bias=False).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    result = profile(net, (x,), steps=5, warm_up=2)
+    m = result.measurements
+    # one GEMM the GPU needs ~0.2 ms for: device time with or without the queue ahead
+    assert m.hooked_fwd_latency == pytest.approx(m.fwd_latency, rel=0.25)
+    assert result.root.latency == pytest.approx(m.hooked_fwd_latency, rel=0.05)
