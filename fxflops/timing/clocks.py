@@ -76,26 +76,27 @@ class QueueAhead:
     module's kernels slower than the GPU runs them (small kernels, eager Python, the timing hooks' own
     work), the GPU waits between kernels and the span is the host's time, not the module's: measured on an
     H200, GPT-2 small's blocks (batch 8, seq 1024) spanned 0.74-1.07 ms around 0.30 ms of kernels. So
-    before each timed pass the stream is given a sleep (`torch.cuda._sleep`, a kernel that spins) as long as
-    the host took to launch the last pass, doubled: the host enqueues the whole pass while the GPU sleeps,
-    then the GPU runs it back to back and each span is the module's device time. The sleep lies before
-    the pass's first stamp, in no module's span. Its length is capped at `MAX_SECONDS`; a pass that launches
-    more work than the stream's queue holds blocks the host mid-pass, and there gaps can come back."""
+    before each timed pass the stream is given a sleep (`torch.cuda._sleep`, a kernel that spins) longer
+    than the host needs to launch the pass (`expect`): the host enqueues the whole pass while the GPU
+    sleeps, then the GPU runs it back to back and each span is the module's device time (the same blocks:
+    0.35 ms). The sleep lies before the pass's first stamp, in no module's span. It is capped at
+    `MAX_SECONDS`; a pass that launches more work than the stream's queue holds blocks the host mid-pass,
+    and there gaps can come back."""
 
     MAX_SECONDS = 0.5
+    MARGIN = 0.001  # seconds added to twice the host's expected launch time
 
     def __init__(self, device: torch.device, first_guess: float = 0.01) -> None:
         self.device = device
         self.seconds = first_guess  # the sleep before the next pass
         self.cycles_per_second = self._spin_rate()
-        self._began: float | None = None
 
     def _spin_rate(self) -> float:
         """Spin cycles per second, read once (the SM clock as the sleep kernel sees it)."""
-        stream = torch.cuda.current_stream(self.device)
         began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         cycles = 1_000_000
         with torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
             torch.cuda._sleep(cycles)  # once untimed: the kernel's first launch loads its module
             began.record(stream)
             torch.cuda._sleep(cycles)
@@ -103,17 +104,14 @@ class QueueAhead:
         ended.synchronize()
         return cycles / max(began.elapsed_time(ended) * 1e-3, 1e-9)
 
+    def expect(self, host_seconds: float) -> None:
+        """The host is expected to take `host_seconds` to launch the next pass: sleep twice that."""
+        self.seconds = min(2 * host_seconds + self.MARGIN, self.MAX_SECONDS)
+
     def fill(self) -> None:
-        """Put the sleep on the stream, and start reading how long the host takes to launch the pass."""
+        """Put the sleep on the stream, ahead of the pass about to be launched."""
         with torch.cuda.device(self.device):
             torch.cuda._sleep(int(self.seconds * self.cycles_per_second))
-        self._began = time.perf_counter()
-
-    def launched(self) -> None:
-        """The pass is launched: the next sleep is twice the host's time for it."""
-        if self._began is not None:
-            self.seconds = min(2 * (time.perf_counter() - self._began), self.MAX_SECONDS)
-            self._began = None
 
 
 def queue_ahead(device: torch.device) -> QueueAhead | None:

@@ -150,6 +150,7 @@ def measure_backward(
         return roots, ones_like_each(roots)
 
     plain: list[float] = []
+    host_plain: list[float] = []  # seconds the host took to launch each plain backward
     ahead = queue_ahead(device)
     try:
         with torch.enable_grad(), device_context(device):
@@ -158,17 +159,17 @@ def measure_backward(
         with torch.enable_grad(), device_context(device), gc_paused():
             for _ in range(steps):
                 roots, seeds = roots_and_seeds()
-                plain += time_calls(lambda: torch.autograd.backward(roots, seeds), 1, clock)  # noqa: B023
+                plain += time_calls(lambda: _launch_timed(lambda: torch.autograd.backward(roots, seeds),  # noqa: B023
+                                                          host_plain), 1, clock)
                 timer.attach()
                 try:
                     roots, seeds = roots_and_seeds()
                 finally:
                     timer.detach()
                 if ahead is not None:  # as for the forward: the host's launch gaps out of the spans
+                    ahead.expect(3 * host_plain[-1])  # the hooks' host cost: up to 3x the plain backward's
                     ahead.fill()
                 timer.backward(roots, seeds)
-                if ahead is not None:
-                    ahead.launched()
     finally:
         restore_grads(saved)
     return plain, timer.records
@@ -200,28 +201,24 @@ def measure_forward(
         return model(*args, **kwargs)
 
     plain: list[float] = []
-    host_plain: list[float] = []  # seconds the host took to launch each plain / hooked forward
-    host_hooked: list[float] = []
+    host_plain: list[float] = []  # seconds the host took to launch each plain forward
     with torch.set_grad_enabled(grad), device_context(device):
         ahead = queue_ahead(device)
         for _ in range(warm_up):
             with watch:  # what these forwards write into the weights is saved first, and put back after
-                if ahead is not None:
-                    ahead.fill()
                 call()
-                if ahead is not None:
-                    ahead.launched()
         with gc_paused():
             for _ in range(steps):
                 plain += time_calls(lambda: _launch_timed(call, host_plain), 1, clock)
                 with timer:
                     if ahead is not None:  # the module spans: device time, the host's launch gaps out
+                        # the hooks' own host cost is not known before the first hooked pass: 3x the plain
+                        ahead.expect(timer.records[-1].host_seconds if timer.records else 3 * host_plain[-1])
                         ahead.fill()
-                    _launch_timed(call, host_hooked)
-                    if ahead is not None:
-                        ahead.launched()
+                    call()
     if not timer.records:
         raise RuntimeError("the timed forward never returned from the root module; nothing was measured")
+    host_hooked = [record.host_seconds for record in timer.records]
     host_launch = (statistics.median(host_plain), statistics.median(host_hooked)) if ahead is not None else None
     return plain, timer.records, host_launch
 
