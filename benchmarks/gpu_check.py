@@ -265,6 +265,22 @@ def gemm_grid(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+def gemm_alignment(run: Run) -> list[dict[str, Any]]:
+    """4096^3 with one of K, N or M made 1 to 64 short of 4096: how much each dimension's alignment costs
+    (a 16-byte-aligned bf16 row needs a multiple of 8 elements)."""
+    base = 256 if run.quick else 4096
+    rows = []
+    for axis in ("k", "n", "m"):
+        for short in (0, 1, 2, 4, 8, 16, 64):
+            m, n, k = (base - short if axis == name else base for name in ("m", "n", "k"))
+            x, w = randn(run, m, k), randn(run, n, k)
+            seconds = median(bench(run, lambda: torch.nn.functional.linear(x, w), 25))  # noqa: B023
+            rows.append({"kind": "gemm", "op": "linear", "shape": [m, n, k], "dtype": "bfloat16", "axis": axis,
+                         "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12})
+            del x, w
+    return rows
+
+
 def attention_shapes(run: Run) -> list[tuple[int, int, int, int]]:
     """(batch, heads, seq, head dim) at 16k tokens and a model width of 2048, as FlashAttention-3's figures."""
     seqs = [128, 256] if run.quick else [512, 1024, 2048, 4096, 8192, 16384]
@@ -363,8 +379,10 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
 
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for name, body in (("gemm", gemm_ops), ("attention", attention_ops), ("memory", memory_ops),
-                       ("gemm_grid", gemm_grid)):
+    parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
+             "gemm_alignment": gemm_alignment}
+    for name in run.parts or list(parts):
+        body = parts[name]
         began = time.perf_counter()
         try:
             result[name] = body(run)
@@ -637,9 +655,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the code)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
+    parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
+                                                    "gemm_grid,gemm_alignment")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit
+    run.parts = [part for part in args.ops.split(",") if part]
     bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter}
     for name in args.only.split(","):
         run.section(name, bodies[name])
