@@ -112,10 +112,15 @@ def _correction(device: DeviceModel, m: int, n: int, k: int) -> float:
     return interpolate(device.gemm_size_correction, (float(m) * n * k) ** (1 / 3))
 
 
-def write_device_file(path: str | Path, base: str, fitted: dict[str, tuple[Any, str]]) -> None:
-    """A device TOML file: `base = "<preset>"` and each fitted constant as {value, source}."""
+def write_device_file(path: str | Path, base: str, fitted: dict[str, tuple[Any, str]], name: str | None = None,
+                      note: str | None = None) -> None:
+    """A device TOML file: `base = "<preset>"` and each fitted constant as {value, source}; `name` makes it
+    loadable by that name when shipped beside the presets, `note` a comment line saying how it was made."""
     lines = ["# Written by fxflops.predict.calibrate: the constants below were fitted to measured op times;",
-             "# every other constant is the base preset's.", f"base = {_toml(base)}", ""]
+             "# every other constant is the base preset's."]
+    lines += [f"# {note}"] if note else []
+    lines += [f"name = {_toml(name)}"] if name else []
+    lines += [f"base = {_toml(base)}", ""]
     for name, (value, source) in fitted.items():
         lines += [f"[{name}]", f"value = {_toml(value)}", f"source = {_toml(source)}", ""]
     Path(path).write_text("\n".join(lines), encoding="utf-8")

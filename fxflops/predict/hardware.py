@@ -349,8 +349,15 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
         raise ValueError(f"no {kind[:-1]} named {text!r}; {hint}presets: {', '.join(names)}; or give a TOML file's path")
     data, file_name = found
     origin = f"{PRESET} fxflops/predict/data/{kind}/{file_name}"
-    meta = {k: v for k, v in data.items() if k not in _schema(kind) and not k.startswith("_")}
-    return _values(kind, data, origin, file_name), meta, origin
+    meta = {k: v for k, v in data.items() if k not in _schema(kind) and not k.startswith("_") and k != "base"}
+    values = {}
+    if "base" in data:  # a preset that starts from another (a calibrated file shipped beside its base)
+        if _squashed(data["base"]) in (_squashed(data["name"]), *map(_squashed, data.get("aliases", ()))):
+            raise ValueError(f"fxflops/predict/data/{kind}/{file_name}: base names the file itself")
+        values, base_meta, _ = _resolve(kind, data["base"])
+        meta = {**{k: v for k, v in base_meta.items() if k not in ("name", "aliases")}, **meta}
+    values.update(_values(kind, data, origin, file_name))
+    return values, meta, origin
 
 
 def _schema(kind: str) -> dict[str, tuple[str, str]]:
