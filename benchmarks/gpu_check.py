@@ -629,13 +629,84 @@ def step_kernels(run: Run, step: Callable[[], None]) -> dict[str, Any]:
         torch.cuda.synchronize()
     totals: dict[str, list[float]] = {}
     for event in prof.events():
-        if event.device_type != DeviceType.CPU:
+        if event.device_type != DeviceType.CPU and not event.is_user_annotation:
             entry = totals.setdefault(event.name[:160], [0.0, 0])
             entry[0] += event.device_time_total / 1e6
             entry[1] += 1
     busy = sum(seconds for seconds, _ in totals.values())
     top = sorted(totals.items(), key=lambda item: -item[1][0])[:40]
     return {"busy_seconds": busy, "top": [[name, seconds, count] for name, (seconds, count) in top]}
+
+
+def training_models(run: Run) -> list[tuple[str, Any, Any]]:
+    """(label, model, (inputs, loss)) of models no fit saw: their training steps validate the step model."""
+    import torchvision
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fxflops.cli.examples import get_example
+
+    quick = run.quick
+    out = []
+    config = LlamaConfig(hidden_size=128 if quick else 2048, intermediate_size=344 if quick else 5632,
+                         num_hidden_layers=2 if quick else 16, num_attention_heads=4 if quick else 16,
+                         num_key_value_heads=2 if quick else 4, vocab_size=512 if quick else 32000,
+                         max_position_embeddings=4096)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(config).to(run.device, BF16).train()
+    ids = torch.randint(0, config.vocab_size, (2, 64) if quick else (4, 2048), device=run.device)
+    out.append((f"Llama GQA 16 layers x 2048, kv 4, bf16, batch {ids.shape[0]} x {ids.shape[1]}", llama,
+                lambda: llama(input_ids=ids, labels=ids).loss))  # noqa: E731
+    example = get_example("gpt2-small")
+    gpt2 = example.build(**({"n_layer": 2, "d_model": 64, "n_head": 2} if quick else
+                            {"n_layer": 24, "d_model": 1024, "n_head": 16})).to(run.device, BF16).train()
+    (tokens,) = example.inputs(batch=2 if quick else 8, seq_len=64 if quick else 1024, device=run.device)
+    out.append(("GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024", gpt2,
+                lambda: torch.nn.functional.cross_entropy(gpt2(tokens).flatten(0, 1).float(), tokens.flatten())))
+    images = randn(run, 4 if quick else 64, 3, 64 if quick else 224, 64 if quick else 224)
+    labels = torch.randint(0, 1000, (images.shape[0],), device=run.device)
+    resnet = torchvision.models.resnet50().to(run.device, BF16).train()
+    out.append(("ResNet-50, bf16, batch 64", resnet,
+                lambda: torch.nn.functional.cross_entropy(resnet(images).float(), labels)))
+    vit = torchvision.models.vit_b_16(image_size=64 if quick else 224).to(run.device, BF16).train()
+    out.append(("ViT-B/16, bf16, batch 64", vit, lambda: torch.nn.functional.cross_entropy(vit(images).float(), labels)))
+    return out
+
+
+def steps(run: Run) -> dict[str, Any]:
+    """Training steps (AdamW, bf16 weights) of models no fit saw: median step time, peak memory, kernels."""
+    result = {}
+    for label, model, loss in training_models(run):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step() -> None:
+            loss().backward()  # noqa: B023
+            opt.step()  # noqa: B023
+            opt.zero_grad(set_to_none=True)  # noqa: B023
+
+        try:
+            for _ in range(3):
+                step()
+            if run.cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = [_step_seconds(run, step) for _ in range(3 if run.quick else 10)]
+            peak = torch.cuda.max_memory_allocated() if run.cuda else None
+            result[label] = {"step_seconds": times, "median": median(times), "peak_allocated": peak,
+                             "kernels": step_kernels(run, step),
+                             "params": sum(p.numel() for p in model.parameters())}
+            shown = f"{peak / 2**30:.2f} GiB" if peak else "not measured"
+            run.log(f"steps {label}: {median(times) * 1e3:.2f} ms, peak {shown}")
+        except Exception as error:
+            result[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            run.log(f"steps {label} FAILED: {error}")
+        finally:
+            del model, opt
+            if run.cuda:
+                torch.cuda.empty_cache()
+        run.results["steps"] = result
+        run.save()
+    return result
 
 
 def _step_seconds(run: Run, step: Callable[[], None]) -> float:
@@ -661,7 +732,8 @@ def main() -> None:
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit
     run.parts = [part for part in args.ops.split(",") if part]
-    bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter}
+    bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter,
+              "steps": steps}
     for name in args.only.split(","):
         run.section(name, bodies[name])
     run.log("all sections done")
