@@ -7,7 +7,8 @@ from one half of the measured ops and validates it on the other half (and on who
 - fit: the GEMM grid (90 linears) and the alignment table (21), memory-bound ops at widths 768 and 8192,
   attention at query lengths 512, 2048 and 8192 (math: 512 and 2048);
 - validate: the 32 GEMMs of the shape list, memory-bound ops at width 4096, attention at 1024, 4096 and
-  16384 (math: 1024), and GPT-2's and ResNet-50's forwards and a Llama training step as measured.
+  16384 (math: 1024), and GPT-2's and ResNet-50's forwards and five training steps as measured (run 2's
+  Llama, run 6's GQA Llama, GPT-2 medium, ResNet-50 and ViT-B/16, with their peak memory).
 Every prediction is also made with the H200 preset (published constants only) and the plain roofline.
 """
 
@@ -161,6 +162,67 @@ def whole_models(devices: dict[str, Any]) -> list[str]:
     return rows
 
 
+def unseen_steps() -> list[tuple[str, Any, tuple, Any, str]]:
+    """(label, model on meta, inputs, loss, key in run 6) of the four training steps run 6 measured: built
+    as gpu_check.py's steps section builds them, on the meta device."""
+    import torch
+    import torchvision
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fxflops.cli.examples import get_example
+
+    f = torch.nn.functional
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
+    config._attn_implementation = "sdpa"
+    ids = torch.zeros(4, 2048, dtype=torch.long, device="meta")
+    tokens = torch.zeros(8, 1024, dtype=torch.long, device="meta")
+    images = torch.empty(64, 3, 224, 224, device="meta", dtype=torch.bfloat16)
+    labels = torch.zeros(64, dtype=torch.long, device="meta")
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(config).to(torch.bfloat16)
+        gpt2 = get_example("gpt2-small").build(n_layer=24, d_model=1024, n_head=16).to(torch.bfloat16)
+        resnet = torchvision.models.resnet50().to(torch.bfloat16)
+        vit = torchvision.models.vit_b_16().to(torch.bfloat16)
+    return [
+        ("Llama GQA 853M (16 x 2048, kv 4), batch 4 x 2048", llama, (ids,),  # the loss as HF's, unshifted
+         lambda out: f.cross_entropy(out.logits.flatten(0, 1).float(), ids.flatten()),
+         "Llama GQA 16 layers x 2048, kv 4, bf16, batch 4 x 2048"),
+        ("GPT-2 medium-shaped 355M, batch 8 x 1024", gpt2, (tokens,),
+         lambda out: f.cross_entropy(out.flatten(0, 1).float(), tokens.flatten()),
+         "GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024"),
+        ("ResNet-50, batch 64", resnet, (images,), lambda out: f.cross_entropy(out.float(), labels),
+         "ResNet-50, bf16, batch 64"),
+        ("ViT-B/16, batch 64", vit, (images,), lambda out: f.cross_entropy(out.float(), labels),
+         "ViT-B/16, bf16, batch 64"),
+    ]
+
+
+def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
+    """Training steps (AdamW on bf16 weights: 4 bytes of state a parameter) of run 6, never fitted: step
+    time and peak allocated memory against predict_step's."""
+    import torch
+
+    import fxflops
+
+    measured = load(6)["steps"]
+    names = [name for name in devices if name != "roofline"]
+    rows = ["| training step (AdamW, bf16) | measured | " + " | ".join(names) + " | peak memory measured / predicted |",
+            "|---|---:|" + "---:|" * len(names) + "---:|"]
+    for label, model, inputs, loss, key in unseen_steps():
+        seconds = measured[key]["median"]
+        cells, memory = [], None
+        for name in names:
+            step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device=devices[name],
+                                        dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
+            cells.append(f"{step.step_time * 1e3:.2f} ms ({error(step.step_time, seconds):+.0%})")
+            memory = step.memory[0].tensor_bytes
+        peak = measured[key]["peak_allocated"]
+        rows.append(f"| {label} | {seconds * 1e3:.2f} ms | " + " | ".join(cells) +
+                    f" | {peak / 2**30:.2f} / {memory / 2**30:.2f} GiB ({error(memory, peak):+.0%}) |")
+    return rows
+
+
 def small_llama() -> Any:
     """The Llama gpu_check.py's meter section trained (on the meta device)."""
     import torch
@@ -174,15 +236,16 @@ def small_llama() -> Any:
 
 
 def header() -> list[str]:
-    runs = {i: load(i) for i in (1, 2, 3, 4, 5)}
+    runs = {i: load(i) for i in (1, 2, 3, 4, 5, 6)}
     lines = ["| run | commit | date (UTC) | sections | what changed |", "|---|---|---|---|---|"]
     changes = {1: "first run", 2: "meter again (run 1's oracle refused GQA: MHA Llama)",
                3: "module kernel time from host-side ranges only; CUDA-graph times; clocks ramped",
                4: "profile() with the queue ahead (first version)",
-               5: "queue ahead sized by the host's launch before the clock syncs; alignment table"}
+               5: "queue ahead sized by the host's launch before the clock syncs; alignment table",
+               6: "training steps of four models no fit saw"}
     for i, run in runs.items():
         env = run.get("env", {})
-        sections = ", ".join(k for k in ("ceilings", "profile", "meter", "ops", "tests") if k in run)
+        sections = ", ".join(k for k in ("ceilings", "profile", "meter", "ops", "tests", "steps") if k in run)
         lines.append(f"| {i} | {str(run.get('commit'))[:12]} | {env.get('date', '')[:19]} | {sections} | {changes[i]} |")
     env = runs[3]["env"]
     return [f"Device: {provenance(env)}; {env['sm_count']} SMs, {env['memory_gib']} GiB, L2 {env['l2_mb']} MB; "
@@ -274,7 +337,7 @@ def report(devices: dict[str, Any]) -> str:
         "peak or bytes at the datasheet bandwidth; the preset uses published constants only; the measured file "
         "was fitted to the other half of the ops (see the script's docstring).", "",
         *summary(validate, devices), "", *spread(), "",
-        "## Whole models (never fitted)", "", *whole_models(devices), "",
+        "## Whole models (never fitted)", "", *whole_models(devices), "", *unseen_step_rows(devices), "",
         "## Every validation op", "", *detail(validate, devices), "",
     ]
     return "\n".join(parts)
@@ -296,6 +359,8 @@ def main() -> None:
     print("\n".join(summary(validate, devices)))
     print()
     print("\n".join(whole_models(devices)))
+    print()
+    print("\n".join(unseen_step_rows(devices)))
     if args.detail:
         print()
         print("\n".join(detail(validate, devices)))
