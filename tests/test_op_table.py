@@ -135,3 +135,22 @@ def test_a_shipped_preset_may_start_from_another() -> None:
     assert measured.peak("bf16") == preset.peak("bf16") and measured.sm_count == preset.sm_count  # from its base
     assert measured.gemm_alignment != preset.gemm_alignment  # fitted
     assert "measured on NVIDIA H200" in measured.constants["gemm_alignment"].source
+
+
+def test_a_measured_table_becomes_a_device_file_citing_its_run(tmp_path) -> None:
+    truth = with_constant(device_model("H200 SXM"), "sustained_bandwidth", 0.5, "truth")
+    ops = {"memory": []}
+    for op, shape in (("add", (16, 64)), ("gelu", (32768, 8192)), ("silu", (32768, 4096))):
+        (node,) = op_table.op_nodes(op, shape)
+        seconds = op_table.predicted(op_table.Row(op, MEMORY, (node,), 1.0), truth)
+        ops["memory"].append({"kind": "memory", "op": op, "shape": list(shape), "dtype": "bfloat16",
+                              "seconds": seconds})
+    table = {"env": {"name": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-27T16:53:06"}, "ops": ops}
+    path = tmp_path / "ours.toml"
+    device = op_table.calibrate_table(table, "H200 SXM", str(path))
+    assert device.sustained_bandwidth == pytest.approx(0.5, abs=1e-4)
+    assert "measured on NVIDIA H200, torch 2.11.0, 2026-11-27" in device.constants["sustained_bandwidth"].source
+    assert device.gemm_alignment == device_model("H200 SXM").gemm_alignment  # no GEMM in the table: the base's
+    assert path.read_text().count("[sustained_bandwidth]") == 1
+    with pytest.raises(ValueError, match="no op rows"):
+        op_table.calibrate_table({"ops": {}}, "H200 SXM")

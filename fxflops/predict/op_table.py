@@ -338,3 +338,31 @@ def _attention_points(fit_rows: list[Row], kernel: str, backward: bool, causal: 
         if row.seconds > overhead:
             by_seq.setdefault(seq, []).append(flops / (row.seconds - overhead) / peak)
     return [[float(seq), round(statistics.median(v), 4)] for seq, v in sorted(by_seq.items())]
+
+
+def calibrate_table(table: Mapping[str, Any] | str, base: DeviceModel | str, path: str | None = None,
+                    name: str | None = None) -> DeviceModel:
+    """Every constant a measured op table shows, fitted to all its rows and cited to its run (the table's
+    `env`: GPU, driver, torch, date); with `path`, written there as a device file (`base = ...`, loadable
+    by path, or by `name` when shipped beside the presets). The table is what `benchmarks/gpu_check.py
+    --only env,ops` writes on your GPU, as a dict or its JSON file's path."""
+    import json
+    from pathlib import Path
+
+    from fxflops.predict.calibrate import write_device_file
+
+    if isinstance(table, (str, Path)):
+        table = json.loads(Path(table).read_text(encoding="utf-8"))
+    measured = rows(table)
+    if not measured:
+        raise ValueError("calibrate_table: the table has no op rows (run benchmarks/gpu_check.py with its ops section)")
+    env = table.get("env", {})
+    label = (f"measured on {env.get('name', 'a GPU')}, torch {env.get('torch', '?')}, {str(env.get('date', '?'))[:10]}"
+             f" (benchmarks/gpu_check.py)")
+    device, fitted = fit_device(measured, base, label)
+    if path is not None:
+        base_name = base if isinstance(base, str) else base.name
+        write_device_file(path, base_name, fitted, name=name,
+                          note=f"fitted by fxflops.predict.op_table.calibrate_table to {len(measured)} measured ops")
+        return device_model(path)
+    return device
