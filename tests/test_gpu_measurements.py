@@ -124,3 +124,23 @@ def test_unseen_transformer_steps_are_predicted_closer_with_the_measured_device(
         memory = step.memory[0].tensor_bytes
     assert abs(errors["H200 SXM measured"]) <= 0.20 < abs(errors["H200 SXM"]), label  # -10% / -18% vs -20% / -38%
     assert memory == pytest.approx(measured["peak_allocated"], rel=0.10), label  # +6% / -6%
+
+
+def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path) -> None:
+    """benchmarks/gpu_check.py --quick --device cpu: the code a lent GPU runs, at tiny sizes, so it does not rot
+    between the sessions that have one (the steps and tests sections are left out: a CPU ViT is slow)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path), "--quick",
+                           "--device", "cpu", "--only", "env,ceilings,ops,profile,meter"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    for section in ("env", "ceilings", "ops", "profile", "meter"):
+        assert "error" not in results[section], (section, results[section])
+    assert {part: len(rows) for part, rows in results["ops"].items()} == {
+        "gemm": 8, "attention": 4, "memory": 43, "gemm_grid": 8, "gemm_alignment": 21}
+    assert results["meter"]["logged"][0]["flops"] > 0
+    assert set(results["profile"]) == {"gpt2", "resnet50"} and all("error" not in p for p in results["profile"].values())
+    # and what the CPU measured can be tabled: every op row becomes the op fxflops counts
+    assert len(op_table.rows(results)) > 60
