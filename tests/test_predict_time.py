@@ -142,6 +142,22 @@ def test_bad_constants_are_one_line_errors(tmp_path):
         cluster(str(tmp_path / "missing.toml"))
 
 
+def test_a_cycle_of_bases_is_a_one_line_error(tmp_path):
+    # a file whose base leads back to itself, directly or through another file, was followed until Python's
+    # recursion limit (RecursionError); it is refused naming the cycle
+    first, second, alone = tmp_path / "first.toml", tmp_path / "second.toml", tmp_path / "alone.toml"
+    first.write_text(f'name = "first"\nbase = "{second}"\n')
+    second.write_text(f'name = "second"\nbase = "{first}"\n')
+    alone.write_text(f'base = "{alone}"\n')
+    with pytest.raises(ValueError, match=r"first.toml: its base leads back to itself \(.*first.toml -> .*second.toml"
+                                         r" -> .*first.toml\)"):
+        device_model(first)
+    with pytest.raises(ValueError, match=r"alone.toml: its base leads back to itself"):
+        device_model(alone)
+    second.write_text('name = "second"\nbase = "H200 SXM measured"\n')  # a chain of three that ends: fine
+    assert device_model(first).launch_overhead == device_model("H200 SXM measured").launch_overhead
+
+
 # --- time per op --------------------------------------------------------------------------------------
 
 

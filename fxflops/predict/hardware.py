@@ -320,8 +320,10 @@ def _parse(text: str, where: str) -> dict:
     return data
 
 
-def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, str, str]], dict, str]:
-    """(constant name -> (value, source, origin), the file's other keys, origin of the file)."""
+def _resolve(kind: str, name_or_path: str | Path, chain: tuple[str, ...] = ()
+             ) -> tuple[dict[str, tuple[Any, str, str]], dict, str]:
+    """(constant name -> (value, source, origin), the file's other keys, origin of the file). `chain`: the
+    files whose `base` led here, so a cycle of bases (A's base B, B's base A) is refused, not recursed."""
     text = str(name_or_path)
     path = Path(text).expanduser()
     if _is_path(text, kind):
@@ -332,7 +334,7 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
         values: dict[str, tuple[Any, str, str]] = {}
         meta: dict = {}
         if "base" in data:
-            values, meta, _ = _resolve(kind, data["base"])
+            values, meta, _ = _resolve(kind, data["base"], _in_chain(chain, str(path.resolve()), str(path)))
         meta = {**meta, **{k: v for k, v in data.items() if k not in _schema(kind) and k != "base"}}
         meta.setdefault("name", str(path))
         meta["_dir"] = str(path.parent)
@@ -354,10 +356,19 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
     if "base" in data:  # a preset that starts from another (a calibrated file shipped beside its base)
         if _squashed(data["base"]) in (_squashed(data["name"]), *map(_squashed, data.get("aliases", ()))):
             raise ValueError(f"fxflops/predict/data/{kind}/{file_name}: base names the file itself")
-        values, base_meta, _ = _resolve(kind, data["base"])
+        here = _in_chain(chain, file_name, f"fxflops/predict/data/{kind}/{file_name}")
+        values, base_meta, _ = _resolve(kind, data["base"], here)
         meta = {**{k: v for k, v in base_meta.items() if k not in ("name", "aliases")}, **meta}
     values.update(_values(kind, data, origin, file_name))
     return values, meta, origin
+
+
+def _in_chain(chain: tuple[str, ...], key: str, shown: str) -> tuple[str, ...]:
+    """`chain` with one more file whose `base` is followed; a file already in it closes a cycle: refused."""
+    if key in chain:
+        raise ValueError(f"{shown}: its base leads back to itself ({' -> '.join((*chain, key))}); "
+                         f"name a preset or a file that does not start from this one")
+    return (*chain, key)
 
 
 def _schema(kind: str) -> dict[str, tuple[str, str]]:
