@@ -95,6 +95,46 @@ def test_the_fit_recovers_the_constants_that_made_the_times() -> None:
     assert "synthetic" in fitted_device.constants["gemm_alignment"].source
 
 
+def _entries(device, specs, graphed: bool) -> list[dict]:
+    """Table rows (as gpu_check.py writes them) of (op, shape) whose times are `device`'s own model's."""
+    out = []
+    for op, shape in specs:
+        nodes = op_table.op_nodes(op, shape)
+        seconds = op_table.predicted(op_table.Row(op, MEMORY, nodes, 1.0), device)
+        entry = {"kind": "gemm" if op == "mm" else "memory", "op": op, "shape": list(shape), "dtype": "bfloat16",
+                 "seconds": seconds + (0.0 if graphed else 3e-6)}  # one by one: the host's dispatch in small ops
+        if graphed:
+            entry["graph_seconds"] = seconds
+        out.append(entry)
+    return out
+
+
+def test_the_launch_overhead_is_fitted_from_graph_replays_only() -> None:
+    # tiny ops timed one by one carry the host's dispatch: fitted as the launch overhead they made it 5 us and
+    # said "back to back from a CUDA graph"; without a replay in the table the base's constant stays
+    truth = with_constant(device_model("H200 SXM"), "launch_overhead", 2e-6, "truth")
+    tiny = [("gelu", (16, 64)), ("add", (16, 64)), ("silu", (16, 64))]
+    _, fitted = op_table.fit_device(op_table.rows({"memory": _entries(truth, tiny, graphed=False)}), "H200 SXM", "x")
+    assert "launch_overhead" not in fitted
+    rows = op_table.rows({"memory": _entries(truth, tiny, graphed=True)})
+    assert all(row.graphed for row in rows)
+    _, fitted = op_table.fit_device(rows, "H200 SXM", "x")
+    assert fitted["launch_overhead"][0] == pytest.approx(2e-6, rel=1e-3)
+
+
+def test_the_gemm_fits_cite_only_the_compute_bound_gemms_they_used() -> None:
+    # mm 32768x128x128 moves more than it computes in the model: no efficiency is read from it, so it is not
+    # one of the GEMMs the sources count (they said 5 of 4 used)
+    base = device_model("H200 SXM")
+    specs = [("mm", (4096, 4096, 4096)), ("mm", (8192, 8192, 8192)), ("mm", (4096, 4096, 4095)),
+             ("mm", (4096, 4094, 4096)), ("mm", (32768, 128, 128))]
+    (skinny,) = op_table.op_nodes("mm", (32768, 128, 128))
+    assert op_table.op_time(skinny, base, "bf16").memory > op_table.op_time(skinny, base, "bf16").compute
+    _, fitted = op_table.fit_device(op_table.rows({"gemm": _entries(base, specs, graphed=True)}), base, "x")
+    assert fitted["gemm_size_correction"][1].startswith("measured / modelled efficiency of 2 GEMMs whose K and N")
+    assert fitted["gemm_alignment"][1].startswith("measured / modelled efficiency of 4 GEMMs by the largest")
+
+
 def test_an_unknown_op_in_a_table_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no known op 'conv9d'"):
         op_table.op_nodes("conv9d", (1, 2))
