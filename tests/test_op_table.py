@@ -135,6 +135,27 @@ def test_the_gemm_fits_cite_only_the_compute_bound_gemms_they_used() -> None:
     assert fitted["gemm_alignment"][1].startswith("measured / modelled efficiency of 4 GEMMs by the largest")
 
 
+def test_a_table_fitted_over_the_users_own_device_file_names_it_so_it_loads(tmp_path, monkeypatch) -> None:
+    # a base read from a user's file was written as its name ("my H100s"), which no preset has: the written
+    # file could not be loaded. It is written as the file's absolute path (a relative one as given would be
+    # read from wherever the new file is loaded), and a base changed in code is refused before any writing
+    truth = with_constant(device_model("H100 SXM"), "sustained_bandwidth", 0.5, "truth")
+    table = {"env": {"name": "ours"}, "memory": _entries(truth, [("gelu", (32768, 8192))], graphed=True)}
+    (tmp_path / "mine.toml").write_text('name = "my H100s"\nbase = "H100 SXM"\nsm_count = 100\n')
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    for base in (device_model("mine.toml"), "mine.toml"):
+        device = op_table.calibrate_table(table, base, str(out / "ours.toml"))
+        assert f'base = "{tmp_path / "mine.toml"}"' in (out / "ours.toml").read_text()
+        assert device.sm_count == 100 and device.sustained_bandwidth == pytest.approx(0.5, abs=1e-4)
+    with pytest.raises(ValueError, match="base 'H100 SXM' is not a preset or a file as it stands"):
+        op_table.calibrate_table(table, with_constant(device_model("H100 SXM"), "sm_count", 100), str(out / "x.toml"))
+    assert not (out / "x.toml").exists()
+    op_table.calibrate_table(table, device_model("H100"), str(out / "p.toml"))  # a preset: by its name
+    assert 'base = "H100 SXM"' in (out / "p.toml").read_text()
+
+
 def test_an_unknown_op_in_a_table_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no known op 'conv9d'"):
         op_table.op_nodes("conv9d", (1, 2))

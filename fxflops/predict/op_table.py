@@ -359,10 +359,11 @@ def calibrate_table(table: Mapping[str, Any] | str, base: DeviceModel | str, pat
     import json
     from pathlib import Path
 
-    from fxflops.predict.calibrate import write_device_file
+    from fxflops.predict.calibrate import base_reference, write_device_file
 
     if isinstance(table, (str, Path)):
         table = json.loads(Path(table).read_text(encoding="utf-8"))
+    base_name = base_reference(base) if path is not None else ""  # refused before anything is fitted or written
     measured = rows(table)
     if not measured:
         raise ValueError("calibrate_table: the table has no op rows (run benchmarks/gpu_check.py with its ops section)")
@@ -371,7 +372,6 @@ def calibrate_table(table: Mapping[str, Any] | str, base: DeviceModel | str, pat
              f" (benchmarks/gpu_check.py)")
     device, fitted = fit_device(measured, base, label)
     if path is not None:
-        base_name = base if isinstance(base, str) else base.name
         write_device_file(path, base_name, fitted, name=name,
                           note=f"fitted by fxflops.predict.op_table.calibrate_table to {len(measured)} measured ops")
         return device_model(path)
