@@ -158,6 +158,19 @@ def test_a_cycle_of_bases_is_a_one_line_error(tmp_path):
     assert device_model(first).launch_overhead == device_model("H200 SXM measured").launch_overhead
 
 
+def test_two_presets_may_not_share_a_name_or_alias():
+    # the later file silently took the name over (a measured file aliased "H200" would have replaced the preset)
+    from fxflops.predict.hardware import _preset_index
+
+    h200 = 'name = "H200 SXM"\naliases = ["H200"]\ngpu = "H200 SXM"\n'
+    assert set(_preset_index("devices", [("a.toml", h200)])) == {"h200sxm", "h200"}
+    with pytest.raises(ValueError, match=r"b.toml: 'h200' is already the name or an alias of a.toml"):
+        _preset_index("devices", [("a.toml", h200), ("b.toml", 'name = "H200 measured"\naliases = ["h200"]\n'
+                                                              'base = "H200 SXM"\n')])
+    with pytest.raises(ValueError, match=r"b.toml: a shipped preset needs name"):
+        _preset_index("devices", [("b.toml", 'base = "H200 SXM"\n')])
+
+
 # --- time per op --------------------------------------------------------------------------------------
 
 

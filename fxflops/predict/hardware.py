@@ -297,16 +297,29 @@ def _squashed(name: str) -> str:
 @cache
 def _presets(kind: str) -> dict[str, tuple[dict, str]]:
     """Squashed name or alias -> (parsed file, file name), for the shipped files of one kind."""
-    found: dict[str, tuple[dict, str]] = {}
     folder = resources.files("fxflops.predict").joinpath("data").joinpath(kind)
-    for entry in sorted(folder.iterdir(), key=lambda item: item.name):
-        if not entry.name.endswith(".toml"):
-            continue
-        data = _parse(entry.read_text(encoding="utf-8"), f"fxflops/predict/data/{kind}/{entry.name}")
+    return _preset_index(kind, [(entry.name, entry.read_text(encoding="utf-8"))
+                                for entry in sorted(folder.iterdir(), key=lambda item: item.name)
+                                if entry.name.endswith(".toml")])
+
+
+def _preset_index(kind: str, files: list[tuple[str, str]]) -> dict[str, tuple[dict, str]]:
+    """Squashed name or alias -> (parsed file, file name) of (file name, text) pairs. Every preset needs a
+    name (one starting from a `base` too), and no two may share a name or alias: the later file would
+    silently take the earlier one's name."""
+    found: dict[str, tuple[dict, str]] = {}
+    for file_name, text in files:
+        where = f"fxflops/predict/data/{kind}/{file_name}"
+        data = _parse(text, where)
+        if not isinstance(data.get("name"), str):
+            raise ValueError(f"{where}: a shipped preset needs name = \"...\"")
         data["_primary"] = True
-        found[_squashed(data["name"])] = (data, entry.name)
-        for alias in data.get("aliases", ()):
-            found[_squashed(alias)] = ({**data, "_primary": False}, entry.name)
+        for key, entry in ((data["name"], data), *((alias, {**data, "_primary": False})
+                                                     for alias in data.get("aliases", ()))):
+            taken = found.get(_squashed(key))
+            if taken is not None:
+                raise ValueError(f"{where}: {key!r} is already the name or an alias of {taken[1]}")
+            found[_squashed(key)] = (entry, file_name)
     return found
 
 
