@@ -215,3 +215,20 @@ def test_a_measured_table_becomes_a_device_file_citing_its_run(tmp_path) -> None
     assert path.read_text().count("[sustained_bandwidth]") == 1
     with pytest.raises(ValueError, match="no op rows"):
         op_table.calibrate_table({"ops": {}}, "H200 SXM")
+
+
+def test_an_error_that_is_no_device_mismatch_passes_through_the_capture_unchanged() -> None:
+    # _through_mode now catches every RuntimeError to read older torch's mismatch message: any other one, and a
+    # mismatch with no meta tensor to lift, must leave as the very object raised, its type and traceback kept
+    from fxflops.capture.eager import FakeTwins
+
+    def raising(error: Exception):
+        def op(*args, **kwargs):
+            raise error
+        return op
+
+    for error in (RuntimeError("shapes cannot be multiplied"),
+                  RuntimeError("Unhandled FakeTensor Device Propagation for aten.mm.default")):
+        with pytest.raises(RuntimeError) as caught:
+            FakeTwins._through_mode(None, raising(error), (torch.zeros(2),), {})
+        assert caught.value is error
