@@ -638,53 +638,64 @@ def step_kernels(run: Run, step: Callable[[], None]) -> dict[str, Any]:
     return {"busy_seconds": busy, "top": [[name, seconds, count] for name, (seconds, count) in top]}
 
 
-def training_models(run: Run) -> list[tuple[str, Any, Any]]:
-    """(label, model, (inputs, loss)) of models no fit saw: their training steps validate the step model."""
+def training_models(run: Run) -> list[tuple[str, Callable[[], tuple[torch.nn.Module, Callable[[], Any]]]]]:
+    """(label, build) of models no fit saw: build() makes (model, loss) on the device, one model at a time, so
+    a step's peak memory holds no other model's weights (run 6 built all four first: its peaks did)."""
     import torchvision
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from fxflops.cli.examples import get_example
 
     quick = run.quick
-    out = []
-    config = LlamaConfig(hidden_size=128 if quick else 2048, intermediate_size=344 if quick else 5632,
-                         num_hidden_layers=2 if quick else 16, num_attention_heads=4 if quick else 16,
-                         num_key_value_heads=2 if quick else 4, vocab_size=512 if quick else 32000,
-                         max_position_embeddings=4096)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(config).to(run.device, BF16).train()
-    ids = torch.randint(0, config.vocab_size, (2, 64) if quick else (4, 2048), device=run.device)
-    out.append((f"Llama GQA 16 layers x 2048, kv 4, bf16, batch {ids.shape[0]} x {ids.shape[1]}", llama,
-                lambda: llama(input_ids=ids, labels=ids).loss))  # noqa: E731
-    example = get_example("gpt2-small")
-    gpt2 = example.build(**({"n_layer": 2, "d_model": 64, "n_head": 2} if quick else
-                            {"n_layer": 24, "d_model": 1024, "n_head": 16})).to(run.device, BF16).train()
-    (tokens,) = example.inputs(batch=2 if quick else 8, seq_len=64 if quick else 1024, device=run.device)
-    out.append(("GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024", gpt2,
-                lambda: torch.nn.functional.cross_entropy(gpt2(tokens).flatten(0, 1).float(), tokens.flatten())))
-    images = randn(run, 4 if quick else 64, 3, 64 if quick else 224, 64 if quick else 224)
-    labels = torch.randint(0, 1000, (images.shape[0],), device=run.device)
-    resnet = torchvision.models.resnet50().to(run.device, BF16).train()
-    out.append(("ResNet-50, bf16, batch 64", resnet,
-                lambda: torch.nn.functional.cross_entropy(resnet(images).float(), labels)))
-    vit = torchvision.models.vit_b_16(image_size=64 if quick else 224).to(run.device, BF16).train()
-    out.append(("ViT-B/16, bf16, batch 64", vit, lambda: torch.nn.functional.cross_entropy(vit(images).float(), labels)))
-    return out
+    shape = (2, 64) if quick else (4, 2048)
+
+    def llama() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        config = LlamaConfig(hidden_size=128 if quick else 2048, intermediate_size=344 if quick else 5632,
+                             num_hidden_layers=2 if quick else 16, num_attention_heads=4 if quick else 16,
+                             num_key_value_heads=2 if quick else 4, vocab_size=512 if quick else 32000,
+                             max_position_embeddings=4096)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(run.device, BF16).train()
+        ids = torch.randint(0, config.vocab_size, shape, device=run.device)
+        return model, lambda: model(input_ids=ids, labels=ids).loss
+
+    def gpt2() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        example = get_example("gpt2-small")
+        model = example.build(**({"n_layer": 2, "d_model": 64, "n_head": 2} if quick else
+                                 {"n_layer": 24, "d_model": 1024, "n_head": 16})).to(run.device, BF16).train()
+        (tokens,) = example.inputs(batch=2 if quick else 8, seq_len=64 if quick else 1024, device=run.device)
+        return model, lambda: torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
+
+    def vision(make: Callable[[], torch.nn.Module]) -> Callable[[], tuple[torch.nn.Module, Callable[[], Any]]]:
+        def build() -> tuple[torch.nn.Module, Callable[[], Any]]:
+            model = make().to(run.device, BF16).train()
+            images = randn(run, 4 if quick else 64, 3, 64 if quick else 224, 64 if quick else 224)
+            labels = torch.randint(0, 1000, (images.shape[0],), device=run.device)
+            return model, lambda: torch.nn.functional.cross_entropy(model(images).float(), labels)
+        return build
+
+    return [(f"Llama GQA 16 layers x 2048, kv 4, bf16, batch {shape[0]} x {shape[1]}", llama),
+            ("GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024", gpt2),
+            ("ResNet-50, bf16, batch 64", vision(torchvision.models.resnet50)),
+            ("ViT-B/16, bf16, batch 64", vision(lambda: torchvision.models.vit_b_16(image_size=64 if quick else 224)))]
 
 
 def steps(run: Run) -> dict[str, Any]:
     """Training steps (AdamW, bf16 weights) of models no fit saw: median step time, peak memory, kernels."""
     result = {}
-    for label, model, loss in training_models(run):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step() -> None:
-            loss().backward()  # noqa: B023
-            opt.step()  # noqa: B023
-            opt.zero_grad(set_to_none=True)  # noqa: B023
-
+    for label, build in training_models(run):
+        model = opt = loss = None
         try:
+            resident = torch.cuda.memory_allocated(run.device) if run.cuda else None  # what else is on the GPU
+            model, loss = build()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            def step() -> None:
+                loss().backward()  # noqa: B023
+                opt.step()  # noqa: B023
+                opt.zero_grad(set_to_none=True)  # noqa: B023
+
             for _ in range(3):
                 step()
             if run.cuda:
@@ -693,7 +704,7 @@ def steps(run: Run) -> dict[str, Any]:
             times = [_step_seconds(run, step) for _ in range(3 if run.quick else 10)]
             peak = torch.cuda.max_memory_allocated() if run.cuda else None
             result[label] = {"step_seconds": times, "median": median(times), "peak_allocated": peak,
-                             "kernels": step_kernels(run, step),
+                             "resident_before_bytes": resident, "kernels": step_kernels(run, step),
                              "params": sum(p.numel() for p in model.parameters())}
             shown = f"{peak / 2**30:.2f} GiB" if peak else "not measured"
             run.log(f"steps {label}: {median(times) * 1e3:.2f} ms, peak {shown}")
@@ -701,7 +712,8 @@ def steps(run: Run) -> dict[str, Any]:
             result[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
             run.log(f"steps {label} FAILED: {error}")
         finally:
-            del model, opt
+            del model, opt, loss
+            step = None  # noqa: F841 - its closure held the model
             if run.cuda:
                 torch.cuda.empty_cache()
         run.results["steps"] = result

@@ -198,6 +198,16 @@ def unseen_steps() -> list[tuple[str, Any, tuple, Any, str]]:
     ]
 
 
+def own_peak(steps: dict[str, Any], key: str) -> int:
+    """The peak allocated bytes of one model's step, less what else was on the GPU: `resident_before_bytes`
+    where gpu_check.py recorded it; in run 6, which built all four models before stepping the first, the
+    other three models' bf16 weights (2 bytes a parameter), which max_memory_allocated counted in every peak."""
+    entry = steps[key]
+    if entry.get("resident_before_bytes") is not None:
+        return entry["peak_allocated"] - entry["resident_before_bytes"]
+    return entry["peak_allocated"] - sum(2 * other["params"] for name, other in steps.items() if name != key)
+
+
 def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
     """Training steps (AdamW on bf16 weights: 4 bytes of state a parameter) of run 6, never fitted: step
     time and peak allocated memory against predict_step's."""
@@ -207,7 +217,8 @@ def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
 
     measured = load(6)["steps"]
     names = [name for name in devices if name != "roofline"]
-    rows = ["| training step (AdamW, bf16) | measured | " + " | ".join(names) + " | peak memory measured / predicted |",
+    rows = ["| training step (AdamW, bf16) | measured | " + " | ".join(names) +
+            " | peak memory measured (less the other models' weights) / predicted |",
             "|---|---:|" + "---:|" * len(names) + "---:|"]
     for label, model, inputs, loss, key in unseen_steps():
         seconds = measured[key]["median"]
@@ -217,7 +228,7 @@ def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
                                         dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
             cells.append(f"{step.step_time * 1e3:.2f} ms ({error(step.step_time, seconds):+.0%})")
             memory = step.memory[0].tensor_bytes
-        peak = measured[key]["peak_allocated"]
+        peak = own_peak(measured, key)
         rows.append(f"| {label} | {seconds * 1e3:.2f} ms | " + " | ".join(cells) +
                     f" | {peak / 2**30:.2f} / {memory / 2**30:.2f} GiB ({error(memory, peak):+.0%}) |")
     return rows
@@ -269,24 +280,27 @@ def tests() -> list[str]:
 
 def profiles() -> list[str]:
     """Per module over 1 ms: CUDA-event latency (before and after the queue ahead) against torch.profiler's
-    kernel time for the same module."""
-    lines = ["| model | module | kernels (torch.profiler) | events, host-paced (run 3) | events, queue ahead (run 5) |",
-             "|---|---|---:|---:|---:|"]
+    kernel time for the same module, each run's events against that run's own kernel time."""
+    lines = ["| model | module | kernels (torch.profiler), run 3 / run 5 | events, host-paced (run 3) | "
+             "events, queue ahead (run 5) |", "|---|---|---:|---:|---:|"]
     before, after = load(3)["profile"], load(5)["profile"]
     for model in ("gpt2", "resnet50"):
         for name, stats in after[model]["modules"].items():
             kernels = stats["kernel_seconds"]
             if not kernels or max(stats["latency"] or 0, kernels) < 1e-3:
                 continue
-            old = before[model]["modules"][name]["latency"]
-            lines.append(f"| {after[model]['model'].split(',')[0]} | {name} ({stats['type']}) | {kernels * 1e3:.3f} ms | "
-                         f"{old * 1e3:.3f} ms ({error(old, kernels):+.0%}) | "
+            old, old_kernels = before[model]["modules"][name]["latency"], before[model]["modules"][name]["kernel_seconds"]
+            lines.append(f"| {after[model]['model'].split(',')[0]} | {name} ({stats['type']}) | "
+                         f"{old_kernels * 1e3:.3f} / {kernels * 1e3:.3f} ms | "
+                         f"{old * 1e3:.3f} ms ({error(old, old_kernels):+.0%}) | "
                          f"{stats['latency'] * 1e3:.3f} ms ({error(stats['latency'], kernels):+.0%}) |")
-    lines += ["", "| model | plain forward | hooked (run 3) | hooked, queue ahead (run 5) | host launch plain / hooked "
-                  "(run 5) | roofline prediction | utilization |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| model | plain forward, run 3 / run 5 | hooked (run 3, over its plain) | hooked, queue ahead (run 5) | "
+                  "host launch plain / hooked (run 5) | roofline prediction | utilization (run 5) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for model in ("gpt2", "resnet50"):
         b, a = before[model], after[model]
-        lines.append(f"| {a['model']} | {a['fwd_latency'] * 1e3:.2f} ms | {b['hooked_fwd_latency'] * 1e3:.2f} ms "
+        lines.append(f"| {a['model']} | {b['fwd_latency'] * 1e3:.2f} / {a['fwd_latency'] * 1e3:.2f} ms | "
+                     f"{b['hooked_fwd_latency'] * 1e3:.2f} ms "
                      f"({b['hook_overhead']:.2f}x) | {a['hooked_fwd_latency'] * 1e3:.2f} ms | "
                      f"{a['extra']['host_launch_plain'] * 1e3:.2f} / {a['extra']['host_launch_hooked'] * 1e3:.2f} ms | "
                      f"{a['predicted_latency'] * 1e3:.2f} ms | {a['utilization']:.1%} |")

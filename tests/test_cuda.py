@@ -193,3 +193,26 @@ def test_cuda_the_sleep_before_a_pass_is_in_no_module_span() -> None:
     assert result.root.latency == pytest.approx(m.hooked_fwd_latency, rel=0.05)
     # the sleep follows the host's launch time, which the sleep itself does not lengthen
     assert m.extra["host_launch_hooked"] < QueueAhead.MAX_SECONDS / 10
+
+
+class SyncsMidForward(nn.Module):
+    """A GEMM, a host sync (`.item()`, as a data-dependent branch does), another GEMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(2048, 2048), nn.Linear(2048, 2048)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x)
+        return self.second(y) if y.sum().item() == y.sum().item() else y
+
+
+def test_cuda_the_sleep_stays_bounded_when_the_forward_syncs() -> None:
+    # the host waits out the sleep at the sync: read as launch time, that wait doubled the next sleep every
+    # step up to QueueAhead.MAX_SECONDS (0.5 s); the sleep is held to 3x the plain forward's launch
+    net = SyncsMidForward().cuda().to(torch.bfloat16).eval()
+    result = profile(net, (torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16),), steps=8, warm_up=2)
+    m = result.measurements
+    assert m.extra["host_launch_hooked"] < 2 * 3 * m.extra["host_launch_plain"] + 2 * QueueAhead.MARGIN + 0.005
+    assert m.extra["host_launch_hooked"] < QueueAhead.MAX_SECONDS / 10
+    assert hooks_of(net) == 0

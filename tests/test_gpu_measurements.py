@@ -123,7 +123,23 @@ def test_unseen_transformer_steps_are_predicted_closer_with_the_measured_device(
         errors[device] = step.step_time / measured["median"] - 1
         memory = step.memory[0].tensor_bytes
     assert abs(errors["H200 SXM measured"]) <= 0.20 < abs(errors["H200 SXM"]), label  # -10% / -18% vs -20% / -38%
-    assert memory == pytest.approx(measured["peak_allocated"], rel=0.10), label  # +6% / -6%
+    assert memory == pytest.approx(gpu_tables.own_peak(run(6)["steps"], key), rel=0.12), label  # +11% / +7%
+
+
+def test_run_6s_peaks_held_the_other_models_weights() -> None:
+    # run 6 built the four models before stepping the first: each peak holds the other three's bf16 weights
+    # (2 bytes a parameter). Less those, the convolution's and ViT's memory is predicted within 3% (against
+    # the raw peaks it read as -47% and -35%, put down to cuDNN workspaces)
+    steps = run(6)["steps"]
+    params = {key: entry["params"] for key, entry in steps.items()}
+    assert sum(params.values()) == 852_559_872 + 354_823_168 + 25_557_032 + 86_567_656
+    for index in (2, 3):  # ResNet-50, ViT-B/16
+        _, model, inputs, loss, key = gpu_tables.unseen_steps()[index]
+        own = gpu_tables.own_peak(steps, key)
+        assert own == steps[key]["peak_allocated"] - 2 * (sum(params.values()) - params[key])
+        step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device="H200 SXM measured",
+                                    dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
+        assert step.memory[0].tensor_bytes == pytest.approx(own, rel=0.03), key
 
 
 def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path) -> None:

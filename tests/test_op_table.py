@@ -95,6 +95,67 @@ def test_the_fit_recovers_the_constants_that_made_the_times() -> None:
     assert "synthetic" in fitted_device.constants["gemm_alignment"].source
 
 
+def _entries(device, specs, graphed: bool) -> list[dict]:
+    """Table rows (as gpu_check.py writes them) of (op, shape) whose times are `device`'s own model's."""
+    out = []
+    for op, shape in specs:
+        nodes = op_table.op_nodes(op, shape)
+        seconds = op_table.predicted(op_table.Row(op, MEMORY, nodes, 1.0), device)
+        entry = {"kind": "gemm" if op == "mm" else "memory", "op": op, "shape": list(shape), "dtype": "bfloat16",
+                 "seconds": seconds + (0.0 if graphed else 3e-6)}  # one by one: the host's dispatch in small ops
+        if graphed:
+            entry["graph_seconds"] = seconds
+        out.append(entry)
+    return out
+
+
+def test_the_launch_overhead_is_fitted_from_graph_replays_only() -> None:
+    # tiny ops timed one by one carry the host's dispatch: fitted as the launch overhead they made it 5 us and
+    # said "back to back from a CUDA graph"; without a replay in the table the base's constant stays
+    truth = with_constant(device_model("H200 SXM"), "launch_overhead", 2e-6, "truth")
+    tiny = [("gelu", (16, 64)), ("add", (16, 64)), ("silu", (16, 64))]
+    _, fitted = op_table.fit_device(op_table.rows({"memory": _entries(truth, tiny, graphed=False)}), "H200 SXM", "x")
+    assert "launch_overhead" not in fitted
+    rows = op_table.rows({"memory": _entries(truth, tiny, graphed=True)})
+    assert all(row.graphed for row in rows)
+    _, fitted = op_table.fit_device(rows, "H200 SXM", "x")
+    assert fitted["launch_overhead"][0] == pytest.approx(2e-6, rel=1e-3)
+
+
+def test_the_gemm_fits_cite_only_the_compute_bound_gemms_they_used() -> None:
+    # mm 32768x128x128 moves more than it computes in the model: no efficiency is read from it, so it is not
+    # one of the GEMMs the sources count (they said 5 of 4 used)
+    base = device_model("H200 SXM")
+    specs = [("mm", (4096, 4096, 4096)), ("mm", (8192, 8192, 8192)), ("mm", (4096, 4096, 4095)),
+             ("mm", (4096, 4094, 4096)), ("mm", (32768, 128, 128))]
+    (skinny,) = op_table.op_nodes("mm", (32768, 128, 128))
+    assert op_table.op_time(skinny, base, "bf16").memory > op_table.op_time(skinny, base, "bf16").compute
+    _, fitted = op_table.fit_device(op_table.rows({"gemm": _entries(base, specs, graphed=True)}), base, "x")
+    assert fitted["gemm_size_correction"][1].startswith("measured / modelled efficiency of 2 GEMMs whose K and N")
+    assert fitted["gemm_alignment"][1].startswith("measured / modelled efficiency of 4 GEMMs by the largest")
+
+
+def test_a_table_fitted_over_the_users_own_device_file_names_it_so_it_loads(tmp_path, monkeypatch) -> None:
+    # a base read from a user's file was written as its name ("my H100s"), which no preset has: the written
+    # file could not be loaded. It is written as the file's absolute path (a relative one as given would be
+    # read from wherever the new file is loaded), and a base changed in code is refused before any writing
+    truth = with_constant(device_model("H100 SXM"), "sustained_bandwidth", 0.5, "truth")
+    table = {"env": {"name": "ours"}, "memory": _entries(truth, [("gelu", (32768, 8192))], graphed=True)}
+    (tmp_path / "mine.toml").write_text('name = "my H100s"\nbase = "H100 SXM"\nsm_count = 100\n')
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    for base in (device_model("mine.toml"), "mine.toml"):
+        device = op_table.calibrate_table(table, base, str(out / "ours.toml"))
+        assert f'base = "{tmp_path / "mine.toml"}"' in (out / "ours.toml").read_text()
+        assert device.sm_count == 100 and device.sustained_bandwidth == pytest.approx(0.5, abs=1e-4)
+    with pytest.raises(ValueError, match="base 'H100 SXM' is not a preset or a file as it stands"):
+        op_table.calibrate_table(table, with_constant(device_model("H100 SXM"), "sm_count", 100), str(out / "x.toml"))
+    assert not (out / "x.toml").exists()
+    op_table.calibrate_table(table, device_model("H100"), str(out / "p.toml"))  # a preset: by its name
+    assert 'base = "H100 SXM"' in (out / "p.toml").read_text()
+
+
 def test_an_unknown_op_in_a_table_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no known op 'conv9d'"):
         op_table.op_nodes("conv9d", (1, 2))
@@ -154,3 +215,20 @@ def test_a_measured_table_becomes_a_device_file_citing_its_run(tmp_path) -> None
     assert path.read_text().count("[sustained_bandwidth]") == 1
     with pytest.raises(ValueError, match="no op rows"):
         op_table.calibrate_table({"ops": {}}, "H200 SXM")
+
+
+def test_an_error_that_is_no_device_mismatch_passes_through_the_capture_unchanged() -> None:
+    # _through_mode now catches every RuntimeError to read older torch's mismatch message: any other one, and a
+    # mismatch with no meta tensor to lift, must leave as the very object raised, its type and traceback kept
+    from fxflops.capture.eager import FakeTwins
+
+    def raising(error: Exception):
+        def op(*args, **kwargs):
+            raise error
+        return op
+
+    for error in (RuntimeError("shapes cannot be multiplied"),
+                  RuntimeError("Unhandled FakeTensor Device Propagation for aten.mm.default")):
+        with pytest.raises(RuntimeError) as caught:
+            FakeTwins._through_mode(None, raising(error), (torch.zeros(2),), {})
+        assert caught.value is error

@@ -42,6 +42,9 @@ class Row:
     seconds: float  # the time the model predicts: device time (graph replay where measured, else events)
     kernel: str = "flash"  # attention rows: the kernel that ran ("flash", "cudnn", "math")
     source: dict = None  # type: ignore[assignment]  # the table's row
+    # seconds from a CUDA graph's back-to-back replay (the host's launch out); False: CUDA events around calls
+    # launched one by one from Python, whose small ops carry the host's dispatch (~5 us)
+    graphed: bool = True
 
     @property
     def node(self) -> NodeCost:
@@ -162,7 +165,8 @@ def rows(table: Mapping[str, Any], parts: Iterable[str] | None = None) -> list[R
                 seconds = graph if isinstance(graph, (int, float)) else entry["seconds"]
                 label = f"{entry['op']} {'x'.join(map(str, entry['shape']))}"
                 kind = op_kind(nodes[0]) if len(nodes) == 1 else MEMORY
-                out.append(Row(label, kind, nodes, float(seconds), source=entry))
+                out.append(Row(label, kind, nodes, float(seconds), source=entry,
+                               graphed=isinstance(graph, (int, float))))
     return out
 
 
@@ -170,9 +174,10 @@ def _attention_rows(entry: dict) -> list[Row]:
     shape = tuple(entry["shape"])
     forward, backward = attention_nodes(shape, bool(entry["causal"]))
     name = f"{entry['backend']} attention {tuple(shape)}{' causal' if entry['causal'] else ''}"
-    return [Row(f"{name} forward", ATTENTION, (forward,), float(entry["forward_seconds"]), entry["backend"], entry),
+    return [Row(f"{name} forward", ATTENTION, (forward,), float(entry["forward_seconds"]), entry["backend"], entry,
+                graphed=False),
             Row(f"{name} backward", ATTENTION, (backward,), float(entry["backward_seconds"]), entry["backend"],
-                entry)]
+                entry, graphed=False)]
 
 
 # ------------------------------------------------------------------------------------------ predictions
@@ -208,7 +213,9 @@ def fit_device(fit_rows: list[Row], base: DeviceModel | str, label: str) -> tupl
         fitted[name] = (value, source)
         device = with_constant(device, name, value, source)
 
-    tiny = [r.seconds for r in fit_rows if r.kind == MEMORY and r.node.bytes <= TINY_BYTES]
+    # only graph replays: a tiny op launched alone from Python is timed at the host's dispatch, not the launch
+    # gap among back-to-back kernels the constant is (where the table has none, the base's stays)
+    tiny = [r.seconds for r in fit_rows if r.kind == MEMORY and r.node.bytes <= TINY_BYTES and r.graphed]
     if tiny:
         take("launch_overhead", round(statistics.median(tiny), 9),
              f"median device time of {len(tiny)} ops moving <= 64 KiB, back to back from a CUDA graph, {label}")
@@ -219,11 +226,14 @@ def fit_device(fit_rows: list[Row], base: DeviceModel | str, label: str) -> tupl
              f"median of {len(rates)} memory-bound ops moving >= 64 MiB (bytes as fxflops counts them over the "
              f"measured time), {label}")
     gemms = [r for r in fit_rows if r.kind == GEMM]
-    aligned = [r for r in gemms if _alignment(r) >= 128]
+    # only compute-bound GEMMs fit (a memory-bound one's time says nothing of the GEMM's efficiency): the counts
+    # cited are of those used
+    aligned = [r for r in gemms if _alignment(r) >= 128 and _compute_ratio(r, device) is not None]
     curve = _size_correction(aligned, device)
     if curve:
         take("gemm_size_correction", curve, f"measured / modelled efficiency of {len(aligned)} GEMMs whose K and "
                                             f"N rows are 128-byte aligned, median per octave of (MNK)^(1/3), {label}")
+    gemms = [r for r in gemms if _compute_ratio(r, device) is not None]
     factors = _alignment_factors(gemms, device)
     if factors:
         take("gemm_alignment", factors, f"measured / modelled efficiency of {len(gemms)} GEMMs by the largest "
@@ -349,10 +359,11 @@ def calibrate_table(table: Mapping[str, Any] | str, base: DeviceModel | str, pat
     import json
     from pathlib import Path
 
-    from fxflops.predict.calibrate import write_device_file
+    from fxflops.predict.calibrate import base_reference, write_device_file
 
     if isinstance(table, (str, Path)):
         table = json.loads(Path(table).read_text(encoding="utf-8"))
+    base_name = base_reference(base) if path is not None else ""  # refused before anything is fitted or written
     measured = rows(table)
     if not measured:
         raise ValueError("calibrate_table: the table has no op rows (run benchmarks/gpu_check.py with its ops section)")
@@ -361,7 +372,6 @@ def calibrate_table(table: Mapping[str, Any] | str, base: DeviceModel | str, pat
              f" (benchmarks/gpu_check.py)")
     device, fitted = fit_device(measured, base, label)
     if path is not None:
-        base_name = base if isinstance(base, str) else base.name
         write_device_file(path, base_name, fitted, name=name,
                           note=f"fitted by fxflops.predict.op_table.calibrate_table to {len(measured)} measured ops")
         return device_model(path)

@@ -85,6 +85,7 @@ class QueueAhead:
 
     MAX_SECONDS = 0.5
     MARGIN = 0.001  # seconds added to twice the host's expected launch time
+    HOOKED_OVER_PLAIN = 3.0  # the hooks' host cost: at most this many times the plain pass's launch
 
     def __init__(self, device: torch.device, first_guess: float = 0.01) -> None:
         self.device = device
@@ -104,9 +105,21 @@ class QueueAhead:
         ended.synchronize()
         return cycles / max(began.elapsed_time(ended) * 1e-3, 1e-9)
 
-    def expect(self, host_seconds: float) -> None:
-        """The host is expected to take `host_seconds` to launch the next pass: sleep twice that."""
-        self.seconds = min(2 * host_seconds + self.MARGIN, self.MAX_SECONDS)
+    def expect(self, plain_host: float, hooked_host: float | None = None) -> None:
+        """Size the next sleep from the host's seconds to launch the last plain pass and, where one ran, the
+        last hooked pass (see `sleep_for`)."""
+        self.seconds = self.sleep_for(plain_host, hooked_host)
+
+    @classmethod
+    def sleep_for(cls, plain_host: float, hooked_host: float | None = None) -> float:
+        """Twice the host's expected time to launch a hooked pass, plus `MARGIN`, at most `MAX_SECONDS`. The
+        expectation: the last hooked pass's host time, at most `HOOKED_OVER_PLAIN` times the plain pass's
+        (that bound alone before any hooked pass ran). The bound matters where the host waited on the device
+        in the hooked pass (a sync inside the forward, a launch queue full): that wait held the sleep itself,
+        and read as launch time it doubled the next sleep, step after step, up to `MAX_SECONDS`."""
+        bound = cls.HOOKED_OVER_PLAIN * plain_host
+        expected = bound if hooked_host is None else min(hooked_host, bound)
+        return min(2 * expected + cls.MARGIN, cls.MAX_SECONDS)
 
     def fill(self) -> None:
         """Put the sleep on the stream, ahead of the pass about to be launched."""
