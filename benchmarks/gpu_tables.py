@@ -8,7 +8,7 @@ from one half of the measured ops and validates it on the other half (and on who
   attention at query lengths 512, 2048 and 8192 (math: 512 and 2048);
 - validate: the 32 GEMMs of the shape list, memory-bound ops at width 4096, attention at 1024, 4096 and
   16384 (math: 1024), and GPT-2's and ResNet-50's forwards and five training steps as measured (run 2's
-  Llama, run 6's GQA Llama, GPT-2 medium, ResNet-50 and ViT-B/16, with their peak memory).
+  Llama, run 7's GQA Llama, GPT-2 medium, ResNet-50 and ViT-B/16, with their peak memory).
 Every prediction is also made with the H200 preset (published constants only) and the plain roofline.
 """
 
@@ -209,16 +209,17 @@ def own_peak(steps: dict[str, Any], key: str) -> int:
 
 
 def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
-    """Training steps (AdamW on bf16 weights: 4 bytes of state a parameter) of run 6, never fitted: step
-    time and peak allocated memory against predict_step's."""
+    """Training steps (AdamW on bf16 weights: 4 bytes of state a parameter) of run 7 (one model on the GPU at
+    a time; run 6 held all four at once), never fitted: step time and peak allocated memory against
+    predict_step's."""
     import torch
 
     import fxflops
 
-    measured = load(6)["steps"]
+    measured = load(7)["steps"]
     names = [name for name in devices if name != "roofline"]
     rows = ["| training step (AdamW, bf16) | measured | " + " | ".join(names) +
-            " | peak memory measured (less the other models' weights) / predicted |",
+            " | peak memory measured (less what was resident before) / predicted |",
             "|---|---:|" + "---:|" * len(names) + "---:|"]
     for label, model, inputs, loss, key in unseen_steps():
         seconds = measured[key]["median"]
@@ -247,13 +248,14 @@ def small_llama() -> Any:
 
 
 def header() -> list[str]:
-    runs = {i: load(i) for i in (1, 2, 3, 4, 5, 6)}
+    runs = {i: load(i) for i in (1, 2, 3, 4, 5, 6, 7)}
     lines = ["| run | commit | date (UTC) | sections | what changed |", "|---|---|---|---|---|"]
     changes = {1: "first run", 2: "meter again (run 1's oracle refused GQA: MHA Llama)",
                3: "module kernel time from host-side ranges only; CUDA-graph times; clocks ramped",
                4: "profile() with the queue ahead (first version)",
                5: "queue ahead sized by the host's launch before the clock syncs; alignment table",
-               6: "training steps of four models no fit saw"}
+               6: "training steps of four models no fit saw (all four built first: peaks hold the others)",
+               7: "the merged tree after review: profile, one model at a time for the steps, 12 CUDA tests"}
     for i, run in runs.items():
         env = run.get("env", {})
         sections = ", ".join(k for k in ("ceilings", "profile", "meter", "ops", "tests", "steps") if k in run)
@@ -273,7 +275,7 @@ def ceilings() -> list[str]:
 
 def tests() -> list[str]:
     lines = ["| run | tests/test_cuda.py |", "|---|---|"]
-    for i in (1, 3, 4, 5):
+    for i in (1, 3, 4, 5, 7):
         lines.append(f"| {i} | {load(i)['tests']['summary']} |")
     return lines
 
