@@ -56,7 +56,20 @@ def call_bytes(target: Any, read: Iterable[torch.Tensor], written: Collection[to
         table, elements = gathered
         read = [t for t in read if t is not table]
         table_bytes = elements * table.element_size()
-    return table_bytes + sum(measure(t, distinct=True) for t in read) + sum(measure(t) for t in written)
+    return _total([table_bytes, *(measure(t, distinct=True) for t in read), *(measure(t) for t in written)])
+
+
+def _total(terms: list[Any]) -> Any:
+    """The terms' sum. Under named sizes the terms are sympy expressions: one Add of all of them, not a chain of
+    partial sums, each a new expression sympy flattens and deduces assumptions of once (the first capture of a
+    process pays for every new expression); the same sum (Add is canonical)."""
+    if all(type(term) is int for term in terms):
+        return sum(terms)
+    import sympy  # symbolic sizes only: the terms are sympy's already
+
+    if not all(type(term) is int or isinstance(term, sympy.Basic) for term in terms):
+        return sum(terms)
+    return sympy.Add(*terms)
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:

@@ -130,3 +130,34 @@ def test_a_lazy_formula_is_parsed_on_first_use_and_checked_the_same():
         Formula("1 +", lazy=True).evaluate({})
     with pytest.raises(FormulaError, match="is not allowed"):
         Formula("[x for x in y]", lazy=True).evaluate({})
+
+
+def test_numel_of_a_tensor_is_the_product_of_its_sizes_symbolic_too():
+    # numel() of a plain, parameter or fake tensor is the tensor's own count: the product of its sizes from 1
+    # in axis order, the same int and (under named sizes) the same expression as prod(shape)
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from fxflops.rules.formula_helpers import numel, prod
+
+    for tensor in (torch.empty(2, 3, 5), torch.nn.Parameter(torch.empty(7, 1)), torch.empty(0, 4), torch.empty(()),
+                   torch.empty(1, 1, device="meta")):
+        assert numel(tensor) == prod(tensor.shape) == tensor.shape.numel() and type(numel(tensor)) is int
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    for hints in [(2, 224), (1, 1), (1, 33)]:
+        sizes = []
+        for index, hint in enumerate(hints):
+            source = ConstantSource(f"size{index}_{hints}")
+            symbol = env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC,
+                                       do_not_specialize_zero_one=True)
+            sizes.append(env.create_symintnode(symbol, hint=hint, source=source))
+        batch, side = sizes
+        with mode:
+            for shape in [(batch, 64, (side - 1) // 2 + 1, side), (batch, side, 4096), (side,), (3, batch)]:
+                fake = torch.empty(shape)
+                by_sizes = prod(fake.shape)
+                assert isinstance(numel(fake), torch.SymInt)
+                assert numel(fake).node.expr == by_sizes.node.expr and numel(fake).node.hint == by_sizes.node.hint
+    assert numel(None) == 0 and numel((2, 3)) == 6  # not tensors: as before

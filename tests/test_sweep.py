@@ -633,3 +633,36 @@ def test_conv_kernel_choice_and_batch_one_do_not_split_a_convnet_sweep():
         assert at.total_bytes == fresh.total_bytes and at.nodes == fresh.nodes
     assert len(swept.pieces) == 1
     assert torch._C._get_mkldnn_enabled() and torch._C._get_nnpack_enabled()  # restored
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        return torch.cat([self.conv(x) + x, x], dim=1)
+
+
+def test_a_nodes_bytes_under_named_sizes_are_its_terms_summed_as_estimate_sums_them():
+    # traffic sums a node's terms (each input read, each output written) as one sympy Add under named
+    # sizes: every node's bytes at every point equal estimate()'s, size 1 included
+    model = _Residual()
+    swept = sweep(model, torch.zeros(2, 3, 8, 8), dims={"batch": 0, "size": (2, 3)})
+    for batch, size in [(2, 8), (1, 1), (3, 5), (1, 13), (4, 1)]:
+        at, fresh = swept.at(batch=batch, size=size), fxflops.estimate(model, torch.zeros(batch, 3, size, size))
+        assert at.total_bytes == fresh.total_bytes and at.nodes == fresh.nodes
+        values = batch * 3 * size * size
+        (add,) = [node for node in at.nodes if node.op == "aten.add.Tensor"]
+        assert add.bytes == 4 * 3 * values  # by hand: two float32 inputs read, one output written
+        (cat,) = [node for node in at.nodes if node.op == "aten.cat.default"]
+        assert cat.bytes == 4 * 4 * values  # by hand: two inputs read, an output of twice their size written
+
+
+def test_the_byte_total_is_the_chained_sum():
+    from fxflops.traffic import _total
+
+    batch, size = sympy.symbols("batch size", integer=True, positive=True)
+    terms = [0, 12 * batch * size**2, 12 * batch * size**2, 24 * batch * size**2, 8 * batch]
+    assert _total(terms) == sum(terms) == 48 * batch * size**2 + 8 * batch
+    assert _total([0, 4, 8]) == 12 and type(_total([0, 4, 8])) is int

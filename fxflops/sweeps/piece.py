@@ -350,7 +350,8 @@ def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[symp
     values = [c.macs for c in costs] + [c.flops for c in costs] + [c.bytes for c in costs]
     values += [i.params for i in infos.values()]
     values += [size for c in costs for shape in (*c.input_shapes, *c.output_shapes) for size in shape]
-    for value in values:
-        if isinstance(value, sympy.Basic):
-            found |= value.free_symbols
+    # each distinct expression once: sympy walks the whole tree for free_symbols on every ask, and a count's
+    # shapes and costs repeat the same few (hashing one is cached)
+    for value in {value for value in values if isinstance(value, sympy.Basic)}:
+        found |= value.free_symbols
     return found
