@@ -216,7 +216,7 @@ def _capture(request: Request, replaying: bool, verify: bool | None = None, back
         replays = Replays(model, recorder, tracker, mode, owners, verify) if copying else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
-                CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes), \
+                CompositeOps(recorder, request.knows_op, symbolic=sizes is not None), _sizes_named_in_errors(sizes), \
                 values.numpy_reads() if values is not None else contextlib.nullcontext():
             if owners is not None:
                 owners.start()

@@ -36,11 +36,32 @@ def is_inplace(op: Any) -> bool:
     import torch
 
     tag = getattr(torch.Tag, "inplace", None)
-    if tag is not None:
-        return tag in op.tags
+    return tag in op.tags if tag is not None else inplace_by_schema(op)
+
+
+def inplace_by_schema(op: Any) -> bool:
+    """`is_inplace` where torch has no `Tag.inplace`: from the op's schema alone."""
     schema = op._schema
     base = schema.name.split("::")[-1]
     first = schema.arguments[0] if schema.arguments else None
     written = first is not None and first.alias_info is not None and first.alias_info.is_write \
         and str(first.type) == "Tensor"
     return written and base.endswith("_") and not (base.startswith("__") and not base.startswith("__i"))
+
+
+def symbolic_composites(op: Any) -> Any:
+    """The context a composite op kept whole runs its inside in when sizes are symbolic. Torch's C++ matmul
+    folds an N-d @ 2-d product (`linear` without bias, `matmul` of a 3-d input) through `numel()` and
+    `sizes()` until pytorch/pytorch#183397 (torch 2.11 among the releases before it): under a fake mode
+    that pins every symbolic size to its example value, and a sweep to one point. For those two ops
+    this is torch's Python dispatcher, so the matmul runs torch's own Python decomposition (as
+    torch.export runs it), which reads `sym_numel()`/`sym_sizes()` on every release and records the same
+    view, mm and _unsafe_view; other composites run as they are (a Python decomposition of dropout, say,
+    would change the ops its backward records)."""
+    import contextlib
+
+    import torch
+    from torch._dispatch.python import enable_python_dispatcher
+
+    folds = getattr(op, "overloadpacket", None) in (torch.ops.aten.linear, torch.ops.aten.matmul)
+    return enable_python_dispatcher() if folds else contextlib.nullcontext()

@@ -1,0 +1,122 @@
+"""The shims of fxflops.capture.torch_versions: each answers alike through torch's newer name and through the
+older fallback (the torch 2.11 of lent GPUs' images has only the older ones; CI pins a newer torch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fxflops
+from fxflops.capture import torch_versions
+from fxflops.sweeps import sweep
+
+aten = torch.ops.aten
+
+
+def test_a_device_mismatch_as_older_torch_raises_it_is_recognised():
+    # before FakeTensorDeviceMismatchError (torch 2.11): a RuntimeError with the mode's message
+    older = RuntimeError(f"{torch_versions.DEVICE_MISMATCH_MESSAGE} for aten.add.Tensor: cpu, meta")
+    assert torch_versions.is_device_mismatch(older)
+    assert not torch_versions.is_device_mismatch(RuntimeError("shape mismatch"))
+    assert not torch_versions.is_device_mismatch(ValueError(torch_versions.DEVICE_MISMATCH_MESSAGE))
+
+
+def test_a_device_mismatch_of_the_fake_mode_is_recognised():
+    with FakeTensorMode():
+        a, b = torch.empty(2, device="cpu"), torch.empty(2, device="meta")
+        with pytest.raises(Exception) as raised:
+            torch.add(a, b)
+    assert torch_versions.is_device_mismatch(raised.value)
+
+
+@pytest.mark.parametrize("op, expected", [
+    (aten.add_.Tensor, True), (aten.mul_.Scalar, True), (aten.relu_.default, True), (aten.copy_.default, True),
+    (aten.__iand__.Tensor, True), (aten.add.Tensor, False), (aten.add.out, False), (aten.view.default, False),
+    (aten.__and__.Tensor, False), (aten.set_.source_Tensor, True)])
+def test_inplace_from_the_schema_by_hand(op, expected):
+    assert torch_versions.inplace_by_schema(op) is expected
+
+
+def test_inplace_from_the_schema_equals_the_tag_where_torch_has_it():
+    tag = getattr(torch.Tag, "inplace", None)
+    if tag is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.Tag.inplace to compare with")
+    ops = [getattr(aten, name) for name in ("add_", "mul_", "sub_", "div_", "relu_", "copy_", "fill_", "zero_",
+                                            "clamp_", "add", "mul", "view", "index_put_", "masked_fill_")]
+    # (TorchScript's extra overloads, copy_.Tensor and index_put_.hacked_twin, carry no inplace tag though their
+    # schemas write `self`: the native ones are compared)
+    overloads = [getattr(packet, name) for packet in ops for name in packet.overloads()
+                 if name not in ("Tensor", "int", "float", "hacked_twin") or packet is not aten.copy_
+                 and packet is not aten.index_put_]
+    assert [torch_versions.inplace_by_schema(op) for op in overloads] == [tag in op.tags for op in overloads]
+
+
+def test_a_guarding_hint_of_a_plain_int_and_of_a_symbolic_size():
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.zeros(2, 3), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    assert isinstance(x.shape[0], torch.SymInt)
+    assert torch_versions.has_guarding_hint(x.shape[0]) and torch_versions.has_guarding_hint(3)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_python_dispatcher_folds_a_symbolic_linear_as_the_kernel_does():
+    # what symbolic_composites gives linear and matmul: torch's Python decomposition of the fold, the same
+    # ops as C++ (view, mm, _unsafe_view) and the sizes kept symbolic, no guard added
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    x = mode.from_tensor(torch.zeros(2, 5, 8), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    w = mode.from_tensor(torch.zeros(4, 8))
+    recorded = _Ops()
+    with mode, recorded, torch_versions.symbolic_composites(aten.linear.default):
+        out = torch.nn.functional.linear(x, w)
+    assert [str(s) for s in out.shape[:2]] == [str(s) for s in x.shape[:2]] and out.shape[2] == 4
+    named = {*x.shape[0].node.expr.free_symbols, *x.shape[1].node.expr.free_symbols}
+    assert not [guard for guard in env.guards if guard.expr.free_symbols & named]  # (mm checks the inner 8s)
+    assert [op for op in recorded.ops if op in (aten.mm.default, aten.bmm.default)] == [aten.mm.default]
+
+
+def test_only_the_folding_composites_run_under_the_python_dispatcher():
+    assert type(torch_versions.symbolic_composites(aten.linear.default)) is type(enable_python_dispatcher())
+    assert type(torch_versions.symbolic_composites(aten.matmul.default)) is type(enable_python_dispatcher())
+    # dropout's Python decomposition would record another backward (native_dropout_backward for mul)
+    assert type(torch_versions.symbolic_composites(aten.dropout.default)) is not type(enable_python_dispatcher())
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_sweep_over_a_linear_without_bias_on_tokens_keeps_its_sizes(device):
+    # torch 2.11's C++ matmul fold pinned both sizes to the example's (formula 1024, holds 'batch = 2, seq = 16')
+    model = torch.nn.Linear(8, 4, bias=False).to(device)
+    swept = sweep(model, torch.zeros(2, 16, 8, device=device), dims={"batch": 0, "seq": 1})
+    assert str(swept.formula()) == "32*batch*seq"
+    assert swept.holds_for == "batch >= 1, seq >= 2"
+    assert swept.at(batch=3, seq=7).total_macs == 3 * 7 * 8 * 4 == \
+        fxflops.estimate(model, torch.zeros(3, 7, 8, device=device)).total_macs
+
+
+def test_a_sweep_over_a_matmul_of_a_3d_input_keeps_its_sizes():
+    class Project(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(8, 4))
+
+        def forward(self, x):
+            return x @ self.weight
+
+    swept = sweep(Project(), torch.zeros(2, 16, 8), dims={"batch": 0, "seq": 1})
+    assert str(swept.formula()) == "32*batch*seq"
+    assert swept.holds_for == "batch >= 1, seq >= 2"
