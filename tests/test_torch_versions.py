@@ -120,3 +120,21 @@ def test_a_sweep_over_a_matmul_of_a_3d_input_keeps_its_sizes():
     swept = sweep(Project(), torch.zeros(2, 16, 8), dims={"batch": 0, "seq": 1})
     assert str(swept.formula()) == "32*batch*seq"
     assert swept.holds_for == "batch >= 1, seq >= 2"
+
+
+@pytest.mark.parametrize("message", [
+    "Expected mat_a to be BFloat16 or supported Float16 matrix, got torch.float32.",  # torch 2.14's _grouped_mm
+    "Expected inputs of BF16 type but got mat_a.dtype=torch.float32 and mat_b.dtype=torch.float32."])  # 2.11's
+def test_a_meta_kernel_asking_for_bfloat16_in_either_wording_is_shaped_in_bfloat16(message):
+    from fxflops.capture.eager import run_relaxing_dtype
+
+    def kernel(a, b):  # a meta kernel stricter than the CPU one, as aten._grouped_mm's
+        if a.dtype != torch.bfloat16:
+            raise RuntimeError(message)
+        return torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device="meta")
+
+    out = run_relaxing_dtype(kernel, (torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta")), {})
+    assert (out.shape, out.dtype) == ((4, 3), torch.float32)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_relaxing_dtype(lambda a: (_ for _ in ()).throw(RuntimeError("shape mismatch")),
+                           (torch.empty(2, device="meta"),), {})
