@@ -138,3 +138,11 @@ def test_a_meta_kernel_asking_for_bfloat16_in_either_wording_is_shaped_in_bfloat
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run_relaxing_dtype(lambda a: (_ for _ in ()).throw(RuntimeError("shape mismatch")),
                            (torch.empty(2, device="meta"),), {})
+
+
+def test_in_place_ops_are_pointwise_as_their_out_of_place_overloads():
+    # torch 2.11 leaves hardtanh_ and elu_ without the pointwise tag their out-of-place overloads carry
+    for op in (aten.hardtanh_.default, aten.elu_.default, aten.relu_.default, aten.add_.Tensor, aten.mul_.Scalar):
+        assert torch_versions.is_pointwise(op), op
+    for op in (aten.index_put_.default, aten.copy_.default, aten.mm.default, aten.view.default):
+        assert not torch_versions.is_pointwise(op), op

@@ -65,3 +65,18 @@ def symbolic_composites(op: Any) -> Any:
 
     folds = getattr(op, "overloadpacket", None) in (torch.ops.aten.linear, torch.ops.aten.matmul)
     return enable_python_dispatcher() if folds else contextlib.nullcontext()
+
+
+def is_pointwise(op: Any) -> bool:
+    """Whether an aten overload is tagged pointwise; an in-place one torch left untagged (torch 2.11's
+    `hardtanh_`, `elu_`; tagged in newer torch) is, where its out-of-place overload of the same name is."""
+    import torch
+
+    if torch.Tag.pointwise in op.tags:
+        return True
+    if not is_inplace(op):
+        return False
+    schema = op._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1][:-1], None)
+    functional = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+    return functional is not None and torch.Tag.pointwise in functional.tags
