@@ -146,3 +146,42 @@ def test_in_place_ops_are_pointwise_as_their_out_of_place_overloads():
         assert torch_versions.is_pointwise(op), op
     for op in (aten.index_put_.default, aten.copy_.default, aten.mm.default, aten.view.default):
         assert not torch_versions.is_pointwise(op), op
+
+
+class _GroupedAttention(torch.nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.q, self.kv, self.dropout = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), dropout
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q = self.q(x).view(batch, seq, 4, 4).transpose(1, 2)
+        k, v = self.kv(x).view(batch, seq, 2, 8).transpose(1, 2).chunk(2, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                                dropout_p=self.dropout)
+
+
+def test_a_sweep_over_grouped_attention_in_the_math_kernel_keeps_its_sizes():
+    # torch 2.11's C++ math kernel pinned batch and seq under a backward (a meter made a capture per shape)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _GroupedAttention()
+    with sdpa_kernel(SDPBackend.MATH):
+        swept = sweep(model, torch.zeros(2, 8, 16), dims={"batch": 0, "seq": 1}, backward=True)
+        fresh = fxflops.estimate(model, torch.zeros(3, 5, 16), backward=True)
+    at = swept.at(batch=3, seq=5)
+    assert len(swept.pieces) == 1  # the capture at (2, 8) serves (3, 5): its sizes stayed named
+    assert (at.fwd_macs, at.bwd_macs) == (fresh.fwd_macs, fresh.bwd_macs)
+    # q k^T and probs v: 4 heads x seq² x 4 each, the two projections 16 x 16 a token
+    assert at.fwd_macs == 3 * (2 * 4 * 5 * 5 * 4 + 2 * 5 * 16 * 16)
+
+
+def test_attention_with_dropout_keeps_its_own_kernel():
+    args = (torch.empty(1), torch.empty(1), torch.empty(1))
+    plain = type(torch_versions.symbolic_composites(aten.dropout.default))
+    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default, args, {})) \
+        is type(enable_python_dispatcher())
+    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default, args,
+                                                   {"dropout_p": 0.1})) is plain
+    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default,
+                                                   (*args, None, 0.1), {})) is plain

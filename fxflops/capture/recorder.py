@@ -402,7 +402,7 @@ class CompositeOps(TorchFunctionMode):
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
             if self._symbolic and overloads:  # (DTensors: their local ops fold the same matmul)
-                with symbolic_composites(overloads[0]):
+                with symbolic_composites(overloads[0], args, kwargs):
                     return func(*args, **kwargs)
             return func(*args, **kwargs)
         return self._whole(op, args, kwargs, func)
@@ -411,7 +411,7 @@ class CompositeOps(TorchFunctionMode):
         """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""
         self._recorder.inside_opaque += 1
         try:
-            with symbolic_composites(op) if self._symbolic else contextlib.nullcontext():
+            with symbolic_composites(op, args, kwargs) if self._symbolic else contextlib.nullcontext():
                 out = (func or op)(*args, **kwargs)
         finally:
             self._recorder.inside_opaque -= 1

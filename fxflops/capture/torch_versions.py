@@ -49,21 +49,25 @@ def inplace_by_schema(op: Any) -> bool:
     return written and base.endswith("_") and not (base.startswith("__") and not base.startswith("__i"))
 
 
-def symbolic_composites(op: Any) -> Any:
-    """The context a composite op kept whole runs its inside in when sizes are symbolic. Torch's C++ matmul
-    folds an N-d @ 2-d product (`linear` without bias, `matmul` of a 3-d input) through `numel()` and
-    `sizes()` until pytorch/pytorch#183397 (torch 2.11 among the releases before it): under a fake mode
-    that pins every symbolic size to its example value, and a sweep to one point. For those two ops
-    this is torch's Python dispatcher, so the matmul runs torch's own Python decomposition (as
-    torch.export runs it), which reads `sym_numel()`/`sym_sizes()` on every release and records the same
-    view, mm and _unsafe_view; other composites run as they are (a Python decomposition of dropout, say,
-    would change the ops its backward records)."""
+def symbolic_composites(op: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """The context a composite op runs its inside in when sizes are symbolic. Torch's C++ matmul folds an
+    N-d @ 2-d product (`linear` without bias, `matmul` of a 3-d input, the products of SDPA's math
+    kernel) through `numel()` and `sizes()` until pytorch/pytorch#183397 (torch 2.11 among the releases
+    before it): under a fake mode that pins every symbolic size to its example value, and a sweep to one
+    point. For those ops this is torch's Python dispatcher, so the matmul runs torch's own Python
+    decomposition (as torch.export runs it), which reads `sym_numel()`/`sym_sizes()` on every release and
+    records the same view, mm and _unsafe_view. SDPA only without dropout, and no other composite: a Python
+    decomposition of dropout records another backward (native_dropout_backward for a mul)."""
     import contextlib
 
     import torch
     from torch._dispatch.python import enable_python_dispatcher
 
-    folds = getattr(op, "overloadpacket", None) in (torch.ops.aten.linear, torch.ops.aten.matmul)
+    packet = getattr(op, "overloadpacket", None)
+    folds = packet in (torch.ops.aten.linear, torch.ops.aten.matmul)
+    if packet is torch.ops.aten.scaled_dot_product_attention:
+        dropout = (kwargs or {}).get("dropout_p", args[3] if len(args) > 3 else 0.0)
+        folds = isinstance(dropout, int | float) and dropout == 0
     return enable_python_dispatcher() if folds else contextlib.nullcontext()
 
 
