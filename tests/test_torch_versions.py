@@ -185,3 +185,31 @@ def test_attention_with_dropout_keeps_its_own_kernel():
                                                    {"dropout_p": 0.1})) is plain
     assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default,
                                                    (*args, None, 0.1), {})) is plain
+
+
+class _OlderStage:
+    """A pipeline stage as torch 2.11 makes it: a table of group ranks, no _resolve_peer_global_rank."""
+
+    def __init__(self, group) -> None:
+        self.group, self.stage_index_to_group_rank = group, {0: 1, 1: 0}
+
+
+def test_a_pipeline_peer_from_a_stage_without_resolve_peer_global_rank():
+    assert torch_versions.stage_peer_global_rank(_OlderStage(None), 0) == 1
+    assert torch_versions.stage_peer_global_rank(_OlderStage(None), 1) == 0
+
+    class Newer(_OlderStage):
+        def _resolve_peer_global_rank(self, index: int) -> int:
+            return 10 + index
+
+    assert torch_versions.stage_peer_global_rank(Newer(None), 1) == 11
+
+
+def test_pipeline_input_metadata_from_a_stage_with_meta_tensors_only():
+    older = _OlderStage(None)
+    older.inputs_meta = (torch.empty(2, 3, 4, device="meta").transpose(1, 2).requires_grad_(), None)
+    first, second = torch_versions.stage_input_metas(older)
+    assert (first.shape, first.stride, first.dtype, first.requires_grad) == ((2, 4, 3), (12, 1, 4), torch.float32, True)
+    assert second is None
+    older.inputs_meta = None
+    assert torch_versions.stage_input_metas(older) is None
