@@ -265,6 +265,22 @@ def gemm_grid(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+def gemm_alignment(run: Run) -> list[dict[str, Any]]:
+    """4096^3 with one of K, N or M made 1 to 64 short of 4096: how much each dimension's alignment costs
+    (a 16-byte-aligned bf16 row needs a multiple of 8 elements)."""
+    base = 256 if run.quick else 4096
+    rows = []
+    for axis in ("k", "n", "m"):
+        for short in (0, 1, 2, 4, 8, 16, 64):
+            m, n, k = (base - short if axis == name else base for name in ("m", "n", "k"))
+            x, w = randn(run, m, k), randn(run, n, k)
+            seconds = median(bench(run, lambda: torch.nn.functional.linear(x, w), 25))  # noqa: B023
+            rows.append({"kind": "gemm", "op": "linear", "shape": [m, n, k], "dtype": "bfloat16", "axis": axis,
+                         "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12})
+            del x, w
+    return rows
+
+
 def attention_shapes(run: Run) -> list[tuple[int, int, int, int]]:
     """(batch, heads, seq, head dim) at 16k tokens and a model width of 2048, as FlashAttention-3's figures."""
     seqs = [128, 256] if run.quick else [512, 1024, 2048, 4096, 8192, 16384]
@@ -363,8 +379,10 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
 
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for name, body in (("gemm", gemm_ops), ("attention", attention_ops), ("memory", memory_ops),
-                       ("gemm_grid", gemm_grid)):
+    parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
+             "gemm_alignment": gemm_alignment}
+    for name in run.parts or list(parts):
+        body = parts[name]
         began = time.perf_counter()
         try:
             result[name] = body(run)
@@ -483,6 +501,8 @@ def profile_one(run: Run, label: str, model: torch.nn.Module, inputs: tuple[Any,
         "predicted_latency": prediction.latency if prediction is not None else None,
         "prediction_device": prediction.device if prediction is not None else None,
         "profile_call_seconds": profile_seconds, "modules": modules,
+        "extra": {key: m.extra[key] for key in ("module_latency", "host_launch_plain", "host_launch_hooked")
+                  if key in m.extra},
         "unmatched_measured": list(m.unmatched_measured), "unmatched_graph": list(m.unmatched_graph),
     }
     run.log(f"profile {label}: fwd {m.fwd_latency * 1e3:.3f} ms, hooked {m.hooked_fwd_latency and m.hooked_fwd_latency * 1e3:.3f} ms, "
@@ -609,13 +629,96 @@ def step_kernels(run: Run, step: Callable[[], None]) -> dict[str, Any]:
         torch.cuda.synchronize()
     totals: dict[str, list[float]] = {}
     for event in prof.events():
-        if event.device_type != DeviceType.CPU:
+        if event.device_type != DeviceType.CPU and not event.is_user_annotation:
             entry = totals.setdefault(event.name[:160], [0.0, 0])
             entry[0] += event.device_time_total / 1e6
             entry[1] += 1
     busy = sum(seconds for seconds, _ in totals.values())
     top = sorted(totals.items(), key=lambda item: -item[1][0])[:40]
     return {"busy_seconds": busy, "top": [[name, seconds, count] for name, (seconds, count) in top]}
+
+
+def training_models(run: Run) -> list[tuple[str, Callable[[], tuple[torch.nn.Module, Callable[[], Any]]]]]:
+    """(label, build) of models no fit saw: build() makes (model, loss) on the device, one model at a time, so
+    a step's peak memory holds no other model's weights (run 6 built all four first: its peaks did)."""
+    import torchvision
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fxflops.cli.examples import get_example
+
+    quick = run.quick
+    shape = (2, 64) if quick else (4, 2048)
+
+    def llama() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        config = LlamaConfig(hidden_size=128 if quick else 2048, intermediate_size=344 if quick else 5632,
+                             num_hidden_layers=2 if quick else 16, num_attention_heads=4 if quick else 16,
+                             num_key_value_heads=2 if quick else 4, vocab_size=512 if quick else 32000,
+                             max_position_embeddings=4096)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(run.device, BF16).train()
+        ids = torch.randint(0, config.vocab_size, shape, device=run.device)
+        return model, lambda: model(input_ids=ids, labels=ids).loss
+
+    def gpt2() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        example = get_example("gpt2-small")
+        model = example.build(**({"n_layer": 2, "d_model": 64, "n_head": 2} if quick else
+                                 {"n_layer": 24, "d_model": 1024, "n_head": 16})).to(run.device, BF16).train()
+        (tokens,) = example.inputs(batch=2 if quick else 8, seq_len=64 if quick else 1024, device=run.device)
+        return model, lambda: torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
+
+    def vision(make: Callable[[], torch.nn.Module]) -> Callable[[], tuple[torch.nn.Module, Callable[[], Any]]]:
+        def build() -> tuple[torch.nn.Module, Callable[[], Any]]:
+            model = make().to(run.device, BF16).train()
+            images = randn(run, 4 if quick else 64, 3, 64 if quick else 224, 64 if quick else 224)
+            labels = torch.randint(0, 1000, (images.shape[0],), device=run.device)
+            return model, lambda: torch.nn.functional.cross_entropy(model(images).float(), labels)
+        return build
+
+    return [(f"Llama GQA 16 layers x 2048, kv 4, bf16, batch {shape[0]} x {shape[1]}", llama),
+            ("GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024", gpt2),
+            ("ResNet-50, bf16, batch 64", vision(torchvision.models.resnet50)),
+            ("ViT-B/16, bf16, batch 64", vision(lambda: torchvision.models.vit_b_16(image_size=64 if quick else 224)))]
+
+
+def steps(run: Run) -> dict[str, Any]:
+    """Training steps (AdamW, bf16 weights) of models no fit saw: median step time, peak memory, kernels."""
+    result = {}
+    for label, build in training_models(run):
+        model = opt = loss = None
+        try:
+            resident = torch.cuda.memory_allocated(run.device) if run.cuda else None  # what else is on the GPU
+            model, loss = build()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            def step() -> None:
+                loss().backward()  # noqa: B023
+                opt.step()  # noqa: B023
+                opt.zero_grad(set_to_none=True)  # noqa: B023
+
+            for _ in range(3):
+                step()
+            if run.cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = [_step_seconds(run, step) for _ in range(3 if run.quick else 10)]
+            peak = torch.cuda.max_memory_allocated() if run.cuda else None
+            result[label] = {"step_seconds": times, "median": median(times), "peak_allocated": peak,
+                             "resident_before_bytes": resident, "kernels": step_kernels(run, step),
+                             "params": sum(p.numel() for p in model.parameters())}
+            shown = f"{peak / 2**30:.2f} GiB" if peak else "not measured"
+            run.log(f"steps {label}: {median(times) * 1e3:.2f} ms, peak {shown}")
+        except Exception as error:
+            result[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            run.log(f"steps {label} FAILED: {error}")
+        finally:
+            del model, opt, loss
+            step = None  # noqa: F841 - its closure held the model
+            if run.cuda:
+                torch.cuda.empty_cache()
+        run.results["steps"] = result
+        run.save()
+    return result
 
 
 def _step_seconds(run: Run, step: Callable[[], None]) -> float:
@@ -635,10 +738,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the code)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
+    parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
+                                                    "gemm_grid,gemm_alignment")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit
-    bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter}
+    run.parts = [part for part in args.ops.split(",") if part]
+    bodies = {"env": env, "ceilings": ceilings, "ops": ops, "tests": tests, "profile": profiles, "meter": meter,
+              "steps": steps}
     for name in args.only.split(","):
         run.section(name, bodies[name])
     run.log("all sections done")

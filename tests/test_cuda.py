@@ -8,7 +8,7 @@ from torch import nn
 
 from fxflops.device import peaks
 from fxflops.compat import FlopsProfiler
-from fxflops.timing.clocks import CudaClock
+from fxflops.timing.clocks import CudaClock, QueueAhead
 from fxflops.timing.latency import ModuleTimer
 from fxflops.timing.placement import device_name
 from fxflops.timing.profiling import profile
@@ -150,3 +150,69 @@ def test_cuda_gpt2_sized_prediction_is_within_reach() -> None:
     (ids,) = example.inputs(batch=16, seq_len=512, device="cuda")
     ratio = measured_over_predicted(net, ids)
     assert 0.9 <= ratio <= 10.0  # a floor, as for ResNet-50
+
+
+# ---------------------------------------------------------------- the host queued ahead of the timed pass
+
+
+def many_tiny_ops() -> nn.Module:
+    """60 launches of microseconds each: the host, not the GPU, sets an eager forward's pace."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(30)]).cuda().eval()
+
+
+def test_cuda_module_spans_are_device_time_when_the_host_is_the_slower() -> None:
+    net = many_tiny_ops()
+    result = profile(net, (torch.randn(4, 16, device="cuda"),), steps=5, warm_up=2)
+    m = result.measurements
+    assert m.extra["module_latency"].startswith("device time")
+    # the plain forward waits on the host's launches; the hooked one ran its kernels back to back
+    assert m.hooked_fwd_latency < m.fwd_latency
+    assert m.extra["host_launch_hooked"] > m.extra["host_launch_plain"] > 0  # the hooks cost the host
+    for name, stats in result.modules.items():
+        assert stats.latency + EVENT_RESOLUTION >= sum(result.modules[c].latency for c in stats.children), name
+    assert hooks_of(net) == 0
+
+
+def test_cuda_the_sleep_before_a_pass_is_in_no_module_span() -> None:
+    net = nn.Linear(4096, 4096, bias=False).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    result = profile(net, (x,), steps=5, warm_up=2)
+    m = result.measurements
+    # the GEMM's device time: 20 calls back to back (each ~0.2 ms, far longer than its launch)
+    with torch.no_grad():
+        net(x)
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began.record()
+        for _ in range(20):
+            net(x)
+        ended.record()
+        ended.synchronize()
+    device_time = began.elapsed_time(ended) * 1e-3 / 20
+    assert m.hooked_fwd_latency == pytest.approx(device_time, rel=0.15)
+    assert result.root.latency == pytest.approx(m.hooked_fwd_latency, rel=0.05)
+    # the sleep follows the host's launch time, which the sleep itself does not lengthen
+    assert m.extra["host_launch_hooked"] < QueueAhead.MAX_SECONDS / 10
+
+
+class SyncsMidForward(nn.Module):
+    """A GEMM, a host sync (`.item()`, as a data-dependent branch does), another GEMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(2048, 2048), nn.Linear(2048, 2048)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x)
+        return self.second(y) if y.sum().item() == y.sum().item() else y
+
+
+def test_cuda_the_sleep_stays_bounded_when_the_forward_syncs() -> None:
+    # the host waits out the sleep at the sync: read as launch time, that wait doubled the next sleep every
+    # step up to QueueAhead.MAX_SECONDS (0.5 s); the sleep is held to 3x the plain forward's launch
+    net = SyncsMidForward().cuda().to(torch.bfloat16).eval()
+    result = profile(net, (torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16),), steps=8, warm_up=2)
+    m = result.measurements
+    assert m.extra["host_launch_hooked"] < 2 * 3 * m.extra["host_launch_plain"] + 2 * QueueAhead.MARGIN + 0.005
+    assert m.extra["host_launch_hooked"] < QueueAhead.MAX_SECONDS / 10
+    assert hooks_of(net) == 0

@@ -338,6 +338,39 @@ def test_profile_prints_and_exports_latency(net_profile: tuple[Net, Profile]) ->
     assert "latency" in result.to_csv().splitlines()[0]
 
 
+def test_a_gpu_profile_reports_the_hooks_cost_on_the_host_not_as_a_latency_ratio(
+        net_profile: tuple[Net, Profile]) -> None:
+    # on a GPU the hooked pass is device time (the host queued ahead) and the plain one host-paced: their
+    # ratio (0.78x for GPT-2 on an H200) was printed as the hooks' cost; the host's launch times are that cost
+    _, result = net_profile
+    m = dataclasses.replace(result.measurements, fwd_latency=14e-3, hooked_fwd_latency=11e-3, extra={
+        **result.measurements.extra, "module_latency": "device time, the host queued ahead",
+        "host_launch_plain": 8e-3, "host_launch_hooked": 12e-3})
+    text = dataclasses.replace(result, measurements=m).print(as_string=True)
+    assert "(0.79x)" not in text
+    assert "fwd latency with per-module hooks (device time, host queued ahead):" in text
+    assert "host time to launch a fwd, plain / with per-module hooks:" in text and "8 ms / 12 ms (1.50x)" in text
+    # on a CPU nothing is queued ahead: no such keys, the ratio as before
+    assert not {"module_latency", "host_launch_plain", "host_launch_hooked"} & set(result.measurements.extra)
+    assert f"({result.measurements.hook_overhead:.2f}x)" in result.print(as_string=True)
+
+
+def test_the_sleep_ahead_of_a_hooked_pass_stays_bounded_when_the_host_waits_on_the_device() -> None:
+    # QueueAhead's arithmetic (the sleep itself needs a GPU). A forward with a sync inside, or one launching more
+    # than the stream's queue holds, keeps the host waiting through the sleep: read as launch time, that wait
+    # doubled the next sleep each step (10 ms plain, 8 ms of device work: 61, 139, 295, 500, 500... ms)
+    from fxflops.timing.clocks import QueueAhead
+
+    plain, device_part = 0.010, 0.008
+    sleep = QueueAhead.sleep_for(plain)  # before any hooked pass: 3x the plain launch, twice, plus the margin
+    assert sleep == pytest.approx(2 * 3 * plain + QueueAhead.MARGIN)
+    for _ in range(10):
+        sleep = QueueAhead.sleep_for(plain, hooked_host=sleep + device_part)  # the host waited out the sleep
+    assert sleep == pytest.approx(2 * 3 * plain + QueueAhead.MARGIN)
+    assert QueueAhead.sleep_for(plain, hooked_host=0.016) == pytest.approx(2 * 0.016 + QueueAhead.MARGIN)
+    assert QueueAhead.sleep_for(1.0) == QueueAhead.MAX_SECONDS
+
+
 def test_chrome_trace_nests_module_calls(net_profile: tuple[Net, Profile], tmp_path) -> None:
     _, result = net_profile
     trace = trace_events(result)

@@ -142,6 +142,35 @@ def test_bad_constants_are_one_line_errors(tmp_path):
         cluster(str(tmp_path / "missing.toml"))
 
 
+def test_a_cycle_of_bases_is_a_one_line_error(tmp_path):
+    # a file whose base leads back to itself, directly or through another file, was followed until Python's
+    # recursion limit (RecursionError); it is refused naming the cycle
+    first, second, alone = tmp_path / "first.toml", tmp_path / "second.toml", tmp_path / "alone.toml"
+    first.write_text(f'name = "first"\nbase = "{second}"\n')
+    second.write_text(f'name = "second"\nbase = "{first}"\n')
+    alone.write_text(f'base = "{alone}"\n')
+    with pytest.raises(ValueError, match=r"first.toml: its base leads back to itself \(.*first.toml -> .*second.toml"
+                                         r" -> .*first.toml\)"):
+        device_model(first)
+    with pytest.raises(ValueError, match=r"alone.toml: its base leads back to itself"):
+        device_model(alone)
+    second.write_text('name = "second"\nbase = "H200 SXM measured"\n')  # a chain of three that ends: fine
+    assert device_model(first).launch_overhead == device_model("H200 SXM measured").launch_overhead
+
+
+def test_two_presets_may_not_share_a_name_or_alias():
+    # the later file silently took the name over (a measured file aliased "H200" would have replaced the preset)
+    from fxflops.predict.hardware import _preset_index
+
+    h200 = 'name = "H200 SXM"\naliases = ["H200"]\ngpu = "H200 SXM"\n'
+    assert set(_preset_index("devices", [("a.toml", h200)])) == {"h200sxm", "h200"}
+    with pytest.raises(ValueError, match=r"b.toml: 'h200' is already the name or an alias of a.toml"):
+        _preset_index("devices", [("a.toml", h200), ("b.toml", 'name = "H200 measured"\naliases = ["h200"]\n'
+                                                              'base = "H200 SXM"\n')])
+    with pytest.raises(ValueError, match=r"b.toml: a shipped preset needs name"):
+        _preset_index("devices", [("b.toml", 'base = "H200 SXM"\n')])
+
+
 # --- time per op --------------------------------------------------------------------------------------
 
 

@@ -31,8 +31,7 @@ def is_device_mismatch(error: BaseException) -> bool:
 
 def is_inplace(op: Any) -> bool:
     """Whether an aten overload writes its first argument and returns it (`add_`, `mul_.Tensor`):
-    `torch.Tag.inplace` where torch has it, else the schema's own marks (a name ending in `_` whose first
-    argument is written; an `out=` overload is not in-place)."""
+    `torch.Tag.inplace` where torch has it, else `inplace_by_schema`."""
     import torch
 
     tag = getattr(torch.Tag, "inplace", None)
@@ -40,12 +39,14 @@ def is_inplace(op: Any) -> bool:
 
 
 def inplace_by_schema(op: Any) -> bool:
-    """`is_inplace` where torch has no `Tag.inplace`: from the op's schema alone."""
+    """The schema's own marks of an in-place overload, for torch without `Tag.inplace`: a name ending in `_`
+    whose first argument, a Tensor, is written (an `out=` overload is not in-place; dunder names only as
+    `__i*__`)."""
     schema = op._schema
     base = schema.name.split("::")[-1]
     first = schema.arguments[0] if schema.arguments else None
     written = first is not None and first.alias_info is not None and first.alias_info.is_write \
-        and str(first.type) == "Tensor"
+        and str(first.type) in ("Tensor", "List[Tensor]")
     return written and base.endswith("_") and not (base.startswith("__") and not base.startswith("__i"))
 
 

@@ -101,7 +101,7 @@ def calibrate(measured: Iterable[tuple[NodeCost, float]] | Any, base: DeviceMode
         raise ValueError("calibrate: none of the measured ops shows a constant (no tiny op, no memory-bound op, no "
                          "compute-bound GEMM)")
     if path is not None:
-        write_device_file(path, base if isinstance(base, str) else base.name, fitted)
+        write_device_file(path, base_reference(base), fitted)
         return device_model(path)
     return device
 
@@ -112,10 +112,37 @@ def _correction(device: DeviceModel, m: int, n: int, k: int) -> float:
     return interpolate(device.gemm_size_correction, (float(m) * n * k) ** (1 / 3))
 
 
-def write_device_file(path: str | Path, base: str, fitted: dict[str, tuple[Any, str]]) -> None:
-    """A device TOML file: `base = "<preset>"` and each fitted constant as {value, source}."""
+def base_reference(base: DeviceModel | str | Path) -> str:
+    """How a written device file names its base so that it loads from anywhere: a preset by its name, a file
+    by its absolute path (a relative one would be read from wherever the file is loaded). A DeviceModel only
+    as a preset or a file gives it: one changed in code (`with_constant`) has nothing a file could name, and
+    its constants, which the fit used, would be lost."""
+    from fxflops.predict.hardware import _is_path
+
+    if isinstance(base, DeviceModel):
+        user_file = base.origin.removeprefix("your file ") if base.origin.startswith("your file ") else None
+        named = user_file or base.name
+        try:
+            same = device_model(named) == base
+        except ValueError:
+            same = False
+        if not same:
+            raise ValueError(f"calibrate: base {base.name!r} is not a preset or a file as it stands (changed in "
+                             f"code?); give a preset's name or a device file's path as base")
+        return str(Path(user_file).resolve()) if user_file else base.name
+    text = str(base)
+    return str(Path(text).expanduser().resolve()) if _is_path(text, "devices") else text
+
+
+def write_device_file(path: str | Path, base: str, fitted: dict[str, tuple[Any, str]], name: str | None = None,
+                      note: str | None = None) -> None:
+    """A device TOML file: `base = "<preset>"` and each fitted constant as {value, source}; `name` makes it
+    loadable by that name when shipped beside the presets, `note` a comment line saying how it was made."""
     lines = ["# Written by fxflops.predict.calibrate: the constants below were fitted to measured op times;",
-             "# every other constant is the base preset's.", f"base = {_toml(base)}", ""]
+             "# every other constant is the base preset's."]
+    lines += [f"# {note}"] if note else []
+    lines += [f"name = {_toml(name)}"] if name else []
+    lines += [f"base = {_toml(base)}", ""]
     for name, (value, source) in fitted.items():
         lines += [f"[{name}]", f"value = {_toml(value)}", f"source = {_toml(source)}", ""]
     Path(path).write_text("\n".join(lines), encoding="utf-8")

@@ -297,16 +297,29 @@ def _squashed(name: str) -> str:
 @cache
 def _presets(kind: str) -> dict[str, tuple[dict, str]]:
     """Squashed name or alias -> (parsed file, file name), for the shipped files of one kind."""
-    found: dict[str, tuple[dict, str]] = {}
     folder = resources.files("fxflops.predict").joinpath("data").joinpath(kind)
-    for entry in sorted(folder.iterdir(), key=lambda item: item.name):
-        if not entry.name.endswith(".toml"):
-            continue
-        data = _parse(entry.read_text(encoding="utf-8"), f"fxflops/predict/data/{kind}/{entry.name}")
+    return _preset_index(kind, [(entry.name, entry.read_text(encoding="utf-8"))
+                                for entry in sorted(folder.iterdir(), key=lambda item: item.name)
+                                if entry.name.endswith(".toml")])
+
+
+def _preset_index(kind: str, files: list[tuple[str, str]]) -> dict[str, tuple[dict, str]]:
+    """Squashed name or alias -> (parsed file, file name) of (file name, text) pairs. Every preset needs a
+    name (one starting from a `base` too), and no two may share a name or alias: the later file would
+    silently take the earlier one's name."""
+    found: dict[str, tuple[dict, str]] = {}
+    for file_name, text in files:
+        where = f"fxflops/predict/data/{kind}/{file_name}"
+        data = _parse(text, where)
+        if not isinstance(data.get("name"), str):
+            raise ValueError(f"{where}: a shipped preset needs name = \"...\"")
         data["_primary"] = True
-        found[_squashed(data["name"])] = (data, entry.name)
-        for alias in data.get("aliases", ()):
-            found[_squashed(alias)] = ({**data, "_primary": False}, entry.name)
+        for key, entry in ((data["name"], data), *((alias, {**data, "_primary": False})
+                                                     for alias in data.get("aliases", ()))):
+            taken = found.get(_squashed(key))
+            if taken is not None:
+                raise ValueError(f"{where}: {key!r} is already the name or an alias of {taken[1]}")
+            found[_squashed(key)] = (entry, file_name)
     return found
 
 
@@ -320,8 +333,10 @@ def _parse(text: str, where: str) -> dict:
     return data
 
 
-def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, str, str]], dict, str]:
-    """(constant name -> (value, source, origin), the file's other keys, origin of the file)."""
+def _resolve(kind: str, name_or_path: str | Path, chain: tuple[str, ...] = ()
+             ) -> tuple[dict[str, tuple[Any, str, str]], dict, str]:
+    """(constant name -> (value, source, origin), the file's other keys, origin of the file). `chain`: the
+    files whose `base` led here, so a cycle of bases (A's base B, B's base A) is refused, not recursed."""
     text = str(name_or_path)
     path = Path(text).expanduser()
     if _is_path(text, kind):
@@ -332,7 +347,7 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
         values: dict[str, tuple[Any, str, str]] = {}
         meta: dict = {}
         if "base" in data:
-            values, meta, _ = _resolve(kind, data["base"])
+            values, meta, _ = _resolve(kind, data["base"], _in_chain(chain, str(path.resolve()), str(path)))
         meta = {**meta, **{k: v for k, v in data.items() if k not in _schema(kind) and k != "base"}}
         meta.setdefault("name", str(path))
         meta["_dir"] = str(path.parent)
@@ -349,8 +364,24 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, tuple[Any, 
         raise ValueError(f"no {kind[:-1]} named {text!r}; {hint}presets: {', '.join(names)}; or give a TOML file's path")
     data, file_name = found
     origin = f"{PRESET} fxflops/predict/data/{kind}/{file_name}"
-    meta = {k: v for k, v in data.items() if k not in _schema(kind) and not k.startswith("_")}
-    return _values(kind, data, origin, file_name), meta, origin
+    meta = {k: v for k, v in data.items() if k not in _schema(kind) and not k.startswith("_") and k != "base"}
+    values = {}
+    if "base" in data:  # a preset that starts from another (a calibrated file shipped beside its base)
+        if _squashed(data["base"]) in (_squashed(data["name"]), *map(_squashed, data.get("aliases", ()))):
+            raise ValueError(f"fxflops/predict/data/{kind}/{file_name}: base names the file itself")
+        here = _in_chain(chain, file_name, f"fxflops/predict/data/{kind}/{file_name}")
+        values, base_meta, _ = _resolve(kind, data["base"], here)
+        meta = {**{k: v for k, v in base_meta.items() if k not in ("name", "aliases")}, **meta}
+    values.update(_values(kind, data, origin, file_name))
+    return values, meta, origin
+
+
+def _in_chain(chain: tuple[str, ...], key: str, shown: str) -> tuple[str, ...]:
+    """`chain` with one more file whose `base` is followed; a file already in it closes a cycle: refused."""
+    if key in chain:
+        raise ValueError(f"{shown}: its base leads back to itself ({' -> '.join((*chain, key))}); "
+                         f"name a preset or a file that does not start from this one")
+    return (*chain, key)
 
 
 def _schema(kind: str) -> dict[str, tuple[str, str]]:

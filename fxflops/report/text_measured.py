@@ -81,7 +81,16 @@ def _latency_lines(estimate: Estimate, m: Measurements) -> list[str]:
             )
         )
     lines += _utilization_lines("fwd", flops / m.fwd_latency if m.fwd_latency else None, m)
-    if m.hook_overhead is not None:
+    plain_host, hooked_host = m.extra.get("host_launch_plain"), m.extra.get("host_launch_hooked")
+    if m.hook_overhead is not None and plain_host and hooked_host:
+        # on a GPU the hooked pass ran with the host queued ahead (fxflops.timing.clocks.QueueAhead): its latency
+        # is device time, the plain one's is host-paced, so their ratio is not the hooks' cost; the host's is
+        lines.append(_row("fwd latency with per-module hooks (device time, host queued ahead):",
+                          duration_to_string(m.hooked_fwd_latency)))
+        lines.append(_row("host time to launch a fwd, plain / with per-module hooks:",
+                          f"{duration_to_string(plain_host)} / {duration_to_string(hooked_host)} "
+                          f"({hooked_host / plain_host:.2f}x)"))
+    elif m.hook_overhead is not None:
         lines.append(
             _row(
                 "fwd latency with per-module hooks:",

@@ -12,6 +12,7 @@ latencies onto an Estimate as a Profile.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,9 @@ class StepRecord:
     modules: dict[str, tuple[float, int]]  # name -> (seconds summed over its calls, calls)
     timeline: list[Interval]
     tag: Any = None  # what the timer's on_call returned for this call (e.g. an input signature)
+    # the host's seconds from the root's entry to its return, before the clock is read: on a GPU the time
+    # to launch the call (its kernels run on), hooks included
+    host_seconds: float | None = None
 
 
 class ModuleTimer:
@@ -78,6 +82,7 @@ class ModuleTimer:
         self._depth = 0
         self._tag: Any = None
         self._in_on_call = False
+        self._host_began = 0.0
 
     # The hot path: one list append and one clock read per hook, nothing else. Forwards a capture runs
     # (this timer's on_call estimating, or another profiler's) are fxflops' own, not steps: not recorded.
@@ -111,6 +116,7 @@ class ModuleTimer:
                     self._in_on_call = False
             self._events.clear()  # also drops whatever forwards on_call ran
             self.clock.reset()
+            self._host_began = time.perf_counter()
         self._depth += 1
         self._events.append((0, self.clock.stamp()))
 
@@ -120,10 +126,12 @@ class ModuleTimer:
         self._depth -= 1
         if self._depth:
             return
+        host_seconds = time.perf_counter() - self._host_began
         record = replay(self.names, self._events, self.clock.seconds([s for _, s in self._events]))
         self._events.clear()
         if record is not None:  # None: the forward raised before the root returned
             record.tag = self._tag
+            record.host_seconds = host_seconds
             self.records.append(record)
             if self.on_return is not None:
                 self.on_return(output)

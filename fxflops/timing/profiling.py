@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import nn
 from fxflops.device import peaks
 from fxflops.api import deep_models, estimate
 from fxflops.timing.backward import BackwardTimer, mean_backward
-from fxflops.timing.clocks import make_clock, time_calls
+from fxflops.timing.clocks import make_clock, queue_ahead, time_calls
 from fxflops.timing.join import join
 from fxflops.timing.latency import ModuleTimer, StepRecord, mean_per_step, median_record, timeline_rows
 from fxflops.timing.placement import (
@@ -89,7 +90,7 @@ def profile(
         args, kwargs = on_device((normalize_args(args), dict(kwargs or {})), target)
         static = estimate(model, args, kwargs, method=method, conventions=conventions, rules=rules,
                           leaf_modules=leaf_modules, backward=backward, loss=loss, strict=strict)
-        plain, records = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
+        plain, records, host_launch = measure_forward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
                                          grad=grad or backward, skip_types=skip_types, watch=writes.watching())
         plain_bwd, bwd_records = measure_backward(model, args, kwargs, device=target, warm_up=warm_up, steps=steps,
                                                   loss=loss, skip_types=skip_types) if backward else ([], [])
@@ -98,6 +99,11 @@ def profile(
         batch_size=batch_size_of((args, kwargs)), dtype=compute_dtype(model, target),
     )
     measurements.extra["grad"] = grad or backward
+    if host_launch is not None:
+        # on a GPU the hooked pass ran with the host queued ahead: its module spans are device time, and
+        # what the hooks cost shows on the host, as the time to launch the forward with and without them
+        measurements.extra["module_latency"] = "device time, the host queued ahead (fxflops.timing.clocks.QueueAhead)"
+        measurements.extra["host_launch_plain"], measurements.extra["host_launch_hooked"] = host_launch
     measurements.world_size, measurements.dp_size, measurements.mp_size = parallel_sizes(mp_size, dp_size)
     if backward:
         measurements.bwd_latency = statistics.fmean(plain_bwd)
@@ -144,6 +150,8 @@ def measure_backward(
         return roots, ones_like_each(roots)
 
     plain: list[float] = []
+    host_plain: list[float] = []  # seconds the host took to launch each plain backward
+    ahead = queue_ahead(device)
     try:
         with torch.enable_grad(), device_context(device):
             for _ in range(warm_up):
@@ -151,12 +159,16 @@ def measure_backward(
         with torch.enable_grad(), device_context(device), gc_paused():
             for _ in range(steps):
                 roots, seeds = roots_and_seeds()
-                plain += time_calls(lambda: torch.autograd.backward(roots, seeds), 1, clock)  # noqa: B023
+                plain += time_calls(lambda: _launch_timed(lambda: torch.autograd.backward(roots, seeds),  # noqa: B023
+                                                          host_plain), 1, clock)
                 timer.attach()
                 try:
                     roots, seeds = roots_and_seeds()
                 finally:
                     timer.detach()
+                if ahead is not None:  # as for the forward: the host's launch gaps out of the spans
+                    ahead.expect(host_plain[-1])  # the hooks' host cost: up to 3x the plain backward's
+                    ahead.fill()
                 timer.backward(roots, seeds)
     finally:
         restore_grads(saved)
@@ -174,8 +186,9 @@ def measure_forward(
     grad: bool = False,
     skip_types: tuple[type, ...] = (),
     watch: contextlib.AbstractContextManager = contextlib.nullcontext(),
-) -> tuple[list[float], list[StepRecord]]:
-    """(plain forward latencies, hooked StepRecords), one of each per step, interleaved.
+) -> tuple[list[float], list[StepRecord], tuple[float, float] | None]:
+    """(plain forward latencies, hooked StepRecords), one of each per step, interleaved, and on a GPU the
+    host's median seconds to launch a plain and a hooked forward (None elsewhere).
 
     Interleaving keeps slow drift (clocks, caches, other load) out of the hooked/plain ratio. The
     hooks are attached only around each hooked forward, so the plain one runs torch's fast path.
@@ -188,18 +201,35 @@ def measure_forward(
         return model(*args, **kwargs)
 
     plain: list[float] = []
+    host_plain: list[float] = []  # seconds the host took to launch each plain forward
     with torch.set_grad_enabled(grad), device_context(device):
         for _ in range(warm_up):
             with watch:  # what these forwards write into the weights is saved first, and put back after
                 call()
+        # after the warm-up: the sleep's spin rate is read at the clocks the timed passes run at, not an idle GPU's
+        ahead = queue_ahead(device)
         with gc_paused():
             for _ in range(steps):
-                plain += time_calls(call, 1, clock)
+                plain += time_calls(lambda: _launch_timed(call, host_plain), 1, clock)
                 with timer:
+                    if ahead is not None:  # the module spans: device time, the host's launch gaps out
+                        # the hooks' own host cost is not known before the first hooked pass: 3x the plain
+                        ahead.expect(host_plain[-1], timer.records[-1].host_seconds if timer.records else None)
+                        ahead.fill()
                     call()
     if not timer.records:
         raise RuntimeError("the timed forward never returned from the root module; nothing was measured")
-    return plain, timer.records
+    host_hooked = [record.host_seconds for record in timer.records]
+    host_launch = (statistics.median(host_plain), statistics.median(host_hooked)) if ahead is not None else None
+    return plain, timer.records, host_launch
+
+
+def _launch_timed(call: Callable[[], Any], into: list[float]) -> Any:
+    """Call, appending the host's seconds for it (on a GPU: the time to launch, the kernels run on)."""
+    began = time.perf_counter()
+    out = call()
+    into.append(time.perf_counter() - began)
+    return out
 
 
 def build_measurements(
