@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fxflops.capture.input_values import scalar_constant
 from fxflops.rules.kept_pairs import ADDITIVE, DROP, FULL, KEEP, MASK, KeptPairs, masks_kept_pairs
 
 aten = torch.ops.aten
@@ -226,5 +227,8 @@ def _is_zero(value: Any) -> bool:
     if isinstance(value, torch.fx.Node):
         while value.target in _SAME:
             value = value.args[0]
+        if value.op == "placeholder":  # torch.tensor(0.0) made in the forward (transformers 5.17's eager mask)
+            constant = scalar_constant(value)
+            return constant is not None and bool(constant == 0)
         return value.target in _ZEROS and (value.target is not aten.scalar_tensor.default or value.args[0] == 0)
     return isinstance(value, int | float) and value == 0

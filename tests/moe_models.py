@@ -190,3 +190,15 @@ class ExpertParallel:
 
         back = torch.empty_like(out).index_copy(0, self.order, out)
         return all_to_all_single_autograd(back, self.sent, self.got, mesh.get_group())
+
+
+def fake_all_to_all_writes_its_output() -> bool:
+    """Whether torch's fake process group (initialised by the caller) writes all_to_all_single's output: newer
+    torch copies this rank's own chunks (every rank routes as this one); torch 2.11's leaves the output as it
+    was, so a model reading the received counts reads uninitialised memory."""
+    import torch.distributed as dist
+
+    out = torch.full((2,), -1)
+    dist.all_to_all_single(out, torch.tensor([3, 4]))
+    return out.tolist() == [3, 4]
+

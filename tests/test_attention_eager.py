@@ -41,6 +41,8 @@ class Eager(nn.Module):
             scores = scores.masked_fill(~causal(n), float("-inf"))
         elif self.how == "window where":
             scores = scores + torch.where(window(n, self.w), 0.0, torch.finfo(scores.dtype).min)
+        elif self.how == "window where tensor":  # transformers 5.17's eager mask: its 0 made by torch.tensor
+            scores = scores + torch.where(window(n, self.w), torch.tensor(0.0), torch.finfo(scores.dtype).min)
         elif self.how == "window select":
             scores = torch.where(window(n, self.w), scores, float("-inf"))
         elif self.how == "window additive":
@@ -77,6 +79,7 @@ def products(estimate):
 @pytest.mark.parametrize("how, per_head, pattern", [
     ("causal fill", 36, "causal"),
     ("window where", 1 + 2 + 3 * 6, "sliding window 3"),
+    ("window where tensor", 1 + 2 + 3 * 6, "sliding window 3"),
     ("window select", 1 + 2 + 3 * 6, "sliding window 3"),
     ("window additive", 1 + 2 + 3 * 6, "mask"),  # a float mask evaluated, not read as a band
     ("causal fill, window select", 1 + 2 + 3 * 6, "sliding window 3"),

@@ -319,14 +319,19 @@ def test_counts_stay_on_the_device_until_read_and_agree_with_mask_kept_pairs():
 class EagerMasked(nn.Module):
     """Attention written as plain ops under a padding mask passed in (masked_fill with -inf)."""
 
-    def __init__(self) -> None:
+    def __init__(self, additive: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.qkv = nn.Linear(16, 3 * H * E)
+        self.additive = additive
 
     def forward(self, x, mask):
         q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, H, E).permute(2, 0, 3, 1, 4)
-        scores = (q @ k.transpose(-1, -2)).masked_fill(~mask[:, None, None, :].bool(), float("-inf"))
+        if self.additive:  # transformers 5.17's eager mask: where(keep, torch.tensor(0.0), min), added
+            keep = mask[:, None, None, :].bool()
+            scores = q @ k.transpose(-1, -2) + torch.where(keep, torch.tensor(0.0), torch.finfo(q.dtype).min)
+        else:
+            scores = (q @ k.transpose(-1, -2)).masked_fill(~mask[:, None, None, :].bool(), float("-inf"))
         return scores.softmax(-1) @ v
 
 
@@ -335,8 +340,10 @@ class EagerMasked(nn.Module):
 EAGER_FWD_PER_PAIR, EAGER_BWD_PER_PAIR = 2 * (2 * E), 2 * (4 * E)
 
 
-def test_eager_attention_under_a_data_mask_counts_the_pairs_the_batch_keeps():
-    model = EagerMasked()
+@pytest.mark.parametrize("additive", [False, True], ids=["masked_fill", "where_tensor_zero"])
+def test_eager_attention_under_a_data_mask_counts_the_pairs_the_batch_keeps(additive):
+    # where_tensor_zero: the 0 kept pairs add is a constant the forward made (a real scalar in the capture)
+    model = EagerMasked(additive)
     meter = FlopsMeter(model, attention="effective", dims={"batch": 0, "seq": 1}, conventions="torch", peak_flops=1e12)
     for lengths, seq in (([8, 5], 8), ([2, 6, 4], 6)):  # one family: one capture
         batch = (torch.randn(len(lengths), seq, 16), padded(lengths, seq))

@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxflops import FlopsMeter
 from fxflops.timing.meter import FlopsMeterWarning
-from tests.moe_models import ExpertParallel, TitanMoE, routed_batch
+from tests.moe_models import ExpertParallel, TitanMoE, fake_all_to_all_writes_its_output, routed_batch
 
 D = H = 8
 EXPERTS, SEQ = 4, 5
@@ -79,6 +79,9 @@ def ep_mesh():
     rank routes as this one does (the routing of fxflops' plans); rank 0 holds experts 0 and 1."""
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
+        if not fake_all_to_all_writes_its_output():
+            pytest.skip(f"torch {torch.__version__}: the fake process group leaves all_to_all_single's output "
+                        "unwritten (the routing counts this test reads)")
         yield init_device_mesh("cpu", (2,))
     finally:
         dist.destroy_process_group()

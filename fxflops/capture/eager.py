@@ -116,6 +116,11 @@ class FakeTwins:
             return run_relaxing_dtype(func, map_tensors(args, lift), map_tensors(kwargs, lift))
 
 
+# how a meta kernel's refusal names the dtype it wants: "BFloat16 or supported Float16" (newer torch's
+# _grouped_mm), "Expected inputs of BF16 type" (torch 2.11's)
+_HALF_DTYPE_NAMES = ("Float16", "BF16")
+
+
 def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run an op on fake tensors; if its fake kernel refuses the floating dtype, shape it in bfloat16.
 
@@ -128,7 +133,7 @@ def run_relaxing_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
         return _shape_kernel(func, args)(*args, **kwargs)
     except RuntimeError as error:
         floating = [t for t in tensors_in((args, kwargs)) if t.is_floating_point() and t.dtype != torch.bfloat16]
-        if not floating or "Float16" not in str(error) and "BFloat16" not in str(error):
+        if not floating or not any(name in str(error) for name in _HALF_DTYPE_NAMES):
             raise
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in floating])
         relax = lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t  # noqa: E731
@@ -216,7 +221,7 @@ def _capture(request: Request, replaying: bool, verify: bool | None = None, back
         replays = Replays(model, recorder, tracker, mode, owners, verify) if copying else None
         grad_mode = torch.enable_grad() if request.backward else torch.no_grad()
         with grad_mode, _conv_kernel_choice_fixed(sizes is not None), flex_runs_eagerly(), mode, tracker, recorder, \
-                CompositeOps(recorder, request.knows_op), _sizes_named_in_errors(sizes), \
+                CompositeOps(recorder, request.knows_op, symbolic=sizes is not None), _sizes_named_in_errors(sizes), \
                 values.numpy_reads() if values is not None else contextlib.nullcontext():
             if owners is not None:
                 owners.start()

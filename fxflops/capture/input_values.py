@@ -578,12 +578,15 @@ class Derivation:
     values: tuple[torch.fx.Node, ...]
     nodes: tuple[torch.fx.Node, ...]  # call_function nodes only
     inputs: tuple[tuple[torch.fx.Node, int], ...]  # placeholder, its index among the batch's tensors
+    constants: tuple[tuple[torch.fx.Node, torch.Tensor], ...] = ()  # placeholder, the scalar it holds
 
     def run(self, tensors: Sequence[torch.Tensor], argument: Callable[[Any], Any],
             chosen: dict[Any, Any] | None = None) -> list[Any]:
         """The values computed on the batch `tensors`; `argument` gives each argument that is not a node its
         value there (a symbolic size at the batch's sizes, the batch's device); `chosen` as call_recorded's."""
         env: dict[torch.fx.Node, Any] = {node: tensors[index] for node, index in self.inputs}
+        device = tensors[0].device if tensors else None
+        env.update((node, constant.to(device) if device is not None else constant) for node, constant in self.constants)
 
         def value(arg: Any) -> Any:
             if isinstance(arg, torch.fx.Node):
@@ -612,14 +615,17 @@ def derivation(*values: torch.fx.Node, what: str = "its value") -> Derivation:
         if node not in ancestors:
             ancestors.add(node)
             stack.extend(node.all_input_nodes)
-    inputs, nodes = [], []
+    inputs, nodes, constants = [], [], []
     for node in graph.nodes:  # graph order is an order that runs
         if node not in ancestors:
             continue
         if node.op == "placeholder":
-            if INPUT_INDEX not in node.meta:
+            if INPUT_INDEX in node.meta:
+                inputs.append((node, node.meta[INPUT_INDEX]))
+            elif (constant := scalar_constant(node)) is not None:
+                constants.append((node, constant))
+            else:
                 raise NotReplayable(f"{what} reads a parameter, buffer or constant tensor, not only the inputs")
-            inputs.append((node, node.meta[INPUT_INDEX]))
         elif node.op != "call_function" or not callable(node.target) or isinstance(
                 node.target, torch._ops.HigherOrderOperator):
             raise NotReplayable(f"{what} is built by {node.op} {node.target}, which is not replayed")
@@ -629,7 +635,18 @@ def derivation(*values: torch.fx.Node, what: str = "its value") -> Derivation:
             nodes.append(node)
     if _written(ancestors):
         raise NotReplayable(f"{what} is built with in-place ops")
-    return Derivation(tuple(values), tuple(nodes), tuple(inputs))
+    return Derivation(tuple(values), tuple(nodes), tuple(inputs), tuple(constants))
+
+
+def scalar_constant(node: torch.fx.Node) -> torch.Tensor | None:
+    """The value of a placeholder that holds a one-element tensor the forward made from a literal (the mode
+    keeps such a constant real: `torch.tensor(0.0)` in transformers 5.17's eager mask), else None: a
+    parameter, a buffer or a larger stray tensor holds state that a later batch may not share."""
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and not value.is_meta \
+            and value.numel() == 1 and not value.requires_grad:
+        return value.detach().clone()
+    return None
 
 
 def _written(nodes: set[torch.fx.Node]) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from fxflops.capture.torch_versions import is_inplace
+from fxflops.capture.torch_versions import is_inplace, is_pointwise
 
 aten = torch.ops.aten
 
@@ -230,7 +230,7 @@ def _plain_arguments(mode: Any, args: tuple, kwargs: dict) -> list[Any] | None:
 def _in_place_key(func: Any, args: tuple, kwargs: dict, flat: list[Any]) -> tuple | None:
     """For an in-place pointwise op whose only tensor is a dense `self`: what its kernel's checks read
     (op, dtype, device, the other arguments); None for any other call."""
-    if not is_inplace(func) or torch.Tag.pointwise not in func.tags:
+    if not is_inplace(func) or not is_pointwise(func):
         return None
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
     if len(tensors) != 1 or not args or tensors[0] is not args[0] or not _is_dense(args[0]):

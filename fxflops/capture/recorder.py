@@ -30,6 +30,7 @@ from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
+from fxflops.capture.torch_versions import symbolic_composites
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
 # node.meta key: True on a composite op recorded under torch.autocast (its node has the operands as given,
@@ -379,10 +380,11 @@ class CompositeOps(TorchFunctionMode):
     ops it runs, which rules count, rather than as one unknown op.
     """
 
-    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any, Any], bool]) -> None:
+    def __init__(self, recorder: OpRecorder, knows_op: Callable[[Any, Any], bool], symbolic: bool = False) -> None:
         super().__init__()
         self._recorder = recorder
         self._knows_op = knows_op
+        self._symbolic = symbolic  # the capture has named (symbolic) sizes: see symbolic_composites
         self._composites: dict[Any, tuple[Any, ...]] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -399,6 +401,9 @@ class CompositeOps(TorchFunctionMode):
             and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
+            if self._symbolic and overloads:  # (DTensors: their local ops fold the same matmul)
+                with symbolic_composites(overloads[0], args, kwargs):
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         return self._whole(op, args, kwargs, func)
 
@@ -406,7 +411,8 @@ class CompositeOps(TorchFunctionMode):
         """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""
         self._recorder.inside_opaque += 1
         try:
-            out = (func or op)(*args, **kwargs)
+            with symbolic_composites(op, args, kwargs) if self._symbolic else contextlib.nullcontext():
+                out = (func or op)(*args, **kwargs)
         finally:
             self._recorder.inside_opaque -= 1
         self._recorder.record(op, args, kwargs, out)

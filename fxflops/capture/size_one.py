@@ -55,12 +55,14 @@ NOT_ONE = "not one"
 # aten/src/ATen/TensorUtils.cpp, `computeStride` (fake_impls._compute_stride spells it in Python), called
 # by reshape to choose a view or a copy: whether an old axis ending a chunk is 1 (line 375), whether a new
 # size is 1 or the new sizes so far fall short of the chunk (line 388). Tested per call (`_reshape_either_way`).
+# Each line with the torch releases it was read in (a version prefix): in another, that line may ask
+# something else. Contiguity.h ships in torch/include, and 2.11's is 2.14's byte for byte; under 2.11
+# TensorUtils.cpp's lines 375 and 388 ask what 2.14's do (`size != 1` and `size > 1` of computeStride in
+# the reshapes of tests/test_sweep_size_one.py, whose splits and holds agree on both).
 RESHAPE = "reshape"
-_CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): (NOT_ONE, frozenset({IS_ONE})),
-                  ("aten/src/ATen/TensorUtils.cpp", 375): (RESHAPE, frozenset({NOT_ONE_ASKED})),
-                  ("aten/src/ATen/TensorUtils.cpp", 388): (RESHAPE, frozenset({IS_ONE, ABOVE_ONE}))}
-# the torch release the C++ lines were read in: in another, that line may ask something else
-_CPP_QUESTIONS_READ_IN = "2.14."
+_CPP_QUESTIONS = {("c10/core/Contiguity.h", 66): (NOT_ONE, frozenset({IS_ONE}), ("2.11.", "2.14.")),
+                  ("aten/src/ATen/TensorUtils.cpp", 375): (RESHAPE, frozenset({NOT_ONE_ASKED}), ("2.11.", "2.14.")),
+                  ("aten/src/ATen/TensorUtils.cpp", 388): (RESHAPE, frozenset({IS_ONE, ABOVE_ONE}), ("2.11.", "2.14."))}
 
 # how far up from evaluate_sym_node the asking function may be: torch's guard machinery in between
 # (_guard_or <- guard_or_false, or for a plain `if size != 1:` evaluate <- guard_bool <- bool_ <-
@@ -226,12 +228,10 @@ def _questions() -> dict[Any, Question]:
     from torch.fx.experimental.sym_node import SymNode
 
     def cpp(values: dict, size: Any, frame: Any, kind: str) -> str | None:
-        if not torch.__version__.startswith(_CPP_QUESTIONS_READ_IN):
-            return None
         file, line = str(values.get("file", "")).replace("\\", "/"), values.get("line")
-        way, kinds = next((way for (name, at), way in _CPP_QUESTIONS.items() if file.endswith(name) and line == at),
-                          (None, ()))
-        if kind not in kinds:
+        way, kinds, releases = next((way for (name, at), way in _CPP_QUESTIONS.items()
+                                     if file.endswith(name) and line == at), (None, (), ()))
+        if kind not in kinds or not torch.__version__.startswith(releases):
             return None
         # C++ frames are not Python's: the frame above the question's is the Python call into C++
         return _reshape_either_way(frame.f_back, size) if way is RESHAPE else way

@@ -48,3 +48,87 @@ def inplace_by_schema(op: Any) -> bool:
     written = first is not None and first.alias_info is not None and first.alias_info.is_write \
         and str(first.type) in ("Tensor", "List[Tensor]")
     return written and base.endswith("_") and not (base.startswith("__") and not base.startswith("__i"))
+
+
+def symbolic_composites(op: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """The context a composite op runs its inside in when sizes are symbolic. Torch's C++ matmul folds an
+    N-d @ 2-d product (`linear` without bias, `matmul` of a 3-d input, the products of SDPA's math
+    kernel) through `numel()` and `sizes()` until pytorch/pytorch#183397 (torch 2.11 among the releases
+    before it): under a fake mode that pins every symbolic size to its example value, and a sweep to one
+    point. For those ops this is torch's Python dispatcher, so the matmul runs torch's own Python
+    decomposition (as torch.export runs it), which reads `sym_numel()`/`sym_sizes()` on every release and
+    records the same view, mm and _unsafe_view. SDPA only without dropout, and no other composite: a Python
+    decomposition of dropout records another backward (native_dropout_backward for a mul)."""
+    import contextlib
+
+    import torch
+    from torch._dispatch.python import enable_python_dispatcher
+
+    packet = getattr(op, "overloadpacket", None)
+    folds = packet in (torch.ops.aten.linear, torch.ops.aten.matmul)
+    if packet is torch.ops.aten.scaled_dot_product_attention:
+        dropout = (kwargs or {}).get("dropout_p", args[3] if len(args) > 3 else 0.0)
+        folds = isinstance(dropout, int | float) and dropout == 0
+    return enable_python_dispatcher() if folds else contextlib.nullcontext()
+
+
+def is_pointwise(op: Any) -> bool:
+    """Whether an aten overload is tagged pointwise; an in-place one torch left untagged (torch 2.11's
+    `hardtanh_`, `elu_`; tagged in newer torch) is, where its out-of-place overload of the same name is."""
+    import torch
+
+    if torch.Tag.pointwise in op.tags:
+        return True
+    if not is_inplace(op):
+        return False
+    schema = op._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1][:-1], None)
+    functional = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+    return functional is not None and torch.Tag.pointwise in functional.tags
+
+
+def stage_peer_global_rank(stage: Any, stage_index: int) -> int:
+    """The global rank holding pipeline stage `stage_index`, as `stage` sends to it: its own
+    `_resolve_peer_global_rank` in newer torch; before it (torch 2.11) the stage's table of group ranks,
+    taken as global without a group, as 2.11's own sends do."""
+    resolve = getattr(stage, "_resolve_peer_global_rank", None)
+    if resolve is not None:
+        return resolve(stage_index)
+    import torch.distributed as dist
+
+    peer = stage.stage_index_to_group_rank[stage_index]
+    return peer if stage.group is None else dist.get_global_rank(stage.group, peer)
+
+
+def stage_input_metas(stage: Any) -> Any:
+    """A pipeline stage's input metadata (each with .shape, .stride, .dtype, .requires_grad; None where the
+    stage has none yet): `_stage_meta.inputs` in newer torch; before it (torch 2.11) the meta tensors of
+    `inputs_meta`, read as the same four fields."""
+    meta = getattr(stage, "_stage_meta", None)
+    if meta is not None:
+        return meta.inputs
+    tensors = getattr(stage, "inputs_meta", None)
+    if tensors is None:
+        return None
+    from types import SimpleNamespace
+
+    return tuple(SimpleNamespace(shape=t.shape, stride=tuple(t.stride()), dtype=t.dtype, requires_grad=t.requires_grad)
+                 if t is not None else None for t in tensors)
+
+
+def microbatch_inputs(schedule: Any, args: tuple, kwargs: dict, target: Any, arg_mbs: Any, kwarg_mbs: Any,
+                      target_mbs: Any) -> tuple:
+    """(args, kwargs, targets) per micro-batch as a pipeline schedule's step splits them:
+    `_get_microbatch_inputs` in newer torch; before it (torch 2.11, no pre-split inputs) `_split_inputs` and
+    the target split with torch.tensor_split, as 2.11's step does."""
+    split = getattr(schedule, "_get_microbatch_inputs", None)
+    if split is not None:
+        return split(args, kwargs, target, arg_mbs, kwarg_mbs, target_mbs)
+    if any(given is not None for given in (arg_mbs, kwarg_mbs, target_mbs)):
+        raise ValueError("pre-split micro-batches (arg_mbs=, kwarg_mbs=, target_mbs=) need a newer torch's "
+                         "pipeline schedules")
+    import torch
+
+    args_split, kwargs_split = schedule._split_inputs(args, kwargs)
+    targets = list(torch.tensor_split(target, schedule._n_microbatches)) if target is not None else None
+    return args_split, kwargs_split, targets

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxflops.results import BACKWARD, FORWARD, Estimate, RankRole
 from fxflops.results.parallel import RECV, SEND, Collective
 from fxflops.parallel.collectives import wire_bytes
+from fxflops.capture.torch_versions import microbatch_inputs, stage_input_metas, stage_peer_global_rank
 
 _SCHEDULES = "torch.distributed.pipelining.schedules"
 # c10d's point-to-point ops (the target a record names) -> kind
@@ -62,8 +63,8 @@ def estimate_schedule(schedule: Any, args: tuple, kwargs: dict, count: StageCoun
                                                     "kwarg_mbs", "target_mbs") if key in kwargs}
     backward = bool(schedule._has_backward)
     records, received = recorded_p2p(schedule, args, {**kwargs, **step_options})
-    args_split, kwargs_split, targets = schedule._get_microbatch_inputs(
-        args, kwargs, step_options.get("target"), step_options.get("arg_mbs"), step_options.get("kwarg_mbs"),
+    args_split, kwargs_split, targets = microbatch_inputs(
+        schedule, args, kwargs, step_options.get("target"), step_options.get("arg_mbs"), step_options.get("kwarg_mbs"),
         step_options.get("target_mbs"))
     n = schedule._n_microbatches
     estimates = []
@@ -76,8 +77,9 @@ def estimate_schedule(schedule: Any, args: tuple, kwargs: dict, count: StageCoun
         if stage.is_last and backward:
             target = targets[0] if targets else None
             loss_kwargs = step_options.get("loss_kwargs")
+            # (loss_kwargs only where given: torch 2.11's _compute_loss takes the output and target alone)
             loss = lambda output, target=target, loss_kwargs=loss_kwargs: schedule._compute_loss(  # noqa: E731
-                output, target, loss_kwargs)
+                output, target, *([loss_kwargs] if loss_kwargs else []))
         estimates.append(count(stage, stage_args, stage_kwargs, loss, backward))
     # the collectives the stage's own capture recorded (tensor parallelism's, FSDP's), not the send/recv a
     # stage's estimate derives from its inputs and outputs: the schedule's step said which it really issues
@@ -134,7 +136,7 @@ def recorded_p2p(schedule: Any, args: tuple, kwargs: dict) -> tuple[list[Collect
         with torch.enable_grad(), mode, recorder:
             schedule.step(*fake_args, **fake_kwargs)
         # what each stage receives, as the step settled it (the user's static metadata, or inferred)
-        inputs = {stage.stage_index: stage._stage_meta.inputs for stage in stages}
+        inputs = {stage.stage_index: stage_input_metas(stage) for stage in stages}
     return recorder.records, inputs
 
 
@@ -216,7 +218,7 @@ class _P2PRecorder(TorchDispatchMode):
                         return FORWARD, stage.stage_index, chunk
         if kind == SEND and self._last_backward is not None:  # a gradient sent back after that stage's backward
             stage, chunk = self._last_backward
-            if not stage.is_first and stage._resolve_peer_global_rank(stage.stage_index - 1) == peer:
+            if not stage.is_first and stage_peer_global_rank(stage, stage.stage_index - 1) == peer:
                 return BACKWARD, stage.stage_index, chunk
         return BACKWARD, None, None
 
