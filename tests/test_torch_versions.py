@@ -91,10 +91,14 @@ def test_the_python_dispatcher_folds_a_symbolic_linear_as_the_kernel_does():
 
 
 def test_only_the_folding_composites_run_under_the_python_dispatcher():
-    assert type(torch_versions.symbolic_composites(aten.linear.default)) is type(enable_python_dispatcher())
-    assert type(torch_versions.symbolic_composites(aten.matmul.default)) is type(enable_python_dispatcher())
+    assert torch_versions.folding_composite(aten.linear.default)
+    assert torch_versions.folding_composite(aten.matmul.default)
     # dropout's Python decomposition would record another backward (native_dropout_backward for mul)
-    assert type(torch_versions.symbolic_composites(aten.dropout.default)) is not type(enable_python_dispatcher())
+    assert not torch_versions.folding_composite(aten.dropout.default)
+    # and only on a torch whose C++ fold pins sizes (before 2.14): elsewhere the capture keeps its own path
+    dispatcher = type(torch_versions.symbolic_composites(aten.linear.default)) is type(enable_python_dispatcher())
+    assert dispatcher == torch_versions._cpp_matmul_pins_sizes()
+    assert torch_versions._cpp_matmul_pins_sizes() == (tuple(map(int, torch.__version__.split(".")[:2])) < (2, 14))
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -178,13 +182,10 @@ def test_a_sweep_over_grouped_attention_in_the_math_kernel_keeps_its_sizes():
 
 def test_attention_with_dropout_keeps_its_own_kernel():
     args = (torch.empty(1), torch.empty(1), torch.empty(1))
-    plain = type(torch_versions.symbolic_composites(aten.dropout.default))
-    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default, args, {})) \
-        is type(enable_python_dispatcher())
-    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default, args,
-                                                   {"dropout_p": 0.1})) is plain
-    assert type(torch_versions.symbolic_composites(aten.scaled_dot_product_attention.default,
-                                                   (*args, None, 0.1), {})) is plain
+    sdpa = aten.scaled_dot_product_attention.default
+    assert torch_versions.folding_composite(sdpa, args, {})
+    assert not torch_versions.folding_composite(sdpa, args, {"dropout_p": 0.1})
+    assert not torch_versions.folding_composite(sdpa, (*args, None, 0.1), {})
 
 
 class _OlderStage:

@@ -55,21 +55,37 @@ def symbolic_composites(op: Any, args: tuple = (), kwargs: dict | None = None) -
     N-d @ 2-d product (`linear` without bias, `matmul` of a 3-d input, the products of SDPA's math
     kernel) through `numel()` and `sizes()` until pytorch/pytorch#183397 (torch 2.11 among the releases
     before it): under a fake mode that pins every symbolic size to its example value, and a sweep to one
-    point. For those ops this is torch's Python dispatcher, so the matmul runs torch's own Python
-    decomposition (as torch.export runs it), which reads `sym_numel()`/`sym_sizes()` on every release and
-    records the same view, mm and _unsafe_view. SDPA only without dropout, and no other composite: a Python
-    decomposition of dropout records another backward (native_dropout_backward for a mul)."""
+    point. On such a torch, for those ops (`folding_composite`), this is torch's Python dispatcher, so the
+    matmul runs torch's own Python decomposition (as torch.export runs it), which reads
+    `sym_numel()`/`sym_sizes()` and records the same view, mm and _unsafe_view; elsewhere nothing."""
     import contextlib
 
-    import torch
     from torch._dispatch.python import enable_python_dispatcher
 
+    if _cpp_matmul_pins_sizes() and folding_composite(op, args, kwargs):
+        return enable_python_dispatcher()
+    return contextlib.nullcontext()
+
+
+def folding_composite(op: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether a composite reaches torch's C++ matmul fold: linear, matmul, and SDPA without dropout (a
+    Python decomposition of dropout records another backward: native_dropout_backward for a mul)."""
+    import torch
+
     packet = getattr(op, "overloadpacket", None)
-    folds = packet in (torch.ops.aten.linear, torch.ops.aten.matmul)
     if packet is torch.ops.aten.scaled_dot_product_attention:
         dropout = (kwargs or {}).get("dropout_p", args[3] if len(args) > 3 else 0.0)
-        folds = isinstance(dropout, int | float) and dropout == 0
-    return enable_python_dispatcher() if folds else contextlib.nullcontext()
+        return isinstance(dropout, int | float) and dropout == 0
+    return packet in (torch.ops.aten.linear, torch.ops.aten.matmul)
+
+
+def _cpp_matmul_pins_sizes() -> bool:
+    """Whether this torch's C++ matmul fold may read concrete sizes (releases before 2.14: torch 2.11 was
+    seen doing it; 2.14's keeps them symbolic, so its captures keep their own, faster, path)."""
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 14)
 
 
 def is_pointwise(op: Any) -> bool:
