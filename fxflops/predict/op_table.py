@@ -260,28 +260,33 @@ def _compute_ratio(row: Row, device: DeviceModel) -> float | None:
     return modelled.compute / (row.seconds - device.launch_overhead)
 
 
-def _size_correction(aligned: list[Row], device: DeviceModel) -> list[list[float]]:
-    ratios: dict[int, list[float]] = {}
-    for row in aligned:
-        ratio = _compute_ratio(row, device)
-        if ratio is None:
-            continue
-        m, n, k, _ = gemm_shape(row.node)
-        size = (float(m) * n * k) ** (1 / 3)
-        ratio *= interpolate(device.gemm_size_correction, size)  # the correction that makes it exact
-        ratios.setdefault(round(math.log2(size)), []).append(ratio)
-    return [[float(2 ** octave), round(statistics.median(values), 4)] for octave, values in sorted(ratios.items())]
-
-
-def _alignment_factors(gemms: list[Row], device: DeviceModel) -> list[list[float]]:
-    by_bytes: dict[int, list[float]] = {}
+def _ratios_by(gemms: list[Row], device: DeviceModel, applied: Callable[[int, int, int], float],
+               key: Callable[[Row, int, int, int], Any]) -> dict[Any, list[float]]:
+    """Measured over modelled efficiency of each compute-bound GEMM with the factor the model `applied` to it
+    taken out (what that factor would have to be for the GEMM to be exact), grouped by `key`."""
+    groups: dict[Any, list[float]] = {}
     for row in gemms:
         ratio = _compute_ratio(row, device)
         if ratio is None:
             continue
         m, n, k, _ = gemm_shape(row.node)
-        ratio *= device.alignment_factor((k, n), 2)  # measured over modelled at a factor of 1
-        by_bytes.setdefault(min(_alignment(row), 128), []).append(ratio)
+        groups.setdefault(key(row, m, n, k), []).append(ratio * applied(m, n, k))
+    return groups
+
+
+def _size(m: int, n: int, k: int) -> float:
+    return (float(m) * n * k) ** (1 / 3)
+
+
+def _size_correction(aligned: list[Row], device: DeviceModel) -> list[list[float]]:
+    ratios = _ratios_by(aligned, device, lambda m, n, k: interpolate(device.gemm_size_correction, _size(m, n, k)),
+                        lambda row, m, n, k: round(math.log2(_size(m, n, k))))
+    return [[float(2 ** octave), round(statistics.median(values), 4)] for octave, values in sorted(ratios.items())]
+
+
+def _alignment_factors(gemms: list[Row], device: DeviceModel) -> list[list[float]]:
+    by_bytes = _ratios_by(gemms, device, lambda m, n, k: device.alignment_factor((k, n), 2),
+                          lambda row, m, n, k: min(_alignment(row), 128))
     if 128 not in by_bytes:
         return []
     full = statistics.median(by_bytes[128])
