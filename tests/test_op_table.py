@@ -4,14 +4,10 @@ from them. The fit is checked by recovering a device's constants from times that
 from __future__ import annotations
 
 import pytest
-import torch
 
-from fxflops.capture.torch_versions import has_guarding_hint, inplace_by_schema, is_device_mismatch, is_inplace
 from fxflops.predict import op_table
 from fxflops.predict.hardware import device_model, with_constant
 from fxflops.predict.op_time import ATTENTION, GEMM, MEMORY
-
-aten = torch.ops.aten
 
 
 def test_a_gemm_row_is_counted_as_its_op_by_hand() -> None:
@@ -161,34 +157,6 @@ def test_an_unknown_op_in_a_table_is_refused_by_name() -> None:
         op_table.op_nodes("conv9d", (1, 2))
 
 
-# ------------------------------------------------------------- torch versions: the older names' fallbacks
-
-
-def test_the_schema_fallback_agrees_with_the_inplace_tag() -> None:
-    for op in (aten.add_.Tensor, aten.mul_.Scalar, aten.relu_.default, aten.index_put_.default, aten.copy_.default):
-        assert inplace_by_schema(op) and is_inplace(op), op
-    for op in (aten.add.Tensor, aten.add.out, aten.relu.default, aten.t_.default if False else aten.t.default):
-        assert not inplace_by_schema(op) and not is_inplace(op), op
-    if hasattr(torch.Tag, "inplace"):  # over every aten overload: the few that differ take lists first
-        overloads = [getattr(packet, name) for packet in map(lambda n: getattr(aten, n), dir(aten))
-                     if hasattr(packet, "overloads") for name in packet.overloads()]
-        differ = [op for op in overloads if (torch.Tag.inplace in op.tags) != inplace_by_schema(op)]
-        assert len(differ) <= len(overloads) // 100
-        # torch leaves these untagged: a list copy (copy_.Tensor takes a list first), internal twins
-        assert all("hacked_twin" in str(op) or "copy_" in str(op) for op in differ), differ
-
-
-def test_a_device_mismatch_is_known_by_its_type_or_its_older_message() -> None:
-    assert is_device_mismatch(RuntimeError("Unhandled FakeTensor Device Propagation for aten.mm.default, found two "
-                                           "different devices meta, cuda:0"))
-    assert not is_device_mismatch(RuntimeError("shapes cannot be multiplied"))
-    assert not is_device_mismatch(ValueError("Unhandled FakeTensor Device Propagation"))
-
-
-def test_plain_ints_have_a_guarding_hint() -> None:
-    assert has_guarding_hint(3)
-
-
 def test_a_shipped_preset_may_start_from_another() -> None:
     measured = device_model("H200 SXM measured")
     assert measured.name == "H200 SXM measured" and measured.gpu == "H200 SXM"
@@ -215,20 +183,3 @@ def test_a_measured_table_becomes_a_device_file_citing_its_run(tmp_path) -> None
     assert path.read_text().count("[sustained_bandwidth]") == 1
     with pytest.raises(ValueError, match="no op rows"):
         op_table.calibrate_table({"ops": {}}, "H200 SXM")
-
-
-def test_an_error_that_is_no_device_mismatch_passes_through_the_capture_unchanged() -> None:
-    # _through_mode now catches every RuntimeError to read older torch's mismatch message: any other one, and a
-    # mismatch with no meta tensor to lift, must leave as the very object raised, its type and traceback kept
-    from fxflops.capture.eager import FakeTwins
-
-    def raising(error: Exception):
-        def op(*args, **kwargs):
-            raise error
-        return op
-
-    for error in (RuntimeError("shapes cannot be multiplied"),
-                  RuntimeError("Unhandled FakeTensor Device Propagation for aten.mm.default")):
-        with pytest.raises(RuntimeError) as caught:
-            FakeTwins._through_mode(None, raising(error), (torch.zeros(2),), {})
-        assert caught.value is error

@@ -55,6 +55,19 @@ def test_inplace_from_the_schema_equals_the_tag_where_torch_has_it():
     assert [torch_versions.inplace_by_schema(op) for op in overloads] == [tag in op.tags for op in overloads]
 
 
+def test_inplace_from_the_schema_differs_from_the_tag_only_where_torch_leaves_it_off():
+    if not hasattr(torch.Tag, "inplace"):
+        pytest.skip(f"torch {torch.__version__} has no torch.Tag.inplace to compare with")
+    inplace_by_schema = torch_versions.inplace_by_schema
+    # over every aten overload: the few that differ take lists first
+    overloads = [getattr(packet, name) for packet in map(lambda n: getattr(aten, n), dir(aten))
+                 if hasattr(packet, "overloads") for name in packet.overloads()]
+    differ = [op for op in overloads if (torch.Tag.inplace in op.tags) != inplace_by_schema(op)]
+    assert len(differ) <= len(overloads) // 100
+    # torch leaves these untagged: a list copy (copy_.Tensor takes a list first), internal twins
+    assert all("hacked_twin" in str(op) or "copy_" in str(op) for op in differ), differ
+
+
 def test_a_guarding_hint_of_a_plain_int_and_of_a_symbolic_size():
     mode = FakeTensorMode(shape_env=ShapeEnv())
     x = mode.from_tensor(torch.zeros(2, 3), symbolic_context=StatelessSymbolicContext(
@@ -214,3 +227,20 @@ def test_pipeline_input_metadata_from_a_stage_with_meta_tensors_only():
     assert second is None
     older.inputs_meta = None
     assert torch_versions.stage_input_metas(older) is None
+
+
+def test_an_error_that_is_no_device_mismatch_passes_through_the_capture_unchanged() -> None:
+    # _through_mode now catches every RuntimeError to read older torch's mismatch message: any other one, and a
+    # mismatch with no meta tensor to lift, must leave as the very object raised, its type and traceback kept
+    from fxflops.capture.eager import FakeTwins
+
+    def raising(error: Exception):
+        def op(*args, **kwargs):
+            raise error
+        return op
+
+    for error in (RuntimeError("shapes cannot be multiplied"),
+                  RuntimeError("Unhandled FakeTensor Device Propagation for aten.mm.default")):
+        with pytest.raises(RuntimeError) as caught:
+            FakeTwins._through_mode(None, raising(error), (torch.zeros(2),), {})
+        assert caught.value is error

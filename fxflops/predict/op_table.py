@@ -100,17 +100,15 @@ def _inputs(op: str, shape: list[int]) -> tuple[Any, ...]:
     return (x,)
 
 
-class _Call:
-    """A module whose forward is one op (what estimate() is given)."""
+def _one_op(fn: Callable[..., Any]) -> Any:
+    """A module whose forward is `fn` alone (what estimate() is given)."""
+    from torch import nn
 
-    def __new__(cls, fn: Callable[..., Any]) -> Any:
-        from torch import nn
+    class Op(nn.Module):
+        def forward(self, *inputs: Any) -> Any:
+            return fn(*inputs)
 
-        class Op(nn.Module):
-            def forward(self, *inputs: Any) -> Any:
-                return fn(*inputs)
-
-        return Op()
+    return Op()
 
 
 @cache
@@ -121,7 +119,7 @@ def op_nodes(op: str, shape: tuple[int, ...]) -> tuple[NodeCost, ...]:
 
     if op not in _ops():
         raise ValueError(f"op table: no known op {op!r} (known: {', '.join(_ops())})")
-    est = fxflops.estimate(_Call(_ops()[op]), _inputs(op, list(shape)), conventions="torch")
+    est = fxflops.estimate(_one_op(_ops()[op]), _inputs(op, list(shape)), conventions="torch")
     nodes = tuple(node for node in est.nodes if op_kind(node) != "none")
     if not nodes:
         raise ValueError(f"op table: {op} {list(shape)} counts no timed op")
@@ -137,7 +135,7 @@ def attention_nodes(shape: tuple[int, int, int, int], causal: bool) -> tuple[Nod
     import fxflops
 
     q, k, v = (torch.empty(*shape, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    est = fxflops.estimate(_Call(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+    est = fxflops.estimate(_one_op(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
                            (q, k, v), conventions="torch", backward=True)
     forward = [n for n in est.nodes if op_kind(n) == ATTENTION and n.phase == FORWARD]
     backward = [n for n in est.nodes if op_kind(n) == ATTENTION and n.phase == BACKWARD]
