@@ -183,3 +183,18 @@ def test_a_measured_table_becomes_a_device_file_citing_its_run(tmp_path) -> None
     assert path.read_text().count("[sustained_bandwidth]") == 1
     with pytest.raises(ValueError, match="no op rows"):
         op_table.calibrate_table({"ops": {}}, "H200 SXM")
+
+
+def test_each_memory_class_bandwidth_is_fitted_from_its_own_large_ops() -> None:
+    # times made by a device whose softmax kernels run at 0.3 of HBM at rows of 768 and 0.5 at 8192, its pointwise
+    # kernels at the sustained 0.6: the fit finds each class's curve again from the ops >= 64 MiB (by row length
+    # for softmax, by octave of bytes for pointwise), and leaves classes without such ops (gather) as they were
+    truth = with_constant(with_constant(device_model("H200 SXM"), "sustained_bandwidth", 0.6, "truth"),
+                          "bandwidth_softmax", [[768, 0.3], [8192, 0.5]], "truth")
+    specs = [("softmax", (32768, 768)), ("softmax", (32768, 8192)), ("gelu", (32768, 8192)), ("softmax", (16, 768))]
+    _, fitted = op_table.fit_device(op_table.rows({"memory": _entries(truth, specs, graphed=True)}), "H200 SXM", "x")
+    assert dict(map(tuple, fitted["bandwidth_softmax"][0])) == pytest.approx({768.0: 0.3, 8192.0: 0.5}, abs=1e-4)
+    # gelu 32768 x 8192 in bf16 reads and writes 512 MiB each: 2^30 bytes, one octave
+    assert dict(map(tuple, fitted["bandwidth_pointwise"][0])) == pytest.approx({2.0 ** 30: 0.6}, abs=1e-4)
+    assert "bandwidth_gather" not in fitted
+    assert fitted["bandwidth_softmax"][1].startswith("softmax ops measured (softmax; 2 moving >= 64 MiB)")

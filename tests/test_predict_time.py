@@ -675,3 +675,114 @@ def test_cudnn_attention_by_hand():
     assert "518" in h100.constants["cudnn_attention_forward_causal"].source
     with pytest.raises(ValueError, match="attention='fa4': pick one of flash, cudnn, math"):
         Kernels("fa4")
+
+
+# --- memory-bound ops at their kernel class's bandwidth --------------------------------------------------
+
+
+def memory_op(op: str, rule: str, shape: tuple[int, ...], element_bytes: int = 2) -> NodeCost:
+    """A memory-bound op reading one tensor of `shape` and writing one like it."""
+    return NodeCost(name=op, op=f"aten.{op}.default", status=COUNTED, rule=rule, module="m", module_type="M",
+                    input_shapes=(shape,), output_shapes=(shape,), macs=0, flops=0,
+                    bytes=2 * math.prod(shape) * element_bytes)
+
+
+def test_a_memory_bound_op_runs_at_its_kernel_class_bandwidth():
+    h100 = device_model("H100 SXM")
+    # softmax over rows of 2,048 on the H100: the QuACK figure's point at 2048, 2813 GB/s over 3350 -> 0.84
+    softmax = memory_op("_softmax", "softmax", (8192, 2048))
+    assert softmax.bytes == 2 * 8192 * 2048 * 2
+    assert op_time(softmax, h100, "bf16").seconds == pytest.approx(softmax.bytes / (3.35e12 * 0.84) + 2e-6, rel=1e-12)
+    # a layer norm over rows of 3,000: between the points 2048 (0.824) and 4096 (0.866), in log(row length)
+    norm = memory_op("native_layer_norm", "layer_norm", (4096, 3000))
+    fraction = 0.824 + math.log(3000 / 2048) / math.log(2) * (0.866 - 0.824)
+    assert op_time(norm, h100, "bf16").memory == pytest.approx(norm.bytes / (3.35e12 * fraction), rel=1e-12)
+    # a class the device file has no curve for (pointwise on the H100): the sustained bandwidth, as before
+    gelu = elementwise(1 << 26)
+    assert h100.bandwidth_pointwise == ()
+    assert op_time(gelu, h100, "bf16").seconds == pytest.approx(gelu.bytes / (3.35e12 * 0.887) + 2e-6, rel=1e-12)
+
+
+def test_each_op_falls_in_its_kernel_class():
+    from fxflops.predict.op_time import memory_class
+
+    cases = {("_softmax", "softmax"): "softmax",
+             ("_log_softmax_backward_data", "activation_backward"): "softmax_backward",
+             ("native_layer_norm", "layer_norm"): "normalization",
+             ("_fused_rms_norm_backward", "norm_backward"): "normalization_backward",
+             ("embedding", "lookup"): "gather", ("embedding_dense_backward", "embedding_backward"): "gather",
+             ("nll_loss_forward", "loss"): "gather", ("index_put_", "index"): "gather",
+             ("_to_copy", "copy"): "copy", ("cat", "copy"): "copy", ("bernoulli_", "copy"): "pointwise",
+             ("native_dropout", "dropout"): "pointwise", ("sum", "reduction"): "reduction",
+             ("add", "elementwise"): "pointwise", ("gelu_backward", "activation_backward"): "pointwise",
+             ("zeros_like", "create"): "pointwise"}
+    for (op, rule), expected in cases.items():
+        node = memory_op(op, rule, (8, 1024))
+        kind, size = memory_class(node)
+        assert kind == expected, op
+        assert size == (1024 if kind.startswith(("softmax", "normalization")) else node.bytes), op
+
+
+def test_a_class_bandwidth_from_a_users_file_changes_the_op_and_says_so(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "H100 SXM"\n[bandwidth_pointwise]\nvalue = [[1, 0.5]]\nsource = "our gelu, measured"\n'
+                    '[sustained_bandwidth]\nvalue = 0.8\nsource = "our copy"\n')
+    mine = device_model(path)
+    gelu = elementwise(1 << 26)
+    assert op_time(gelu, mine, "bf16").seconds == pytest.approx(gelu.bytes / (3.35e12 * 0.5) + 2e-6, rel=1e-12)
+    # a class the file leaves out follows the file's sustained bandwidth
+    total = memory_op("sum", "reduction", (1 << 20,))
+    assert op_time(total, mine, "bf16").memory == pytest.approx(total.bytes / (3.35e12 * 0.8), rel=1e-12)
+    text = constants_text(mine)
+    assert (f"  bandwidth_pointwise = [[1, 0.5]] [bytes, fraction]\n"
+            f"      from your file {path}: our gelu, measured") in text
+
+
+def test_bad_class_bandwidths_are_one_line_errors_naming_the_file_and_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    for body, message in (("[[256, 0.5], [128, 0.6]]", "a list of positive .x, y. pairs, x ascending"),
+                          ("[[256, 1.5]]", r"a list of \[x, fraction\] pairs, each fraction in \(0, 1\]"),
+                          ('"fast"', r"a list of \[x, y\] pairs")):
+        path.write_text(f'base = "H100 SXM"\nbandwidth_softmax = {body}\n')
+        with pytest.raises(ValueError, match=rf"^bandwidth_softmax \(your file .*bad.toml\) must be {message}"):
+            device_model(path)
+    path.write_text('base = "H100 SXM"\nbandwidth_softmx = [[1, 0.5]]\n')
+    with pytest.raises(ValueError,
+                       match="bad.toml: unknown constant 'bandwidth_softmx'; did you mean 'bandwidth_softmax'"):
+        device_model(path)
+
+
+def test_explain_prints_each_class_bandwidth_with_its_source(capsys):
+    from fxflops.cli.main import main
+
+    assert main(["explain", "--cluster", "DGX H100"]) == 0
+    out = capsys.readouterr().out
+    assert "  gpu.bandwidth_normalization = [[256, 0.571], [512, 0.686]," in out
+    assert "\n      QuACK's RMSNorm forward (the fastest published kernel of the class" in out
+    text = constants_text("H100 SXM")
+    assert ("  bandwidth_softmax = [[256, 0.567], [512, 0.7], [1024, 0.785], [2048, 0.84], [4096, 0.862], "
+            "[8192, 0.877], [16384, 0.888], [32768, 0.891], [65536, 0.897], [131072, 0.898], [262144, 0.899]] "
+            "[row length, fraction]\n      QuACK's softmax forward") in text
+    assert ("  bandwidth_pointwise = [] [bytes, fraction]\n      none: no published measurement of pointwise kernels "
+            "on this device; sustained_bandwidth's value") in text
+
+
+def test_class_curves_are_the_published_bandwidths_over_the_datasheet():
+    # NVIDIA/apex #1037: apex's (Megatron-LM's) fused layer norm on a GA100, fp16, 16,384 rows of 1,024: forward
+    # 895.7822 GB/s, backward 572.1678 GB/s, over the A100 80GB's 2,039 GB/s
+    a100 = device_model("A100")
+    assert a100.bandwidth_normalization == ((1024, pytest.approx(895.7822 / 2039, abs=6e-5)),)
+    assert a100.bandwidth_normalization_backward == ((1024, pytest.approx(572.1678 / 2039, abs=6e-5)),)
+    norm_backward = memory_op("native_layer_norm_backward", "norm_backward", (16384, 12288))
+    assert op_time(norm_backward, a100, "bf16").memory == pytest.approx(norm_backward.bytes / (2039e9 * 0.2806),
+                                                                         rel=1e-12)
+    # Dao-AILab/quack media/bf16_kernel_benchmarks_single_row.svg (c8ec317), QuACK's bars on 1 H100 80GB HBM3, BF16,
+    # row length 256 ... 262144, GB/s as its plotted coordinates give them, over 3350 GB/s
+    published = {"bandwidth_normalization": (1913, 2298, 2581, 2761, 2900, 2987, 2960, 2987, 3020, 2986, 2811),
+                 "bandwidth_softmax": (1900, 2344, 2630, 2813, 2889, 2938, 2974, 2985, 3004, 3009, 3012)}
+    h100 = device_model("H100 SXM")
+    for name, gbs in published.items():
+        curve = getattr(h100, name)
+        assert [x for x, _ in curve] == [256 * 2 ** i for i in range(11)]
+        for (_, fraction), value in zip(curve, gbs, strict=True):
+            assert fraction == pytest.approx(value / 3350, abs=6e-4), (name, value)

@@ -31,6 +31,13 @@ PRESET = "preset"
 PEAKS_TABLE = "fxflops/device/peaks.py"
 CAPACITY_TABLE = "fxflops/memory/devices.py"
 
+
+def _class_curve(x: str, kernels: str) -> tuple[str, str]:
+    """The schema entry of one memory-bound kernel class's bandwidth curve."""
+    return (f"[{x}, fraction]", f"fraction of hbm_bandwidth a {kernels} kernel reaches by {x}, interpolated in "
+                                f"log({x}) ([]: sustained_bandwidth's)")
+
+
 # The constants each kind of file holds: name -> (unit, what it is). A file may hold no others.
 DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "peak_flops": ("FLOP/s", "dense tensor-core peak per dtype"),
@@ -59,9 +66,21 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "unfused_attention_forward": ("[seq, factor]", "measured over modelled time of unfused (math) attention's "
                                                    "forward kernels by query length (1.0: none)"),
     "unfused_attention_backward": ("[seq, factor]", "the same for the unfused attention's backward kernels"),
+    "bandwidth_pointwise": _class_curve("bytes", "pointwise (elementwise arithmetic, activation, dropout draw)"),
+    "bandwidth_reduction": _class_curve("bytes", "reduction (sum, mean, max over a dim)"),
+    "bandwidth_normalization": _class_curve("row length", "normalization forward (layer/RMS/group/batch norm)"),
+    "bandwidth_normalization_backward": _class_curve("row length", "normalization backward"),
+    "bandwidth_softmax": _class_curve("row length", "softmax or log-softmax forward"),
+    "bandwidth_softmax_backward": _class_curve("row length", "softmax or log-softmax backward"),
+    "bandwidth_gather": _class_curve("bytes", "gather or scatter (embedding and its backward, index, index_put, "
+                                              "gather, nll_loss)"),
+    "bandwidth_copy": _class_curve("bytes", "copy or layout change (copy_, clone, dtype cast, cat)"),
     "launch_overhead": ("s", "per-kernel launch and fixed overhead"),
     "memory_bytes": ("B", "device memory capacity"),
 }
+# The kernel classes of memory-bound ops (op_time.memory_class), each timed at its bandwidth_CLASS curve.
+MEMORY_CLASSES = ("pointwise", "reduction", "normalization", "normalization_backward", "softmax", "softmax_backward",
+                  "gather", "copy")
 CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
     "gpus_per_node": ("GPUs", "GPUs that share the intra-node fabric (NVLink/NVSwitch, Infinity Fabric, ICI)"),
     "intra_bandwidth": ("B/s", "per-GPU bus bandwidth of the intra-node fabric (NCCL-tests busbw)"),
@@ -126,6 +145,14 @@ class DeviceModel:
     cudnn_attention_backward: Curve
     unfused_attention_forward: Curve
     unfused_attention_backward: Curve
+    bandwidth_pointwise: Curve
+    bandwidth_reduction: Curve
+    bandwidth_normalization: Curve
+    bandwidth_normalization_backward: Curve
+    bandwidth_softmax: Curve
+    bandwidth_softmax_backward: Curve
+    bandwidth_gather: Curve
+    bandwidth_copy: Curve
     launch_overhead: float
     memory_bytes: int
     constants: Mapping[str, Constant] = field(compare=False, repr=False)
@@ -151,6 +178,13 @@ class DeviceModel:
     def sustained(self) -> float:
         """Bytes/s a memory-bound kernel moves."""
         return self.hbm_bandwidth * self.sustained_bandwidth
+
+    def class_bandwidth(self, kind: str, size: float) -> float:
+        """Bytes/s a memory-bound kernel of class `kind` (MEMORY_CLASSES) moves at `size` (bytes moved, or the
+        row length for normalization and softmax: the bandwidth_KIND curve's x): that curve's fraction of
+        hbm_bandwidth, or the sustained bandwidth where the device has none for the class."""
+        curve = getattr(self, f"bandwidth_{kind}")
+        return self.hbm_bandwidth * interpolate(curve, max(size, 1)) if curve else self.sustained
 
     def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> float:
         """Fraction of peak an (m x k) @ (k x n) GEMM reaches (`groups` of them in one kernel: a batched or
@@ -435,6 +469,10 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
             values.setdefault(f"cudnn_attention_{kernel}", (
                 flash[0], f"none: no published measurement of cuDNN's fused attention on this device; its "
                           f"attention_{kernel} (FlashAttention) curve", flash[2]))
+    for kind in MEMORY_CLASSES:
+        # a class no measurement of this device covers: the sustained bandwidth (whatever value it ends with)
+        values.setdefault(f"bandwidth_{kind}", ([], f"none: no published measurement of {kind} kernels on this "
+                                                    f"device; sustained_bandwidth's value", origin))
     missing = [key for key in DEVICE_CONSTANTS if key not in values]
     if missing:
         raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")
@@ -508,8 +546,11 @@ def _checked(key: str, value: Any, origin: str) -> Any:
             curve = tuple((float(x), float(y)) for x, y in value)
         except (TypeError, ValueError):
             raise fail("a list of [x, y] pairs") from None
-        if not curve or any(x <= 0 or y <= 0 for x, y in curve) or list(curve) != sorted(curve):
-            raise fail("a non-empty list of positive [x, y] pairs, x ascending")
+        empty_ok = key.startswith("bandwidth_")  # [] = the sustained bandwidth
+        if (not curve and not empty_ok) or any(x <= 0 or y <= 0 for x, y in curve) or list(curve) != sorted(curve):
+            raise fail(f"a {'' if empty_ok else 'non-empty '}list of positive [x, y] pairs, x ascending")
+        if empty_ok and any(y > 1 for _, y in curve):
+            raise fail("a list of [x, fraction] pairs, each fraction in (0, 1]")
         return curve
     if isinstance(value, Mapping):
         if (not value and key != "vector_flops") or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0

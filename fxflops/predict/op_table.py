@@ -9,7 +9,8 @@ device), so a prediction for a row is `op_time` of exactly what a model's count 
 
 `fit_device(table, base)` fits, besides what `calibrate` fits from profile pairs (launch overhead, sustained
 bandwidth, the GEMM size correction), the GEMM alignment factors and the attention curves of each kernel
-(flash, cuDNN, unfused math) from the rows it is given: the caller chooses which rows fit and which validate.
+(flash, cuDNN, unfused math) and each memory-bound kernel class's bandwidth from the rows it is given: the caller
+chooses which rows fit and which validate.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from functools import cache
 from typing import Any
 
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate, with_constant
-from fxflops.predict.op_time import ATTENTION, GEMM, MEMORY, Kernels, _math_attention_time, attention_dims, \
-    dtype_key, gemm_shape, op_kind, op_time
+from fxflops.predict.op_time import ATTENTION, GEMM, MEMORY, ROW_CLASSES, Kernels, _math_attention_time, \
+    attention_dims, dtype_key, gemm_shape, memory_class, op_kind, op_time
 from fxflops.results.captured import BACKWARD, FORWARD
 from fxflops.results.costs import NodeCost
 
@@ -199,9 +200,9 @@ def roofline(row: Row, device: DeviceModel | str) -> float:
 
 def fit_device(fit_rows: list[Row], base: DeviceModel | str, label: str) -> tuple[DeviceModel, dict[str, tuple]]:
     """`base` with every constant the rows show fitted to them: (device, {name: (value, source)}). The
-    order matters: the launch overhead first (tiny ops), the bandwidth (large memory-bound ops), the GEMM
-    size correction (GEMMs whose K and N rows are 128-byte aligned), the alignment factors (the others,
-    over the size-corrected model), then each attention kernel's curves."""
+    order matters: the launch overhead first (tiny ops), the bandwidth and each kernel class's (large
+    memory-bound ops), the GEMM size correction (GEMMs whose K and N rows are 128-byte aligned), the
+    alignment factors (the others, over the size-corrected model), then each attention kernel's curves."""
     device = device_model(base)
     fitted: dict[str, tuple] = {}
     fit_rows = [row for row in fit_rows if row.single]
@@ -223,6 +224,8 @@ def fit_device(fit_rows: list[Row], base: DeviceModel | str, label: str) -> tupl
         take("sustained_bandwidth", round(min(statistics.median(rates) / device.hbm_bandwidth, 1.0), 4),
              f"median of {len(rates)} memory-bound ops moving >= 64 MiB (bytes as fxflops counts them over the "
              f"measured time), {label}")
+    for name, value, source in _class_curves(fit_rows, device, label):
+        take(name, value, source)
     gemms = [r for r in fit_rows if r.kind == GEMM]
     # only compute-bound GEMMs fit (a memory-bound one's time says nothing of the GEMM's efficiency): the counts
     # cited are of those used
@@ -239,6 +242,30 @@ def fit_device(fit_rows: list[Row], base: DeviceModel | str, label: str) -> tupl
     for name, value, source in _attention_curves(fit_rows, device, label):
         take(name, value, source)
     return device, fitted
+
+
+def _class_curves(fit_rows: list[Row], device: DeviceModel, label: str) -> list[tuple[str, Any, str]]:
+    """Each memory-bound kernel class's bandwidth curve (op_time.memory_class) from its large ops (moving >= 64
+    MiB: past the L2): bytes / (time - launch) over hbm_bandwidth, the median per row length (normalization,
+    softmax) or per octave of bytes moved (the others). A class without such ops keeps the base's curve."""
+    out = []
+    by_class: dict[str, dict[float, list[float]]] = {}
+    for row in fit_rows:
+        if row.kind != MEMORY or row.node.bytes < MEMORY_FIT_BYTES or row.seconds <= device.launch_overhead:
+            continue
+        kind, size = memory_class(row.node)
+        x = float(size) if kind in ROW_CLASSES else float(2 ** round(math.log2(size)))
+        fraction = row.node.bytes / (row.seconds - device.launch_overhead) / device.hbm_bandwidth
+        by_class.setdefault(kind, {}).setdefault(x, []).append(fraction)
+    for kind, points in by_class.items():
+        ops = sorted({row.label.split(" ")[0] for row in fit_rows if row.kind == MEMORY
+                      and row.node.bytes >= MEMORY_FIT_BYTES and memory_class(row.node)[0] == kind})
+        curve = [[x, round(min(statistics.median(values), 1.0), 4)] for x, values in sorted(points.items())]
+        by = "row length" if kind in ROW_CLASSES else "octave of bytes moved"
+        out.append((f"bandwidth_{kind}", curve,
+                    f"{kind} ops measured ({', '.join(ops)}; {sum(map(len, points.values()))} moving >= 64 MiB): bytes "
+                    f"as fxflops counts them / (time - launch_overhead) over hbm_bandwidth, median per {by}, {label}"))
+    return out
 
 
 def _alignment(row: Row) -> int:

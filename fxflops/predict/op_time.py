@@ -1,6 +1,7 @@
 """Time per op on a device: the roofline made realistic, from each op's counted FLOPs, bytes and shapes.
 
-An op takes `max(flops / (peak x efficiency), bytes / (bandwidth x sustained)) + launch overhead`:
+An op takes `max(flops / (peak x efficiency), bytes / bandwidth) + launch overhead`, the bandwidth the sustained
+one or, for a memory-bound op, its kernel class's:
 
 - GEMMs (ops with MACs: linear, mm, bmm, matmul, einsum, conv as an implicit GEMM) run at the device's
   tensor-core peak for the dtype times `DeviceModel.gemm_fraction(M, N, K)`: the large-GEMM plateau, tile and
@@ -16,9 +17,13 @@ An op takes `max(flops / (peak x efficiency), bytes / (bandwidth x sustained)) +
   (softmax, attention dropout and their backward) at the sustained bandwidth, the sum times the device's
   `unfused_attention_forward` / `_backward` factor (published measurements of these kernels over this model);
   see `Kernels`.
-- everything else (elementwise, norms, reductions, copies) at the vector rate or the sustained bandwidth;
-  a run whose software fuses pointwise ops (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU
-  and bias + dropout + add, a GPU's one-kernel dropout) has each chain of them timed as one pass (`node_times`).
+- everything else (elementwise, norms, reductions, copies) at the vector rate or its kernel class's bandwidth
+  (`memory_class`: pointwise, reduction, normalization and softmax (forward and backward), gather, copy): the
+  device's bandwidth_CLASS curve by bytes moved (by row length for normalization and softmax), the sustained
+  bandwidth where the device has none for the class. A run whose software fuses pointwise ops
+  (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU and bias + dropout + add, a GPU's one-kernel
+  dropout) has each chain of them timed as one pass (`node_times`) at the sustained bandwidth: a fused kernel is
+  not the pointwise class's one-op kernel, and no measurement of such kernels is published.
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
 
@@ -97,7 +102,7 @@ class OpTime:
     kind: str  # GEMM | GROUPED_GEMM | ATTENTION | MEMORY | NONE
     seconds: float  # max(compute, memory) + overhead (unfused attention: its kernels' such times, summed)
     compute: float  # flops / (peak x efficiency)
-    memory: float  # bytes / sustained bandwidth
+    memory: float  # bytes / bandwidth (a memory-bound op's: its class's, see memory_class)
     overhead: float  # launch overhead (0 for ops that launch nothing)
     efficiency: float  # the fraction of peak used for the compute term (1.0 for vector work)
 
@@ -179,7 +184,12 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         dims = attention_dims(node)
         if dims is not None:
             return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)
-    memory = node.bytes / device.sustained if node.bytes else 0.0
+    if kind == MEMORY:
+        klass, size = memory_class(node)
+        bandwidth = device.class_bandwidth(klass, size)
+    else:
+        bandwidth = device.sustained
+    memory = node.bytes / bandwidth if node.bytes else 0.0
     flops = node.flops
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
@@ -201,6 +211,39 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         compute = flops / device.vector_peak(key) if flops else 0.0
     overhead = device.launch_overhead
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
+
+
+# the memory classes whose bandwidth curve is by row length, not bytes moved
+ROW_CLASSES = ("normalization", "normalization_backward", "softmax", "softmax_backward")
+# rules/ names of each memory-bound kernel class (op names decide first: see memory_class)
+_NORMALIZATION_RULES = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "norm_backward")
+_GATHER_RULES = ("lookup", "embedding_backward", "embedding_bag", "index", "index_put_accumulate", "scatter_add",
+                 "scatter_reduce")
+
+
+def memory_class(node: NodeCost) -> tuple[str, float]:
+    """(kernel class, size) of a memory-bound op: the class whose bandwidth curve times it (hardware's
+    MEMORY_CLASSES; a backward op of normalization or softmax has its own) and the curve's x: the row length (the
+    first input's last dim) for normalization and softmax, whose kernels reduce each row on chip; the bytes moved
+    for the others. A dropout's random draw is pointwise; so is any op no class names."""
+    op = node.op.lower()
+    name = op.split(".")[1] if op.startswith("aten.") and "." in op else op
+    rule = node.rule or ""
+    row = node.input_shapes[0][-1] if node.input_shapes and node.input_shapes[0] else 1
+    backward = "_backward" if "backward" in name else ""
+    if "softmax" in name:
+        return "softmax" + backward, row
+    if rule in _NORMALIZATION_RULES or name.endswith("_norm_backward"):
+        return "normalization" + backward, row
+    if any(r in name for r in _RANDOM_OPS):
+        return "pointwise", node.bytes
+    if rule in _GATHER_RULES or "nll_loss" in name or name.startswith(("gather", "scatter", "index")):
+        return "gather", node.bytes
+    if rule == "copy":
+        return "copy", node.bytes
+    if rule == "reduction":
+        return "reduction", node.bytes
+    return "pointwise", node.bytes
 
 
 def attention_dims(node: NodeCost) -> tuple[int, int, int, int, int] | None:
