@@ -312,10 +312,12 @@ def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys, monkeyp
     monkeypatch.setattr(search_module, "plan", spy)
     table = tmp_path / "p.csv"
     assert main(["plan", "gpt2-small", "--gpus", "8", "--cluster", "DGX A100 80GB", "--batch", "16", "--seq-len", "128",
-                 "--micro-batch", "2", "--fuse-elementwise", "--pipeline-engine", "deepspeed", "--csv", str(table)]) == 0
+                 "--micro-batch", "2", "--fuse-elementwise", "--pipeline-engine", "deepspeed", "--persistent-norm",
+                 "--csv", str(table)]) == 0
     out = capsys.readouterr().out
     rows = list(csv.DictReader(io.StringIO(table.read_text())))
     assert rows and {row["pipeline_engine"] for row in rows} == {"deepspeed"}
     assert {row["virtual_stages"] for row in rows} == {"1"} and {row["schedule"] for row in rows} == {"1f1b"}
     assert "note: pipeline_engine='deepspeed'" in out
     assert given["fuse_elementwise"] is True and given["pipeline_engine"] == "deepspeed"
+    assert given["persistent_norm"] is True

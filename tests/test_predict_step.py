@@ -454,12 +454,13 @@ def test_predict_step_runs_deepspeed_engine_and_fused_chains_and_says_so(tmp_pat
                                      **options)
         ds = fxflops.predict_step(model, (ids,), {"tp": 2, "pp": 2, "dp": 2, "fsdp": False}, "DGX A100 80GB",
                                   pipeline_engine="deepspeed", fuse_elementwise=True, trace=tmp_path / "ds.html",
-                                  **options)
+                                  persistent_norm=True, **options)
     assert sum(ds.breakdown.values()) == pytest.approx(ds.step_time)
     assert ds.plan.pipeline_engine == "deepspeed" and not ds.plan.overlap_grad_reduce
     assert any("DeepSpeed's pipeline engine" in note for note in ds.notes)
     assert any("fuse_elementwise=True" in note for note in ds.notes)
-    assert not any("DeepSpeed" in note or "fuse_elementwise" in note for note in plain.notes)
+    assert any("persistent_norm=True" in note for note in ds.notes)
+    assert not any("DeepSpeed" in note or "fuse_elementwise" in note or "persistent" in note for note in plain.notes)
     assert "send forward" in (tmp_path / "ds.html").read_text()
     with pytest.raises(ValueError, match="pipeline_engine='deepspeed' runs DeepSpeed's TrainSchedule"):
         fxflops.predict_step(model, (ids,), {"pp": 2, "virtual_stages": 2}, "DGX A100 80GB",

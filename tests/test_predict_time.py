@@ -776,6 +776,15 @@ def test_class_curves_are_the_published_bandwidths_over_the_datasheet():
     norm_backward = memory_op("native_layer_norm_backward", "norm_backward", (16384, 12288))
     assert op_time(norm_backward, a100, "bf16").memory == pytest.approx(norm_backward.bytes / (2039e9 * 0.2806),
                                                                          rel=1e-12)
+    # the same PR's persistent fast layer norm ('NEW'): 1258.0318 and 1163.4357 GB/s; a run of it
+    # (Kernels(persistent_norm=True)) times its norms there, and only its norms
+    assert a100.bandwidth_persistent_normalization == ((1024, pytest.approx(1258.0318 / 2039, abs=6e-5)),)
+    assert a100.bandwidth_persistent_normalization_backward == ((1024, pytest.approx(1163.4357 / 2039, abs=6e-5)),)
+    persistent = Kernels(persistent_norm=True)
+    assert op_time(norm_backward, a100, "bf16", persistent).seconds == pytest.approx(
+        norm_backward.bytes / (2039e9 * 0.5706) + 2e-6, rel=1e-12)
+    gelu = elementwise(1 << 26)
+    assert op_time(gelu, a100, "bf16", persistent).seconds == op_time(gelu, a100, "bf16").seconds
     # Dao-AILab/quack media/bf16_kernel_benchmarks_single_row.svg (c8ec317), QuACK's bars on 1 H100 80GB HBM3, BF16,
     # row length 256 ... 262144, GB/s as its plotted coordinates give them, over 3350 GB/s
     published = {"bandwidth_normalization": (1913, 2298, 2581, 2761, 2900, 2987, 2960, 2987, 3020, 2986, 2811),

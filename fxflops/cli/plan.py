@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fuse-elementwise", action="store_true",
                         help="the run fuses each chain of pointwise ops into one kernel (Megatron-LM's bias + GeLU "
                         "and bias + dropout + add)")
+    parser.add_argument("--persistent-norm", action="store_true",
+                        help="the run's layer norms are apex's persistent fast layer norm (Megatron-LM's "
+                        "persist_layer_norm, Transformer Engine's LayerNorm)")
     parser.add_argument("--pipeline-engine", choices=["megatron", "deepspeed"], default="megatron",
                         help="whose pipeline engine runs the stages (default megatron); deepspeed: no virtual "
                         "stages, no GPipe, no FSDP with pp > 1")
@@ -86,7 +89,7 @@ def main(argv: Sequence[str]) -> int:
                   layers=depth, dtype=dtype, micro_batch=args.micro_batch, device=args.device,
                   cp=tuple(args.cp), ep=tuple(args.ep), schedules=tuple(args.schedules), attention=args.attention,
                   attention_dropout=args.attention_dropout, fuse_elementwise=args.fuse_elementwise,
-                  pipeline_engine=args.pipeline_engine,
+                  persistent_norm=args.persistent_norm, pipeline_engine=args.pipeline_engine,
                   dp_shard=None if args.dp_shard is None else tuple(args.dp_shard),
                   tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
     sys.stdout.write(result.render(args.top) + "\n")

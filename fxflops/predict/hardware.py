@@ -70,6 +70,10 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "bandwidth_reduction": _class_curve("bytes", "reduction (sum, mean, max over a dim)"),
     "bandwidth_normalization": _class_curve("row length", "normalization forward (layer/RMS/group/batch norm)"),
     "bandwidth_normalization_backward": _class_curve("row length", "normalization backward"),
+    "bandwidth_persistent_normalization": _class_curve("row length", "persistent fast layer norm forward (apex's "
+                                                                     "FastLayerNorm, TE's LayerNorm; "
+                                                                     "Kernels(persistent_norm=True))"),
+    "bandwidth_persistent_normalization_backward": _class_curve("row length", "persistent fast layer norm backward"),
     "bandwidth_softmax": _class_curve("row length", "softmax or log-softmax forward"),
     "bandwidth_softmax_backward": _class_curve("row length", "softmax or log-softmax backward"),
     "bandwidth_gather": _class_curve("bytes", "gather or scatter (embedding and its backward, index, index_put, "
@@ -79,8 +83,8 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "memory_bytes": ("B", "device memory capacity"),
 }
 # The kernel classes of memory-bound ops (op_time.memory_class), each timed at its bandwidth_CLASS curve.
-MEMORY_CLASSES = ("pointwise", "reduction", "normalization", "normalization_backward", "softmax", "softmax_backward",
-                  "gather", "copy")
+MEMORY_CLASSES = ("pointwise", "reduction", "normalization", "normalization_backward", "persistent_normalization",
+                  "persistent_normalization_backward", "softmax", "softmax_backward", "gather", "copy")
 CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
     "gpus_per_node": ("GPUs", "GPUs that share the intra-node fabric (NVLink/NVSwitch, Infinity Fabric, ICI)"),
     "intra_bandwidth": ("B/s", "per-GPU bus bandwidth of the intra-node fabric (NCCL-tests busbw)"),
@@ -149,6 +153,8 @@ class DeviceModel:
     bandwidth_reduction: Curve
     bandwidth_normalization: Curve
     bandwidth_normalization_backward: Curve
+    bandwidth_persistent_normalization: Curve
+    bandwidth_persistent_normalization_backward: Curve
     bandwidth_softmax: Curve
     bandwidth_softmax_backward: Curve
     bandwidth_gather: Curve

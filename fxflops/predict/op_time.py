@@ -20,7 +20,8 @@ one or, for a memory-bound op, its kernel class's:
 - everything else (elementwise, norms, reductions, copies) at the vector rate or its kernel class's bandwidth
   (`memory_class`: pointwise, reduction, normalization and softmax (forward and backward), gather, copy): the
   device's bandwidth_CLASS curve by bytes moved (by row length for normalization and softmax), the sustained
-  bandwidth where the device has none for the class. A run whose software fuses pointwise ops
+  bandwidth where the device has none for the class (a run of apex's persistent layer norm,
+  `Kernels(persistent_norm=True)`, times its norms at the persistent_normalization curves). A run whose software fuses pointwise ops
   (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU and bias + dropout + add, a GPU's one-kernel
   dropout) has each chain of them timed as one pass (`node_times`) at the sustained bandwidth: a fused kernel is
   not the pointwise class's one-op kernel, and no measurement of such kernels is published.
@@ -77,11 +78,18 @@ class Kernels:
     dropout + add do (Narayanan et al. 2021 Sec. 4.2) and as CUDA's `native_dropout` does for the CPU capture's
     `bernoulli_` + `div_` + `mul`. The chain reads what it reads from outside and writes its last output (and
     a one-byte mask per element when it draws one, kept for the backward): each intermediate result,
-    written by one op and read by the next, stays in registers. False (default): each op is its own kernel."""
+    written by one op and read by the next, stays in registers. False (default): each op is its own kernel.
+
+    `persistent_norm`: the run's normalization kernels are apex's persistent fast layer norm (apex.contrib's
+    FastLayerNorm: one CTA keeps its rows in registers; Megatron-LM's `persist_layer_norm`, on by default from
+    a2fdcdf of 2021-10 with torch >= 1.11 for the hidden sizes it lists; Transformer Engine's LayerNorm kernels
+    are the same code): its normalization ops take the device's bandwidth_persistent_normalization(_backward)
+    curves instead of bandwidth_normalization(_backward). False (default): the device's normalization curves."""
 
     attention: str = "flash"
     attention_dropout: float = 0.0
     fuse_elementwise: bool = False
+    persistent_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -186,6 +194,8 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
             return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)
     if kind == MEMORY:
         klass, size = memory_class(node)
+        if kernels.persistent_norm and klass.startswith("normalization"):
+            klass = "persistent_" + klass
         bandwidth = device.class_bandwidth(klass, size)
     else:
         bandwidth = device.sustained
@@ -214,7 +224,8 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
 
 
 # the memory classes whose bandwidth curve is by row length, not bytes moved
-ROW_CLASSES = ("normalization", "normalization_backward", "softmax", "softmax_backward")
+ROW_CLASSES = ("normalization", "normalization_backward", "persistent_normalization",
+               "persistent_normalization_backward", "softmax", "softmax_backward")
 # rules/ names of each memory-bound kernel class (op names decide first: see memory_class)
 _NORMALIZATION_RULES = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "norm_backward")
 _GATHER_RULES = ("lookup", "embedding_backward", "embedding_bag", "index", "index_put_accumulate", "scatter_add",

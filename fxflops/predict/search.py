@@ -180,7 +180,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          attention: str = "flash", attention_dropout: float = 0.0,
          schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE), dp_shard: Sequence[int] | None = None,
          tp_comm_overlap: Sequence[bool] = (False,), fuse_elementwise: bool = False,
-         pipeline_engine: str = MEGATRON) -> PlanSearch:
+         pipeline_engine: str = MEGATRON, persistent_norm: bool = False) -> PlanSearch:
     """Rank the parallel plans of `model` on `gpus` GPUs of `cluster` by predicted step time.
 
     `model`: a module, or a callable `build(layers)` returning the model at that depth (then `layers`, the real
@@ -204,7 +204,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     them ("flash", "cudnn" or "math"); under "math" each layer's activations include the (batch, heads, query, key)
     probabilities unfused attention keeps for its backward (and, with attention_dropout, the dropout's mask and
     output), which selective recomputation frees. `fuse_elementwise`: each chain of pointwise ops timed as one
-    kernel, as predict_step takes it. `pipeline_engine`: "megatron" (default) or "deepspeed" (DeepSpeed's
+    kernel, as predict_step takes it; `persistent_norm`: the layer norms as apex's persistent fast layer norm, as
+    predict_step takes it. `pipeline_engine`: "megatron" (default) or "deepspeed" (DeepSpeed's
     PipelineEngine, as predict_step takes it): DeepSpeed runs a non-interleaved 1F1B and refuses ZeRO stages 2
     and 3 with a pipeline, so under it the search leaves out plans with virtual stages, GPipe, and FSDP with
     pp > 1 (a note says so). `schedules`: the pipeline schedules of plans with pp > 1 and one chunk a stage
@@ -218,7 +219,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     from fxflops.predict.op_time import Kernels
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
-    kernels = Kernels(attention, attention_dropout, fuse_elementwise)
+    kernels = Kernels(attention, attention_dropout, fuse_elementwise, persistent_norm)
     if pipeline_engine not in PIPELINE_ENGINES:
         raise ValueError(f"plan(): pipeline_engine={pipeline_engine!r}: pick one of {', '.join(PIPELINE_ENGINES)}")
     unknown = [name for name in schedules if name not in (ONE_F_ONE_B, GPIPE)]

@@ -1107,7 +1107,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  layers: int | None = None, grad_bytes: int | None = None,
                  trace: str | Path | None = None, device: str | Path | Any = None,
                  routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
-                 fuse_elementwise: bool = False, pipeline_engine: str = MEGATRON,
+                 fuse_elementwise: bool = False, persistent_norm: bool = False, pipeline_engine: str = MEGATRON,
                  grad_buckets: str = "torch", tp_comm_overlap: bool = False,
                  optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
                  overlap_param_gather: bool = False, grad_accumulation: str = "autograd") -> StepPrediction:
@@ -1140,7 +1140,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     backend and Megatron-LM before FlashAttention run it), with
     `attention_dropout` (the attention probabilities' dropout, a kernel of its own when unfused); see
     `fxflops.predict.op_time.Kernels`; `fuse_elementwise`: the run's software fuses each chain of pointwise ops
-    into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`).
+    into one kernel (Megatron-LM's bias + GeLU and bias + dropout + add, a GPU's native dropout; `Kernels`);
+    `persistent_norm`: its layer norms are apex's persistent fast layer norm (Megatron-LM's persist_layer_norm,
+    Transformer Engine's LayerNorm), timed at the device's persistent_normalization curves (`Kernels`).
     `pipeline_engine`: "megatron" (default) or "deepspeed", DeepSpeed's 2021 PipelineEngine: blocking sends,
     activations and gradients partitioned over tp and all-gathered by the receiver, the data-parallel
     reduction after the last backward (`_deepspeed_boundary`), the gradients accumulated by the engine in each
@@ -1197,7 +1199,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     if loss_parallel and tp == 1:
         raise ValueError("predict_step: loss_parallel splits the logits' vocabulary over the tp ranks; give tp > 1")
     placed = dim_ranks_per_node(plan, the_cluster)
-    kernels = Kernels(attention, attention_dropout, fuse_elementwise)  # a bad choice fails here, before the capture
+    # a bad choice fails here, before the capture
+    kernels = Kernels(attention, attention_dropout, fuse_elementwise, persistent_norm)
     options = dict(dtype=dtype, loss=loss, layers=layers, placed=placed, tp_plan=parallel.get("tp_plan"), cp=cp, ep=ep,
                    routing=routing, kernels=kernels, fsdp=plan.fsdp, loss_parallel=loss_parallel, memory=True)
     note = None
@@ -1220,6 +1223,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         prediction.notes.append(_kernels_note(kernels))
     if kernels.fuse_elementwise:
         prediction.notes.append("each chain of pointwise ops timed as one fused kernel (fuse_elementwise=True)")
+    if kernels.persistent_norm:
+        prediction.notes.append("layer norms timed as apex's persistent fast layer norm (persistent_norm=True)")
     if plan.pipeline_engine == DEEPSPEED and (pp > 1 or not (plan.fsdp and dp * cp > 1)):
         # the engine's own gradient accumulation applies with or without a pipeline (not under FSDP)
         accumulation = "the gradients accumulated by the engine in each backward (" \

@@ -224,6 +224,8 @@ class PublishedRun:
             words.append(f"dropout {self.attention_dropout:g}")
         if self.fuse_elementwise:
             words.append("fused pointwise chains")
+        if self.persistent_norm:
+            words.append("persistent layer norm")
         if self.grad_bytes == 4:
             words.append("fp32 gradient reduction")
         if self.loss_parallel and self.tp > 1:
@@ -234,6 +236,11 @@ class PublishedRun:
     def grad_buckets(self) -> str:
         """How the row's software buckets the data-parallel all-reduce (StepPlan.grad_buckets), by its software."""
         return _GRAD_BUCKETS.get(self.software, "torch")
+
+    @property
+    def persistent_norm(self) -> bool:
+        """The row's layer norms run apex's persistent fast layer norm (predict_step's persistent_norm)."""
+        return self.software in _PERSISTENT_NORM
 
     @property
     def grad_accumulation(self) -> str:
@@ -326,7 +333,11 @@ _MEGATRON_2022 = ("unfused attention with dropout 0.1: Korthikanti et al. Sec. 4
                   "output (2as^2b bytes), its dropout mask (as^2b) and the dropout output (2as^2b) of every layer, "
                   "and Sec. 5's selective recomputation recomputes the QK^T matrix multiply, softmax, softmax "
                   "dropout and attention over V: the attention ran as separate kernels with the scores in memory"
-                  + _MEGATRON_FUSION)
+                  + _MEGATRON_FUSION + "; layer norms apex's persistent fast layer norm (Megatron-LM's "
+                  "MixedFusedLayerNorm runs apex.contrib's FastLayerNormFN for the hidden sizes it lists, 6,144, "
+                  "12,288, 20,480 and 25,600 among them, unless --no-persist-layer-norm, from a2fdcdf of 2021-10; "
+                  "megatron/model/fused_layer_norm.py and arguments.py at 83b1e42; assumed: a container with torch "
+                  ">= 1.11 and apex's contrib layer norm, the paper names none)")
 _DEEPSPEED_2021 = ("unfused attention with dropout 0.1 and pointwise chains fused, as Megatron-LM then (assumed: Sec. 2 "
                    "builds on Megatron-LM's tensor slicing, and Megatron-DeepSpeed's ParallelTransformerLayer keeps "
                    "Megatron-LM's fused bias-GeLU and bias-dropout-add; the paper does not describe its kernels; "
@@ -364,7 +375,9 @@ _MCORE_SOFTWARE = ("cuDNN's fused attention with Megatron-LM's default dropout 0
                    "and reduce-scattered in fp32 (megatron/training/arguments.py at 937571c: with --bf16 'bfloat16 "
                    "requires gradient accumulation and all-reduce to be done in fp32', accumulate_allreduce_grads_in_fp32 "
                    "forced on, training.py passing it as grad_reduce_in_fp32; bf16 assumed: the README's MFU column is "
-                   "the TFLOP/s over H100's 989 TFLOP/s bf16 peak)")
+                   "the TFLOP/s over H100's 989 TFLOP/s bf16 peak); layer norms Transformer Engine's (the default "
+                   "transformer_impl's TENorm and LayerNormLinear), whose kernels (ln_fwd_tuned_kernel, ...) are apex's "
+                   "persistent fast layer norm's")
 _MOSAIC_SOFTWARE = ("fused attention, no dropout (submit_benchmarks.py: --attn_impl triton, MPT's Triton "
                     "FlashAttention; MPT's attn_pdrop 0); the gradient reduce-scatter in the precision of the row's FSDP "
                     "mixed precision (Composer: DEFAULT reduces in fp32, PURE in bf16)")
@@ -387,6 +400,9 @@ _GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSP
 # and torch DDP, DeepSpeed's engine in fp16 and a row not named here accumulate in .grad (torch's AccumulateGrad);
 # DeepSpeed's BF16_Optimizer and FSDP as their code does (the step knows them by engine)
 _GRAD_ACCUMULATION = {_MEGATRON_2022: "fused", _MCORE_SOFTWARE: "fused"}
+# the software whose layer norms are apex's persistent fast layer norm (op_time.Kernels.persistent_norm); the rest
+# run apex's earlier fused layer norm (Megatron-LM before a2fdcdf, Megatron-DeepSpeed) or torch's own
+_PERSISTENT_NORM = (_MEGATRON_2022, _MCORE_SOFTWARE)
 _K_SELECTIVE = "sequence parallelism + selective recomputation ('present work')"
 _K_FULL = "tensor parallelism without sequence parallelism, full recomputation (the baseline)"
 
@@ -551,7 +567,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               layers=run.layers, overlap_grad_reduce=run.overlap_grad_reduce,
                               distributed_optimizer=run.distributed_optimizer, grad_bytes=run.grad_bytes,
                               attention=run.attention, attention_dropout=run.attention_dropout,
-                              fuse_elementwise=run.fuse_elementwise, pipeline_engine=run.pipeline_engine,
+                              fuse_elementwise=run.fuse_elementwise, persistent_norm=run.persistent_norm,
+                              pipeline_engine=run.pipeline_engine,
                               grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap,
                               overlap_param_gather=run.overlap_param_gather, grad_accumulation=run.grad_accumulation)
     if run.metric == "step_time":
