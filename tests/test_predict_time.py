@@ -723,6 +723,32 @@ def test_each_op_falls_in_its_kernel_class():
         assert size == (1024 if kind.startswith(("softmax", "normalization")) else node.bytes), op
 
 
+def test_a_normalization_runs_at_the_row_it_reduces_not_its_last_dim():
+    import fxflops
+    from fxflops.predict.op_time import memory_class
+
+    class Norms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.LayerNorm([4, 1024])  # normalized over 4 x 1,024 = 4,096 elements a row
+            self.group = torch.nn.GroupNorm(2, 4)  # (8, 4, 1024): 4 / 2 channels x 1,024 = 2,048 a group
+            self.batch = torch.nn.BatchNorm1d(1024)  # (32, 1024): each channel over the 32 rows
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.batch(self.group(self.layer(x)).reshape(32, 1024))
+
+    est = fxflops.estimate(Norms(), (torch.randn(8, 4, 1024),), backward=True)
+    rows = {node.op.split(".")[1]: memory_class(node) for node in est.nodes if "norm" in node.op}
+    assert rows == {"native_layer_norm": ("normalization", 4096), "native_layer_norm_backward": (
+        "normalization_backward", 4096), "native_group_norm": ("normalization", 2048),
+        "native_group_norm_backward": ("normalization_backward", 2048), "native_batch_norm": ("normalization", 32),
+        "native_batch_norm_backward": ("normalization_backward", 32)}
+    # on the H100 the layer norm takes the curve's point at 4,096 (2900 GB/s over 3350 -> 0.866), not 1,024's (0.77)
+    norm = next(node for node in est.nodes if node.op == "aten.native_layer_norm.default")
+    assert op_time(norm, device_model("H100 SXM"), "bf16").memory == pytest.approx(norm.bytes / (3.35e12 * 0.866),
+                                                                                     rel=1e-12)
+
+
 def test_a_class_bandwidth_from_a_users_file_changes_the_op_and_says_so(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text('base = "H100 SXM"\n[bandwidth_pointwise]\nvalue = [[1, 0.5]]\nsource = "our gelu, measured"\n'

@@ -234,9 +234,10 @@ _GATHER_RULES = ("lookup", "embedding_backward", "embedding_bag", "index", "inde
 
 def memory_class(node: NodeCost) -> tuple[str, float]:
     """(kernel class, size) of a memory-bound op: the class whose bandwidth curve times it (hardware's
-    MEMORY_CLASSES; a backward op of normalization or softmax has its own) and the curve's x: the row length (the
-    first input's last dim) for normalization and softmax, whose kernels reduce each row on chip; the bytes moved
-    for the others. A dropout's random draw is pointwise; so is any op no class names."""
+    MEMORY_CLASSES; a backward op of normalization or softmax has its own) and the curve's x: the row length for
+    normalization and softmax, whose kernels reduce each row on chip (`_norm_row`; a softmax's: its input's last
+    dim, the capture keeping no `dim`); the bytes moved for the others. A dropout's random draw is pointwise; so
+    is any op no class names."""
     op = node.op.lower()
     name = op.split(".")[1] if op.startswith("aten.") and "." in op else op
     rule = node.rule or ""
@@ -245,7 +246,7 @@ def memory_class(node: NodeCost) -> tuple[str, float]:
     if "softmax" in name:
         return "softmax" + backward, row
     if rule in _NORMALIZATION_RULES or name.endswith("_norm_backward"):
-        return "normalization" + backward, row
+        return "normalization" + backward, _norm_row(node, bool(backward), row)
     if any(r in name for r in _RANDOM_OPS):
         return "pointwise", node.bytes
     if rule in _GATHER_RULES or "nll_loss" in name or name.startswith(("gather", "scatter", "index")):
@@ -255,6 +256,20 @@ def memory_class(node: NodeCost) -> tuple[str, float]:
     if rule == "reduction":
         return "reduction", node.bytes
     return "pointwise", node.bytes
+
+
+def _norm_row(node: NodeCost, backward: bool, last: int) -> int:
+    """The elements one normalization reduces over: its input's elements over its statistics' (a forward's second
+    output, a backward's third input: layer norm's mean over `normalized_shape`, all of it, not its last dim; group
+    norm's (N, groups), so C / groups x H x W; batch norm's per-channel, so N x H x W; RMS norm's rstd). `last`
+    (the input's last dim) where the op has no statistics (an eval batch norm's are empty)."""
+    shapes = node.input_shapes[2:3] if backward else node.output_shapes[1:2]
+    x = node.input_shapes[1 if backward else 0] if len(node.input_shapes) > (1 if backward else 0) else ()
+    stats = math.prod(shapes[0]) if shapes else 0
+    elements = math.prod(x) if x else 0
+    if stats <= 0 or elements < stats or elements % stats:
+        return last
+    return elements // stats
 
 
 def attention_dims(node: NodeCost) -> tuple[int, int, int, int, int] | None:
