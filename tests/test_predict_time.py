@@ -764,6 +764,29 @@ def test_a_class_bandwidth_from_a_users_file_changes_the_op_and_says_so(tmp_path
             f"      from your file {path}: our gelu, measured") in text
 
 
+def test_a_device_without_a_persistent_norm_curve_times_it_at_its_normalization_curve(tmp_path):
+    # the H100 publishes no persistent layer norm: its norms take the normalization curve (QuACK's, 2761 GB/s over
+    # 3350 at rows of 2,048 -> 0.824, the file's stated upper bound of TE's kernel), not the streaming rate's 0.887
+    h100 = device_model("H100 SXM")
+    assert h100.bandwidth_persistent_normalization == h100.bandwidth_normalization
+    norm = memory_op("native_layer_norm", "layer_norm", (4096, 2048))
+    assert op_time(norm, h100, "bf16", Kernels(persistent_norm=True)).seconds == pytest.approx(
+        norm.bytes / (3.35e12 * 0.824) + 2e-6, rel=1e-12)
+    source = h100.constants["bandwidth_persistent_normalization"]
+    assert source.source == ("none: no published measurement of persistent_normalization kernels on this device; "
+                             "bandwidth_normalization's value") and source.origin.startswith("preset")
+    # a user's file that sets neither a class nor sustained_bandwidth owns none of the defaults it did not set
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "H100 SXM"\n[launch_overhead]\nvalue = 3e-6\nsource = "ours"\n')
+    mine = device_model(path)
+    assert [c.name for c in mine.constants.values() if c.origin.startswith("your file")] == ["launch_overhead"]
+    # one that sets the normalization curve: its persistent norms follow it, from the user's file
+    path.write_text('base = "H100 SXM"\nbandwidth_normalization = [[1024, 0.5]]\n')
+    mine = device_model(path)
+    assert mine.bandwidth_persistent_normalization == ((1024, 0.5),)
+    assert mine.constants["bandwidth_persistent_normalization"].origin == f"your file {path}"
+
+
 def test_bad_class_bandwidths_are_one_line_errors_naming_the_file_and_key(tmp_path):
     path = tmp_path / "bad.toml"
     for body, message in (("[[256, 0.5], [128, 0.6]]", "a list of positive .x, y. pairs, x ascending"),

@@ -72,8 +72,11 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "bandwidth_normalization_backward": _class_curve("row length", "normalization backward"),
     "bandwidth_persistent_normalization": _class_curve("row length", "persistent fast layer norm forward (apex's "
                                                                      "FastLayerNorm, TE's LayerNorm; "
-                                                                     "Kernels(persistent_norm=True))"),
-    "bandwidth_persistent_normalization_backward": _class_curve("row length", "persistent fast layer norm backward"),
+                                                                     "Kernels(persistent_norm=True); a file "
+                                                                     "without it: bandwidth_normalization's)"),
+    "bandwidth_persistent_normalization_backward": _class_curve("row length", "persistent fast layer norm backward "
+                                                                              "(a file without it: "
+                                                                              "bandwidth_normalization_backward's)"),
     "bandwidth_softmax": _class_curve("row length", "softmax or log-softmax forward"),
     "bandwidth_softmax_backward": _class_curve("row length", "softmax or log-softmax backward"),
     "bandwidth_gather": _class_curve("bytes", "gather or scatter (embedding and its backward, index, index_put, "
@@ -476,9 +479,21 @@ def _device(values: dict[str, tuple[Any, str, str]], meta: dict, origin: str) ->
                 flash[0], f"none: no published measurement of cuDNN's fused attention on this device; its "
                           f"attention_{kernel} (FlashAttention) curve", flash[2]))
     for kind in MEMORY_CLASSES:
-        # a class no measurement of this device covers: the sustained bandwidth (whatever value it ends with)
+        plain = kind.removeprefix("persistent_")
+        if plain != kind:
+            # the persistent layer norm where no measurement of it on this device is published: the device's
+            # normalization curve (on the H100 QuACK's, the stated upper bound of every layer norm kernel there,
+            # TE's among them), not the streaming rate above it; from wherever that curve came
+            follows = values[f"bandwidth_{plain}"]
+            values.setdefault(f"bandwidth_{kind}", (follows[0], f"none: no published measurement of {kind} "
+                                                                f"kernels on this device; bandwidth_{plain}'s value",
+                                                    follows[2]))
+            continue
+        # a class no measurement of this device covers: the sustained bandwidth (whatever value it ends with), from
+        # wherever that came (a user's file that sets neither does not own it)
+        sustained = values.get("sustained_bandwidth", (None, "", origin))
         values.setdefault(f"bandwidth_{kind}", ([], f"none: no published measurement of {kind} kernels on this "
-                                                    f"device; sustained_bandwidth's value", origin))
+                                                    f"device; sustained_bandwidth's value", sustained[2]))
     missing = [key for key in DEVICE_CONSTANTS if key not in values]
     if missing:
         raise ValueError(f"device {name!r} ({origin}) lacks {', '.join(missing)}: give them, or base = \"a preset\"")

@@ -84,7 +84,8 @@ class Kernels:
     FastLayerNorm: one CTA keeps its rows in registers; Megatron-LM's `persist_layer_norm`, on by default from
     a2fdcdf of 2021-10 with torch >= 1.11 for the hidden sizes it lists; Transformer Engine's LayerNorm kernels
     are the same code): its normalization ops take the device's bandwidth_persistent_normalization(_backward)
-    curves instead of bandwidth_normalization(_backward). False (default): the device's normalization curves."""
+    curves instead of bandwidth_normalization(_backward) (a device without a published persistent curve: its
+    normalization curves, never the faster streaming rate). False (default): the device's normalization curves."""
 
     attention: str = "flash"
     attention_dropout: float = 0.0
