@@ -749,6 +749,21 @@ def test_a_normalization_runs_at_the_row_it_reduces_not_its_last_dim():
                                                                                      rel=1e-12)
 
 
+def test_a_softmax_backward_is_no_link_of_a_fused_pointwise_chain():
+    from fxflops.predict.op_time import fused_chains, node_times
+
+    # rules/backward.toml's activation_backward holds _softmax_backward_data: a row reduction (sum of y * dy over
+    # the row), its own kernel in any run, between a dropout's backward and a GeLU's of the same size
+    nodes = [memory_op("mul", "elementwise", (8, 1024)), memory_op("_softmax_backward_data", "activation_backward",
+                                                                   (8, 1024)),
+             memory_op("gelu_backward", "activation_backward", (8, 1024))]
+    nodes = [dataclasses.replace(node, phase=BACKWARD) for node in nodes]
+    assert fused_chains(nodes) == []
+    h100 = device_model("H100 SXM")
+    softmax = node_times(nodes, h100, "bf16", Kernels(fuse_elementwise=True))[1]
+    assert softmax == op_time(nodes[1], h100, "bf16")
+
+
 def test_a_class_bandwidth_from_a_users_file_changes_the_op_and_says_so(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text('base = "H100 SXM"\n[bandwidth_pointwise]\nvalue = [[1, 0.5]]\nsource = "our gelu, measured"\n'

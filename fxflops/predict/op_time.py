@@ -338,8 +338,11 @@ _RANDOM_OPS = ("bernoulli", "dropout", "rand_like")
 
 
 def _pointwise(node: NodeCost) -> bool:
+    """An op a pointwise fusion takes in: of those rules or a random draw, and of the pointwise kernel class (rule
+    `activation_backward` holds the softmax backward too, a row reduction no pointwise kernel computes)."""
     op = node.op.lower()
-    return op_kind(node) == MEMORY and (node.rule in _POINTWISE_RULES or any(r in op for r in _RANDOM_OPS))
+    return op_kind(node) == MEMORY and (node.rule in _POINTWISE_RULES or any(r in op for r in _RANDOM_OPS)) \
+        and memory_class(node)[0] == "pointwise"
 
 
 def _in_place(node: NodeCost) -> bool:
