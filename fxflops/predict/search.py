@@ -28,7 +28,8 @@ from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (DEEPSPEED, ERROR_STATEMENT, MEGATRON, PIPELINE_ENGINES, StepPlan, StepPrediction,
-                                  capture_costs, dim_ranks_per_node, simulate_plan, user_constants_note)
+                                  capture_costs, dim_ranks_per_node, kernels_notes, simulate_plan,
+                                  user_constants_note)
 from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, fits
 
 GiB = 1 << 30
@@ -321,6 +322,7 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
         (rows if row.fits else dropped).append(row)
     rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
+    notes.extend(kernels_notes(kernels))  # what every plan's step assumed, as predict_step says it
     if pipeline_engine == DEEPSPEED:
         notes.append("pipeline_engine='deepspeed': plans with virtual stages, GPipe, and FSDP with pp > 1 left out "
                      "(DeepSpeed's PipelineEngine runs a non-interleaved 1F1B and refuses ZeRO stages 2 and 3)")

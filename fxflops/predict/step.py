@@ -1091,13 +1091,20 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
     return dataclasses.replace(costs, notes=tuple(notes))
 
 
-def _kernels_note(kernels: Any) -> str:
-    """What a prediction says about the attention kernels it assumed, when they are not the default."""
+def kernels_notes(kernels: Any) -> list[str]:
+    """What a prediction (or a plan search) says about the kernels it assumed where they are not the default."""
+    notes = []
     if kernels.attention == "cudnn":
-        return "attention timed as cuDNN's fused kernels ('cudnn': the device's cudnn_attention curves)"
-    dropout = f" and attention dropout {kernels.attention_dropout:g}" if kernels.attention_dropout else ""
-    return (f"attention timed as unfused ({kernels.attention!r}) kernels{dropout}: batched GEMMs over every pair, the "
-            "scores through memory")
+        notes.append("attention timed as cuDNN's fused kernels ('cudnn': the device's cudnn_attention curves)")
+    elif kernels.attention != "flash":
+        dropout = f" and attention dropout {kernels.attention_dropout:g}" if kernels.attention_dropout else ""
+        notes.append(f"attention timed as unfused ({kernels.attention!r}) kernels{dropout}: batched GEMMs over every "
+                     "pair, the scores through memory")
+    if kernels.fuse_elementwise:
+        notes.append("each chain of pointwise ops timed as one fused kernel (fuse_elementwise=True)")
+    if kernels.persistent_norm:
+        notes.append("layer norms timed as apex's persistent fast layer norm (persistent_norm=True)")
+    return notes
 
 
 def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None, cluster: str | Cluster = "DGX A100",
@@ -1219,12 +1226,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype), optimizer_state_bytes)
     if note:
         prediction.notes.append(note)
-    if kernels.attention != "flash":
-        prediction.notes.append(_kernels_note(kernels))
-    if kernels.fuse_elementwise:
-        prediction.notes.append("each chain of pointwise ops timed as one fused kernel (fuse_elementwise=True)")
-    if kernels.persistent_norm:
-        prediction.notes.append("layer norms timed as apex's persistent fast layer norm (persistent_norm=True)")
+    prediction.notes.extend(kernels_notes(kernels))
     if plan.pipeline_engine == DEEPSPEED and (pp > 1 or not (plan.fsdp and dp * cp > 1)):
         # the engine's own gradient accumulation applies with or without a pipeline (not under FSDP)
         accumulation = "the gradients accumulated by the engine in each backward (" \
