@@ -715,12 +715,31 @@ def test_each_op_falls_in_its_kernel_class():
              ("_to_copy", "copy"): "copy", ("cat", "copy"): "copy", ("bernoulli_", "copy"): "pointwise",
              ("native_dropout", "dropout"): "pointwise", ("sum", "reduction"): "reduction",
              ("add", "elementwise"): "pointwise", ("gelu_backward", "activation_backward"): "pointwise",
-             ("zeros_like", "create"): "pointwise"}
+             ("zeros_like", "copy"): "pointwise"}
     for (op, rule), expected in cases.items():
         node = memory_op(op, rule, (8, 1024))
         kind, size = memory_class(node)
         assert kind == expected, op
         assert size == (1024 if kind.startswith(("softmax", "normalization")) else node.bytes), op
+
+
+def test_fills_and_random_draws_are_pointwise_and_copies_copy():
+    import fxflops
+    from fxflops.predict.op_time import memory_class
+
+    class Writes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            filled = torch.zeros_like(x) + x.masked_fill(x > 0, 0.0) + torch.tril(x) + torch.full_like(x, 2.0)
+            drawn = torch.randn_like(x) + torch.empty_like(x).uniform_() + torch.empty_like(x).fill_(1.0).zero_()
+            return torch.cat([filled, drawn, x.clone().to(torch.bfloat16).float()]).sum()
+
+    # rules/zero.toml lists all of these under `copy`; only clone, the dtype casts and cat copy data
+    est = fxflops.estimate(Writes(), (torch.randn(64, 64),))
+    classes = {node.op.split(".")[1]: memory_class(node)[0] for node in est.nodes if node.rule == "copy"}
+    assert classes == {"zeros_like": "pointwise", "masked_fill": "pointwise", "tril": "pointwise",
+                       "full_like": "pointwise", "randn_like": "pointwise", "uniform_": "pointwise",
+                       "fill_": "pointwise", "zero_": "pointwise", "clone": "copy", "_to_copy": "copy", "to": "copy",
+                       "cat": "copy"}
 
 
 def test_a_normalization_runs_at_the_row_it_reduces_not_its_last_dim():

@@ -66,7 +66,8 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "unfused_attention_forward": ("[seq, factor]", "measured over modelled time of unfused (math) attention's "
                                                    "forward kernels by query length (1.0: none)"),
     "unfused_attention_backward": ("[seq, factor]", "the same for the unfused attention's backward kernels"),
-    "bandwidth_pointwise": _class_curve("bytes", "pointwise (elementwise arithmetic, activation, dropout draw)"),
+    "bandwidth_pointwise": _class_curve("bytes", "pointwise (elementwise arithmetic, activation, random draw, "
+                                                 "fill, mask)"),
     "bandwidth_reduction": _class_curve("bytes", "reduction (sum, mean, max over a dim)"),
     "bandwidth_normalization": _class_curve("row length", "normalization forward (layer/RMS/group/batch norm)"),
     "bandwidth_normalization_backward": _class_curve("row length", "normalization backward"),

@@ -231,6 +231,10 @@ ROW_CLASSES = ("normalization", "normalization_backward", "persistent_normalizat
 _NORMALIZATION_RULES = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "norm_backward")
 _GATHER_RULES = ("lookup", "embedding_backward", "embedding_bag", "index", "index_put_accumulate", "scatter_add",
                  "scatter_reduce")
+# ops rules/zero.toml lists under `copy` that copy nothing: fills, masks and random draws write each element from a
+# value (or read it once, as masked_fill and tril do): pointwise kernels
+_FILL_OPS = ("fill", "zero_", "masked_fill", "tril", "triu", "new_zeros", "new_ones", "new_full", "zeros_like",
+             "ones_like", "full_like", "rand_like", "randn_like", "uniform", "normal", "bernoulli")
 
 
 def memory_class(node: NodeCost) -> tuple[str, float]:
@@ -252,7 +256,7 @@ def memory_class(node: NodeCost) -> tuple[str, float]:
         return "pointwise", node.bytes
     if rule in _GATHER_RULES or "nll_loss" in name or name.startswith(("gather", "scatter", "index")):
         return "gather", node.bytes
-    if rule == "copy":
+    if rule == "copy" and not name.startswith(_FILL_OPS):
         return "copy", node.bytes
     if rule == "reduction":
         return "reduction", node.bytes
