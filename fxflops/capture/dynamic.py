@@ -155,16 +155,21 @@ class SizeSymbols:
     def expression(self, value: Any) -> Any:
         """An int, or the sympy expression of a SymInt in the user's names (replacements applied)."""
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            expr = self.env.replace(value.node.expr)
-            found = self._in_user_names.get(expr)
-            if found is None:
-                if not expr.free_symbols:
-                    found = int(expr) if expr.is_integer else expr
-                else:
-                    found = expr.xreplace(self._to_user)
-                self._in_user_names[expr] = found
-            return found
+            return self.in_user_names(value.node.expr)
         return value
+
+    def in_user_names(self, expr: Any) -> Any:
+        """A sympy expression in the ShapeEnv's symbols in the user's names (replacements applied); an int
+        where it has no symbol left."""
+        expr = self.env.replace(expr)
+        found = self._in_user_names.get(expr)
+        if found is None:
+            if not expr.free_symbols:
+                found = int(expr) if expr.is_integer else expr
+            else:
+                found = expr.xreplace(self._to_user)
+            self._in_user_names[expr] = found
+        return found
 
     def conditions(self) -> list[sympy.Basic]:
         """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""

@@ -86,7 +86,7 @@ def _effective_counts(rule: Rule, call: Any, table: RuleTable, conventions: str,
         except TypeError:  # pairs a key cannot hold (a symbolic size)
             key = None
     try:
-        counts = table.effective_cost(rule, call, conventions, pairs)
+        counts = table.effective_cost(rule, call, conventions, pairs, lift=sizes is not None)
     except RuleEvaluationError as error:
         raise error.in_module(module or ROOT_LABEL) from error.__cause__
     counts = to_count(counts[0], sizes), to_count(counts[1], sizes)

@@ -16,6 +16,7 @@ from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.capture.replay import REPLAY_OF
 from fxflops.results import COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
+from fxflops.rules.polynomial import SizeValue
 from fxflops.traffic import TensorBytes, call_bytes, node_bytes, tensors_of
 
 
@@ -342,7 +343,9 @@ def _apply(entry: Rule | ZeroList | None, call: OpCall, table: RuleTable, conven
     if not isinstance(entry, Rule):
         return 0, 0
     try:
-        macs, flops = table.cost(entry, call, conventions)  # checked: non-negative ints, or symbolic sizes
+        # checked: non-negative ints, or symbolic sizes (under a sweep's, as polynomials while the formulas add
+        # and multiply them: fxflops.rules.polynomial)
+        macs, flops = table.cost(entry, call, conventions, lift=sizes is not None)
     except RuleEvaluationError as error:
         raise error.in_module(path or ROOT_LABEL) from error.__cause__
     return to_count(macs, sizes), to_count(flops, sizes)
@@ -350,6 +353,8 @@ def _apply(entry: Rule | ZeroList | None, call: OpCall, table: RuleTable, conven
 
 def to_count(value: Any, sizes: Any) -> Any:
     """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded as int() rounds)."""
+    if type(value) is SizeValue:  # a formula's polynomial: written as sympy once, in the user's names
+        return int(value.sym()) if sizes is None else value.poly.in_user_names(sizes.in_user_names)
     if isinstance(value, torch.SymInt | torch.SymFloat):
         if sizes is None:  # symbolic without a sweep's sizes: its value at the example's sizes
             return int(value)
