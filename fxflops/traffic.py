@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fxflops.rules.polynomial import Poly
+from fxflops.rules.polynomial import Poly, UserNames
 
 
 class TensorBytes:
@@ -27,20 +27,12 @@ class TensorBytes:
 
     Under a sweep's named sizes a tensor's bytes are a polynomial in its sizes (fxflops.rules.polynomial:
     no sympy expression per tensor, and no SymInt numel() through torch's symbolic layer); a node's sum
-    of them is written as sympy once per distinct sum (`in_user_names`)."""
+    of them is written as sympy once per distinct sum (`user_names`, the count's)."""
 
-    def __init__(self, sizes: Any = None) -> None:
+    def __init__(self, sizes: Any = None, user_names: UserNames | None = None) -> None:
         self.sizes = sizes
         self._found: dict[int, tuple[torch.Tensor, Any, Any]] = {}
-        self._written: dict[Any, Any] = {}  # polynomial -> its sympy expression (or int), this count's
-
-    def in_user_names(self, poly: Any) -> Any:
-        """A sum of bytes (a Poly) as an int or a sympy expression in the sweep's names, each distinct one
-        written once."""
-        found = self._written.get(poly)
-        if found is None:
-            found = self._written[poly] = poly.in_user_names(self.sizes.in_user_names)
-        return found
+        self.user_names = user_names if user_names is not None or sizes is None else UserNames(sizes)
 
     def __call__(self, tensor: torch.Tensor, distinct: bool = False) -> Any:
         """Its bytes written; `distinct`: read (each stored element of an expanded view once)."""
@@ -83,7 +75,7 @@ def call_bytes(target: Any, read: Iterable[torch.Tensor], written: Collection[to
                 poly = poly + Poly.of(term)
             else:
                 rest.append(term)
-        return _total([measure.in_user_names(poly), *rest])
+        return _total([measure.user_names(poly), *rest])
     return _total(terms)
 
 

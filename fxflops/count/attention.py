@@ -78,7 +78,8 @@ def _effective_counts(rule: Rule, call: Any, table: RuleTable, conventions: str,
                       module: str, memo: dict[Any, tuple[Any, Any]], key: Any) -> tuple[Any, Any]:
     """(MACs, FLOPs) of the call over `pairs` kept pairs, evaluated once per (memo key, pairs)."""
     if key is not None:
-        key = (key, type(pairs), pairs)
+        # symbolic pairs by their expression (a SymInt cannot key a dict; the layers of a decoder share it)
+        key = (key, type(pairs), pairs.node.expr if isinstance(pairs, torch.SymInt) else pairs)
         try:
             return memo[key]
         except KeyError:

@@ -130,6 +130,21 @@ class Poly:
                           for m, c in self.terms.items()) or "0"
 
 
+class UserNames:
+    """One count's polynomials written as sympy in a sweep's names (`sizes`: its SizeSymbols), each distinct
+    polynomial once: the same count or bytes recurs across a model's ops."""
+
+    def __init__(self, sizes: Any) -> None:
+        self._atom = sizes.in_user_names
+        self._found: dict[Poly, Any] = {}
+
+    def __call__(self, poly: Poly) -> Any:
+        found = self._found.get(poly)
+        if found is None:
+            found = self._found[poly] = poly.in_user_names(self._atom)
+        return found
+
+
 def _power(expr: Any) -> tuple[Any, int]:
     """(base, exponent) of a positive integer power, (expr, 1) of any other atom; (None, 0) for a
     number that is not an integer (a rational coefficient)."""

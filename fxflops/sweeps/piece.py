@@ -36,7 +36,9 @@ class Piece:
         self.captured = captured
         self.costs = costs
         self.conditions: list[sympy.Basic] = sizes.conditions()
-        self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
+        # (frozen: a module whose params are an int is shared as it is)
+        self.infos = {name: info if type(info.params) is int else
+                      dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._templates: CostTemplates | None = None  # made on the first estimate()
         self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
@@ -347,11 +349,15 @@ def _solved(condition: sympy.Basic) -> sympy.Basic | None:
 
 def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
     found: set[sympy.Symbol] = set()
-    values = [c.macs for c in costs] + [c.flops for c in costs] + [c.bytes for c in costs]
-    values += [i.params for i in infos.values()]
-    values += [size for c in costs for shape in (*c.input_shapes, *c.output_shapes) for size in shape]
+    values = {value for c in costs for value in (c.macs, c.flops, c.bytes) if type(value) is not int}
+    values.update(i.params for i in infos.values() if type(i.params) is not int)
+    # each node's shapes once: a replayed block's copies share their reference's shape tuples (by identity),
+    # and a large model's nodes hold tens of thousands of sizes
+    shapes = {id(held): held for c in costs for held in (c.input_shapes, c.output_shapes)}
+    values.update(size for held in shapes.values() for shape in held for size in shape if type(size) is not int)
     # each distinct expression once: sympy walks the whole tree for free_symbols on every ask, and a count's
     # shapes and costs repeat the same few (hashing one is cached)
-    for value in {value for value in values if isinstance(value, sympy.Basic)}:
-        found |= value.free_symbols
+    for value in values:
+        if isinstance(value, sympy.Basic):
+            found |= value.free_symbols
     return found
