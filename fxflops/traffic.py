@@ -75,7 +75,9 @@ def call_bytes(target: Any, read: Iterable[torch.Tensor], written: Collection[to
                 poly = poly + Poly.of(term)
             else:
                 rest.append(term)
-        return _total([measure.user_names(poly), *rest])
+        if not rest:
+            return measure.user_names(poly)
+        return _total([measure.user_names.written(poly), *rest])
     return _total(terms)
 
 

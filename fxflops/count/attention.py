@@ -19,6 +19,7 @@ from fxflops.results import ROOT_LABEL, NodeCost
 from fxflops.rules import Rule, RuleEvaluationError, RuleTable
 from fxflops.rules.flex import attention_kept_pairs
 from fxflops.rules.kept_pairs import FULL, KeptPairs, attention_grid
+from fxflops.rules.polynomial import plain
 from fxflops.spelling import did_you_mean
 
 DENSE = "dense"
@@ -104,7 +105,7 @@ def with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, atte
     elif kept.pairs is None:
         macs = flops = None
     else:
-        macs, flops = (effective_count(dense, kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
+        macs, flops = (effective_count(plain(dense), kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
     use = attention == EFFECTIVE and macs is not None
     return dataclasses.replace(
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,

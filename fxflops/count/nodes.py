@@ -55,10 +55,11 @@ class NodeValues:
     node's output and again as an argument of every node that uses it): its signature (what a rule can
     read of it) and its distinct tensors; each tensor's bytes are measured once too."""
 
-    def __init__(self, sizes: Any) -> None:
+    def __init__(self, sizes: Any, lazy: bool = False) -> None:
         self.sizes = sizes
-        # a sweep's polynomials (counts and bytes) written as sympy, each distinct one once
-        self.user_names = UserNames(sizes) if sizes is not None else None
+        # a sweep's polynomials (counts and bytes) written as sympy, each distinct one once (`lazy`: kept as
+        # polynomials, PolyCount, for a sweep's Piece, which compiles them as they are)
+        self.user_names = UserNames(sizes, lazy) if sizes is not None else None
         self.measure = TensorBytes(sizes, self.user_names)
         self._nodes: dict[torch.fx.Node, tuple[Any, dict[int, torch.Tensor]]] = {}
         self._sources: dict[Any, str | None] = {}

@@ -131,18 +131,82 @@ class Poly:
 
 
 class UserNames:
-    """One count's polynomials written as sympy in a sweep's names (`sizes`: its SizeSymbols), each distinct
-    polynomial once: the same count or bytes recurs across a model's ops."""
+    """One count's polynomials in a sweep's names (`sizes`: its SizeSymbols): each distinct polynomial
+    written as sympy once (the same count or bytes recurs across a model's ops), or with `lazy` kept as a
+    `PolyCount`, written only when something reads it as sympy (a sweep's Piece compiles its programs
+    from the polynomials themselves)."""
 
-    def __init__(self, sizes: Any) -> None:
-        self._atom = sizes.in_user_names
+    def __init__(self, sizes: Any, lazy: bool = False) -> None:
+        self.atom = sizes.in_user_names  # an atom in the ShapeEnv's symbols -> the same in the sweep's names
+        self._lazy = lazy
         self._found: dict[Poly, Any] = {}
+        self._written: dict[Poly, Any] = {}
 
     def __call__(self, poly: Poly) -> Any:
         found = self._found.get(poly)
         if found is None:
-            found = self._found[poly] = poly.in_user_names(self._atom)
+            constant = poly.constant()
+            if constant is not None:
+                found = constant
+            elif self._lazy:
+                found = PolyCount(poly, self)
+            else:
+                found = self.written(poly)
+            self._found[poly] = found
         return found
+
+    def written(self, poly: Poly) -> Any:
+        """The polynomial as sympy in the sweep's names (an int where no symbol is left), made once."""
+        found = self._written.get(poly)
+        if found is None:
+            found = self._written[poly] = poly.in_user_names(self.atom)
+        return found
+
+
+class PolyCount:
+    """A count (MACs, FLOPs, bytes) of a sweep's node as a polynomial, written as sympy on first need
+    (`sympy()`); its `terms` in the sweep's names are what a compiled program evaluates."""
+
+    __slots__ = ("poly", "names", "_terms")
+
+    def __init__(self, poly: Poly, names: UserNames) -> None:
+        self.poly = poly
+        self.names = names
+        self._terms: list[tuple[int, list[tuple[Any, int]]]] | None = None
+
+    def sympy(self) -> Any:
+        return self.names.written(self.poly)
+
+    def terms(self) -> list[tuple[int, list[tuple[Any, int]]]]:
+        """[(coefficient, [(atom in the sweep's names, power), ...]), ...]: the value is the sum of the products."""
+        if self._terms is None:
+            atom = self.names.atom
+            self._terms = [(coefficient, [(atom(base), power) for base, power in monomial])
+                           for monomial, coefficient in self.poly.terms.items()]
+        return self._terms
+
+    @property
+    def free_symbols(self) -> set[Any]:
+        found: set[Any] = set()
+        for _, factors in self.terms():
+            for atom, _ in factors:
+                if type(atom) is not int:
+                    found |= atom.free_symbols
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is PolyCount and other.names is self.names and other.poly == self.poly
+
+    def __hash__(self) -> int:
+        return hash(self.poly)
+
+    def __repr__(self) -> str:
+        return f"PolyCount({self.sympy()})"
+
+
+def plain(value: Any) -> Any:
+    """A count as the rest of fxflops reads it: a PolyCount written as sympy, anything else as it is."""
+    return value.sympy() if type(value) is PolyCount else value
 
 
 def _power(expr: Any) -> tuple[Any, int]:
