@@ -103,3 +103,20 @@ def test_a_strided_conv_sweeps_formulas_and_bytes_are_the_hand_ones():
         (conv,) = [node for node in at.nodes if node.op == "aten.conv2d.default"]
         # by hand, float32: the input and the weight read, the output written
         assert conv.bytes == 4 * (n * 3 * edge * edge + 8 * 3 * 3 * 3 + out)
+
+
+def test_a_pieces_counts_read_as_sympy_and_evaluate_exactly_past_int64():
+    # a sweep keeps its counts as polynomials (compiled as they are); read through Piece.costs they are the
+    # sympy expressions a user gets, and a grid past int64 is exact (Python ints)
+    model = nn.Linear(3, 5)
+    swept = sweep(model, torch.zeros(2, 4, 3), dims={"batch": 0, "seq": 1})
+    batch, seq = (sympy.Symbol(name, integer=True, positive=True) for name in ("batch", "seq"))
+    (linear,) = [cost for cost in swept.pieces[0].costs if cost.op == "aten.linear.default"]
+    assert linear.macs == 15 * batch * seq  # out numel (batch * seq * 5) x in features 3, by hand
+    # float32: the input (3 per row) and the output (5 per row) per row, the weight (15) and the bias (5)
+    assert linear.bytes == 32 * batch * seq + 80
+    assert swept.formula("flops") == 2 * 15 * batch * seq + 5 * batch * seq  # + the bias add per output
+    huge = 2**40
+    grid = swept.grid(batch=[1, huge], seq=[7, huge])
+    assert grid["macs"].tolist() == [[15 * 7, 15 * huge], [15 * huge * 7, 15 * huge * huge]]
+    assert swept.at(batch=huge, seq=huge).total_macs == 15 * huge * huge
