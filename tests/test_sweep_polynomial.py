@@ -120,3 +120,20 @@ def test_a_pieces_counts_read_as_sympy_and_evaluate_exactly_past_int64():
     grid = swept.grid(batch=[1, huge], seq=[7, huge])
     assert grid["macs"].tolist() == [[15 * 7, 15 * huge], [15 * huge * 7, 15 * huge * huge]]
     assert swept.at(batch=huge, seq=huge).total_macs == 15 * huge * huge
+
+
+def test_renaming_a_floor_division_gives_the_expression_xreplace_gives():
+    # a stride-2 conv's output side in the ShapeEnv's symbols, renamed into the sweep's: torch's FloorDiv is
+    # rebuilt without re-running its eval, and comes out the same expression, argument for argument
+    from torch.utils._sympy.functions import ModularIndexing
+
+    from fxflops.capture.dynamic import _renamed
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    names = {s0: b, s1: s}
+    side = FloorDiv(s1 - 1, 2) + 1
+    for expr in [side, 64 * s0 * side**2, FloorDiv(s0 * s1, 4) + 3 * s0, ModularIndexing(s1, 1, 4) * s0]:
+        renamed = _renamed(expr, names, {})
+        expected = expr.xreplace(names)
+        assert renamed == expected and renamed.args == expected.args
+    assert _renamed(64 * s0 * side**2, names, {}) == 64 * b * (FloorDiv(s - 1, 2) + 1) ** 2  # by hand
