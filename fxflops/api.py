@@ -303,8 +303,9 @@ class Counting:
             return capture(model, args, kwargs, method, is_leaf=lambda m: self.table.knows_module(m) or self.is_whole(m),
                            is_whole=self.is_whole, knows_op=self.table.knows_op, **options)
 
-    def count(self, captured: Captured) -> list[NodeCost]:
-        return count_nodes(captured, self.table, self.conventions, self.attention)
+    def count(self, captured: Captured, lazy: bool = False) -> list[NodeCost]:
+        """count_nodes of the capture (`lazy`: see there)."""
+        return count_nodes(captured, self.table, self.conventions, self.attention, lazy)
 
 
 @spelled_keywords

@@ -18,14 +18,21 @@ from typing import Any
 
 import torch
 
+from fxflops.rules.polynomial import Poly, UserNames
+
 
 class TensorBytes:
     """Each tensor's bytes, worked out once per count: a node's value is written by its own node and read
-    by every node that uses it. Holds the tensors it measured (their ids key it)."""
+    by every node that uses it. Holds the tensors it measured (their ids key it).
 
-    def __init__(self, sizes: Any = None) -> None:
+    Under a sweep's named sizes a tensor's bytes are a polynomial in its sizes (fxflops.rules.polynomial:
+    no sympy expression per tensor, and no SymInt numel() through torch's symbolic layer); a node's sum
+    of them is written as sympy once per distinct sum (`user_names`, the count's)."""
+
+    def __init__(self, sizes: Any = None, user_names: UserNames | None = None) -> None:
         self.sizes = sizes
         self._found: dict[int, tuple[torch.Tensor, Any, Any]] = {}
+        self.user_names = user_names if user_names is not None or sizes is None else UserNames(sizes)
 
     def __call__(self, tensor: torch.Tensor, distinct: bool = False) -> Any:
         """Its bytes written; `distinct`: read (each stored element of an expanded view once)."""
@@ -56,7 +63,22 @@ def call_bytes(target: Any, read: Iterable[torch.Tensor], written: Collection[to
         table, elements = gathered
         read = [t for t in read if t is not table]
         table_bytes = elements * table.element_size()
-    return _total([table_bytes, *(measure(t, distinct=True) for t in read), *(measure(t) for t in written)])
+    terms = [table_bytes, *(measure(t, distinct=True) for t in read), *(measure(t) for t in written)]
+    if measure.sizes is not None and any(type(term) is Poly for term in terms):
+        # the tensors' polynomials summed, written as sympy once (a lookup's table bytes are sympy already)
+        poly = Poly.of(0)
+        rest = []
+        for term in terms:
+            if type(term) is Poly:
+                poly = poly + term
+            elif type(term) is int:
+                poly = poly + Poly.of(term)
+            else:
+                rest.append(term)
+        if not rest:
+            return measure.user_names(poly)
+        return _total([measure.user_names.written(poly), *rest])
+    return _total(terms)
 
 
 def _total(terms: list[Any]) -> Any:
@@ -123,10 +145,18 @@ def _bytes(tensor: torch.Tensor, sizes: Any, distinct: bool = False) -> Any:
         # under named sizes an axis not expanded must have a stride other than 0 at every point (a product
         # of sizes, which are positive), else its elements are counted as the tensor's numel (as written)
         if all(_positive(sizes.expression(step)) for step in tensor.stride() if not _zero(step)):
-            return math.prod(sizes.expression(size) for size in kept) * tensor.element_size()
+            return _product(kept, tensor.element_size())
     if sizes is not None:
-        return sizes.expression(tensor.numel()) * tensor.element_size()
+        return _product(tensor.shape, tensor.element_size())
     return int(tensor.numel()) * tensor.element_size()
+
+
+def _product(shape: Iterable[Any], factor: int) -> Poly:
+    """factor x the product of sizes (ints or SymInts), as a polynomial in the ShapeEnv's symbols."""
+    poly = Poly.of(factor)
+    for size in shape:
+        poly = poly * Poly.of(size.node.expr if type(size) is torch.SymInt else int(size))
+    return poly
 
 
 def _expanded(tensor: torch.Tensor) -> bool:

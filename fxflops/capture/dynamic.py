@@ -155,16 +155,21 @@ class SizeSymbols:
     def expression(self, value: Any) -> Any:
         """An int, or the sympy expression of a SymInt in the user's names (replacements applied)."""
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            expr = self.env.replace(value.node.expr)
-            found = self._in_user_names.get(expr)
-            if found is None:
-                if not expr.free_symbols:
-                    found = int(expr) if expr.is_integer else expr
-                else:
-                    found = expr.xreplace(self._to_user)
-                self._in_user_names[expr] = found
-            return found
+            return self.in_user_names(value.node.expr)
         return value
+
+    def in_user_names(self, expr: Any) -> Any:
+        """A sympy expression in the ShapeEnv's symbols in the user's names (replacements applied); an int
+        where it has no symbol left."""
+        expr = self.env.replace(expr)
+        found = self._in_user_names.get(expr)
+        if found is None:
+            if not expr.free_symbols:
+                found = int(expr) if expr.is_integer else expr
+            else:
+                found = _renamed(expr, self._to_user, self._in_user_names)
+            self._in_user_names[expr] = found
+        return found
 
     def conditions(self) -> list[sympy.Basic]:
         """What must hold for the capture's path to be taken: guards, ranges and fixed names, in user names."""
@@ -188,6 +193,35 @@ class SizeSymbols:
         for symbol, user in self._to_user.items():
             found.extend(_range_conditions(user, ranges[symbol]))
         return found
+
+
+def _renamed(expr: Any, names: Mapping[Any, Any], done: dict[Any, Any]) -> Any:
+    """expr.xreplace(names) (names: symbol -> symbol of the same assumptions), without re-running the `eval`
+    of torch's integer functions (FloorDiv, ModularIndexing, ...) on the renamed arguments: their
+    arguments were evaluated when the ShapeEnv made them, and a renaming changes no fact eval reads, so it
+    would give them back as they are, after asking sympy for facts of every new argument (the first
+    sweep capture's most expensive renaming: a strided convolution's output size). Sums, products and
+    powers are made as sympy makes them (their argument order is the names')."""
+    found = names.get(expr)
+    if found is not None:
+        return found
+    if not expr.args:
+        return expr
+    found = done.get(expr)
+    if found is not None:
+        return found
+    args = tuple(_renamed(arg, names, done) for arg in expr.args)
+    if args == expr.args:
+        return expr
+    if isinstance(expr, _sympy_function()) and not expr.is_Add and not expr.is_Mul and not expr.is_Pow:
+        return expr.func(*args, evaluate=False)
+    return expr.func(*args)
+
+
+def _sympy_function() -> type:
+    import sympy
+
+    return sympy.Function
 
 
 def _ranges(env: Any, symbols: Mapping[Any, Any]) -> dict[Any, Any]:

@@ -21,16 +21,19 @@ from fxflops.rules.kept_pairs import KeptPairs
 __all__ = ["RuleEvaluationError", "count_nodes"]
 
 
-def count_nodes(captured: Captured, table: RuleTable, conventions: str, attention: str = DENSE) -> list[NodeCost]:
+def count_nodes(captured: Captured, table: RuleTable, conventions: str, attention: str = DENSE,
+                lazy: bool = False) -> list[NodeCost]:
     """Cost every op node, then replace what runs inside whole-counted modules by one cost per call.
 
-    Attention ops carry both readings; `attention` says which one their macs/flops are."""
+    Attention ops carry both readings; `attention` says which one their macs/flops are. `lazy` (a sweep's
+    Piece): under symbolic sizes a count may be a `fxflops.rules.polynomial.PolyCount`, written as sympy
+    only when read so (every other caller gets ints and sympy expressions)."""
     check_attention(attention)
     whole_paths = captured.whole_paths
     sizes = captured.sizes
     costs = []
     memo: dict[Any, tuple[Any, ...]] = {}
-    values = NodeValues(sizes)
+    values = NodeValues(sizes, lazy)
     kept_memo: dict[Any, KeptPairs] = {}
     effective_memo: dict[Any, tuple[Any, Any]] = {}
     eager = find_eager_attention((node for _, node, _ in op_nodes(captured.graph_module)), kept_memo,

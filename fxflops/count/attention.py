@@ -19,6 +19,7 @@ from fxflops.results import ROOT_LABEL, NodeCost
 from fxflops.rules import Rule, RuleEvaluationError, RuleTable
 from fxflops.rules.flex import attention_kept_pairs
 from fxflops.rules.kept_pairs import FULL, KeptPairs, attention_grid
+from fxflops.rules.polynomial import plain
 from fxflops.spelling import did_you_mean
 
 DENSE = "dense"
@@ -78,7 +79,8 @@ def _effective_counts(rule: Rule, call: Any, table: RuleTable, conventions: str,
                       module: str, memo: dict[Any, tuple[Any, Any]], key: Any) -> tuple[Any, Any]:
     """(MACs, FLOPs) of the call over `pairs` kept pairs, evaluated once per (memo key, pairs)."""
     if key is not None:
-        key = (key, type(pairs), pairs)
+        # symbolic pairs by their expression (a SymInt cannot key a dict; the layers of a decoder share it)
+        key = (key, type(pairs), pairs.node.expr if isinstance(pairs, torch.SymInt) else pairs)
         try:
             return memo[key]
         except KeyError:
@@ -86,7 +88,7 @@ def _effective_counts(rule: Rule, call: Any, table: RuleTable, conventions: str,
         except TypeError:  # pairs a key cannot hold (a symbolic size)
             key = None
     try:
-        counts = table.effective_cost(rule, call, conventions, pairs)
+        counts = table.effective_cost(rule, call, conventions, pairs, lift=sizes is not None)
     except RuleEvaluationError as error:
         raise error.in_module(module or ROOT_LABEL) from error.__cause__
     counts = to_count(counts[0], sizes), to_count(counts[1], sizes)
@@ -103,7 +105,7 @@ def with_eager_effective(cost: NodeCost, found: EagerAttention, sizes: Any, atte
     elif kept.pairs is None:
         macs = flops = None
     else:
-        macs, flops = (effective_count(dense, kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
+        macs, flops = (effective_count(plain(dense), kept.pairs, found.grid, sizes) for dense in (cost.macs, cost.flops))
     use = attention == EFFECTIVE and macs is not None
     return dataclasses.replace(
         cost, macs=macs if use else cost.macs, flops=flops if use else cost.flops, attention=kept.pattern,

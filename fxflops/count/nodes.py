@@ -16,6 +16,7 @@ from fxflops.capture.recorder import SOURCE, source_text
 from fxflops.capture.replay import REPLAY_OF
 from fxflops.results import COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
+from fxflops.rules.polynomial import SizeValue, UserNames
 from fxflops.traffic import TensorBytes, call_bytes, node_bytes, tensors_of
 
 
@@ -54,9 +55,12 @@ class NodeValues:
     node's output and again as an argument of every node that uses it): its signature (what a rule can
     read of it) and its distinct tensors; each tensor's bytes are measured once too."""
 
-    def __init__(self, sizes: Any) -> None:
+    def __init__(self, sizes: Any, lazy: bool = False) -> None:
         self.sizes = sizes
-        self.measure = TensorBytes(sizes)
+        # a sweep's polynomials (counts and bytes) written as sympy, each distinct one once (`lazy`: kept as
+        # polynomials, PolyCount, for a sweep's Piece, which compiles them as they are)
+        self.user_names = UserNames(sizes, lazy) if sizes is not None else None
+        self.measure = TensorBytes(sizes, self.user_names)
         self._nodes: dict[torch.fx.Node, tuple[Any, dict[int, torch.Tensor]]] = {}
         self._sources: dict[Any, str | None] = {}
 
@@ -207,7 +211,7 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         call = dataclasses.replace(call_of(graph_module, node, args, kwargs, out), within=type_name)
         entry = _match(table, call, path)
         # the shapes follow from the key (it holds every tensor's shape), so calls that share it share them
-        found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes),
+        found = (call.key, entry, *_apply(entry, call, table, conventions, path, sizes, values.user_names),
                  _shapes(args, sizes) + _shapes(tuple(kwargs.values()), sizes), _shapes(out, sizes))
         if key is not None:
             memo[key] = found
@@ -338,18 +342,25 @@ def _match(table: RuleTable, call: OpCall, path: str) -> Rule | ZeroList | None:
 
 
 def _apply(entry: Rule | ZeroList | None, call: OpCall, table: RuleTable, conventions: str, path: str,
-           sizes: Any) -> tuple[Any, Any]:
+           sizes: Any, user_names: UserNames | None = None) -> tuple[Any, Any]:
     if not isinstance(entry, Rule):
         return 0, 0
     try:
-        macs, flops = table.cost(entry, call, conventions)  # checked: non-negative ints, or symbolic sizes
+        # checked: non-negative ints, or symbolic sizes (under a sweep's, as polynomials while the formulas add
+        # and multiply them: fxflops.rules.polynomial)
+        macs, flops = table.cost(entry, call, conventions, lift=sizes is not None)
     except RuleEvaluationError as error:
         raise error.in_module(path or ROOT_LABEL) from error.__cause__
-    return to_count(macs, sizes), to_count(flops, sizes)
+    return to_count(macs, sizes, user_names), to_count(flops, sizes, user_names)
 
 
-def to_count(value: Any, sizes: Any) -> Any:
-    """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded as int() rounds)."""
+def to_count(value: Any, sizes: Any, user_names: UserNames | None = None) -> Any:
+    """An int, or under symbolic sizes an int-valued sympy expression (a float one rounded as int() rounds).
+    `user_names`: the count's (writes each distinct polynomial once)."""
+    if type(value) is SizeValue:  # a formula's polynomial: written as sympy once, in the user's names
+        if sizes is None:
+            return int(value.sym())
+        return (user_names or UserNames(sizes))(value.poly)
     if isinstance(value, torch.SymInt | torch.SymFloat):
         if sizes is None:  # symbolic without a sweep's sizes: its value at the example's sizes
             return int(value)

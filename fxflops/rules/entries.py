@@ -16,6 +16,7 @@ import torch
 from fxflops.rules.binding import OpCall, _formula_names
 from fxflops.rules.formula import Formula, FormulaError, clip
 from fxflops.rules.parsed import PRESETS_PARSE_FILE, parsed_files
+from fxflops.rules.polynomial import SizeValue
 from fxflops.rules.presets import PRESETS_FILE, Preset, PresetTable, presets_from
 from fxflops.rules.reading import MAX_FILE_BYTES, RuleFileError, parse_rule_toml, read_rule_bytes  # (RuleFileError and the limit: this module's names too)
 
@@ -97,7 +98,7 @@ class Rule:
             return True
         return self._evaluate(self.when, "when", _formula_names(call), call, _truth)
 
-    def cost(self, call: OpCall, preset: Preset, family: str) -> tuple[Any, Any]:
+    def cost(self, call: OpCall, preset: Preset, family: str, lift: bool = False) -> tuple[Any, Any]:
         """(MACs, FLOPs) of this call under `preset`, for an op of `family`: non-negative ints, or
         symbolic sizes.
 
@@ -105,36 +106,38 @@ class Rule:
         otherwise the preset keeps or drops the rule's counts by family and derives its MACs and FLOPs
         from them. A callable gives the rule's counts (it may read call.conventions). Raises
         RuleEvaluationError naming the rule, the field and the op when a formula fails or gives
-        something that is not a count."""
+        something that is not a count. `lift`: a count may be a SizeValue (see Formula.evaluate)."""
         override = self.presets.get(preset.name)
         if override is not None:
-            return self._counts(override, call, preset.name)
+            return self._counts(override, call, preset.name, lift)
         if not preset.counts(family):
             return 0, 0
         if self.function is not None:
             macs, flops = self._call_function(dataclasses.replace(call, conventions=preset.name))
         else:
-            macs, flops = self._counts((self.macs, self.flops), call, preset.name)
-        return self._preset_counts(preset, family, macs, flops, call)
+            macs, flops = self._counts((self.macs, self.flops), call, preset.name, lift)
+        return self._preset_counts(preset, family, macs, flops, call, lift)
 
-    def effective_cost(self, call: OpCall, preset: Preset, family: str, kept_pairs: Any) -> tuple[Any, Any]:
+    def effective_cost(self, call: OpCall, preset: Preset, family: str, kept_pairs: Any,
+                       lift: bool = False) -> tuple[Any, Any]:
         """(MACs, FLOPs) of this call counting only the `kept_pairs` (query, key) pairs its mask keeps,
         under `preset` as `cost` counts the dense reading (the rule's `effective_*` formulas)."""
         if self.effective is None:
             raise ValueError(f"{self.label} has no effective formulas")
         override = self.presets.get(preset.name)
         if override is not None:  # a tool's own count (ptflops' MultiheadAttention hook): every pair, as it counts
-            return self._counts(override, call, preset.name)
+            return self._counts(override, call, preset.name, lift)
         if not preset.counts(family):
             return 0, 0
         call = dataclasses.replace(call, names={**call.names, KEPT_PAIRS: kept_pairs})
-        macs, flops = self._counts(self.effective, call, preset.name)
-        return self._preset_counts(preset, family, macs, flops, call)
+        macs, flops = self._counts(self.effective, call, preset.name, lift)
+        return self._preset_counts(preset, family, macs, flops, call, lift)
 
-    def _preset_counts(self, preset: Preset, family: str, macs: Any, flops: Any, call: OpCall) -> tuple[Any, Any]:
+    def _preset_counts(self, preset: Preset, family: str, macs: Any, flops: Any, call: OpCall,
+                       lift: bool = False) -> tuple[Any, Any]:
         """The preset's counts from the rule's, checked like the rule's own (ptflops' macs + extra goes
         negative for a rule whose FLOPs are fewer than its MACs)."""
-        counts = preset.apply(family, macs, flops)
+        counts = preset.apply(family, macs, flops, lift)
         for field_name, value in zip(("macs", "flops"), counts):
             try:
                 check_count(value)
@@ -143,12 +146,15 @@ class Rule:
                                           call.key, f"the preset's formula gave {error}") from None
         return counts
 
-    def _counts(self, formulas: tuple[Formula, Formula], call: OpCall, conventions: str) -> tuple[Any, Any]:
+    def _counts(self, formulas: tuple[Formula, Formula], call: OpCall, conventions: str,
+                lift: bool = False) -> tuple[Any, Any]:
         macs_formula, flops_formula = formulas
         names = dict(_formula_names(call))
-        macs = self._evaluate(macs_formula, self._field("macs", macs_formula, conventions), names, call, check_count)
+        macs = self._evaluate(macs_formula, self._field("macs", macs_formula, conventions), names, call, check_count,
+                              lift)
         names["macs"] = macs
-        flops = self._evaluate(flops_formula, self._field("flops", flops_formula, conventions), names, call, check_count)
+        flops = self._evaluate(flops_formula, self._field("flops", flops_formula, conventions), names, call, check_count,
+                               lift)
         return macs, flops
 
     def _field(self, key: str, formula: Formula, conventions: str) -> str:
@@ -158,9 +164,9 @@ class Rule:
         return key if formula is getattr(self, key) else f"presets.{conventions}.{key}"
 
     def _evaluate(self, formula: Formula, field_name: str, names: Mapping[str, Any], call: OpCall,
-                  check: Callable[[Any], Any]) -> Any:
+                  check: Callable[[Any], Any], lift: bool = False) -> Any:
         try:
-            value = formula.evaluate(names)
+            value = formula.evaluate(names, lift)
             try:
                 return check(value)
             except Exception as error:  # noqa: BLE001 - whatever the check met, said as the formula's result
@@ -195,7 +201,7 @@ def _truth(value: Any) -> bool:
 def check_count(value: Any) -> Any:
     """A MAC or FLOP count as an int, if `value` is one: a non-negative integer (or a float holding
     one), or a symbolic size, whose sign cannot be known here. Raises ValueError saying what it is."""
-    if isinstance(value, torch.SymInt | torch.SymFloat):
+    if isinstance(value, torch.SymInt | torch.SymFloat | SizeValue):
         return value
     if isinstance(value, float) and value.is_integer():  # finite: inf and nan are not integers
         value = int(value)

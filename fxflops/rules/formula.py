@@ -28,7 +28,8 @@ from fxflops.rules.formula_bounds import (
     _short,
     clip,
 )
-from fxflops.rules.formula_helpers import HELPERS
+from fxflops.rules.formula_helpers import HELPERS, numel, own_numel
+from fxflops.rules.polynomial import lifted, lifted_numel, unlifted
 
 # Bounds on a formula's syntax, checked before anything is evaluated (the values it makes are bounded
 # in formula_bounds). The shipped rules stay far inside them: at most 850 characters, 470 nodes and depth 20.
@@ -91,10 +92,14 @@ class Formula:
             self._parsed = _parse(self.source)
         return self._parsed
 
-    def evaluate(self, names: Mapping[str, Any]) -> Any:
+    def evaluate(self, names: Mapping[str, Any], lift: bool = False) -> Any:
+        """The formula's value. `lift`: symbolic sizes are added and multiplied as polynomials, and a
+        count's value may be a `fxflops.rules.polynomial.SizeValue` (what `count.nodes.to_count` takes);
+        otherwise SymInts throughout, as torch computes them."""
         tree = self._checked()[0]  # outside the try: a formula that does not parse says so once
         try:
-            return _Evaluator(names).visit(tree.body)
+            found = _Evaluator(names, lift).visit(tree.body)
+            return found if lift else unlifted(found)
         except FormulaError as error:
             raise FormulaError(f"formula {_short(self.source, 200)}: {error}") from None
         except Exception as error:  # a formula failing on odd inputs must say which formula
@@ -166,8 +171,9 @@ def _check_allowed(node: ast.AST, source: str) -> None:
 
 
 class _Evaluator:
-    def __init__(self, names: Mapping[str, Any]) -> None:
+    def __init__(self, names: Mapping[str, Any], lift: bool = False) -> None:
         self.names = names
+        self.lift = lift  # symbolic sizes read from names and shapes as SizeValues
 
     def visit(self, node: ast.AST) -> Any:
         return getattr(self, f"visit_{type(node).__name__}")(node)
@@ -179,7 +185,7 @@ class _Evaluator:
         if node.id in HELPERS:
             return HELPERS[node.id]
         if node.id in self.names:
-            return self.names[node.id]
+            return lifted(self.names[node.id]) if self.lift else self.names[node.id]
         if node.id in ("True", "False", "None"):
             return {"True": True, "False": False, "None": None}[node.id]
         known = ", ".join(sorted(self.names)) or "none"
@@ -188,7 +194,8 @@ class _Evaluator:
     def visit_Attribute(self, node: ast.Attribute) -> Any:
         value = self.visit(node.value)
         if node.attr == "shape":
-            return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+            shape = tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+            return lifted(shape) if self.lift else shape
         return value.ndim if hasattr(value, "ndim") else len(value)
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
@@ -235,4 +242,10 @@ class _Evaluator:
         return [self.visit(element) for element in node.elts]
 
     def visit_Call(self, node: ast.Call) -> Any:
-        return _bounded(HELPERS[node.func.id](*(self.visit(arg) for arg in node.args)))
+        helper = HELPERS[node.func.id]
+        args = [self.visit(arg) for arg in node.args]
+        if self.lift:
+            if helper is numel and len(args) == 1 and own_numel(args[0]):
+                return lifted_numel(args[0])  # the product of its sizes' polynomials (numel()'s, made on need)
+            return lifted(_bounded(helper(*args)))
+        return _bounded(helper(*args))

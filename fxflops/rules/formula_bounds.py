@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fxflops.rules.polynomial import SizeValue
+
 
 class FormulaError(ValueError):
     """A formula that does not parse, uses something not allowed, or fails on its inputs."""
@@ -122,4 +124,4 @@ def clip(text: str, limit: int = 200) -> str:
 
 
 def _symbolic(value: Any) -> bool:
-    return isinstance(value, torch.SymInt | torch.SymFloat)
+    return isinstance(value, torch.SymInt | torch.SymFloat | SizeValue)

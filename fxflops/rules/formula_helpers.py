@@ -16,11 +16,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from fxflops.rules.formula_bounds import FormulaError, _add, _multiply, _symbolic
+from fxflops.rules.polynomial import SizeValue, unlifted
 
 
 def numel(value: Any) -> Any:
     """Number of elements of a tensor, a shape, or 0 for None."""
-    if type(value) in _PLAIN_TENSORS and value.layout is torch.strided and not value.is_nested:
+    if own_numel(value):
         # the tensor's own count: the product of its sizes from 1 in axis order, as prod() below makes it
         # (the same expression under named sizes), which torch made and kept with the tensor; prod() redoes
         # it a multiplication a size, each through torch's symbolic wrapper (10-20 us) under named sizes
@@ -35,6 +36,11 @@ def numel(value: Any) -> Any:
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)  # types whose numel() is their sizes' product
+
+
+def own_numel(value: Any) -> bool:
+    """Whether numel() of `value` is the tensor's own numel(): the product of its sizes."""
+    return type(value) in _PLAIN_TENSORS and value.layout is torch.strided and not value.is_nested
 
 
 def prod(values: Sequence[Any]) -> Any:
@@ -153,6 +159,7 @@ def fft_flops(shape: Sequence[Any], dims: Any, real: bool, lengths: Sequence[Any
 
 
 def _fft_line_flops(length: Any, real: bool) -> Any:
+    length = unlifted(length)
     if _symbolic(length):  # log2(1) is 0: no branch, which would fix the size
         return torch.sym_int(5 * length * torch._sym_log2(torch.sym_float(length)) / (2 if real else 1))
     return int(5 * length * math.log2(length) / (2 if real else 1)) if length > 1 else 0
@@ -193,13 +200,13 @@ def _extreme(builtin: Callable[..., Any], pick: Callable[[Any, Any], Any]) -> Ca
         items = list(values[0]) if len(values) == 1 and not _symbolic(values[0]) else list(values)
         if not any(_symbolic(item) for item in items):
             return builtin(*values)
-        return functools.reduce(pick, items)
+        return functools.reduce(pick, [unlifted(item) for item in items])
     return extreme
 
 
 def _to_int(value: Any) -> Any:
     """int(), keeping a symbolic size symbolic (rounded toward zero, as int() rounds)."""
-    if isinstance(value, torch.SymInt):
+    if isinstance(value, torch.SymInt | SizeValue):
         return value
     if isinstance(value, torch.SymFloat):
         return torch.sym_int(value)

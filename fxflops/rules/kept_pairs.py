@@ -82,21 +82,38 @@ def call_kept_pairs(op: str, names: Mapping[str, Any], nodes: Mapping[str, Any],
         return None
     mask_name = next((name for name in MASK_NAMES if isinstance(names.get(name), torch.Tensor)), None)
     if mask_name is None:
-        if names.get("is_causal") is True or names.get("custom_mask_type") == 1:
-            return KeptPairs(math.prod(grid[:-2]) * causal_pairs(grid[-2], grid[-1]), CAUSAL)
-        if names.get("custom_mask_type") == 2:
-            # causal_lower_right: torch.ones(Lq, Lk).tril(diagonal=Lk - Lq), the last query sees every key
-            lq, lk = grid[-2], grid[-1]
-            pattern = CAUSAL if _same(lq, lk) else f"{CAUSAL} (lower right)"
-            return KeptPairs(math.prod(grid[:-2]) * band_pairs(lq, lk, None, lk - lq), pattern)
-        return None
+        causal = names.get("is_causal") is True or names.get("custom_mask_type") == 1
+        if not causal and names.get("custom_mask_type") != 2:
+            return None
+        # the layers of a decoder share their grid: its pairs are worked out once (under a sweep's sizes each
+        # working-out is several operations through torch's symbolic layer)
+        key_ = (CAUSAL if causal else "lower right", grid_key(grid))
+        if key_ not in memo:
+            memo[key_] = _causal_pairs(grid, causal)
+        return memo[key_]
     node = nodes.get(mask_name)
     if not isinstance(node, torch.fx.Node):
         return KeptPairs(None, DATA)
-    key_ = (node, tuple(str(size) for size in grid))
+    key_ = (node, grid_key(grid))
     if key_ not in memo:
         memo[key_] = _mask_pairs(node, grid, symbolic)
     return memo[key_]
+
+
+def grid_key(grid: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A grid as a memo key: its sizes, a symbolic one by its expression (a SymInt cannot key a dict, and
+    printing one, as str() does, costs more than the lookup saves)."""
+    return tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in grid)
+
+
+def _causal_pairs(grid: tuple[Any, ...], top_left: bool) -> KeptPairs:
+    """The pairs of `is_causal` (top left), or of the efficient kernel's causal_lower_right, over `grid`."""
+    if top_left:
+        return KeptPairs(math.prod(grid[:-2]) * causal_pairs(grid[-2], grid[-1]), CAUSAL)
+    # causal_lower_right: torch.ones(Lq, Lk).tril(diagonal=Lk - Lq), the last query sees every key
+    lq, lk = grid[-2], grid[-1]
+    pattern = CAUSAL if _same(lq, lk) else f"{CAUSAL} (lower right)"
+    return KeptPairs(math.prod(grid[:-2]) * band_pairs(lq, lk, None, lk - lq), pattern)
 
 
 def _mask_pairs(node: torch.fx.Node, grid: tuple[Any, ...], symbolic: bool) -> KeptPairs:
@@ -161,7 +178,7 @@ def masks_kept_pairs(masks: tuple[tuple[str, torch.fx.Node], ...], grid: tuple[A
                      memo: dict[Any, KeptPairs], symbolic: bool) -> KeptPairs:
     """The pairs kept by all of `masks` (each (KEEP | DROP | ADDITIVE, node)) over `grid` (B, H, Lq, Lk):
     attention written as plain ops, whose scores a mask is added to, filled by or selected with."""
-    key = (masks, tuple(str(size) for size in grid))
+    key = (masks, grid_key(grid))
     if key not in memo:
         memo[key] = _masks_pairs(masks, grid, symbolic)
     return memo[key]

@@ -32,11 +32,11 @@ class Treatment:
     macs: Formula
     flops: Formula
 
-    def apply(self, macs: Any, flops: Any) -> tuple[Any, Any]:
+    def apply(self, macs: Any, flops: Any, lift: bool = False) -> tuple[Any, Any]:
         if self.macs.source == "macs" and self.flops.source == "flops":
             return macs, flops  # the rule's own counts
         names = {"macs": macs, "flops": flops, "extra": flops - 2 * macs}
-        return self.macs.evaluate(names), self.flops.evaluate(names)
+        return self.macs.evaluate(names, lift), self.flops.evaluate(names, lift)
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,11 @@ class Preset:
     def counts(self, family: str) -> bool:
         return self.treatment(family) is not None
 
-    def apply(self, family: str, macs: Any, flops: Any) -> tuple[Any, Any]:
-        """This preset's (MACs, FLOPs) for an op of `family` whose rule counts (macs, flops)."""
+    def apply(self, family: str, macs: Any, flops: Any, lift: bool = False) -> tuple[Any, Any]:
+        """This preset's (MACs, FLOPs) for an op of `family` whose rule counts (macs, flops); `lift`: as
+        Formula.evaluate's."""
         treatment = self.treatment(family)
-        return (0, 0) if treatment is None else treatment.apply(macs, flops)
+        return (0, 0) if treatment is None else treatment.apply(macs, flops, lift)
 
 
 @dataclass(frozen=True)

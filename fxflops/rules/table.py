@@ -127,13 +127,14 @@ class RuleTable:
                 return entry.family
         return OTHER
 
-    def cost(self, rule: Rule, call: OpCall, conventions: str) -> tuple[Any, Any]:
-        """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions`."""
-        return rule.cost(call, preset(conventions), self.family(rule, call))
+    def cost(self, rule: Rule, call: OpCall, conventions: str, lift: bool = False) -> tuple[Any, Any]:
+        """(MACs, FLOPs) of a call `rule` matched, under the preset named `conventions` (`lift`: see Rule.cost)."""
+        return rule.cost(call, preset(conventions), self.family(rule, call), lift)
 
-    def effective_cost(self, rule: Rule, call: OpCall, conventions: str, kept_pairs: Any) -> tuple[Any, Any]:
+    def effective_cost(self, rule: Rule, call: OpCall, conventions: str, kept_pairs: Any,
+                       lift: bool = False) -> tuple[Any, Any]:
         """(MACs, FLOPs) of an attention call over the `kept_pairs` pairs its mask keeps (see Rule.effective_cost)."""
-        return rule.effective_cost(call, preset(conventions), self.family(rule, call), kept_pairs)
+        return rule.effective_cost(call, preset(conventions), self.family(rule, call), kept_pairs, lift)
 
     def knows_op(self, op: Any, function: Any = None) -> bool:
         """Whether some rule or zero list names this aten op (an OpOverload), by overload or packet, or

@@ -20,6 +20,7 @@ from typing import Any
 import sympy
 
 from fxflops.capture.dynamic import user_symbol
+from fxflops.rules.polynomial import PolyCount
 
 # |value| below which int64 arithmetic on a float64 pass' magnitudes is certainly exact (float64
 # rounds by at most 2^-52 relative, far inside this margin)
@@ -119,11 +120,36 @@ class _Writer:
         found = self._vars.get(expr)
         if found is not None:
             return found
+        if type(expr) is PolyCount:
+            return self._count(expr)
         text = self._text(expr) if self._supported(expr) else self.fallback(expr)
         if isinstance(expr, sympy.Symbol | sympy.Integer | sympy.logic.boolalg.BooleanAtom):
             self._vars[expr] = text
             return text
         name = self._vars[expr] = f"v{len(self._vars)}"
+        self._lines.append(f"{name} = {text}")
+        if self._check:
+            self._lines.append(f"_seen({name})")
+        return name
+
+    def _count(self, count: PolyCount) -> str:
+        """A count kept as a polynomial: one line per product of its atoms (each checked on the float pass,
+        as a sympy product's line is), then their sum; through sympy where an atom has no Python form."""
+        terms = count.terms()
+        if not all(type(atom) is int or self._supported(atom) for _, factors in terms for atom, _ in factors):
+            text = self.fallback(count.sympy())
+        else:
+            products = []
+            for coefficient, factors in terms:
+                parts = [f"({coefficient})"] + [self.var(atom) if power == 1 else f"{self.var(atom)} ** {power}"
+                                                for atom, power in factors]
+                products.append(self._line(" * ".join(parts)))
+            text = " + ".join(products)
+        name = self._vars[count] = self._line(text)
+        return name
+
+    def _line(self, text: str) -> str:
+        name = f"v{len(self._vars)}_{len(self._lines)}"
         self._lines.append(f"{name} = {text}")
         if self._check:
             self._lines.append(f"_seen({name})")

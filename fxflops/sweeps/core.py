@@ -29,7 +29,7 @@ from fxflops.optimizer import optimizer_step
 from fxflops.results import CountSource, Estimate, SweepFormula, SweepPoint, SweepResult
 from fxflops.rules import RuleSpec
 from fxflops.sweeps.piece import Piece
-from fxflops.tree import module_stats, unknown_ops
+from fxflops.tree import module_stats
 
 QUANTITIES = ("macs", "flops", "params", "fwd_macs", "fwd_flops", "bwd_macs", "bwd_flops")
 
@@ -69,7 +69,7 @@ class Sweep:
             if first == self.example:
                 raise
             self.pieces.append(self._capture(self.example))  # the model insists on its example's sizes
-        unknown = unknown_ops(self.pieces[0].costs)
+        unknown = self.pieces[0].unknown()
         if strict and unknown:
             raise UnknownOpsError(unknown)
         warn_unknown(unknown)
@@ -275,7 +275,7 @@ class Sweep:
                 values = "; a sweep counts from shapes only and cannot take the inputs' values the forward reads: " \
                     "estimate() each point with its real inputs" if any(a.reads_values for a in error.attempts) else ""
                 raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()}){values}") from error
-            return Piece(plan, captured, self._counting.count(captured), self._value_sizes)
+            return Piece(plan, captured, self._counting.count(captured, lazy=True), self._value_sizes)
 
     def _axes_text(self) -> str:
         shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]

@@ -19,6 +19,7 @@ import sympy
 
 from fxflops.capture.dynamic import user_symbol
 from fxflops.results import NodeCost
+from fxflops.rules.polynomial import PolyCount
 
 
 class _Slot(int):
@@ -75,7 +76,11 @@ class CostTemplates:
         slot = self._slots.get(expr)
         if slot is None:
             slot = self._slots[expr] = _Slot(len(self._functions))
-            self._functions.append(compile_expression(expr) or _by_sympy(expr))
+            if type(expr) is PolyCount:
+                function = _compiled_count(expr) or _by_sympy(expr.sympy())
+            else:
+                function = compile_expression(expr) or _by_sympy(expr)
+            self._functions.append(function)
         return slot
 
     def _shape_id(self, shapes: tuple[tuple[Any, ...], ...]) -> int:
@@ -85,6 +90,21 @@ class CostTemplates:
             self._shapes.append(tuple(tuple(size if type(size) is int else self._slot(size) for size in shape)
                                       for shape in shapes))
         return found
+
+
+def _compiled_count(count: PolyCount) -> Callable[[Mapping[str, int]], int] | None:
+    """A count kept as a polynomial, as a Python function of a point (None where an atom has no Python form)."""
+    products = []
+    for coefficient, factors in count.terms():
+        compiled = []
+        for atom, power in factors:
+            function = (lambda point, value=atom: value) if type(atom) is int else compile_expression(atom)
+            if function is None:
+                return None
+            compiled.append((function, power))
+        products.append((coefficient, compiled))
+    return lambda point: sum(coefficient * math.prod(function(point) ** power for function, power in compiled)
+                             for coefficient, compiled in products)
 
 
 def _node_cost(fields: dict[str, Any]) -> NodeCost:

@@ -9,7 +9,7 @@ modules (each distinct expression evaluated once). `Sweep` keeps one piece per p
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +22,7 @@ from fxflops.capture.lookups import position_lookups
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.results import Captured, Estimate, ModuleInfo, ModuleStats, NodeCost, SweepModule, SweepPoint
 from fxflops.results.estimate import Deferred
+from fxflops.rules.polynomial import Poly, PolyCount, plain
 from fxflops.sweeps.compiled import Program
 from fxflops.sweeps.expressions import CostTemplates, compile_expression, condition_text, plain_sympy, simple_bound
 from fxflops.tree import owning_module, parent_name, totals_by, unknown_ops
@@ -34,9 +35,14 @@ class Piece:
         sizes = captured.sizes
         self.plan = plan  # its hints are the point it was captured at
         self.captured = captured
-        self.costs = costs
+        # every node's cost as counted: under the sweep's sizes a count may be a PolyCount (a polynomial the
+        # programs compile as it is); `costs` writes them as sympy when first read
+        self._counted = costs
+        self._costs: list[NodeCost] | None = None
         self.conditions: list[sympy.Basic] = sizes.conditions()
-        self.infos = {name: dataclasses.replace(info, params=sizes.expression(info.params))
+        # (frozen: a module whose params are an int is shared as it is)
+        self.infos = {name: info if type(info.params) is int else
+                      dataclasses.replace(info, params=sizes.expression(info.params))
                       for name, info in captured.modules.items()}
         self._templates: CostTemplates | None = None  # made on the first estimate()
         self._symbolic_params = any(not isinstance(info.params, int) for info in self.infos.values())
@@ -56,6 +62,17 @@ class Piece:
                 f"costs depend on sizes the capture could not name ({', '.join(sorted(map(str, unbound)))}): "
                 "an op's output size depends on tensor values (nonzero, masked_select, unique). "
                 "Sweep over inputs whose shapes fix every size, or use estimate() at each point.")
+
+    @property
+    def costs(self) -> list[NodeCost]:
+        """Every node's cost, its counts ints or sympy expressions in the sweep's names (made on first read)."""
+        if self._costs is None:
+            self._costs = [_plain_cost(cost) for cost in self._counted]
+        return self._costs
+
+    def unknown(self) -> list[Any]:
+        """The ops no rule counts (tree.unknown_ops of the costs)."""
+        return unknown_ops(self._counted)
 
     def holds(self, point: Mapping[str, int]) -> bool:
         if self._holds is None:
@@ -103,19 +120,28 @@ class Piece:
         """Module name -> inclusive formula of `quantity` (the root is "")."""
         if quantity == "params":
             return {name: sympy.sympify(info.params) for name, info in self.infos.items()}
-        terms: dict[str, list[Any]] = defaultdict(list)
+        # each module's polynomial counts summed as polynomials (written as sympy once per module), its other
+        # terms (ints, sympy) added to that
+        own: dict[str, list[Any]] = {name: [Poly.of(0), []] for name in self.infos}
         field = "flops" if quantity.endswith("flops") else "macs"
-        for cost in self.costs:
+        names = None
+        for cost in self._counted:
             if quantity.startswith("fwd_") and cost.is_backward or quantity.startswith("bwd_") and not cost.is_backward:
                 continue
             value = getattr(cost, field)
-            if value != 0:
-                terms[owning_module(cost.module, self.captured.aliases, self.infos)].append(value)
-        totals = {name: sympy.Add(*terms.get(name, ())) for name in self.infos}
-        for name in reversed(list(totals)):  # children come after their parents in pre-order
+            entry = own[owning_module(cost.module, self.captured.aliases, self.infos)]
+            if type(value) is PolyCount:
+                entry[0] = entry[0] + value.poly
+                names = value.names
+            elif value != 0:
+                entry[1].append(value)
+        for name in reversed(list(own)):  # children come after their parents in pre-order
             parent = parent_name(name)
-            if parent is not None and parent in totals:
-                totals[parent] = totals[parent] + totals[name]
+            if parent is not None and parent in own:
+                own[parent][0] = own[parent][0] + own[name][0]
+                own[parent][1].extend(own[name][1])
+        totals = {name: sympy.Add(*([names.written(poly)] if poly.terms else []), *others)
+                  for name, (poly, others) in own.items()}
         return {name: plain_sympy(expr) for name, expr in totals.items()}
 
     def estimate(self, point: Mapping[str, int], model_type: str, conventions: str, inputs: Any,
@@ -144,7 +170,7 @@ class Piece:
 
     def _node_costs(self, point: Mapping[str, int]) -> list[NodeCost]:
         if self._templates is None:
-            self._templates = CostTemplates(self.costs)
+            self._templates = CostTemplates(self._counted)
         return self._templates.costs(point)
 
     def totals(self, point: Mapping[str, int], model_type: str, depth: int, top: int) -> SweepPoint:
@@ -192,7 +218,7 @@ class Piece:
         `tree.module_stats` sums them. Made once per piece, on first use."""
         if self._terms is None:
             own = {name: (Counter(), Counter()) for name in self.infos}
-            for cost in self.costs:
+            for cost in self._counted:
                 macs, flops = own[owning_module(cost.module, self.captured.aliases, self.infos)]
                 macs[cost.macs] += 1
                 flops[cost.flops] += 1
@@ -221,7 +247,7 @@ class _Programs:
     def __init__(self, piece: Piece) -> None:
         infos, aliases = piece.infos, piece.captured.aliases
         own = {name: [[0, Counter()] for _ in _OWN] for name in infos}
-        for cost in piece.costs:
+        for cost in piece._counted:
             sums = own[owning_module(cost.module, aliases, infos)]
             values = (cost.macs, cost.flops) + ((cost.macs, cost.flops) if cost.is_backward else (0, 0)) + (cost.bytes,)
             for entry, value in zip(sums, values):
@@ -244,7 +270,7 @@ class _Programs:
         calls = piece.captured.module_calls
         self._fixed = [(name, info.type, 0 if name == "" else name.count(".") + 1, calls.get(name, 0), info.extra_repr,
                         info.children, parent_name(name)) for name, info in infos.items()]
-        self.unknown = tuple(unknown_ops(piece.costs))
+        self.unknown = tuple(piece.unknown())
 
     def modules(self, sizes: tuple[int, ...], model_type: str) -> dict[str, ModuleStats]:
         """Per-module stats at the point, equal to `tree.module_stats` of the costs evaluated there."""
@@ -347,11 +373,24 @@ def _solved(condition: sympy.Basic) -> sympy.Basic | None:
 
 def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[sympy.Symbol]:
     found: set[sympy.Symbol] = set()
-    values = [c.macs for c in costs] + [c.flops for c in costs] + [c.bytes for c in costs]
-    values += [i.params for i in infos.values()]
-    values += [size for c in costs for shape in (*c.input_shapes, *c.output_shapes) for size in shape]
+    values = {value for c in costs for value in (c.macs, c.flops, c.bytes) if type(value) is not int}
+    values.update(i.params for i in infos.values() if type(i.params) is not int)
+    # each node's shapes once: a replayed block's copies share their reference's shape tuples (by identity),
+    # and a large model's nodes hold tens of thousands of sizes
+    shapes = {id(held): held for c in costs for held in (c.input_shapes, c.output_shapes)}
+    values.update(size for held in shapes.values() for shape in held for size in shape if type(size) is not int)
     # each distinct expression once: sympy walks the whole tree for free_symbols on every ask, and a count's
     # shapes and costs repeat the same few (hashing one is cached)
-    for value in {value for value in values if isinstance(value, sympy.Basic)}:
-        found |= value.free_symbols
+    for value in values:
+        if isinstance(value, sympy.Basic) or type(value) is PolyCount:
+            found |= value.free_symbols
     return found
+
+
+_COUNTS = ("macs", "flops", "bytes", "dense_macs", "dense_flops", "effective_macs", "effective_flops")
+
+
+def _plain_cost(cost: NodeCost) -> NodeCost:
+    """The cost with its PolyCounts written as sympy (the same NodeCost where it holds none)."""
+    written = {name: plain(value) for name in _COUNTS if type(value := getattr(cost, name)) is PolyCount}
+    return dataclasses.replace(cost, **written) if written else cost
