@@ -436,3 +436,34 @@ def test_a_copys_fresh_output_has_its_references_strides_as_expressions():
         made = Replays._made_like(types.SimpleNamespace(_mode=mode), like)
         assert [str(step) for step in made.stride()] == [str(step) for step in like.stride()]
         assert (made.shape, made.dtype, made.storage_offset()) == (like.shape, like.dtype, 0)
+
+
+def test_a_fresh_output_is_made_unseen_by_a_recording_references_trace():
+    """A copy's fresh output is made by torch's constructors alone: a reference recording meanwhile (a leaf replayed
+    inside it) is not shown their Python calls (under named sizes each size's arithmetic is torch's Python, and the
+    trace function on every call of it was a fifth of a fresh tensor's cost), and it traces on afterwards."""
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.block_reads import Tracer
+    from fxflops.capture.replay import Replays
+    from tests.test_symbolic_elementwise import _env, _sizes
+
+    env = _env()
+    b, s = _sizes(env)
+    mode = FakeTensorMode(shape_env=env, static_shapes=True)
+    with mode:
+        likes = [torch.empty(b, s, 8), torch.empty(b, s, 8).transpose(1, 2)]
+    tracer = Tracer()
+    tracer.start()
+    try:
+        made = [Replays._made_like(types.SimpleNamespace(_mode=mode), like) for like in likes]
+        tracing = sys.gettrace()
+    finally:
+        tracer.stop()
+    assert tracing is not None  # tracing again after each
+    seen = {code.co_filename for code in tracer._traced}
+    assert not any(name.endswith(("sym_node.py", "symbolic_shapes.py")) for name in seen), sorted(seen)
+    for fresh, like in zip(made, likes):
+        assert (fresh.shape, fresh.stride(), fresh.dtype) == (like.shape, like.stride(), like.dtype)
