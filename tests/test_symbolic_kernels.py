@@ -417,3 +417,40 @@ def test_a_size_bound_known_without_its_symbool_is_what_known_says():
         asked = _known(size >= bound if inclusive else size > bound)
         assert _known_above(size, bound, inclusive) == asked == expected, (size, bound, inclusive)
     assert (env.guards, env.replacements, env.deferred_runtime_asserts) == ([], {}, {})
+
+
+MM = torch.ops.aten.mm.default
+# a linear layer without a bias on named rows (a decoder's projections folded to 2-d), as the mode shapes it
+MM_CASES = {
+    "rows": lambda b, s: (torch.empty(s, 4), torch.empty(4, 6)),
+    "folded rows": lambda b, s: (torch.empty(b * s, 4), torch.empty(4, 6)),
+    "transposed rows": lambda b, s: (torch.empty(4, s).t(), torch.empty(4, 6)),
+    "transposed weight": lambda b, s: (torch.empty(b * s, 4), torch.empty(6, 4).t()),
+    "rows of a slice": lambda b, s: (torch.empty(b * s, 8)[:, 2:6], torch.empty(4, 6, dtype=torch.float32)),
+    "double precision": lambda b, s: (torch.empty(s, 4, dtype=torch.float64), torch.empty(4, 6, dtype=torch.float64)),
+    "a named width out": lambda b, s: (torch.empty(6, 4), torch.empty(4, s)),
+}
+MM_REFUSED = {
+    "a named contraction": lambda b, s: (torch.empty(6, s), torch.empty(s, 4)),
+    "in half precision": lambda b, s: (torch.empty(s, 4, dtype=torch.float16), torch.empty(4, 6, dtype=torch.float16)),
+    "two dtypes": lambda b, s: (torch.empty(s, 4), torch.empty(4, 6, dtype=torch.float64)),
+    "no named size": lambda b, s: (torch.empty(3, 4), torch.empty(4, 6)),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1)])
+@pytest.mark.parametrize("case", MM_CASES)
+def test_the_symbolic_mm_gives_what_the_mode_gives(case, hints):
+    """The output's sizes, strides, offset, dtype and storage (its bytes the same expression), and the ShapeEnv's
+    guards, runtime asserts, replacements and ranges after it: the mode's, at sizes of 1 too."""
+    build = MM_CASES[case]
+    direct = _layout_run(MM, build, hints)
+    assert direct[0] is not None, "the kernel takes this mm"
+    assert direct == _layout_run(MM, build, hints, direct=False)
+    nbytes = [str(symbolic_call(MM, build, hints, d)[1].untyped_storage().nbytes()) for d in (True, False)]
+    assert nbytes[0] == nbytes[1]
+
+
+@pytest.mark.parametrize("case", MM_REFUSED)
+def test_an_mm_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(case):
+    assert _layout_run(MM, MM_REFUSED[case]) == (None, None)

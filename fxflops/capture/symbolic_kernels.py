@@ -102,6 +102,29 @@ def _addmm(args: tuple, kwargs: dict) -> Any:
     return FakeTensor(rows.fake_mode, meta, rows.device)
 
 
+def _mm(args: tuple, kwargs: dict) -> Any:
+    """`mm(rows, weight)` (a linear layer without a bias on rows whose count is a named size: a decoder's
+    projections and head, each `matmul` folded to 2-d) shaped as the mode's meta kernel shapes it (`meta_mm`: the
+    contraction sizes checked equal, then a new contiguous [rows, out] in the first operand's dtype), one new
+    tensor where the mode's dispatch and cache entry cost ~1 ms. Only where that check asks nothing (a static
+    contraction), one floating dtype (no casts), two 2-d CPU fake tensors of one mode; else the mode."""
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    rows, weight = args
+    if not all(type(t) is FakeTensor and t.layout is torch.strided and t.constant is None for t in args) \
+            or rows.dtype not in (torch.float32, torch.float64) or weight.dtype != rows.dtype \
+            or rows.device.type != "cpu" or weight.device != rows.device or weight.fake_mode is not rows.fake_mode \
+            or rows.dim() != 2 or weight.dim() != 2 \
+            or not (rows._has_symbolic_sizes_strides or weight._has_symbolic_sizes_strides):
+        return NotImplemented
+    width, depth = rows.shape[1], weight.shape[0]
+    if type(width) is not int or type(depth) is not int or width != depth:
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((rows.shape[0], weight.shape[1]), dtype=rows.dtype, device="meta")
+    return FakeTensor(rows.fake_mode, meta, rows.device)
+
+
 class _Refused(Exception):
     """A step of a view the kernel leaves to the mode (raised before anything is asked that the mode would
     answer otherwise)."""
@@ -488,7 +511,7 @@ _KERNELS = MappingProxyType({
     aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
-    aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+    aten.addmm.default: _addmm, aten.mm.default: _mm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.relu_.default: relu_in_place,
     aten.add_.Tensor: add_in_place,
