@@ -40,7 +40,8 @@ question of an intermediate view (axes merged after a split), a tail squeeze of 
 special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
 squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
-static or answered by `size_one` without a guard. Elementwise ops of provably contiguous operands (an RMSNorm,
+static or answered by `size_one` without a guard; an `mm` (one without a bias) is its meta kernel's one contiguous
+output where the contraction it checks is static. Elementwise ops of provably contiguous operands (an RMSNorm,
 a residual add) are `symbolic_elementwise`'s. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
 ranges, at points where a size is 1 too.
