@@ -745,12 +745,30 @@ def _layout_like(mode: FakeTensorMode, like: torch.Tensor) -> torch.Tensor:
     # contiguous one as expressions is made as that (the same strides, as the same expressions): half
     # the symbolic arithmetic of empty_strided's storage span and checks, 45 a ResNet-50 sweep capture
     with no_dispatch():
+        if not contiguous_as_expressions(like):
+            meta = _in_storage_like(like, shape, stride, offset)
+            if meta is not None:
+                return FakeTensor(mode, meta, like.device)
         meta = torch.empty(shape, dtype=like.dtype, device="meta") if contiguous_as_expressions(like) else None
         # empty's strides are `Max(1, size)` products where sympy cannot drop the Max (a size that may be
         # 0): not the same expressions, so those are made as given
         if meta is None or _expressions(meta.stride()) != _expressions(stride):
             meta = torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
     return FakeTensor(mode, meta, like.device)
+
+
+def _in_storage_like(like: torch.Tensor, shape: Any, stride: Any, offset: Any) -> torch.Tensor | None:
+    """A meta tensor laid out as `like` (sizes, strides, offset as given) in a new storage of `like`'s own size (the
+    same expression), or None where that size is not a whole number of elements: what capture.symbolic_cache makes
+    from the mode's cache entry. The as_strided's bounds check asks whether `like`'s layout fits its own storage,
+    which it does (guards suppressed as in the mode's rebuild from a cache entry)."""
+    from fxflops.capture.symbolic_cache import _elements
+
+    elements = _elements(like.untyped_storage().nbytes(), like.dtype.itemsize)
+    if elements is None:
+        return None
+    with like.fake_mode.shape_env.suppress_guards(), torch._C._AutoDispatchBelowADInplaceOrView():
+        return torch.empty((elements,), dtype=like.dtype, device="meta").as_strided(shape, stride, offset)
 
 
 def _expressions(sizes: Any) -> list:
