@@ -145,3 +145,21 @@ def test_a_failed_capture_leaks_no_torch_traceback_and_restores_levels(capsys):
         fxflops.estimate(Expands(), (torch.zeros(1, 8),), method="eager")
     assert "fake_tensor.py" not in capsys.readouterr().err
     assert _torch_levels() == levels
+
+
+def test_the_structured_trace_keeps_its_level_while_the_rest_of_torch_is_quiet():
+    """torch's structured trace is its own logger (TORCH_TRACE files, never printed): raised with the others it
+    wrote nothing, but torch built each record it would have written (a new symbol's, a guard's, with their
+    stacks) while its handler stayed, which without TORCH_TRACE takes itself off at its first record."""
+    from torch._logging._internal import trace_log
+
+    from fxflops.capture.quiet import STRUCTURED_TRACE, torch_logging_quiet
+
+    assert trace_log.name == STRUCTURED_TRACE  # the logger torch's trace_structured writes to
+    before, levels = trace_log.level, _torch_levels()
+    with torch_logging_quiet():
+        assert trace_log.level == before
+        assert logging.getLogger("torch").level > logging.CRITICAL
+        assert all(level > logging.CRITICAL for name, level in _torch_levels().items()
+                   if name != STRUCTURED_TRACE and levels[name] != logging.NOTSET)
+    assert _torch_levels() == levels

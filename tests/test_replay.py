@@ -436,3 +436,60 @@ def test_a_copys_fresh_output_has_its_references_strides_as_expressions():
         made = Replays._made_like(types.SimpleNamespace(_mode=mode), like)
         assert [str(step) for step in made.stride()] == [str(step) for step in like.stride()]
         assert (made.shape, made.dtype, made.storage_offset()) == (like.shape, like.dtype, 0)
+
+
+def test_a_fresh_output_is_made_unseen_by_a_recording_references_trace():
+    """A copy's fresh output is made by torch's constructors alone: a reference recording meanwhile (a leaf replayed
+    inside it) is not shown their Python calls (under named sizes each size's arithmetic is torch's Python, and the
+    trace function on every call of it was a fifth of a fresh tensor's cost), and it traces on afterwards."""
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.block_reads import Tracer
+    from fxflops.capture.replay import Replays
+    from tests.test_symbolic_elementwise import _env, _sizes
+
+    env = _env()
+    b, s = _sizes(env)
+    mode = FakeTensorMode(shape_env=env, static_shapes=True)
+    with mode:
+        likes = [torch.empty(b, s, 8), torch.empty(b, s, 8).transpose(1, 2)]
+    tracer = Tracer()
+    tracer.start()
+    try:
+        made = [Replays._made_like(types.SimpleNamespace(_mode=mode), like) for like in likes]
+        tracing = sys.gettrace()
+    finally:
+        tracer.stop()
+    assert tracing is not None  # tracing again after each
+    seen = {code.co_filename for code in tracer._traced}
+    assert not any(name.endswith(("sym_node.py", "symbolic_shapes.py")) for name in seen), sorted(seen)
+    for fresh, like in zip(made, likes):
+        assert (fresh.shape, fresh.stride(), fresh.dtype) == (like.shape, like.stride(), like.dtype)
+
+
+def test_a_copys_fresh_output_of_another_layout_is_its_references_layout_in_a_storage_of_its_size():
+    """A reference output that is not contiguous as expressions (transposed heads, a slice at an offset) is made
+    in a new storage of the reference output's own size, the same expression, at its sizes, strides and offset:
+    nothing asked of the sizes, no storage shared."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.replay import Replays
+    from tests.test_symbolic_elementwise import _env, _sizes
+
+    env = _env()
+    b, s = _sizes(env)
+    mode = FakeTensorMode(shape_env=env, static_shapes=True)
+    with mode:
+        likes = [torch.empty(b, s, 8, 16).transpose(1, 2), torch.empty(b, s + 2, 8)[:, 2:],
+                 torch.empty_strided((b, 8, s, 16), (128 * s, 16, 128, 1))]
+    for like in likes:
+        made = Replays._made_like(types.SimpleNamespace(_mode=mode), like)
+        assert [str(x) for x in (*made.shape, *made.stride(), made.storage_offset())] == \
+            [str(x) for x in (*like.shape, *like.stride(), like.storage_offset())]
+        assert str(made.untyped_storage().nbytes()) == str(like.untyped_storage().nbytes())
+        assert made.untyped_storage()._cdata != like.untyped_storage()._cdata
+        assert (type(made), made.fake_mode, made.dtype, made.device) == (type(like), mode, like.dtype, like.device)
+        assert not made._is_view()
+    assert (env.guards, env.deferred_runtime_asserts) == ([], {})

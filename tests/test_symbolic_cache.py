@@ -158,3 +158,27 @@ def _head_view(n):
 
 def _node(n):
     return n.op, n.module, n.input_shapes, n.output_shapes, n.macs, n.flops, n.bytes
+
+
+def test_a_named_inputs_twin_is_the_tensor_the_modes_constructor_makes():
+    """The twin of an input with named axes is made past the mode (whose cache entry for the call cost more than the
+    tensor): what the mode's constructor makes, its sizes, strides and storage the same expressions, nothing asked."""
+    from fxflops.capture.eager import FakeTwins
+
+    sizes = SizeSymbols(SizePlan({0: {0: "batch", 2: "size", 3: "size"}}, {"batch": 2, "size": 9}))
+    mode = FakeTensorMode(shape_env=sizes.env, static_shapes=True)
+    for dtype, grad in ((torch.float32, False), (torch.bfloat16, True)):
+        tensor = torch.empty(2, 3, 9, 9, dtype=dtype, device="meta", requires_grad=grad)
+        shape = sizes.sizes(0, tensor)
+        twins = FakeTwins(mode, torch.device("cpu"), {id(tensor): shape})
+        made = twins(tensor)
+        with mode:
+            expected = torch.empty(shape, dtype=dtype, device="cpu").requires_grad_(grad)
+
+        def layout(t):
+            return ([s.node.expr if isinstance(s, torch.SymInt) else s for s in (*t.shape, *t.stride())],
+                    t.untyped_storage().nbytes().node.expr, t.storage_offset(), t.dtype, t.device, t.requires_grad,
+                    type(t), t.fake_mode)
+
+        assert layout(made) == layout(expected)
+    assert (sizes.env.guards, sizes.env.replacements, sizes.env.deferred_runtime_asserts) == ([], {}, {})

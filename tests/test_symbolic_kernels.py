@@ -394,3 +394,63 @@ def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_
     # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
     rows = lambda b, s: b * s  # noqa: E731
     assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)
+
+
+def test_a_size_bound_known_without_its_symbool_is_what_known_says():
+    """`_known_above` reads the relation torch would make (`Gt(size, bound)`) where sympy decides it true from the
+    sizes' assumptions, past the SymBool around it; every answer is `_known`'s, and nothing is asked of the sizes."""
+    from torch._dynamo.source import ConstantSource
+
+    from fxflops.capture.size_one import size_one_shape_env
+    from fxflops.capture.symbolic_kernels import _known, _known_above
+
+    env = size_one_shape_env()
+    b, s = (env.create_symintnode(env.create_symbol(hint, source=ConstantSource(name), do_not_specialize_zero_one=True),
+                                  hint=hint, source=ConstantSource(name)) for name, hint in (("b", 2), ("s", 9)))
+    side = (s + 2 * 3 - 1 * (7 - 1) - 1) // 2 + 1  # a strided convolution's output side
+    cases = [  # (size, bound, inclusive, the answer by hand: for every b, s >= 1)
+        (b * 64 * s * s, 0, False, True), (side, 0, False, True), (s + 2 * 3, 7, True, True),
+        (b * 64 * s * s, 64, False, False),  # b = s = 1 has 64 values: not above 64 channels
+        (s - 3, 0, False, False), (s, 1, True, True), (s + 1, 1, False, True), (b - 1, 0, True, True),
+        (9, 3, False, True), (3, 3, False, False), (3, 3, True, True)]
+    for size, bound, inclusive, expected in cases:
+        asked = _known(size >= bound if inclusive else size > bound)
+        assert _known_above(size, bound, inclusive) == asked == expected, (size, bound, inclusive)
+    assert (env.guards, env.replacements, env.deferred_runtime_asserts) == ([], {}, {})
+
+
+MM = torch.ops.aten.mm.default
+# a linear layer without a bias on named rows (a decoder's projections folded to 2-d), as the mode shapes it
+MM_CASES = {
+    "rows": lambda b, s: (torch.empty(s, 4), torch.empty(4, 6)),
+    "folded rows": lambda b, s: (torch.empty(b * s, 4), torch.empty(4, 6)),
+    "transposed rows": lambda b, s: (torch.empty(4, s).t(), torch.empty(4, 6)),
+    "transposed weight": lambda b, s: (torch.empty(b * s, 4), torch.empty(6, 4).t()),
+    "rows of a slice": lambda b, s: (torch.empty(b * s, 8)[:, 2:6], torch.empty(4, 6, dtype=torch.float32)),
+    "double precision": lambda b, s: (torch.empty(s, 4, dtype=torch.float64), torch.empty(4, 6, dtype=torch.float64)),
+    "a named width out": lambda b, s: (torch.empty(6, 4), torch.empty(4, s)),
+}
+MM_REFUSED = {
+    "a named contraction": lambda b, s: (torch.empty(6, s), torch.empty(s, 4)),
+    "in half precision": lambda b, s: (torch.empty(s, 4, dtype=torch.float16), torch.empty(4, 6, dtype=torch.float16)),
+    "two dtypes": lambda b, s: (torch.empty(s, 4), torch.empty(4, 6, dtype=torch.float64)),
+    "no named size": lambda b, s: (torch.empty(3, 4), torch.empty(4, 6)),
+}
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1)])
+@pytest.mark.parametrize("case", MM_CASES)
+def test_the_symbolic_mm_gives_what_the_mode_gives(case, hints):
+    """The output's sizes, strides, offset, dtype and storage (its bytes the same expression), and the ShapeEnv's
+    guards, runtime asserts, replacements and ranges after it: the mode's, at sizes of 1 too."""
+    build = MM_CASES[case]
+    direct = _layout_run(MM, build, hints)
+    assert direct[0] is not None, "the kernel takes this mm"
+    assert direct == _layout_run(MM, build, hints, direct=False)
+    nbytes = [str(symbolic_call(MM, build, hints, d)[1].untyped_storage().nbytes()) for d in (True, False)]
+    assert nbytes[0] == nbytes[1]
+
+
+@pytest.mark.parametrize("case", MM_REFUSED)
+def test_an_mm_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(case):
+    assert _layout_run(MM, MM_REFUSED[case]) == (None, None)

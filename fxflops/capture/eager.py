@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils._mode_utils import no_dispatch
 
 from fxflops.capture.attribution import ModuleTracker, module_infos
 from fxflops.capture.backward import GradOwners, ReplayRetry, differentiate, parameter_owners
@@ -82,9 +83,12 @@ class FakeTwins:
         return fake
 
     def _symbolic(self, tensor: torch.Tensor, sizes: list[Any], device: torch.device) -> torch.Tensor:
-        """A twin whose named axes are SymInts (made through the mode: its shape env owns them)."""
-        with self.mode:
-            fake = torch.empty(sizes, dtype=tensor.dtype, device=device)
+        """A twin whose named axes are SymInts (the mode's shape env owns them): the meta tensor the mode's
+        constructor makes, wrapped as it wraps it, past its dispatch (whose cache entry for the call, made and
+        checked by building the tensor again, cost more than the tensor: ~3 ms of a first sweep capture)."""
+        with no_dispatch():
+            meta = torch.empty(sizes, dtype=tensor.dtype, device="meta")
+        fake = FakeTensor(self.mode, meta, device)
         return fake.requires_grad_(True) if tensor.requires_grad else fake
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -14,14 +14,21 @@ from contextlib import contextmanager
 
 _SILENT = logging.CRITICAL + 1  # above every level torch logs at
 
+# torch's structured trace (TORCH_TRACE) is left as it is: it prints nothing (it does not propagate, and its one
+# handler writes files only where TORCH_TRACE names a directory; without one the handler takes itself off at its
+# first record). Raised, it writes nothing, yet torch goes on building every record it would write while that
+# handler stays (a symbolic capture's new symbols and guards, each with its Python and C++ stacks: ~1 ms apiece)
+STRUCTURED_TRACE = "torch.__trace"
+
 
 @contextmanager
 def torch_logging_quiet() -> Iterator[None]:
-    """Raise torch's loggers (those with a level of their own; the rest inherit it) above CRITICAL for the
-    duration, then restore each one's level."""
+    """Raise torch's loggers (those with a level of their own; the rest inherit it, and the structured trace
+    stays as it is) above CRITICAL for the duration, then restore each one's level."""
     loggers = [logging.getLogger("torch")] + [
         logger for name, logger in list(logging.Logger.manager.loggerDict.items())
-        if name.startswith("torch.") and isinstance(logger, logging.Logger) and logger.level != logging.NOTSET]
+        if name.startswith("torch.") and name != STRUCTURED_TRACE and isinstance(logger, logging.Logger)
+        and logger.level != logging.NOTSET]
     levels = [logger.level for logger in loggers]
     _set_levels(loggers, [_SILENT] * len(loggers))
     try:

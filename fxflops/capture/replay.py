@@ -59,7 +59,7 @@ from fxflops.capture.block_calls import (Marks, Through, build, check, handed_ca
 from fxflops.capture.block_backward import REPLAY_OF, BlockBackward, CopyBackward, attached, deliverers, refusal
 from fxflops.capture.block_hooks import LOCAL, SHARDED, is_sharded, local_of
 from fxflops.capture.block_io import node_specs, place, place_of, rebuild, resolve, swapped, written_outside
-from fxflops.capture.block_reads import ReadLog, Tracer
+from fxflops.capture.block_reads import ReadLog, Tracer, paused_tracing
 from fxflops.capture.block_state import MODULE_INTERNALS, BlockState, CallKey, Keyer, Unsupported, structure_ids
 from fxflops.capture.input_values import reads_values
 from fxflops.capture.module_walk import unique_modules
@@ -722,27 +722,53 @@ class Replays:
         return self._recorder.unrecorded(self._made_like)(like)
 
     def _made_like(self, like: torch.Tensor, grad: bool = True) -> torch.Tensor:
-        shape, stride, offset = like.shape, like.stride(), like.storage_offset()
-        if all(type(size) is int for size in (*shape, *stride)):
-            # around a meta tensor made past every dispatch mode: through the recorder and the fake
-            # mode it costs 6x more
-            with no_dispatch():
-                span = 1 + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else 0
-                meta = torch.empty(offset + span, dtype=like.dtype, device="meta").as_strided(shape, stride, offset)
-            made = FakeTensor(self._mode, meta, like.device)
-        else:
-            # what the mode's constructor runs (the meta kernel, its output wrapped), past the mode: the mode's
-            # cache key and entry for sizes never asked again cost more than the kernel. A layout that is the
-            # contiguous one as expressions is made as that (the same strides, as the same expressions): half
-            # the symbolic arithmetic of empty_strided's storage span and checks, 45 a ResNet-50 sweep capture
-            with no_dispatch():
-                meta = torch.empty(shape, dtype=like.dtype, device="meta") if contiguous_as_expressions(like) else None
-                # empty's strides are `Max(1, size)` products where sympy cannot drop the Max (a size that may be
-                # 0): not the same expressions, so those are made as given
-                if meta is None or _expressions(meta.stride()) != _expressions(stride):
-                    meta = torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
-            made = FakeTensor(self._mode, meta, like.device)
+        # torch's constructors alone run here, none of the model's code: a reference recording meanwhile (a leaf
+        # replayed inside it) has nothing to trace, and its trace function on every Python call of torch's
+        # symbolic arithmetic was a fifth of a fresh tensor's cost under named sizes
+        with paused_tracing():
+            made = _layout_like(self._mode, like)
         return made.requires_grad_(True) if grad and like.requires_grad else made
+
+
+def _layout_like(mode: FakeTensorMode, like: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor of `mode` with `like`'s sizes, strides and dtype, on its device."""
+    shape, stride, offset = like.shape, like.stride(), like.storage_offset()
+    if all(type(size) is int for size in (*shape, *stride)):
+        # around a meta tensor made past every dispatch mode: through the recorder and the fake
+        # mode it costs 6x more
+        with no_dispatch():
+            span = 1 + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else 0
+            meta = torch.empty(offset + span, dtype=like.dtype, device="meta").as_strided(shape, stride, offset)
+        return FakeTensor(mode, meta, like.device)
+    # what the mode's constructor runs (the meta kernel, its output wrapped), past the mode: the mode's
+    # cache key and entry for sizes never asked again cost more than the kernel. A layout that is the
+    # contiguous one as expressions is made as that (the same strides, as the same expressions): half
+    # the symbolic arithmetic of empty_strided's storage span and checks, 45 a ResNet-50 sweep capture
+    with no_dispatch():
+        if not contiguous_as_expressions(like):
+            meta = _in_storage_like(like, shape, stride, offset)
+            if meta is not None:
+                return FakeTensor(mode, meta, like.device)
+        meta = torch.empty(shape, dtype=like.dtype, device="meta") if contiguous_as_expressions(like) else None
+        # empty's strides are `Max(1, size)` products where sympy cannot drop the Max (a size that may be
+        # 0): not the same expressions, so those are made as given
+        if meta is None or _expressions(meta.stride()) != _expressions(stride):
+            meta = torch.empty_strided(shape, stride, dtype=like.dtype, device="meta")
+    return FakeTensor(mode, meta, like.device)
+
+
+def _in_storage_like(like: torch.Tensor, shape: Any, stride: Any, offset: Any) -> torch.Tensor | None:
+    """A meta tensor laid out as `like` (sizes, strides, offset as given) in a new storage of `like`'s own size (the
+    same expression), or None where that size is not a whole number of elements: what capture.symbolic_cache makes
+    from the mode's cache entry. The as_strided's bounds check asks whether `like`'s layout fits its own storage,
+    which it does (guards suppressed as in the mode's rebuild from a cache entry)."""
+    from fxflops.capture.symbolic_cache import _elements
+
+    elements = _elements(like.untyped_storage().nbytes(), like.dtype.itemsize)
+    if elements is None:
+        return None
+    with like.fake_mode.shape_env.suppress_guards(), torch._C._AutoDispatchBelowADInplaceOrView():
+        return torch.empty((elements,), dtype=like.dtype, device="meta").as_strided(shape, stride, offset)
 
 
 def _expressions(sizes: Any) -> list:

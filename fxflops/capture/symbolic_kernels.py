@@ -40,7 +40,8 @@ question of an intermediate view (axes merged after a split), a tail squeeze of 
 special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
 squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
-static or answered by `size_one` without a guard. Elementwise ops of provably contiguous operands (an RMSNorm,
+static or answered by `size_one` without a guard; an `mm` (one without a bias) is its meta kernel's one contiguous
+output where the contraction it checks is static. Elementwise ops of provably contiguous operands (an RMSNorm,
 a residual add) are `symbolic_elementwise`'s. tests/test_symbolic_kernels.py holds every one against the
 mode: sizes, strides, offset, storage, and the ShapeEnv's guards (in order), runtime asserts, replacements and
 ranges, at points where a size is 1 too.
@@ -99,6 +100,29 @@ def _addmm(args: tuple, kwargs: dict) -> Any:
     with unset_fake_temporarily():
         meta = torch.empty((count, weight.shape[1]), dtype=rows.dtype, device="meta",
                            memory_format=torch.contiguous_format)
+    return FakeTensor(rows.fake_mode, meta, rows.device)
+
+
+def _mm(args: tuple, kwargs: dict) -> Any:
+    """`mm(rows, weight)` (a linear layer without a bias on rows whose count is a named size: a decoder's
+    projections and head, each `matmul` folded to 2-d) shaped as the mode's meta kernel shapes it (`meta_mm`: the
+    contraction sizes checked equal, then a new contiguous [rows, out] in the first operand's dtype), one new
+    tensor where the mode's dispatch and cache entry cost ~1 ms. Only where that check asks nothing (a static
+    contraction), one floating dtype (no casts), two 2-d CPU fake tensors of one mode; else the mode."""
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    rows, weight = args
+    if not all(type(t) is FakeTensor and t.layout is torch.strided and t.constant is None for t in args) \
+            or rows.dtype not in (torch.float32, torch.float64) or weight.dtype != rows.dtype \
+            or rows.device.type != "cpu" or weight.device != rows.device or weight.fake_mode is not rows.fake_mode \
+            or rows.dim() != 2 or weight.dim() != 2 \
+            or not (rows._has_symbolic_sizes_strides or weight._has_symbolic_sizes_strides):
+        return NotImplemented
+    width, depth = rows.shape[1], weight.shape[0]
+    if type(width) is not int or type(depth) is not int or width != depth:
+        return NotImplemented
+    with unset_fake_temporarily():
+        meta = torch.empty((rows.shape[0], weight.shape[1]), dtype=rows.dtype, device="meta")
     return FakeTensor(rows.fake_mode, meta, rows.device)
 
 
@@ -344,7 +368,7 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     numel = source.numel()
     # training divides by the values per channel less one: a batch of one value a channel takes the mode
-    if not _known(numel > channels if training else numel > 0) or not _contiguous(source):
+    if not _known_above(numel, channels if training else 0) or not _contiguous(source):
         return NotImplemented
     # the output as the decomposition's first elementwise step (input - mean, the mean [C, 1, ...]) makes
     # it: both operands are contiguous at every point, so torch's fast path gives the contiguous layout of
@@ -395,7 +419,7 @@ def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
     else:
         fits = weight.shape[1] * groups == channels and weight.shape[0] % groups == 0
         out_channels = weight.shape[0]
-    if not fits or bias is not None and tuple(bias.shape) != (out_channels,) or not _known(source.numel() > 0) \
+    if not fits or bias is not None and tuple(bias.shape) != (out_channels,) or not _known_above(source.numel(), 0) \
             or not _contiguous(source):
         return NotImplemented
     kernel = weight.shape[2:]
@@ -403,13 +427,13 @@ def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
         out = [(size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1 for size, pad, wide, k, step, extra
                in zip(source.shape[2:], padding, dilation, kernel, stride, output_padding)]
     else:
-        if not all(_known(size + 2 * pad >= wide * (k - 1) + 1)
+        if not all(_known_above(size + 2 * pad, wide * (k - 1) + 1, inclusive=True)
                    for size, pad, wide, k in zip(source.shape[2:], padding, dilation, kernel)):
             return NotImplemented
         # torch's _formula, in its order of operations (the same expressions)
         out = [(size + 2 * pad - wide * (k - 1) - 1) // step + 1
                for size, pad, wide, k, step in zip(source.shape[2:], padding, dilation, kernel, stride)]
-    if not all(_known(side > 0) for side in out):
+    if not all(_known_above(side, 0) for side in out):
         return NotImplemented
     with unset_fake_temporarily():
         meta = torch.empty((source.shape[0], out_channels, *out), dtype=source.dtype, device="meta",
@@ -458,6 +482,23 @@ def _known(condition: Any) -> bool:
     return statically_known_true(condition)
 
 
+def _known_above(size: Any, bound: int, inclusive: bool = False) -> bool:
+    """`_known(size > bound)` (`size >= bound` with `inclusive`) of an int or SymInt size and an int bound.
+
+    torch's symbolic layer makes that question the sympy relation of the two expressions (`Gt(size, bound)`),
+    which sympy decides from the sizes' assumptions where it can (a product of positive sizes is above 0); where
+    it decides it true the SymBool is that constant, and `_known` reads it as such. The relation is made here as
+    torch makes it and read where it is that constant, without the SymBool around it (the Python of torch's
+    symbolic layer: ~25 us a question, ~160 of them a ResNet-50 sweep capture); anything else is asked as before."""
+    if isinstance(size, torch.SymInt):
+        import sympy
+
+        relation = (sympy.Ge if inclusive else sympy.Gt)(size.node.expr, sympy.Integer(bound))
+        if relation is sympy.true:
+            return True
+    return _known(size >= bound if inclusive else size > bound)
+
+
 def _mean(args: tuple, kwargs: dict) -> Any:
     """A mean over trailing axes of a map of 4 or more axes (an adaptive 1 x 1 pool: symbolic_pooling), else
     over the last axis of a tensor not 4-d or 5-d (an RMSNorm: symbolic_elementwise); each takes only cases
@@ -471,7 +512,7 @@ _KERNELS = MappingProxyType({
     aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
-    aten.addmm.default: _addmm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
+    aten.addmm.default: _addmm, aten.mm.default: _mm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.relu_.default: relu_in_place,
     aten.add_.Tensor: add_in_place,
