@@ -156,10 +156,41 @@ def test_the_structured_trace_keeps_its_level_while_the_rest_of_torch_is_quiet()
     from fxflops.capture.quiet import STRUCTURED_TRACE, torch_logging_quiet
 
     assert trace_log.name == STRUCTURED_TRACE  # the logger torch's trace_structured writes to
-    before, levels = trace_log.level, _torch_levels()
-    with torch_logging_quiet():
-        assert trace_log.level == before
-        assert logging.getLogger("torch").level > logging.CRITICAL
-        assert all(level > logging.CRITICAL for name, level in _torch_levels().items()
-                   if name != STRUCTURED_TRACE and levels[name] != logging.NOTSET)
-    assert _torch_levels() == levels
+    # torch's own handler without a directory (TORCH_TRACE unset) alone: pytest's capture handlers, which a
+    # run under pytest adds, are handlers that take the records (the trace is raised with them)
+    handlers = trace_log.handlers
+    trace_log.handlers = [handler for handler in handlers if getattr(handler, "root_dir", True) is None]
+    try:
+        before, levels = trace_log.level, _torch_levels()
+        with torch_logging_quiet():
+            assert trace_log.level == before
+            assert logging.getLogger("torch").level > logging.CRITICAL
+            assert all(level > logging.CRITICAL for name, level in _torch_levels().items()
+                       if name != STRUCTURED_TRACE and levels[name] != logging.NOTSET)
+        assert _torch_levels() == levels
+    finally:
+        trace_log.handlers = handlers
+
+
+def test_a_capture_writes_nothing_into_the_users_structured_trace(tmp_path):
+    """Where the structured trace writes (TORCH_TRACE names a directory: torch's handler with that directory), a
+    sweep's symbolic capture adds none of its fake-tensor records (new symbols, guards) to the user's trace
+    files, as before the trace was left at its level; its level is restored after."""
+    from torch._logging._internal import LazyTraceHandler, trace_log
+
+    from fxflops.sweeps import sweep
+
+    handler = LazyTraceHandler(str(tmp_path))
+    level = trace_log.level
+    trace_log.addHandler(handler)
+    trace_log.setLevel(logging.DEBUG)  # as torch sets it where TORCH_TRACE is given
+    try:
+        model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+        swept = sweep(model, (torch.zeros(3, 5, 4),), dims={"batch": 0, "seq": 1})
+        assert swept.at(batch=2, seq=7).total_macs == 2 * 7 * (4 * 6 + 6 * 2)
+        assert trace_log.level == logging.DEBUG
+    finally:
+        trace_log.removeHandler(handler)
+        handler.close()
+        trace_log.setLevel(level)
+    assert [path.name for path in tmp_path.iterdir() if path.stat().st_size] == []
