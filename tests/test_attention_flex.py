@@ -260,12 +260,16 @@ def test_sweep_over_seq_is_dense_exact_and_effective_per_point():
     from fxflops.capture.dynamic import user_symbol
     from fxflops.sweeps import sweep
 
-    found = sweep(Net(), (x_of(256),), dims={"seq": 1}, attention="effective", conventions="torch")
+    # the mask_mod cannot be evaluated at a symbolic size: under effective attention a sweep refuses it
+    # (estimate() counts its blocks at each point), and counts it dense under dense attention
+    from fxflops.sweeps.core import SweepCaptureError
+
+    with pytest.raises(SweepCaptureError, match="block mask .*attention='dense'"):
+        sweep(Net(), (x_of(256),), dims={"seq": 1}, attention="effective", conventions="torch")
+    found = sweep(Net(), (x_of(256),), dims={"seq": 1}, conventions="torch")
     linears = B * D * (H * E + 2 * H * E)  # per position
     for seq in (128, 300):
         assert found.formula("macs").subs(user_symbol("seq"), seq) == B * H * seq * seq * 2 * E + linears * seq
-        # the mask_mod cannot be evaluated at a symbolic size: effective unknown there, counted dense
-        assert found.at(seq=seq).attention_totals().patterns == ("block mask (counted at concrete sizes only)",)
     assert fxflops.estimate(Net(), (x_of(300),), attention="effective").attention_totals().unknown == 0
 
 

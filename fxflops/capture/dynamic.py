@@ -123,6 +123,9 @@ class SizeSymbols:
         self.env = size_one_shape_env()  # see fxflops.capture.size_one
         self.symints: dict[str, Any] = {}
         self._to_user: dict[sympy.Symbol, sympy.Symbol] = {}
+        # a count a formula gave as a float, rounded to int for the sweep's formulas -> its exact float
+        # expression: estimate() refuses a non-integer count, so a sweep checks this one at each point
+        self.rounded: dict[Any, Any] = {}
         # expression -> the same in the user's names: a count asks it of every size and numel, most of them
         # shared (one xreplace each, ~40 us); a function of the expression and _to_user, set here once
         self._in_user_names: dict[Any, Any] = {}

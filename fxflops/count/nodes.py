@@ -364,8 +364,14 @@ def to_count(value: Any, sizes: Any, user_names: UserNames | None = None) -> Any
     if isinstance(value, torch.SymInt | torch.SymFloat):
         if sizes is None:  # symbolic without a sweep's sizes: its value at the example's sizes
             return int(value)
-        # int() rounds toward zero; torch.sym_int does so symbolically
-        return sizes.expression(value if isinstance(value, torch.SymInt) else torch.sym_int(value))
+        if isinstance(value, torch.SymInt):
+            return sizes.expression(value)
+        # int() rounds toward zero; torch.sym_int does so symbolically. The float itself is kept: at a point
+        # where it is not an integer estimate() refuses the count, and so must a sweep (fxflops.sweeps.piece)
+        rounded = sizes.expression(torch.sym_int(value))
+        if hasattr(sizes, "rounded"):
+            sizes.rounded[rounded] = sizes.expression(value)
+        return rounded
     return value
 
 

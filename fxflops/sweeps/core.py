@@ -148,6 +148,8 @@ class Sweep:
                 inside = piece.holds_on_arrays(sizes) & remaining
                 if inside.any():
                     at = {name: array[inside] for name, array in sizes.items()}
+                    if piece.checks():
+                        piece.check_on_arrays(at)
                     totals = piece.programs().totals.on_arrays(*(at[name] for name in self.names))
                     for quantity, array in zip(quantities, totals):
                         if array.dtype == object and found[quantity].dtype != object:
@@ -275,7 +277,10 @@ class Sweep:
                 values = "; a sweep counts from shapes only and cannot take the inputs' values the forward reads: " \
                     "estimate() each point with its real inputs" if any(a.reads_values for a in error.attempts) else ""
                 raise SweepCaptureError(f"{error.summary()}, with {where} ({self._axes_text()}){values}") from error
-            return Piece(plan, captured, self._counting.count(captured, lazy=True), self._value_sizes)
+            costs = self._counting.count(captured, lazy=True)
+        if self._counting.attention == "effective" and not self._value_sizes:  # value_sizes: the caller (the
+            _refuse_data_masks(costs)  # meter) counts such masks on each batch's own (timing.data_masks)
+        return Piece(plan, captured, costs, self._value_sizes)
 
     def _axes_text(self) -> str:
         shapes = [tuple(t.shape) for t in tensors_in(self._inputs)]
@@ -328,6 +333,22 @@ def sweep(
     options = {"method": method, "backward": backward, "loss": loss, "optimizer": optimizer, "strict": strict,
                "value_sizes": value_sizes}
     return Sweep(model, args, kwargs, plan, counting, options)
+
+
+def _refuse_data_masks(costs: Sequence[Any]) -> None:
+    """Under effective attention, an attention op whose mask the forward builds (`ones(L, L).tril()`, a
+    flex block mask) but whose kept pairs are no formula in the sizes: estimate() counts the pairs it keeps
+    from its values at each point, a sweep would count every pair, a different number. Refused, naming it.
+    A mask from data the capture does not have (an input's) is counted dense by both: swept as it is."""
+    from fxflops.rules.kept_pairs import DATA
+
+    for cost in costs:
+        if cost.attention is not None and cost.effective_macs is None and DATA not in cost.attention:
+            module = f"module '{cost.module}'" if cost.module else "the root module"
+            raise SweepCaptureError(
+                f"{cost.op} in {module} has a mask whose kept (query, key) pairs depend on its values "
+                f"({cost.attention}): under attention='effective' a sweep cannot count them from the sizes. "
+                "Sweep with attention='dense' (every pair), or use estimate() at each point.")
 
 
 def _raised(point: Mapping[str, int]) -> dict[str, int]:

@@ -54,6 +54,7 @@ class Piece:
                          for region, caution in self._regions]
         self._holds: Program | None = None  # the conditions as one compiled check, made on first use
         self._programs: _Programs | None = None  # the costs compiled, made on the first point
+        self._checks: list[_Check] | None = None  # counts not proven non-negative integers, made on the first point
         unbound = _free_names(costs, self.infos) - {user_symbol(name) for name in plan.names}
         # sizes made from tensor values (a router's picks: rows per expert), left free for the caller to bind
         self.free: tuple[str, ...] = tuple(sorted(map(str, unbound))) if value_sizes else ()
@@ -149,6 +150,8 @@ class Piece:
         """The Estimate at `point`, what estimate() gives there: its totals from the compiled program at
         once; its modules, nodes and per-op tables (`Deferred`) on first read."""
         programs = self.programs()
+        if self.checks():
+            self.check(point)
         sizes = tuple(point[name] for name in self.plan.names)
         macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
         captured = self.captured
@@ -168,6 +171,32 @@ class Piece:
             self._programs = _Programs(self)
         return self._programs
 
+    def checks(self) -> list[_Check]:
+        """The node counts sympy cannot prove non-negative integers at every point (a user rule's
+        `input.shape[0] - 4`, or a float one rounded): each is checked at each point, as estimate() checks
+        every count. Products of sizes (nearly every count) prove at once and cost nothing per point."""
+        if self._checks is None:
+            self._checks = _unproven(self._counted, self.captured)
+        return self._checks
+
+    def check(self, point: Mapping[str, int]) -> None:
+        """Raise estimate()'s RuleEvaluationError where a node's count at `point` is no count."""
+        for found in self.checks():
+            found.at(point)
+
+    def check_on_arrays(self, sizes: Mapping[str, Any]) -> None:
+        """`check` at each point of arrays of sizes (each check over all points at once; the first point
+        it fails at is the one named)."""
+        import numpy as np
+
+        for found in self.checks():
+            bad = np.frompyfunc(lambda *values, f=found: not f.holds(dict(zip(sizes, values))), len(sizes), 1)(
+                *sizes.values())
+            failing = np.nonzero(np.asarray(bad, dtype=bool))
+            if failing[0].size:
+                found.at({name: int(np.asarray(array)[tuple(index[0] for index in failing)])
+                          for name, array in sizes.items()})
+
     def _node_costs(self, point: Mapping[str, int]) -> list[NodeCost]:
         if self._templates is None:
             self._templates = CostTemplates(self._counted)
@@ -177,6 +206,8 @@ class Piece:
         """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it: the
         compiled totals, and the inclusive MACs and FLOPs of the modules at `depth` (one program a depth)."""
         programs = self.programs()
+        if self.checks():
+            self.check(point)
         sizes = tuple(point[name] for name in self.plan.names)
         macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
         tops: tuple[SweepModule, ...] = ()
@@ -394,3 +425,76 @@ def _plain_cost(cost: NodeCost) -> NodeCost:
     """The cost with its PolyCounts written as sympy (the same NodeCost where it holds none)."""
     written = {name: plain(value) for name in _COUNTS if type(value := getattr(cost, name)) is PolyCount}
     return dataclasses.replace(cost, **written) if written else cost
+
+
+class _Check:
+    """One node's count that is not proven a non-negative integer: checked at a point as check_count
+    checks estimate()'s, raising its RuleEvaluationError (the rule, field, op and module, and the point)."""
+
+    def __init__(self, cost: NodeCost, field: str, value: Any, exact: Any) -> None:
+        self.cost, self.field = cost, field
+        self.value = value.sympy() if type(value) is PolyCount else value  # the count as a formula (or an int)
+        self.exact = exact  # the float a formula gave, before it was rounded into `value` (or None)
+
+    def problem(self, point: Mapping[str, int]) -> str | None:
+        """What is wrong with the count at `point` (check_count's words), or None."""
+        bound = {user_symbol(name): sympy.Integer(size) for name, size in point.items()}
+        if self.exact is not None:
+            number = float(sympy.sympify(self.exact).xreplace(bound))
+            if not number.is_integer():
+                return (f"{number!r} (a float), not a count: MACs and FLOPs must be non-negative integers "
+                        "(use // or int() for a division)")
+        count = sympy.sympify(self.value).xreplace(bound)
+        if not count.is_Integer:
+            return f"{count}, not a count: MACs and FLOPs must be non-negative integers"
+        if count < 0:
+            return f"{count}, a negative count: MACs and FLOPs must be non-negative integers"
+        return None
+
+    def holds(self, point: Mapping[str, int]) -> bool:
+        return self.problem(point) is None
+
+    def at(self, point: Mapping[str, int]) -> None:
+        problem = self.problem(point)
+        if problem is not None:
+            from fxflops.results import ROOT_LABEL
+            from fxflops.rules import RuleEvaluationError
+
+            where = ", ".join(f"{name}={size}" for name, size in point.items())
+            raise RuleEvaluationError(f"rule '{self.cost.rule}'", self.field, self.cost.op,
+                                      f"its formula gave {problem}, at {where} of the sweep",
+                                      self.cost.module or ROOT_LABEL)
+
+
+def _unproven(counted: list[NodeCost], captured: Captured) -> list[_Check]:
+    """The checks of the counts sympy cannot prove non-negative integers under the sizes' assumptions
+    (each a positive integer); each distinct value is asked once."""
+    rounded = getattr(captured.sizes, "rounded", {})
+    proven: dict[Any, bool] = {}
+    found = []
+    for cost in counted:
+        for field in ("macs", "flops"):
+            value = getattr(cost, field)
+            if type(value) is int:
+                ok = value >= 0
+            else:
+                ok = proven.get(value)
+                if ok is None:
+                    ok = proven[value] = value not in rounded and _nonnegative_integer(value)
+            if not ok:
+                found.append(_Check(cost, field, value, rounded.get(value) if type(value) is not int else None))
+    return found
+
+
+def _nonnegative_integer(value: Any) -> bool:
+    """Whether a count is a non-negative integer at every point: a polynomial with non-negative integer
+    coefficients over sizes (the usual count) at once, anything else as sympy's assumptions prove it."""
+    if type(value) is PolyCount:
+        terms = value.terms()
+        if all(type(c) is int and c >= 0 and all(isinstance(atom, sympy.Symbol) and atom.is_positive
+                                                 and atom.is_integer for atom, _ in factors)
+               for c, factors in terms):
+            return True
+        value = value.sympy()
+    expr = sympy.sympify(value)
+    return bool(expr.is_integer) and bool(expr.is_nonnegative)
