@@ -190,8 +190,15 @@ class Piece:
         import numpy as np
 
         for found in self.checks():
-            bad = np.frompyfunc(lambda *values, f=found: not f.holds(dict(zip(sizes, values))), len(sizes), 1)(
-                *sizes.values())
+            if found.exact is None and type(found.value) is not int and found.value.is_integer:
+                # an integer formula (b - 4): only its sign is in question, compiled and run on the arrays at once
+                if found.program is None:
+                    found.program = Program(tuple(sizes), [(0, {found.value: 1})])
+                (values,) = found.program.on_arrays(*sizes.values())
+                bad = values < 0
+            else:  # a float's or an undecided one: each point through sympy (rare: a user rule's own formula)
+                bad = np.frompyfunc(lambda *values, f=found: not f.holds(dict(zip(sizes, values))), len(sizes), 1)(
+                    *sizes.values())
             failing = np.nonzero(np.asarray(bad, dtype=bool))
             if failing[0].size:
                 found.at({name: int(np.asarray(array)[tuple(index[0] for index in failing)])
@@ -435,6 +442,7 @@ class _Check:
         self.cost, self.field = cost, field
         self.value = value.sympy() if type(value) is PolyCount else value  # the count as a formula (or an int)
         self.exact = exact  # the float a formula gave, before it was rounded into `value` (or None)
+        self.program: Program | None = None  # `value` compiled over a grid's sizes, made on first use
 
     def problem(self, point: Mapping[str, int]) -> str | None:
         """What is wrong with the count at `point` (check_count's words), or None."""
