@@ -150,8 +150,7 @@ class Piece:
         """The Estimate at `point`, what estimate() gives there: its totals from the compiled program at
         once; its modules, nodes and per-op tables (`Deferred`) on first read."""
         programs = self.programs()
-        if self.checks():
-            self.check(point)
+        self.check(point)
         sizes = tuple(point[name] for name in self.plan.names)
         macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
         captured = self.captured
@@ -213,8 +212,7 @@ class Piece:
         """The totals `estimate(point)` gives (and its `top` modules at `depth`), without building it: the
         compiled totals, and the inclusive MACs and FLOPs of the modules at `depth` (one program a depth)."""
         programs = self.programs()
-        if self.checks():
-            self.check(point)
+        self.check(point)
         sizes = tuple(point[name] for name in self.plan.names)
         macs, flops, bwd_macs, bwd_flops, params = programs.totals(*sizes)
         tops: tuple[SweepModule, ...] = ()
