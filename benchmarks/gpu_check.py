@@ -12,14 +12,17 @@ Sections, in order (each in its own try: one failing does not stop the others):
 2. ceilings: a bf16 8192^3 matrix product and a device-to-device copy (the two numbers METHOD.md asks for).
 3. ops: ~30 GEMM shapes, SDPA attention (flash and cuDNN backends, forward and backward, several sequence
    lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
-   norm, GELU, softmax, embedding, add, and two backwards), each the median of CUDA-event timed calls with
-   the L2 cache flushed between calls (triton's do_bench where there is triton).
+   norm, GELU, softmax, embedding, add, and two backwards), the linears of the Megatron-Core H100 rows of
+   issue 41's validation at one rank's shapes (forward, input and weight gradient), each the median of
+   CUDA-event timed calls with the L2 cache flushed between calls (triton's do_bench where there is triton).
 4. tests: tests/test_cuda.py (every test marked cuda), its output in DIR/pytest.txt.
 5. profile: fxflops.profile() on GPT-2 (bf16, batch 8, seq 1024) and ResNet-50 (bf16, batch 64): each
    module's CUDA-event latency against the kernel time torch.profiler attributes to the same module
    (record_function ranges opened and closed by hooks), and the hooked / plain forward ratio.
 6. meter: FlopsMeter on real bf16 training steps of a small Llama: its logged MFU against FlopCounterMode's
    FLOPs of a real step / the step time measured here / the peak, and the meter's cost per step.
+7. steps (not in the default --only): AdamW training steps of models no fit saw (a GQA Llama, GPT-2 medium,
+   ResNet-50, ViT-B/16, two Megatron-shaped GPTs at sequence 4,096): step time, peak memory, top kernels.
 """
 
 from __future__ import annotations
@@ -265,6 +268,39 @@ def gemm_grid(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+# The Megatron-Core H100 rows of issue 41's validation (fxflops.predict.validation.RUNS: heads, hidden, tp; sequence
+# 4,096, micro-batch 1, vocabulary 131,072): one rank's GEMMs of a layer and of the output layer, sequence-parallel
+# (the token dim all-gathered: M = 4,096), forward, input gradient and weight gradient as autograd runs them
+MEGATRON_ROWS = [("1.7B", 2048, 1), ("7.1B", 4096, 2), ("16B", 6144, 4), ("32B", 7168, 8)]
+
+
+def megatron_gemm_shapes(tokens: int, hidden: int, tp: int, vocab: int) -> list[tuple[str, int, int]]:
+    """(linear, out features, in features) of one tensor-parallel rank of a GPT layer and its output layer."""
+    return [("qkv", 3 * hidden // tp, hidden), ("proj", hidden, hidden // tp), ("fc1", 4 * hidden // tp, hidden),
+            ("fc2", hidden, 4 * hidden // tp), ("output", vocab // tp, hidden)]
+
+
+def gemm_rows(run: Run) -> list[dict[str, Any]]:
+    """Each linear of the Megatron-Core rows at its rank's shape: forward x[M, K] @ W[N, K]^T (F.linear), input
+    gradient g[M, N] @ W[N, K], weight gradient g^T[N, M] @ x[M, K] (the layouts autograd's mm backward uses)."""
+    tokens, vocab = (256, 1024) if run.quick else (4096, 131072)
+    rows = []
+    for name, hidden, tp in MEGATRON_ROWS[:1] if run.quick else MEGATRON_ROWS:
+        hidden = 256 if run.quick else hidden
+        for linear, n, k in megatron_gemm_shapes(tokens, hidden, tp, vocab):
+            x, w, g = randn(run, tokens, k), randn(run, n, k), randn(run, tokens, n)
+            calls = {"forward": (lambda: torch.nn.functional.linear(x, w), [tokens, n, k]),  # noqa: B023
+                     "input_grad": (lambda: torch.mm(g, w), [tokens, k, n]),  # noqa: B023
+                     "weight_grad": (lambda: torch.mm(g.t(), x), [n, k, tokens])}  # noqa: B023
+            for pass_, (call, (m_, n_, k_)) in calls.items():
+                seconds = median(bench(run, call, 25))
+                rows.append({"kind": "gemm", "op": "mm", "row": name, "linear": linear, "pass": pass_,
+                             "shape": [m_, n_, k_], "dtype": "bfloat16", "seconds": seconds,
+                             "tflops": 2 * m_ * n_ * k_ / seconds / 1e12})
+            del x, w, g
+    return rows
+
+
 def gemm_alignment(run: Run) -> list[dict[str, Any]]:
     """4096^3 with one of K, N or M made 1 to 64 short of 4096: how much each dimension's alignment costs
     (a 16-byte-aligned bf16 row needs a multiple of 8 elements)."""
@@ -380,7 +416,7 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
     parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
-             "gemm_alignment": gemm_alignment}
+             "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows}
     for name in run.parts or list(parts):
         body = parts[name]
         began = time.perf_counter()
@@ -675,10 +711,24 @@ def training_models(run: Run) -> list[tuple[str, Callable[[], tuple[torch.nn.Mod
             return model, lambda: torch.nn.functional.cross_entropy(model(images).float(), labels)
         return build
 
+    def megatron_gpt(hidden: int, heads: int) -> Callable[[], tuple[torch.nn.Module, Callable[[], Any]]]:
+        def build() -> tuple[torch.nn.Module, Callable[[], Any]]:
+            from fxflops.predict.validation import GPT, lm_loss
+
+            torch.manual_seed(0)
+            seq, vocab = (64, 1024) if quick else (4096, 131072)
+            model = GPT(2 if quick else 4, 64 if quick else hidden, 2 if quick else heads, vocab=vocab,
+                        seq=seq).to(run.device, BF16).train()
+            ids = torch.randint(0, vocab, (1, seq), device=run.device)
+            return model, lambda: lm_loss(model(ids))
+        return build
+
     return [(f"Llama GQA 16 layers x 2048, kv 4, bf16, batch {shape[0]} x {shape[1]}", llama),
             ("GPT-2 medium-shaped (24 x 1024), bf16, batch 8 x 1024", gpt2),
             ("ResNet-50, bf16, batch 64", vision(torchvision.models.resnet50)),
-            ("ViT-B/16, bf16, batch 64", vision(lambda: torchvision.models.vit_b_16(image_size=64 if quick else 224)))]
+            ("ViT-B/16, bf16, batch 64", vision(lambda: torchvision.models.vit_b_16(image_size=64 if quick else 224))),
+            ("Megatron GPT 4 x 2048, 16 heads, vocab 131072, bf16, batch 1 x 4096", megatron_gpt(2048, 16)),
+            ("Megatron GPT 4 x 4096, 32 heads, vocab 131072, bf16, batch 1 x 4096", megatron_gpt(4096, 32))]
 
 
 def steps(run: Run) -> dict[str, Any]:
@@ -739,7 +789,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
     parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
-                                                    "gemm_grid,gemm_alignment")
+                                                    "gemm_grid,gemm_alignment,gemm_rows")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit
