@@ -13,7 +13,8 @@ Sections, in order (each in its own try: one failing does not stop the others):
 3. ops: ~30 GEMM shapes, SDPA attention (flash and cuDNN backends, forward and backward, several sequence
    lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
    norm, GELU, softmax, embedding, add, and two backwards), the linears of the Megatron-Core H100 rows of
-   issue 41's validation at one rank's shapes (forward, input and weight gradient), each the median of
+   issue 41's validation at one rank's shapes (forward, input and weight gradient), one optimizer.step() per
+   implementation (for-loop, foreach, fused AdamW / Adam / SGD in bf16 and fp32), each the median of
    CUDA-event timed calls with the L2 cache flushed between calls (triton's do_bench where there is triton).
 4. tests: tests/test_cuda.py (every test marked cuda), its output in DIR/pytest.txt.
 5. profile: fxflops.profile() on GPT-2 (bf16, batch 8, seq 1024) and ResNet-50 (bf16, batch 64): each
@@ -416,7 +417,7 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
     parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
-             "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows}
+             "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows, "optimizers": optimizer_steps}
     for name in run.parts or list(parts):
         body = parts[name]
         began = time.perf_counter()
@@ -771,6 +772,41 @@ def steps(run: Run) -> dict[str, Any]:
     return result
 
 
+def optimizer_steps(run: Run) -> list[dict[str, Any]]:
+    """One optimizer.step() alone, per implementation (torch's for-loop, foreach, fused), optimizer and dtype, over
+    48 weight-shaped tensors with gradients set: the GPU time of the step's kernels (CUDA events around step(),
+    median of timed calls) and the step's wall time. What the step-time model's optimizer term predicts."""
+    shapes = [(64, 64)] * 8 if run.quick else [(2048, 8192)] * 24 + [(8192, 2048)] * 24  # ~805M elements
+    cases = [("AdamW", {"weight_decay": 1e-2}), ("Adam", {}), ("SGD", {"momentum": 0.9})]
+    rows = []
+    for dtype in (BF16, torch.float32):
+        params = [torch.nn.Parameter(randn(run, *shape, dtype=dtype)) for shape in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        for name, options in cases:
+            for impl in ("for_loop", "foreach", "fused"):
+                flags = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+                try:
+                    opt = getattr(torch.optim, name)(params, lr=1e-4, **options, **flags)
+                    opt.step()  # the state allocated outside the timed calls
+                    if run.cuda:
+                        torch.cuda.synchronize()
+                    seconds = median(bench(run, opt.step, 60))
+                    wall = median([_step_seconds(run, opt.step) for _ in range(5)])
+                    rows.append({"kind": "optimizer", "optimizer": name, "options": options, "impl": impl,
+                                 "dtype": str(dtype).replace("torch.", ""), "params": sum(p.numel() for p in params),
+                                 "tensors": len(params), "seconds": seconds, "wall_seconds": wall})
+                except (RuntimeError, ValueError, TypeError) as error:  # an implementation refusing is a finding
+                    rows.append({"kind": "optimizer", "optimizer": name, "impl": impl,
+                                 "dtype": str(dtype).replace("torch.", ""), "error": str(error).splitlines()[0][:300]})
+                finally:
+                    opt = None  # its state freed before the next implementation allocates its own
+        del params
+        if run.cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
 def _step_seconds(run: Run, step: Callable[[], None]) -> float:
     if run.cuda:
         torch.cuda.synchronize()
@@ -789,7 +825,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
     parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
-                                                    "gemm_grid,gemm_alignment,gemm_rows")
+                                                    "gemm_grid,gemm_alignment,gemm_rows,optimizers")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit

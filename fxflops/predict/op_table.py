@@ -154,7 +154,8 @@ def rows(table: Mapping[str, Any], parts: Iterable[str] | None = None) -> list[R
     out: list[Row] = []
     for part in parts or [p for p in ops if isinstance(ops[p], list)]:
         for entry in ops.get(part, []):
-            if not isinstance(entry, dict) or entry.get("error") or entry.get("dtype", DTYPE) != DTYPE:
+            if not isinstance(entry, dict) or entry.get("error") or entry.get("dtype", DTYPE) != DTYPE \
+                    or entry.get("kind") not in ("gemm", "memory", "attention"):  # an optimizer step is not one op
                 continue
             if entry["kind"] == "attention":
                 out += _attention_rows(entry)
