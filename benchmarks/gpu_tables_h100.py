@@ -1,0 +1,179 @@
+"""The H100 tables, from what benchmarks/gpu_check.py measured on a lent H100 SXM (benchmarks/results/gpu/h100_run*.json).
+
+    python benchmarks/gpu_tables_h100.py [--write-device] [--output benchmarks/results/gpu_h100.md]
+
+As benchmarks/gpu_tables.py does for the H200: fits the measured device file
+(fxflops/predict/data/devices/h100_sxm_measured.toml, with --write-device) from one half of the measured ops
+(the GEMM grid and alignment tables, memory-bound ops at widths 768 and 8192, attention at 512, 2048 and 8192)
+and validates it, and the H100 preset (published constants only), on the other half: the 32 GEMMs of the shape
+list, the 60 linears of the Megatron-Core H100 rows of issue 41's validation at one rank's shapes (forward,
+input and weight gradient), memory-bound ops at width 4096, attention at 1024, 4096 and 16384; and on six
+training steps no fit saw (AdamW, bf16): the four of the H200 run and two Megatron-shaped GPTs at sequence 4,096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_tables import detail, error, is_fit, own_peak, provenance, summary, unseen_steps  # noqa: E402
+from fxflops.predict import op_table  # noqa: E402
+from fxflops.predict.calibrate import write_device_file  # noqa: E402
+from fxflops.predict.hardware import device_model  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+DEVICE_FILE = ROOT / "fxflops" / "predict" / "data" / "devices" / "h100_sxm_measured.toml"
+RUN = 1
+
+
+def load(run: int = RUN) -> dict[str, Any]:
+    return json.loads((RESULTS / f"h100_run{run}.json").read_text(encoding="utf-8"))
+
+
+def split_rows() -> tuple[list[op_table.Row], list[op_table.Row]]:
+    """(fit, validate): the H200 split (benchmarks/gpu_tables.py), the Megatron-Core rows' linears validating."""
+    run = load()
+    fit = op_table.rows(run, ["gemm_grid", "gemm_alignment"])
+    rest = op_table.rows(run, ["gemm", "memory", "attention"])
+    fit += [row for row in rest if is_fit(row)]
+    validate = [row for row in rest if not is_fit(row)] + op_table.rows(run, ["gemm_rows"])
+    return fit, validate
+
+
+def fitted_device(write: bool) -> tuple[Any, dict[str, tuple]]:
+    fit, _ = split_rows()
+    label = f"measured on {provenance(load()['env'])} (benchmarks/results/gpu/h100_run{RUN}.json)"
+    device, fitted = op_table.fit_device(fit, "H100 SXM", label)
+    if write:
+        write_device_file(DEVICE_FILE, "H100 SXM", fitted, name="H100 SXM measured",
+                          note="fitted by benchmarks/gpu_tables_h100.py from half of the ops benchmarks/gpu_check.py "
+                               "measured; the other half validates it (benchmarks/results/gpu_h100.md)")
+    return device, fitted
+
+
+def megatron_linears(devices: dict[str, Any]) -> list[str]:
+    """The Megatron-Core rows' linears, per row and pass: measured TFLOP/s and each device's median error."""
+    rows = [row for row in op_table.rows(load(), ["gemm_rows"])]
+    names = list(devices)
+    lines = ["| Megatron-Core row (one rank) | pass | linears | measured TFLOP/s (min-max) | "
+             + " | ".join(f"{name}: median error (min, max)" for name in names) + " |",
+             "|---|---|---:|---|" + "---|" * len(names)]
+    groups: dict[tuple[str, str], list[op_table.Row]] = {}
+    for row in rows:
+        groups.setdefault((row.source["row"], row.source["pass"]), []).append(row)
+    for (name, pass_), members in groups.items():
+        tflops = [member.source["tflops"] for member in members]
+        cells = []
+        for device in devices.values():
+            errors = [error(_predict(row, device), row.seconds) for row in members]
+            cells.append(f"{statistics.median(errors):+.0%} ({min(errors):+.0%}, {max(errors):+.0%})")
+        rows_text = ", ".join(member.source["linear"] for member in members)
+        lines.append(f"| {name} | {pass_} | {rows_text} | {statistics.median(tflops):.0f} "
+                     f"({min(tflops):.0f}-{max(tflops):.0f}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _predict(row: op_table.Row, device: Any) -> float:
+    return op_table.roofline(row, "H100 SXM") if device == "roofline" else op_table.predicted(row, device)
+
+
+def megatron_steps() -> list[tuple[str, Any, tuple, Any, str]]:
+    """The two Megatron-shaped GPTs gpu_check.py's steps section trained, on the meta device."""
+    import torch
+
+    from fxflops.predict.validation import gpt, lm_loss
+
+    ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+    return [(f"Megatron GPT 4 x {hidden}, {heads} heads, vocab 131072, batch 1 x 4096",
+             gpt(4, hidden, heads, vocab=131072, seq=4096), (ids,), lm_loss,
+             f"Megatron GPT 4 x {hidden}, {heads} heads, vocab 131072, bf16, batch 1 x 4096")
+            for hidden, heads in ((2048, 16), (4096, 32))]
+
+
+def step_rows(devices: dict[str, Any]) -> list[str]:
+    """Training steps (AdamW on bf16 weights) never fitted: step time and peak memory against predict_step's,
+    and the GPU time of the optimizer's multi-tensor kernels the profiler saw."""
+    import torch
+
+    import fxflops
+
+    measured = load()["steps"]
+    names = [name for name in devices if name != "roofline"]
+    lines = ["| training step (AdamW, bf16) | measured | " + " | ".join(names) +
+             " | of it, optimizer kernels measured / predicted | peak memory measured / predicted |",
+             "|---|---:|" + "---:|" * len(names) + "---:|---:|"]
+    for label, model, inputs, loss, key in unseen_steps() + megatron_steps():
+        entry = measured[key]
+        seconds = entry["median"]
+        cells, memory, optimizer = [], None, None
+        for name in names:
+            step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device=devices[name],
+                                        dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
+            cells.append(f"{step.step_time * 1e3:.2f} ms ({error(step.step_time, seconds):+.0%})")
+            memory, optimizer = step.memory[0].tensor_bytes, step.breakdown["optimizer"]
+        kernels = sum(s for name, s, _ in entry["kernels"]["top"] if "multi_tensor_apply" in name)
+        peak = own_peak(measured, key)
+        lines.append(f"| {label} | {seconds * 1e3:.2f} ms | " + " | ".join(cells) +
+                     f" | {kernels * 1e3:.2f} / {optimizer * 1e3:.2f} ms | "
+                     f"{peak / 2**30:.2f} / {memory / 2**30:.2f} GiB ({error(memory, peak):+.0%}) |")
+    return lines
+
+
+def header() -> list[str]:
+    run = load()
+    env = run["env"]
+    ceilings = run["ceilings"]
+    return [f"Device: {provenance(env)}; {env['sm_count']} SMs, {env['memory_gib']} GiB, L2 {env['l2_mb']} MB; "
+            f"clocks {env['nvidia_smi'].splitlines()[1]}. Run {RUN} at commit {str(run.get('commit'))[:12]}, "
+            f"sections {', '.join(k for k in ('ceilings', 'ops', 'tests', 'profile', 'meter', 'steps') if k in run)}.",
+            "", f"Ceilings: bf16 8192^3 matmul {ceilings['matmul']['tflops']:.0f} TFLOP/s, device-to-device copy "
+            f"{ceilings['copy']['tb_per_s']:.2f} TB/s (read + write). tests/test_cuda.py: {run['tests']['summary']}."]
+
+
+def report(devices: dict[str, Any]) -> str:
+    _, validate = split_rows()
+    return "\n".join([
+        "# On a lent H100: measured vs predicted (issue 41)", "",
+        "Written by `python benchmarks/gpu_tables_h100.py --output benchmarks/results/gpu_h100.md` from "
+        "`benchmarks/results/gpu/h100_run1.json` (`benchmarks/gpu_check.py --only "
+        "env,ceilings,ops,tests,profile,meter,steps`).", "", *header(), "",
+        "## Per op: predicted vs measured, on ops the measured device file was not fitted to", "",
+        "Median absolute error and how many ops fall within 25%, per op class; `roofline` is FLOPs at the datasheet "
+        "peak or bytes at the datasheet bandwidth; the preset uses published constants only; the measured file "
+        "was fitted to the other half of the ops (see the script's docstring).", "",
+        *summary(validate, devices), "",
+        "## The Megatron-Core H100 rows' linears (issue 41's validation), one rank's shapes", "",
+        *megatron_linears(devices), "",
+        "## Training steps (never fitted)", "", *step_rows(devices), "",
+        "## Every validation op", "", *detail(validate, devices), ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write-device", action="store_true", help="(re)write the measured device file")
+    parser.add_argument("--output", type=Path, help="write the whole report there")
+    args = parser.parse_args()
+    fitted_device(args.write_device)
+    devices = {"roofline": "roofline", "H100 SXM preset": device_model("H100 SXM")}
+    if DEVICE_FILE.exists():
+        devices["H100 SXM measured"] = device_model(str(DEVICE_FILE))
+    if args.output:
+        args.output.write_text(report(devices), encoding="utf-8")
+        return
+    _, validate = split_rows()
+    print("\n".join(summary(validate, devices)))
+    print()
+    print("\n".join(megatron_linears(devices)))
+    print()
+    print("\n".join(step_rows(devices)))
+
+
+if __name__ == "__main__":
+    main()
