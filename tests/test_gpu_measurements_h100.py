@@ -1,0 +1,83 @@
+"""What a lent H100 SXM measured (benchmarks/results/gpu/h100_run*.json, written by benchmarks/gpu_check.py) held
+against fxflops: the meter's count, the measured device file, the time model at the shapes of issue 41's
+Megatron-Core H100 rows, and where the H100 preset's published constants are off for torch's own kernels."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_tables_h100  # noqa: E402
+
+from fxflops.predict import op_table  # noqa: E402
+from fxflops.predict.hardware import device_model  # noqa: E402
+
+# FlopCounterMode around one real training step of gpu_check's Llama, as on the H200 (tests/test_gpu_measurements.py)
+GPU_STEP_FLOPS = 25_348_897_112_064
+
+
+def run(i: int) -> dict:
+    return json.loads((RESULTS / f"h100_run{i}.json").read_text(encoding="utf-8"))
+
+
+def median_error(rows: list[op_table.Row], device) -> float:
+    return statistics.median(abs(op_table.predicted(row, device) / row.seconds - 1) for row in rows)
+
+
+def test_the_run_was_an_h100_sxm_and_its_cuda_tests_passed() -> None:
+    first = run(1)
+    assert first["env"]["name"] == "NVIDIA H100 80GB HBM3" and first["env"]["sm_count"] == 132
+    assert first["tests"]["summary"] == "12 passed in 21.01s"
+    assert round(first["ceilings"]["matmul"]["tflops"]) == 678 and round(first["ceilings"]["copy"]["tb_per_s"], 2) == 3.02
+
+
+def test_the_meter_and_flopcountermode_agreed_on_the_h100_step() -> None:
+    meter = run(1)["meter"]
+    assert meter["oracle_flops"] == GPU_STEP_FLOPS
+    assert all(step["flops"] == GPU_STEP_FLOPS for step in meter["logged"])
+
+
+def test_the_shipped_measured_device_is_the_fit_of_the_shipped_measurements() -> None:
+    _, fitted = gpu_tables_h100.fitted_device(write=False)
+    shipped = device_model("H100 SXM measured")
+    assert set(fitted) == {name for name, c in shipped.constants.items() if "measured on NVIDIA H100" in c.source}
+    for name, (value, _) in fitted.items():
+        shipped_value = shipped.constants[name].value
+        if isinstance(value, list):
+            assert [tuple(point) for point in value] == [tuple(point) for point in shipped_value], name
+        else:
+            assert shipped_value == pytest.approx(value), name
+
+
+def test_the_megatron_core_rows_linears_are_predicted_by_the_preset() -> None:
+    # issue 41's worst rows (Megatron-Core 1.7B and 7.1B, +38.6% and +32.9%): their rank's 60 GEMMs (forward,
+    # input and weight gradient of qkv, proj, fc1, fc2 and the output layer) ran at 607-800 TFLOP/s, and the preset's
+    # GEMM model (published constants only) is within 4% at the median of them (90th percentile 15%): the rows' error
+    # is not in their GEMMs
+    linears = op_table.rows(run(1), ["gemm_rows"])
+    assert len(linears) == 60
+    tflops = [row.source["tflops"] for row in linears]
+    assert (round(min(tflops)), round(max(tflops))) == (607, 800)
+    errors = sorted(abs(op_table.predicted(row, device_model("H100 SXM")) / row.seconds - 1) for row in linears)
+    assert statistics.median(errors) <= 0.05 and errors[int(0.9 * len(errors))] <= 0.15
+
+
+def test_held_out_ops_the_measured_file_fixes() -> None:
+    # the H100 preset's flash attention curve is FlashAttention-3's (its paper's figures); torch's SDPA runs
+    # FlashAttention-2, which the preset predicts 41% fast at the median; unfused attention has no published H100
+    # curve (the preset times it at peak): 85% fast. The file fitted to the other half of the ops: within 6%
+    _, held_out = gpu_tables_h100.split_rows()
+    preset, measured = device_model("H100 SXM"), device_model("H100 SXM measured")
+    for kernel, at_least in (("flash", 0.35), ("math", 0.8)):
+        rows = [r for r in held_out if r.kind == "attention" and r.kernel == kernel]
+        assert median_error(rows, preset) >= at_least and median_error(rows, measured) <= 0.06, kernel
+    cudnn = [r for r in held_out if r.kind == "attention" and r.kernel == "cudnn"]
+    assert median_error(cudnn, measured) <= 0.05 and median_error(cudnn, preset) <= 0.11  # FA3 paper's cuDNN bars
