@@ -131,6 +131,40 @@ def step_rows(devices: dict[str, Any]) -> list[str]:
     return lines
 
 
+def profiles() -> list[str]:
+    """fxflops.profile() per module over 1 ms: CUDA-event latency (the host queued ahead) against the kernel time
+    torch.profiler attributes to the module, and the whole forward."""
+    run = load()["profile"]
+    lines = ["| model | module | kernels (torch.profiler) | profile() latency |", "|---|---|---:|---:|"]
+    for model in ("gpt2", "resnet50"):
+        for name, stats in run[model]["modules"].items():
+            kernels = stats["kernel_seconds"]
+            if kernels and max(stats["latency"] or 0, kernels) >= 1e-3:
+                lines.append(f"| {run[model]['model'].split(',')[0]} | {name} ({stats['type']}) | {kernels * 1e3:.3f} ms | "
+                             f"{stats['latency'] * 1e3:.3f} ms ({error(stats['latency'], kernels):+.0%}) |")
+    lines += ["", "| model | plain forward | hooked forward | host launch plain / hooked | roofline prediction | "
+                  "utilization |", "|---|---:|---:|---:|---:|---:|"]
+    for model in ("gpt2", "resnet50"):
+        entry = run[model]
+        lines.append(f"| {entry['model']} | {entry['fwd_latency'] * 1e3:.2f} ms | {entry['hooked_fwd_latency'] * 1e3:.2f} ms | "
+                     f"{entry['extra']['host_launch_plain'] * 1e3:.2f} / {entry['extra']['host_launch_hooked'] * 1e3:.2f} ms | "
+                     f"{entry['predicted_latency'] * 1e3:.2f} ms | {entry['utilization']:.1%} |")
+    return lines
+
+
+def meter() -> list[str]:
+    entry = load()["meter"]
+    logged = statistics.median(step["mfu"] for step in entry["logged"])
+    flops = entry["logged"][-1]["flops"]
+    return ["| model | FLOPs: meter / FlopCounterMode (real step) | step, bare / metered (median) | logged MFU (median) | "
+            "FLOPs / bare step / peak |", "|---|---|---:|---:|---:|",
+            f"| {entry['model']} | {flops:,} / {entry['oracle_flops']:,} "
+            f"({'equal' if flops == entry['oracle_flops'] else 'differ'}) | "
+            f"{statistics.median(entry['bare_step_seconds']) * 1e3:.2f} / "
+            f"{statistics.median(entry['metered_step_seconds']) * 1e3:.2f} ms | {logged:.2%} | "
+            f"{entry['mfu_from_oracle']:.2%} |"]
+
+
 def header() -> list[str]:
     run = load()
     env = run["env"]
@@ -149,6 +183,8 @@ def report(devices: dict[str, Any]) -> str:
         "Written by `python benchmarks/gpu_tables_h100.py --output benchmarks/results/gpu_h100.md` from "
         "`benchmarks/results/gpu/h100_run1.json` (`benchmarks/gpu_check.py --only "
         "env,ceilings,ops,tests,profile,meter,steps`).", "", *header(), "",
+        "## profile(): module latency against the kernels torch.profiler attributes to the module", "", *profiles(), "",
+        "## The meter on real bf16 training steps", "", *meter(), "",
         "## Per op: predicted vs measured, on ops the measured device file was not fitted to", "",
         "Median absolute error and how many ops fall within 25%, per op class; `roofline` is FLOPs at the datasheet "
         "peak or bytes at the datasheet bandwidth; the preset uses published constants only; the measured file "
