@@ -314,7 +314,8 @@ def test_hugging_face_llama_runs_sequence_parallel() -> None:
         warnings.simplefilter("ignore")
         prediction = fxflops.predict_step(model, (ids,), {"tp": 2}, "DGX H100")
         costs = capture_costs(model, (ids,), cluster("DGX H100"), tp=2, sequence_parallel=True)
-    assert prediction.plan.sequence_parallel and prediction.notes == []
+    # no note but the optimizer's timing (every prediction says how its optimizer step was timed)
+    assert prediction.plan.sequence_parallel and [n for n in prediction.notes if "optimizer step" not in n] == []
     assert costs.block.params == 73_984
     assert costs.pre.params == 512 * 128 // 2  # the embedding vocabulary-parallel
     assert costs.post.params == 512 * 128 // 2 + 128  # the head split, the final norm whole

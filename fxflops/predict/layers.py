@@ -108,6 +108,9 @@ class LayerCosts:
     # the capture read the memory timeline (memory=True): saved_bytes and transient_bytes are known, so a step's
     # memory per rank can be predicted from these costs
     memory_captured: bool = True
+    # trainable parameter tensors of one tp rank's whole model at `layers` deep (0: unknown): the optimizer's kernel
+    # launches (`optimizer_time`: multi-tensor launches hold at most so many tensors; the loop launches per tensor)
+    param_tensors: int = 0
 
     @property
     def params(self) -> int:

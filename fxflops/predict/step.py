@@ -40,8 +40,10 @@ step as it runs on each pipeline rank:
   gradient_accumulation_fusion only for what no weight-gradient GEMM accumulates), DeepSpeed's BF16_Optimizer every
   micro-batch, FSDP's sharded adds after each reduce-scatter (`_fsdp_accumulation`); the capture's own
   AccumulateGrad copies are not timed (`layers.accumulate_grad_copy`);
-- the optimizer step: memory-bound, every local parameter's state (optimizer_state_bytes, the bytes the memory
-  per stage counts) read and written once, its gradient read and the parameter written; the distributed
+- the optimizer step: memory-bound, as the kernels its implementation launches (`optimizer_time`): by default one
+  fused kernel, every local parameter's state (optimizer_state_bytes, the bytes the memory per stage counts) read and
+  written once, its gradient read and the parameter written (Apex / DeepSpeed FusedAdam, Megatron-LM's optimizer);
+  torch.optim's foreach or single-tensor implementations one pass per tensor operation; the distributed
   optimizer's all-gather of the updated parameters after it, or with overlap_param_gather beside the next
   forward, one layer ahead (`_param_gather_exposed`);
 - context parallelism (cp): each rank runs S/cp positions (captured so), ring attention's keys and values
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,7 @@ from fxflops.predict.comm_time import collective_seconds, ranks_per_node
 from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts, Part
 from fxflops.predict.op_time import stream_seconds
+from fxflops.predict.optimizer_time import MASTER_FUSED, OptimizerKernels, element_bytes, optimizer_kernels
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
 from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, RankMemory, busiest, rank_memories
 from fxflops.predict.step_memory import fits as fits_in
@@ -144,6 +148,9 @@ class StepPlan:
     # how the gradients of a step's micro-batches accumulate (GRAD_ACCUMULATION, `_accumulation`); DeepSpeed's
     # engine and FSDP accumulate as their code does, whatever this says
     grad_accumulation: str = "autograd"
+    # the kernels the optimizer step launches (`optimizer_time.optimizer_kernels`: torch.optim's foreach, single-tensor
+    # or fused Adam / AdamW / SGD); None: one fused kernel over the optimizer state (optimizer_time.MASTER_FUSED)
+    optimizer_kernels: OptimizerKernels | None = None
 
     @property
     def grad_group(self) -> int:
@@ -320,7 +327,8 @@ class StepPrediction:
                 "optimizer_state_bytes": self.optimizer_state_bytes, "ranks": [m.as_dict() for m in self.memory]}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.as_dict(), "cluster": self.cluster, "device": self.device,
+        plan = {**self.plan.as_dict(), "optimizer_kernels": (self.plan.optimizer_kernels or MASTER_FUSED).label}
+        return {"plan": plan, "cluster": self.cluster, "device": self.device,
                 "device_origin": self.device_origin,
                 "step_time": self.step_time, "breakdown": dict(self.breakdown), "mfu": self.mfu, "hfu": self.hfu,
                 "tokens_per_sec": self.tokens_per_sec, "tflops_per_gpu": self.tflops_per_gpu,
@@ -549,8 +557,16 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
             if plan.distributed_optimizer or bf16_optimizer:  # the updated parameter shards gathered back after the step
                 after_step[rank] = _param_gather_exposed(rank, chunks, costs, plan, cluster, placed,
                                                          layer_fwd_compute + layer_fwd_comm, pre_comm[0], post_comm[0])
-    # the optimizer step, memory-bound: each local parameter's optimizer state read and written, its gradient
-    # read, the parameter written (sharded dp ways under FSDP or a distributed optimizer)
+    # the optimizer step, memory-bound, as its implementation's kernels (`optimizer_time`): by default one fused
+    # kernel, each local parameter's optimizer state read and written, its gradient read, the parameter written;
+    # torch.optim's foreach / loop one pass per tensor operation (sharded dp ways under FSDP or a distributed optimizer)
+    state = optimizer_state_bytes if plan.optimizer_bytes_per_param is None else plan.optimizer_bytes_per_param
+    kernels = plan.optimizer_kernels or MASTER_FUSED
+    if kernels.optimizer is None:  # the fused mixed-precision step: `state` bytes of state, the model's parameters
+        stepped, element = costs.param_bytes, state
+    else:  # torch.optim keeps its state like the parameters it steps
+        stepped = element = element_bytes(kernels, state, costs.param_bytes)
+    notes.append(kernels.describe(stepped, grad_bytes, element))
     shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer or bf16_optimizer else 1
     expert_shard = plan.expert_shard_group if fsdp else plan.expert_group
     roles = []
@@ -560,13 +576,13 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         rank_chunks = list(range(rank, len(chunks), p))
         rank_layers = sum(chunks[c] for c in rank_chunks)
         rank_params = _rank_params(rank, chunks, p, costs)
-        state = optimizer_state_bytes if plan.optimizer_bytes_per_param is None else plan.optimizer_bytes_per_param
-        per_param = 2 * state + grad_bytes + costs.param_bytes
         # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
         local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
             + _rank_expert_params(rank, chunks, p, costs) / (expert_shard if shard > 1 else 1)
-        optimizer = (stream_seconds(local * per_param, device) if rank_params else 0.0) \
-            + after_step[rank]
+        # the rank's parameter tensors (each sharded, not fewer, under FSDP), in proportion to its parameters
+        tensors = math.ceil(costs.param_tensors * rank_params / costs.params) if costs.params else 0
+        optimizer = kernels.seconds(local, tensors, stepped, grad_bytes, element, device) if rank_params else 0.0
+        optimizer += after_step[rank]
         if bf16_optimizer and rank_params:
             # BF16_Optimizer.step: the global norm reads every fp32 gradient of the rank (get_grads_for_norm: all of
             # them, not the rank's 1/dp), clear_hp_grads zeroes them after the step
@@ -605,6 +621,14 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,
                           memory=memory, capacity=device.memory_bytes, optimizer_state_bytes=optimizer_state_bytes)
+
+
+def _param_tensors(model: Any, costs: LayerCosts) -> int:
+    """The trainable parameter tensors of the model as `costs` stand for it: the captured model's, scaled by the
+    parameter elements when `layers` makes it deeper than captured (its blocks' tensors in proportion)."""
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    captured = costs.captured_layers * costs.block.params + costs.pre.params + costs.post.params
+    return math.ceil(tensors * costs.params / captured) if captured else tensors
 
 
 def _bf16_optimizer(plan: StepPlan, dtype_key: str | None) -> bool:
@@ -1116,8 +1140,9 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                  routing: Any = None, attention: str = "flash", attention_dropout: float = 0.0,
                  fuse_elementwise: bool = False, persistent_norm: bool = False, pipeline_engine: str = MEGATRON,
                  grad_buckets: str = "torch", tp_comm_overlap: bool = False,
-                 optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
-                 overlap_param_gather: bool = False, grad_accumulation: str = "autograd") -> StepPrediction:
+                 optimizer_state_bytes: int | None = None,
+                 overlap_param_gather: bool = False, grad_accumulation: str = "autograd",
+                 optimizer: Any = None, optimizer_impl: str | None = None) -> StepPrediction:
     """Predict one training step of `model` on `cluster` under a parallel plan, per rank role.
 
     `inputs` are one micro-batch of one data-parallel rank (token ids (micro_batch, seq) for a language model);
@@ -1167,8 +1192,14 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
     The prediction also holds each pipeline rank's predicted peak memory by kind (`memory`, `peak_memory`,
     `fits` against the device's memory; the computation the plan search filters by, `step_memory`), with
     `optimizer_state_bytes` of optimizer state per parameter element (default 12: Adam with fp32 master weights
-    and moments; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one); the optimizer step's time reads and
-    writes the same state once each. A prediction is a model with a stated
+    and moments; 4 for torch's AdamW on a bf16 model, 8 on an fp32 one; with `optimizer`, its state tensors like
+    the model's parameters unless given). The optimizer step is timed as the kernels its implementation launches
+    (`fxflops.predict.optimizer_time`): without `optimizer`, one fused kernel reading and writing that state once
+    (Apex / DeepSpeed FusedAdam, Megatron-LM's optimizer); `optimizer` ("adam", "adamw" or "sgd" with torch's
+    defaults, or a torch.optim.Adam / AdamW / SGD instance) times torch.optim's own step under `optimizer_impl`:
+    "foreach" (torch's default on CUDA: one multi-tensor kernel per tensor operation, 40 B a parameter element for
+    AdamW in bf16), "for_loop" (the same operations one parameter tensor at a time) or "fused" (`fused=True`: one
+    kernel); None: the instance's `foreach` / `fused`, else foreach. A prediction is a model with a stated
     error, not a measurement."""
     import torch
 
@@ -1184,6 +1215,15 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; known: {', '.join(known)}")
     the_cluster = with_device(cluster, device)
     dtype = dtype or torch.bfloat16
+    if optimizer is None and optimizer_impl not in (None, "fused"):
+        raise ValueError(f"predict_step: optimizer_impl={optimizer_impl!r} times torch.optim's own kernels: name the "
+                         "optimizer too (optimizer='adamw', 'adam', 'sgd' or a torch.optim instance)")
+    kernels_of_step = optimizer_kernels(optimizer, optimizer_impl) if optimizer is not None else None
+    if optimizer_state_bytes is None:  # torch.optim: its state tensors like the model's parameters
+        optimizer_state_bytes = OPTIMIZER_STATE_BYTES if kernels_of_step is None else \
+            kernels_of_step.state_tensors * torch.empty((), dtype=dtype).element_size()
+    elif kernels_of_step is not None:  # a setting torch.optim cannot hold, refused before the capture
+        element_bytes(kernels_of_step, optimizer_state_bytes, torch.empty((), dtype=dtype).element_size())
     tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
     cp, ep = parallel.get("cp", 1), parallel.get("ep", 1)
     sp = bool(parallel.get("sequence_parallel", sequence_parallel)) and tp > 1
@@ -1197,7 +1237,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
                     distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
                     grad_bytes=grad_bytes, bucket_cap_mb=parallel.get("bucket_cap_mb"), grad_buckets=grad_buckets,
                     dp_shard=parallel.get("dp_shard"), tp_comm_overlap=tp_comm_overlap, pipeline_engine=pipeline_engine,
-                    overlap_param_gather=overlap_param_gather, grad_accumulation=grad_accumulation)
+                    overlap_param_gather=overlap_param_gather, grad_accumulation=grad_accumulation,
+                    optimizer_kernels=kernels_of_step)
     if cp > 1 or ep > 1 or plan.bucket_cap_mb is not None or plan.dp_shard is not None or tp_comm_overlap \
             or overlap_param_gather or grad_accumulation != "autograd" \
             or grad_buckets != "torch" or pipeline_engine != MEGATRON:
@@ -1223,6 +1264,7 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it" \
             + (" and without tp_comm_overlap (it needs sequence parallelism)" if plan.tp_comm_overlap else "")
         plan = dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=False)
+    costs = dataclasses.replace(costs, param_tensors=_param_tensors(model, costs))
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype), optimizer_state_bytes)
     if note:
         prediction.notes.append(note)
