@@ -209,9 +209,9 @@ def own_peak(steps: dict[str, Any], key: str) -> int:
 
 
 def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
-    """Training steps (AdamW on bf16 weights: 4 bytes of state a parameter) of run 7 (one model on the GPU at
-    a time; run 6 held all four at once), never fitted: step time and peak allocated memory against
-    predict_step's."""
+    """Training steps (torch.optim.AdamW's defaults on bf16 weights: foreach on CUDA, 4 bytes of state a parameter)
+    of run 7 (one model on the GPU at a time; run 6 held all four at once), never fitted: step time and peak
+    allocated memory against predict_step's, its optimizer timed as the foreach kernels the step ran."""
     import torch
 
     import fxflops
@@ -226,13 +226,73 @@ def unseen_step_rows(devices: dict[str, Any]) -> list[str]:
         cells, memory = [], None
         for name in names:
             step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device=devices[name],
-                                        dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
+                                        dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer="adamw",
+                                        optimizer_state_bytes=4)
             cells.append(f"{step.step_time * 1e3:.2f} ms ({error(step.step_time, seconds):+.0%})")
             memory = step.memory[0].tensor_bytes
         peak = own_peak(measured, key)
         rows.append(f"| {label} | {seconds * 1e3:.2f} ms | " + " | ".join(cells) +
                     f" | {peak / 2**30:.2f} / {memory / 2**30:.2f} GiB ({error(memory, peak):+.0%}) |")
     return rows
+
+
+def optimizer_step_rows(path: Path, devices: dict[str, Any], tensors: dict[str, int] | None = None) -> list[str]:
+    """Per training step of gpu_check.py's steps section in the run at `path` (torch.optim.AdamW, lr 1e-4,
+    weight_decay 1e-2, bf16 parameters and state: foreach on CUDA): the GPU time of the optimizer's multi-tensor
+    kernels (those of torch.profiler's top 40 named multi_tensor_apply) against the optimizer step predicted as
+    one fused kernel (fxflops' default: 12 B a parameter element) and as the foreach kernels AdamW launches
+    (`fxflops.predict.optimizer_time`: 40 B, one launch per 320 chunks). `tensors`: parameter tensors per step
+    key (default: the models of `unseen_steps`; a step without one is timed on its chunk bound only)."""
+    from fxflops.predict.optimizer_time import MASTER_FUSED, optimizer_kernels
+
+    if tensors is None:
+        tensors = {key: sum(1 for p in model.parameters() if p.requires_grad)
+                   for _, model, _, _, key in unseen_steps()}
+    foreach = optimizer_kernels("adamw")
+    names = [name for name in devices if name != "roofline"]
+    lines = ["| training step (AdamW, bf16) | parameters | multi-tensor kernels measured (launches) | " +
+             " | ".join(f"{name}: fused / foreach" for name in names) + " |", "|---|---:|---:|" + "---:|" * len(names)]
+    for key, entry in json.loads(Path(path).read_text(encoding="utf-8"))["steps"].items():
+        kernels = [(s, n) for name, s, n in entry["kernels"]["top"] if "multi_tensor_apply" in name]
+        measured, launches = sum(s for s, _ in kernels), sum(n for _, n in kernels)
+        params, count = entry["params"], tensors.get(key, 0)
+        cells = []
+        for name in names:
+            fused = MASTER_FUSED.seconds(params, count, 2, 2, 4, devices[name])  # 4 B of state: m and v in bf16
+            mine = foreach.seconds(params, count, 2, 2, 2, devices[name])
+            cells.append(f"{fused * 1e3:.2f} ({error(fused, measured):+.0%}) / {mine * 1e3:.2f} ms "
+                         f"({error(mine, measured):+.0%})")
+        lines.append(f"| {key} | {params / 1e6:,.1f}M | {measured * 1e3:.2f} ms ({launches}; predicted "
+                     f"{foreach.launches(params, count)}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def optimizer_implementation_rows(path: Path, devices: dict[str, Any]) -> list[str]:
+    """One optimizer.step() alone per implementation, optimizer and dtype (gpu_check.py's optimizers ops table in
+    the run at `path`: 48 weight-shaped tensors, the state allocated) against `optimizer_time`'s prediction."""
+    import torch
+
+    from fxflops.predict.optimizer_time import optimizer_kernels
+
+    names = [name for name in devices if name != "roofline"]
+    lines = ["| optimizer and implementation | dtype | B / element | measured | " + " | ".join(names) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(names)]
+    for row in json.loads(Path(path).read_text(encoding="utf-8"))["ops"]["optimizers"]:
+        if "seconds" not in row:
+            continue
+        # the optimizer as the row built it (its options over torch's defaults), read from an instance's defaults
+        instance = getattr(torch.optim, row["optimizer"])([torch.nn.Parameter(torch.zeros(1))], lr=1e-4,
+                                                           **row["options"])
+        kernels = optimizer_kernels(instance, row["impl"])
+        element = {"bfloat16": 2, "float32": 4}[row["dtype"]]
+        per = kernels.bytes_per_element(element, element, element)
+        cells = []
+        for device in names:
+            predicted = kernels.seconds(row["params"], row["tensors"], element, element, element, devices[device])
+            cells.append(f"{predicted * 1e3:.2f} ms ({error(predicted, row['seconds']):+.0%})")
+        lines.append(f"| {kernels.label} | {row['dtype']} | {per} | {row['seconds'] * 1e3:.2f} ms | "
+                     + " | ".join(cells) + " |")
+    return lines
 
 
 def small_llama() -> Any:
@@ -355,6 +415,10 @@ def report(devices: dict[str, Any]) -> str:
         "was fitted to the other half of the ops (see the script's docstring).", "",
         *summary(validate, devices), "", *spread(), "",
         "## Whole models (never fitted)", "", *whole_models(devices), "", *unseen_step_rows(devices), "",
+        "## The optimizer step: measured multi-tensor kernels against fused and foreach predictions", "",
+        "torch.optim.AdamW's default on CUDA is its foreach implementation: eight multi-tensor kernels a step "
+        "(fxflops.predict.optimizer_time), not one fused pass.", "",
+        *optimizer_step_rows(RESULTS / "h200_run7.json", devices), "",
         "## Every validation op", "", *detail(validate, devices), "",
     ]
     return "\n".join(parts)
@@ -378,6 +442,8 @@ def main() -> None:
     print("\n".join(whole_models(devices)))
     print()
     print("\n".join(unseen_step_rows(devices)))
+    print()
+    print("\n".join(optimizer_step_rows(RESULTS / "h200_run7.json", devices)))
     if args.detail:
         print()
         print("\n".join(detail(validate, devices)))
