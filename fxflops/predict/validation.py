@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES
+
 VOCAB = 51200
 SEQ = 2048
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
@@ -230,6 +232,8 @@ class PublishedRun:
             words.append("fp32 gradient reduction")
         if self.loss_parallel and self.tp > 1:
             words.append("vocabulary-parallel loss")
+        if self.torch_optimizer:
+            words.append("torch {} {}".format(*self.torch_optimizer))
         return ", ".join(words)
 
     @property
@@ -246,6 +250,12 @@ class PublishedRun:
     def grad_accumulation(self) -> str:
         """How the row's software accumulates the micro-batches' gradients (StepPlan.grad_accumulation)."""
         return _GRAD_ACCUMULATION.get(self.software, "autograd")
+
+    @property
+    def torch_optimizer(self) -> tuple[str, str] | None:
+        """(name, implementation) of the torch.optim optimizer the row's software steps with (predict_step's
+        optimizer and optimizer_impl); None: a fused optimizer (one kernel over the fp32 master weights and moments)."""
+        return _TORCH_OPTIMIZER.get(self.software)
 
     @property
     def dp(self) -> int:
@@ -400,6 +410,11 @@ _GRAD_BUCKETS = {_MEGATRON_2021: "megatron", _MEGATRON_2022: "megatron", _DEEPSP
 # and torch DDP, DeepSpeed's engine in fp16 and a row not named here accumulate in .grad (torch's AccumulateGrad);
 # DeepSpeed's BF16_Optimizer and FSDP as their code does (the step knows them by engine)
 _GRAD_ACCUMULATION = {_MEGATRON_2022: "fused", _MCORE_SOFTWARE: "fused"}
+# the software that steps with torch.optim's own kernels (step's optimizer_time): torchtitan at 0413364 builds
+# torch.optim.AdamW(..., weight_decay=0.1, foreach=True) over FSDP2's fp32 sharded parameters (train.py,
+# build_optimizer), so its moments are fp32 and the fp32 shards the master weights (12 B a parameter element, as the
+# memory counts); the rest run fused optimizers (Megatron-LM's and DeepSpeed's, Apex FusedAdam)
+_TORCH_OPTIMIZER = {_TORCHTITAN_SOFTWARE: ("adamw", "foreach")}
 # the software whose layer norms are apex's persistent fast layer norm (op_time.Kernels.persistent_norm); the rest
 # run apex's earlier fused layer norm (Megatron-LM before a2fdcdf, Megatron-DeepSpeed) or torch's own
 _PERSISTENT_NORM = (_MEGATRON_2022, _MCORE_SOFTWARE)
@@ -546,6 +561,16 @@ def _cluster_file(name: str) -> str:
     return str(resources.files("fxflops.predict").joinpath("data", "published", _PUBLISHED_CLUSTERS[name]))
 
 
+def _optimizer_options(run: PublishedRun) -> dict[str, Any]:
+    """predict_step's optimizer settings for the row: torch.optim's kernels where its software steps with them, over
+    fp32 parameters and moments (OPTIMIZER_STATE_BYTES: the fp32 copies counted as master weights), else none (the
+    fused default)."""
+    if run.torch_optimizer is None:
+        return {}
+    name, implementation = run.torch_optimizer
+    return {"optimizer": name, "optimizer_impl": implementation, "optimizer_state_bytes": OPTIMIZER_STATE_BYTES}
+
+
 def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, Any]:
     """(predicted value in the run's metric, the StepPrediction), the model captured at two layers."""
     from fxflops.predict.step import predict_step
@@ -570,7 +595,8 @@ def predict_run(run: PublishedRun, cluster: str | None = None) -> tuple[float, A
                               fuse_elementwise=run.fuse_elementwise, persistent_norm=run.persistent_norm,
                               pipeline_engine=run.pipeline_engine,
                               grad_buckets=run.grad_buckets, tp_comm_overlap=run.tp_comm_overlap,
-                              overlap_param_gather=run.overlap_param_gather, grad_accumulation=run.grad_accumulation)
+                              overlap_param_gather=run.overlap_param_gather, grad_accumulation=run.grad_accumulation,
+                              **_optimizer_options(run))
     if run.metric == "step_time":
         return prediction.step_time, prediction
     if run.metric == "model_tflops_per_gpu":
