@@ -1,0 +1,156 @@
+"""The optimizer step timed as the kernels its implementation launches (fxflops.predict.optimizer_time), by hand
+from torch/optim/adam.py and sgd.py (torch 2.14.1) and ATen's MultiTensorApply.cuh."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fxflops.predict.hardware import cluster
+from fxflops.predict.layers import LayerCosts, Part
+from fxflops.predict.optimizer_time import MASTER_FUSED, element_bytes, optimizer_kernels
+from fxflops.predict.step import StepPlan, simulate_plan
+
+A100 = cluster("DGX A100 80GB")
+# distinct element sizes so a pass counting the wrong operand shows: parameter 2 B, gradient 4 B, state 8 B
+P, G, S = 2, 4, 8
+
+
+def per_element(optimizer, implementation=None) -> int:
+    return optimizer_kernels(optimizer, implementation).bytes_per_element(P, G, S)
+
+
+def adam(**options) -> torch.optim.Optimizer:
+    return torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, **options)
+
+
+def test_adamw_passes_per_implementation() -> None:
+    # foreach (torch's CUDA default), _multi_tensor_adam: mul_(params) 2P, lerp_(m, g) 2S+G, mul_(v) 2S,
+    # addcmul_(v, g, g) 2S+G (the gradient read once), sqrt(v) 2S, div_ 2S, add_(eps) 2S, addcdiv_(p, m, d) 2P+2S
+    # = 4P + 14S + 2G; the single-tensor loop runs the same operations
+    assert per_element("adamw") == 4 * P + 14 * S + 2 * G == 128
+    assert per_element("adamw", "for_loop") == 128
+    assert len(optimizer_kernels("adamw").passes) == 8
+    # bf16 everywhere: 40 B a parameter element, 20 passes' worth of a 2-byte element
+    assert optimizer_kernels("adamw").bytes_per_element(2, 2, 2) == 40
+    # fused (_fused_adamw_): parameter read and written, gradient read, m and v read and written
+    assert per_element("adamw", "fused") == 2 * P + G + 4 * S == 40
+    # fxflops' default: one fused kernel, the state (12 B: fp32 master, m, v) read and written, gradient read, the
+    # bf16 parameter written; the formula the step used before implementations existed
+    assert MASTER_FUSED.bytes_per_element(2, 2, 12) == 2 * 12 + 2 + 2
+
+
+def test_adam_and_its_options() -> None:
+    # Adam without weight decay: no mul_(params): 2P + 14S + 2G
+    assert per_element("adam") == 2 * P + 14 * S + 2 * G == 124
+    # coupled weight decay: grads = _foreach_add(grads, params) reads G and P, writes G
+    assert per_element(adam(weight_decay=0.1)) == 124 + 2 * G + P
+    # amsgrad: _foreach_maximum_(max_v, v) reads both, writes max_v; fused reads and writes max_v too
+    assert per_element(adam(amsgrad=True)) == 124 + 3 * S
+    assert per_element(adam(amsgrad=True), "fused") == 2 * P + G + 6 * S
+    # maximize: grads = _foreach_neg(grads)
+    assert per_element(adam(maximize=True)) == 124 + 2 * G
+    # capturable: foreach divides the denominator by the step-size tensors (one more pass) and runs 9 kernels over
+    # the per-tensor step scalars; the loop folds the step size into its division and add_, 10 scalar kernels
+    capturable = optimizer_kernels(adam(capturable=True))
+    assert capturable.bytes_per_element(P, G, S) == 124 + 2 * S and capturable.scalar_kernels == 9
+    loop = optimizer_kernels(adam(capturable=True), "for_loop")
+    assert loop.bytes_per_element(P, G, S) == 124 and loop.scalar_kernels == 10
+
+
+def test_sgd_passes() -> None:
+    sgd = torch.optim.SGD
+    param = [torch.nn.Parameter(torch.zeros(2))]
+    # plain SGD: add_(params, grads): 2P + G
+    assert per_element("sgd") == 2 * P + G
+    # weight decay: grads = add(grads, params) 2G + P first
+    assert per_element(sgd(param, lr=0.1, weight_decay=0.1)) == 2 * P + G + 2 * G + P
+    # momentum: mul_(buf) 2S, add_(buf, g) 2S + G, add_(params, buf) 2P + S
+    assert per_element(sgd(param, lr=0.1, momentum=0.9)) == 5 * S + G + 2 * P
+    # nesterov: add_(grads, buf) 2G + S, then add_(params, grads) 2P + G
+    assert per_element(sgd(param, lr=0.1, momentum=0.9, nesterov=True)) == 4 * S + G + 2 * G + S + 2 * P + G
+    # fused: parameter and buffer read and written, gradient read
+    assert per_element(sgd(param, lr=0.1, momentum=0.9), "fused") == 2 * P + G + 2 * S
+    assert optimizer_kernels(sgd(param, lr=0.1, momentum=0.9)).state_tensors == 1
+
+
+def test_implementation_from_the_instance() -> None:
+    assert optimizer_kernels("adamw").implementation == "foreach"  # torch's default on CUDA
+    assert optimizer_kernels(adam(foreach=False)).implementation == "for_loop"
+    assert optimizer_kernels(adam(fused=True)).implementation == "fused"
+    assert optimizer_kernels(adam(fused=True), "foreach").implementation == "foreach"  # the argument wins
+
+
+def test_launches() -> None:
+    adamw = optimizer_kernels("adamw")
+    # the measured Llama: 852,559,872 elements in 147 tensors: 13,010 chunks of 65,536, 41 launches of 320 chunks
+    # per kernel (the tensor limit, 36 a launch at depth 3, needs only 5), 8 kernels: 328, as the profiler counted
+    assert math.ceil(852_559_872 / 65536) == 13_010 and adamw.launches(852_559_872, 147) == 8 * 41
+    # 100 small tensors (16 chunks): the tensor limits decide: mul_ x2 and add_ (110 a launch) 1 each, div_ with its
+    # scalar list (96) 2, lerp_ and sqrt (depth 2: 64) 2 each, addcmul_ and addcdiv_ (depth 3: 48) 3 each
+    assert adamw.launches(1_000_000, 100) == 1 + 1 + 1 + 2 + 2 + 2 + 3 + 3
+    # the loop: one kernel per operation per tensor
+    assert optimizer_kernels("adamw", "for_loop").launches(1_000_000, 100) == 800
+    assert MASTER_FUSED.launches(1_000_000, 100) == 1
+
+
+def costs(layers: int = 4, params: int = 50_000_000, tensors: int = 40) -> LayerCosts:
+    block = Part(forward=1.0, backward=2.0, forward_flops=100, backward_flops=200, params=params)
+    return LayerCosts(1, False, 1, 1000, layers, block, Part(), Part(), 0, 2, "bfloat16", "A100", layers,
+                      param_tensors=tensors)
+
+
+def test_optimizer_time_foreach_against_fused() -> None:
+    # 4 layers of 5e7 bf16 parameters in 40 tensors on one A100. Fused default (12 B of state): 2e8 x 28 B and one
+    # launch. torch's AdamW foreach on the bf16 model (4 B of state: m and v in bf16): 2e8 x 40 B, and 3,052 chunks
+    # make 10 launches of each of the 8 kernels (40 tensors need at most 2)
+    device = A100.device
+    fused = simulate_plan(costs(), StepPlan(global_batch=1), A100)
+    assert fused.breakdown["optimizer"] == pytest.approx(2e8 * 28 / device.sustained + device.launch_overhead)
+    plan = StepPlan(global_batch=1, optimizer_kernels=optimizer_kernels("adamw"))
+    foreach = simulate_plan(costs(), plan, A100, optimizer_state_bytes=4)
+    assert foreach.breakdown["optimizer"] == pytest.approx(2e8 * 40 / device.sustained + 80 * device.launch_overhead)
+    assert any("adamw foreach" in note and "40 B per parameter element" in note for note in foreach.notes)
+    assert any("one fused kernel: 28 B per parameter element" in note for note in fused.notes)
+    # the loop: the same bytes, 8 kernels for each of the 40 tensors
+    loop = simulate_plan(costs(), StepPlan(global_batch=1, optimizer_kernels=optimizer_kernels("adamw", "for_loop")),
+                         A100, optimizer_state_bytes=4)
+    assert loop.breakdown["optimizer"] == pytest.approx(2e8 * 40 / device.sustained + 320 * device.launch_overhead)
+    # FSDP2's fp32 shards of a bf16 model (torchtitan's rows): 12 B of state = fp32 copies + m + v, so the optimizer
+    # steps 4-byte parameters and state; fp32 gradients: 4 x 4 + 14 x 4 + 2 x 4 = 80 B
+    shards = simulate_plan(costs(), StepPlan(global_batch=1, grad_bytes=4, optimizer_kernels=optimizer_kernels("adamw")),
+                           A100, optimizer_state_bytes=12)
+    assert shards.breakdown["optimizer"] == pytest.approx(2e8 * 80 / device.sustained + 80 * device.launch_overhead)
+
+
+def test_validation_rows_keep_the_fused_default_but_torchtitan() -> None:
+    from fxflops.predict.validation import RUNS, _optimizer_options
+
+    torch_rows = [run.name for run in RUNS if run.torch_optimizer]
+    # torchtitan's train.py at 0413364: torch.optim.AdamW(..., foreach=True); Megatron-LM, DeepSpeed, Composer and
+    # Meta's runs keep fxflops' fused default
+    assert torch_rows == ["Llama 3 70B, FSDP, full AC", "Llama 2 70B, FSDP, full AC", "Llama 2 13B, FSDP, no AC"]
+    assert all(run.source.startswith("torchtitan") for run in RUNS if run.torch_optimizer)
+    assert all(_optimizer_options(run) == {} for run in RUNS if not run.torch_optimizer)
+    assert _optimizer_options(RUNS[-1]) == {"optimizer": "adamw", "optimizer_impl": "foreach",
+                                            "optimizer_state_bytes": 12}
+    assert StepPlan().optimizer_kernels is None  # the plan's default: one fused kernel
+
+
+def test_errors_name_what_to_give() -> None:
+    import fxflops
+
+    with pytest.raises(ValueError, match="optimizer_impl='multi': pick one of fused, foreach, for_loop"):
+        optimizer_kernels("adamw", "multi")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        optimizer_kernels("lion")
+    with pytest.raises(ValueError, match="optimizer_state_bytes=6 does not describe torch.optim's adamw foreach.*"
+                                         "give 4 .* or 12"):
+        element_bytes(optimizer_kernels("adamw"), 6, 2)
+    model, ids = torch.nn.Linear(4, 4), (torch.zeros(1, 4),)
+    with pytest.raises(ValueError, match="optimizer_impl='foreach' times torch.optim's own kernels: name the optimizer"):
+        fxflops.predict_step(model, ids, optimizer_impl="foreach")
+    with pytest.raises(ValueError, match="optimizer_state_bytes=6"):
+        fxflops.predict_step(model, ids, optimizer="adamw", optimizer_state_bytes=6)
