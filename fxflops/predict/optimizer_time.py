@@ -17,11 +17,11 @@ counter, bias corrections on the device) are kernels of negligible bytes, counte
 Launches: torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh) splits each tensor into chunks of
 kChunkSize = 65,536 elements and launches a kernel when 320 chunks (depth_to_max_blocks) or 110 / 64 / 48 / 36 / 30
 tensors (depth_to_max_tensors, by the number of tensor lists; 96 for depth 1 with a scalar list) are filled: torch
-up to CUDA-12 builds and torch 2.11 + CUDA 13 as measured (41 launches a kernel for an 852.6M-element Llama on an
-H200, benchmarks/results/gpu/h200_run7.json); torch 2.14's CUDA-13 builds raise them to 2,240 chunks and 770 / 448 /
-336 / 252 / 210 tensors. Launches are counted from the elements and the parameter tensors (chunks taken as
-elements / 65,536: each tensor's partial last chunk is not counted). The single-tensor loop launches one kernel per
-operation per parameter tensor.
+2.11 + CUDA 13 as measured (41 launches a kernel for an 852.6M-element Llama on an H200 and an H100,
+benchmarks/results/gpu/h200_run7.json, h100_run1.json) and torch 2.14.1's builds before CUDA 13; its CUDA-13 builds
+raise them to 2,240 chunks and 770 / 448 / 336 / 252 / 210 tensors (not modelled: fewer launches, a few us less).
+Launches are counted from the elements and the parameter tensors (chunks taken as elements / 65,536: each tensor's
+partial last chunk is not counted). The single-tensor loop launches one kernel per operation per parameter tensor.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ IMPLEMENTATIONS = (FUSED, FOREACH, FOR_LOOP)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 TORCH_SOURCE = "torch 2.14.1, torch/optim/adam.py and sgd.py"
 CHUNK_ELEMENTS = 65536  # kChunkSize
-MAX_CHUNKS = 320  # depth_to_max_blocks (torch's builds before CUDA 13's 2,240; the measured torch 2.11 + cu130)
+MAX_CHUNKS = 320  # depth_to_max_blocks (torch 2.11 + cu130 as measured; torch 2.14.1's CUDA-13 builds: 2,240)
 MAX_TENSORS = (110, 64, 48, 36, 30)  # depth_to_max_tensors by depth
 MAX_TENSORS_SCALAR_LIST = (96, 64, 48, 36, 30)  # depth_to_max_tensors_scalarlist
 LAUNCH_SOURCE = ("ATen/native/cuda/MultiTensorApply.cuh: kChunkSize 65,536 elements, depth_to_max_blocks 320, "
