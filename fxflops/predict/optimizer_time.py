@@ -44,7 +44,8 @@ LAUNCH_SOURCE = ("ATen/native/cuda/MultiTensorApply.cuh: kChunkSize 65,536 eleme
                  "depth_to_max_tensors 110/64/48/36/30 (torch 2.11 + CUDA 13 as measured: 41 launches a kernel for "
                  "852.6M elements; torch 2.14's CUDA-13 builds: 2,240 and 770/448/336/252/210)")
 MASTER_FUSED_SOURCE = ("one fused kernel: the state (fp32 master weights and moments) read and written, the "
-                       "gradient read, the parameter written (Apex / DeepSpeed FusedAdam, Megatron-LM's optimizer)")
+                       "gradient read, the parameter written (the fused Adam of mixed-precision trainers: Apex's "
+                       "FusedAdam, Megatron-LM's optimizer)")
 
 
 @dataclass(frozen=True)
@@ -124,15 +125,16 @@ class OptimizerKernels:
         total = self.bytes_per_element(param_bytes, grad_bytes, state_bytes)
         if self.optimizer is None:
             return (f"optimizer step timed as one fused kernel: {total} B per parameter element ({state_bytes} B of "
-                    f"state read and written, {grad_bytes} B gradient read, {param_bytes} B parameter written; "
-                    f"{MASTER_FUSED_SOURCE})")
+                    f"state read and written, {grad_bytes} B gradient read, {param_bytes} B parameter written: the "
+                    "fused Adam of mixed-precision trainers, Apex's FusedAdam, Megatron-LM's optimizer)")
         ops = ", ".join(f"{p.op} {p.bytes(param_bytes, grad_bytes, state_bytes)}" for p in self.passes)
         scalars = f", {self.scalar_kernels} kernels over the per-tensor step scalars" if self.scalar_kernels else ""
         launched = "one launch per pass per parameter tensor" if self.implementation == FOR_LOOP else \
             "multi-tensor launches of up to 320 chunks of 65,536 elements"
         return (f"optimizer step timed as torch.optim's {self.label}: {len(self.passes)} passes of {total} B per "
                 f"parameter element in all ({ops}; parameter {param_bytes} B, gradient {grad_bytes} B, state "
-                f"{state_bytes} B){scalars}, {launched} ({TORCH_SOURCE}; {LAUNCH_SOURCE})")
+                f"{state_bytes} B){scalars}, {launched} ({TORCH_SOURCE}"
+                + ("" if self.implementation == FOR_LOOP else f"; {LAUNCH_SOURCE}") + ")")
 
 
 MASTER_FUSED = OptimizerKernels(None, FUSED, (Pass("fused step", param=1, grad=1, state=2, depth=4),))
