@@ -107,9 +107,9 @@ def test_a_training_step_it_never_saw_is_predicted_closer_with_the_measured_devi
     for device in ("H200 SXM", "H200 SXM measured"):
         step = fxflops.predict_step(gpu_tables.small_llama(), (torch.empty(8, 1024, dtype=torch.long, device="meta"),),
                                     parallel={}, cluster="DGX H100", device=device, dtype=torch.bfloat16,
-                                    attention="cudnn")
+                                    attention="cudnn", optimizer="adamw")  # the meter's torch.optim.AdamW: foreach
         errors[device] = step.step_time / measured_seconds - 1
-    assert abs(errors["H200 SXM measured"]) <= 0.20 < abs(errors["H200 SXM"])  # -15% vs -25%
+    assert abs(errors["H200 SXM measured"]) <= 0.15 < 0.20 < abs(errors["H200 SXM"])  # -13% vs -23%
 
 
 @pytest.mark.parametrize("index", [0, 1])  # the grouped-query Llama and GPT-2 medium of run 7
@@ -119,10 +119,12 @@ def test_unseen_transformer_steps_are_predicted_closer_with_the_measured_device(
     errors, memory = {}, None
     for device in ("H200 SXM", "H200 SXM measured"):
         step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device=device,
-                                    dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
+                                    dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer="adamw")
         errors[device] = step.step_time / measured["median"] - 1
         memory = step.memory[0].tensor_bytes
-    assert abs(errors["H200 SXM measured"]) <= 0.20 < abs(errors["H200 SXM"]), label  # -10% / -18% vs -20% / -38%
+    # the optimizer timed as the foreach kernels torch.optim.AdamW ran: -4% / -12% against -15% / -36% (one fused
+    # pass instead: -11% / -16% against -20% / -39%)
+    assert abs(errors["H200 SXM measured"]) <= 0.13 and abs(errors["H200 SXM measured"]) < abs(errors["H200 SXM"]) - 0.1, label
     assert memory == pytest.approx(gpu_tables.own_peak(run(7)["steps"], key), rel=0.12), label
 
 
