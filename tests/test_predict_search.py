@@ -330,3 +330,35 @@ def test_cli_plan_fuse_elementwise_and_pipeline_engine(tmp_path, capsys, monkeyp
     assert "note: pipeline_engine='deepspeed'" in out
     assert given["fuse_elementwise"] is True and given["pipeline_engine"] == "deepspeed"
     assert given["persistent_norm"] is True
+
+
+def test_plan_times_the_optimizer_as_torch_optims_kernels_when_named(capsys) -> None:
+    # plan(optimizer="adamw"): every plan's step carries torch's foreach AdamW (40 B a bf16 parameter element against
+    # the fused default's 28, and one launch per pass and 320 chunks), its state 2 x 2 B like the parameters; the
+    # same plans, each with a longer optimizer term, and the search says which optimizer every plan assumed
+    def search(**options):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fxflops.plan(build, gpus=4, cluster="DGX A100 80GB", global_batch=16, seq_len=256, layers=8,
+                                tp=(1,), micro_batch=(1,), recompute=("none",), **options)
+
+    fused, foreach = search(), search(optimizer="adamw")
+    key = lambda r: (r.plan.pp, r.plan.dp, r.plan.fsdp, r.schedule, r.plan.virtual_stages, r.plan.dp_shard)  # noqa: E731
+    before = {key(r): r for r in fused.rows + fused.dropped}
+    assert foreach.rows
+    for r in foreach.rows:
+        assert r.plan.optimizer_kernels.label == "adamw foreach (weight_decay=0.01)"
+        assert r.prediction.breakdown["optimizer"] > before[key(r)].prediction.breakdown["optimizer"]
+        assert r.prediction.optimizer_state_bytes == 4  # torch.optim's bf16 moments, not fp32 master weights
+    assert "optimizer step timed as torch.optim's adamw foreach (weight_decay=0.01) kernels (optimizer=, optimizer_impl=)" \
+        in foreach.notes and not any("torch.optim" in note for note in fused.notes)
+    with pytest.raises(ValueError, match=r"plan\(\): optimizer_impl='foreach' times torch.optim's own kernels"):
+        search(optimizer_impl="foreach")
+    # the CLI: --optimizer reaches the search; an implementation alone is one line
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--batch", "16", "--seq-len", "128", "--micro-batch", "2",
+                 "--optimizer", "sgd", "--optimizer-impl", "fused", "--top", "1"]) == 0
+    assert "torch.optim's sgd fused" in capsys.readouterr().out
+    assert main(["plan", "gpt2-small", "--gpus", "8", "--batch", "16", "--seq-len", "128",
+                 "--optimizer-impl", "for_loop"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fxflops: error: plan(): optimizer_impl='for_loop'") and len(err.strip().splitlines()) == 1

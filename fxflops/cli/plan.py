@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp-comm-overlap", action="store_true",
                         help="also try each sequence-parallel plan with its tensor-parallel collectives overlapped "
                         "with their GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's async TP)")
+    parser.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default=None,
+                        help="time the optimizer step as torch.optim's kernels (default: one fused kernel over fp32 master "
+                             "weights and moments, as Megatron's, DeepSpeed's and Apex's optimizers run it)")
+    parser.add_argument("--optimizer-impl", choices=["foreach", "for_loop", "fused"], default=None,
+                        help="torch.optim's implementation with --optimizer (default foreach, torch's on CUDA)")
     parser.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     parser.add_argument("--csv", help="write every plan evaluated (fitting or not) to this CSV file")
     parser.add_argument("--json", help="write every plan evaluated to this JSON file")
@@ -91,7 +96,8 @@ def main(argv: Sequence[str]) -> int:
                   attention_dropout=args.attention_dropout, fuse_elementwise=args.fuse_elementwise,
                   persistent_norm=args.persistent_norm, pipeline_engine=args.pipeline_engine,
                   dp_shard=None if args.dp_shard is None else tuple(args.dp_shard),
-                  tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
+                  tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
+                  optimizer=args.optimizer, optimizer_impl=args.optimizer_impl)
     sys.stdout.write(result.render(args.top) + "\n")
     if args.csv:
         result.to_csv(args.csv)

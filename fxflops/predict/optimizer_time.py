@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fxflops.predict.hardware import DeviceModel, device_model
+from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES
 
 FUSED, FOREACH, FOR_LOOP = "fused", "foreach", "for_loop"
 IMPLEMENTATIONS = (FUSED, FOREACH, FOR_LOOP)
@@ -242,3 +243,24 @@ def element_bytes(kernels: OptimizerKernels, optimizer_state_bytes: int, param_b
     raise ValueError(f"optimizer_state_bytes={optimizer_state_bytes} does not describe torch.optim's {kernels.label}: "
                      f"it keeps {n} state tensor(s) like the parameters it steps, so give {n * param_bytes} (the "
                      f"model's {param_bytes}-byte parameters) or {(n + 1) * 4} (fp32 copies as master weights)")
+
+
+def resolve(optimizer: Any, implementation: str | None, optimizer_state_bytes: int | None, param_bytes: int,
+            caller: str) -> tuple[OptimizerKernels | None, int]:
+    """(the optimizer step's kernels, its state bytes per parameter element) from a caller's settings: no
+    `optimizer` is the one fused pass over `optimizer_state_bytes` (default OPTIMIZER_STATE_BYTES: Adam with fp32
+    master weights) and no kernels; a torch.optim one (name or instance) is its `implementation`'s kernels over its state
+    tensors kept like the parameters (`param_bytes` each), or the (n + 1) x 4 of fp32 copies if given so. Settings
+    torch.optim cannot hold are refused by `caller`'s name before anything is captured."""
+    if implementation is not None and implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"{caller}: optimizer_impl={implementation!r}: pick one of {', '.join(IMPLEMENTATIONS)}")
+    if optimizer is None and implementation not in (None, FUSED):
+        raise ValueError(f"{caller}: optimizer_impl={implementation!r} times torch.optim's own kernels: name the "
+                         "optimizer too (optimizer='adamw', 'adam', 'sgd' or a torch.optim instance)")
+    if optimizer is None:
+        return None, OPTIMIZER_STATE_BYTES if optimizer_state_bytes is None else optimizer_state_bytes
+    kernels = optimizer_kernels(optimizer, implementation)
+    if optimizer_state_bytes is None:  # torch.optim: its state tensors like the model's parameters
+        return kernels, kernels.state_tensors * param_bytes
+    element_bytes(kernels, optimizer_state_bytes, param_bytes)  # refuses what torch.optim cannot hold
+    return kernels, optimizer_state_bytes

@@ -14,6 +14,7 @@ a 70B model in seconds. Every step time is a prediction (a model with a stated e
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -26,11 +27,12 @@ import torch
 from fxflops.predict.comm_time import ranks_per_node
 from fxflops.predict.hardware import Cluster, with_device
 from fxflops.predict.layers import LayerCosts
+from fxflops.predict.optimizer_time import resolve as resolve_optimizer
 from fxflops.predict.schedule import GPIPE, ONE_F_ONE_B
 from fxflops.predict.step import (DEEPSPEED, ERROR_STATEMENT, MEGATRON, PIPELINE_ENGINES, StepPlan, StepPrediction,
                                   capture_costs, dim_ranks_per_node, kernels_notes, simulate_plan,
                                   user_constants_note)
-from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, fits
+from fxflops.predict.step_memory import fits
 
 GiB = 1 << 30
 PROBE_LAYERS = 2  # depth a model factory is captured at: two blocks give the per-layer costs
@@ -176,7 +178,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
          virtual_stages: Sequence[int] = (1, 2, 4), micro_batch: Sequence[int] = (1, 2, 4),
          recompute: Sequence[str] = ("none", "selective", "full"), fsdp: Sequence[bool] = (False, True),
          sequence_parallel: bool = True, loss: Callable[[Any], torch.Tensor] | None = None,
-         memory_margin: int = 0, optimizer_state_bytes: int = OPTIMIZER_STATE_BYTES,
+         memory_margin: int = 0, optimizer_state_bytes: int | None = None, optimizer: Any = None,
+         optimizer_impl: str | None = None,
          device: str | Path | Any = None, cp: Sequence[int] = (1,), ep: Sequence[int] = (1,),
          attention: str = "flash", attention_dropout: float = 0.0,
          schedules: Sequence[str] = (ONE_F_ONE_B, GPIPE), dp_shard: Sequence[int] | None = None,
@@ -193,8 +196,11 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     sharded dp ways), each `micro_batch` dividing global_batch / dp, each `recompute`. A plan fits when its
     busiest rank's predicted memory, the allowance included, is within the device's memory (`memory_margin`
     more bytes kept free): `fxflops.predict.step_memory`, as predict_step reports it. `optimizer_state_bytes`:
-    the optimizer's state per parameter element (default 12: Adam with fp32 master weights and moments; 4 for
-    torch's AdamW on a bf16 model, whose moments are bf16).
+    the optimizer's state per parameter element (default 12: Adam with fp32 master weights and moments; with
+    `optimizer`, its state tensors like the parameters: 4 for torch's AdamW on a bf16 model). `optimizer`,
+    `optimizer_impl`: the optimizer step timed as the kernels torch.optim launches ("adamw", "adam", "sgd" or an
+    instance; "foreach", "for_loop" or "fused"), as predict_step takes them; default one fused kernel (Megatron's,
+    DeepSpeed's and Apex's optimizers).
     `device`: the cluster's GPUs replaced by this device (a preset, or a device file `calibrate` wrote).
     `cp` (context parallel degrees, for long sequences) and `ep` (expert parallel degrees, for MoE models):
     each degree above 1 (and each ep with each cp it is a multiple of: torchtitan's ep = dp_in_ep x cp) is
@@ -221,6 +227,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     from fxflops.parallel.plan import attention_heads, repeated_blocks
 
     kernels = Kernels(attention, attention_dropout, fuse_elementwise, persistent_norm)
+    optimizer_step, optimizer_state_bytes = resolve_optimizer(
+        optimizer, optimizer_impl, optimizer_state_bytes, torch.empty((), dtype=dtype).element_size(), "plan()")
     if pipeline_engine not in PIPELINE_ENGINES:
         raise ValueError(f"plan(): pipeline_engine={pipeline_engine!r}: pick one of {', '.join(PIPELINE_ENGINES)}")
     unknown = [name for name in schedules if name not in (ONE_F_ONE_B, GPIPE)]
@@ -316,6 +324,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
                             dp_shard, tp_comm_overlap, pipeline_engine):
         costs = costs_by[(step_plan.tp, step_plan.micro_batch, step_plan.cp, step_plan.ep,
                           step_plan.fsdp if step_plan.cp * step_plan.ep > 1 else None)]
+        if optimizer_step is not None:
+            step_plan = dataclasses.replace(step_plan, optimizer_kernels=optimizer_step)
         prediction = simulate_plan(costs, step_plan, the_cluster, dtype_key, optimizer_state_bytes)
         top = prediction.peak_memory  # predict_step's own memory of this plan: one computation for both
         row = PlanRow(step_plan, prediction, top.total, top.by_kind, fits(top.total, capacity, memory_margin))
@@ -323,6 +333,8 @@ def plan(model: torch.nn.Module | Callable[[int], torch.nn.Module], inputs: Any 
     rows.sort(key=lambda r: r.step_time)
     dropped.sort(key=lambda r: r.peak_bytes)
     notes.extend(kernels_notes(kernels))  # what every plan's step assumed, as predict_step says it
+    if optimizer_step is not None:  # each plan's own notes give its passes and bytes; the search names the choice
+        notes.append(f"optimizer step timed as torch.optim's {optimizer_step.label} kernels (optimizer=, optimizer_impl=)")
     if pipeline_engine == DEEPSPEED:
         notes.append("pipeline_engine='deepspeed': plans with virtual stages, GPipe, and FSDP with pp > 1 left out "
                      "(DeepSpeed's PipelineEngine runs a non-interleaved 1F1B and refuses ZeRO stages 2 and 3)")

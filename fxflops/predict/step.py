@@ -75,8 +75,8 @@ from fxflops.predict.comm_time import collective_seconds, ranks_per_node
 from fxflops.predict.hardware import Cluster
 from fxflops.predict.layers import LayerCosts, Part
 from fxflops.predict.op_time import stream_seconds
-from fxflops.predict.optimizer_time import (IMPLEMENTATIONS, MASTER_FUSED, OptimizerKernels, element_bytes,
-                                            optimizer_kernels)
+from fxflops.predict.optimizer_time import MASTER_FUSED, OptimizerKernels, element_bytes
+from fxflops.predict.optimizer_time import resolve as resolve_optimizer
 from fxflops.predict.schedule import INTERLEAVED, ONE_F_ONE_B, ChunkCost, Timeline, simulate, simulate_deepspeed
 from fxflops.predict.step_memory import OPTIMIZER_STATE_BYTES, RankMemory, busiest, rank_memories
 from fxflops.predict.step_memory import fits as fits_in
@@ -1216,17 +1216,8 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         raise ValueError(f"predict_step: unknown parallel key {', '.join(sorted(unknown))}; known: {', '.join(known)}")
     the_cluster = with_device(cluster, device)
     dtype = dtype or torch.bfloat16
-    if optimizer_impl is not None and optimizer_impl not in IMPLEMENTATIONS:
-        raise ValueError(f"predict_step: optimizer_impl={optimizer_impl!r}: pick one of {', '.join(IMPLEMENTATIONS)}")
-    if optimizer is None and optimizer_impl not in (None, "fused"):
-        raise ValueError(f"predict_step: optimizer_impl={optimizer_impl!r} times torch.optim's own kernels: name the "
-                         "optimizer too (optimizer='adamw', 'adam', 'sgd' or a torch.optim instance)")
-    kernels_of_step = optimizer_kernels(optimizer, optimizer_impl) if optimizer is not None else None
-    if optimizer_state_bytes is None:  # torch.optim: its state tensors like the model's parameters
-        optimizer_state_bytes = OPTIMIZER_STATE_BYTES if kernels_of_step is None else \
-            kernels_of_step.state_tensors * torch.empty((), dtype=dtype).element_size()
-    elif kernels_of_step is not None:  # a setting torch.optim cannot hold, refused before the capture
-        element_bytes(kernels_of_step, optimizer_state_bytes, torch.empty((), dtype=dtype).element_size())
+    kernels_of_step, optimizer_state_bytes = resolve_optimizer(
+        optimizer, optimizer_impl, optimizer_state_bytes, torch.empty((), dtype=dtype).element_size(), "predict_step")
     tp, pp, dp = parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("dp", 1)
     cp, ep = parallel.get("cp", 1), parallel.get("ep", 1)
     sp = bool(parallel.get("sequence_parallel", sequence_parallel)) and tp > 1
