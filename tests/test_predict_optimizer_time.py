@@ -97,9 +97,9 @@ def test_launches() -> None:
 
 
 def costs(layers: int = 4, params: int = 50_000_000, tensors: int = 40) -> LayerCosts:
-    block = Part(forward=1.0, backward=2.0, forward_flops=100, backward_flops=200, params=params)
-    return LayerCosts(1, False, 1, 1000, layers, block, Part(), Part(), 0, 2, "bfloat16", "A100", layers,
-                      param_tensors=tensors)
+    block = Part(forward=1.0, backward=2.0, forward_flops=100, backward_flops=200, params=params,
+                 tensors=tensors // layers)
+    return LayerCosts(1, False, 1, 1000, layers, block, Part(), Part(), 0, 2, "bfloat16", "A100", layers)
 
 
 def test_optimizer_time_foreach_against_fused() -> None:
@@ -183,3 +183,109 @@ def test_measured_multi_tensor_launches_and_times() -> None:
             foreach = adamw.seconds(entry["params"], count, 2, 2, 2, model)
             fused = MASTER_FUSED.seconds(entry["params"], count, 2, 2, 4, model)
             assert abs(foreach / measured - 1) <= 0.20 and fused / measured < 0.3, (run, key, foreach, measured)
+
+
+def test_param_groups_each_their_own_kernels() -> None:
+    # Hugging Face's Trainer's groups: weight decay on the weights, none on biases and norms. torch steps each group
+    # with its own options in its own _multi_tensor_adamw call: Linear(4, 4)'s weight (16 elements) with the decay's
+    # mul_ (40 B in bf16), its bias (4) without (36 B): 0.8 x 40 + 0.2 x 36 = 39.2 B; launches 8 + 7 (a launch per
+    # pass per group, one tensor each)
+    lin = torch.nn.Linear(4, 4)
+    decay = torch.optim.AdamW([{"params": [lin.weight]}, {"params": [lin.bias], "weight_decay": 0.0}], lr=1e-3)
+    kernels = optimizer_kernels(decay)
+    assert kernels.bytes_per_element(2, 2, 2) == pytest.approx(0.8 * 40 + 0.2 * 36)
+    assert kernels.launches(20, 2) == 8 + 7 and kernels.state_tensors == 2
+    assert kernels.label == ("2 param groups: adamw foreach (weight_decay=0.01) on 80.0% of the elements, "
+                             "adamw foreach on 20.0% of the elements")
+    # one group's own options, not the defaults: weight_decay 0 everywhere is 7 passes of 36 B
+    none = optimizer_kernels(torch.optim.AdamW([{"params": lin.parameters(), "weight_decay": 0.0}], lr=1e-3))
+    assert none.bytes_per_element(2, 2, 2) == 36 and none.label == "adamw foreach"
+    # a group's own implementation: the bias's group run by the loop (7 kernels for its one tensor, as many as foreach)
+    # and a group of frozen parameters stepped by nothing (torch skips parameters without a gradient)
+    frozen = torch.nn.Parameter(torch.zeros(8), requires_grad=False)
+    mixed = optimizer_kernels(torch.optim.AdamW([{"params": [lin.weight]}, {"params": [frozen]},
+                                                 {"params": [lin.bias], "weight_decay": 0.0, "foreach": False}],
+                                                lr=1e-3))
+    assert mixed.implementation == "mixed" and len(mixed.groups) == 2
+    assert [group.implementation for _, _, group in mixed.groups] == ["foreach", "for_loop"]
+    assert mixed.launches(20, 2) == 8 + 7
+    # the step over 2e8 elements in 40 tensors: the weights' group 1.6e8 (2,442 chunks: 8 launches of each of its 8
+    # kernels), the biases' 4e7 (611 chunks: 2 of each of 7); the notes name the groups
+    plan = StepPlan(global_batch=1, optimizer_kernels=kernels)
+    step = simulate_plan(costs(), plan, A100, optimizer_state_bytes=4)
+    device = A100.device
+    assert step.breakdown["optimizer"] == pytest.approx(2e8 * 39.2 / device.sustained
+                                                        + (8 * 8 + 2 * 7) * device.launch_overhead)
+    assert any("2 param groups" in note and "39.2 B per parameter element" in note for note in step.notes)
+
+
+def test_torch_optim_reads_gradients_of_its_parameters_dtype() -> None:
+    # torch.optim's gradients are its parameters' dtype (AccumulateGrad's; FSDP2 casts the reduced gradient to its
+    # fp32 shard's), whatever the reduction ran in: a bf16 model with an fp32 reduction steps 2-byte gradients (40 B),
+    # fp32 shards with a bf16 reduction 4-byte ones (4 x 4 + 14 x 4 + 2 x 4 = 80 B)
+    device = A100.device
+    adamw = optimizer_kernels("adamw")
+    bf16 = simulate_plan(costs(), StepPlan(global_batch=1, grad_bytes=4, optimizer_kernels=adamw), A100,
+                         optimizer_state_bytes=4)
+    assert bf16.breakdown["optimizer"] == pytest.approx(2e8 * 40 / device.sustained + 80 * device.launch_overhead)
+    shards = simulate_plan(costs(), StepPlan(global_batch=1, optimizer_kernels=adamw), A100, optimizer_state_bytes=12)
+    assert shards.breakdown["optimizer"] == pytest.approx(2e8 * 80 / device.sustained + 80 * device.launch_overhead)
+    # the fused default keeps reading the gradient as reduced (Megatron's fp32 main_grad): 24 + 4 + 2
+    fused = simulate_plan(costs(), StepPlan(global_batch=1, grad_bytes=4), A100)
+    assert fused.breakdown["optimizer"] == pytest.approx(2e8 * 30 / device.sustained + device.launch_overhead)
+
+
+def gpt(layers: int, tie: bool = False):
+    from fxflops.predict.validation import GPT
+
+    with torch.device("meta"):
+        return GPT(layers, 256, 8, vocab=1024, seq=256, tie=tie).to(torch.bfloat16)
+
+
+# GPT(hidden 256, vocab 1024, seq 256): a block holds 16 tensors (2 layer norms' 4, query / key / value / out_proj's
+# 8, the MLP's 4) of 4 x 256 + 4 x (256^2 + 256) + 2 x 256 x 1024 + 1024 + 256 = 789,760 elements; before the blocks
+# the two embeddings (1024 + 256) x 256 = 327,680 in 2 tensors, after them the final norm and the head:
+# 512 + 1024 x 256 = 262,656 in 3
+BLOCK, PRE, POST = 789_760, 327_680, 262_656
+
+
+def test_parts_count_their_trainable_tensors() -> None:
+    from fxflops.predict.step import capture_costs
+
+    ids = torch.zeros(1, 256, dtype=torch.long)
+    costs_of = capture_costs(gpt(2), ids, A100)
+    assert (costs_of.block.tensors, costs_of.pre.tensors, costs_of.post.tensors) == (16, 2, 3)
+    assert costs_of.at_depth(8).param_tensors == 8 * 16 + 5
+    # a tied head is the embedding's tensor, stepped once; a frozen one is not stepped
+    tied = gpt(2, tie=True)
+    tied.position_embeddings.weight.requires_grad_(False)
+    costs_of = capture_costs(tied, ids, A100)
+    assert (costs_of.pre.tensors, costs_of.post.tensors) == (1, 2)
+
+
+def test_search_and_pipeline_stages_launch_per_their_tensors() -> None:
+    # the loop launches its 8 AdamW kernels per parameter tensor: 8 layers on one GPU hold 8 x 16 + 5 tensors, the
+    # same in the plan search (captured 2 layers deep) as in predict_step; a pipeline's first stage 4 x 16 + 2, its
+    # last 4 x 16 + 3 (the tensors where they are, not in proportion to the elements)
+    import warnings
+
+    import fxflops
+
+    device = A100.device
+    ids = torch.zeros(1, 256, dtype=torch.long)
+    whole = 8 * BLOCK + PRE + POST
+    expected = whole * 40 / device.sustained + 8 * 133 * device.launch_overhead
+    step = fxflops.predict_step(gpt(8), ids, cluster=A100, optimizer="adamw", optimizer_impl="for_loop")
+    assert step.breakdown["optimizer"] == pytest.approx(expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = fxflops.plan(gpt, gpus=1, cluster=A100, global_batch=1, seq_len=256, layers=8, tp=(1,),
+                             micro_batch=(1,), recompute=("none",), optimizer="adamw", optimizer_impl="for_loop")
+    assert found.rows[0].prediction.breakdown["optimizer"] == pytest.approx(expected)
+    staged = fxflops.predict_step(gpt(8), ids, {"pp": 2}, cluster=A100, global_batch=2, optimizer="adamw",
+                                  optimizer_impl="for_loop")
+    first, last = staged.ranks
+    assert first.optimizer == pytest.approx((4 * BLOCK + PRE) * 40 / device.sustained
+                                            + 8 * 66 * device.launch_overhead)
+    assert last.optimizer == pytest.approx((4 * BLOCK + POST) * 40 / device.sustained
+                                           + 8 * 67 * device.launch_overhead)

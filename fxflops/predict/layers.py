@@ -56,6 +56,10 @@ class Part:
     attention_flops: int = 0  # FLOPs of those attention kernels
     params: int = 0  # parameter elements this rank holds of the part (sharded by tp and ep, not by FSDP)
     expert_params: int = 0  # of `params`, those in experts (FSDP shards them over dp / ep ranks, not dp)
+    # trainable parameter tensors of the part (a tensor shared with another part once, where registered first):
+    # the optimizer's kernel launches (`optimizer_time`: multi-tensor launches hold at most so many tensors, the
+    # loop launches per tensor); FSDP and tp shard each tensor, so a rank holds as many
+    tensors: int = 0
     # s, context parallelism's ring-attention collectives (k/v all-gather; dk/dv reduce-scatter), whole;
     # the part of them not hidden behind attention compute is in comm_forward / comm_backward
     cp_comm_forward: float = 0.0
@@ -108,14 +112,16 @@ class LayerCosts:
     # the capture read the memory timeline (memory=True): saved_bytes and transient_bytes are known, so a step's
     # memory per rank can be predicted from these costs
     memory_captured: bool = True
-    # trainable parameter tensors of one tp rank's whole model at `layers` deep (0: unknown): the optimizer's kernel
-    # launches (`optimizer_time`: multi-tensor launches hold at most so many tensors; the loop launches per tensor)
-    param_tensors: int = 0
 
     @property
     def params(self) -> int:
         """Parameter elements of one tp rank of the whole model."""
         return self.layers * self.block.params + self.pre.params + self.post.params
+
+    @property
+    def param_tensors(self) -> int:
+        """Trainable parameter tensors of one tp rank of the whole model (0: unknown)."""
+        return self.layers * self.block.tensors + self.pre.tensors + self.post.tensors
 
     def at_depth(self, layers: int) -> LayerCosts:
         """The same costs standing for a model of `layers` blocks."""
@@ -217,6 +223,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, f"tp_overlap_{phase}", tp_overlap_seconds(seconds, gemms, cluster.tp_overlap_gemm_slowdown))
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
+    tensors = _tensors(model, of_module, pre_modules)
     gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
@@ -253,12 +260,12 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     block = Part(**{f: _mean(sums, range(count), f) for f in _SECONDS},
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
-                 params=params["block"], expert_params=params["experts"],
+                 params=params["block"], expert_params=params["experts"], tensors=tensors["block"],
                  gemm_weight_params=int(round(_mean(sums, range(count), "gemm_weight_params"))),
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
-    pre = _whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0))
-    post = _whole(sums.get(POST, {}), params[POST], saved.get(POST, 0))
+    pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE])
+    post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST])
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
@@ -473,6 +480,25 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
             found["experts"] += own if expert else 0
         elif index < 0:
             found[PRE if name in pre_modules else POST] += own
+    return found
+
+
+def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_modules: set[str]) -> dict[str, int]:
+    """Trainable parameter tensors (requires_grad; a shared one once, with the module registering it first, as
+    model.parameters() yields it) in the first block, before the blocks and after them: the tensors an optimizer
+    over model.parameters() steps."""
+    found = {"block": 0, PRE: 0, POST: 0}
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            index = of_module(name)
+            if index == 0:
+                found["block"] += 1
+            elif index < 0:
+                found[PRE if name in pre_modules else POST] += 1
     return found
 
 

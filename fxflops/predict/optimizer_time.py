@@ -26,6 +26,7 @@ partial last chunk is not counted). The single-tensor loop launches one kernel p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +82,22 @@ class OptimizerKernels:
     state_tensors: int = 0
     scalar_kernels: int = 0
     options: tuple[tuple[str, Any], ...] = ()
+    # an instance's param groups when it has several: (share of the parameter elements, share of the parameter
+    # tensors, the group's kernels) each. torch steps each group with its own options (weight_decay 0 for biases
+    # and norms, as Hugging Face's Trainer builds them) in its own call, so its own launches; `passes` then are the
+    # first group's, and the bytes and launches are the groups'
+    groups: tuple[tuple[float, float, OptimizerKernels], ...] = ()
 
     @property
     def label(self) -> str:
         if self.optimizer is None:
             return "fused (mixed-precision Adam)"
+        if self.groups:
+            shares: dict[str, float] = {}  # groups of the same kernels (a group per layer) shown once
+            for share, _, group in self.groups:
+                shares[group.label] = shares.get(group.label, 0.0) + share
+            return f"{len(self.groups)} param groups: " + ", ".join(f"{label} on {share:.1%} of the elements"
+                                                                   for label, share in shares.items())
         shown = ", ".join(f"{k}={v}" for k, v in self.options)
         return f"{self.optimizer} {self.implementation}" + (f" ({shown})" if shown else "")
 
@@ -94,13 +106,21 @@ class OptimizerKernels:
         return MASTER_FUSED_SOURCE if self.optimizer is None else TORCH_SOURCE + "; launches: " + LAUNCH_SOURCE
 
     def bytes_per_element(self, param_bytes: int, grad_bytes: int, state_bytes: int) -> int:
-        """Bytes every pass moves per parameter element (`state_bytes`: one state tensor's element)."""
+        """Bytes every pass moves per parameter element (`state_bytes`: one state tensor's element); over several
+        param groups, their mean weighted by the groups' elements."""
+        if self.groups:
+            return sum(share * group.bytes_per_element(param_bytes, grad_bytes, state_bytes)
+                       for share, _, group in self.groups)
         return sum(p.bytes(param_bytes, grad_bytes, state_bytes) for p in self.passes)
 
     def launches(self, elements: float, tensors: int) -> int:
-        """Kernel launches for `elements` over `tensors` parameter tensors (0: unknown, the chunk bound only)."""
+        """Kernel launches for `elements` over `tensors` parameter tensors (0: unknown, the chunk bound only); over
+        several param groups, each group's over its share of both."""
         if elements <= 0:
             return 0
+        if self.groups:
+            return sum(group.launches(elements * share, math.ceil(tensors * tensor_share - 1e-9))
+                       for share, tensor_share, group in self.groups)
         if self.optimizer is None:
             return 1  # fxflops' default: one kernel for the step
         if self.implementation == FOR_LOOP:
@@ -128,6 +148,11 @@ class OptimizerKernels:
             return (f"optimizer step timed as one fused kernel: {total} B per parameter element ({state_bytes} B of "
                     f"state read and written, {grad_bytes} B gradient read, {param_bytes} B parameter written: the "
                     "fused Adam of mixed-precision trainers, Apex's FusedAdam, Megatron-LM's optimizer)")
+        if self.groups:  # each distinct group's kernels once (a group per layer repeats them)
+            each = {group.label: group.describe(param_bytes, grad_bytes, state_bytes).removeprefix(
+                "optimizer step timed as torch.optim's ") for _, _, group in self.groups}
+            return (f"optimizer step timed as torch.optim's {self.label}: {total:.1f} B per parameter element in all, "
+                    f"each group its own step call and launches; " + "; ".join(each.values()))
         ops = ", ".join(f"{p.op} {p.bytes(param_bytes, grad_bytes, state_bytes)}" for p in self.passes)
         scalars = f", {self.scalar_kernels} kernels over the per-tensor step scalars" if self.scalar_kernels else ""
         launched = "one launch per pass per parameter tensor" if self.implementation == FOR_LOOP else \
@@ -203,15 +228,38 @@ def _sgd_passes(weight_decay: float, momentum: float, nesterov: bool, maximize: 
 
 def optimizer_kernels(optimizer: Any, implementation: str | None = None) -> OptimizerKernels:
     """The kernels of one step of `optimizer` ("adam", "adamw" or "sgd" with torch's defaults, or a
-    torch.optim.Adam / AdamW / SGD instance, read from its `defaults`) under `implementation` ("fused", "foreach"
-    or "for_loop"; None: the instance's `fused` / `foreach`, else torch's default on CUDA, foreach)."""
+    torch.optim.Adam / AdamW / SGD instance, read from its param groups: several groups of trainable parameters
+    each their own kernels, `groups`) under `implementation` ("fused", "foreach" or "for_loop"; None: each group's
+    `fused` / `foreach`, else torch's default on CUDA, foreach)."""
     from fxflops.memory.optimizer_state import _name_and_options
 
     if implementation is not None and implementation not in IMPLEMENTATIONS:
         raise ValueError(f"optimizer_impl={implementation!r}: pick one of {', '.join(IMPLEMENTATIONS)}")
     name, options = _name_and_options(optimizer)
-    if implementation is None:
-        implementation = FUSED if options.get("fused") else FOR_LOOP if options.get("foreach") is False else FOREACH
+    groups = [(group, [p for p in group["params"] if p.requires_grad])  # torch steps only what has a gradient
+              for group in getattr(optimizer, "param_groups", [])]
+    groups = [(group, params) for group, params in groups if params]
+    if len(groups) == 1:  # the one group's options (torch fills in the defaults it does not set)
+        options = {**options, **{k: v for k, v in groups[0][0].items() if k != "params"}}
+    elif groups:
+        elements = [sum(p.numel() for p in params) for _, params in groups]
+        tensors = [len(params) for _, params in groups]
+        if sum(elements):
+            each = tuple((n / sum(elements), t / sum(tensors),
+                          _kernels(name, {**options, **group}, implementation))
+                         for n, t, (group, _) in zip(elements, tensors, groups))
+            kinds = {group.implementation for _, _, group in each}
+            return dataclasses.replace(each[0][2], implementation=kinds.pop() if len(kinds) == 1 else "mixed",
+                                       state_tensors=max(group.state_tensors for _, _, group in each),
+                                       options=(), groups=each)
+    return _kernels(name, options, implementation)
+
+
+def _kernels(name: str, options: dict[str, Any], implementation: str | None) -> OptimizerKernels:
+    """The kernels of one step of `name` with one param group's `options`."""
+    if implementation is None:  # torch's _default_to_fused_or_foreach: a differentiable step runs the loop
+        implementation = FUSED if options.get("fused") else FOR_LOOP \
+            if options.get("foreach") is False or options.get("differentiable") else FOREACH
     weight_decay = float(options.get("weight_decay", 0) or 0)
     maximize = bool(options.get("maximize", False))
     shown = {"weight_decay": weight_decay, "maximize": maximize}

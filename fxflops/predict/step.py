@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -564,10 +563,11 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
     state = optimizer_state_bytes if plan.optimizer_bytes_per_param is None else plan.optimizer_bytes_per_param
     kernels = plan.optimizer_kernels or MASTER_FUSED
     if kernels.optimizer is None:  # the fused mixed-precision step: `state` bytes of state, the model's parameters
-        stepped, element = costs.param_bytes, state
-    else:  # torch.optim keeps its state like the parameters it steps
-        stepped = element = element_bytes(kernels, state, costs.param_bytes)
-    notes.append(kernels.describe(stepped, grad_bytes, element))
+        stepped, element, read = costs.param_bytes, state, grad_bytes
+    else:  # torch.optim keeps its state like the parameters it steps, and their gradients are of their dtype
+        # (AccumulateGrad's; FSDP2 casts the reduced gradient to its sharded parameter's), whatever the reduction's
+        stepped = element = read = element_bytes(kernels, state, costs.param_bytes)
+    notes.append(kernels.describe(stepped, read, element))
     shard = plan.shard_group if fsdp else plan.grad_group if plan.distributed_optimizer or bf16_optimizer else 1
     expert_shard = plan.expert_shard_group if fsdp else plan.expert_group
     roles = []
@@ -580,9 +580,10 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
         # the experts' parameters are split ep ways already (held by dp / ep FSDP ranks), the rest dp x cp ways
         local = (rank_params - _rank_expert_params(rank, chunks, p, costs)) / shard \
             + _rank_expert_params(rank, chunks, p, costs) / (expert_shard if shard > 1 else 1)
-        # the rank's parameter tensors (each sharded, not fewer, under FSDP), in proportion to its parameters
-        tensors = math.ceil(costs.param_tensors * rank_params / costs.params) if costs.params else 0
-        optimizer = kernels.seconds(local, tensors, stepped, grad_bytes, element, device) if rank_params else 0.0
+        # the rank's parameter tensors (each sharded, not fewer, under FSDP): its chunks' layers', the embedding's
+        # with the first chunk, the head's with the last
+        tensors = _rank_params(rank, chunks, p, costs, tensors=True)
+        optimizer = kernels.seconds(local, tensors, stepped, read, element, device) if rank_params else 0.0
         optimizer += after_step[rank]
         if bf16_optimizer and rank_params:
             # BF16_Optimizer.step: the global norm reads every fp32 gradient of the rank (get_grads_for_norm: all of
@@ -622,14 +623,6 @@ def simulate_plan(costs: LayerCosts, plan: StepPlan, cluster: Cluster, dtype_key
                           hw_tflops * 1e12 / peak, plan.global_batch * costs.tokens / plan.micro_batch / step_end,
                           tflops, hw_tflops, ranks, timeline, comm_events, notes, device_origin=device.origin,
                           memory=memory, capacity=device.memory_bytes, optimizer_state_bytes=optimizer_state_bytes)
-
-
-def _param_tensors(model: Any, costs: LayerCosts) -> int:
-    """The trainable parameter tensors of the model as `costs` stand for it: the captured model's, scaled by the
-    parameter elements when `layers` makes it deeper than captured (its blocks' tensors in proportion)."""
-    tensors = sum(1 for p in model.parameters() if p.requires_grad)
-    captured = costs.captured_layers * costs.block.params + costs.pre.params + costs.post.params
-    return math.ceil(tensors * costs.params / captured) if captured else tensors
 
 
 def _bf16_optimizer(plan: StepPlan, dtype_key: str | None) -> bool:
@@ -896,12 +889,13 @@ def _rank_expert_params(rank: int, chunks: list[int], stages: int, costs: LayerC
     return sum(chunks[c] for c in range(rank, len(chunks), stages)) * costs.block.expert_params
 
 
-def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts) -> int:
+def _rank_params(rank: int, chunks: list[int], stages: int, costs: LayerCosts, tensors: bool = False) -> int:
     """Parameter elements a pipeline rank holds: its chunks' layers, the embedding with the first chunk,
-    the head with the last."""
+    the head with the last (`tensors`: the trainable parameter tensors instead, Part.tensors)."""
     layers = sum(chunks[c] for c in range(rank, len(chunks), stages))
-    return layers * costs.block.params + (costs.pre.params if rank == 0 else 0) \
-        + (costs.post.params if rank == (len(chunks) - 1) % stages else 0)
+    count = (lambda part: part.tensors) if tensors else (lambda part: part.params)  # noqa: E731
+    return layers * count(costs.block) + (count(costs.pre) if rank == 0 else 0) \
+        + (count(costs.post) if rank == (len(chunks) - 1) % stages else 0)
 
 
 def _gradient_reduction(timeline: Timeline, rank: int, chunks: list[int], costs: LayerCosts, plan: StepPlan,
@@ -1258,7 +1252,6 @@ def predict_step(model: Any, inputs: Any, parallel: dict[str, Any] | None = None
         note = f"sequence parallelism failed on this model ({first[:160]}); predicted without it" \
             + (" and without tp_comm_overlap (it needs sequence parallelism)" if plan.tp_comm_overlap else "")
         plan = dataclasses.replace(plan, sequence_parallel=False, tp_comm_overlap=False)
-    costs = dataclasses.replace(costs, param_tensors=_param_tensors(model, costs))
     prediction = simulate_plan(costs, plan, the_cluster, dtype_key(dtype), optimizer_state_bytes)
     if note:
         prediction.notes.append(note)
