@@ -289,3 +289,22 @@ def test_search_and_pipeline_stages_launch_per_their_tensors() -> None:
                                             + 8 * 66 * device.launch_overhead)
     assert last.optimizer == pytest.approx((4 * BLOCK + POST) * 40 / device.sustained
                                            + 8 * 67 * device.launch_overhead)
+
+
+def test_expert_parallel_ranks_step_their_own_experts_tensors() -> None:
+    # MoEModel(vocab 256, dim 64, hidden 128, 4 experts, top 2, 8 layers; more layers than experts, so the layers are
+    # the repeated blocks): a block holds its RMSNorm's weight, the
+    # router's, a shared expert's w1 / w2 / w3 and the experts'. Under ep=2 a ModuleList of 4 experts (3 tensors
+    # each) is split 2 per rank: 1 + 1 + 3 + 2 x 3 = 11 tensors a rank; torchtitan's grouped weights are sliced,
+    # 3 on every rank: 1 + 1 + 3 + 3 = 8. The embedding and the head 1 each
+    import warnings
+
+    from fxflops.predict.step import capture_costs
+    from tests.moe_models import MoEModel
+
+    tokens = torch.zeros(2, 16, dtype=torch.long)
+    for layout, block in (("list", 11), ("loop", 8)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            captured = capture_costs(MoEModel(256, 64, 128, 4, 2, 8, layout=layout), tokens, A100, ep=2)
+        assert (captured.block.tensors, captured.pre.tensors, captured.post.tensors) == (block, 1, 1), layout

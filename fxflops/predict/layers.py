@@ -223,7 +223,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
             _add(entry, f"tp_overlap_{phase}", tp_overlap_seconds(seconds, gemms, cluster.tp_overlap_gemm_slowdown))
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
-    tensors = _tensors(model, of_module, pre_modules)
+    tensors = _tensors(model, of_module, pre_modules, experts, ep)
     gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
@@ -483,11 +483,14 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
     return found
 
 
-def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_modules: set[str]) -> dict[str, int]:
+def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_modules: set[str],
+             experts: tuple[str, ...] = (), ep: int = 1) -> dict[str, int]:
     """Trainable parameter tensors (requires_grad; a shared one once, with the module registering it first, as
-    model.parameters() yields it) in the first block, before the blocks and after them: the tensors an optimizer
-    over model.parameters() steps."""
-    found = {"block": 0, PRE: 0, POST: 0}
+    model.parameters() yields it) one rank holds in the first block, before the blocks and after them: the tensors
+    an optimizer over model.parameters() steps. Under ep a ModuleList of experts is split ep ways (each rank holds
+    experts / ep of them); grouped expert weights are sliced, as many tensors on every rank."""
+    found = {"block": 0.0, PRE: 0.0, POST: 0.0}
+    split = tuple(path for path in experts if ep > 1 and isinstance(model.get_submodule(path), torch.nn.ModuleList))
     seen: set[int] = set()
     for name, module in model.named_modules():
         for param in module.parameters(recurse=False):
@@ -495,11 +498,12 @@ def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_module
                 continue
             seen.add(id(param))
             index = of_module(name)
+            share = 1 / ep if any(_under(name, path) for path in split) else 1.0
             if index == 0:
-                found["block"] += 1
+                found["block"] += share
             elif index < 0:
-                found[PRE if name in pre_modules else POST] += 1
-    return found
+                found[PRE if name in pre_modules else POST] += share
+    return {key: math.ceil(count - 1e-9) for key, count in found.items()}
 
 
 def _own_params(estimate: Any) -> list[tuple[str, int]]:
