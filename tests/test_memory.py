@@ -466,3 +466,23 @@ def test_an_inputs_gradient_is_kept_like_a_parameters():
     step = memory.timeline[-1]  # the optimizer step: every .grad made, none freed
     assert step.phase == "optimizer step"
     assert step.by_kind[GRADIENTS] == 4 * params + 4 * x.numel()
+
+
+def test_optimizer_state_per_param_group() -> None:
+    # torch keeps each group's state by its own options: SGD's momentum buffer only where the group's momentum is
+    # set (a weight decayed with momentum, the rest without), Adam's max_exp_avg_sq only in an amsgrad group. The
+    # oracle: the state a real step left in the instance
+    from fxflops.memory.optimizer_state import optimizer_memory
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    weight, rest = [model[0].weight], [model[0].bias, model[1].weight, model[1].bias]
+    makers = (lambda: torch.optim.SGD([{"params": weight}, {"params": rest, "momentum": 0.0}], lr=0.1, momentum=0.9),
+              lambda: torch.optim.Adam([{"params": weight, "amsgrad": True}, {"params": rest}], lr=1e-3))
+    for make in makers:
+        optimizer = make()
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        held = sum(v.nbytes for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+        found = optimizer_memory(optimizer, list(model.parameters()))
+        assert found.state_bytes == held and "2 param groups" in found.how, type(optimizer).__name__

@@ -41,8 +41,26 @@ class OptimizerMemory:
 def optimizer_memory(optimizer: str | torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
                      master_weights: bool = False) -> OptimizerMemory:
     """State and step temporaries of `optimizer` over `params` (tensors whose shape, dtype and device
-    stand for the trainable parameters, in the optimizer's order)."""
+    stand for the trainable parameters, in the optimizer's order). An instance whose param groups hold `params`
+    themselves (not local shards of them) is read per group: each group's own options (amsgrad, momentum, weight_decay, foreach, fused), its
+    state summed, its step's temporaries freed before the next group's step call (torch steps each group in its
+    own call); else the instance's defaults."""
     name, options = _name_and_options(optimizer)
+    wanted = {id(p) for p in params}
+    groups = [[p for p in group["params"] if id(p) in wanted] for group in getattr(optimizer, "param_groups", [])]
+    if params and sum(len(group) for group in groups) == len(params):
+        found = [_memory(name, {**options, **settings}, group, master_weights)
+                 for settings, group in zip(optimizer.param_groups, groups) if group]
+        if len(found) == 1:
+            return found[0]
+        hows = dict.fromkeys(memory.how for memory in found)  # the groups' forms, each once
+        return OptimizerMemory(sum(memory.state_bytes for memory in found), max(memory.step_bytes for memory in found),
+                               f"{len(found)} param groups, each its own step: " + "; ".join(hows))
+    return _memory(name, options, params, master_weights)
+
+
+def _memory(name: str, options: dict[str, Any], params: Sequence[torch.Tensor], master_weights: bool) -> OptimizerMemory:
+    """State and step temporaries of one param group's step: `name` with `options` over `params`."""
     foreach = options.get("foreach")
     if foreach is None:  # torch's default: foreach on CUDA (and other foreach devices), the loop elsewhere
         foreach = bool(params) and all(p.device.type == "cuda" for p in params)
