@@ -81,6 +81,8 @@ def test_implementation_from_the_instance() -> None:
     assert optimizer_kernels(adam(foreach=False)).implementation == "for_loop"
     assert optimizer_kernels(adam(fused=True)).implementation == "fused"
     assert optimizer_kernels(adam(fused=True), "foreach").implementation == "foreach"  # the argument wins
+    # torch's _default_to_fused_or_foreach: a differentiable step runs the single-tensor loop
+    assert optimizer_kernels(adam(differentiable=True)).implementation == "for_loop"
 
 
 def test_launches() -> None:
