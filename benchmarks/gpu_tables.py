@@ -63,15 +63,22 @@ def split_rows() -> tuple[list[op_table.Row], list[op_table.Row]]:
     return fit, validate
 
 
-def fitted_device(write: bool) -> tuple[Any, dict[str, tuple]]:
-    fit, _ = split_rows()
-    label = f"measured on {provenance(load(3)['env'])} (benchmarks/results/gpu/h200_run3.json, run5.json)"
-    device, fitted = op_table.fit_device(fit, "H200 SXM", label)
+def fit_measured_device(fit: list[op_table.Row], base: str, env: dict[str, Any], runs: str, path: Path, script: str,
+                        report: str, write: bool) -> tuple[Any, dict[str, tuple]]:
+    """`base` fitted to the `fit` rows, every constant citing the run (`env`, the `runs` files); with `write`, written
+    to `path` as the device "<base> measured"."""
+    device, fitted = op_table.fit_device(fit, base, f"measured on {provenance(env)} ({runs})")
     if write:
-        write_device_file(DEVICE_FILE, "H200 SXM", fitted, name="H200 SXM measured",
-                          note="fitted by benchmarks/gpu_tables.py from half of the ops benchmarks/gpu_check.py "
-                               "measured; the other half validates it (benchmarks/results/gpu_h200.md)")
+        write_device_file(path, base, fitted, name=f"{base} measured",
+                          note=f"fitted by {script} from half of the ops benchmarks/gpu_check.py "
+                               f"measured; the other half validates it ({report})")
     return device, fitted
+
+
+def fitted_device(write: bool) -> tuple[Any, dict[str, tuple]]:
+    return fit_measured_device(split_rows()[0], "H200 SXM", load(3)["env"],
+                               "benchmarks/results/gpu/h200_run3.json, run5.json", DEVICE_FILE,
+                               "benchmarks/gpu_tables.py", "benchmarks/results/gpu_h200.md", write)
 
 
 def error(predicted: float, measured: float) -> float:

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_tables import (  # noqa: E402
-    detail, error, is_fit, optimizer_implementation_rows, optimizer_step_rows, own_peak, provenance, summary, unseen_steps)
+    detail, error, fit_measured_device, is_fit, optimizer_implementation_rows, optimizer_step_rows, own_peak, provenance,
+    summary, unseen_steps)
 from fxflops.predict import op_table  # noqa: E402
-from fxflops.predict.calibrate import write_device_file  # noqa: E402
 from fxflops.predict.hardware import device_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "gpu"
@@ -49,14 +49,8 @@ def split_rows() -> tuple[list[op_table.Row], list[op_table.Row]]:
 
 
 def fitted_device(write: bool) -> tuple[Any, dict[str, tuple]]:
-    fit, _ = split_rows()
-    label = f"measured on {provenance(load()['env'])} (benchmarks/results/gpu/h100_run{RUN}.json)"
-    device, fitted = op_table.fit_device(fit, "H100 SXM", label)
-    if write:
-        write_device_file(DEVICE_FILE, "H100 SXM", fitted, name="H100 SXM measured",
-                          note="fitted by benchmarks/gpu_tables_h100.py from half of the ops benchmarks/gpu_check.py "
-                               "measured; the other half validates it (benchmarks/results/gpu_h100.md)")
-    return device, fitted
+    return fit_measured_device(split_rows()[0], "H100 SXM", load()["env"], f"benchmarks/results/gpu/h100_run{RUN}.json",
+                               DEVICE_FILE, "benchmarks/gpu_tables_h100.py", "benchmarks/results/gpu_h100.md", write)
 
 
 def shape_list_and_rest(rows: list[op_table.Row]) -> list[op_table.Row]:
