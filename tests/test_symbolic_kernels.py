@@ -18,10 +18,10 @@ CONVOLUTION = torch.ops.aten.convolution.default
 
 
 def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], weight_shape: tuple[int, ...],
-                  bias: int, channels_last_weight: bool = False):
+                  bias: int, channels_last_weight: bool = False, one_side: bool = False):
     """(output layout, guards) of `kernel(input, weight, bias)` (a bias of `bias` values, or none) on an input
-    [batch, channels, *sides] whose batch and sides are symbolic (a sweep's ShapeEnv), with oneDNN and NNPACK
-    off as a sweep's capture has them."""
+    [batch, channels, *sides] whose batch and sides are symbolic (a sweep's ShapeEnv; `one_side`: every side is
+    one symbol, as a square image's), with oneDNN and NNPACK off as a sweep's capture has them."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -33,6 +33,9 @@ def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], wei
         source = ConstantSource(f"size{index}")
         symbol = env.create_symbol(hint, source=source, do_not_specialize_zero_one=True)
         sizes.append(env.create_symintnode(symbol, hint=hint, source=source))
+        if one_side and index == 1:
+            sizes += [sizes[1]] * (len(sides) - 1)
+            break
     mode = FakeTensorMode(shape_env=env, static_shapes=True)
     weight = torch.empty(weight_shape)
     if channels_last_weight:
@@ -86,6 +89,24 @@ def test_the_symbolic_convolution_gives_what_the_fake_convolution_gives(case, bi
                                              weight_shape, bias)
         assert ours is not None, "the kernel takes this convolution"
         assert ours == theirs and our_guards <= their_guards
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sides_of_one_size_give_what_the_fake_convolution_gives(case):
+    """A map whose sides are one size (a square image): the kernel makes a side equal to one before it (size and
+    numbers) once and reuses it; the output and guards are still the mode's, where the numbers differ too."""
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    sides, channels, other, kernel, stride, padding, dilation, groups, transposed, output_padding = case
+    weight_shape = (channels, other, *kernel) if transposed else (other, channels // groups, *kernel)
+    arguments = (list(stride), list(padding), list(dilation), transposed, list(output_padding), groups)
+    sides = (max(sides),) * len(sides)
+    ours, our_guards = _symbolic_run(lambda x, w, b: symbolic_kernel(CONVOLUTION, (x, w, b, *arguments), {}),
+                                     2, channels, sides, weight_shape, 0, one_side=True)
+    theirs, their_guards = _symbolic_run(lambda x, w, b: CONVOLUTION(x, w, b, *arguments), 2, channels, sides,
+                                         weight_shape, 0, one_side=True)
+    assert ours is not None, "the kernel takes this convolution"
+    assert ours == theirs and our_guards <= their_guards
 
 
 def test_a_channels_last_weight_or_a_too_small_input_goes_through_the_mode():

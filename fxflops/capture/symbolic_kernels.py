@@ -422,19 +422,28 @@ def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
     if not fits or bias is not None and tuple(bias.shape) != (out_channels,) or not _known_above(source.numel(), 0) \
             or not _contiguous(source):
         return NotImplemented
-    kernel = weight.shape[2:]
+    # a side whose size (as an expression) and numbers are those of a side before it (a square map under a square
+    # kernel) gets that side's output size: the same expressions from the same operations, made and checked once
+    sides = list(zip(source.shape[2:], padding, dilation, weight.shape[2:], stride, output_padding))
+    keys = [(type(size), size.node.expr if isinstance(size, torch.SymInt) else size, *numbers)
+            for size, *numbers in sides]
+    distinct: dict[tuple, tuple] = {}
+    for key, side in zip(keys, sides):
+        distinct.setdefault(key, side)
     if transposed:  # torch's _formula_transposed
-        out = [(size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1 for size, pad, wide, k, step, extra
-               in zip(source.shape[2:], padding, dilation, kernel, stride, output_padding)]
+        made = {key: (size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1
+                for key, (size, pad, wide, k, step, extra) in distinct.items()}
     else:
-        if not all(_known_above(size + 2 * pad, wide * (k - 1) + 1, inclusive=True)
-                   for size, pad, wide, k in zip(source.shape[2:], padding, dilation, kernel)):
+        padded = {key: size + 2 * pad for key, (size, pad, *_) in distinct.items()}
+        if not all(_known_above(padded[key], wide * (k - 1) + 1, inclusive=True)
+                   for key, (_, _, wide, k, _, _) in distinct.items()):
             return NotImplemented
         # torch's _formula, in its order of operations (the same expressions)
-        out = [(size + 2 * pad - wide * (k - 1) - 1) // step + 1
-               for size, pad, wide, k, step in zip(source.shape[2:], padding, dilation, kernel, stride)]
-    if not all(_known_above(side, 0) for side in out):
+        made = {key: (padded[key] - wide * (k - 1) - 1) // step + 1
+                for key, (_, _, wide, k, step, _) in distinct.items()}
+    if not all(_known_above(side, 0) for side in made.values()):
         return NotImplemented
+    out = [made[key] for key in keys]
     with unset_fake_temporarily():
         meta = torch.empty((source.shape[0], out_channels, *out), dtype=source.dtype, device="meta",
                            memory_format=torch.contiguous_format)
