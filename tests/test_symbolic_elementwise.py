@@ -104,26 +104,19 @@ def test_a_taken_op_runs_nothing_through_the_mode(case):
     """The kernels shape an op past the mode: torch's binary fast path too, whose output constructor, called with
     the mode on the stack, was an op of its own through the mode (its cache entry made and checked: a channels-last
     operand's product)."""
-    from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxflops.capture.size_one import size_one_shape_env
     from fxflops.capture.symbolic_kernels import symbolic_kernel
 
     op, build = {**STRIDED, **TAKEN}[case]
-    env = size_one_shape_env()
-    sizes = []
-    for name, hint in (("b", 2), ("s", 7)):
-        source = ConstantSource(name)
-        sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
-                                           hint=hint, source=source))
+    env = _env()
 
     def through_the_mode():
         info = FakeTensorMode.cache_info()
         return info.hits, info.misses, sum(info.bypasses.values())
 
     with FakeTensorMode(shape_env=env, static_shapes=True):
-        args = build(*sizes)
+        args = build(*_sizes(env))
         before = through_the_mode()
         symbolic_kernel(op, args, {})
         assert through_the_mode() == before
