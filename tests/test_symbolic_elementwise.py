@@ -99,6 +99,29 @@ def test_the_rotary_ops_are_taken_once_seq_is_known_not_1():
         assert _layout_run(op, build)[0] is not None, case
 
 
+@pytest.mark.parametrize("case", [*STRIDED, *TAKEN])
+def test_a_taken_op_runs_nothing_through_the_mode(case):
+    """The kernels shape an op past the mode: torch's binary fast path too, whose output constructor, called with
+    the mode on the stack, was an op of its own through the mode (its cache entry made and checked: a channels-last
+    operand's product)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    op, build = {**STRIDED, **TAKEN}[case]
+    env = _env()
+
+    def through_the_mode():
+        info = FakeTensorMode.cache_info()
+        return info.hits, info.misses, sum(info.bypasses.values())
+
+    with FakeTensorMode(shape_env=env, static_shapes=True):
+        args = build(*_sizes(env))
+        before = through_the_mode()
+        symbolic_kernel(op, args, {})
+        assert through_the_mode() == before
+
+
 SEED = aten.alias.default  # an op asking nothing: the ShapeEnv's state after the inputs alone
 
 

@@ -18,10 +18,19 @@ CONVOLUTION = torch.ops.aten.convolution.default
 
 
 def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], weight_shape: tuple[int, ...],
-                  bias: int, channels_last_weight: bool = False):
+                  bias: int, channels_last_weight: bool = False, one_side: bool = False):
     """(output layout, guards) of `kernel(input, weight, bias)` (a bias of `bias` values, or none) on an input
-    [batch, channels, *sides] whose batch and sides are symbolic (a sweep's ShapeEnv), with oneDNN and NNPACK
-    off as a sweep's capture has them."""
+    [batch, channels, *sides] whose batch and sides are symbolic (a sweep's ShapeEnv; `one_side`: every side is
+    one symbol, as a square image's), with oneDNN and NNPACK off as a sweep's capture has them."""
+    outputs, guards = _symbolic_runs(lambda x, w, b: [kernel(x, w, b)], batch, channels, sides, weight_shape, bias,
+                                     channels_last_weight, one_side)
+    return (None, None) if outputs[0] is None else (outputs[0], guards)
+
+
+def _symbolic_runs(kernels, batch: int, channels: int, sides: tuple[int, ...], weight_shape: tuple[int, ...],
+                   bias: int, channels_last_weight: bool = False, one_side: bool = False):
+    """(each output's layout or None, guards) of `kernels(input, weight, bias)`, a list of outputs (as
+    _symbolic_run's), all under one ShapeEnv."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -33,6 +42,9 @@ def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], wei
         source = ConstantSource(f"size{index}")
         symbol = env.create_symbol(hint, source=source, do_not_specialize_zero_one=True)
         sizes.append(env.create_symintnode(symbol, hint=hint, source=source))
+        if one_side and index == 1:
+            sizes += [sizes[1]] * (len(sides) - 1)
+            break
     mode = FakeTensorMode(shape_env=env, static_shapes=True)
     weight = torch.empty(weight_shape)
     if channels_last_weight:
@@ -44,14 +56,13 @@ def _symbolic_run(kernel, batch: int, channels: int, sides: tuple[int, ...], wei
     torch._C._set_nnpack_enabled(False)
     try:
         with mode:
-            source = torch.empty(sizes[0], channels, *sizes[1:])
-            out = kernel(source, weight, bias_tensor)
+            outputs = kernels(torch.empty(sizes[0], channels, *sizes[1:]), weight, bias_tensor)
     finally:
         torch._C._set_mkldnn_enabled(mkldnn)
         torch._C._set_nnpack_enabled(nnpack)
-    if out is NotImplemented:
-        return None, None
-    return (tuple(map(str, out.shape)), tuple(map(str, out.stride())), out.dtype), {str(g.expr) for g in env.guards}
+    layouts = [None if out is NotImplemented else (tuple(map(str, out.shape)), tuple(map(str, out.stride())), out.dtype)
+               for out in outputs]
+    return layouts, {str(g.expr) for g in env.guards}
 
 
 CASES = [
@@ -86,6 +97,45 @@ def test_the_symbolic_convolution_gives_what_the_fake_convolution_gives(case, bi
                                              weight_shape, bias)
         assert ours is not None, "the kernel takes this convolution"
         assert ours == theirs and our_guards <= their_guards
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sides_of_one_size_give_what_the_fake_convolution_gives(case):
+    """A map whose sides are one size (a square image): the kernel makes a side equal to one before it (size and
+    numbers) once and reuses it; the output and guards are still the mode's, where the numbers differ too."""
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    sides, channels, other, kernel, stride, padding, dilation, groups, transposed, output_padding = case
+    weight_shape = (channels, other, *kernel) if transposed else (other, channels // groups, *kernel)
+    arguments = (list(stride), list(padding), list(dilation), transposed, list(output_padding), groups)
+    sides = (max(sides),) * len(sides)
+    ours, our_guards = _symbolic_run(lambda x, w, b: symbolic_kernel(CONVOLUTION, (x, w, b, *arguments), {}),
+                                     2, channels, sides, weight_shape, 0, one_side=True)
+    theirs, their_guards = _symbolic_run(lambda x, w, b: CONVOLUTION(x, w, b, *arguments), 2, channels, sides,
+                                         weight_shape, 0, one_side=True)
+    assert ours is not None, "the kernel takes this convolution"
+    assert ours == theirs and our_guards <= their_guards
+
+
+def test_a_side_made_by_an_earlier_convolution_of_the_capture_is_what_the_mode_gives():
+    """Convolutions of one capture on maps of one size: a later one takes an earlier one's output side for the same
+    size and numbers (size_one's ShapeEnv keeps it) and gives what the mode gives, guards included; a padding of its
+    own is made anew."""
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    strided = ([2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+    wider = ([2, 2], [2, 2], [1, 1], False, [0, 0], 1)
+
+    def three(convolve):
+        # the second on a new input of the same sizes: its side is the first's, from the ShapeEnv's record
+        return lambda x, w, b: [convolve(x, w, b, strided), convolve(torch.empty_like(x), w, b, strided),
+                                convolve(x, w, b, wider)]
+
+    ours, our_guards = _symbolic_runs(three(lambda x, w, b, arguments: symbolic_kernel(
+        CONVOLUTION, (x, w, b, *arguments), {})), 2, 4, (9, 9), (8, 4, 3, 3), 0, one_side=True)
+    theirs, their_guards = _symbolic_runs(three(lambda x, w, b, arguments: CONVOLUTION(x, w, b, *arguments)),
+                                          2, 4, (9, 9), (8, 4, 3, 3), 0, one_side=True)
+    assert None not in ours and ours == theirs and our_guards <= their_guards
 
 
 def test_a_channels_last_weight_or_a_too_small_input_goes_through_the_mode():

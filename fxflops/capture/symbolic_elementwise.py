@@ -161,7 +161,10 @@ def _strided_binary(args: tuple, kwargs: dict, promotion: ELEMENTWISE_TYPE_PROMO
     with refusing_guards(env):
         try:
             try:
-                return _FAST[promotion](first.fake_mode, first, second)
+                # past the mode, as the mode runs it (its handler runs with itself off the stack): its output's
+                # constructor through the mode would be an op of its own, with a cache entry made and checked
+                with unset_fake_temporarily():
+                    return _FAST[promotion](first.fake_mode, first, second)
             except _Slow:
                 pass
             if refs._broadcast_shapes(shape, tuple(second.shape)) is None:

@@ -422,19 +422,37 @@ def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
     if not fits or bias is not None and tuple(bias.shape) != (out_channels,) or not _known_above(source.numel(), 0) \
             or not _contiguous(source):
         return NotImplemented
-    kernel = weight.shape[2:]
+    # a side whose size (as an expression) and numbers are those of a side before it, in this call (a square map
+    # under a square kernel) or in an earlier one of the capture (the blocks of a stage), gets that side's output
+    # size: the same expressions from the same operations, made and checked once (its checks hold at every point
+    # the capture allows then, and a capture only narrows those points); the others in torch's order: every fit,
+    # then every formula, then every side > 0
+    sides = list(zip(source.shape[2:], padding, dilation, weight.shape[2:], stride, output_padding))
+    keys = [(transposed, type(size), size.node.expr if isinstance(size, torch.SymInt) else size, *numbers)
+            for size, *numbers in sides]
+    made_before = getattr(source.fake_mode.shape_env, "convolution_sides", None)  # (a sweep's: size_one)
+    made = {key: made_before[key] for key in keys if made_before is not None and key in made_before}
+    distinct: dict[tuple, tuple] = {}
+    for key, side in zip(keys, sides):
+        if key not in made:
+            distinct.setdefault(key, side)
     if transposed:  # torch's _formula_transposed
-        out = [(size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1 for size, pad, wide, k, step, extra
-               in zip(source.shape[2:], padding, dilation, kernel, stride, output_padding)]
+        new = {key: (size - 1) * step - 2 * pad + wide * (k - 1) + extra + 1
+               for key, (size, pad, wide, k, step, extra) in distinct.items()}
     else:
-        if not all(_known_above(size + 2 * pad, wide * (k - 1) + 1, inclusive=True)
-                   for size, pad, wide, k in zip(source.shape[2:], padding, dilation, kernel)):
+        padded = {key: size + 2 * pad for key, (size, pad, *_) in distinct.items()}
+        if not all(_known_above(padded[key], wide * (k - 1) + 1, inclusive=True)
+                   for key, (_, _, wide, k, _, _) in distinct.items()):
             return NotImplemented
         # torch's _formula, in its order of operations (the same expressions)
-        out = [(size + 2 * pad - wide * (k - 1) - 1) // step + 1
-               for size, pad, wide, k, step in zip(source.shape[2:], padding, dilation, kernel, stride)]
-    if not all(_known_above(side, 0) for side in out):
+        new = {key: (padded[key] - wide * (k - 1) - 1) // step + 1
+               for key, (_, _, wide, k, step, _) in distinct.items()}
+    if not all(_known_above(side, 0) for side in new.values()):
         return NotImplemented
+    if made_before is not None:
+        made_before.update(new)
+    made.update(new)
+    out = [made[key] for key in keys]
     with unset_fake_temporarily():
         meta = torch.empty((source.shape[0], out_channels, *out), dtype=source.dtype, device="meta",
                            memory_format=torch.contiguous_format)
@@ -493,8 +511,16 @@ def _known_above(size: Any, bound: int, inclusive: bool = False) -> bool:
     if isinstance(size, torch.SymInt):
         import sympy
 
-        relation = (sympy.Ge if inclusive else sympy.Gt)(size.node.expr, sympy.Integer(bound))
+        expr = size.node.expr
+        # the same question of the same expression asked before in the capture: sympy's answer is a function of
+        # the expression alone (its facts), so a True it gave is kept (a sweep's ShapeEnv: size_one)
+        decided = getattr(size.node.shape_env, "sympy_above", None)
+        if decided is not None and (expr, bound, inclusive) in decided:
+            return True
+        relation = (sympy.Ge if inclusive else sympy.Gt)(expr, sympy.Integer(bound))
         if relation is sympy.true:
+            if decided is not None:
+                decided.add((expr, bound, inclusive))
             return True
     return _known(size >= bound if inclusive else size > bound)
 
