@@ -15,8 +15,9 @@ the first estimate() (each the first of its kind), and the second capture over t
 (points no piece holds for are captured inside it; the time without them is shown too), checked
 against `at()` at 100 sampled points. Each model is measured in `--repeats` fresh processes, and each
 time shown is the least of them (process CPU seconds: another job on the machine moves one sample by
-tens of percent). The reference is measured in the same process, so the ratio is what it is on this
-machine; nothing here is asserted by the test suite.
+tens of percent). The reference is measured in the same process, and each ratio shown is the median of the
+processes' own ratios with their range (the least of ratios would pick the process whose reference was slowed);
+nothing here is asserted by the test suite.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -172,14 +174,24 @@ def in_fresh_process(name: str, points: int) -> dict:
 
 
 def least(runs: list[dict]) -> dict:
-    """The runs' common facts, each time the least of the runs'."""
+    """The runs' common facts, each time the least of the runs', each ratio the median of the runs' own ratios
+    (a process's capture over its own estimate: the least of ratios would pick the process whose estimate another
+    job slowed) with their range."""
     keys = ("capture", "second_capture", "first_estimate", "sweep", "estimates", "one_estimate", "at_totals_us", "at_modules_ms", "points_us", "grid_s",
             "grid_warm_s")
-    return {**runs[0], **{key: min(run[key] for run in runs) for key in keys if key in runs[0]},
-            "at": min(run["sweep"] - run["capture"] for run in runs),
-            "capture_ratio": min(run["capture"] / run["one_estimate"] for run in runs),
-            "first_ratio": min(run["capture"] / run["first_estimate"] for run in runs),
-            "warm_ratio": min(run["second_capture"] / run["one_estimate"] for run in runs)}
+    ratios = {"capture_ratio": ("capture", "one_estimate"), "first_ratio": ("capture", "first_estimate"),
+              "warm_ratio": ("second_capture", "one_estimate")}
+    out = {**runs[0], **{key: min(run[key] for run in runs) for key in keys if key in runs[0]},
+           "at": min(run["sweep"] - run["capture"] for run in runs)}
+    for name, (over, under) in ratios.items():
+        values = sorted(run[over] / run[under] for run in runs)
+        out[name], out[name + "_range"] = statistics.median(values), (values[0], values[-1])
+    return out
+
+
+def shown(row: dict, name: str) -> str:
+    low, high = row[name + "_range"]
+    return f"{row[name]:.2f}x ({low:.2f}-{high:.2f})"
 
 
 def main() -> None:
@@ -198,7 +210,7 @@ def main() -> None:
     lines = [
         "# Sweep speed: one sweep's points against estimate() at each point", "",
         environment(("torch", "transformers", "torchvision")), "",
-        f"Process CPU seconds, each the least of {options.repeats} fresh processes.", "",
+        f"Process CPU seconds, each time the least of {options.repeats} fresh processes.", "",
         "| model, swept sizes | points (first .. last) | sweep capture | ÷ one estimate() | first ÷ first | "
         "second ÷ warm | points (at()) | sweep total | "
         f"{options.points} estimate() calls | speed-up | at(): totals | at(): + module table | points(): a point | "
@@ -207,7 +219,7 @@ def main() -> None:
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['points']} ({r['first']} .. {r['last']}) | {r['capture']:.2f} s | "
-                     f"{r['capture_ratio']:.2f}x | {r['first_ratio']:.2f}x | {r['warm_ratio']:.2f}x | "
+                     f"{shown(r, 'capture_ratio')} | {shown(r, 'first_ratio')} | {shown(r, 'warm_ratio')} | "
                      f"{r['at']:.3f} s | {r['sweep']:.2f} s | {r['estimates']:.2f} s | "
                      f"{r['estimates'] / r['sweep']:.1f}x | {r['at_totals_us']:.0f} µs | {r['at_modules_ms']:.2f} ms | "
                      f"{r['points_us']:.0f} µs | {r['pieces']} |")
@@ -216,7 +228,8 @@ def main() -> None:
               "point's sizes, after a first one). `first ÷ first`: that capture over the process's first estimate() "
               "(each the first of its kind after the imports: the estimate pays fxflops' lazy imports, the capture "
               "sympy's first use). `second ÷ warm`: a second sweep capture in the process over the warm estimate(). "
-              "Each ratio is the least of the processes'."]
+              "Each ratio is the median of the processes' own ratios (each process's times over its own), their range in "
+              "brackets."]
     for r in rows:
         if "grid_points" in r:
             lines += ["", f"`Sweep.grid` of {r['name']} over batch 1..100 x seq 128..6167 ({r['grid_points']:,} points): "
