@@ -504,3 +504,81 @@ def test_the_symbolic_mm_gives_what_the_mode_gives(case, hints):
 @pytest.mark.parametrize("case", MM_REFUSED)
 def test_an_mm_the_kernel_cannot_shape_without_a_question_goes_through_the_mode(case):
     assert _layout_run(MM, MM_REFUSED[case]) == (None, None)
+
+
+def _capture_state(swept):
+    """A sweep's first piece as torch's symbolic shapes leave it: each node (op, arguments, module, the outputs'
+    sizes, strides and dtypes as expressions) and the ShapeEnv's guards in order, replacements, runtime asserts and
+    ranges."""
+    captured = swept.pieces[0].captured
+
+    def value(v):
+        if isinstance(v, torch.fx.Node):
+            return v.name
+        if isinstance(v, torch.Tensor):
+            return tuple(map(str, v.shape)), tuple(map(str, v.stride())), str(v.storage_offset()), v.dtype, v.device
+        if isinstance(v, list | tuple):
+            return type(v).__name__, tuple(value(item) for item in v)
+        if isinstance(v, dict):
+            return tuple((key, value(item)) for key, item in v.items())
+        return repr(v)
+
+    nodes = [(n.op, str(n.target), value(n.args), value(n.kwargs), value(n.meta.get("val")),
+              n.meta.get("fxflops_module")) for n in captured.graph_module.graph.nodes]
+    env = captured.sizes.env
+    return nodes, [str(g.expr) for g in env.guards], {str(k): str(v) for k, v in env.replacements.items()}, \
+        {str(k): [str(a.expr) for a in v] for k, v in env.deferred_runtime_asserts.items()}, \
+        {str(k): str(v) for k, v in env.var_to_range.items()}
+
+
+class Transposed(nn.Module):
+    def forward(self, x):
+        return x.transpose(2, 3)  # strides no longer the contiguous ones: the batch norm kernel leaves it to torch
+
+
+def _normed(norm: nn.Module, conv: nn.Module | None = None) -> nn.Module:
+    return nn.Sequential(*(m for m in (conv, norm, nn.ReLU()) if m is not None))
+
+
+BATCH_NORMS = [  # (model, input, dims, taken directly in eval)
+    (_normed(nn.BatchNorm1d(4)), (3, 4), {"batch": 0}, True),
+    (_normed(nn.BatchNorm1d(4, affine=False)), (3, 4, 7), {"batch": 0, "seq": 2}, True),
+    (_normed(nn.BatchNorm2d(4), nn.Conv2d(3, 4, 3, stride=2, padding=1)), (2, 3, 9, 9), {"batch": 0, "size": (2, 3)},
+     True),
+    (_normed(nn.BatchNorm2d(3)), (2, 3, 5, 6), {"batch": 0, "h": 2, "w": 3}, True),
+    (_normed(nn.BatchNorm3d(2, momentum=0.3)), (2, 2, 3, 4, 5), {"batch": 0, "d": 2, "h": 3, "w": 4}, True),
+    (_normed(nn.BatchNorm2d(3, track_running_stats=False)), (2, 3, 5, 6), {"batch": 0, "h": 2}, False),
+    (_normed(nn.BatchNorm2d(3), Transposed()), (2, 3, 5, 6), {"batch": 0, "h": 2, "w": 3}, False),
+]
+
+
+@pytest.mark.filterwarnings("ignore:the model is in training mode")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("case", range(len(BATCH_NORMS)))
+def test_a_batch_norm_taken_at_the_function_leaves_the_capture_torchs_path_leaves(case, training, monkeypatch):
+    """capture.symbolic_kernels.symbolic_function: F.batch_norm in eval on named sizes is shaped and recorded without
+    torch's composite (its `numel == 0` check, reserve and dispatch) where the batch-norm kernel shapes it: the same
+    nodes (ops, arguments, outputs' sizes and strides) and the same ShapeEnv (guards in order, replacements, asserts,
+    ranges) as through torch; training, batch statistics in eval and a transposed input are left to torch."""
+    from fxflops.capture import recorder
+
+    model, shape, dims, direct = BATCH_NORMS[case]
+    model.train(training)
+    x = torch.empty(shape)
+    taken = []
+    function = recorder.symbolic_function
+
+    def spy(func, args, kwargs):
+        known = function(func, args, kwargs)
+        taken.append(known is not NotImplemented)
+        return known
+
+    with monkeypatch.context() as patched:
+        patched.setattr(recorder, "symbolic_function", spy)
+        swept = sweep(model, x, dims=dims)
+    with monkeypatch.context() as patched:
+        patched.setattr(recorder, "symbolic_function", lambda func, args, kwargs: NotImplemented)
+        through_torch = sweep(model, x, dims=dims)
+    assert any(taken) == (direct and not training)
+    assert _capture_state(swept) == _capture_state(through_torch)
+    assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_torch.pieces]

@@ -20,6 +20,7 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -29,6 +30,7 @@ from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FO
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
+from fxflops.capture.symbolic_kernels import symbolic_function
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 from fxflops.capture.torch_versions import symbolic_composites
 
@@ -401,11 +403,32 @@ class CompositeOps(TorchFunctionMode):
             and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
+            if self._symbolic and not self._recorder.inside_opaque:
+                known = self._known(func, args, kwargs)
+                if known is not NotImplemented:
+                    return known
             if self._symbolic and overloads:  # (DTensors: their local ops fold the same matmul)
                 with symbolic_composites(overloads[0], args, kwargs):
                     return func(*args, **kwargs)
             return func(*args, **kwargs)
         return self._whole(op, args, kwargs, func)
+
+    def _known(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Named sizes: `func`'s result where capture.symbolic_kernels knows it at every point without running it
+        (torch's checks answered from the sizes' assumptions), its aten calls recorded as their dispatch records
+        them; else NotImplemented."""
+        if _under_function_transform() or sharded_values(args, kwargs):
+            return NotImplemented
+        # untraced (capture.block_reads) and past the dispatch modes, as an op's dispatch runs its kernel
+        with paused_tracing(), no_dispatch():
+            known = symbolic_function(func, args, kwargs)
+        with paused_tracing():
+            if known is NotImplemented:
+                return NotImplemented
+            result, calls = known
+            for op, op_args, op_kwargs, out in calls:
+                self._recorder.record(op, op_args, op_kwargs, out)
+        return result
 
     def _whole(self, op: Any, args: tuple, kwargs: dict, func: Any = None) -> Any:
         """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""

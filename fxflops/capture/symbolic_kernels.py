@@ -382,6 +382,62 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
     return tuple(FakeTensor(source.fake_mode, meta, source.device) for meta in (output, *saved))
 
 
+def symbolic_function(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A torch function's result on named sizes where it is known at every point without running it, with the aten
+    calls it would dispatch (`(op, args, kwargs, outputs)` each, in its order: the recorder records them as its
+    dispatch would); else NotImplemented."""
+    if func is torch.nn.functional.batch_norm:
+        return _functional_batch_norm(args, kwargs)
+    return _batch_norm_function(args, kwargs) if func is torch.batch_norm else NotImplemented
+
+
+def _functional_batch_norm(args: tuple, kwargs: dict) -> Any:
+    """`F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)` in eval (as its
+    torch-function override hands it: three positional, the rest by name): its Python asks nothing more then (in
+    training it checks the values per channel, a question left to it) and calls `torch.batch_norm`
+    (`_batch_norm_function`)."""
+    if len(args) != 3 or not kwargs.keys() <= _FUNCTIONAL_BATCH_NORM.keys():
+        return NotImplemented
+    source, running_mean, running_var = args
+    weight, bias, training, momentum, eps = ({**_FUNCTIONAL_BATCH_NORM, **kwargs}[name] for name in _FUNCTIONAL_BATCH_NORM)
+    if training is not False:
+        return NotImplemented
+    return _batch_norm_function((source, weight, bias, running_mean, running_var, training, momentum, eps, True), {})
+
+
+# F.batch_norm's arguments after the first three, with their defaults
+_FUNCTIONAL_BATCH_NORM = MappingProxyType({"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5})
+
+
+def _batch_norm_function(args: tuple, kwargs: dict) -> Any:
+    """`torch.batch_norm` where `_batch_norm_on_cpu` shapes the `native_batch_norm` it runs.
+
+    Its C++ composite (`_batch_norm_impl_index`, on a CPU input) asks `input.sym_numel() == 0`, matches each
+    statistic's numel against the channels, makes its reserve (`empty([0])` in bytes) and its `native_batch_norm`
+    (the first 8 arguments, momentum and eps as floats) through the dispatcher, and returns the first output: where
+    the kernel shapes that call, its checks proved the numel above 0 from the sizes' assumptions (torch's question
+    is then the constant False: no guard) and the statistics [C]. Only without autograd (no grad_fn to make) and
+    autocast (which casts the operands first): torch's composite has no other effect on fake tensors (the running
+    statistics' version counters stay). tests/test_symbolic_kernels.py holds it against torch's own: the nodes,
+    outputs and the ShapeEnv's guards."""
+    if kwargs or len(args) != 9 or torch._C._is_any_autocast_enabled() or not isinstance(args[8], bool):
+        return NotImplemented
+    source, weight, bias, running_mean, running_var, training, momentum, eps = args[:8]
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args[:5]):
+        return NotImplemented
+    if type(momentum) not in (float, int) or type(eps) not in (float, int):
+        return NotImplemented
+    native = (source, weight, bias, running_mean, running_var, training, float(momentum), float(eps))
+    out = _batch_norm_on_cpu(native, {})
+    if out is NotImplemented:
+        return NotImplemented
+    with unset_fake_temporarily():
+        reserve = FakeTensor(source.fake_mode, torch.empty(0, dtype=torch.uint8, device="meta"), source.device)
+    reserve_kwargs = {"dtype": torch.uint8, "layout": torch.strided, "device": source.device}
+    return out[0], ((aten.empty.memory_format, ([0],), reserve_kwargs, reserve),
+                    (aten.native_batch_norm.default, native, {}, out))
+
+
 def _convolution_on_cpu(args: tuple, kwargs: dict) -> Any:
     """A CPU convolution (1-3d, grouped, dilated, strided, transposed) of a contiguous input, shaped as torch's
     meta kernel shapes it: [N, C_out, *each side's formula], contiguous. Torch's fake convolution asks which
