@@ -7,7 +7,11 @@ route past the mode knows it for static sizes (`meta_kernels._batch_norm_outputs
 keeps the input's shape, strides and dtype; the saved statistics are [C] in training and [0] in eval, in
 the input's dtype. Here that holds only where it holds at every point of the sweep: an input whose
 strides are provably (no guard asked) the contiguous ones of its symbolic shape, a static channel count,
-and in training more values than channels. Anything else goes through the mode, as before.
+and in training more values than channels. Anything else goes through the mode, as before. In eval, where
+this kernel shapes it, `F.batch_norm` is taken at the torch-function level (`symbolic_function`, called by
+capture.recorder.CompositeOps): torch's C++ composite around `native_batch_norm` (its `numel == 0` check, its
+reserve tensor and the two dispatches) is not run, its
+`empty` and `native_batch_norm` recorded as their dispatch records them.
 
 The output's layout is what the decomposition's first elementwise step (input - mean) gives: both operands
 contiguous at every point, torch's fast path makes the contiguous layout of the input's shape. That step
