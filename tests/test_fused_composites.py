@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -180,3 +181,32 @@ def estimate_seconds_of(nodes: list, device, kernels: Kernels) -> dict[str, floa
 
 def math_close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-12 + 1e-9 * abs(b)
+
+
+def test_a_step_prediction_says_which_composites_it_timed_fused() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self, norm: torch.nn.Module) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+            self.norm = norm
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.proj(x))
+
+    class Model(torch.nn.Module):
+        def __init__(self, norm: Any) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Block(norm()) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x.sum()
+
+    def notes(norm: Any) -> list[str]:
+        step = fxflops.predict_step(Model(norm), (torch.randn(2, 16, 64),), cluster="DGX H100")
+        return [note for note in step.notes if "fused kernel per call" in note]
+
+    (note,) = notes(lambda: torch.nn.RMSNorm(64))
+    assert note.startswith("rms_norm timed as one fused kernel")
+    assert notes(HandNorm) == []
