@@ -210,3 +210,28 @@ def test_a_step_prediction_says_which_composites_it_timed_fused() -> None:
     (note,) = notes(lambda: torch.nn.RMSNorm(64))
     assert note.startswith("rms_norm timed as one fused kernel")
     assert notes(HandNorm) == []
+
+
+def test_replayed_blocks_keep_one_kernel_per_call_and_its_backward() -> None:
+    # six same blocks: the capture copies the later blocks' nodes from a reference (their tags keep its call
+    # number); each call is still its own forward kernel, and the ops differentiating it its own backward kernel (listed in
+    # the forward calls' order)
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+            self.norm = torch.nn.RMSNorm(64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.proj(x))
+
+    model = torch.nn.Sequential(*(Block() for _ in range(6)))
+    est = fxflops.estimate(model, (torch.randn(2, 16, 64),), backward=True)
+    from fxflops.predict.op_time import fused_calls
+
+    groups = fused_calls(list(est.nodes))
+    forward = [members for members, _, backward in groups if not backward]
+    backward = [members for members, _, is_backward in groups if is_backward]
+    assert len(forward) == len(backward) == 6
+    assert [{est.nodes[i].module for i in members} for members in forward] == [{f"{b}.norm"} for b in range(6)]
+    assert [{est.nodes[i].module for i in members} for members in backward] == [{f"{b}.norm"} for b in range(6)]

@@ -430,7 +430,10 @@ class CompositeOps(TorchFunctionMode):
         kwargs = kwargs or {}
         if self._recorder.watching_autograd and _touches_autograd(func):
             self._recorder.autograd_touched = True
+        # (on DTensors the call's sizes are global, not the rank's: left to be timed op by op)
         kind = _FUSED_FUNCTIONS.get(func) if not (self._in_fused or self._recorder.inside_opaque) else None
+        if kind is not None and sharded_values(args, kwargs):
+            kind = None
         if kind is not None:
             return self._fused(kind, func, types, args, kwargs)
         return self._call(func, types, args, kwargs)
