@@ -235,3 +235,14 @@ def test_replayed_blocks_keep_one_kernel_per_call_and_its_backward() -> None:
     assert len(forward) == len(backward) == 6
     assert [{est.nodes[i].module for i in members} for members in forward] == [{f"{b}.norm"} for b in range(6)]
     assert [{est.nodes[i].module for i in members} for members in backward] == [{f"{b}.norm"} for b in range(6)]
+
+
+def test_the_tag_survives_a_json_round_trip() -> None:
+    import json
+
+    from fxflops.report.machine import from_dict, to_dict
+
+    est = fxflops.estimate(TorchRMSNorm(), (torch.randn(8, 64),))
+    loaded = from_dict(json.loads(json.dumps(to_dict(est, include_nodes=True))))
+    assert [n.fused_call for n in loaded.nodes] == [n.fused_call for n in est.nodes]
+    assert any(n.fused_call is not None for n in loaded.nodes)
