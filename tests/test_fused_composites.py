@@ -79,7 +79,8 @@ def test_the_tag_changes_no_count_node_or_memory() -> None:
     tagged = [n for n in torch_est.nodes if n.fused_call is not None]
     assert [n.op.split(".")[1] for n in tagged] == ["pow", "mean", "add_", "rsqrt", "detach", "mul", "mul"]
     assert all(n.module == "norm" and n.phase == "forward" for n in tagged)
-    assert {(n.fused_call.kind, n.fused_call.elements, n.fused_call.row) for n in tagged} == {("rms_norm", 512, 64)}
+    assert {(n.fused_call.kind, n.fused_call.call) for n in tagged} == {("rms_norm", 0)}
+    assert {(n.fused_call.input_item, n.fused_call.weight_item, n.fused_call.output_item) for n in tagged} == {(4, 4, 4)}
     assert not any(n.fused_call is not None for n in python_est.nodes)
 
 
@@ -246,3 +247,17 @@ def test_the_tag_survives_a_json_round_trip() -> None:
     loaded = from_dict(json.loads(json.dumps(to_dict(est, include_nodes=True))))
     assert [n.fused_call for n in loaded.nodes] == [n.fused_call for n in est.nodes]
     assert any(n.fused_call is not None for n in loaded.nodes)
+
+
+def test_a_sweep_point_times_the_call_as_the_concrete_capture_does() -> None:
+    # the tag holds element sizes only; the kernel's sizes come from the ops' shapes, which a sweep evaluates at
+    # each point: its times there are the concrete capture's
+    from fxflops.sweeps.core import sweep
+
+    model = TorchRMSNorm()
+    at_point = sweep(model, (torch.randn(4, 64),), dims={"batch": 0}, backward=True).at(batch=1024)
+    concrete = fxflops.estimate(model, (torch.randn(1024, 64),), backward=True)
+    device = device_model("H100 SXM")
+    assert any(n.fused_call is not None for n in at_point.nodes)
+    assert estimate_seconds(at_point, device, torch.float32)["phases"] == \
+        estimate_seconds(concrete, device, torch.float32)["phases"]

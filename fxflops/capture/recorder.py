@@ -386,23 +386,15 @@ FUSED_COMPOSITES: dict[str, tuple[Any, ...]] = {
 _FUSED_FUNCTIONS = {function: kind for kind, functions in FUSED_COMPOSITES.items() for function in functions}
 
 
-def _fused_call_sizes(kind: str, args: tuple, kwargs: dict, out: Any) -> tuple[int, ...] | None:
-    """(elements, row, input item, weight item, output item) of a FUSED_COMPOSITES call (rms_norm's signature:
-    input, normalized_shape, weight=None, eps=None); None where a size is symbolic or the arguments are not
-    plain tensors (then its ops are timed one by one)."""
+def _fused_call_items(args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int] | None:
+    """(input, weight, output) element sizes of a FUSED_COMPOSITES call (rms_norm's signature: input,
+    normalized_shape, weight=None, eps=None; weight 0 without one); None where the input or the output is not
+    a tensor (then its ops are timed one by one)."""
     bound = dict(zip(("input", "normalized_shape", "weight", "eps"), args)) | kwargs
-    x, shape, weight = bound.get("input"), bound.get("normalized_shape"), bound.get("weight")
-    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or shape is None:
+    x, weight = bound.get("input"), bound.get("weight")
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
         return None
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    elements = x.numel()
-    row = 1
-    for size in shape:
-        row *= size
-    if type(elements) is not int or type(row) is not int or row <= 0 or elements % row:
-        return None
-    weight_item = weight.element_size() if isinstance(weight, torch.Tensor) else 0
-    return elements, row, x.element_size(), weight_item, out.element_size()
+    return x.element_size(), weight.element_size() if isinstance(weight, torch.Tensor) else 0, out.element_size()
 
 
 class CompositeOps(TorchFunctionMode):
@@ -446,13 +438,13 @@ class CompositeOps(TorchFunctionMode):
             out = self._call(func, types, args, kwargs)
         finally:
             self._in_fused = False
-        sizes = _fused_call_sizes(kind, args, kwargs, out)
-        if sizes is not None:
+        items = _fused_call_items(args, kwargs, out)
+        if items is not None:
             call, self._fused_calls = self._fused_calls, self._fused_calls + 1
             step = 0
             for node in self._recorder.nodes_after(mark):
                 if node.op == "call_function" and node.meta.get(PHASE, FORWARD) != BACKWARD:
-                    node.meta[FUSED_CALL] = FusedCall(kind, call, step, *sizes)
+                    node.meta[FUSED_CALL] = FusedCall(kind, call, step, *items)
                     step += 1
         return out
 

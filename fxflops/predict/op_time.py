@@ -43,7 +43,7 @@ from typing import Any
 
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
-from fxflops.results.costs import UNKNOWN, ZERO, FusedCall, NodeCost
+from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
 
 GEMM, GROUPED_GEMM, ATTENTION, MEMORY, NONE = "gemm", "grouped_gemm", "attention", "elementwise", "none"
 _COLLECTIVE_RULES = ("collective", "collective wait")  # rules/collectives.toml: timed by comm_time instead
@@ -368,12 +368,12 @@ def _numel(node: NodeCost) -> int:
     return math.prod(node.output_shapes[0]) if node.output_shapes and node.output_shapes[0] else 1
 
 
-def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], FusedCall, bool]]:
-    """(indices, the call's FusedCall, backward) of each fused composite kernel: the forward (or recomputed) ops one call ran (nodes
+def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], list[int], bool]]:
+    """(indices, the forward call's indices, backward) of each fused composite kernel: the forward (or recomputed) ops one call ran (nodes
     with one `fused_call`'s kind and call, consecutive among the ops that launch something, their steps rising:
     a replayed block's copies keep their reference's call number), and separately the backward ops that
     differentiate them (wherever autograd ran them). Ops that launch nothing are left out."""
-    groups: list[tuple[list[int], FusedCall, bool]] = []
+    groups: list[tuple[list[int], list[int], bool]] = []
     owner: dict[str, int] = {}  # forward node name -> its group
     current: list[int] = []
     last: Any = None
@@ -385,7 +385,7 @@ def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], FusedCall, bool]
             if not (current and last is not None and (tag.kind, tag.call) == (last.kind, last.call)
                     and tag.step > last.step and node.phase == nodes[current[0]].phase):
                 current = []
-                groups.append((current, tag, False))
+                groups.append((current, current, False))
             current.append(i)
             owner[node.name] = len(groups) - 1
             last = tag
@@ -398,16 +398,23 @@ def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], FusedCall, bool]
     return groups + [(members, groups[group][1], True) for group, members in sorted(backward.items())]
 
 
-def _fused_call_time(members: list[NodeCost], tag: FusedCall, backward: bool, device: DeviceModel, key: str
+def _fused_call_time(members: list[NodeCost], call: list[NodeCost], backward: bool, device: DeviceModel, key: str
                      ) -> OpTime:
     """One fused normalization kernel for a composite call's ops (forward) or their backward, at the device's
     normalization (backward) curve for the row length, one launch. Traffic (`FusedCall`'s elements E, row
     length R, element sizes): forward reads the input and the weight and writes the output and the fp32 rstd it
     saves for the backward, E x input + R x weight + E x output + 4 E / R; backward reads the input, the
     output's gradient, the weight and rstd and writes the input's gradient and the weight's, 2 E x input +
-    E x output + 2 R x weight + 4 E / R. FLOPs: the ops' own, at the vector rate."""
-    e, r = tag.elements, tag.row
-    rows = e // r
+    E x output + 2 R x weight + 4 E / R. FLOPs: the ops' own, at the vector rate. `call`: the forward call's
+    ops: E is its first op's first input's elements, E / R its smallest output's (rms_norm's statistics, one per
+    row)."""
+    tag = call[0].fused_call
+    x = call[0].input_shapes[0] if call[0].input_shapes else ()
+    e = math.prod(x) if x else 1
+    rows = min((math.prod(n.output_shapes[0]) for n in call if n.output_shapes and n.output_shapes[0]), default=0)
+    if rows <= 0 or e % rows:
+        rows = max(e // max(x[-1] if x else 1, 1), 1)
+    r = max(e // rows, 1)
     if backward:
         traffic = 2 * e * tag.input_item + e * tag.output_item + 2 * r * tag.weight_item + 4 * rows
     else:
@@ -472,9 +479,9 @@ def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any,
     times = [op_time(node, device, key, kernels) for node in nodes]
     taken: set[int] = set()
     if kernels.fused_composites and any(node.fused_call is not None for node in nodes):
-        for indices, tag, backward in fused_calls(nodes):
+        for indices, call, backward in fused_calls(nodes):
             members = [nodes[i] for i in indices]
-            _shared(times, indices, members, _fused_call_time(members, tag, backward, device, key))
+            _shared(times, indices, members, _fused_call_time(members, [nodes[i] for i in call], backward, device, key))
             taken.update(indices)
     if not kernels.fuse_elementwise:
         return times

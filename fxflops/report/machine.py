@@ -85,7 +85,7 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
                       attention (what its mask keeps, attention ops only), dense_macs, dense_flops,
                       effective_macs, effective_flops (null: not knowable without data), fused_call (null, or
-                      {kind, call, step, elements, row, input_item, weight_item, output_item}: a forward op of a
+                      {kind, call, step, input_item, weight_item, output_item}: a forward op of a
                       composite call CUDA runs as one fused kernel, rms_norm)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.

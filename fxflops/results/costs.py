@@ -23,14 +23,13 @@ UNKNOWN_RULE = "(unknown)"  # the per-rule key of the op nodes no rule or zero l
 @dataclass(frozen=True)
 class FusedCall:
     """A forward op that one call of a composite ran, where CUDA runs the call as one fused kernel (see
-    fxflops.capture.recorder.FUSED_COMPOSITES): which call, the op's place in it, and what the fused kernel
-    reads and writes (elements and element sizes), which the decomposition's own ops do not tell."""
+    fxflops.capture.recorder.FUSED_COMPOSITES): which call, the op's place in it, and the element sizes of what
+    the fused kernel reads and writes, which the decomposition's own ops (upcast to fp32) do not tell. Its sizes
+    come from the ops' shapes (the first op's first input is the call's input)."""
 
     kind: str  # the composite: "rms_norm"
     call: int  # its call's number in the capture (a replayed block's copies keep their reference's)
     step: int  # the op's place among the call's recorded ops, from 0
-    elements: int  # of the input (and the output)
-    row: int  # elements each normalization reduces over (its normalized_shape's); the weight's, when it has one
     input_item: int  # element sizes in bytes: the input's, the weight's (0 without a weight), the output's
     weight_item: int
     output_item: int
