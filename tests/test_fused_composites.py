@@ -102,15 +102,16 @@ def test_rms_norm_forward_and_backward_are_one_kernel_each_by_hand() -> None:
     e, r = ROWS * WIDTH, WIDTH
     # forward: input and weight read, output and fp32 rstd (one per row) written, all bf16 but rstd
     forward_bytes = e * 2 + r * 2 + e * 2 + 4 * ROWS
-    # backward: input, output gradient, weight and rstd read; input and weight gradients written
-    backward_bytes = 2 * e * 2 + e * 2 + 2 * r * 2 + 4 * ROWS
-    for group, klass, traffic in ((forward, "normalization", forward_bytes),
-                                  (backward, "normalization_backward", backward_bytes)):
+    # backward, two kernels: the input's gradient (input, output gradient, weight and rstd read; input gradient
+    # written) and the weight's (input, output gradient and rstd read; weight gradient written)
+    backward_bytes = (e * 2 + e * 2 + r * 2 + 4 * ROWS + e * 2) + (e * 2 + e * 2 + 4 * ROWS + r * 2)
+    for group, klass, traffic, launches in ((forward, "normalization", forward_bytes, 1),
+                                            (backward, "normalization_backward", backward_bytes, 2)):
         flops = sum(n.flops for n in group)
         expected = max(traffic / device.class_bandwidth(klass, r), flops / device.vector_peak("bf16")) \
-            + device.launch_overhead
+            + launches * device.launch_overhead
         assert math_close(sum(times[n.name].seconds for n in group), expected), klass
-        assert math_close(sum(times[n.name].overhead for n in group), device.launch_overhead)
+        assert math_close(sum(times[n.name].overhead for n in group), launches * device.launch_overhead)
     # every other op keeps its own time; without the option each of the decomposition's ops is a kernel
     grouped = {n.name for n in forward + backward}
     for node in nodes:
@@ -261,3 +262,30 @@ def test_a_sweep_point_times_the_call_as_the_concrete_capture_does() -> None:
     assert any(n.fused_call is not None for n in at_point.nodes)
     assert estimate_seconds(at_point, device, torch.float32)["phases"] == \
         estimate_seconds(concrete, device, torch.float32)["phases"]
+
+
+def test_h200_kernels_of_nn_rmsnorm_and_the_predicted_backward() -> None:
+    # benchmarks/rms_norm_kernels.py on a lent H200 (torch 2.11): nn.RMSNorm's forward is one kernel, its backward
+    # two (the input's gradient and the weight's: the "backward" entry holds the forward it re-ran first too);
+    # the preset predicts the backward's pair 8%, -26%, -27%, -36% against their device time
+    import json
+
+    measured = json.loads((ROOT / "benchmarks" / "results" / "gpu" / "h200_rms_norm_kernels.json").read_text())
+    assert measured["torch"].startswith("2.11") and measured["device"] == "NVIDIA H200"
+    device = device_model("H200 SXM")
+    errors = []
+    for shape, kernels in measured["shapes"].items():
+        rows, width = map(int, shape.split("x"))
+        assert [round(launches) for launches, _ in kernels["forward"].values()] == [1]
+        assert sorted(round(launches) for launches, _ in kernels["backward"].values()) == [1, 1, 1]
+        backward_seconds = sum(us for name, (_, us) in kernels["backward"].items()
+                               if "vectorized_layer_norm_kernel" not in name) * 1e-6
+        norm = torch.nn.RMSNorm(width, device="meta", dtype=torch.bfloat16)
+        x = torch.empty(rows, width, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        nodes = list(fxflops.estimate(norm, (x,), backward=True).nodes)
+        from fxflops.predict.op_time import fused_calls
+
+        (backward,) = [members for members, _, is_backward in fused_calls(nodes) if is_backward]
+        times = node_times(nodes, device, torch.bfloat16)
+        errors.append(abs(sum(times[i].seconds for i in backward) / backward_seconds - 1))
+    assert statistics.median(errors) <= 0.28 and max(errors) <= 0.37

@@ -400,14 +400,15 @@ def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], list[int], bool]
 
 def _fused_call_time(members: list[NodeCost], call: list[NodeCost], backward: bool, device: DeviceModel, key: str
                      ) -> OpTime:
-    """One fused normalization kernel for a composite call's ops (forward) or their backward, at the device's
-    normalization (backward) curve for the row length, one launch. Traffic (`FusedCall`'s elements E, row
-    length R, element sizes): forward reads the input and the weight and writes the output and the fp32 rstd it
-    saves for the backward, E x input + R x weight + E x output + 4 E / R; backward reads the input, the
-    output's gradient, the weight and rstd and writes the input's gradient and the weight's, 2 E x input +
-    E x output + 2 R x weight + 4 E / R. FLOPs: the ops' own, at the vector rate. `call`: the forward call's
-    ops: E is its first op's first input's elements, E / R its smallest output's (rms_norm's statistics, one per
-    row)."""
+    """The fused kernels of a composite call's ops (forward) or of their backward, at the device's normalization
+    (backward) curve for the row length, a launch each, as torch runs rms_norm on CUDA (layer_norm_kernel.cu, seen
+    in benchmarks/results/gpu/h200_rms_norm_kernels.json): forward one kernel that reads the input and the weight
+    and writes the output and the fp32 rstd it saves for the backward, E x input + R x weight + E x output + 4 E / R
+    bytes (E elements, R the row length); backward two, the input's gradient (input, output gradient, weight and
+    rstd read, input gradient written: 2 E x input + E x output + R x weight + 4 E / R) and, with a weight, the
+    weight's (input, output gradient and rstd read again, weight gradient written: E x input + E x output + R x
+    weight + 4 E / R). FLOPs: the ops' own, at the vector rate. `call`: the forward call's ops: E is its first op's
+    first input's elements, E / R its smallest output's (rms_norm's statistics, one per row)."""
     tag = call[0].fused_call
     x = call[0].input_shapes[0] if call[0].input_shapes else ()
     e = math.prod(x) if x else 1
@@ -415,16 +416,20 @@ def _fused_call_time(members: list[NodeCost], call: list[NodeCost], backward: bo
     if rows <= 0 or e % rows:
         rows = max(e // max(x[-1] if x else 1, 1), 1)
     r = max(e // rows, 1)
+    kernels = 1
     if backward:
-        traffic = 2 * e * tag.input_item + e * tag.output_item + 2 * r * tag.weight_item + 4 * rows
+        traffic = 2 * e * tag.input_item + e * tag.output_item + r * tag.weight_item + 4 * rows
+        if tag.weight_item:
+            traffic += e * tag.input_item + e * tag.output_item + r * tag.weight_item + 4 * rows
+            kernels = 2
     else:
         traffic = e * tag.input_item + r * tag.weight_item + e * tag.output_item + 4 * rows
     klass = "normalization_backward" if backward else "normalization"
     memory = traffic / device.class_bandwidth(klass, r)
     flops = sum(n.flops for n in members)
     compute = flops / device.vector_peak(key) if flops else 0.0
-    return OpTime(MEMORY, max(compute, memory) + device.launch_overhead, compute, memory, device.launch_overhead,
-                  1.0)
+    overhead = kernels * device.launch_overhead
+    return OpTime(MEMORY, max(compute, memory) + overhead, compute, memory, overhead, 1.0)
 
 
 def _shared(times: list[OpTime], indices: list[int], members: list[NodeCost], whole: OpTime) -> None:
