@@ -94,7 +94,7 @@ def _bf16_norm() -> tuple[list, list, list]:
     return est.nodes, forward, backward
 
 
-def test_rms_norm_forward_and_backward_are_one_kernel_each_by_hand() -> None:
+def test_rms_norm_forward_kernel_and_backward_pair_by_hand() -> None:
     nodes, forward, backward = _bf16_norm()
     assert [n.op.split(".")[1] for n in forward][:2] == ["_to_copy", "pow"] and len(backward) > 4
     device = device_model("H100 SXM")
