@@ -423,32 +423,9 @@ class CompositeOps(TorchFunctionMode):
         if self._recorder.watching_autograd and _touches_autograd(func):
             self._recorder.autograd_touched = True
         # (on DTensors the call's sizes are global, not the rank's: left to be timed op by op)
-        kind = _FUSED_FUNCTIONS.get(func) if not (self._in_fused or self._recorder.inside_opaque) else None
-        if kind is not None and sharded_values(args, kwargs):
-            kind = None
-        if kind is not None:
-            return self._fused(kind, func, types, args, kwargs)
-        return self._call(func, types, args, kwargs)
-
-    def _fused(self, kind: str, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
-        """Run a FUSED_COMPOSITES call as usual, then tag the forward ops it recorded with one FusedCall."""
-        mark = self._recorder.last_node()
-        self._in_fused = True  # (F.rms_norm reaches torch.rms_norm only with this mode popped; other paths: once)
-        try:
-            out = self._call(func, types, args, kwargs)
-        finally:
-            self._in_fused = False
-        items = _fused_call_items(args, kwargs, out)
-        if items is not None:
-            call, self._fused_calls = self._fused_calls, self._fused_calls + 1
-            step = 0
-            for node in self._recorder.nodes_after(mark):
-                if node.op == "call_function" and node.meta.get(PHASE, FORWARD) != BACKWARD:
-                    node.meta[FUSED_CALL] = FusedCall(kind, call, step, *items)
-                    step += 1
-        return out
-
-    def _call(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        if func in _FUSED_FUNCTIONS and not (self._in_fused or self._recorder.inside_opaque) \
+                and not sharded_values(args, kwargs):
+            return self._fused(_FUSED_FUNCTIONS[func], func, types, args, kwargs)
         if func in FLEX_HOPS and not self._recorder.inside_opaque:  # one node per call (fxflops.capture.flex)
             return self._whole(func, args, kwargs)
         overloads = self._composites.get(func)
@@ -464,6 +441,25 @@ class CompositeOps(TorchFunctionMode):
                     return func(*args, **kwargs)
             return func(*args, **kwargs)
         return self._whole(op, args, kwargs, func)
+
+    def _fused(self, kind: str, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a FUSED_COMPOSITES call as usual, then tag the forward ops it recorded with one FusedCall."""
+        mark = self._recorder.last_node()
+        self._in_fused = True  # (F.rms_norm reaches torch.rms_norm only with this mode popped; other paths: once)
+        try:
+            # the usual path, in __torch_function__ itself: size_one reads the frame that calls `func` there
+            out = self.__torch_function__(func, types, args, kwargs)
+        finally:
+            self._in_fused = False
+        items = _fused_call_items(args, kwargs, out)
+        if items is not None:
+            call, self._fused_calls = self._fused_calls, self._fused_calls + 1
+            step = 0
+            for node in self._recorder.nodes_after(mark):
+                if node.op == "call_function" and node.meta.get(PHASE, FORWARD) != BACKWARD:
+                    node.meta[FUSED_CALL] = FusedCall(kind, call, step, *items)
+                    step += 1
+        return out
 
     def _whole(self, op: Any, args: tuple, kwargs: dict, func: Any = None) -> Any:
         """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""
