@@ -33,6 +33,7 @@ from fxflops.capture.sharded import propagating_shardings, sharded_types, sharde
 from fxflops.capture.symbolic_kernels import symbolic_function
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 from fxflops.capture.torch_versions import symbolic_composites
+from fxflops.results.costs import FusedCall
 
 SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code that ran the op
 # node.meta key: True on a composite op recorded under torch.autocast (its node has the operands as given,
@@ -40,6 +41,8 @@ SOURCE = "fxflops_source"  # node.meta key: (filename, line) of the user's code 
 AUTOCAST = "fxflops_autocast"
 # node.meta key: the torch.cond branches the op ran in, outermost first, as ((cond, branch index), ...)
 COND_BRANCH = "fxflops_cond_branch"
+# node.meta key: a FusedCall, on each forward op one call of a FUSED_COMPOSITES composite ran
+FUSED_CALL = "fxflops_fused_call"
 
 # code under these is torch's or ours; the first frame outside them is the user's
 LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
@@ -370,6 +373,32 @@ def source_text(location: tuple[str, int] | None) -> str | None:
     return f'File "{filename}", line {line}: {linecache.getline(filename, line).strip()}'
 
 
+# Composites (CompositeImplicitAutograd: on the fake/meta tensors of a capture they run as the ops they decompose
+# into, each counted by its rule) that torch runs on CUDA as ONE fused kernel, forward and backward: the torch
+# functions that call them, by the composite's name. The ops one call runs are tagged (FUSED_CALL) so the time
+# model times them as that kernel; counts stay the decomposition's.
+# - rms_norm: aten/src/ATen/native/layer_norm.cpp's rms_norm_symint calls at::_fused_rms_norm when the input is
+#   on CUDA (and MPS/XPU), its backward _fused_rms_norm_backward (torch/_decomp/decompositions.py decomposes both
+#   for other devices); added by pytorch/pytorch#153666 (2025), in the torch 2.11 the H100/H200 rows measured and
+#   the 2.14 installed here (torch.ops.aten._fused_rms_norm has a CUDA kernel). A Python RMSNorm (Hugging
+#   Face's LlamaRMSNorm: pow, mean, rsqrt, mul in the model's code) runs as separate kernels and is not tagged.
+FUSED_COMPOSITES: dict[str, tuple[Any, ...]] = {
+    "rms_norm": (torch.rms_norm, torch.nn.functional.rms_norm),
+}
+_FUSED_FUNCTIONS = {function: kind for kind, functions in FUSED_COMPOSITES.items() for function in functions}
+
+
+def _fused_call_items(args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int] | None:
+    """(input, weight, output) element sizes of a FUSED_COMPOSITES call (rms_norm's signature: input,
+    normalized_shape, weight=None, eps=None; weight 0 without one); None where the input or the output is not
+    a tensor (then its ops are timed one by one)."""
+    bound = dict(zip(("input", "normalized_shape", "weight", "eps"), args)) | kwargs
+    x, weight = bound.get("input"), bound.get("weight")
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    return x.element_size(), weight.element_size() if isinstance(weight, torch.Tensor) else 0, out.element_size()
+
+
 class CompositeOps(TorchFunctionMode):
     """Records a call of a composite aten op (linear, matmul, conv2d, einsum, scaled_dot_product_attention,
     ... — CompositeImplicitAutograd) as that one op, not as the ops it decomposes into.
@@ -388,11 +417,17 @@ class CompositeOps(TorchFunctionMode):
         self._knows_op = knows_op
         self._symbolic = symbolic  # the capture has named (symbolic) sizes: see symbolic_composites
         self._composites: dict[Any, tuple[Any, ...]] = {}
+        self._fused_calls = 0  # FUSED_COMPOSITES calls seen (each call's number in its FUSED_CALL tags)
+        self._in_fused = False
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if self._recorder.watching_autograd and _touches_autograd(func):
             self._recorder.autograd_touched = True
+        # (on DTensors the call's sizes are global, not the rank's: left to be timed op by op)
+        if func in _FUSED_FUNCTIONS and not (self._in_fused or self._recorder.inside_opaque) \
+                and not sharded_values(args, kwargs):
+            return self._fused(_FUSED_FUNCTIONS[func], func, types, args, kwargs)
         if func in FLEX_HOPS and not self._recorder.inside_opaque:  # one node per call (fxflops.capture.flex)
             return self._whole(func, args, kwargs)
         overloads = self._composites.get(func)
@@ -429,6 +464,25 @@ class CompositeOps(TorchFunctionMode):
             for op, op_args, op_kwargs, out in calls:
                 self._recorder.record(op, op_args, op_kwargs, out)
         return result
+
+    def _fused(self, kind: str, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a FUSED_COMPOSITES call as usual, then tag the forward ops it recorded with one FusedCall."""
+        mark = self._recorder.last_node()
+        self._in_fused = True  # (F.rms_norm reaches torch.rms_norm only with this mode popped; other paths: once)
+        try:
+            # the usual path, in __torch_function__ itself: size_one reads the frame that calls `func` there
+            out = self.__torch_function__(func, types, args, kwargs)
+        finally:
+            self._in_fused = False
+        items = _fused_call_items(args, kwargs, out)
+        if items is not None:
+            call, self._fused_calls = self._fused_calls, self._fused_calls + 1
+            step = 0
+            for node in self._recorder.nodes_after(mark):
+                if node.op == "call_function" and node.meta.get(PHASE, FORWARD) != BACKWARD:
+                    node.meta[FUSED_CALL] = FusedCall(kind, call, step, *items)
+                    step += 1
+        return out
 
     def _whole(self, op: Any, args: tuple, kwargs: dict, func: Any = None) -> Any:
         """Run `func` (default: `op`) with what it runs unrecorded, then record it as one `op` node."""

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fxflops.capture.backward import DIFFERENTIATES
-from fxflops.capture.recorder import SOURCE, source_text
+from fxflops.capture.recorder import FUSED_CALL, SOURCE, source_text
 from fxflops.capture.replay import REPLAY_OF
 from fxflops.results import COUNTED, FORWARD, PHASE, ROOT_LABEL, UNKNOWN, ZERO, NodeCost, WholeCall
 from fxflops.rules import OpCall, Rule, RuleEvaluationError, RuleTable, ZeroList, bind_op_call
@@ -233,6 +233,7 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         source=values.source(node),
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
+        fused_call=node.meta.get(FUSED_CALL),
         bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
                          values.measure, gathered),
     ), entry, key

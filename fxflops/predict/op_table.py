@@ -24,7 +24,7 @@ from typing import Any
 
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate, with_constant
 from fxflops.predict.op_time import ATTENTION, GEMM, MEMORY, ROW_CLASSES, Kernels, _math_attention_time, \
-    attention_dims, dtype_key, gemm_shape, memory_class, op_kind, op_time
+    attention_dims, dtype_key, gemm_shape, memory_class, node_times, op_kind, op_time
 from fxflops.results.captured import BACKWARD, FORWARD
 from fxflops.results.costs import NodeCost
 
@@ -185,7 +185,7 @@ def _attention_rows(entry: dict) -> list[Row]:
 
 def predicted(row: Row, device: DeviceModel | str) -> float:
     """The time model's seconds for a row, with the kernel the row ran (attention) as the run's software."""
-    return sum(op_time(node, device, DTYPE, Kernels(attention=row.kernel)).seconds for node in row.nodes)
+    return sum(t.seconds for t in node_times(row.nodes, device, DTYPE, Kernels(attention=row.kernel)))
 
 
 def roofline(row: Row, device: DeviceModel | str) -> float:

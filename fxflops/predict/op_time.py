@@ -25,6 +25,9 @@ one or, for a memory-bound op, its kernel class's:
   (`Kernels(fuse_elementwise=True)`: Megatron-LM's fused bias + GeLU and bias + dropout + add, a GPU's one-kernel
   dropout) has each chain of them timed as one pass (`node_times`) at the sustained bandwidth: a fused kernel is
   not the pointwise class's one-op kernel, and no measurement of such kernels is published.
+- the ops one call of a composite ran that torch runs on CUDA as one fused kernel (`torch.rms_norm` /
+  `nn.RMSNorm`, which a capture on fake tensors records as its decomposition: pow, mean, add, rsqrt, mul ...) as
+  that one kernel of the normalization class, forward and backward (`fused_calls`, `Kernels.fused_composites`).
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
 
@@ -85,12 +88,18 @@ class Kernels:
     a2fdcdf of 2021-10 with torch >= 1.11 for the hidden sizes it lists; Transformer Engine's LayerNorm kernels
     are the same code): its normalization ops take the device's bandwidth_persistent_normalization(_backward)
     curves instead of bandwidth_normalization(_backward) (a device without a published persistent curve: its
-    normalization curves, never the faster streaming rate). False (default): the device's normalization curves."""
+    normalization curves, never the faster streaming rate). False (default): the device's normalization curves.
+
+    `fused_composites` (default True): the ops one call of a composite that torch runs on CUDA as one fused kernel
+    (`torch.rms_norm` / `F.rms_norm` / `nn.RMSNorm`: `_fused_rms_norm` and `_fused_rms_norm_backward`, see
+    fxflops.capture.recorder.FUSED_COMPOSITES) ran, which the capture records decomposed, are timed as that
+    kernel (see `fused_calls`); False: each op as its own kernel (what a device without the fused kernel runs)."""
 
     attention: str = "flash"
     attention_dropout: float = 0.0
     fuse_elementwise: bool = False
     persistent_norm: bool = False
+    fused_composites: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -359,14 +368,94 @@ def _numel(node: NodeCost) -> int:
     return math.prod(node.output_shapes[0]) if node.output_shapes and node.output_shapes[0] else 1
 
 
-def fused_chains(nodes: list[NodeCost]) -> list[list[int]]:
+def fused_calls(nodes: list[NodeCost]) -> list[tuple[list[int], list[int], bool]]:
+    """(indices, the forward call's indices, backward) of each fused composite kernel: the forward (or recomputed) ops one call ran (nodes
+    with one `fused_call`'s kind and call, consecutive among the ops that launch something, their steps rising:
+    a replayed block's copies keep their reference's call number), and separately the backward ops that
+    differentiate them (wherever autograd ran them). Ops that launch nothing are left out."""
+    groups: list[tuple[list[int], list[int], bool]] = []
+    owner: dict[str, int] = {}  # forward node name -> its group
+    current: list[int] = []
+    last: Any = None
+    for i, node in enumerate(nodes):
+        if op_kind(node) == NONE:
+            continue
+        tag = node.fused_call
+        if tag is not None and node.phase != BACKWARD:
+            if not (current and last is not None and (tag.kind, tag.call) == (last.kind, last.call)
+                    and tag.step > last.step and node.phase == nodes[current[0]].phase):
+                current = []
+                groups.append((current, current, False))
+            current.append(i)
+            owner[node.name] = len(groups) - 1
+            last = tag
+            continue
+        current, last = [], None
+    backward: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        if node.phase == BACKWARD and node.differentiates in owner and op_kind(node) != NONE:
+            backward.setdefault(owner[node.differentiates], []).append(i)
+    return groups + [(members, groups[group][1], True) for group, members in sorted(backward.items())]
+
+
+def _fused_call_time(members: list[NodeCost], call: list[NodeCost], backward: bool, device: DeviceModel, key: str
+                     ) -> OpTime:
+    """The fused kernels of a composite call's ops (forward) or of their backward, at the device's normalization
+    (backward) curve for the row length, a launch each, as torch runs rms_norm on CUDA (layer_norm_kernel.cu, seen
+    in benchmarks/results/gpu/h200_rms_norm_kernels.json): forward one kernel that reads the input and the weight
+    and writes the output and the fp32 rstd it saves for the backward, E x input + R x weight + E x output + 4 E / R
+    bytes (E elements, R the row length); backward two, the input's gradient (input, output gradient, weight and
+    rstd read, input gradient written: 2 E x input + E x output + R x weight + 4 E / R) and, with a weight, the
+    weight's (input, output gradient and rstd read again, weight gradient written: E x input + E x output + R x
+    weight + 4 E / R). FLOPs: the ops' own, at the vector rate. `call`: the forward call's ops: E is its first op's
+    first input's elements, E / R its smallest output's (rms_norm's statistics, one per row)."""
+    tag = call[0].fused_call
+    x = call[0].input_shapes[0] if call[0].input_shapes else ()
+    e = math.prod(x) if x else 1
+    rows = min((math.prod(n.output_shapes[0]) for n in call if n.output_shapes and n.output_shapes[0]), default=0)
+    if rows <= 0 or e % rows:
+        rows = max(e // max(x[-1] if x else 1, 1), 1)
+    r = max(e // rows, 1)
+    kernels = 1
+    if backward:
+        traffic = 2 * e * tag.input_item + e * tag.output_item + r * tag.weight_item + 4 * rows
+        if tag.weight_item:
+            traffic += e * tag.input_item + e * tag.output_item + r * tag.weight_item + 4 * rows
+            kernels = 2
+    else:
+        traffic = e * tag.input_item + r * tag.weight_item + e * tag.output_item + 4 * rows
+    klass = "normalization_backward" if backward else "normalization"
+    memory = traffic / device.class_bandwidth(klass, r)
+    flops = sum(n.flops for n in members)
+    compute = flops / device.vector_peak(key) if flops else 0.0
+    overhead = kernels * device.launch_overhead
+    return OpTime(MEMORY, max(compute, memory) + overhead, compute, memory, overhead, 1.0)
+
+
+def _shared(times: list[OpTime], indices: list[int], members: list[NodeCost], whole: OpTime) -> None:
+    """`whole` (one kernel's time) split among its ops in proportion to their own traffic (evenly without any)."""
+    weights = [n.bytes for n in members] if any(n.bytes for n in members) else [1] * len(members)
+    total = sum(weights)
+    for i, weight in zip(indices, weights):
+        share = weight / total
+        times[i] = OpTime(MEMORY, whole.seconds * share, whole.compute * share, whole.memory * share,
+                          whole.overhead * share, 1.0)
+
+
+def fused_chains(nodes: list[NodeCost], taken: frozenset[int] = frozenset()) -> list[list[int]]:
     """Indices of the chains a fusing run launches as one kernel each: consecutive pointwise ops (ops that
     launch nothing, views and allocations, in between do not break a chain) of one phase whose outputs have
-    the same number of elements; any other op ends a chain. Chains of one op are left out."""
+    the same number of elements; any other op, or one in `taken` (a fused composite's), ends a chain. Chains of
+    one op are left out."""
     chains: list[list[int]] = []
     chain: list[int] = []
     for i, node in enumerate(nodes):
         if op_kind(node) == NONE:
+            continue
+        if i in taken:
+            if len(chain) > 1:
+                chains.append(chain)
+            chain = []
             continue
         if chain and _pointwise(node) and node.phase == nodes[chain[0]].phase \
                 and _numel(node) == _numel(nodes[chain[0]]):
@@ -387,15 +476,22 @@ def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any,
     to their own traffic. The chain's traffic: its ops' bytes less each intermediate result's write and read
     (every op but the last hands its output, elements x the dtype's size, to the next) and each in-place random
     draw's read of the buffer it overwrites, plus a one-byte mask per element for each random draw (the dropout
-    mask kept for the backward)."""
+    mask kept for the backward). With `kernels.fused_composites`, each fused composite call's ops (`fused_calls`)
+    take one kernel's time (`_fused_call_time`), shared the same way."""
     device = device_model(device)
     key = dtype_key(dtype)
     nodes = list(nodes)
     times = [op_time(node, device, key, kernels) for node in nodes]
+    taken: set[int] = set()
+    if kernels.fused_composites and any(node.fused_call is not None for node in nodes):
+        for indices, call, backward in fused_calls(nodes):
+            members = [nodes[i] for i in indices]
+            _shared(times, indices, members, _fused_call_time(members, [nodes[i] for i in call], backward, device, key))
+            taken.update(indices)
     if not kernels.fuse_elementwise:
         return times
     element = _ELEMENT_BYTES[key]
-    for chain in fused_chains(nodes):
+    for chain in fused_chains(nodes, frozenset(taken)):
         members = [nodes[i] for i in chain]
         numel = _numel(members[0])
         draws = [n for n in members if any(r in n.op.lower() for r in _RANDOM_OPS)]
@@ -409,11 +505,7 @@ def node_times(nodes: Iterable[NodeCost], device: DeviceModel | str, dtype: Any,
         compute = flops / device.vector_peak(key) if flops else 0.0
         memory = traffic / device.sustained
         seconds = max(compute, memory) + device.launch_overhead
-        weights = [n.bytes for n in members] if any(n.bytes for n in members) else [1] * len(members)
-        for i, weight in zip(chain, weights):
-            share = weight / sum(weights)
-            times[i] = OpTime(MEMORY, seconds * share, compute * share, memory * share,
-                              device.launch_overhead * share, 1.0)
+        _shared(times, chain, members, OpTime(MEMORY, seconds, compute, memory, device.launch_overhead, 1.0))
     return times
 
 

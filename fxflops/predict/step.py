@@ -1099,6 +1099,11 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
                         fsdp_shard=dp * cp if fsdp else 1, expert_shard=dp * cp // ep if fsdp else 1, cp=cp, ep=ep,
                         kernels=kernels or FLASH)
     notes = list(costs.notes)
+    if (kernels or FLASH).fused_composites:
+        fused = sorted({node.fused_call.kind for node in est.nodes if node.fused_call is not None})
+        if fused:
+            notes.append(f"{', '.join(fused)} timed as one fused kernel per call, forward and backward, as torch "
+                         "runs it on CUDA (rms_norm: _fused_rms_norm; counted as its decomposition)")
     if ep > 1:
         routed = routing if routing is not None else "balanced"
         notes.append(f"MoE routing assumed {routed!r} (estimate(routing=...); balanced: tokens x top_k / experts "

@@ -84,7 +84,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       module_type, input_shapes, output_shapes, macs, flops, source, phase
                       ("forward" | "backward" | "recompute"), differentiates (forward node name), bytes,
                       attention (what its mask keeps, attention ops only), dense_macs, dense_flops,
-                      effective_macs, effective_flops (null: not knowable without data)}]
+                      effective_macs, effective_flops (null: not knowable without data), fused_call (null, or
+                      {kind, call, step, input_item, weight_item, output_item}: a forward op of a
+                      composite call CUDA runs as one fused kernel, rms_norm)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, peak_memory without memory=, predicted_latency
@@ -108,6 +110,7 @@ import networkx as nx
 from fxflops.capture.methods import describe
 from fxflops.report.collectives import module_collectives
 from fxflops.report.formats import ENCODING_ERRORS, csv_cell
+from fxflops.results.costs import FusedCall
 from fxflops.results import (
     AttentionTotals,
     Collective,
@@ -375,6 +378,8 @@ def _node_from(record: dict[str, Any]) -> NodeCost:
     values = dict(record)
     values["input_shapes"] = shapes(values.get("input_shapes", []))
     values["output_shapes"] = shapes(values.get("output_shapes", []))
+    if values.get("fused_call") is not None:
+        values["fused_call"] = FusedCall(**values["fused_call"])
     return NodeCost(**values)
 
 

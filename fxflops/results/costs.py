@@ -21,6 +21,21 @@ UNKNOWN_RULE = "(unknown)"  # the per-rule key of the op nodes no rule or zero l
 
 
 @dataclass(frozen=True)
+class FusedCall:
+    """A forward op that one call of a composite ran, where CUDA runs the call as one fused kernel (see
+    fxflops.capture.recorder.FUSED_COMPOSITES): which call, the op's place in it, and the element sizes of what
+    the fused kernel reads and writes, which the decomposition's own ops (upcast to fp32) do not tell. Its sizes
+    come from the ops' shapes (the first op's first input is the call's input)."""
+
+    kind: str  # the composite: "rms_norm"
+    call: int  # its call's number in the capture (a replayed block's copies keep their reference's)
+    step: int  # the op's place among the call's recorded ops, from 0
+    input_item: int  # element sizes in bytes: the input's, the weight's (0 without a weight), the output's
+    weight_item: int
+    output_item: int
+
+
+@dataclass(frozen=True)
 class NodeCost:
     """The cost of one graph node and where it sits in the module hierarchy."""
 
@@ -46,6 +61,9 @@ class NodeCost:
     effective_macs: int | None = None  # None: the kept pairs depend on data (macs/flops are dense)
     effective_flops: int | None = None
     kept_pairs: Any = None  # the (query, key) pairs its mask keeps over B·Hq·Lq·Lk (None: every pair, or data)
+    # a forward op one call of a composite ran that CUDA runs as one fused kernel (rms_norm): the time model
+    # times the call's ops, and their backward's, as one kernel each; counts are the ops' own
+    fused_call: FusedCall | None = None
 
     @property
     def rule_key(self) -> str:
