@@ -30,7 +30,7 @@ from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FO
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
-from fxflops.capture.symbolic_kernels import symbolic_function
+from fxflops.capture.symbolic_kernels import SYMBOLIC_FUNCTIONS, symbolic_function
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 from fxflops.capture.torch_versions import symbolic_composites
 from fxflops.results.costs import FusedCall
@@ -438,7 +438,7 @@ class CompositeOps(TorchFunctionMode):
             and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
-            if self._symbolic and not self._recorder.inside_opaque:
+            if self._symbolic and func in SYMBOLIC_FUNCTIONS and not self._recorder.inside_opaque:
                 known = self._known(func, args, kwargs)
                 if known is not NotImplemented:
                     return known

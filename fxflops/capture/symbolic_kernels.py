@@ -386,6 +386,11 @@ def _batch_norm_on_cpu(args: tuple, kwargs: dict) -> Any:
     return tuple(FakeTensor(source.fake_mode, meta, source.device) for meta in (output, *saved))
 
 
+# the torch functions symbolic_function answers: the recorder asks it about these only (every other call of a
+# capture passes this membership test alone)
+SYMBOLIC_FUNCTIONS = frozenset((torch.nn.functional.batch_norm, torch.batch_norm))
+
+
 def symbolic_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """A torch function's result on named sizes where it is known at every point without running it, with the aten
     calls it would dispatch (`(op, args, kwargs, outputs)` each, in its order: the recorder records them as its
