@@ -405,6 +405,11 @@ def spread() -> list[str]:
             f"largest {max(diffs):.1%}."]
 
 
+PER_OP_INTRO = ("Median absolute error and how many ops fall within 25%, per op class; `roofline` is FLOPs at the "
+                "datasheet peak or bytes at the datasheet bandwidth; the preset uses published constants only; the "
+                "measured file was fitted to the other half of the ops (see the script's docstring).")
+
+
 def report(devices: dict[str, Any]) -> str:
     _, validate = split_rows()
     parts = [
@@ -417,9 +422,7 @@ def report(devices: dict[str, Any]) -> str:
         "## profile(): module latency against the kernels torch.profiler attributes to the module", "", *profiles(), "",
         "## The meter on real bf16 training steps", "", *meter(), "",
         "## Per op: predicted vs measured, on ops the measured device file was not fitted to", "",
-        "Median absolute error and how many ops fall within 25%, per op class; `roofline` is FLOPs at the datasheet "
-        "peak or bytes at the datasheet bandwidth; the preset uses published constants only; the measured file "
-        "was fitted to the other half of the ops (see the script's docstring).", "",
+        PER_OP_INTRO, "",
         *summary(validate, devices), "", *spread(), "",
         "## Whole models (never fitted)", "", *whole_models(devices), "", *unseen_step_rows(devices), "",
         "## The optimizer step: measured multi-tensor kernels against fused and foreach predictions", "",

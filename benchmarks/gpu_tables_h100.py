@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_tables import (  # noqa: E402
-    detail, error, fit_measured_device, is_fit, optimizer_implementation_rows, optimizer_step_rows, own_peak, provenance,
+    PER_OP_INTRO, detail, error, fit_measured_device, is_fit, optimizer_implementation_rows, optimizer_step_rows, own_peak, provenance,
     summary, unseen_steps)
 from fxflops.predict import op_table  # noqa: E402
 from fxflops.predict.hardware import device_model  # noqa: E402
@@ -188,9 +188,7 @@ def report(devices: dict[str, Any]) -> str:
         "## profile(): module latency against the kernels torch.profiler attributes to the module", "", *profiles(), "",
         "## The meter on real bf16 training steps", "", *meter(), "",
         "## Per op: predicted vs measured, on ops the measured device file was not fitted to", "",
-        "Median absolute error and how many ops fall within 25%, per op class; `roofline` is FLOPs at the datasheet "
-        "peak or bytes at the datasheet bandwidth; the preset uses published constants only; the measured file "
-        "was fitted to the other half of the ops (see the script's docstring).", "",
+        PER_OP_INTRO, "",
         *summary(shape_list_and_rest(validate), devices), "",
         "## The Megatron-Core H100 rows' linears (issue 41's validation), one rank's shapes", "",
         *megatron_linears(devices), "",
