@@ -10,10 +10,6 @@ FlopCounterMode on the real step (conventions="torch"), estimate(backward=True),
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -28,6 +24,7 @@ from fxflops.timing.meter import FlopsMeterWarning
 from fxflops.timing.model_state import model_state
 from fxflops.timing.steps import StepStats, WindowStats, summed
 from tests.oracle import oracle_training_flops
+from tests.torchrun import torchrun
 
 
 def quiet_estimate(model: nn.Module, *args, **kwargs) -> fxflops.Estimate:
@@ -457,7 +454,7 @@ def test_two_ranks_sum_counts_exactly_refuse_a_nan_time_and_summarize_the_job(tm
         pytest.skip("torch.distributed is not available")
     import json
 
-    done = torchrun([str(ROOT / "tests" / "distributed_meter.py"), "exact", str(tmp_path)], tmp_path)
+    done = torchrun("distributed_meter.py", "exact", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"exact-rank{rank}.json").read_text()) for rank in range(2)]
     for seen in ranks:
@@ -485,7 +482,7 @@ def test_the_manuals_torchrun_example_prints_what_the_manual_shows(tmp_path):
     (tmp_path / "train_ddp.py").write_text(script.body)
     [(command, expected)] = console_commands(console.body)
     assert command == "torchrun --nproc_per_node 2 train_ddp.py"
-    done = torchrun(["train_ddp.py"], tmp_path)
+    done = torchrun("train_ddp.py", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert output_matches(expected, done.stdout), done.stdout
     # the page's figures by hand: 8,834 FLOPs a sample per step (forward 4,353, backward 4,481), 16 + 8 samples
@@ -520,18 +517,6 @@ def test_a_state_that_changes_every_step_is_said_once():
 
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def torchrun(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node 2 ARGUMENTS` on 127.0.0.1 (a free port), this checkout first on the path;
-    ends by itself within 3 minutes."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), *arguments]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 
 def test_the_timing_package_has_no_import_cycle():
