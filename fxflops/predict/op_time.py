@@ -6,7 +6,10 @@ one or, for a memory-bound op, its kernel class's:
 - GEMMs (ops with MACs: linear, mm, bmm, matmul, einsum, conv as an implicit GEMM) run at the device's
   tensor-core peak for the dtype times `DeviceModel.gemm_fraction(M, N, K)`: the large-GEMM plateau, tile and
   wave quantization, the alignment of K and N, the calibrated size correction. M, N, K come from the output
-  shape and the MACs (K = MACs / output elements), so every rule's GEMM is read the same way.
+  shape and the MACs (K = MACs / output elements), so every rule's GEMM is read the same way. A GEMM whose
+  output tiles fill less than half of the SMs and whose K is deep runs split-K, as cuBLAS, cuDNN and CUTLASS run
+  it (`DeviceModel.split_k`): its tiles once per part of K in the wave, plus the reduction of the parts' fp32
+  partial outputs through memory (`split_k_reduction`).
 - grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
@@ -158,11 +161,17 @@ def op_kind(node: NodeCost) -> str:
 
 def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of a GEMM-like op from its output shape and MACs: N is the output's last dim (a
-    conv's channel dim), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
+    conv's channel dim; a convolution_backward that computes the weight's gradient alone: C_in / groups x the
+    kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
     come from its second input's leading dim (the experts' stacked weights)."""
     out = node.output_shapes[0] if node.output_shapes else ()
     numel = math.prod(out) if out else 1
-    if "conv" in node.op.lower() and len(out) >= 3:
+    if _weight_gradient_only(node):
+        # the weight's gradient alone (nothing before the convolution needs a gradient: a network's first layer)
+        # is the implicit GEMM dW = dY^T x im2col(X): C_out rows, C_in / groups x kernel columns, a reduction
+        # over the batch's output pixels
+        n = math.prod(out[1:])
+    elif "conv" in node.op.lower() and len(out) >= 3:
         n = out[1]
     else:
         n = out[-1] if out else 1
@@ -173,6 +182,23 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
         groups = node.input_shapes[1][0]
         m = max(m // groups, 1)  # rows are split among the groups (tokens routed to experts)
     return m, n, k, groups
+
+
+def _weight_gradient_only(node: NodeCost) -> bool:
+    """A convolution_backward that computes only the weight's gradient: its one output has the weight's shape (its
+    third input) and not the input's (the second), so it is no input gradient of the same shape."""
+    if "convolution_backward" not in node.op or len(node.output_shapes) != 1 or len(node.input_shapes) < 3:
+        return False
+    out = node.output_shapes[0]
+    return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
+
+
+def split_k_reduction(m: int, n: int, k: int, groups: int, device: DeviceModel, key: str) -> float:
+    """Seconds a split-K GEMM (`DeviceModel.split_k` parts > 1) spends on reducing its parts: each part writes its
+    fp32 partial output and the reduction reads it back, 2 x 4 bytes per output element per part, at the sustained
+    bandwidth (the final output's write is in the op's bytes already). 0 for a GEMM that is not split."""
+    splits = device.split_k(m, n, k, _ELEMENT_BYTES[key], groups)
+    return 2 * 4 * splits * m * n * max(groups, 1) / device.sustained if splits > 1 else 0.0
 
 
 def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
@@ -216,7 +242,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups)
         if kind == GROUPED_GEMM:
             efficiency *= device.grouped_gemm_efficiency
-        compute = flops / (device.peak(key) * efficiency)
+        compute = flops / (device.peak(key) * efficiency) + split_k_reduction(m, n, k, groups, device, key)
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
@@ -323,7 +349,8 @@ def _math_attention_time(dims: tuple[int, int, int, int, int], backward: bool, d
     for m, n, k in gemms:
         work = 2 * groups * m * n * k
         flops += work
-        gemm_compute = work / (peak * device.gemm_fraction(m, n, k, element, groups))
+        gemm_compute = work / (peak * device.gemm_fraction(m, n, k, element, groups)) \
+            + split_k_reduction(m, n, k, groups, device, key)
         gemm_memory = groups * (m * k + k * n + m * n) * element / device.sustained
         compute += gemm_compute
         memory += gemm_memory
