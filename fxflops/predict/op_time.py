@@ -9,7 +9,7 @@ one or, for a memory-bound op, its kernel class's:
   shape and the MACs (K = MACs / output elements), so every rule's GEMM is read the same way. A GEMM whose
   output tiles fill less than half of the SMs and whose K is deep runs split-K, as cuBLAS, cuDNN and CUTLASS run
   it (`DeviceModel.split_k`): its tiles once per part of K in the wave, plus the reduction of the parts' fp32
-  partial outputs through memory (`split_k_reduction`).
+  partial outputs through memory after them (`split_k_reduction`, in the op's `overhead` with its launch).
 - grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
@@ -124,7 +124,7 @@ class OpTime:
     seconds: float  # max(compute, memory) + overhead (unfused attention: its kernels' such times, summed)
     compute: float  # flops / (peak x efficiency)
     memory: float  # bytes / bandwidth (a memory-bound op's: its class's, see memory_class)
-    overhead: float  # launch overhead (0 for ops that launch nothing)
+    overhead: float  # launch overhead (0 for ops that launch nothing); a split-K GEMM's: plus the reduction of its parts
     efficiency: float  # the fraction of peak used for the compute term (1.0 for vector work)
 
     @property
@@ -237,12 +237,14 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         bandwidth = device.sustained
     memory = node.bytes / bandwidth if node.bytes else 0.0
     flops = node.flops
+    overhead = device.launch_overhead
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
         efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups)
         if kind == GROUPED_GEMM:
             efficiency *= device.grouped_gemm_efficiency
-        compute = flops / (device.peak(key) * efficiency) + split_k_reduction(m, n, k, groups, device, key)
+        compute = flops / (device.peak(key) * efficiency)
+        overhead += split_k_reduction(m, n, k, groups, device, key)
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
@@ -255,7 +257,6 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     else:
         efficiency = 1.0
         compute = flops / device.vector_peak(key) if flops else 0.0
-    overhead = device.launch_overhead
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
 
 
@@ -349,12 +350,11 @@ def _math_attention_time(dims: tuple[int, int, int, int, int], backward: bool, d
     for m, n, k in gemms:
         work = 2 * groups * m * n * k
         flops += work
-        gemm_compute = work / (peak * device.gemm_fraction(m, n, k, element, groups)) \
-            + split_k_reduction(m, n, k, groups, device, key)
+        gemm_compute = work / (peak * device.gemm_fraction(m, n, k, element, groups))
         gemm_memory = groups * (m * k + k * n + m * n) * element / device.sustained
         compute += gemm_compute
         memory += gemm_memory
-        seconds += max(gemm_compute, gemm_memory)
+        seconds += max(gemm_compute, gemm_memory) + split_k_reduction(m, n, k, groups, device, key)
     elementwise = passes * groups * lq * lk / device.sustained
     memory += elementwise
     overhead = kernels * device.launch_overhead
