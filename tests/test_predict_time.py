@@ -187,27 +187,29 @@ def test_large_gemm_by_hand():
 def test_gemm_tile_quantization_and_alignment_by_hand():
     a100 = device_model("A100 80GB SXM")
     # M=300: 2 tile rows of 256 (tile use 300/512); N=128: one column; 2 tiles on 108 SMs, under half a wave, so
-    # K is split: K=4095 bf16 is 8190 bytes, 7 parts of >= 1024 bytes (108 // 2 = 54 would fill the SMs):
-    # 14 tiles in the wave (wave use 14/108); 8190 bytes divisible by 2 only -> alignment factor 0.5
+    # K is split: K=4095 bf16 is 8190 bytes, 64 k-tiles of 128 bytes (the last partly filled), 64 // 8 = 8 parts
+    # of 8 k-tiles (108 // 2 = 54 would fill the SMs): 16 tiles in the wave (wave use 16/108); 8190 bytes
+    # divisible by 2 only -> alignment factor 0.5
     fraction = a100.gemm_fraction(300, 128, 4095, 2)
-    assert fraction == pytest.approx(0.822 * (300 / 512) * (14 / 108) * 0.5, rel=1e-12)
-    # K=4096: 8 parts of 1024 bytes (16 tiles in the wave), aligned
+    assert fraction == pytest.approx(0.822 * (300 / 512) * (16 / 108) * 0.5, rel=1e-12)
+    # K=4096: the same 8 parts, aligned
     assert a100.gemm_fraction(300, 128, 4096, 2) == pytest.approx(0.822 * (300 / 512) * (16 / 108), rel=1e-12)
-    # K=511: 1022 bytes, too shallow to split: 2 tiles in the wave
+    # K=511: 1022 bytes, 8 k-tiles, too shallow to split: 2 tiles in the wave
     assert a100.gemm_fraction(300, 128, 511, 2) == pytest.approx(0.822 * (300 / 512) * (2 / 108) * 0.5, rel=1e-12)
 
 
 def test_split_k_gemm_by_hand():
     """A 128 x 128 output over K = 16,384 on the H100 preset: one 256 x 128 tile (tile use 0.5) fills 1 of 132 SMs,
     under half a wave, so the reduction is split as CUTLASS's stream-K splits it: into 132 // 1 = 132 parts to
-    fill the SMs, at most 16384 x 2 bytes / 1024 = 32 parts that keep 1024 bytes of K each: 32 parts, 32 tiles in
-    the wave. The parts' fp32 partial outputs are written and read back: 2 x 4 x 32 x 128 x 128 bytes at the
-    sustained 0.887 x 3.35 TB/s, after the tiles (in the op's overhead with the 2 us launch)."""
+    fill the SMs, at most 256 // 8 = 32 parts of 8 k-tiles each (16384 x 2 bytes = 256 k-tiles of 128 bytes): 32
+    parts, 32 tiles in the wave. All parts but the last write their fp32 partial outputs and the last reads them back: 2 x 4 x 31 x
+    128 x 128 bytes at the sustained 0.887 x 3.35 TB/s, after the tiles (in the op's overhead with the 2 us
+    launch)."""
     h100 = device_model("H100 SXM")
     node = gemm(128, 128, 16384)
     assert h100.split_k(128, 128, 16384, 2) == 32
     efficiency = 0.801 * 0.5 * 32 / 132
-    reduction = 2 * 4 * 32 * 128 * 128 / (3350e9 * 0.887)
+    reduction = 2 * 4 * 31 * 128 * 128 / (3350e9 * 0.887)
     timing = op_time(node, h100, "bf16")
     assert timing.efficiency == pytest.approx(efficiency, rel=1e-12)
     assert timing.compute == pytest.approx(2 * 128 * 128 * 16384 / (989.4 * T * efficiency), rel=1e-12)
@@ -216,10 +218,10 @@ def test_split_k_gemm_by_hand():
     assert timing.seconds == pytest.approx(timing.compute + reduction + 2e-6, rel=1e-12)
     # a batched GEMM's groups count as tiles: 66 of them are half the wave, which is not split
     assert h100.split_k(128, 128, 16384, 2, groups=65) == 2 and h100.split_k(128, 128, 16384, 2, groups=66) == 1
-    # a device whose gemm_split_k_depth is 0 never splits (the TPU preset); a negative depth is refused
+    # a device whose gemm_k_tile is 0 never splits (the TPU preset); a negative one is refused
     assert device_model("TPU v5p").split_k(128, 128, 16384, 2) == 1
-    with pytest.raises(ValueError, match=r"gemm_split_k_depth \(given\) must be a positive number \(or 0: never\)"):
-        with_constant(h100, "gemm_split_k_depth", -1, "given")
+    with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a positive number \(or 0: never\)"):
+        with_constant(h100, "gemm_k_tile", -1, "given")
 
 
 def test_gemm_whose_tiles_fill_the_sms_is_priced_as_without_split_k():

@@ -47,9 +47,9 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "gemm_max_efficiency": ("fraction", "fraction of peak the best-shaped large GEMM reaches (the plateau)"),
     "gemm_tile": ("[M, N] elements", "output tile of one thread block: tile and wave quantization are counted in it"),
     "sm_count": ("SMs", "streaming multiprocessors (compute units) that run tiles at once: one wave"),
-    "gemm_split_k_depth": ("B", "bytes of the reduction dimension (K x element size) each part of a split-K GEMM "
-                                "keeps at least; a GEMM splits K only when its tiles fill less than half of one "
-                                "wave (0: never)"),
+    "gemm_k_tile": ("B", "bytes of K (elements x element size) one k-iteration of a GEMM tile covers; a split-K "
+                         "GEMM's parts keep at least 8 k-tiles each, and K splits only when the output's tiles fill "
+                         "less than half of one wave (0: never split)"),
     "gemm_size_correction": ("[size, factor]", "factor on the GEMM model by size = (M*N*K)**(1/3), interpolated in "
                                                "log(size); what calibrate fits from measured GEMMs (1.0: none)"),
     "gemm_alignment": ("[bytes, factor]", "factor on GEMM efficiency by the alignment in bytes of the GEMM's "
@@ -110,6 +110,10 @@ CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
                                            "(SM sharing; 1: none), with tp_comm_overlap"),
 }
 SOFTWARE_FILE = "fxflops/predict/data/software.toml"
+# CUTLASS's stream-K scheduler gives each part of a split GEMM at least this many k-tiles (min_iters_per_sk_unit_ of
+# PersistentTileSchedulerSm90StreamKParams, include/cutlass/gemm/kernel/tile_scheduler_params.h): a library's
+# constant, not a device's
+SPLIT_K_MIN_K_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ class DeviceModel:
     gemm_max_efficiency: float
     gemm_tile: tuple[int, int]
     sm_count: int
-    gemm_split_k_depth: int
+    gemm_k_tile: int
     gemm_size_correction: Curve
     gemm_alignment: Curve
     grouped_gemm_efficiency: float
@@ -223,16 +227,16 @@ class DeviceModel:
         CUTLASS's stream-K scheduler decides it (tile_scheduler_params.h, `get_num_sk_tiles` and
         `get_num_sk_units`): only when the output's tiles make one wave that fills less than half of the SMs
         (more tiles leave no SM idle worth the reduction), into as many parts as fill the SMs, each keeping at
-        least `gemm_split_k_depth` bytes of K (a shallower part spends more on its prologue and the reduction
-        than it gains)."""
-        if min(m, n, k) <= 0 or self.gemm_split_k_depth <= 0:
+        least SPLIT_K_MIN_K_TILES k-tiles of `gemm_k_tile` bytes of K (a shallower part spends more on its
+        prologue and the reduction than it gains; K of 8 k-tiles or fewer is never split)."""
+        if min(m, n, k) <= 0 or self.gemm_k_tile <= 0:
             return 1
         tile_m, tile_n = self.gemm_tile
         tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * max(groups, 1)
         if 2 * tiles >= self.sm_count:
             return 1
-        deepest = k * element_bytes // self.gemm_split_k_depth  # parts that each keep the minimum depth
-        return max(1, min(self.sm_count // tiles, deepest))
+        k_tiles = math.ceil(k * element_bytes / self.gemm_k_tile)  # a partly filled last k-tile is one more
+        return max(1, min(self.sm_count // tiles, k_tiles // SPLIT_K_MIN_K_TILES))
 
     def alignment_factor(self, dims: tuple[int, ...], element_bytes: int) -> float:
         """The gemm_alignment factor of the largest alignment (bytes) dividing every dim's row in bytes."""
@@ -574,7 +578,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     return typed
 
 
-_ZERO_TURNS_OFF = ("gemm_split_k_depth",)  # constants whose 0 means "the device never does this"
+_ZERO_TURNS_OFF = ("gemm_k_tile",)  # constants whose 0 means "the device never does this"
 
 
 def _checked(key: str, value: Any, origin: str) -> Any:

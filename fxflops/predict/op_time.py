@@ -194,11 +194,12 @@ def _weight_gradient_only(node: NodeCost) -> bool:
 
 
 def split_k_reduction(m: int, n: int, k: int, groups: int, device: DeviceModel, key: str) -> float:
-    """Seconds a split-K GEMM (`DeviceModel.split_k` parts > 1) spends on reducing its parts: each part writes its
-    fp32 partial output and the reduction reads it back, 2 x 4 bytes per output element per part, at the sustained
-    bandwidth (the final output's write is in the op's bytes already). 0 for a GEMM that is not split."""
+    """Seconds a split-K GEMM (`DeviceModel.split_k` parts > 1) spends on reducing its parts after its tiles, as
+    CUTLASS's stream-K fixup does it: every part but the last writes its fp32 partial output and the last reads
+    them back into its own before writing the output, 2 x 4 bytes per output element per part but one, at the
+    sustained bandwidth (the output's own write is in the op's bytes already). 0 for a GEMM that is not split."""
     splits = device.split_k(m, n, k, _ELEMENT_BYTES[key], groups)
-    return 2 * 4 * splits * m * n * max(groups, 1) / device.sustained if splits > 1 else 0.0
+    return 2 * 4 * (splits - 1) * m * n * max(groups, 1) / device.sustained
 
 
 def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
