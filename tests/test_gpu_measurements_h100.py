@@ -123,3 +123,31 @@ def test_megatron_shaped_steps_on_one_h100(index) -> None:
             errors[device, optimizer] = step.step_time / measured - 1
     assert abs(errors["H100 SXM measured", "adamw"]) <= 0.03 and abs(errors["H100 SXM", "adamw"]) <= 0.13, label
     assert errors["H100 SXM", None] <= -0.25 and errors["H100 SXM measured", None] <= -0.19, label
+
+
+def test_resnet50s_first_convolution_weight_gradient_runs_split_k() -> None:
+    # ResNet-50's conv1 (7x7, 3 -> 64 channels, stride 2) at batch 64: its weight's gradient is a GEMM of 64 x 147
+    # outputs over K = 64 x 112 x 112 = 802,816. The run's ResNet-50 step shows cuDNN's wgrad kernels running split
+    # along K (`execute_segment_k_on`). Without split-K its 2 tiles of 256 x 128 left 130 of 132 SMs idle: 17.5 ms
+    # (preset) and 67.3 ms (measured file) of a 30.92 ms step. Split into 66 parts by hand on the preset: efficiency
+    # 0.801 x (64 x 147 / 256^2) x 132/132 x 0.5 (147 bf16 columns: 2-byte rows) = 0.0575, 15.1 GFLOP at 989.4
+    # TFLOP/s: 0.2655 ms, + 65 fp32 partials of 64 x 147 through memory (1.6 us) + the 2 us launch
+    import torch
+
+    import fxflops
+    from fxflops.predict.op_time import gemm_shape, op_time
+
+    kernels = [name for name, _, _ in run(1)["steps"]["ResNet-50, bf16, batch 64"]["kernels"]["top"]]
+    assert any("wgrad" in name and "segment_k_on" in name for name in kernels)
+    with torch.device("meta"):
+        conv1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False).to(torch.bfloat16)
+    images = torch.empty(64, 3, 224, 224, device="meta", dtype=torch.bfloat16)
+    (wgrad,) = [n for n in fxflops.estimate(conv1, (images,), backward=True).nodes if "convolution_backward" in n.op]
+    assert gemm_shape(wgrad) == (64, 147, 802816, 1)
+    preset, measured = device_model("H100 SXM"), device_model("H100 SXM measured")
+    assert preset.split_k(64, 147, 802816, 2) == measured.split_k(64, 147, 802816, 2) == 66
+    flops = 2 * 64 * 147 * 802816
+    efficiency = 0.801 * (64 * 147 / 256**2) * 0.5
+    expected = flops / (989.4e12 * efficiency) + 2 * 4 * 65 * 64 * 147 / (3.35e12 * 0.887) + 2e-6
+    assert op_time(wgrad, preset, "bf16").seconds == pytest.approx(expected, rel=1e-12)  # 0.269 ms
+    assert op_time(wgrad, measured, "bf16").seconds < 1.1e-3  # its 2-byte rows at the measured 0.14 of aligned ones

@@ -186,11 +186,71 @@ def test_large_gemm_by_hand():
 
 def test_gemm_tile_quantization_and_alignment_by_hand():
     a100 = device_model("A100 80GB SXM")
-    # M=300: 2 tile rows of 256 (tile use 300/512); N=128: one column; 2 tiles on 108 SMs (wave use 2/108);
-    # K=4095 bf16 is 8190 bytes: divisible by 2 only -> alignment factor 0.5
+    # M=300: 2 tile rows of 256 (tile use 300/512); N=128: one column; 2 tiles on 108 SMs, under half a wave, so
+    # K is split: K=4095 bf16 is 8190 bytes, 64 k-tiles of 128 bytes (the last partly filled), 64 // 8 = 8 parts
+    # of 8 k-tiles (108 // 2 = 54 would fill the SMs): 16 tiles in the wave (wave use 16/108); 8190 bytes
+    # divisible by 2 only -> alignment factor 0.5
     fraction = a100.gemm_fraction(300, 128, 4095, 2)
-    assert fraction == pytest.approx(0.822 * (300 / 512) * (2 / 108) * 0.5, rel=1e-12)
-    assert a100.gemm_fraction(300, 128, 4096, 2) == pytest.approx(0.822 * (300 / 512) * (2 / 108), rel=1e-12)
+    assert fraction == pytest.approx(0.822 * (300 / 512) * (16 / 108) * 0.5, rel=1e-12)
+    # K=4096: the same 8 parts, aligned
+    assert a100.gemm_fraction(300, 128, 4096, 2) == pytest.approx(0.822 * (300 / 512) * (16 / 108), rel=1e-12)
+    # K=511: 1022 bytes, 8 k-tiles, too shallow to split: 2 tiles in the wave
+    assert a100.gemm_fraction(300, 128, 511, 2) == pytest.approx(0.822 * (300 / 512) * (2 / 108) * 0.5, rel=1e-12)
+
+
+def test_split_k_gemm_by_hand():
+    """A 128 x 128 output over K = 16,384 on the H100 preset: one 256 x 128 tile (tile use 0.5) fills 1 of 132 SMs,
+    under half a wave, so the reduction is split as CUTLASS's stream-K splits it: into 132 // 1 = 132 parts to
+    fill the SMs, at most 256 // 8 = 32 parts of 8 k-tiles each (16384 x 2 bytes = 256 k-tiles of 128 bytes): 32
+    parts, 32 tiles in the wave. All parts but the last write their fp32 partial outputs and the last reads them back: 2 x 4 x 31 x
+    128 x 128 bytes at the sustained 0.887 x 3.35 TB/s, after the tiles (in the op's overhead with the 2 us
+    launch)."""
+    h100 = device_model("H100 SXM")
+    node = gemm(128, 128, 16384)
+    assert h100.split_k(128, 128, 16384, 2) == 32
+    efficiency = 0.801 * 0.5 * 32 / 132
+    reduction = 2 * 4 * 31 * 128 * 128 / (3350e9 * 0.887)
+    timing = op_time(node, h100, "bf16")
+    assert timing.efficiency == pytest.approx(efficiency, rel=1e-12)
+    assert timing.compute == pytest.approx(2 * 128 * 128 * 16384 / (989.4 * T * efficiency), rel=1e-12)
+    assert timing.bound == "compute"  # 8.4 MB read and written: 2.8 us against 5.6 us
+    assert timing.overhead == pytest.approx(2e-6 + reduction, rel=1e-12)
+    assert timing.seconds == pytest.approx(timing.compute + reduction + 2e-6, rel=1e-12)
+    # a batched GEMM's groups count as tiles: 66 of them are half the wave, which is not split
+    assert h100.split_k(128, 128, 16384, 2, groups=65) == 2 and h100.split_k(128, 128, 16384, 2, groups=66) == 1
+    # a device whose gemm_k_tile is 0 never splits (the TPU preset); a negative one is refused
+    assert device_model("TPU v5p").split_k(128, 128, 16384, 2) == 1
+    with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a positive number \(or 0: never\)"):
+        with_constant(h100, "gemm_k_tile", -1, "given")
+
+
+def test_gemm_whose_tiles_fill_the_sms_is_priced_as_without_split_k():
+    """Split-K changes nothing for a GEMM whose tiles fill half a wave or more: priced by the tile and wave model
+    alone, as before it. 8448 x 256 (x 65,536) is 33 x 2 = 66 tiles, exactly half of the H100's 132 SMs: one
+    wave, 66 of 132 slots; 4096^3 is 16 x 32 = 512 tiles in 4 waves (528 slots)."""
+    h100 = device_model("H100 SXM")
+    for (m, n, k), wave_use in {(8448, 256, 65536): 66 / 132, (4096, 4096, 4096): 512 / 528}.items():
+        assert h100.split_k(m, n, k, 2) == 1
+        expected = 2 * m * n * k / (989.4 * T * 0.801 * wave_use)
+        timing = op_time(gemm(m, n, k), h100, "bf16")
+        assert timing.compute == pytest.approx(expected, rel=1e-12)
+        assert timing.seconds == pytest.approx(max(expected, timing.memory) + 2e-6, rel=1e-12)
+
+
+def test_a_first_layer_convolution_weight_gradient_is_read_as_its_dw_gemm():
+    """A convolution_backward that computes the weight's gradient alone (the network's input needs none) is the GEMM
+    dW = dY^T x im2col(X): C_out = 8 rows, C_in x kernel = 3 x 3 x 3 = 27 columns, K = batch x output pixels = 2 x
+    14 x 14 = 392. The next convolution's backward (both gradients) keeps its reading from the input gradient, its
+    first output: 2 x 14 x 14 = 392 pixels as rows, 8 channels as columns, K = both gradients' MACs / its elements."""
+    import fxflops
+    from fxflops.predict.op_time import gemm_shape
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.Conv2d(8, 4, 3, bias=False))
+    est = fxflops.estimate(model, (torch.randn(2, 3, 16, 16),), backward=True)
+    backward = {n.module: n for n in est.nodes if "convolution_backward" in n.op}
+    assert gemm_shape(backward["0"]) == (8, 27, 392, 1)
+    # layer 1: grad_input (2, 8, 14, 14) and grad_weight; MACs 2 x (2 x 4 x 12 x 12 x 8 x 9) over 2 x 8 x 14 x 14
+    assert gemm_shape(backward["1"]) == (2 * 14 * 14, 8, round(2 * 2 * 4 * 12 * 12 * 8 * 9 / (2 * 8 * 14 * 14)), 1)
 
 
 def test_grouped_gemm_and_conv_shapes_by_hand():
@@ -481,8 +541,8 @@ def test_validation_gemm_against_published_a100_cublaslt():
     on 108 SMs: 4096^3 512 tiles in 5 waves (540 slots): 0.822 x 512/540 x 312 = 243.1 (+6.6%);
     6144 x 12288 (x 12288): 24 x 96 = 2304 tiles in 22 waves (2376): 248.7 (-0.8%); 8192^3 2048 of 2052: 256.0
     (+0.9%); 16384^3 8192 of 8208: 256.0 (-0.2%); held within 8%. Not held: 2048^3 (221.8 measured) is predicted
-    152.0 and 1024^3 (119.4) 76.0: below four waves the 256 x 128 tile and wave model is too slow
-    (cuBLAS picks smaller tiles there); docs/guide/time.md says so."""
+    152.0 and 1024^3 (119.4), split in two, 102 with its launch and reduction: below four waves the 256 x 128
+    tile and wave model is too slow (cuBLAS picks smaller tiles there); docs/guide/time.md says so."""
     a100 = device_model("A100 80GB SXM")
     hand = {(4096, 4096, 4096): 0.822 * 512 / 540, (6144, 12288, 12288): 0.822 * 2304 / 2376,
             (8192, 8192, 8192): 0.822 * 2048 / 2052, (16384, 16384, 16384): 0.822 * 8192 / 8208}

@@ -83,10 +83,10 @@ def calibrate(measured: Iterable[tuple[NodeCost, float]] | Any, base: DeviceMode
         if op_kind(node) != GEMM:
             continue
         modelled = op_time(node, device, key)
-        if modelled.compute < modelled.memory or seconds <= device.launch_overhead:
+        if modelled.compute < modelled.memory or seconds <= modelled.overhead:
             continue  # memory-bound: it says nothing about the GEMM efficiency
         m, n, k, _ = gemm_shape(node)
-        measured_compute = seconds - device.launch_overhead
+        measured_compute = seconds - modelled.overhead  # the launch, and a split-K GEMM's reduction of its parts
         correction_now = _correction(device, m, n, k)
         ratio = modelled.compute / measured_compute * correction_now  # the correction that would make it exact
         octave = round(math.log2((float(m) * n * k) ** (1 / 3)))

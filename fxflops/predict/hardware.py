@@ -47,6 +47,9 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
     "gemm_max_efficiency": ("fraction", "fraction of peak the best-shaped large GEMM reaches (the plateau)"),
     "gemm_tile": ("[M, N] elements", "output tile of one thread block: tile and wave quantization are counted in it"),
     "sm_count": ("SMs", "streaming multiprocessors (compute units) that run tiles at once: one wave"),
+    "gemm_k_tile": ("B", "bytes of K (elements x element size) one k-iteration of a GEMM tile covers; a split-K "
+                         "GEMM's parts keep at least 8 k-tiles each, and K splits only when the output's tiles fill "
+                         "less than half of one wave (0: never split)"),
     "gemm_size_correction": ("[size, factor]", "factor on the GEMM model by size = (M*N*K)**(1/3), interpolated in "
                                                "log(size); what calibrate fits from measured GEMMs (1.0: none)"),
     "gemm_alignment": ("[bytes, factor]", "factor on GEMM efficiency by the alignment in bytes of the GEMM's "
@@ -107,6 +110,10 @@ CLUSTER_CONSTANTS: dict[str, tuple[str, str]] = {
                                            "(SM sharing; 1: none), with tp_comm_overlap"),
 }
 SOFTWARE_FILE = "fxflops/predict/data/software.toml"
+# CUTLASS's stream-K scheduler gives each part of a split GEMM at least this many k-tiles (min_iters_per_sk_unit_ of
+# PersistentTileSchedulerSm90StreamKParams, include/cutlass/gemm/kernel/tile_scheduler_params.h): a library's
+# constant, not a device's
+SPLIT_K_MIN_K_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,7 @@ class DeviceModel:
     gemm_max_efficiency: float
     gemm_tile: tuple[int, int]
     sm_count: int
+    gemm_k_tile: int
     gemm_size_correction: Curve
     gemm_alignment: Curve
     grouped_gemm_efficiency: float
@@ -199,18 +207,36 @@ class DeviceModel:
     def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> float:
         """Fraction of peak an (m x k) @ (k x n) GEMM reaches (`groups` of them in one kernel: a batched or
         grouped GEMM): the plateau, times tile quantization (the last row and column of tiles are partly
-        empty), times wave quantization (the last wave of tiles leaves SMs idle), times the alignment
-        factor and the calibrated size correction."""
+        empty), times wave quantization (the last wave of tiles leaves SMs idle; a split-K GEMM's wave holds
+        each tile once per part, see `split_k`), times the alignment factor and the calibrated size correction.
+        The reduction of a split GEMM's partial outputs is not in it: op_time adds it as memory traffic."""
         if min(m, n, k) <= 0:
             return self.gemm_max_efficiency
         tile_m, tile_n = self.gemm_tile
         rows, cols = math.ceil(m / tile_m), math.ceil(n / tile_n)
-        tiles = rows * cols * max(groups, 1)
+        # a split-K GEMM runs each output tile as `splits` tiles, each over a part of K: more tiles in the wave
+        tiles = rows * cols * max(groups, 1) * self.split_k(m, n, k, element_bytes, groups)
         tile_use = (m * n) / (rows * tile_m * cols * tile_n)
         wave_use = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         size = (float(m) * n * k) ** (1 / 3)
         return (self.gemm_max_efficiency * tile_use * wave_use * self.alignment_factor((k, n), element_bytes)
                 * interpolate(self.gemm_size_correction, size))
+
+    def split_k(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> int:
+        """Into how many parts the library splits the reduction (K) of an (m x k) @ (k x n) GEMM (1: not split), as
+        CUTLASS's stream-K scheduler decides it (tile_scheduler_params.h, `get_num_sk_tiles` and
+        `get_num_sk_units`): only when the output's tiles make one wave that fills less than half of the SMs
+        (more tiles leave no SM idle worth the reduction), into as many parts as fill the SMs, each keeping at
+        least SPLIT_K_MIN_K_TILES k-tiles of `gemm_k_tile` bytes of K (a shallower part spends more on its
+        prologue and the reduction than it gains; K of 8 k-tiles or fewer is never split)."""
+        if min(m, n, k) <= 0 or self.gemm_k_tile <= 0:
+            return 1
+        tile_m, tile_n = self.gemm_tile
+        tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * max(groups, 1)
+        if 2 * tiles >= self.sm_count:
+            return 1
+        k_tiles = math.ceil(k * element_bytes / self.gemm_k_tile)  # a partly filled last k-tile is one more
+        return max(1, min(self.sm_count // tiles, k_tiles // SPLIT_K_MIN_K_TILES))
 
     def alignment_factor(self, dims: tuple[int, ...], element_bytes: int) -> float:
         """The gemm_alignment factor of the largest alignment (bytes) dividing every dim's row in bytes."""
@@ -552,6 +578,9 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     return typed
 
 
+_ZERO_TURNS_OFF = ("gemm_k_tile",)  # constants whose 0 means "the device never does this"
+
+
 def _checked(key: str, value: Any, origin: str) -> Any:
     """The value in its stored form (curves as tuples of pairs), or a one-line error naming the constant."""
     unit = (DEVICE_CONSTANTS.get(key) or CLUSTER_CONSTANTS[key])[0]
@@ -579,8 +608,10 @@ def _checked(key: str, value: Any, origin: str) -> Any:
                                 for v in value.values()):
             raise fail("a table of positive numbers per dtype")
         return MappingProxyType({str(k): float(v) for k, v in value.items()})
+    if key in _ZERO_TURNS_OFF and isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise fail("a positive number")
+        raise fail("a positive number" + (" (or 0: never)" if key in _ZERO_TURNS_OFF else ""))
     if unit == "fraction" and value > 1:
         raise fail("a fraction in (0, 1]")
     if key == "tp_overlap_gemm_slowdown" and value < 1:  # sharing the SMs never speeds a GEMM up

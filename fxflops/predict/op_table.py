@@ -281,9 +281,10 @@ def _alignment(row: Row) -> int:
 def _compute_ratio(row: Row, device: DeviceModel) -> float | None:
     """Modelled over measured compute time of a compute-bound GEMM (the factor the model is off by)."""
     modelled = op_time(row.node, device, DTYPE)
-    if modelled.compute < modelled.memory or row.seconds <= device.launch_overhead:
+    if modelled.compute < modelled.memory or row.seconds <= modelled.overhead:
         return None
-    return modelled.compute / (row.seconds - device.launch_overhead)
+    # the launch, and a split-K GEMM's reduction of its parts, taken out: what is left is the tiles' time
+    return modelled.compute / (row.seconds - modelled.overhead)
 
 
 def _ratios_by(gemms: list[Row], device: DeviceModel, applied: Callable[[int, int, int], float],

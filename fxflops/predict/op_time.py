@@ -6,7 +6,10 @@ one or, for a memory-bound op, its kernel class's:
 - GEMMs (ops with MACs: linear, mm, bmm, matmul, einsum, conv as an implicit GEMM) run at the device's
   tensor-core peak for the dtype times `DeviceModel.gemm_fraction(M, N, K)`: the large-GEMM plateau, tile and
   wave quantization, the alignment of K and N, the calibrated size correction. M, N, K come from the output
-  shape and the MACs (K = MACs / output elements), so every rule's GEMM is read the same way.
+  shape and the MACs (K = MACs / output elements), so every rule's GEMM is read the same way. A GEMM whose
+  output tiles fill less than half of the SMs and whose K is deep runs split-K, as cuBLAS, cuDNN and CUTLASS run
+  it (`DeviceModel.split_k`): its tiles once per part of K in the wave, plus the reduction of the parts' fp32
+  partial outputs through memory after them (`split_k_reduction`, in the op's `overhead` with its launch).
 - grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
@@ -121,7 +124,7 @@ class OpTime:
     seconds: float  # max(compute, memory) + overhead (unfused attention: its kernels' such times, summed)
     compute: float  # flops / (peak x efficiency)
     memory: float  # bytes / bandwidth (a memory-bound op's: its class's, see memory_class)
-    overhead: float  # launch overhead (0 for ops that launch nothing)
+    overhead: float  # launch overhead (0 for ops that launch nothing); a split-K GEMM's: plus the reduction of its parts
     efficiency: float  # the fraction of peak used for the compute term (1.0 for vector work)
 
     @property
@@ -158,11 +161,17 @@ def op_kind(node: NodeCost) -> str:
 
 def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of a GEMM-like op from its output shape and MACs: N is the output's last dim (a
-    conv's channel dim), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
+    conv's channel dim; a convolution_backward that computes the weight's gradient alone: C_in / groups x the
+    kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
     come from its second input's leading dim (the experts' stacked weights)."""
     out = node.output_shapes[0] if node.output_shapes else ()
     numel = math.prod(out) if out else 1
-    if "conv" in node.op.lower() and len(out) >= 3:
+    if _weight_gradient_only(node):
+        # the weight's gradient alone (nothing before the convolution needs a gradient: a network's first layer)
+        # is the implicit GEMM dW = dY^T x im2col(X): C_out rows, C_in / groups x kernel columns, a reduction
+        # over the batch's output pixels
+        n = math.prod(out[1:])
+    elif "conv" in node.op.lower() and len(out) >= 3:
         n = out[1]
     else:
         n = out[-1] if out else 1
@@ -173,6 +182,24 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
         groups = node.input_shapes[1][0]
         m = max(m // groups, 1)  # rows are split among the groups (tokens routed to experts)
     return m, n, k, groups
+
+
+def _weight_gradient_only(node: NodeCost) -> bool:
+    """A convolution_backward that computes only the weight's gradient: its one output has the weight's shape (its
+    third input) and not the input's (the second), so it is no input gradient of the same shape."""
+    if "convolution_backward" not in node.op or len(node.output_shapes) != 1 or len(node.input_shapes) < 3:
+        return False
+    out = node.output_shapes[0]
+    return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
+
+
+def split_k_reduction(m: int, n: int, k: int, groups: int, device: DeviceModel, key: str) -> float:
+    """Seconds a split-K GEMM (`DeviceModel.split_k` parts > 1) spends on reducing its parts after its tiles, as
+    CUTLASS's stream-K fixup does it: every part but the last writes its fp32 partial output and the last reads
+    them back into its own before writing the output, 2 x 4 bytes per output element per part but one, at the
+    sustained bandwidth (the output's own write is in the op's bytes already). 0 for a GEMM that is not split."""
+    splits = device.split_k(m, n, k, _ELEMENT_BYTES[key], groups)
+    return 2 * 4 * (splits - 1) * m * n * max(groups, 1) / device.sustained
 
 
 def _attention_shape(node: NodeCost) -> tuple[int, int, bool]:
@@ -211,12 +238,14 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         bandwidth = device.sustained
     memory = node.bytes / bandwidth if node.bytes else 0.0
     flops = node.flops
+    overhead = device.launch_overhead
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
         efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups)
         if kind == GROUPED_GEMM:
             efficiency *= device.grouped_gemm_efficiency
         compute = flops / (device.peak(key) * efficiency)
+        overhead += split_k_reduction(m, n, k, groups, device, key)
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
@@ -229,7 +258,6 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     else:
         efficiency = 1.0
         compute = flops / device.vector_peak(key) if flops else 0.0
-    overhead = device.launch_overhead
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
 
 
@@ -327,7 +355,7 @@ def _math_attention_time(dims: tuple[int, int, int, int, int], backward: bool, d
         gemm_memory = groups * (m * k + k * n + m * n) * element / device.sustained
         compute += gemm_compute
         memory += gemm_memory
-        seconds += max(gemm_compute, gemm_memory)
+        seconds += max(gemm_compute, gemm_memory) + split_k_reduction(m, n, k, groups, device, key)
     elementwise = passes * groups * lq * lk / device.sustained
     memory += elementwise
     overhead = kernels * device.launch_overhead
