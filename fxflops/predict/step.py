@@ -1085,6 +1085,14 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
         if tp > 1:
             parallel |= {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan, "loss_parallel": loss_parallel}
     args = inputs if isinstance(inputs, tuple) else (inputs,)
+    if memory:
+        from fxflops.memory import MemoryOptions
+
+        # a loop whose backward starts from a loss keeps the loss, not the model's output (torchtitan's train step
+        # deletes `pred` before loss.backward(); Megatron-LM's GPTModel computes the loss in its forward): the
+        # output lives as autograd keeps it. Without `loss`, the backward is seeded at the output, which the
+        # caller holds
+        memory = MemoryOptions(output_held=loss is None)
     est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory,
                            **({"routing": routing} if routing is not None else {}))
     placed = {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
