@@ -87,6 +87,7 @@ class Part:
     forward_excess: int = 0
     backward_excess: int = 0
     backward_excess_held: int = 0
+    backward_excess_grads: int = 0  # of `backward_excess`, the part's own gradients made by then
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         saved[key] = saved.get(key, 0) + size
     block_moments = {name: max((moments[i][index] for i in range(count) if i in moments), default=0)
                      for index, name in enumerate(_MOMENTS)}
+    worst = max((moments[i] for i in range(count) if i in moments), key=lambda m: m[1], default=None)
+    if worst is not None:  # the own gradients inside the highest backward excess: that block's
+        block_moments["backward_excess_grads"] = worst[3]
     block = Part(**block_moments, **{f: _mean(sums, range(count), f) for f in _SECONDS},
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
@@ -276,9 +280,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
     pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE],
-                              **dict(zip(_MOMENTS, moments.get(PRE, (0, 0, 0)))))
+                              **dict(zip(_MOMENTS, moments.get(PRE, (0, 0, 0, 0)))))
     post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST],
-                               **dict(zip(_MOMENTS, moments.get(POST, (0, 0, 0)))))
+                               **dict(zip(_MOMENTS, moments.get(POST, (0, 0, 0, 0)))))
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
@@ -288,12 +292,13 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                       memory_captured=memory is not None)
 
 
-_MOMENTS = ("forward_excess", "backward_excess", "backward_excess_held")
+_MOMENTS = ("forward_excess", "backward_excess", "backward_excess_held", "backward_excess_grads")
 
 
 def part_moments(memory: Any, by_name: dict[str, Any], part: Callable[[Any], int | str], saved: dict[Any, int],
-                 count: int) -> dict[Any, tuple[int, int, int]]:
-    """Part (block index, PRE, POST) -> its (forward_excess, backward_excess, backward_excess_held), read from the
+                 count: int) -> dict[Any, tuple[int, int, int, int]]:
+    """Part (block index, PRE, POST) -> its (forward_excess, backward_excess, backward_excess_held,
+    backward_excess_grads), read from the
     capture's memory timeline (`Part`): at each op of a part, the activation and temporary bytes alive less what the
     parts before it (in the forward's order) and the part itself save for the backward, which are all alive then;
     in the backward, plus the gradients made since the part's backward began (they stay), or, held, plus only those
@@ -318,12 +323,13 @@ def part_moments(memory: Any, by_name: dict[str, Any], part: Callable[[Any], int
         kinds = point.by_kind
         alive = kinds.get("activations", 0) + kinds.get("temporaries", 0) - before[key] - saved.get(key, 0)
         made = kinds.get("gradients", 0)
-        entry = found.setdefault(key, [None, None, None])
+        entry = found.setdefault(key, [None, None, None, 0])
         if point.phase == FORWARD:
             entry[0] = alive if entry[0] is None else max(entry[0], alive)
         else:
             since = made - grads_before.setdefault(key, grads)
-            entry[1] = alive + since if entry[1] is None else max(entry[1], alive + since)
+            if entry[1] is None or alive + since > entry[1]:
+                entry[1], entry[3] = alive + since, since
             this_op = alive + max(0, made - grads)
             entry[2] = this_op if entry[2] is None else max(entry[2], this_op)
         grads = made

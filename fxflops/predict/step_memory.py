@@ -186,10 +186,10 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             later = others if plan.microbatches > in_flight else max(others - current, 0)
             passes.append((False, later))
         for first_pass, other in passes:
-            for name, activations, done, excess, excess_held, backward in moments:
-                if first_pass:
-                    gradients = buckets + (done if backward else 0)
-                    temporaries = excess
+            for name, activations, done, excess, excess_held, own, backward in moments:
+                if first_pass:  # (the running part's own gradients made by then are among its excess)
+                    gradients = buckets + (done + own if backward else 0)
+                    temporaries = excess - (own if backward else 0)
                 else:
                     gradients = buckets + whole
                     temporaries = excess_held if backward else excess
@@ -209,30 +209,31 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
 
 
 def _moments(block: Any, pre: Any, post: Any, layers: int, per_layer: int, pre_saved: int, post_saved: int,
-             block_grads: int, post_grads: int) -> list[tuple[str, int, int, int, int, bool]]:
+             block_grads: int, post_grads: int) -> list[tuple[str, int, int, int, int, int, bool]]:
     """The moments of one micro-batch's pass over a chunk of `layers` blocks (with the embedding `pre` and the head
     `post` when the chunk holds them, else None) at which its bytes can peak: (name, its saved bytes alive then,
-    its gradients made by then, the part's excess with them, the part's excess when they exist already, whether
-    it is in the backward). Each part's excess (`layers.part_moments`) is read from the capture; a layer's moment
+    its other parts' gradients made by then, the part's excess with its own gradients made by then, that excess when
+    the gradients exist already, the part's own gradients in the first excess, whether it is in the backward). Each part's excess (`layers.part_moments`) is read from the capture; a layer's moment
     in the backward is a line in how many layers are done (their saved bytes freed, their gradients made), so its
     highest is at the first or the last layer."""
     found = []
     below = pre_saved + layers * per_layer
     if post is not None:
         found.append(("forward of the head and loss", below + post_saved, 0, post.forward_excess,
-                      post.forward_excess, False))
+                      post.forward_excess, 0, False))
         found.append(("backward of the head and loss", below + post_saved, 0, post.backward_excess,
-                      post.backward_excess_held, True))
+                      post.backward_excess_held, post.backward_excess_grads, True))
     if layers:
-        found.append(("forward of a layer", below, 0, block.forward_excess, block.forward_excess, False))
+        found.append(("forward of a layer", below, 0, block.forward_excess, block.forward_excess, 0, False))
         for done in sorted({0, layers - 1}):  # the current layer recomputed (if it was) and all its saved alive
             alive = pre_saved + (layers - 1 - done) * per_layer + block.saved_bytes
             found.append((f"backward of a layer ({'the last' if done == 0 else 'the first'} of the chunk)", alive,
-                          post_grads + done * block_grads, block.backward_excess, block.backward_excess_held, True))
+                          post_grads + done * block_grads, block.backward_excess, block.backward_excess_held,
+                          block.backward_excess_grads, True))
     if pre is not None:
-        found.append(("forward of the embedding", pre_saved, 0, pre.forward_excess, pre.forward_excess, False))
+        found.append(("forward of the embedding", pre_saved, 0, pre.forward_excess, pre.forward_excess, 0, False))
         found.append(("backward of the embedding", pre_saved, post_grads + layers * block_grads, pre.backward_excess,
-                      pre.backward_excess_held, True))
+                      pre.backward_excess_held, pre.backward_excess_grads, True))
     return found
 
 
