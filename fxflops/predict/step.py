@@ -372,8 +372,9 @@ class StepPrediction:
             fsdp = f"; FSDP's gathered parameters {mem.gathered / gib:,.2f} and unsharded gradients " \
                 f"{mem.unsharded_gradients / gib:,.2f} among them" if mem.gathered else ""
             chunks = f"{mem.in_flight} micro-batch chunk{'s' if mem.in_flight != 1 else ''}"
+            moment = f", at the {mem.moment}" if mem.moment else ""
             lines.append(f"  {mem.role:<12} memory {mem.total / gib:,.2f} GiB: {kinds}, allowance "
-                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{fsdp})")
+                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{moment}{fsdp})")
         return lines
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:

@@ -1,25 +1,31 @@
 """Predicted memory per pipeline rank of a planned step: what `predict_step` reports and the plan search filters by.
 
 One computation for both (`rank_memories`, called by `step.simulate_plan`): from one capture's per-layer costs
-(`layers.LayerCosts`: parameters per layer, the bytes one layer's forward saves, read from fxflops.memory's
-timeline of the capture, the temporaries at the capture's peak) and the simulated schedule (how many
-micro-batch chunks each rank holds at once), each pipeline rank's bytes by kind:
+(`layers.LayerCosts`: parameters per layer, the bytes one layer's forward saves and each part's moments, read from
+fxflops.memory's timeline of the capture) and the simulated schedule (how many micro-batch chunks each rank holds at
+once), each pipeline rank's peak is the highest of the moments of its step, each the bytes alive then:
 
-- parameters, gradients and optimizer state of the layers the rank holds (tp- and ep-sharded as captured),
-  divided over FSDP's shard group (all three) or, with a distributed optimizer or DeepSpeed's BF16_Optimizer,
-  the state over dp x cp (the BF16_Optimizer's gradients counted twice: its fp32 accumulators and the bf16 .grad);
-- FSDP's communication buffers, counted in `parameters` and `gradients` and named apart (`gathered`,
-  `unsharded_gradients`): two gathered layers (the one running and the prefetch), the root unit (what is outside
-  the blocks: FSDP2 does not reshard it after the forward) whole, one layer's whole gradients (the reduce-scatter's
-  input);
-- activations: one layer's saved bytes times the layer-micro-batches in flight on the rank (1F1B's first stage:
-  p micro-batches; GPipe: all of them; interleaved: as simulated), full recomputation keeping each layer's input
-  only plus one layer's activations while it is recomputed, selective freeing unfused attention's scores; the
-  first stage adds the embedding's saved bytes and the last the head's and loss's, per micro-batch of their chunk
-  in flight (under full recomputation the embedding's output, the first layer's kept input, counted once, and the
-  last layer's output, which the head saves, added to the last stage);
-- temporaries: those alive at the capture's own peak (an op's workspace, the loss's logits), once per rank;
-- the allowance beyond tensor bytes (fxflops.memory's `Allowance`: the CUDA context, NCCL's buffers).
+- always: the parameters and optimizer state of the layers the rank holds (tp- and ep-sharded as captured), divided
+  over FSDP's shard group or, with a distributed optimizer or DeepSpeed's BF16_Optimizer, the state over dp x cp;
+  FSDP's gathered parameters (two layers, the root unit), counted in `parameters` and named apart (`gathered`);
+- the other micro-batches in flight: their saved bytes (one layer's times the layer-micro-batches in flight, 1F1B's
+  first stage p micro-batches, GPipe all of them, interleaved as simulated; the embedding's and the head's per
+  micro-batch of their chunk in flight; full recomputation keeps each layer's input, selective frees unfused
+  attention's scores);
+- the running micro-batch at each moment of its pass over the rank's chunk (`_moments`): the forward of the head and
+  loss, of the last layer, of the embedding; the backward of the head and loss, of its last and its first layer
+  (a layer's moment is a line in how many layers are done, so its highest is at one end), of the embedding: what
+  it still saves (the parts before the one running; the running layer recomputed when it was) and the running
+  part's excess read from the capture (`layers.part_moments`: its temporaries, the incoming gradient, the
+  gradients it has made);
+- the gradients that exist at that moment, as the engine keeps them (`gradient_keeping`): torch's .grad (EAGER)
+  from the op that makes each (the parts done, the running part's own so far), none before the first micro-batch's
+  backward, every one in a later micro-batch of the step (gradient accumulation); torch DDP's buckets all step
+  beside them (DDP); Megatron-LM's and DeepSpeed's persistent buffers all step (BUFFER, the BF16_Optimizer's fp32
+  gradients and bf16 .grad both); FSDP2's sharded .grad as each layer's reduce-scatter ends (SHARDED), with one
+  layer's whole gradients in flight while a layer's backward runs (`unsharded_gradients`);
+- the optimizer step: the gradients whole and the step's own temporaries (`_optimizer_step_temporaries`);
+- the allowance beyond tensor bytes (fxflops.memory's `Allowance`: the CUDA context, NCCL's buffers), apart.
 
 A prediction from a model of the step, not a measurement (docs/guide/predict.md states its error).
 """
@@ -44,7 +50,7 @@ class RankMemory:
     allowance: int = 0  # bytes beyond tensors: the CUDA context and NCCL's buffers (fxflops.memory.Allowance)
     in_flight: int = 1  # micro-batch chunks whose activations the rank holds at once (the schedule's)
     gathered: int = 0  # of `parameters`: FSDP's gathered layers and root unit (its all-gather buffers)
-    unsharded_gradients: int = 0  # of `gradients`: one layer's whole gradients before FSDP's reduce-scatter
+    unsharded_gradients: int = 0  # of `gradients` at a layer's backward: one layer's whole gradients (FSDP's reduce-scatter)
     moment: str = ""  # when the peak is: "backward of the head and loss", "optimizer step", ... (`_moments`)
     gradients_kept: str = ""  # how the engine keeps the gradients (`gradient_keeping`)
 
@@ -204,7 +210,7 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             activations, temporaries = activations + temporaries, 0
         kinds.update(gradients=gradients, activations=activations, temporaries=temporaries)
         found.append(RankMemory(roles[rank] if roles else f"stage {rank}", kinds, extra, in_flight, gathered,
-                                unsharded if fsdp else 0, moment, keeping))
+                                unsharded if fsdp and moment.startswith("backward of a layer") else 0, moment, keeping))
     return found
 
 
