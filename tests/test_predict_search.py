@@ -87,7 +87,8 @@ def test_rank_memory_fsdp_by_hand() -> None:
                        40, 2, "bfloat16", "A100", 8, (), 30)
     plan = StepPlan(dp=2, fsdp=True, micro_batch=1, global_batch=2)
     kinds = simulate_plan(costs, plan, cluster("DGX A100 80GB"), optimizer_state_bytes=4).peak_memory.by_kind
-    assert kinds == {"parameters": 8120 * 2 // 2 + (2 * 1000 + 120) * 2, "gradients": (70 + 7 * 1000) * 2 // 2 + 1000 * 2,
+    assert kinds == {"parameters": 8120 * 2 // 2 + (2 * 1000 + 120) * 2,
+                     "gradients": (70 + 7 * 1000) * 2 // 2 + 1000 * 2,
                      "optimizer": 8120 * 4 // 2, "activations": 6 + 100, "temporaries": 0}
 
 
@@ -112,7 +113,8 @@ def test_gpipe_is_enumerated_and_ranks_after_1f1b_or_is_dropped_for_memory() -> 
     # stage by stage the same parameters and optimizer state; more activations (GPipe's last stage holds all 16
     # micro-batches' head and loss activations where 1F1B's holds one, so its busiest stage may be another)
     for g, o in zip(gpipe.prediction.memory, one_f.prediction.memory, strict=True):
-        assert [g.by_kind[k] for k in ("parameters", "optimizer")] == [o.by_kind[k] for k in ("parameters", "optimizer")]
+        kept = ("parameters", "optimizer")
+        assert [g.by_kind[k] for k in kept] == [o.by_kind[k] for k in kept]
         assert g.by_kind["activations"] > o.by_kind["activations"]
     assert gpipe.peak_bytes > one_f.peak_bytes
     # memory for 1F1B's peak and not GPipe's: GPipe is dropped, 1F1B is the best plan

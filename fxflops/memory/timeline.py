@@ -201,7 +201,8 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = F
 
 def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
                    optimizer_label: str = "", grads_at_start: bool = False, nodes: Collection[str] | None = None,
-                   state: ModelState | None = None, output_held: bool = True) -> tuple[list[Point], dict[object, Storage]]:
+                   state: ModelState | None = None,
+                   output_held: bool = True) -> tuple[list[Point], dict[object, Storage]]:
     """The live bytes at each op of the captured step, and each storage's life.
 
     Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer

@@ -50,7 +50,8 @@ class RankMemory:
     allowance: int = 0  # bytes beyond tensors: the CUDA context and NCCL's buffers (fxflops.memory.Allowance)
     in_flight: int = 1  # micro-batch chunks whose activations the rank holds at once (the schedule's)
     gathered: int = 0  # of `parameters`: FSDP's gathered layers and root unit (its all-gather buffers)
-    unsharded_gradients: int = 0  # of `gradients` at a layer's backward: one layer's whole gradients (FSDP's reduce-scatter)
+    # of `gradients` at a layer's backward: one layer's whole gradients (the input of FSDP's reduce-scatter)
+    unsharded_gradients: int = 0
     moment: str = ""  # when the peak is: "backward of the head and loss", "optimizer step", ... (`_moments`)
     gradients_kept: str = ""  # how the engine keeps the gradients (`gradient_keeping`)
 
@@ -186,11 +187,11 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
         step_temporaries = _optimizer_step_temporaries(plan, local, costs.param_bytes)
         candidates = []  # (total, moment, gradients, activations, temporaries)
         # the first micro-batch on the rank: its gradients made as its backward runs (none exist before it) unless
-        # the engine keeps a buffer; later micro-batches (gradient accumulation) find the first one's there
-        passes = [(True, others)] if keeping != BUFFER else []
-        if keeping == BUFFER or plan.microbatches > 1:
-            later = others if plan.microbatches > in_flight else max(others - current, 0)
-            passes.append((False, later))
+        # the engine keeps a buffer; later micro-batches (gradient accumulation) find the first one's there, with as
+        # many others in flight (1F1B's steady state) or, when every micro-batch was in flight at once, one fewer
+        passes = [(keeping != BUFFER, others)]
+        if plan.microbatches > 1:
+            passes.append((False, others if plan.microbatches > in_flight else max(others - current, 0)))
         for first_pass, other in passes:
             for name, activations, done, excess, excess_held, own, backward in moments:
                 if first_pass:  # (the running part's own gradients made by then are among its excess)
@@ -219,9 +220,10 @@ def _moments(block: Any, pre: Any, post: Any, layers: int, per_layer: int, pre_s
     """The moments of one micro-batch's pass over a chunk of `layers` blocks (with the embedding `pre` and the head
     `post` when the chunk holds them, else None) at which its bytes can peak: (name, its saved bytes alive then,
     its other parts' gradients made by then, the part's excess with its own gradients made by then, that excess when
-    the gradients exist already, the part's own gradients in the first excess, whether it is in the backward). Each part's excess (`layers.part_moments`) is read from the capture; a layer's moment
-    in the backward is a line in how many layers are done (their saved bytes freed, their gradients made), so its
-    highest is at the first or the last layer."""
+    the gradients exist already, the part's own gradients in the first excess, whether it is in the backward).
+    Each part's excess (`layers.part_moments`) is read from the capture; a layer's moment in the backward is a line
+    in how many layers are done (their saved bytes freed, their gradients made), so its highest is at the first or
+    the last layer of the chunk."""
     found = []
     below = pre_saved + layers * per_layer
     if post is not None:
