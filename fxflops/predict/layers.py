@@ -109,8 +109,8 @@ class LayerCosts:
     device: str
     captured_layers: int  # depth of the model that was captured
     notes: tuple[str, ...] = ()
-    # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in
-    # flight between ops): one layer's worth whatever the depth, so the search adds it once per rank
+    # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in flight
+    # between ops), for the record: the memory per rank reads each part's own moments instead (`Part`'s excesses)
     transient_bytes: int = 0
     # the capture ran under FSDP (cp / ep captures): FSDP2's own copies (all-gather copy-in and copy-out, the
     # reduce-scatter's chunk_cat) are among its ops already, so the step does not add them again
