@@ -31,6 +31,9 @@ one or, for a memory-bound op, its kernel class's:
 - the ops one call of a composite ran that torch runs on CUDA as one fused kernel (`torch.rms_norm` /
   `nn.RMSNorm`, which a capture on fake tensors records as its decomposition: pow, mean, add, rsqrt, mul ...) as
   that one kernel of the normalization class, forward and backward (`fused_calls`, `Kernels.fused_composites`).
+- batch norm as the CUDA kernels torch launches for the input's layout, each bound by its dependent loads at the
+  device's memory_latency or by its bytes (`cuda_kernels.batch_norm_launches`); a bf16/fp16 convolution on NCHW
+  tensors with cuDNN's NCHW -> NHWC copies in its overhead (`layout_conversion_seconds`).
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
 
