@@ -14,7 +14,8 @@ Sections, in order (each in its own try: one failing does not stop the others):
    lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
    norm, GELU, softmax, embedding, add, and two backwards), the linears of the Megatron-Core H100 rows of
    issue 41's validation at one rank's shapes (forward, input and weight gradient), one optimizer.step() per
-   implementation (for-loop, foreach, fused AdamW / Adam / SGD in bf16 and fp32), each the median of
+   implementation (for-loop, foreach, fused AdamW / Adam / SGD in bf16 and fp32), batch norm in training and a few
+   convolutions (bf16, NCHW and channels-last, forward and backward, with the kernels each ran), each the median of
    CUDA-event timed calls with the L2 cache flushed between calls (triton's do_bench where there is triton).
 4. tests: tests/test_cuda.py (every test marked cuda), its output in DIR/pytest.txt.
 5. profile: fxflops.profile() on GPT-2 (bf16, batch 8, seq 1024) and ResNet-50 (bf16, batch 64): each
@@ -414,10 +415,62 @@ def memory_ops(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+# (N, C, H, W) of batch norms: ResNet-50's planes at batch 64 (few channels x large planes to many channels x 7 x 7),
+# and one larger batch
+BATCH_NORM_SHAPES = [(64, 64, 112, 112), (64, 64, 56, 56), (64, 256, 56, 56), (64, 512, 28, 28), (64, 1024, 14, 14),
+                     (64, 2048, 7, 7), (256, 64, 56, 56)]
+# (N, C_in, H, W, C_out, kernel, stride, input needs a gradient) of convolutions: a 3x3, a 1x1 expansion, a strided
+# 3x3, a 7x7 first layer (its input needs no gradient: the weight's gradient alone)
+CONV_SHAPES = [(64, 64, 56, 56, 64, 3, 1, True), (64, 64, 56, 56, 256, 1, 1, True), (64, 128, 56, 56, 128, 3, 2, True),
+               (64, 3, 224, 224, 64, 7, 2, False)]
+
+
+def _layouts(*tensors: torch.Tensor) -> dict[str, tuple[torch.Tensor, ...]]:
+    """The tensors as NCHW (contiguous) and as channels-last copies (leaf tensors, gradients kept where asked)."""
+    last = tuple(t.detach().to(memory_format=torch.channels_last).requires_grad_(t.requires_grad) for t in tensors)
+    return {"nchw": tensors, "channels_last": last}
+
+
+def batch_norm_ops(run: Run) -> list[dict[str, Any]]:
+    """torch's batch norm in training (bf16), forward and forward + backward, NCHW and channels-last: the median time
+    and which kernels ran (torch.profiler: name, launches, device time; issue 41's batch-norm kernel model)."""
+    rows = []
+    for shape in [(2, 8, 16, 16), (4, 32, 8, 8)] if run.quick else BATCH_NORM_SHAPES:
+        norm = torch.nn.BatchNorm2d(shape[1]).to(run.device, BF16).train()
+        for layout, (x,) in _layouts(randn(run, *shape, grad=True)).items():
+            grad = torch.randn_like(x)
+            forward = lambda: norm(x)  # noqa: B023,E731
+            both = lambda: torch.autograd.grad(norm(x), (x, norm.weight, norm.bias), grad)  # noqa: B023,E731
+            rows.append({"kind": "batch_norm", "op": "batch_norm_train", "shape": list(shape), "layout": layout,
+                         "dtype": "bfloat16", "forward_seconds": median(bench(run, forward)),
+                         "forward_backward_seconds": median(bench(run, both)), "kernels": step_kernels(run, both)})
+    return rows
+
+
+def conv_ops(run: Run) -> list[dict[str, Any]]:
+    """bf16 convolutions, forward and forward + backward, NCHW and channels-last: the median time and the kernels
+    cuDNN ran (its NCHW <-> NHWC conversions counted per call: issue 41's layout-conversion rule)."""
+    rows = []
+    shapes = [(2, 8, 16, 16, 8, 3, 1, True), (2, 3, 32, 32, 8, 7, 2, False)] if run.quick else CONV_SHAPES
+    for n, c, h, w, k, size, stride, input_grad in shapes:
+        conv = torch.nn.Conv2d(c, k, size, stride, size // 2, bias=False).to(run.device, BF16)
+        for layout, (x, weight) in _layouts(randn(run, n, c, h, w, grad=input_grad),
+                                            conv.weight.detach().requires_grad_()).items():
+            f = lambda: torch.nn.functional.conv2d(x, weight, None, stride, size // 2)  # noqa: B023,E731
+            grad = torch.randn_like(f())
+            wanted = (x, weight) if input_grad else (weight,)
+            both = lambda: torch.autograd.grad(f(), wanted, grad)  # noqa: B023,E731
+            rows.append({"kind": "conv", "op": "conv2d", "shape": [n, c, h, w, k, size, stride], "layout": layout,
+                         "input_grad": input_grad, "dtype": "bfloat16", "forward_seconds": median(bench(run, f)),
+                         "forward_backward_seconds": median(bench(run, both)), "kernels": step_kernels(run, both)})
+    return rows
+
+
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
     parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
-             "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows, "optimizers": optimizer_steps}
+             "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows, "optimizers": optimizer_steps,
+             "batch_norm": batch_norm_ops, "conv": conv_ops}
     for name in run.parts or list(parts):
         body = parts[name]
         began = time.perf_counter()
@@ -828,7 +881,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
     parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
-                                                    "gemm_grid,gemm_alignment,gemm_rows,optimizers")
+                                                    "gemm_grid,gemm_alignment,gemm_rows,optimizers,batch_norm,conv")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit

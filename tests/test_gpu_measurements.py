@@ -141,6 +141,28 @@ def test_unseen_steps_peak_memory_on_the_h200(index, error) -> None:
     assert step.memory[0].tensor_bytes / measured - 1 == pytest.approx(error, abs=0.003), label
 
 
+def test_resnet50s_step_on_the_h200_with_its_batch_norm_and_layout_kernels() -> None:
+    # run 7's ResNet-50 step: 28.97 ms, of it 14.77 ms in torch's NCHW batch-norm kernels (3.69 statistics, 2.19
+    # transform, 8.89 backward: as on the H100, whose bandwidth is 0.70 of this one's: they are bound by load latency,
+    # not bandwidth) and 3.34 ms in cuDNN's layout conversions (158 NCHW -> NHWC, one per convolution call, and 68 back).
+    # Split-K alone predicted 8.71 / 11.49 ms (-70% / -60%); with those kernels timed 15.82 / 18.82 ms (-45% / -35%)
+    from fxflops.predict.cuda_kernels import conversion_bytes
+
+    _, model, inputs, loss, key = gpu_tables.unseen_steps()[2]
+    entry = run(7)["steps"][key]
+    launches = {name.split("<")[0].split("::")[-1]: count for name, _, count in entry["kernels"]["top"]
+                if "Nhwc" in name or "Nchw" in name}
+    assert launches == {"nchwToNhwcKernel": 158, "nhwcToNchwKernel": 68}
+    nodes = fxflops.estimate(model, inputs, backward=True, loss=loss).nodes
+    assert sum(conversion_bytes(node, 2, 1)[1] for node in nodes) == 158
+    errors = {}
+    for device in ("H200 SXM", "H200 SXM measured"):
+        step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device=device, dtype=torch.bfloat16,
+                                    attention="cudnn", loss=loss, optimizer="adamw")
+        errors[device] = step.step_time / entry["median"] - 1
+    assert -0.47 <= errors["H200 SXM"] <= -0.43 and -0.37 <= errors["H200 SXM measured"] <= -0.33, errors
+
+
 def test_run_6s_peaks_held_the_other_models_weights() -> None:
     # run 6 built the four models before stepping the first: each peak holds the other three's bf16 weights
     # (2 bytes a parameter). Less those, the convolution's and ViT's memory is predicted within 5% (-3.5%, -4.6%;
@@ -171,7 +193,8 @@ def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path) -> None:
     for section in ("env", "ceilings", "ops", "profile", "meter"):
         assert "error" not in results[section], (section, results[section])
     assert {part: len(rows) for part, rows in results["ops"].items()} == {
-        "gemm": 8, "attention": 4, "memory": 43, "gemm_grid": 8, "gemm_alignment": 21, "gemm_rows": 15, "optimizers": 18}
+        "gemm": 8, "attention": 4, "memory": 43, "gemm_grid": 8, "gemm_alignment": 21, "gemm_rows": 15, "optimizers": 18,
+        "batch_norm": 4, "conv": 4}
     assert results["meter"]["logged"][0]["flops"] > 0
     assert set(results["profile"]) == {"gpt2", "resnet50"} and all("error" not in p for p in results["profile"].values())
     # and what the CPU measured can be tabled: every op row becomes the op fxflops counts

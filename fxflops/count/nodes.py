@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxflops.capture.backward import DIFFERENTIATES
 from fxflops.capture.recorder import FUSED_CALL, SOURCE, source_text
@@ -234,9 +235,34 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         phase=node.meta.get(PHASE, FORWARD),
         differentiates=node.meta.get(DIFFERENTIATES),
         fused_call=node.meta.get(FUSED_CALL),
+        channels_last=_channels_last(node),
         bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
                          values.measure, gathered),
     ), entry, key
+
+
+_LAYOUT_OPS = ("batch_norm", "convolution", "conv1d", "conv2d", "conv3d")
+
+
+def _channels_last(node: torch.fx.Node) -> bool:
+    """A batch norm's or convolution's activation (its first 4-D/5-D tensor argument) is channels-last in memory:
+    strides[1] == 1 with more than one channel, what torch's CUDA batch norm (batch_norm_choose_impl) and cuDNN's
+    memory-format choice read. Other ops: False, unchecked (this runs for every node). Under a sweep's named sizes
+    only what is known without a guard counts (a layout question must not narrow the sweep's validity)."""
+    if node.op != "call_function":
+        return False
+    name = getattr(node.target, "__name__", "")
+    if not any(part in name for part in _LAYOUT_OPS):
+        return False
+    for arg in node.args[:3]:
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
+            try:
+                return bool(statically_known_true(value.shape[1] > 1) and statically_known_true(value.stride(1) == 1)
+                            and not statically_known_true(value.stride(-1) == 1))
+            except (RuntimeError, TypeError):  # strides a tensor cannot give: read as the default layout
+                return False
+    return False
 
 
 def _fields_set_directly(cls: type) -> dict[str, Any] | None:

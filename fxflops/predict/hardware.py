@@ -87,6 +87,13 @@ DEVICE_CONSTANTS: dict[str, tuple[str, str]] = {
                                               "gather, nll_loss)"),
     "bandwidth_copy": _class_curve("bytes", "copy or layout change (copy_, clone, dtype cast, cat)"),
     "launch_overhead": ("s", "per-kernel launch and fixed overhead"),
+    "memory_latency": ("s", "latency of one load from device memory: a kernel whose threads wait on each load before "
+                            "the next (torch's channel-per-block batch norm) moves one load per thread per latency "
+                            "(0: not modelled; those kernels take their class's bandwidth)"),
+    "threads_per_sm": ("threads", "most threads one SM keeps resident (how many blocks of a grid run at once)"),
+    "conv_layout_conversions": ("copies", "NCHW -> NHWC copies cuDNN launches per call of a bf16/fp16 convolution "
+                                          "(forward, input or weight gradient) whose tensors are NCHW, to run its "
+                                          "NHWC kernels (0: none)"),
     "memory_bytes": ("B", "device memory capacity"),
 }
 # The kernel classes of memory-bound ops (op_time.memory_class), each timed at its bandwidth_CLASS curve.
@@ -172,6 +179,9 @@ class DeviceModel:
     bandwidth_gather: Curve
     bandwidth_copy: Curve
     launch_overhead: float
+    memory_latency: float
+    threads_per_sm: int
+    conv_layout_conversions: int
     memory_bytes: int
     constants: Mapping[str, Constant] = field(compare=False, repr=False)
     origin: str = ""  # the file it was read from
@@ -568,7 +578,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     typed = {}
     for key, (unit, _) in schema.items():
         value = values[key]
-        if unit in ("SMs", "GPUs", "NICs", "B", "elements"):
+        if unit in ("SMs", "GPUs", "NICs", "B", "elements", "threads", "copies"):
             value = int(value)
         elif unit == "FLOP/s":
             value = MappingProxyType(dict(value))
@@ -578,7 +588,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     return typed
 
 
-_ZERO_TURNS_OFF = ("gemm_k_tile",)  # constants whose 0 means "the device never does this"
+_ZERO_TURNS_OFF = ("gemm_k_tile", "memory_latency", "conv_layout_conversions")  # constants whose 0 means "the device never does this"
 
 
 def _checked(key: str, value: Any, origin: str) -> Any:

@@ -31,6 +31,9 @@ one or, for a memory-bound op, its kernel class's:
 - the ops one call of a composite ran that torch runs on CUDA as one fused kernel (`torch.rms_norm` /
   `nn.RMSNorm`, which a capture on fake tensors records as its decomposition: pow, mean, add, rsqrt, mul ...) as
   that one kernel of the normalization class, forward and backward (`fused_calls`, `Kernels.fused_composites`).
+- batch norm as the CUDA kernels torch launches for the input's layout, each bound by its dependent loads at the
+  device's memory_latency or by its bytes (`cuda_kernels.batch_norm_launches`); a bf16/fp16 convolution on NCHW
+  tensors with cuDNN's NCHW -> NHWC copies in its overhead (`layout_conversion_seconds`).
 - zero-cost ops that move no data (views, metadata), collective calls (timed by `comm_time`) and unknown
   ops without bytes take 0 s and launch nothing.
 
@@ -44,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fxflops.predict.cuda_kernels import batch_norm_launches, conversion_bytes, launch_seconds
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
 from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
@@ -229,6 +233,10 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         dims = attention_dims(node)
         if dims is not None:
             return _math_attention_time(dims, _is_backward_op(node), device, key, kernels.attention_dropout)
+    if kind == MEMORY and device.memory_latency > 0:
+        launches = batch_norm_launches(node, _ELEMENT_BYTES[key])
+        if launches:
+            return _launches_time(launches, node, device, key)
     if kind == MEMORY:
         klass, size = memory_class(node)
         if kernels.persistent_norm and klass.startswith("normalization"):
@@ -246,6 +254,8 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
             efficiency *= device.grouped_gemm_efficiency
         compute = flops / (device.peak(key) * efficiency)
         overhead += split_k_reduction(m, n, k, groups, device, key)
+        if kind == GEMM and key in ("bf16", "fp16"):
+            overhead += layout_conversion_seconds(node, device, key)
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
@@ -259,6 +269,27 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
         efficiency = 1.0
         compute = flops / device.vector_peak(key) if flops else 0.0
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
+
+
+def _launches_time(launches: list[Any], node: NodeCost, device: DeviceModel, key: str) -> OpTime:
+    """The kernels torch launches for one op (cuda_kernels.batch_norm_launches), one after the other: each the slower
+    of its dependent load rounds at the device's memory_latency and its bytes at the sustained bandwidth, plus a
+    launch. The op's FLOPs at the vector rate bound the sum from below."""
+    memory = sum(launch_seconds(launch, device.sm_count, device.threads_per_sm, device.memory_latency,
+                                device.sustained) for launch in launches)
+    compute = node.flops / device.vector_peak(key) if node.flops else 0.0
+    overhead = len(launches) * device.launch_overhead
+    return OpTime(MEMORY, max(compute, memory) + overhead, compute, memory, overhead, 1.0)
+
+
+def layout_conversion_seconds(node: NodeCost, device: DeviceModel, key: str) -> float:
+    """Seconds of the NCHW -> NHWC copies cuDNN runs around one bf16/fp16 convolution op on NCHW tensors
+    (cuda_kernels.conversion_bytes, `conv_layout_conversions` per call): each copy's bytes at the copy class's
+    bandwidth, plus a launch each; 0 for channels-last tensors and other ops."""
+    moved, kernels = conversion_bytes(node, _ELEMENT_BYTES[key], device.conv_layout_conversions)
+    if not kernels:
+        return 0.0
+    return moved / device.class_bandwidth("copy", moved / kernels) + kernels * device.launch_overhead
 
 
 # the memory classes whose bandwidth curve is by row length, not bytes moved

@@ -64,6 +64,9 @@ class NodeCost:
     # a forward op one call of a composite ran that CUDA runs as one fused kernel (rms_norm): the time model
     # times the call's ops, and their backward's, as one kernel each; counts are the ops' own
     fused_call: FusedCall | None = None
+    # a batch norm or convolution whose 4-D/5-D activation is channels-last in memory (strides[1] == 1), as the capture's
+    # fake tensors carry it: torch's CUDA batch norm then launches its channels-last kernels, and cuDNN converts nothing
+    channels_last: bool = False
 
     @property
     def rule_key(self) -> str:
