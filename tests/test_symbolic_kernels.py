@@ -389,6 +389,55 @@ def test_a_tail_squeeze_of_a_named_size_goes_through_the_mode():
     assert _layout_run(VIEW, lambda b, s: (torch.empty(b, 2, s), [b, 2]), hints=(3, 1)) == (None, None)
 
 
+def _viewed_twice(op, build, hints, memo: bool, monkeypatch):
+    """(each of two calls' output layout, ShapeEnv state, layouts computed) of `op(*build(b, s))` twice in one
+    capture's ShapeEnv, on two inputs of the same layout: with the capture's memo of views, or without it."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture import symbolic_kernels
+    from fxflops.capture.size_one import size_one_shape_env
+
+    computed = []
+    layout = symbolic_kernels._view_layout
+    with monkeypatch.context() as patched:
+        patched.setattr(symbolic_kernels, "_view_layout", lambda *args: computed.append(args[1]) or layout(*args))
+        if not memo:
+            patched.setattr(symbolic_kernels, "_view_layouts", lambda source: None)
+        env = size_one_shape_env()
+        sizes = []
+        for name, hint in zip(("b", "s"), hints):
+            source = ConstantSource(name)
+            sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
+                                               hint=hint, source=source))
+        layouts, keys = [], []
+        with FakeTensorMode(shape_env=env, static_shapes=True):
+            for _ in range(2):
+                args = build(*sizes)
+                keys.append(tuple(map(str, (*args[0].shape, *args[0].stride(), *args[1]))))
+                out = symbolic_kernels.symbolic_kernel(op, args, {})
+                layouts.append(None if out is NotImplemented else
+                               (tuple(map(str, out.shape)), tuple(map(str, out.stride())), str(out.storage_offset()),
+                                out.untyped_storage()._cdata == args[0].untyped_storage()._cdata))
+    return layouts, _state(env), len(computed), keys[0] == keys[1]
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1), (1, 1)])
+@pytest.mark.parametrize("case", [*(c for c in VIEW_CASES if VIEW_CASES[c][0] in (VIEW, UNSAFE_VIEW)), *VIEW_AT_SOME_SIZES])
+def test_a_view_asked_again_is_the_captures_first_and_leaves_the_shape_env_as_asking_again_does(case, hints,
+                                                                                                monkeypatch):
+    """The sweep's ShapeEnv keeps each view's layout (symbolic_kernels._view): the same view of another input of the
+    same layout is that layout, on its own storage, computed once, and the ShapeEnv (guards in order, runtime asserts,
+    replacements, ranges) is what computing it again leaves, where the first asked a guard too (at sizes of 1: a
+    size the first view's guard made 1 gives the second input other expressions, and its own view)."""
+    op, build = VIEW_CASES[case] if case in VIEW_CASES else (VIEW, VIEW_AT_SOME_SIZES[case])
+    kept, kept_state, computed, same = _viewed_twice(op, build, hints, True, monkeypatch)
+    again, again_state, computed_again, _ = _viewed_twice(op, build, hints, False, monkeypatch)
+    assert (kept, kept_state) == (again, again_state)
+    assert computed == computed_again - (1 if same and kept[0] is not None else 0)
+    assert same or hints != (2, 7)
+
+
 class Attention(nn.Module):
     """A decoder's attention as transformers writes it: heads split by view and transpose, half-rotated by
     slices, a gate sliced from the input and unsqueezed over the heads, the heads merged again (a view after
@@ -444,6 +493,35 @@ def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_
     # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
     rows = lambda b, s: b * s  # noqa: E731
     assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)
+
+
+def test_a_decoder_sweep_with_its_views_kept_is_the_capture_computing_each_again(monkeypatch):
+    """A decoder's layer views the same rows the same way for several projections: the sweep computes each such view
+    once (symbolic_kernels._view), and its capture is the one computing each again, node by node and guard by guard,
+    every point estimate()'s."""
+    from fxflops.capture import symbolic_kernels
+
+    model, x, dims = Decoder().eval(), torch.zeros(2, 5, 16), {"batch": 0, "seq": 1}
+    layout = symbolic_kernels._view_layout
+    computed = {True: 0, False: 0}
+    captures = {}
+    for memo in (True, False):
+        def counted(*args, memo=memo):
+            computed[memo] += 1
+            return layout(*args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(symbolic_kernels, "_view_layout", counted)
+            if not memo:
+                patched.setattr(symbolic_kernels, "_view_layouts", lambda source: None)
+            captures[memo] = sweep(model, x, dims=dims)
+    assert 0 < computed[True] < computed[False]
+    assert _capture_state(captures[True]) == _capture_state(captures[False])
+    assert [p.conditions for p in captures[True].pieces] == [p.conditions for p in captures[False].pieces]
+    for batch, seq in itertools.product((1, 2, 3), (1, 2, 7)):
+        at, fresh = captures[True].at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
+        assert (at.total_macs, at.total_flops, at.total_bytes) == (fresh.total_macs, fresh.total_flops, fresh.total_bytes)
+        assert at.nodes == fresh.nodes
 
 
 def test_a_size_bound_known_without_its_symbool_is_what_known_says():

@@ -161,23 +161,55 @@ def _view(args: tuple, kwargs: dict) -> Any:
         shape = shape[0]
     if not shape or source.dim() == 0 or not all(type(size) is int or isinstance(size, torch.SymInt) for size in shape):
         return NotImplemented
+    # the same view of the same layout (as expressions) earlier in the capture: its sizes and strides. The
+    # algorithm is a function of those expressions (and of the capture's hints, the same for the same ones), and
+    # what its questions taught the ShapeEnv the first time (a guard, a runtime assert) answers them again
+    # without a new one: asking again would find the same layout and leave the ShapeEnv as it is. (A decoder's
+    # layer folds and unfolds the same rows for each projection: half its views; tests/test_symbolic_kernels.py
+    # holds a capture with the memo against one without it, node by node and guard by guard.)
+    made = _view_layouts(source)
+    key = (_expressions(source.shape), _expressions(source.stride()), _expressions(shape)) if made is not None else None
+    layout = made.get(key) if made is not None else None
+    if layout is None:
+        layout = _view_layout(source, shape, infer_size, is_contiguous_or_false)
+        if layout is None:
+            return NotImplemented
+        if made is not None:
+            made[key] = layout
+    sizes, strides = layout
+    return elementwise.aliasing(source, list(sizes), list(strides), source.storage_offset())
+
+
+def _view_layouts(source: Any) -> dict[tuple, tuple[tuple, tuple]] | None:
+    """The capture's views made so far, {(sizes, strides, asked shape) as expressions: (sizes, strides)}: a sweep's
+    ShapeEnv keeps them (size_one); None under any other."""
+    return getattr(source.fake_mode.shape_env, "view_layouts", None)
+
+
+def _expressions(values: Any) -> tuple:
+    """Sizes or strides as sympy expressions (ints as themselves)."""
+    return tuple(value.node.expr if isinstance(value, torch.SymInt) else value for value in values)
+
+
+def _view_layout(source: Any, shape: Any, infer_size: Any, is_contiguous_or_false: Any) -> tuple[tuple, tuple] | None:
+    """The (sizes, strides) torch's algorithm gives a view of `source` as `shape`, asking what the mode asks, in its
+    order (see `_view`); None where the kernel leaves the view to the mode."""
     shape = infer_size(tuple(shape), source.numel())
     if source.numel() == 0:  # (asked as the mode asks it)
-        return NotImplemented
-    offset = source.storage_offset()
+        return None
     if is_contiguous_or_false(source):
         if len(shape) == 1 and source.dim() > 1:
-            return elementwise.aliasing(source, [source.numel()], [1], offset)
+            return (source.numel(),), (1,)
         if len(shape) == 2 and source.dim() == 1:
-            return elementwise.aliasing(source, list(shape), [shape[1], 1], offset)
+            return tuple(shape), (shape[1], 1)
     shape_numel = functools.reduce(operator.mul, shape, 1)
     torch._check(source.numel() == shape_numel,
                  lambda: f"Could not reshape a tensor with shape {source.shape} as a tensor with shape {shape}!")
     try:
         sizes, strides = _reshape_view_steps(source, shape)
     except _Refused:
-        return NotImplemented
-    return elementwise.aliasing(source, sizes, strides, offset)
+        return None
+    return tuple(sizes), tuple(strides)
 
 
 def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
