@@ -389,6 +389,76 @@ def test_a_tail_squeeze_of_a_named_size_goes_through_the_mode():
     assert _layout_run(VIEW, lambda b, s: (torch.empty(b, 2, s), [b, 2]), hints=(3, 1)) == (None, None)
 
 
+SPLIT, SPLIT_WITH_SIZES = torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default
+# (op, inputs from symbolic batch b and seq s): splits along a static axis, first, middle or last, of contiguous,
+# sliced and transposed inputs, into equal pieces, a smaller last one, or given sizes (one of them empty)
+SPLIT_CASES = {
+    "last axis": (SPLIT, lambda b, s: (torch.empty(b, s, 12), 4, 2)),
+    "a smaller last piece": (SPLIT, lambda b, s: (torch.empty(b, s, 10), 4, -1)),
+    "middle axis": (SPLIT, lambda b, s: (torch.empty(b, 6, s), 2, 1)),
+    "first axis, by default": (SPLIT, lambda b, s: (torch.empty(6, b, s), 4)),
+    "a slice": (SPLIT, lambda b, s: (torch.empty(b, s + 1, 12)[:, 1:], 4, 2)),
+    "one piece": (SPLIT, lambda b, s: (torch.empty(b, s, 4), 8, 2)),
+    "sizes": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, s, 12), [3, 0, 9], 2)),
+    "sizes of a transposed input": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, 12, s).transpose(1, 2), [5, 7], -1)),
+}
+# splits left to the mode: along a named axis, sizes that do not add up (the mode's error)
+SPLIT_REFUSED = {
+    "a named axis": (SPLIT, lambda b, s: (torch.empty(b, s, 12), 2, 1)),
+    "sizes short of the axis": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, s, 12), [3, 4], 2)),
+}
+
+
+def _split_run(op, build, hints, direct):
+    """(each piece's layout, ShapeEnv state) of a split (`symbolic_call`); NotImplemented or the mode's error as is."""
+    args, out, env = symbolic_call(op, build, hints, direct)
+    if isinstance(out, str) or out is NotImplemented:
+        return out
+    storage = args[0].untyped_storage()._cdata
+    return [(tuple(map(str, piece.shape)), tuple(map(str, piece.stride())), str(piece.storage_offset()), piece.dtype,
+             piece.device, piece.untyped_storage()._cdata == storage) for piece in out], _state(env)
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1), (1, 1)])
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_the_symbolic_split_gives_what_the_mode_gives(case, hints):
+    op, build = SPLIT_CASES[case]
+    direct = _split_run(op, build, hints, True)
+    assert direct is not NotImplemented, "the kernel takes this split"
+    assert direct == _split_run(op, build, hints, False)
+
+
+@pytest.mark.parametrize("case", SPLIT_REFUSED)
+def test_a_split_the_kernel_cannot_shape_goes_through_the_mode(case):
+    op, build = SPLIT_REFUSED[case]
+    assert _split_run(op, build, (2, 7), True) is NotImplemented
+
+
+class SplitAttention(nn.Module):
+    """GPT-2's attention as transformers writes it: query, key and value split from one projection, heads split by
+    view; the value split again by sizes and chunked (split by torch's chunk)."""
+
+    def __init__(self, width: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head = heads, width // heads
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, x):
+        b, s, width = x.shape
+        q, k, v = (t.view(b, s, self.heads, self.head).transpose(1, 2) for t in self.qkv(x).split(width, dim=2))
+        first, rest = v.split([1, self.heads - 1], dim=1)
+        v = torch.cat([*rest.chunk(3, dim=1), first], dim=1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, s, width))
+
+
+def test_a_split_attention_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+    model = nn.Sequential(SplitAttention(), SplitAttention()).eval()
+    swept = sweep_as_without_the_kernels(model, monkeypatch)
+    # by hand, one layer: qkv 3*16*16 and out 16*16 per row, q k^T and attention @ v 2*s*s*16 a batch
+    assert swept.at(batch=2, seq=9).total_macs == 2 * (2 * 9 * 4 * 256 + 2 * 2 * 9 * 9 * 16)
+
+
 def _viewed_twice(op, build, hints, memo: bool, monkeypatch):
     """(each of two calls' output layout, ShapeEnv state, layouts computed) of `op(*build(b, s))` twice in one
     capture's ShapeEnv, on two inputs of the same layout: with the capture's memo of views, or without it."""

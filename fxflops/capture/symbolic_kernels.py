@@ -346,6 +346,41 @@ class _Sliced:
         return elementwise.aliasing(self.source, list(sizes), list(strides), offset)
 
 
+def _split(args: tuple, kwargs: dict) -> Any:
+    """`split(a, size, dim)` (`split_with_sizes(a, sizes, dim)`) along an axis of static size, into pieces of static
+    sizes, on named sizes: the mode runs torch's composite, a `narrow` (a `slice`) per piece, each through the
+    mode with its cache entry and as_strided (~1 ms a call: GPT-2's query, key and value split from one
+    projection). What it gives is each piece as a view of the input's storage, the axis's size the piece's, the
+    strides the input's, the offset the input's plus the piece's start times the axis's stride; its checks are of
+    the static sizes alone (no question of a named size). tests/test_symbolic_kernels.py holds it against the
+    mode: sizes, strides, offsets, storage and the ShapeEnv."""
+    if len(args) < 2 or len(args) > 3 or set(kwargs) - {"dim"} or not _view_source(args[0]):
+        return NotImplemented
+    source, pieces = args[0], args[1]
+    dim = kwargs.get("dim", args[2] if len(args) == 3 else 0)
+    rank = source.dim()
+    if type(dim) is not int or rank == 0 or not -rank <= dim < rank:
+        return NotImplemented
+    dim %= rank
+    length = source.shape[dim]
+    if type(length) is not int or length == 0:
+        return NotImplemented
+    if type(pieces) is int:  # split: pieces of that size, the last one what is left
+        if pieces <= 0:
+            return NotImplemented
+        pieces = [min(pieces, length - start) for start in range(0, length, pieces)]
+    elif not isinstance(pieces, list | tuple) or not pieces or any(type(piece) is not int or piece < 0 for piece in pieces) \
+            or sum(pieces) != length:
+        return NotImplemented
+    sizes, strides, offset = list(source.shape), list(source.stride()), source.storage_offset()
+    out, start = [], 0
+    for piece in pieces:
+        sizes[dim] = piece
+        out.append(elementwise.aliasing(source, list(sizes), strides, offset + start * strides[dim] if start else offset))
+        start += piece
+    return out
+
+
 def _view_source(source: Any) -> bool:
     """A strided fake tensor with named sizes, not a constant (the mode would carry a constant's value)."""
     return type(source) is FakeTensor and source._has_symbolic_sizes_strides and source.layout is torch.strided \
@@ -635,6 +670,7 @@ _KERNELS = MappingProxyType({
     aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
+    aten.split.Tensor: _split, aten.split_with_sizes.default: _split,
     aten.addmm.default: _addmm, aten.mm.default: _mm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.relu_.default: relu_in_place,
