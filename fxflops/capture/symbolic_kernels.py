@@ -369,14 +369,15 @@ def _split(args: tuple, kwargs: dict) -> Any:
         if pieces <= 0:
             return NotImplemented
         pieces = [min(pieces, length - start) for start in range(0, length, pieces)]
-    elif not isinstance(pieces, list | tuple) or not pieces or any(type(piece) is not int or piece < 0 for piece in pieces) \
-            or sum(pieces) != length:
+    elif not isinstance(pieces, list | tuple) or not pieces \
+            or any(type(piece) is not int or piece < 0 for piece in pieces) or sum(pieces) != length:
         return NotImplemented
     sizes, strides, offset = list(source.shape), list(source.stride()), source.storage_offset()
     out, start = [], 0
     for piece in pieces:
         sizes[dim] = piece
-        out.append(elementwise.aliasing(source, list(sizes), strides, offset + start * strides[dim] if start else offset))
+        at = offset + start * strides[dim] if start else offset
+        out.append(elementwise.aliasing(source, list(sizes), strides, at))
         start += piece
     return out
 
