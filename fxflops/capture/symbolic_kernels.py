@@ -42,7 +42,11 @@ there is answered so here, and a guard the mode would add is this kernel's, one 
 as_strided of the input's storage, as the mode's last step gives it. A `view` whose algorithm would ask a
 question of an intermediate view (axes merged after a split), a tail squeeze of a named size, or a case it
 special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
-squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
+squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. The same view of the same layout
+(as expressions) again in the capture takes the layout found first (kept in the sweep's ShapeEnv: a decoder's layer
+folds the same rows for each projection): what its questions taught the ShapeEnv answers them again without a new
+guard. A `split` along an axis of static size is its pieces as views of the input's storage (no question of a named
+size), where the mode runs a `narrow` per piece. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
 static or answered by `size_one` without a guard; an `mm` (one without a bias) is its meta kernel's one contiguous
 output where the contraction it checks is static. Elementwise ops of provably contiguous operands (an RMSNorm,
