@@ -250,15 +250,11 @@ def _state(env) -> tuple:
             sorted((str(k), str(v)) for k, v in env.var_to_range.items()))
 
 
-def symbolic_call(op, build, hints, direct):
-    """(inputs, output, ShapeEnv) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a sweep's
-    ShapeEnv, through symbolic_kernel (NotImplemented where it leaves the op to the mode) or through the mode;
-    an error the mode raises is returned as its type's name (inputs and ShapeEnv None)."""
+def _named_sizes(hints):
+    """A sweep's ShapeEnv and its symbolic sizes b and s (hints given)."""
     from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fxflops.capture.size_one import size_one_shape_env
-    from fxflops.capture.symbolic_kernels import symbolic_kernel
 
     env = size_one_shape_env()
     sizes = []
@@ -266,6 +262,18 @@ def symbolic_call(op, build, hints, direct):
         source = ConstantSource(name)
         sizes.append(env.create_symintnode(env.create_symbol(hint, source=source, do_not_specialize_zero_one=True),
                                            hint=hint, source=source))
+    return env, sizes
+
+
+def symbolic_call(op, build, hints, direct):
+    """(inputs, output, ShapeEnv) of `op(*build(b, s))` on symbolic sizes b and s (hints given) under a sweep's
+    ShapeEnv, through symbolic_kernel (NotImplemented where it leaves the op to the mode) or through the mode;
+    an error the mode raises is returned as its type's name (inputs and ShapeEnv None)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    env, sizes = _named_sizes(hints)
     with FakeTensorMode(shape_env=env, static_shapes=True):
         args = build(*sizes)
         try:
@@ -389,6 +397,51 @@ def test_a_tail_squeeze_of_a_named_size_goes_through_the_mode():
     assert _layout_run(VIEW, lambda b, s: (torch.empty(b, 2, s), [b, 2]), hints=(3, 1)) == (None, None)
 
 
+def _viewed_twice(op, build, hints, memo: bool, monkeypatch):
+    """(each of two calls' output layout, ShapeEnv state, layouts computed) of `op(*build(b, s))` twice in one
+    capture's ShapeEnv, on two inputs of the same layout: with the capture's memo of views, or without it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflops.capture import symbolic_kernels
+
+    computed = []
+    layout = symbolic_kernels._view_layout
+    with monkeypatch.context() as patched:
+        patched.setattr(symbolic_kernels, "_view_layout", lambda *args: computed.append(args[1]) or layout(*args))
+        if not memo:
+            patched.setattr(symbolic_kernels, "_view_layouts", lambda source: None)
+        env, sizes = _named_sizes(hints)
+        layouts, keys = [], []
+        with FakeTensorMode(shape_env=env, static_shapes=True):
+            for _ in range(2):
+                args = build(*sizes)
+                keys.append(tuple(map(str, (*args[0].shape, *args[0].stride(), *args[1]))))
+                out = symbolic_kernels.symbolic_kernel(op, args, {})
+                layouts.append(None if out is NotImplemented else
+                               (tuple(map(str, out.shape)), tuple(map(str, out.stride())), str(out.storage_offset()),
+                                out.untyped_storage()._cdata == args[0].untyped_storage()._cdata))
+    return layouts, _state(env), len(computed), keys[0] == keys[1]
+
+
+VIEWS_ASKED_AGAIN = [*(case for case in VIEW_CASES if VIEW_CASES[case][0] in (VIEW, UNSAFE_VIEW)), *VIEW_AT_SOME_SIZES]
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1), (1, 1)])
+@pytest.mark.parametrize("case", VIEWS_ASKED_AGAIN)
+def test_a_view_asked_again_is_the_captures_first_and_leaves_the_shape_env_as_asking_again_does(case, hints,
+                                                                                                monkeypatch):
+    """The sweep's ShapeEnv keeps each view's layout (symbolic_kernels._view): the same view of another input of the
+    same layout is that layout, on its own storage, computed once, and the ShapeEnv (guards in order, runtime asserts,
+    replacements, ranges) is what computing it again leaves, where the first asked a guard too (at sizes of 1: a
+    size the first view's guard made 1 gives the second input other expressions, and its own view)."""
+    op, build = VIEW_CASES[case] if case in VIEW_CASES else (VIEW, VIEW_AT_SOME_SIZES[case])
+    kept, kept_state, computed, same = _viewed_twice(op, build, hints, True, monkeypatch)
+    again, again_state, computed_again, _ = _viewed_twice(op, build, hints, False, monkeypatch)
+    assert (kept, kept_state) == (again, again_state)
+    assert computed == computed_again - (1 if same and kept[0] is not None else 0)
+    assert same or hints != (2, 7)
+
+
 class Attention(nn.Module):
     """A decoder's attention as transformers writes it: heads split by view and transpose, half-rotated by
     slices, a gate sliced from the input and unsqueezed over the heads, the heads merged again (a view after
@@ -407,6 +460,71 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-1, -2)
         y = (scores.softmax(-1) @ v).transpose(1, 2).contiguous()
         return self.out(y.view(b, s, -1)) + self.out(y.reshape(b * s, -1)).view(b, s, -1)
+
+
+SPLIT, SPLIT_WITH_SIZES = torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default
+# (op, inputs from symbolic batch b and seq s): splits along a static axis, first, middle or last, of contiguous,
+# sliced and transposed inputs, into equal pieces, a smaller last one, or given sizes (one of them empty)
+SPLIT_CASES = {
+    "last axis": (SPLIT, lambda b, s: (torch.empty(b, s, 12), 4, 2)),
+    "a smaller last piece": (SPLIT, lambda b, s: (torch.empty(b, s, 10), 4, -1)),
+    "middle axis": (SPLIT, lambda b, s: (torch.empty(b, 6, s), 2, 1)),
+    "first axis, by default": (SPLIT, lambda b, s: (torch.empty(6, b, s), 4)),
+    "a slice": (SPLIT, lambda b, s: (torch.empty(b, s + 1, 12)[:, 1:], 4, 2)),
+    "one piece": (SPLIT, lambda b, s: (torch.empty(b, s, 4), 8, 2)),
+    "sizes": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, s, 12), [3, 0, 9], 2)),
+    "sizes of a transposed input": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, 12, s).transpose(1, 2), [5, 7], -1)),
+}
+# splits left to the mode: along a named axis, sizes that do not add up (the mode's error)
+SPLIT_REFUSED = {
+    "a named axis": (SPLIT, lambda b, s: (torch.empty(b, s, 12), 2, 1)),
+    "sizes short of the axis": (SPLIT_WITH_SIZES, lambda b, s: (torch.empty(b, s, 12), [3, 4], 2)),
+}
+
+
+def _split_run(op, build, hints, direct):
+    """(each piece's layout, ShapeEnv state) of a split (`symbolic_call`); NotImplemented or the mode's error as is."""
+    args, out, env = symbolic_call(op, build, hints, direct)
+    if isinstance(out, str) or out is NotImplemented:
+        return out
+    storage = args[0].untyped_storage()._cdata
+    return [(tuple(map(str, piece.shape)), tuple(map(str, piece.stride())), str(piece.storage_offset()), piece.dtype,
+             piece.device, piece.untyped_storage()._cdata == storage) for piece in out], _state(env)
+
+
+@pytest.mark.parametrize("hints", [(2, 7), (1, 7), (3, 1), (1, 1)])
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_the_symbolic_split_gives_what_the_mode_gives(case, hints):
+    op, build = SPLIT_CASES[case]
+    direct = _split_run(op, build, hints, True)
+    assert direct is not NotImplemented, "the kernel takes this split"
+    assert direct == _split_run(op, build, hints, False)
+
+
+@pytest.mark.parametrize("case", SPLIT_REFUSED)
+def test_a_split_the_kernel_cannot_shape_goes_through_the_mode(case):
+    op, build = SPLIT_REFUSED[case]
+    assert _split_run(op, build, (2, 7), True) is NotImplemented
+
+
+class SplitAttention(Attention):
+    """GPT-2's attention as transformers writes it: query, key and value split from one projection, heads split by
+    view; the value split again by sizes and chunked (split by torch's chunk)."""
+
+    def forward(self, x):
+        b, s, width = x.shape
+        q, k, v = (t.view(b, s, self.heads, self.head).transpose(1, 2) for t in self.qkv(x).split(width, dim=2))
+        first, rest = v.split([1, self.heads - 1], dim=1)
+        v = torch.cat([*rest.chunk(3, dim=1), first], dim=1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, s, width))
+
+
+def test_a_split_attention_sweep_is_the_captures_without_the_kernels_and_every_point_is_estimate(monkeypatch):
+    model = nn.Sequential(SplitAttention(), SplitAttention()).eval()
+    swept = sweep_as_without_the_kernels(model, monkeypatch)
+    # by hand, one layer: qkv 3*16*16 and out 16*16 per row, q k^T and attention @ v 2*s*s*16 a batch
+    assert swept.at(batch=2, seq=9).total_macs == 2 * (2 * 9 * 4 * 256 + 2 * 2 * 9 * 9 * 16)
 
 
 class Decoder(nn.Module):
@@ -444,6 +562,34 @@ def test_a_decoder_sweep_is_the_captures_without_the_kernels_and_every_point_is_
     # by hand, one layer: qkv 3*16*16 and two out projections 2*16*16 per row, q k^T and attention @ v 2*s*16
     rows = lambda b, s: b * s  # noqa: E731
     assert swept.at(batch=2, seq=9).total_macs == 2 * (rows(2, 9) * (3 * 256 + 2 * 256) + 2 * 2 * 9 * 9 * 16)
+
+
+def test_a_decoder_sweep_with_its_views_kept_is_the_capture_computing_each_again(monkeypatch):
+    """A decoder's layer views the same rows the same way for several projections: the sweep computes each such view
+    once (symbolic_kernels._view), and its capture is the one computing each again, node by node and guard by guard,
+    every point estimate()'s."""
+    from fxflops.capture import symbolic_kernels
+
+    model, x, dims = Decoder().eval(), torch.zeros(2, 5, 16), {"batch": 0, "seq": 1}
+    layout = symbolic_kernels._view_layout
+    computed = {True: 0, False: 0}
+    captures = {}
+    for memo in (True, False):
+        def counted(*args, memo=memo):
+            computed[memo] += 1
+            return layout(*args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(symbolic_kernels, "_view_layout", counted)
+            if not memo:
+                patched.setattr(symbolic_kernels, "_view_layouts", lambda source: None)
+            captures[memo] = sweep(model, x, dims=dims)
+    assert 0 < computed[True] < computed[False]
+    assert _capture_state(captures[True]) == _capture_state(captures[False])
+    assert [p.conditions for p in captures[True].pieces] == [p.conditions for p in captures[False].pieces]
+    for batch, seq in itertools.product((1, 2, 3), (1, 2, 7)):
+        at, fresh = captures[True].at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 16))
+        assert at.nodes == fresh.nodes
 
 
 def test_a_size_bound_known_without_its_symbool_is_what_known_says():

@@ -91,9 +91,11 @@ def size_one_shape_env() -> Any:
             if isinstance(getattr(self, "fake_tensor_cache", None), dict):  # held while an answer's output differs
                 self.fake_tensor_cache = _HeldCache()
             # what the capture's direct kernels found once, kept for the same question (symbolic_kernels):
-            # (expression, bound, inclusive) sympy decided above the bound, and each convolution side's output size
+            # (expression, bound, inclusive) sympy decided above the bound, each convolution side's output size and
+            # each view's layout
             self.sympy_above: set[tuple] = set()
             self.convolution_sides: dict[tuple, Any] = {}
+            self.view_layouts: dict[tuple, Any] = {}
 
         # arguments passed on as given: other torch releases name and order them differently
         def evaluate_sym_node(self, sym_node: Any, *args: Any, **kwargs: Any) -> Any:

@@ -42,7 +42,11 @@ there is answered so here, and a guard the mode would add is this kernel's, one 
 as_strided of the input's storage, as the mode's last step gives it. A `view` whose algorithm would ask a
 question of an intermediate view (axes merged after a split), a tail squeeze of a named size, or a case it
 special-cases, goes to the mode, which asks what was asked again (answered now without a new guard); a tail
-squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. An `addmm` of a 2-d linear layer on a
+squeeze of constant 1s (a flatten of a 1 x 1 map) asks nothing and is shaped here. The same view of the same layout
+(as expressions) again in the capture takes the layout found first (kept in the sweep's ShapeEnv: a decoder's layer
+folds the same rows for each projection): what its questions taught the ShapeEnv answers them again without a new
+guard. A `split` along an axis of static size is its pieces as views of the input's storage (no question of a named
+size), where the mode runs a `narrow` per piece. An `addmm` of a 2-d linear layer on a
 named row count is its decomposition's one contiguous output where that decomposition's questions are all
 static or answered by `size_one` without a guard; an `mm` (one without a bias) is its meta kernel's one contiguous
 output where the contraction it checks is static. Elementwise ops of provably contiguous operands (an RMSNorm,
@@ -161,23 +165,55 @@ def _view(args: tuple, kwargs: dict) -> Any:
         shape = shape[0]
     if not shape or source.dim() == 0 or not all(type(size) is int or isinstance(size, torch.SymInt) for size in shape):
         return NotImplemented
+    # the same view of the same layout (as expressions) earlier in the capture: its sizes and strides. The
+    # algorithm is a function of those expressions (and of the capture's hints, the same for the same ones), and
+    # what its questions taught the ShapeEnv the first time (a guard, a runtime assert) answers them again
+    # without a new one: asking again would find the same layout and leave the ShapeEnv as it is. (A decoder's
+    # layer folds and unfolds the same rows for each projection: half its views; tests/test_symbolic_kernels.py
+    # holds a capture with the memo against one without it, node by node and guard by guard.)
+    made = _view_layouts(source)
+    key = (_expressions(source.shape), _expressions(source.stride()), _expressions(shape)) if made is not None else None
+    layout = made.get(key) if made is not None else None
+    if layout is None:
+        layout = _view_layout(source, shape, infer_size, is_contiguous_or_false)
+        if layout is None:
+            return NotImplemented
+        if made is not None:
+            made[key] = layout
+    sizes, strides = layout
+    return elementwise.aliasing(source, list(sizes), list(strides), source.storage_offset())
+
+
+def _view_layouts(source: Any) -> dict[tuple, tuple[tuple, tuple]] | None:
+    """The capture's views made so far, {(sizes, strides, asked shape) as expressions: (sizes, strides)}: a sweep's
+    ShapeEnv keeps them (size_one); None under any other."""
+    return getattr(source.fake_mode.shape_env, "view_layouts", None)
+
+
+def _expressions(values: Any) -> tuple:
+    """Sizes or strides as sympy expressions (ints as themselves)."""
+    return tuple(value.node.expr if isinstance(value, torch.SymInt) else value for value in values)
+
+
+def _view_layout(source: Any, shape: Any, infer_size: Any, is_contiguous_or_false: Any) -> tuple[tuple, tuple] | None:
+    """The (sizes, strides) torch's algorithm gives a view of `source` as `shape`, asking what the mode asks, in its
+    order (see `_view`); None where the kernel leaves the view to the mode."""
     shape = infer_size(tuple(shape), source.numel())
     if source.numel() == 0:  # (asked as the mode asks it)
-        return NotImplemented
-    offset = source.storage_offset()
+        return None
     if is_contiguous_or_false(source):
         if len(shape) == 1 and source.dim() > 1:
-            return elementwise.aliasing(source, [source.numel()], [1], offset)
+            return (source.numel(),), (1,)
         if len(shape) == 2 and source.dim() == 1:
-            return elementwise.aliasing(source, list(shape), [shape[1], 1], offset)
+            return tuple(shape), (shape[1], 1)
     shape_numel = functools.reduce(operator.mul, shape, 1)
     torch._check(source.numel() == shape_numel,
                  lambda: f"Could not reshape a tensor with shape {source.shape} as a tensor with shape {shape}!")
     try:
         sizes, strides = _reshape_view_steps(source, shape)
     except _Refused:
-        return NotImplemented
-    return elementwise.aliasing(source, sizes, strides, offset)
+        return None
+    return tuple(sizes), tuple(strides)
 
 
 def _reshape_view_steps(source: Any, shape: tuple) -> tuple[list, list]:
@@ -312,6 +348,42 @@ class _Sliced:
 
     def as_strided(self, sizes: list, strides: list, offset: Any) -> Any:
         return elementwise.aliasing(self.source, list(sizes), list(strides), offset)
+
+
+def _split(args: tuple, kwargs: dict) -> Any:
+    """`split(a, size, dim)` (`split_with_sizes(a, sizes, dim)`) along an axis of static size, into pieces of static
+    sizes, on named sizes: the mode runs torch's composite, a `narrow` (a `slice`) per piece, each through the
+    mode with its cache entry and as_strided (~1 ms a call: GPT-2's query, key and value split from one
+    projection). What it gives is each piece as a view of the input's storage, the axis's size the piece's, the
+    strides the input's, the offset the input's plus the piece's start times the axis's stride; its checks are of
+    the static sizes alone (no question of a named size). tests/test_symbolic_kernels.py holds it against the
+    mode: sizes, strides, offsets, storage and the ShapeEnv."""
+    if len(args) < 2 or len(args) > 3 or set(kwargs) - {"dim"} or not _view_source(args[0]):
+        return NotImplemented
+    source, pieces = args[0], args[1]
+    dim = kwargs.get("dim", args[2] if len(args) == 3 else 0)
+    rank = source.dim()
+    if type(dim) is not int or rank == 0 or not -rank <= dim < rank:
+        return NotImplemented
+    dim %= rank
+    length = source.shape[dim]
+    if type(length) is not int or length == 0:
+        return NotImplemented
+    if type(pieces) is int:  # split: pieces of that size, the last one what is left
+        if pieces <= 0:
+            return NotImplemented
+        pieces = [min(pieces, length - start) for start in range(0, length, pieces)]
+    elif not isinstance(pieces, list | tuple) or not pieces \
+            or any(type(piece) is not int or piece < 0 for piece in pieces) or sum(pieces) != length:
+        return NotImplemented
+    sizes, strides, offset = list(source.shape), list(source.stride()), source.storage_offset()
+    out, start = [], 0
+    for piece in pieces:
+        sizes[dim] = piece
+        at = offset + start * strides[dim] if start else offset
+        out.append(elementwise.aliasing(source, list(sizes), strides, at))
+        start += piece
+    return out
 
 
 def _view_source(source: Any) -> bool:
@@ -603,6 +675,7 @@ _KERNELS = MappingProxyType({
     aten.native_batch_norm.default: _batch_norm_on_cpu, aten.convolution.default: _convolution_on_cpu,
     aten.cat.default: _cat, aten.view.default: _view, aten._unsafe_view.default: _view,
     aten.transpose.int: _transpose, aten.unsqueeze.default: _unsqueeze, aten.slice.Tensor: _slice,
+    aten.split.Tensor: _split, aten.split_with_sizes.default: _split,
     aten.addmm.default: _addmm, aten.mm.default: _mm, aten.native_layer_norm.default: lambda args, kwargs: layer_norm_on_cpu(args, kwargs, _contiguous),
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.relu_.default: relu_in_place,
