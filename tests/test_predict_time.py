@@ -253,6 +253,21 @@ def test_a_first_layer_convolution_weight_gradient_is_read_as_its_dw_gemm():
     assert gemm_shape(backward["1"]) == (2 * 14 * 14, 8, round(2 * 2 * 4 * 12 * 12 * 8 * 9 / (2 * 8 * 14 * 14)), 1)
 
 
+def test_a_first_layer_convolution_with_a_bias_reads_its_weight_gradient_as_the_dw_gemm():
+    """A first layer with a bias (a ViT's patch embedding, VGG's conv1) asks convolution_backward for the weight's and
+    the bias's gradients (output_mask [False, True, True]): two outputs, the weight's shape then (C_out,). Its GEMM is
+    the same dW = dY^T x im2col(X) as without the bias: 8 rows, 3 x 3 x 3 = 27 columns, K = 2 x 14 x 14 = 392 (the
+    bias's gradient is a reduction beside it, no GEMM)."""
+    import fxflops
+    from fxflops.predict.op_time import gemm_shape
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3))
+    est = fxflops.estimate(model, (torch.randn(2, 3, 16, 16),), backward=True)
+    (wgrad,) = [n for n in est.nodes if "convolution_backward" in n.op]
+    assert wgrad.output_shapes == ((8, 3, 3, 3), (8,))
+    assert gemm_shape(wgrad) == (8, 27, 392, 1)
+
+
 def test_grouped_gemm_and_conv_shapes_by_hand():
     from fxflops.predict.op_time import gemm_shape
 

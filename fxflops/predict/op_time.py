@@ -185,9 +185,11 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
 
 
 def _weight_gradient_only(node: NodeCost) -> bool:
-    """A convolution_backward that computes only the weight's gradient: its one output has the weight's shape (its
-    third input) and not the input's (the second), so it is no input gradient of the same shape."""
-    if "convolution_backward" not in node.op or len(node.output_shapes) != 1 or len(node.input_shapes) < 3:
+    """A convolution_backward that computes no input gradient, the weight's (and maybe the bias's) alone: its first
+    output has the weight's shape (its third input) and not the input's (the second), so it is no input gradient of
+    the same shape; a second output, if any, is the bias's 1-d gradient (a first layer with a bias)."""
+    if "convolution_backward" not in node.op or len(node.input_shapes) < 3 \
+            or not 1 <= len(node.output_shapes) <= 2 or any(len(shape) != 1 for shape in node.output_shapes[1:]):
         return False
     out = node.output_shapes[0]
     return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
