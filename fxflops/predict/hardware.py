@@ -204,18 +204,20 @@ class DeviceModel:
         curve = getattr(self, f"bandwidth_{kind}")
         return self.hbm_bandwidth * interpolate(curve, max(size, 1)) if curve else self.sustained
 
-    def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> float:
+    def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1,
+                      splittable: bool = True) -> float:
         """Fraction of peak an (m x k) @ (k x n) GEMM reaches (`groups` of them in one kernel: a batched or
         grouped GEMM): the plateau, times tile quantization (the last row and column of tiles are partly
         empty), times wave quantization (the last wave of tiles leaves SMs idle; a split-K GEMM's wave holds
         each tile once per part, see `split_k`), times the alignment factor and the calibrated size correction.
-        The reduction of a split GEMM's partial outputs is not in it: op_time adds it as memory traffic."""
+        The reduction of a split GEMM's partial outputs is not in it: op_time adds it as memory traffic.
+        `splittable`: False for a kernel that never splits K (a grouped GEMM's: CUTLASS's grouped scheduler)."""
         if min(m, n, k) <= 0:
             return self.gemm_max_efficiency
         tile_m, tile_n = self.gemm_tile
         rows, cols = math.ceil(m / tile_m), math.ceil(n / tile_n)
         # a split-K GEMM runs each output tile as `splits` tiles, each over a part of K: more tiles in the wave
-        tiles = rows * cols * max(groups, 1) * self.split_k(m, n, k, element_bytes, groups)
+        tiles = rows * cols * max(groups, 1) * (self.split_k(m, n, k, element_bytes, groups) if splittable else 1)
         tile_use = (m * n) / (rows * tile_m * cols * tile_n)
         wave_use = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         size = (float(m) * n * k) ** (1 / 3)

@@ -10,7 +10,8 @@ one or, for a memory-bound op, its kernel class's:
   output tiles fill less than half of the SMs and whose K is deep runs split-K, as cuBLAS, cuDNN and CUTLASS run
   it (`DeviceModel.split_k`): its tiles once per part of K in the wave, plus the reduction of the parts' fp32
   partial outputs through memory after them (`split_k_reduction`, in the op's `overhead` with its launch).
-- grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
+- grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`,
+  never split along K (CUTLASS's grouped kernel, which torch runs, has no stream-K).
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
   That is a fused (FlashAttention-class) kernel. A run whose software computes attention unfused
@@ -243,11 +244,14 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     overhead = device.launch_overhead
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
-        efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups)
+        # a grouped GEMM never splits K: torch's _grouped_mm is CUTLASS's grouped kernel, whose tile scheduler has
+        # no stream-K (aten/src/ATen/native/cuda/GroupMM.cu)
+        efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups, splittable=kind == GEMM)
         if kind == GROUPED_GEMM:
             efficiency *= device.grouped_gemm_efficiency
+        else:
+            overhead += split_k_reduction(m, n, k, groups, device, key)
         compute = flops / (device.peak(key) * efficiency)
-        overhead += split_k_reduction(m, n, k, groups, device, key)
     elif kind == ATTENTION:
         seq, head_dim, causal = _attention_shape(node)
         if causal and node.effective_flops is not None:
