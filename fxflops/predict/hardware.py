@@ -228,7 +228,8 @@ class DeviceModel:
         """Into how many parts the library splits the reduction (K) of an (m x k) @ (k x n) GEMM (1: not split), as
         CUTLASS's stream-K scheduler decides it (tile_scheduler_params.h, `get_num_sk_tiles` and
         `get_num_sk_units`): only when the output's tiles make one wave that fills less than half of the SMs
-        (more tiles leave no SM idle worth the reduction), into as many parts as fill the SMs, each keeping at
+        (CUTLASS also stream-Ks the last two waves of a GEMM of several waves whose last wave is under half full:
+        not modelled, that GEMM keeps its idle last wave), into as many parts as fill the SMs, each keeping at
         least SPLIT_K_MIN_K_TILES k-tiles of `gemm_k_tile` bytes of K (a shallower part spends more on its
         prologue and the reduction than it gains; K of 8 k-tiles or fewer is never split)."""
         if min(m, n, k) <= 0 or self.gemm_k_tile <= 0:
