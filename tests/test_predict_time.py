@@ -222,6 +222,13 @@ def test_split_k_gemm_by_hand():
     assert device_model("TPU v5p").split_k(128, 128, 16384, 2) == 1
     with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a positive number \(or 0: never\)"):
         with_constant(h100, "gemm_k_tile", -1, "given")
+    # a count held as an int is refused unless whole: 0.5 would be truncated to 0 (never split) while explain shows
+    # 0.5, 131.5 SMs to 131
+    with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a whole number, got 0.5"):
+        with_constant(h100, "gemm_k_tile", 0.5, "given")
+    with pytest.raises(ValueError, match=r"sm_count \(given\) must be a whole number, got 131.5"):
+        with_constant(h100, "sm_count", 131.5, "given")
+    assert with_constant(h100, "gemm_k_tile", 64.0, "given").split_k(128, 128, 16384, 2) == 64  # 512 k-tiles
 
 
 def test_gemm_whose_tiles_fill_the_sms_is_priced_as_without_split_k():
