@@ -571,7 +571,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     typed = {}
     for key, (unit, _) in schema.items():
         value = values[key]
-        if unit in ("SMs", "GPUs", "NICs", "B", "elements"):
+        if unit in _COUNT_UNITS:
             value = int(value)
         elif unit == "FLOP/s":
             value = MappingProxyType(dict(value))
@@ -582,6 +582,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
 
 
 _ZERO_TURNS_OFF = ("gemm_k_tile",)  # constants whose 0 means "the device never does this"
+_COUNT_UNITS = ("SMs", "GPUs", "NICs", "B", "elements")  # constants held as int (_typed): whole numbers only
 
 
 def _checked(key: str, value: Any, origin: str) -> Any:
@@ -615,6 +616,8 @@ def _checked(key: str, value: Any, origin: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise fail("a positive number" + (" (or 0: never)" if key in _ZERO_TURNS_OFF else ""))
+    if unit in _COUNT_UNITS and value != int(value):  # int() would truncate it (0.5 B of K: never split)
+        raise fail("a whole number")
     if unit == "fraction" and value > 1:
         raise fail("a fraction in (0, 1]")
     if key == "tp_overlap_gemm_slowdown" and value < 1:  # sharing the SMs never speeds a GEMM up
