@@ -162,8 +162,8 @@ def op_kind(node: NodeCost) -> str:
 
 def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of a GEMM-like op from its output shape and MACs: N is the output's last dim (a
-    conv's channel dim; a convolution_backward that computes the weight's gradient alone: C_in / groups x the
-    kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
+    conv's channel dim; a convolution_backward that computes the weight's gradient alone, or with the bias's: C_in /
+    groups x the kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
     come from its second input's leading dim (the experts' stacked weights)."""
     out = node.output_shapes[0] if node.output_shapes else ()
     numel = math.prod(out) if out else 1
