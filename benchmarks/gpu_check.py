@@ -754,7 +754,10 @@ def steps(run: Run) -> dict[str, Any]:
                 torch.cuda.reset_peak_memory_stats()
             times = [_step_seconds(run, step) for _ in range(3 if run.quick else 10)]
             peak = torch.cuda.max_memory_allocated() if run.cuda else None
+            # the bytes the tensors asked for, without the allocator's block rounding (issue 41's memory check)
+            requested = torch.cuda.memory_stats().get("requested_bytes.all.peak") if run.cuda else None
             result[label] = {"step_seconds": times, "median": median(times), "peak_allocated": peak,
+                             "peak_requested": requested,
                              "resident_before_bytes": resident, "kernels": step_kernels(run, step),
                              "params": sum(p.numel() for p in model.parameters())}
             shown = f"{peak / 2**30:.2f} GiB" if peak else "not measured"

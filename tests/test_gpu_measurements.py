@@ -125,13 +125,27 @@ def test_unseen_transformer_steps_are_predicted_closer_with_the_measured_device(
     # the optimizer timed as the foreach kernels torch.optim.AdamW ran: -6% / -14% against -17% / -38% (before split-K,
     # whose small weight-gradient GEMMs now fill the SMs: -4% / -12% against -15% / -36%)
     assert abs(errors["H200 SXM measured"]) <= 0.15 and abs(errors["H200 SXM measured"]) < abs(errors["H200 SXM"]) - 0.1, label
-    assert memory == pytest.approx(gpu_tables.own_peak(run(7)["steps"], key), rel=0.12), label
+    # the peak memory: -0.2% / -3.0% (the sum of every gradient and the saved activations read +11% / +8%)
+    assert memory == pytest.approx(gpu_tables.own_peak(run(7)["steps"], key), rel=0.031), label
+
+
+@pytest.mark.parametrize("index, error", [(0, -0.002), (1, -0.030), (2, -0.010), (3, -0.029)])
+def test_unseen_steps_peak_memory_on_the_h200(index, error) -> None:
+    # run 7, one model on the GPU at a time: the step's highest moment, the gradients as torch keeps them (each
+    # from its AccumulateGrad, freed by zero_grad(set_to_none=True)), the logits held only as autograd holds them
+    # (the loss lambdas keep the loss alone). The optimizer's state is the same with or without optimizer=
+    label, model, inputs, loss, key = gpu_tables.unseen_steps()[index]
+    step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device="H200 SXM measured",
+                                dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer="adamw")
+    measured = gpu_tables.own_peak(run(7)["steps"], key)
+    assert step.memory[0].tensor_bytes / measured - 1 == pytest.approx(error, abs=0.003), label
 
 
 def test_run_6s_peaks_held_the_other_models_weights() -> None:
     # run 6 built the four models before stepping the first: each peak holds the other three's bf16 weights
-    # (2 bytes a parameter). Less those, the convolution's and ViT's memory is predicted within 3% (against
-    # the raw peaks it read as -47% and -35%, put down to cuDNN workspaces)
+    # (2 bytes a parameter). Less those, the convolution's and ViT's memory is predicted within 5% (-3.5%, -4.6%;
+    # against the raw peaks it read as -47% and -35%, put down to cuDNN workspaces); run 7, one model at a time,
+    # measured both 0.07-0.08 GiB lower than this estimate of run 6's own peaks (-1.0%, -2.9%)
     steps = run(6)["steps"]
     params = {key: entry["params"] for key, entry in steps.items()}
     assert sum(params.values()) == 852_559_872 + 354_823_168 + 25_557_032 + 86_567_656
@@ -141,7 +155,7 @@ def test_run_6s_peaks_held_the_other_models_weights() -> None:
         assert own == steps[key]["peak_allocated"] - 2 * (sum(params.values()) - params[key])
         step = fxflops.predict_step(model, inputs, parallel={}, cluster="DGX H100", device="H200 SXM measured",
                                     dtype=torch.bfloat16, attention="cudnn", loss=loss, optimizer_state_bytes=4)
-        assert step.memory[0].tensor_bytes == pytest.approx(own, rel=0.03), key
+        assert step.memory[0].tensor_bytes == pytest.approx(own, rel=0.05), key
 
 
 def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path) -> None:

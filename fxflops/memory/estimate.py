@@ -40,6 +40,10 @@ class MemoryOptions:
     # the gradients exist when the step starts: a micro-batch after the first under gradient accumulation,
     # or zero_grad(set_to_none=False); the backward adds into them
     grads_at_start: bool = False
+    # the caller holds the model's output until the step ends (a loop that keeps `out = model(x)` through
+    # `loss.backward()`); False: only what autograd saves of it stays (torchtitan deletes its `pred` before the
+    # backward, Megatron's GPTModel and Hugging Face's Trainer keep only the loss)
+    output_held: bool = True
 
 
 def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer | None = None,
@@ -78,7 +82,7 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
                      "zero_grad(set_to_none=True) frees the gradients after the step")
     points, storages = build_timeline(graph_module, optimizer_state=optimizer_state, optimizer_step=optimizer_step,
                                       optimizer_label=label, grads_at_start=options.grads_at_start,
-                                      nodes=nodes, state=state)
+                                      nodes=nodes, state=state, output_held=options.output_held)
     peak = max(points, key=lambda point: point.total)  # the first point at the highest total
     alive = live_at(storages, peak.index)
     by_module: dict[str, int] = {}
@@ -96,6 +100,8 @@ def estimate_memory(captured: Captured, optimizer: str | torch.optim.Optimizer |
     start = points[0].by_kind
     model_states = {kind: start[kind] for kind in (PARAMETERS, BUFFERS, OPTIMIZER)}
     model_states[GRADIENTS] = sum(s.nbytes for s in storages.values() if s.kind == GRADIENTS)
+    if not options.output_held:
+        notes.append("the model's output held only as autograd saves it (the loop keeps the loss, not the output)")
     if options.grads_at_start:
         notes.append("the gradients exist from the start (accumulation, or zero_grad(set_to_none=False))")
     allowance = options.allowance

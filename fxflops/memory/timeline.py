@@ -201,7 +201,8 @@ def stolen_grads(ops: list[torch.fx.Node], grads: set[int], accumulate: bool = F
 
 def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int = 0, optimizer_step: int = 0,
                    optimizer_label: str = "", grads_at_start: bool = False, nodes: Collection[str] | None = None,
-                   state: ModelState | None = None) -> tuple[list[Point], dict[object, Storage]]:
+                   state: ModelState | None = None,
+                   output_held: bool = True) -> tuple[list[Point], dict[object, Storage]]:
     """The live bytes at each op of the captured step, and each storage's life.
 
     Points: 0 is the step's start; one per op node in order; then, with a backward, the optimizer
@@ -213,6 +214,8 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
     parameters and buffers it holds. A value another stage made is received when this stage first reads
     it, and what this stage's forward receives or sends is held until its backward ends (a pipeline stage
     keeps a micro-batch's inputs and outputs for its backward, as torch.distributed.pipelining's does).
+    `output_held`: the caller holds the model's output until the step ends; False: it lives as autograd and the
+    ops reading it keep it (a loop that keeps only the loss).
     """
     state = state or graph_module.meta.get(MODEL_STATE) or ModelState()
     every = [node for node in graph_module.graph.nodes if node.op == "call_function"]
@@ -301,7 +304,7 @@ def build_timeline(graph_module: torch.fx.GraphModule, *, optimizer_state: int =
                     storage.last = stop
 
     held_to = end  # the caller holds the output (and autograd's seeds hold through the backward)
-    output = next(iter(graph_module.graph.find_nodes(op="output")), None)
+    output = next(iter(graph_module.graph.find_nodes(op="output")), None) if output_held else None
     if output is not None:
         for source in output.all_input_nodes:
             for key, _ in _storages(source.meta.get("val"), alias):

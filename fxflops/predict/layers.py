@@ -79,6 +79,15 @@ class Part:
     # of `params`, the weights of Linear modules: their gradient is a GEMM's output (what Megatron-LM's
     # gradient_accumulation_fusion accumulates inside that GEMM; `step._accumulation`)
     gemm_weight_params: int = 0
+    # the part's moments in the capture's memory timeline (`part_moments`): the most bytes alive while one of its
+    # ops runs beyond what stays saved for the backward (the parts before it and its own `saved_bytes`): in its
+    # forward; in its backward with the gradients it makes counted from when they are made (torch's .grad, freed
+    # by zero_grad(set_to_none=True)); in its backward when the gradients exist already (a persistent buffer, or a
+    # later micro-batch's), only the gradient an op is making counted (it is added into the buffer and freed)
+    forward_excess: int = 0
+    backward_excess: int = 0
+    backward_excess_held: int = 0
+    backward_excess_grads: int = 0  # of `backward_excess`, the part's own gradients made by then
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,8 @@ class LayerCosts:
     device: str
     captured_layers: int  # depth of the model that was captured
     notes: tuple[str, ...] = ()
-    # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in
-    # flight between ops): one layer's worth whatever the depth, so the search adds it once per rank
+    # temporaries alive at the capture's memory peak (workspaces of the op running there, gradients in flight
+    # between ops), for the record: the memory per rank reads each part's own moments instead (`Part`'s excesses)
     transient_bytes: int = 0
     # the capture ran under FSDP (cp / ep captures): FSDP2's own copies (all-gather copy-in and copy-out, the
     # reduce-scatter's chunk_cat) are among its ops already, so the step does not add them again
@@ -254,18 +263,26 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                 key = part(node)
                 unfused[key] = unfused.get(key, 0) + unfused_attention_saved_bytes(node, element,
                                                                                    kernels.attention_dropout)
-        for key, size in unfused.items():
-            saved[key] = saved.get(key, 0) + size
     count = len(blocks)
-    block = Part(**{f: _mean(sums, range(count), f) for f in _SECONDS},
+    moments = part_moments(memory, by_name, part, saved, count) if memory is not None else {}
+    for key, size in unfused.items():  # the scores are saved beside what the capture's timeline holds
+        saved[key] = saved.get(key, 0) + size
+    block_moments = {name: max((moments[i][index] for i in range(count) if i in moments), default=0)
+                     for index, name in enumerate(_MOMENTS)}
+    worst = max((moments[i] for i in range(count) if i in moments), key=lambda m: m[1], default=None)
+    if worst is not None:  # the own gradients inside the highest backward excess: that block's
+        block_moments["backward_excess_grads"] = worst[3]
+    block = Part(**block_moments, **{f: _mean(sums, range(count), f) for f in _SECONDS},
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
                  params=params["block"], expert_params=params["experts"], tensors=tensors["block"],
                  gemm_weight_params=int(round(_mean(sums, range(count), "gemm_weight_params"))),
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
-    pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE])
-    post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST])
+    pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE],
+                              **dict(zip(_MOMENTS, moments.get(PRE, (0, 0, 0, 0)))))
+    post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST],
+                               **dict(zip(_MOMENTS, moments.get(POST, (0, 0, 0, 0)))))
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
     transient = memory.by_kind.get("temporaries", 0) if memory is not None else 0
@@ -273,6 +290,50 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
                       fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients,
                       memory_captured=memory is not None)
+
+
+_MOMENTS = ("forward_excess", "backward_excess", "backward_excess_held", "backward_excess_grads")
+
+
+def part_moments(memory: Any, by_name: dict[str, Any], part: Callable[[Any], int | str], saved: dict[Any, int],
+                 count: int) -> dict[Any, tuple[int, int, int, int]]:
+    """Part (block index, PRE, POST) -> its (forward_excess, backward_excess, backward_excess_held,
+    backward_excess_grads), read from the
+    capture's memory timeline (`Part`): at each op of a part, the activation and temporary bytes alive less what the
+    parts before it (in the forward's order) and the part itself save for the backward, which are all alive then;
+    in the backward, plus the gradients made since the part's backward began (they stay), or, held, plus only those
+    the op itself made. A step of any depth or pipeline split is then composed from these (`step_memory`)."""
+    order = [PRE, *range(count), POST]
+    before: dict[Any, int] = {}
+    running = 0
+    for key in order:
+        before[key] = running
+        running += saved.get(key, 0)
+    found: dict[Any, list[int | None]] = {}
+    grads_before: dict[Any, int] = {}
+    key: Any = PRE
+    grads = 0
+    for point in memory.timeline:
+        node = by_name.get(point.node)
+        if point.phase in ("start", "optimizer step"):
+            grads = point.by_kind.get("gradients", 0)
+            continue
+        if node is not None:
+            key = part(node)
+        kinds = point.by_kind
+        alive = kinds.get("activations", 0) + kinds.get("temporaries", 0) - before[key] - saved.get(key, 0)
+        made = kinds.get("gradients", 0)
+        entry = found.setdefault(key, [None, None, None, 0])
+        if point.phase == FORWARD:
+            entry[0] = alive if entry[0] is None else max(entry[0], alive)
+        else:
+            since = made - grads_before.setdefault(key, grads)
+            if entry[1] is None or alive + since > entry[1]:
+                entry[1], entry[3] = alive + since, since
+            this_op = alive + max(0, made - grads)
+            entry[2] = this_op if entry[2] is None else max(entry[2], this_op)
+        grads = made
+    return {key: tuple(value or 0 for value in entry) for key, entry in found.items()}  # type: ignore[misc]
 
 
 def _part_of(blocks: list[str]) -> Callable[[str], int]:

@@ -372,8 +372,9 @@ class StepPrediction:
             fsdp = f"; FSDP's gathered parameters {mem.gathered / gib:,.2f} and unsharded gradients " \
                 f"{mem.unsharded_gradients / gib:,.2f} among them" if mem.gathered else ""
             chunks = f"{mem.in_flight} micro-batch chunk{'s' if mem.in_flight != 1 else ''}"
+            moment = f", at the {mem.moment}" if mem.moment else ""
             lines.append(f"  {mem.role:<12} memory {mem.total / gib:,.2f} GiB: {kinds}, allowance "
-                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{fsdp})")
+                         f"{mem.allowance / gib:,.2f} GiB ({chunks} of activations in flight{moment}{fsdp})")
         return lines
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
@@ -1085,6 +1086,14 @@ def capture_costs(model: Any, inputs: Any, cluster: Cluster, *, tp: int = 1, seq
         if tp > 1:
             parallel |= {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan, "loss_parallel": loss_parallel}
     args = inputs if isinstance(inputs, tuple) else (inputs,)
+    if memory:
+        from fxflops.memory import MemoryOptions
+
+        # a loop whose backward starts from a loss keeps the loss, not the model's output (torchtitan's train step
+        # deletes `pred` before loss.backward(); Megatron-LM's GPTModel computes the loss in its forward): the
+        # output lives as autograd keeps it. Without `loss`, the backward is seeded at the output, which the
+        # caller holds
+        memory = MemoryOptions(output_held=loss is None)
     est = fxflops.estimate(model, args, backward=True, loss=loss, parallel=parallel, memory=memory,
                            **({"routing": routing} if routing is not None else {}))
     placed = {"tp": ranks_per_node(tp, 1, cluster), "cp": ranks_per_node(cp, tp, cluster),
