@@ -222,6 +222,13 @@ def test_split_k_gemm_by_hand():
     assert device_model("TPU v5p").split_k(128, 128, 16384, 2) == 1
     with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a positive number \(or 0: never\)"):
         with_constant(h100, "gemm_k_tile", -1, "given")
+    # a count held as an int is refused unless whole: 0.5 would be truncated to 0 (never split) while explain shows
+    # 0.5, 131.5 SMs to 131
+    with pytest.raises(ValueError, match=r"gemm_k_tile \(given\) must be a whole number, got 0.5"):
+        with_constant(h100, "gemm_k_tile", 0.5, "given")
+    with pytest.raises(ValueError, match=r"sm_count \(given\) must be a whole number, got 131.5"):
+        with_constant(h100, "sm_count", 131.5, "given")
+    assert with_constant(h100, "gemm_k_tile", 64.0, "given").split_k(128, 128, 16384, 2) == 64  # 512 k-tiles
 
 
 def test_gemm_whose_tiles_fill_the_sms_is_priced_as_without_split_k():
@@ -253,6 +260,21 @@ def test_a_first_layer_convolution_weight_gradient_is_read_as_its_dw_gemm():
     assert gemm_shape(backward["1"]) == (2 * 14 * 14, 8, round(2 * 2 * 4 * 12 * 12 * 8 * 9 / (2 * 8 * 14 * 14)), 1)
 
 
+def test_a_first_layer_convolution_with_a_bias_reads_its_weight_gradient_as_the_dw_gemm():
+    """A first layer with a bias (a ViT's patch embedding, VGG's conv1) asks convolution_backward for the weight's and
+    the bias's gradients (output_mask [False, True, True]): two outputs, the weight's shape then (C_out,). Its GEMM is
+    the same dW = dY^T x im2col(X) as without the bias: 8 rows, 3 x 3 x 3 = 27 columns, K = 2 x 14 x 14 = 392 (the
+    bias's gradient is a reduction beside it, no GEMM)."""
+    import fxflops
+    from fxflops.predict.op_time import gemm_shape
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3))
+    est = fxflops.estimate(model, (torch.randn(2, 3, 16, 16),), backward=True)
+    (wgrad,) = [n for n in est.nodes if "convolution_backward" in n.op]
+    assert wgrad.output_shapes == ((8, 3, 3, 3), (8,))
+    assert gemm_shape(wgrad) == (8, 27, 392, 1)
+
+
 def test_grouped_gemm_and_conv_shapes_by_hand():
     from fxflops.predict.op_time import gemm_shape
 
@@ -272,6 +294,23 @@ def test_grouped_gemm_and_conv_shapes_by_hand():
                     output_shapes=((32, 128, 56, 56),), macs=32 * 128 * 56 * 56 * 64 * 9,
                     flops=2 * 32 * 128 * 56 * 56 * 64 * 9, bytes=0)
     assert gemm_shape(conv) == (32 * 56 * 56, 128, 64 * 9, 1)  # an implicit GEMM: N = output channels
+
+
+def test_a_grouped_gemm_is_never_split_along_k():
+    """torch's `_grouped_mm` runs CUTLASS's grouped kernel (aten/src/ATen/native/cuda/GroupMM.cu: a GroupProblemShape
+    GemmUniversal on the default grouped tile scheduler), which has no stream-K or split-K: a grouped GEMM's tiles
+    stay in their waves whatever K is. 8 experts of 64 tokens, K = 4096, N = 1024 on the H100 preset: per expert
+    1 x 8 tiles of 256x128 (tile use 64 / 256), 64 tiles in one wave of 132, under half of it, yet not split: wave
+    use 64 / 132, x 0.85 for the grouped kernel, no reduction in the overhead."""
+    h100 = device_model("H100 SXM")
+    experts, tokens, k, n = 8, 64, 4096, 1024
+    grouped = NodeCost(name="gmm", op="aten._grouped_mm.default", status=COUNTED, rule="grouped_mm", module="moe",
+                       module_type="MoE", input_shapes=((experts * tokens, k), (experts, k, n), (experts,)),
+                       output_shapes=((experts * tokens, n),), macs=experts * tokens * k * n,
+                       flops=2 * experts * tokens * k * n, bytes=0)
+    timing = op_time(grouped, h100, "bf16")
+    assert timing.efficiency == pytest.approx(0.801 * (64 / 256) * (64 / 132) * 0.85, rel=1e-12)
+    assert timing.overhead == 2e-6
 
 
 def test_memory_bound_op_by_hand():

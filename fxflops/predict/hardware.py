@@ -214,18 +214,20 @@ class DeviceModel:
         curve = getattr(self, f"bandwidth_{kind}")
         return self.hbm_bandwidth * interpolate(curve, max(size, 1)) if curve else self.sustained
 
-    def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1) -> float:
+    def gemm_fraction(self, m: int, n: int, k: int, element_bytes: int, groups: int = 1,
+                      splittable: bool = True) -> float:
         """Fraction of peak an (m x k) @ (k x n) GEMM reaches (`groups` of them in one kernel: a batched or
         grouped GEMM): the plateau, times tile quantization (the last row and column of tiles are partly
         empty), times wave quantization (the last wave of tiles leaves SMs idle; a split-K GEMM's wave holds
         each tile once per part, see `split_k`), times the alignment factor and the calibrated size correction.
-        The reduction of a split GEMM's partial outputs is not in it: op_time adds it as memory traffic."""
+        The reduction of a split GEMM's partial outputs is not in it: op_time adds it as memory traffic.
+        `splittable`: False for a kernel that never splits K (a grouped GEMM's: CUTLASS's grouped scheduler)."""
         if min(m, n, k) <= 0:
             return self.gemm_max_efficiency
         tile_m, tile_n = self.gemm_tile
         rows, cols = math.ceil(m / tile_m), math.ceil(n / tile_n)
         # a split-K GEMM runs each output tile as `splits` tiles, each over a part of K: more tiles in the wave
-        tiles = rows * cols * max(groups, 1) * self.split_k(m, n, k, element_bytes, groups)
+        tiles = rows * cols * max(groups, 1) * (self.split_k(m, n, k, element_bytes, groups) if splittable else 1)
         tile_use = (m * n) / (rows * tile_m * cols * tile_n)
         wave_use = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         size = (float(m) * n * k) ** (1 / 3)
@@ -236,7 +238,8 @@ class DeviceModel:
         """Into how many parts the library splits the reduction (K) of an (m x k) @ (k x n) GEMM (1: not split), as
         CUTLASS's stream-K scheduler decides it (tile_scheduler_params.h, `get_num_sk_tiles` and
         `get_num_sk_units`): only when the output's tiles make one wave that fills less than half of the SMs
-        (more tiles leave no SM idle worth the reduction), into as many parts as fill the SMs, each keeping at
+        (CUTLASS also stream-Ks the last two waves of a GEMM of several waves whose last wave is under half full:
+        not modelled, that GEMM keeps its idle last wave), into as many parts as fill the SMs, each keeping at
         least SPLIT_K_MIN_K_TILES k-tiles of `gemm_k_tile` bytes of K (a shallower part spends more on its
         prologue and the reduction than it gains; K of 8 k-tiles or fewer is never split)."""
         if min(m, n, k) <= 0 or self.gemm_k_tile <= 0:
@@ -578,7 +581,7 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
     typed = {}
     for key, (unit, _) in schema.items():
         value = values[key]
-        if unit in ("SMs", "GPUs", "NICs", "B", "elements", "threads", "copies"):
+        if unit in _COUNT_UNITS:
             value = int(value)
         elif unit == "FLOP/s":
             value = MappingProxyType(dict(value))
@@ -589,6 +592,8 @@ def _typed(schema: dict[str, tuple[str, str]], values: dict[str, Any]) -> dict[s
 
 
 _ZERO_TURNS_OFF = ("gemm_k_tile", "memory_latency", "conv_layout_conversions")  # constants whose 0 means "the device never does this"
+# constants held as int (_typed): whole numbers only
+_COUNT_UNITS = ("SMs", "GPUs", "NICs", "B", "elements", "threads", "copies")
 
 
 def _checked(key: str, value: Any, origin: str) -> Any:
@@ -622,6 +627,8 @@ def _checked(key: str, value: Any, origin: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise fail("a positive number" + (" (or 0: never)" if key in _ZERO_TURNS_OFF else ""))
+    if unit in _COUNT_UNITS and value != int(value):  # int() would truncate it (0.5 B of K: never split)
+        raise fail("a whole number")
     if unit == "fraction" and value > 1:
         raise fail("a fraction in (0, 1]")
     if key == "tp_overlap_gemm_slowdown" and value < 1:  # sharing the SMs never speeds a GEMM up

@@ -10,7 +10,8 @@ one or, for a memory-bound op, its kernel class's:
   output tiles fill less than half of the SMs and whose K is deep runs split-K, as cuBLAS, cuDNN and CUTLASS run
   it (`DeviceModel.split_k`): its tiles once per part of K in the wave, plus the reduction of the parts' fp32
   partial outputs through memory after them (`split_k_reduction`, in the op's `overhead` with its launch).
-- grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`.
+- grouped GEMMs (MoE experts, `_grouped_mm`) as one GEMM of a group's shape, times `grouped_gemm_efficiency`,
+  never split along K (CUTLASS's grouped kernel, which torch runs, has no stream-K).
 - attention kernels (SDPA, flash/efficient attention, forward and backward) at the attention curve's
   fraction for their query length and head dimension; with a causal mask, of the FLOPs of the kept pairs.
   That is a fused (FlashAttention-class) kernel. A run whose software computes attention unfused
@@ -165,8 +166,8 @@ def op_kind(node: NodeCost) -> str:
 
 def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of a GEMM-like op from its output shape and MACs: N is the output's last dim (a
-    conv's channel dim; a convolution_backward that computes the weight's gradient alone: C_in / groups x the
-    kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
+    conv's channel dim; a convolution_backward that computes the weight's gradient alone, or with the bias's: C_in /
+    groups x the kernel, its GEMM's columns), M the rest of its elements, K = MACs / output elements. A grouped GEMM's groups
     come from its second input's leading dim (the experts' stacked weights)."""
     out = node.output_shapes[0] if node.output_shapes else ()
     numel = math.prod(out) if out else 1
@@ -189,9 +190,11 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
 
 
 def _weight_gradient_only(node: NodeCost) -> bool:
-    """A convolution_backward that computes only the weight's gradient: its one output has the weight's shape (its
-    third input) and not the input's (the second), so it is no input gradient of the same shape."""
-    if "convolution_backward" not in node.op or len(node.output_shapes) != 1 or len(node.input_shapes) < 3:
+    """A convolution_backward that computes no input gradient, the weight's (and maybe the bias's) alone: its first
+    output has the weight's shape (its third input) and not the input's (the second), so it is no input gradient of
+    the same shape; a second output, if any, is the bias's 1-d gradient (a first layer with a bias)."""
+    if "convolution_backward" not in node.op or len(node.input_shapes) < 3 \
+            or not 1 <= len(node.output_shapes) <= 2 or any(len(shape) != 1 for shape in node.output_shapes[1:]):
         return False
     out = node.output_shapes[0]
     return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
@@ -249,11 +252,14 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     overhead = device.launch_overhead
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
-        efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups)
+        # a grouped GEMM never splits K: torch's _grouped_mm is CUTLASS's grouped kernel, whose tile scheduler has
+        # no stream-K (aten/src/ATen/native/cuda/GroupMM.cu)
+        efficiency = device.gemm_fraction(m, n, k, _ELEMENT_BYTES[key], groups, splittable=kind == GEMM)
         if kind == GROUPED_GEMM:
             efficiency *= device.grouped_gemm_efficiency
+        else:
+            overhead += split_k_reduction(m, n, k, groups, device, key)
         compute = flops / (device.peak(key) * efficiency)
-        overhead += split_k_reduction(m, n, k, groups, device, key)
         if kind == GEMM and key in ("bf16", "fp16"):
             overhead += layout_conversion_seconds(node, device, key)
     elif kind == ATTENTION:
