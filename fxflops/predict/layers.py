@@ -88,6 +88,10 @@ class Part:
     backward_excess: int = 0
     backward_excess_held: int = 0
     backward_excess_grads: int = 0  # of `backward_excess`, the part's own gradients made by then
+    # elements of the part's two largest parameter tensors this rank holds before FSDP, each bounded by a module's own
+    # parameters (a Linear's weight and bias as one): what torch.optim's for-loop step holds temporaries of
+    # (`step_memory._optimizer_step_temporaries`)
+    largest_tensors: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     tensors = _tensors(model, of_module, pre_modules, experts, ep)
+    largest = _largest_tensors(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
@@ -276,12 +281,15 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
                  params=params["block"], expert_params=params["experts"], tensors=tensors["block"],
+                 largest_tensors=largest["block"],
                  gemm_weight_params=int(round(_mean(sums, range(count), "gemm_weight_params"))),
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
     pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE],
+                              largest_tensors=largest[PRE],
                               **dict(zip(_MOMENTS, moments.get(PRE, (0, 0, 0, 0)))))
     post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST],
+                               largest_tensors=largest[POST],
                                **dict(zip(_MOMENTS, moments.get(POST, (0, 0, 0, 0)))))
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
@@ -565,6 +573,22 @@ def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_module
             elif index < 0:
                 found[PRE if name in pre_modules else POST] += share
     return {key: math.ceil(count - 1e-9) for key, count in found.items()}
+
+
+def _largest_tensors(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str],
+                     experts: tuple[str, ...] = (), fsdp_shard: int = 1,
+                     expert_shard: int = 1) -> dict[str, tuple[int, int]]:
+    """The two largest parameter tensors this rank holds before FSDP in the first block, before the blocks and after
+    them (`Part.largest_tensors`), each bounded by a module's own parameter elements (as `_params` counts them)."""
+    found: dict[str, list[int]] = {"block": [], PRE: [], POST: []}
+    for name, own in _own_params(estimate):
+        own *= expert_shard if any(_under(name, path) for path in experts) else fsdp_shard
+        index = of_module(name)
+        if index == 0:
+            found["block"].append(own)
+        elif index < 0:
+            found[PRE if name in pre_modules else POST].append(own)
+    return {key: tuple((sorted(sizes, reverse=True) + [0, 0])[:2]) for key, sizes in found.items()}  # type: ignore[misc]
 
 
 def _own_params(estimate: Any) -> list[tuple[str, int]]:

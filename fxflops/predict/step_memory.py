@@ -184,7 +184,11 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
         moments = _moments(block, pre if first else None, post if last else None, chunk_layers, per_layer, pre_saved,
                            post_saved, block_grads, (post.params * grad_bytes // shard) if last else 0)
         static = kinds["parameters"] + kinds["optimizer"]
-        step_temporaries = _optimizer_step_temporaries(plan, local, costs.param_bytes)
+        # the rank's two largest parameter tensors (a layer's twice when it holds two or more), as it steps them
+        sizes = sorted([*block.largest_tensors * min(rank_layers, 2), *(pre.largest_tensors if first else ()),
+                        *(post.largest_tensors if last else ())], reverse=True) + [0, 0]
+        largest = tuple(-(-size // min(shard, expert_shard)) for size in sizes[:2])
+        step_temporaries = _optimizer_step_temporaries(plan, local, costs.param_bytes, largest)
         candidates = []  # (total, moment, gradients, activations, temporaries)
         # the first micro-batch on the rank: its gradients made as its backward runs (none exist before it) unless
         # the engine keeps a buffer; later micro-batches (gradient accumulation) find the first one's there, with as
@@ -245,15 +249,27 @@ def _moments(block: Any, pre: Any, post: Any, layers: int, per_layer: int, pre_s
     return found
 
 
-def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int) -> int:
+def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int, largest: Sequence[int] = (0, 0)) -> int:
     """The most bytes the optimizer step's own temporaries hold, over `elements` parameter elements of
     `param_bytes`: torch.optim's foreach Adam / AdamW keeps `_foreach_sqrt` of every exp_avg_sq of a group (like the
-    parameters; torch/optim/adam.py `_multi_tensor_adam`), the largest group's when the instance has several (each
-    steps in its own call); its for-loop form one parameter's sqrt and quotient, the fused form none, nor fxflops'
-    default fused mixed-precision kernel (`optimizer_kernels` None). Other optimizers: 0 (not modelled)."""
+    parameters; torch/optim/adam.py `_multi_tensor_adam`, which deletes its negated or weight-decayed gradient copies
+    before it), the largest group's when the instance has several (each steps in its own call); its for-loop form
+    (`_single_tensor_adam`) one parameter at a time `denom = (exp_avg_sq.sqrt() / ...).add_(eps)`, the sqrt and the
+    quotient alive together while the previous parameter's `denom` is still bound, and under maximize or Adam's
+    (coupled) weight decay that parameter's gradient copy beside them: at most twice (three times) the largest of
+    `largest` (the rank's two largest parameter tensors' elements) and the second; the fused form none, nor
+    fxflops' default fused mixed-precision kernel (`optimizer_kernels` None). Other optimizers: 0 (not modelled)."""
     kernels = plan.optimizer_kernels
     if kernels is None:
         return 0
     groups = kernels.groups or ((1.0, 1.0, kernels),)
-    return max((int(share * elements) * param_bytes for share, _, group in groups
-                if group.optimizer in ("adam", "adamw") and group.implementation == "foreach"), default=0)
+    found = [0]
+    for share, _, group in groups:
+        if group.optimizer not in ("adam", "adamw"):
+            continue
+        if group.implementation == "foreach":
+            found.append(int(share * elements) * param_bytes)
+        elif group.implementation == "for_loop":
+            copies = 3 if any(p.op in ("neg(grad)", "add(grad, param)") for p in group.passes) else 2
+            found.append((copies * largest[0] + largest[1]) * param_bytes)
+    return max(found)
