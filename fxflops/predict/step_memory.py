@@ -134,6 +134,9 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
     expert_state_shard = expert_shard if fsdp else plan.expert_group if sharded_state else 1
     if bf16_optimizer:  # the fp32 accumulators and the bf16 .grad, both whole
         grad_bytes += costs.param_bytes
+    # each model chunk's layers, as the schedule splits them (`step._split`: the first chunks take the remainder)
+    base, extra = divmod(sum(layers), chunks)
+    depths = [base + (1 if c < extra else 0) for c in range(chunks)]
     found = []
     for rank, rank_layers in enumerate(layers):
         first, last = rank == 0, rank == (chunks - 1) % p
@@ -160,7 +163,10 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             per_layer = block.saved_bytes - block.attention_saved_bytes
         else:
             per_layer = block.saved_bytes
-        held = int(in_flight * (rank_layers / v) * per_layer)
+        if timeline is not None:  # each chunk in flight by its own layers (uneven chunks are not equally in flight)
+            held = timeline.in_flight(rank, weights=depths) * per_layer
+        else:
+            held = int(in_flight * (rank_layers / v) * per_layer)
         # the embedding's and the head's activations, per micro-batch of their chunk in flight (1F1B's last stage:
         # one; GPipe's: every micro-batch). Under full recomputation the first layer's kept input is the tensor the
         # embedding made, which `pre.saved_bytes` holds already (attributed to the op that made it): held once; and
