@@ -135,8 +135,8 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
     if bf16_optimizer:  # the fp32 accumulators and the bf16 .grad, both whole
         grad_bytes += costs.param_bytes
     # each model chunk's layers, as the schedule splits them (`step._split`: the first chunks take the remainder)
-    base, extra = divmod(sum(layers), chunks)
-    depths = [base + (1 if c < extra else 0) for c in range(chunks)]
+    base, remainder = divmod(sum(layers), chunks)
+    depths = [base + (1 if c < remainder else 0) for c in range(chunks)]
     found = []
     for rank, rank_layers in enumerate(layers):
         first, last = rank == 0, rank == (chunks - 1) % p
