@@ -538,17 +538,22 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
             fsdp_shard: int = 1, expert_shard: int = 1) -> dict[str, int]:
     """Parameter elements this rank holds before FSDP (the capture's own count: local shards under tp and ep, a
     shared parameter once; FSDP's shards times its degree, `expert_shard` inside the experts, `fsdp_shard`
-    elsewhere): in the first block (and of those, in its experts), before the blocks and after them."""
+    elsewhere): in the largest block (and of those, in its experts; blocks of one class can differ, as DeepSeek-V3's
+    dense first layers and its MoE ones: a layer is counted as the largest, never under), before the blocks and after
+    them."""
     found = {"block": 0, "experts": 0, PRE: 0, POST: 0}
+    blocks: dict[int, list[int]] = {}  # block index -> [its parameter elements, of them in experts]
     for name, own in _own_params(estimate):
         expert = any(_under(name, path) for path in experts)
         own *= expert_shard if expert else fsdp_shard
         index = of_module(name)
-        if index == 0:
-            found["block"] += own
-            found["experts"] += own if expert else 0
-        elif index < 0:
+        if index >= 0:
+            entry = blocks.setdefault(index, [0, 0])
+            entry[0] += own
+            entry[1] += own if expert else 0
+        else:
             found[PRE if name in pre_modules else POST] += own
+    found["block"], found["experts"] = max(blocks.values(), default=[0, 0])
     return found
 
 
@@ -578,13 +583,13 @@ def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_module
 def _largest_tensors(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str],
                      experts: tuple[str, ...] = (), fsdp_shard: int = 1,
                      expert_shard: int = 1) -> dict[str, tuple[int, int]]:
-    """The two largest parameter tensors this rank holds before FSDP in the first block, before the blocks and after
+    """The two largest parameter tensors this rank holds before FSDP in any block, before the blocks and after
     them (`Part.largest_tensors`), each bounded by a module's own parameter elements (as `_params` counts them)."""
     found: dict[str, list[int]] = {"block": [], PRE: [], POST: []}
     for name, own in _own_params(estimate):
         own *= expert_shard if any(_under(name, path) for path in experts) else fsdp_shard
         index = of_module(name)
-        if index == 0:
+        if index >= 0:  # any block's (blocks of one class can differ in size)
             found["block"].append(own)
         elif index < 0:
             found[PRE if name in pre_modules else POST].append(own)
