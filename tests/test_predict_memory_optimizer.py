@@ -81,3 +81,23 @@ def test_for_loop_adam_step_temporaries_are_not_under_counted(make, copies) -> N
     assert memory.by_kind["temporaries"] == (copies * VOCAB * H + VOCAB * H) * FP32
     assert memory.tensor_bytes == 4 * params + (copies + 1) * VOCAB * H * FP32
     assert 0 <= memory.tensor_bytes - (measured - counters) <= (VOCAB * H + H) * FP32
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_sgd_weight_decay_copies_the_gradients(foreach) -> None:
+    # torch's SGD with weight decay: `_multi_tensor_sgd` makes `device_grads = torch._foreach_add(device_grads,
+    # device_params, alpha=weight_decay)`, a copy of every gradient alive through the step; `_single_tensor_sgd`
+    # `grad = grad.add(param, alpha=weight_decay)`, one parameter's at a time (the previous one's freed when `grad` is
+    # rebound to the next .grad). Before: 0 temporaries, under by 20.6% (foreach) and 3.2% (for-loop) on a GPT step
+    torch.manual_seed(0)
+    model, ids = Lm(), torch.randint(0, VOCAB, (1, SEQ))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1, foreach=foreach)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        memory = fxflops.predict_step(model, (ids,), cluster="DGX A100 80GB", dtype=torch.float32, loss=loss,
+                                      optimizer=optimizer).peak_memory
+    params = sum(p.numel() for p in model.parameters()) * FP32
+    assert memory.moment == "optimizer step"
+    assert memory.by_kind["temporaries"] == (params if foreach else VOCAB * H * FP32)
+    # parameters, gradients, the momentum buffers and the copies: the real step's live bytes exactly
+    assert memory.tensor_bytes == 3 * params + memory.by_kind["temporaries"] == measured_peak(model, ids, optimizer)

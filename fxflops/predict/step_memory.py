@@ -264,7 +264,9 @@ def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int, larg
     quotient alive together while the previous parameter's `denom` is still bound, and under maximize or Adam's
     (coupled) weight decay that parameter's gradient copy beside them: at most twice (three times) the largest of
     `largest` (the rank's two largest parameter tensors' elements) and the second; the fused form none, nor
-    fxflops' default fused mixed-precision kernel (`optimizer_kernels` None). Other optimizers: 0 (not modelled)."""
+    fxflops' default fused mixed-precision kernel (`optimizer_kernels` None). torch's SGD (torch/optim/sgd.py): under
+    weight decay or maximize the foreach form a copy of every gradient to the step's end, the for-loop form one
+    parameter's (with nesterov's `grad.add(buf)`, two at once), the fused form none."""
     kernels = plan.optimizer_kernels
     if kernels is None:
         return 0
@@ -278,4 +280,15 @@ def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int, larg
         elif group.implementation == "for_loop":
             copies = 3 if any(p.op in ("neg(grad)", "add(grad, param)") for p in group.passes) else 2
             found.append((copies * largest[0] + largest[1]) * param_bytes)
+    for share, _, group in groups:
+        if group.optimizer != "sgd" or group.implementation not in ("foreach", "for_loop"):
+            continue
+        ops = {p.op for p in group.passes}
+        maximize, decay = "neg(grad)" in ops, "add(grad, param)" in ops
+        if group.implementation == "foreach":  # the negated / weight-decayed copy of every gradient, to the end
+            found.append(int(share * elements) * param_bytes if maximize or decay else 0)
+        else:  # one parameter's copies, two at once at most (`grad.add(...)` beside the copy it reads), and under
+            # maximize the previous parameter's while `-grads[i]` is made
+            copies = min(int(maximize) + int(decay) + int("add_(grad, momentum_buffer)" in ops), 2)
+            found.append((copies * largest[0] + (largest[1] if maximize else 0)) * param_bytes)
     return max(found)
