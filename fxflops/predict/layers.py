@@ -125,6 +125,10 @@ class LayerCosts:
     # the capture read the memory timeline (memory=True): saved_bytes and transient_bytes are known, so a step's
     # memory per rank can be predicted from these costs
     memory_captured: bool = True
+    # each captured block's (saved_bytes, attention_saved_bytes, forward_excess, backward_excess,
+    # backward_excess_held, backward_excess_grads), in model order: blocks of one class can differ (DeepSeek-V3's
+    # dense first layers), so a pipeline rank holds its own blocks' bytes, not the mean's (`Part`)
+    block_saved: tuple[tuple[int, ...], ...] = ()
 
     @property
     def params(self) -> int:
@@ -297,7 +301,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
                       fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients,
-                      memory_captured=memory is not None)
+                      memory_captured=memory is not None,
+                      block_saved=tuple((saved.get(i, 0), unfused.get(i, 0), *moments.get(i, (0, 0, 0, 0)))
+                                        for i in range(count)))
 
 
 _MOMENTS = ("forward_excess", "backward_excess", "backward_excess_held", "backward_excess_grads")
