@@ -178,7 +178,8 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
         if own_blocks:
             held = timeline.in_flight(rank, weights=chunk_bytes) if timeline is not None \
                 else max(chunk_bytes[rank::p], default=0)
-        elif timeline is not None:  # each chunk in flight by its own layers (uneven chunks are not equally in flight)
+        elif timeline is not None and len(set(depths)) > 1:  # each chunk in flight by its own layers (uneven
+            # chunks are not equally in flight); even ones: the chunks in flight times their depth
             held = timeline.in_flight(rank, weights=depths) * per_layer
         else:
             held = int(in_flight * (rank_layers / v) * per_layer)
