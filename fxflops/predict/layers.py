@@ -88,6 +88,10 @@ class Part:
     backward_excess: int = 0
     backward_excess_held: int = 0
     backward_excess_grads: int = 0  # of `backward_excess`, the part's own gradients made by then
+    # elements of the part's two largest parameter tensors this rank holds before FSDP, each bounded by a module's own
+    # parameters (a Linear's weight and bias as one): what torch.optim's for-loop step holds temporaries of
+    # (`step_memory._optimizer_step_temporaries`)
+    largest_tensors: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,10 @@ class LayerCosts:
     # the capture read the memory timeline (memory=True): saved_bytes and transient_bytes are known, so a step's
     # memory per rank can be predicted from these costs
     memory_captured: bool = True
+    # each captured block's (saved_bytes, attention_saved_bytes, forward_excess, backward_excess,
+    # backward_excess_held, backward_excess_grads), in model order: blocks of one class can differ (DeepSeek-V3's
+    # dense first layers), so a pipeline rank holds its own blocks' bytes, not the mean's (`Part`)
+    block_saved: tuple[tuple[int, ...], ...] = ()
 
     @property
     def params(self) -> int:
@@ -233,6 +241,7 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
         _add(entry, f"comm_{phase}", exposed)
     params = _params(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     tensors = _tensors(model, of_module, pre_modules, experts, ep)
+    largest = _largest_tensors(estimate, of_module, pre_modules, experts, fsdp_shard, expert_shard)
     gradients = _block_gradients(estimate, of_module, experts, fsdp_shard, expert_shard)
     memory = getattr(estimate, "memory", None)
     saved = {}
@@ -276,12 +285,15 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
                  **{f: int(round(_mean(sums, range(count), f))) for f in ("forward_flops", "backward_flops",
                                                                            "attention_flops", "kernels")},
                  params=params["block"], expert_params=params["experts"], tensors=tensors["block"],
+                 largest_tensors=largest["block"],
                  gemm_weight_params=int(round(_mean(sums, range(count), "gemm_weight_params"))),
                  saved_bytes=int(round(sum(saved.get(i, 0) for i in range(count)) / count)),
                  attention_saved_bytes=int(round(sum(unfused.get(i, 0) for i in range(count)) / count)))
     pre = dataclasses.replace(_whole(sums.get(PRE, {}), params[PRE], saved.get(PRE, 0)), tensors=tensors[PRE],
+                              largest_tensors=largest[PRE],
                               **dict(zip(_MOMENTS, moments.get(PRE, (0, 0, 0, 0)))))
     post = dataclasses.replace(_whole(sums.get(POST, {}), params[POST], saved.get(POST, 0)), tensors=tensors[POST],
+                               largest_tensors=largest[POST],
                                **dict(zip(_MOMENTS, moments.get(POST, (0, 0, 0, 0)))))
     boundary = _boundary_bytes(nodes, of_module, element)
     notes: list[str] = []
@@ -289,7 +301,9 @@ def layer_costs(estimate: Any, model: torch.nn.Module, cluster: Cluster, dtype: 
     return LayerCosts(tp, sequence_parallel, micro_batch, tokens, layers or count, block, pre, post, boundary, element,
                       str(dtype).removeprefix("torch."), device.name, count, tuple(notes), transient,
                       fsdp_in_capture=fsdp_shard > 1 or expert_shard > 1, block_gradients=gradients,
-                      memory_captured=memory is not None)
+                      memory_captured=memory is not None,
+                      block_saved=tuple((saved.get(i, 0), unfused.get(i, 0), *moments.get(i, (0, 0, 0, 0)))
+                                        for i in range(count)))
 
 
 _MOMENTS = ("forward_excess", "backward_excess", "backward_excess_held", "backward_excess_grads")
@@ -530,17 +544,22 @@ def _params(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str
             fsdp_shard: int = 1, expert_shard: int = 1) -> dict[str, int]:
     """Parameter elements this rank holds before FSDP (the capture's own count: local shards under tp and ep, a
     shared parameter once; FSDP's shards times its degree, `expert_shard` inside the experts, `fsdp_shard`
-    elsewhere): in the first block (and of those, in its experts), before the blocks and after them."""
+    elsewhere): in the largest block (and of those, in its experts; blocks of one class can differ, as DeepSeek-V3's
+    dense first layers and its MoE ones: a layer is counted as the largest, never under), before the blocks and after
+    them."""
     found = {"block": 0, "experts": 0, PRE: 0, POST: 0}
+    blocks: dict[int, list[int]] = {}  # block index -> [its parameter elements, of them in experts]
     for name, own in _own_params(estimate):
         expert = any(_under(name, path) for path in experts)
         own *= expert_shard if expert else fsdp_shard
         index = of_module(name)
-        if index == 0:
-            found["block"] += own
-            found["experts"] += own if expert else 0
-        elif index < 0:
+        if index >= 0:
+            entry = blocks.setdefault(index, [0, 0])
+            entry[0] += own
+            entry[1] += own if expert else 0
+        else:
             found[PRE if name in pre_modules else POST] += own
+    found["block"], found["experts"] = max(blocks.values(), default=[0, 0])
     return found
 
 
@@ -565,6 +584,22 @@ def _tensors(model: torch.nn.Module, of_module: Callable[[str], int], pre_module
             elif index < 0:
                 found[PRE if name in pre_modules else POST] += share
     return {key: math.ceil(count - 1e-9) for key, count in found.items()}
+
+
+def _largest_tensors(estimate: Any, of_module: Callable[[str], int], pre_modules: set[str],
+                     experts: tuple[str, ...] = (), fsdp_shard: int = 1,
+                     expert_shard: int = 1) -> dict[str, tuple[int, int]]:
+    """The two largest parameter tensors this rank holds before FSDP in any block, before the blocks and after
+    them (`Part.largest_tensors`), each bounded by a module's own parameter elements (as `_params` counts them)."""
+    found: dict[str, list[int]] = {"block": [], PRE: [], POST: []}
+    for name, own in _own_params(estimate):
+        own *= expert_shard if any(_under(name, path) for path in experts) else fsdp_shard
+        index = of_module(name)
+        if index >= 0:  # any block's (blocks of one class can differ in size)
+            found["block"].append(own)
+        elif index < 0:
+            found[PRE if name in pre_modules else POST].append(own)
+    return {key: tuple((sorted(sizes, reverse=True) + [0, 0])[:2]) for key, sizes in found.items()}  # type: ignore[misc]
 
 
 def _own_params(estimate: Any) -> list[tuple[str, int]]:

@@ -114,15 +114,18 @@ class Timeline:
         """The bubble as a fraction of the ideal step (uniform stages: (p-1)/(m*v))."""
         return self.bubble_time / self.ideal if self.ideal else 0.0
 
-    def in_flight(self, rank: int, chunk: int | None = None) -> int:
+    def in_flight(self, rank: int, chunk: int | None = None, weights: Sequence[int] | None = None) -> int:
         """The most micro-batch chunks whose forward has run on `rank` and whose backward has not yet
         ended: how many chunks' activations the rank holds at once (1F1B's first stage: p); of model chunk
-        `chunk` only, when given (the first chunk's, which carries the embedding; the last's, the head)."""
+        `chunk` only, when given (the first chunk's, which carries the embedding; the last's, the head). `weights`
+        (per model chunk, its layers): each chunk counted by its weight, the most layer-micro-batches held at once
+        (chunks of uneven depth are not in flight equally often)."""
         marks = []
         for e in self.by_rank[rank]:
             if e.stream == COMPUTE and (chunk is None or e.chunk == chunk):
                 # a forward holds its activations from its start; a backward frees them at its end
-                marks.append((e.start, 1) if e.kind == FORWARD else (e.end, -1))
+                weight = weights[e.chunk] if weights is not None else 1
+                marks.append((e.start, weight) if e.kind == FORWARD else (e.end, -weight))
         most = live = 0
         for _, change in sorted(marks, key=lambda mark: (mark[0], mark[1])):
             live += change

@@ -134,6 +134,9 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
     expert_state_shard = expert_shard if fsdp else plan.expert_group if sharded_state else 1
     if bf16_optimizer:  # the fp32 accumulators and the bf16 .grad, both whole
         grad_bytes += costs.param_bytes
+    # each model chunk's layers, as the schedule splits them (`step._split`: the first chunks take the remainder)
+    base, remainder = divmod(sum(layers), chunks)
+    depths = [base + (1 if c < remainder else 0) for c in range(chunks)]
     found = []
     for rank, rank_layers in enumerate(layers):
         first, last = rank == 0, rank == (chunks - 1) % p
@@ -160,7 +163,26 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             per_layer = block.saved_bytes - block.attention_saved_bytes
         else:
             per_layer = block.saved_bytes
-        held = int(in_flight * (rank_layers / v) * per_layer)
+        # each model chunk's own blocks when the capture is the plan's depth and recomputation does not make every
+        # layer keep the same input (blocks of one class can differ: DeepSeek-V3's dense first layers): per block its
+        # bytes kept while other layers run (`per`) and its saved bytes (all alive while its backward runs)
+        own_blocks = len(costs.block_saved) == sum(layers) and plan.recompute != "full"
+        selective = plan.recompute == "selective"
+        running_chunks = [None]  # the chunks a micro-batch's pass can run on this rank: (layers' kept, first, last)
+        if own_blocks:
+            chunk_blocks = [costs.block_saved[sum(depths[:c]):sum(depths[:c]) + depths[c]] for c in range(chunks)]
+            chunk_bytes = [sum(b[0] - (b[1] if selective else 0) for b in blocks) for blocks in chunk_blocks]
+            running_chunks = [(chunk_bytes[c], chunk_blocks[c][0], chunk_blocks[c][-1],
+                               max(b[2] for b in chunk_blocks[c])) for c in range(rank, chunks, p) if chunk_blocks[c]] \
+                or [None]
+        if own_blocks:
+            held = timeline.in_flight(rank, weights=chunk_bytes) if timeline is not None \
+                else max(chunk_bytes[rank::p], default=0)
+        elif timeline is not None and len(set(depths)) > 1:  # each chunk in flight by its own layers (uneven
+            # chunks are not equally in flight); even ones: the chunks in flight times their depth
+            held = timeline.in_flight(rank, weights=depths) * per_layer
+        else:
+            held = int(in_flight * (rank_layers / v) * per_layer)
         # the embedding's and the head's activations, per micro-batch of their chunk in flight (1F1B's last stage:
         # one; GPipe's: every micro-batch). Under full recomputation the first layer's kept input is the tensor the
         # embedding made, which `pre.saved_bytes` holds already (attributed to the op that made it): held once; and
@@ -175,35 +197,30 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
             held += (timeline.in_flight(rank, chunks - 1) if timeline is not None else 1) * post_saved
         # the micro-batch whose pass runs now, on its chunk's layers; the others' saved bytes held beside it
         chunk_layers = -(-rank_layers // v)
-        current = chunk_layers * per_layer + pre_saved + post_saved
-        others = max(held - current, 0)
         block_grads = (block.params - block.expert_params) * grad_bytes // shard \
             + block.expert_params * grad_bytes // expert_shard
         whole = kinds["gradients"]
         buckets = whole if keeping == DDP else 0  # DDP's flat buckets, beside the .grad
-        moments = _moments(block, pre if first else None, post if last else None, chunk_layers, per_layer, pre_saved,
-                           post_saved, block_grads, (post.params * grad_bytes // shard) if last else 0)
         static = kinds["parameters"] + kinds["optimizer"]
-        step_temporaries = _optimizer_step_temporaries(plan, local, costs.param_bytes)
-        candidates = []  # (total, moment, gradients, activations, temporaries)
+        # the rank's two largest parameter tensors (a layer's twice when it holds two or more), as it steps them
+        sizes = sorted([*block.largest_tensors * min(rank_layers, 2), *(pre.largest_tensors if first else ()),
+                        *(post.largest_tensors if last else ())], reverse=True) + [0, 0]
+        largest = tuple(-(-size // min(shard, expert_shard)) for size in sizes[:2])
+        step_temporaries = _optimizer_step_temporaries(plan, local, costs.param_bytes, largest)
+        candidates: list[tuple[int, str, int, int, int]] = []  # (total, moment, gradients, activations, temporaries)
         # the first micro-batch on the rank: its gradients made as its backward runs (none exist before it) unless
         # the engine keeps a buffer; later micro-batches (gradient accumulation) find the first one's there, with as
         # many others in flight (1F1B's steady state) or, when every micro-batch was in flight at once, one fewer
-        passes = [(keeping != BUFFER, others)]
-        if plan.microbatches > 1:
-            passes.append((False, others if plan.microbatches > in_flight else max(others - current, 0)))
-        for first_pass, other in passes:
-            for name, activations, done, excess, excess_held, own, backward in moments:
-                if first_pass:  # (the running part's own gradients made by then are among its excess)
-                    gradients = buckets + (done + own if backward else 0)
-                    temporaries = excess - (own if backward else 0)
-                else:
-                    gradients = buckets + whole
-                    temporaries = excess_held if backward else excess
-                if fsdp and backward and name.startswith("backward of a layer"):
-                    gradients += unsharded
-                candidates.append((static + other + activations + gradients + temporaries, name, gradients,
-                                   other + activations, temporaries))
+        for chunk in running_chunks:
+            current = (chunk[0] if chunk else chunk_layers * per_layer) + pre_saved + post_saved
+            others = max(held - current, 0)
+            moments = _moments(block, pre if first else None, post if last else None, chunk_layers, per_layer,
+                               pre_saved, post_saved, block_grads, (post.params * grad_bytes // shard) if last else 0,
+                               chunk, selective)
+            passes = [(keeping != BUFFER, others)]
+            if plan.microbatches > 1:
+                passes.append((False, others if plan.microbatches > in_flight else max(others - current, 0)))
+            candidates += _candidates(moments, passes, static, buckets, whole, unsharded if fsdp else 0)
         candidates.append((static + buckets + whole + step_temporaries, "optimizer step", buckets + whole, 0,
                            step_temporaries))
         total, moment, gradients, activations, temporaries = max(candidates, key=lambda c: c[0])
@@ -215,29 +232,58 @@ def rank_memories(costs: Any, plan: Any, layers: Sequence[int], timeline: Any,
     return found
 
 
+def _candidates(moments: list[tuple[str, int, int, int, int, int, bool]], passes: list[tuple[bool, int]], static: int,
+                buckets: int, whole: int, unsharded: int) -> list[tuple[int, str, int, int, int]]:
+    """(total, moment, gradients, activations, temporaries) of each moment of a pass, for each pass: (whether it is
+    the step's first micro-batch on the rank, the other micro-batches' saved bytes held beside it)."""
+    found = []
+    for first_pass, other in passes:
+        for name, activations, done, excess, excess_held, own, backward in moments:
+            if first_pass:  # (the running part's own gradients made by then are among its excess)
+                gradients = buckets + (done + own if backward else 0)
+                temporaries = excess - (own if backward else 0)
+            else:
+                gradients = buckets + whole
+                temporaries = excess_held if backward else excess
+            if backward and name.startswith("backward of a layer"):  # FSDP's layer gradients before reduce-scatter
+                gradients += unsharded
+            found.append((static + other + activations + gradients + temporaries, name, gradients,
+                          other + activations, temporaries))
+    return found
+
+
 def _moments(block: Any, pre: Any, post: Any, layers: int, per_layer: int, pre_saved: int, post_saved: int,
-             block_grads: int, post_grads: int) -> list[tuple[str, int, int, int, int, int, bool]]:
+             block_grads: int, post_grads: int, chunk: Any = None,
+             selective: bool = False) -> list[tuple[str, int, int, int, int, int, bool]]:
     """The moments of one micro-batch's pass over a chunk of `layers` blocks (with the embedding `pre` and the head
     `post` when the chunk holds them, else None) at which its bytes can peak: (name, its saved bytes alive then,
     its other parts' gradients made by then, the part's excess with its own gradients made by then, that excess when
     the gradients exist already, the part's own gradients in the first excess, whether it is in the backward).
     Each part's excess (`layers.part_moments`) is read from the capture; a layer's moment in the backward is a line
     in how many layers are done (their saved bytes freed, their gradients made), so its highest is at the first or
-    the last layer of the chunk."""
+    the last layer of the chunk. `chunk`: (its layers' kept bytes, its first and its last block's
+    `LayerCosts.block_saved`, its blocks' highest forward excess) when its own blocks are known: the layer whose
+    backward runs is that block, with its own excess; else every layer is `block` and keeps `per_layer`."""
     found = []
-    below = pre_saved + layers * per_layer
+    below = pre_saved + (chunk[0] if chunk else layers * per_layer)
     if post is not None:
         found.append(("forward of the head and loss", below + post_saved, 0, post.forward_excess,
                       post.forward_excess, 0, False))
         found.append(("backward of the head and loss", below + post_saved, 0, post.backward_excess,
                       post.backward_excess_held, post.backward_excess_grads, True))
     if layers:
-        found.append(("forward of a layer", below, 0, block.forward_excess, block.forward_excess, 0, False))
+        forward_excess = chunk[3] if chunk else block.forward_excess
+        found.append(("forward of a layer", below, 0, forward_excess, forward_excess, 0, False))
         for done in sorted({0, layers - 1}):  # the current layer recomputed (if it was) and all its saved alive
-            alive = pre_saved + (layers - 1 - done) * per_layer + block.saved_bytes
+            if chunk:  # the last layer's scores recomputed under selective; the first layer alone left
+                this = chunk[2] if done == 0 else chunk[1]
+                alive = below + (this[1] if selective else 0) if done == 0 else pre_saved + this[0]
+                excess, excess_held, own = this[3], this[4], this[5]
+            else:
+                alive = pre_saved + (layers - 1 - done) * per_layer + block.saved_bytes
+                excess, excess_held, own = block.backward_excess, block.backward_excess_held, block.backward_excess_grads
             found.append((f"backward of a layer ({'the last' if done == 0 else 'the first'} of the chunk)", alive,
-                          post_grads + done * block_grads, block.backward_excess, block.backward_excess_held,
-                          block.backward_excess_grads, True))
+                          post_grads + done * block_grads, excess, excess_held, own, True))
     if pre is not None:
         found.append(("forward of the embedding", pre_saved, 0, pre.forward_excess, pre.forward_excess, 0, False))
         found.append(("backward of the embedding", pre_saved, post_grads + layers * block_grads, pre.backward_excess,
@@ -245,15 +291,40 @@ def _moments(block: Any, pre: Any, post: Any, layers: int, per_layer: int, pre_s
     return found
 
 
-def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int) -> int:
+def _optimizer_step_temporaries(plan: Any, elements: int, param_bytes: int, largest: Sequence[int] = (0, 0)) -> int:
     """The most bytes the optimizer step's own temporaries hold, over `elements` parameter elements of
     `param_bytes`: torch.optim's foreach Adam / AdamW keeps `_foreach_sqrt` of every exp_avg_sq of a group (like the
-    parameters; torch/optim/adam.py `_multi_tensor_adam`), the largest group's when the instance has several (each
-    steps in its own call); its for-loop form one parameter's sqrt and quotient, the fused form none, nor fxflops'
-    default fused mixed-precision kernel (`optimizer_kernels` None). Other optimizers: 0 (not modelled)."""
+    parameters; torch/optim/adam.py `_multi_tensor_adam`, which deletes its negated or weight-decayed gradient copies
+    before it), the largest group's when the instance has several (each steps in its own call); its for-loop form
+    (`_single_tensor_adam`) one parameter at a time `denom = (exp_avg_sq.sqrt() / ...).add_(eps)`, the sqrt and the
+    quotient alive together while the previous parameter's `denom` is still bound, and under maximize or Adam's
+    (coupled) weight decay that parameter's gradient copy beside them: at most twice (three times) the largest of
+    `largest` (the rank's two largest parameter tensors' elements) and the second; the fused form none, nor
+    fxflops' default fused mixed-precision kernel (`optimizer_kernels` None). torch's SGD (torch/optim/sgd.py): under
+    weight decay or maximize the foreach form a copy of every gradient to the step's end, the for-loop form one
+    parameter's (with nesterov's `grad.add(buf)`, two at once), the fused form none."""
     kernels = plan.optimizer_kernels
     if kernels is None:
         return 0
     groups = kernels.groups or ((1.0, 1.0, kernels),)
-    return max((int(share * elements) * param_bytes for share, _, group in groups
-                if group.optimizer in ("adam", "adamw") and group.implementation == "foreach"), default=0)
+    found = [0]
+    for share, _, group in groups:
+        if group.optimizer not in ("adam", "adamw"):
+            continue
+        if group.implementation == "foreach":
+            found.append(int(share * elements) * param_bytes)
+        elif group.implementation == "for_loop":
+            copies = 3 if any(p.op in ("neg(grad)", "add(grad, param)") for p in group.passes) else 2
+            found.append((copies * largest[0] + largest[1]) * param_bytes)
+    for share, _, group in groups:
+        if group.optimizer != "sgd" or group.implementation not in ("foreach", "for_loop"):
+            continue
+        ops = {p.op for p in group.passes}
+        maximize, decay = "neg(grad)" in ops, "add(grad, param)" in ops
+        if group.implementation == "foreach":  # the negated / weight-decayed copy of every gradient, to the end
+            found.append(int(share * elements) * param_bytes if maximize or decay else 0)
+        else:  # one parameter's copies, two at once at most (`grad.add(...)` beside the copy it reads), and under
+            # maximize the previous parameter's while `-grads[i]` is made
+            copies = min(int(maximize) + int(decay) + int("add_(grad, momentum_buffer)" in ops), 2)
+            found.append((copies * largest[0] + (largest[1] if maximize else 0)) * param_bytes)
+    return max(found)
