@@ -69,3 +69,64 @@ def test_every_point_has_estimates_nodes_field_by_field(mask, kv_heads, attentio
         # by hand: each kept pair scores a query against a key and weighs a value, HEAD_DIM MACs each
         assert node.effective_macs == kept * 2 * HEAD_DIM
         assert node.dense_macs == batch * HEADS * seq * seq * 2 * HEAD_DIM
+
+
+# Views torch's indexing records under named sizes only: at fixed sizes it skips a slice it can see covers the
+# whole axis (`x[:, 0:]`), adding an alias where nothing else was done; under named sizes it cannot see that
+# and records the slice (and with a backward, its slice_backward). Zero MACs and FLOPs either way; their bytes
+# are the known difference pinned by test_full_axis_slices_under_named_sizes_are_what_estimate_records.
+FULL_AXIS_VIEWS = {"aten.slice.Tensor", "aten.alias.default", "aten.slice_backward.default"}
+
+
+def transformers_model(name: str) -> nn.Module:
+    pytest.importorskip("transformers")
+    from tests.test_sweep import gpt2, llama
+
+    return {"gpt2": gpt2, "llama": llama}[name]()
+
+
+def tokens(batch: int, seq: int) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+@pytest.mark.parametrize("options", [{}, {"backward": True}, {"attention": "effective"}], ids=["plain", "backward",
+                                                                                               "effective"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])  # llama: GQA, 4 heads over 2 key-value heads
+def test_transformers_points_have_estimates_nodes_field_by_field(name, options):
+    model = transformers_model(name)
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, **options)
+    for batch, seq in [(1, 1), (1, 5), (3, 1), (2, 9)]:
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, tokens(batch, seq), **options)
+        assert [dataclasses.asdict(node) for node in at.nodes if node.op not in FULL_AXIS_VIEWS] == \
+            [dataclasses.asdict(node) for node in fresh.nodes if node.op not in FULL_AXIS_VIEWS]
+        assert (at.total_macs, at.total_flops) == (fresh.total_macs, fresh.total_flops)
+
+
+@pytest.mark.xfail(strict=True, reason="a full-axis slice under named sizes is recorded (and its slice_backward "
+                   "counts bytes) where estimate() records one alias: a capture-level difference, not yet fixed")
+def test_full_axis_slices_under_named_sizes_are_what_estimate_records():
+    model = transformers_model("gpt2")  # its head reads hidden_states[:, slice(0, None), :]
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, backward=True)
+    at, fresh = swept.at(batch=2, seq=9), fxflops.estimate(model, tokens(2, 9), backward=True)
+    assert at.total_bytes == fresh.total_bytes
+    assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
+
+
+class BlockDiagonal(nn.Module):
+    """A mask from positions that is no band of diagonals (pairs of positions see each other)."""
+
+    def forward(self, x):
+        q = x.view(x.shape[0], x.shape[1], 2, 4).transpose(1, 2)
+        positions = torch.arange(x.shape[1])
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=positions.unsqueeze(0) // 2 == positions.unsqueeze(1) // 2)
+
+
+@pytest.mark.xfail(strict=True, reason="estimate() counts such a mask's kept pairs from its values at each size; "
+                   "a sweep's node leaves them None (attention='effective' refuses the sweep): not yet evaluated "
+                   "per point")
+def test_a_mask_that_is_no_band_has_estimates_kept_pairs_at_each_point_under_dense_attention():
+    model = BlockDiagonal()
+    swept = sweep(model, torch.zeros(2, 6, 8), dims={"batch": 0, "seq": 1})
+    for batch, seq in [(1, 1), (2, 6), (3, 5)]:
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 8))
+        assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
