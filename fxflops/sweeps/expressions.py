@@ -26,9 +26,8 @@ class _Slot(int):
     """A symbolic value's place in a point's list of values (an int, so it indexes that list directly)."""
 
 
-# the fields of NodeCost a point evaluates (the shapes apart); kept_pairs is not carried over to a point
-_NUMBERS = ("macs", "flops", "bytes", "dense_macs", "dense_flops", "effective_macs", "effective_flops")
 _NODE_FIELDS = tuple(field.name for field in dataclasses.fields(NodeCost))
+_SHAPES = ("input_shapes", "output_shapes")  # evaluated size by size, each distinct tuple once
 # NodeCost's frozen __init__ sets each field through object.__setattr__ (~3 us a node, and a point of a
 # ResNet-50 has 442 nodes); a node is built by filling its __dict__, which is all that __init__ does
 _PLAIN_DATACLASS = not hasattr(NodeCost, "__post_init__") and not hasattr(NodeCost, "__slots__")
@@ -61,15 +60,16 @@ class CostTemplates:
         return found
 
     def _node(self, cost: NodeCost) -> tuple[dict[str, Any], tuple[tuple[str, _Slot], ...], int, int]:
-        fixed = {name: getattr(cost, name) for name in _NODE_FIELDS}
-        fixed["kept_pairs"] = None
-        numbers = []
-        for name in _NUMBERS if cost.attention is not None else _NUMBERS[:3]:
-            value = fixed.pop(name)
-            if value is None or type(value) is int:
-                fixed[name] = value
-            else:
+        # every field a formula in the sizes is evaluated at the point (counts, an attention's dense and
+        # effective readings, its kept pairs), whichever fields those are: a point's node holds what
+        # estimate()'s holds there, field by field; the rest (names, rule, source, phase ...) as captured
+        fixed, numbers = {}, []
+        for name in _NODE_FIELDS:
+            value = getattr(cost, name)
+            if name not in _SHAPES and (type(value) is PolyCount or isinstance(value, sympy.Basic)):
                 numbers.append((name, self._slot(value)))
+            else:
+                fixed[name] = value
         return fixed, tuple(numbers), self._shape_id(cost.input_shapes), self._shape_id(cost.output_shapes)
 
     def _slot(self, expr: Any) -> _Slot:

@@ -423,12 +423,12 @@ def _free_names(costs: list[NodeCost], infos: dict[str, ModuleInfo]) -> set[symp
     return found
 
 
-_COUNTS = ("macs", "flops", "bytes", "dense_macs", "dense_flops", "effective_macs", "effective_flops")
+_FIELDS = tuple(field.name for field in dataclasses.fields(NodeCost))
 
 
 def _plain_cost(cost: NodeCost) -> NodeCost:
     """The cost with its PolyCounts written as sympy (the same NodeCost where it holds none)."""
-    written = {name: plain(value) for name in _COUNTS if type(value := getattr(cost, name)) is PolyCount}
+    written = {name: plain(value) for name in _FIELDS if type(value := getattr(cost, name)) is PolyCount}
     return dataclasses.replace(cost, **written) if written else cost
 
 

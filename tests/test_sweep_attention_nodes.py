@@ -1,0 +1,132 @@
+"""A sweep's point holds estimate()'s nodes field by field for attention too: the dense and effective readings
+and the kept (query, key) pairs of a causal, a banded or a sliding-window mask, with and without GQA, at
+sizes of 1 and above, under both readings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxflops
+from fxflops.sweeps import sweep
+
+WINDOW = 3
+HEADS, HEAD_DIM = 4, 4
+
+
+class Attention(nn.Module):
+    """Self-attention over [batch, seq, 16]: 4 query heads of 4, `kv_heads` key/value heads (GQA when fewer),
+    masked causally by SDPA (`is_causal`), or by a mask built from positions: the lower triangle, or a
+    sliding window of WINDOW keys. (The masks use unsqueeze: `i[None, :]` records a full slice under named
+    sizes that torch's indexing leaves out at fixed sizes, a zero-cost node estimate() does not have.)"""
+
+    def __init__(self, mask: str, kv_heads: int) -> None:
+        super().__init__()
+        self.mask, self.kv_heads = mask, kv_heads
+        self.query = nn.Linear(16, HEADS * HEAD_DIM)
+        self.key_value = nn.Linear(16, 2 * kv_heads * HEAD_DIM)
+        self.out = nn.Linear(HEADS * HEAD_DIM, 16)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q = self.query(x).view(batch, seq, HEADS, HEAD_DIM).transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in self.key_value(x).view(batch, seq, 2, self.kv_heads, HEAD_DIM).unbind(2))
+        keys, queries = torch.arange(seq).unsqueeze(0), torch.arange(seq).unsqueeze(1)
+        options = {"enable_gqa": self.kv_heads != HEADS}
+        if self.mask == "causal":
+            options["is_causal"] = True
+        elif self.mask == "band":
+            options["attn_mask"] = keys <= queries
+        else:
+            options["attn_mask"] = (keys <= queries) & (keys > queries - WINDOW)
+        y = F.scaled_dot_product_attention(q, k, v, **options)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, HEADS * HEAD_DIM))
+
+
+def kept_by_hand(mask: str, batch: int, seq: int) -> int:
+    """Query i keeps keys 0..i (causal, band), or the last WINDOW of them; over every batch and query head."""
+    per_head = sum(min(i + 1, WINDOW) if mask == "window" else i + 1 for i in range(seq))
+    return batch * HEADS * per_head
+
+
+@pytest.mark.parametrize("attention", ["dense", "effective"])
+@pytest.mark.parametrize("mask, kv_heads", [("causal", 4), ("causal", 2), ("band", 2), ("window", 4), ("window", 2)])
+def test_every_point_has_estimates_nodes_field_by_field(mask, kv_heads, attention):
+    model = Attention(mask, kv_heads)
+    swept = sweep(model, torch.zeros(2, 8, 16), dims={"batch": 0, "seq": 1}, attention=attention)
+    for batch, seq in [(1, 1), (1, 2), (3, 1), (2, 8), (3, 5)]:
+        at = swept.at(batch=batch, seq=seq)
+        fresh = fxflops.estimate(model, torch.zeros(batch, seq, 16), attention=attention)
+        # every field, source lines included (the same forward captured: the same lines)
+        assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
+        (node,) = [node for node in at.nodes if node.attention is not None]
+        kept = kept_by_hand(mask, batch, seq)
+        assert node.kept_pairs == kept
+        # by hand: each kept pair scores a query against a key and weighs a value, HEAD_DIM MACs each
+        assert node.effective_macs == kept * 2 * HEAD_DIM
+        assert node.dense_macs == batch * HEADS * seq * seq * 2 * HEAD_DIM
+
+
+# Views torch's indexing records under named sizes only: at fixed sizes it skips a slice it can see covers the
+# whole axis (`x[:, 0:]`), adding an alias where nothing else was done; under named sizes it cannot see that
+# and records the slice (and with a backward, its slice_backward). Zero MACs and FLOPs either way; their bytes
+# are the known difference pinned by test_full_axis_slices_under_named_sizes_are_what_estimate_records.
+FULL_AXIS_VIEWS = {"aten.slice.Tensor", "aten.alias.default", "aten.slice_backward.default"}
+
+
+def transformers_model(name: str) -> nn.Module:
+    pytest.importorskip("transformers")
+    from tests.test_sweep import gpt2, llama
+
+    return {"gpt2": gpt2, "llama": llama}[name]()
+
+
+def tokens(batch: int, seq: int) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+@pytest.mark.parametrize("options", [{}, {"backward": True}, {"attention": "effective"}], ids=["plain", "backward",
+                                                                                               "effective"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])  # llama: GQA, 4 heads over 2 key-value heads
+def test_transformers_points_have_estimates_nodes_field_by_field(name, options):
+    model = transformers_model(name)
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, **options)
+    for batch, seq in [(1, 1), (1, 5), (3, 1), (2, 9)]:
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, tokens(batch, seq), **options)
+        assert [dataclasses.asdict(node) for node in at.nodes if node.op not in FULL_AXIS_VIEWS] == \
+            [dataclasses.asdict(node) for node in fresh.nodes if node.op not in FULL_AXIS_VIEWS]
+        assert (at.total_macs, at.total_flops) == (fresh.total_macs, fresh.total_flops)
+
+
+@pytest.mark.xfail(strict=True, reason="a full-axis slice under named sizes is recorded (and its slice_backward "
+                   "counts bytes) where estimate() records one alias: a capture-level difference, not yet fixed")
+def test_full_axis_slices_under_named_sizes_are_what_estimate_records():
+    model = transformers_model("gpt2")  # its head reads hidden_states[:, slice(0, None), :]
+    swept = sweep(model, tokens(2, 9), dims={"batch": 0, "seq": 1}, backward=True)
+    at, fresh = swept.at(batch=2, seq=9), fxflops.estimate(model, tokens(2, 9), backward=True)
+    assert at.total_bytes == fresh.total_bytes
+    assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
+
+
+class BlockDiagonal(nn.Module):
+    """A mask from positions that is no band of diagonals (pairs of positions see each other)."""
+
+    def forward(self, x):
+        q = x.view(x.shape[0], x.shape[1], 2, 4).transpose(1, 2)
+        positions = torch.arange(x.shape[1])
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=positions.unsqueeze(0) // 2 == positions.unsqueeze(1) // 2)
+
+
+@pytest.mark.xfail(strict=True, reason="estimate() counts such a mask's kept pairs from its values at each size; "
+                   "a sweep's node leaves them None (attention='effective' refuses the sweep): not yet evaluated "
+                   "per point")
+def test_a_mask_that_is_no_band_has_estimates_kept_pairs_at_each_point_under_dense_attention():
+    model = BlockDiagonal()
+    swept = sweep(model, torch.zeros(2, 6, 8), dims={"batch": 0, "seq": 1})
+    for batch, seq in [(1, 1), (2, 6), (3, 5)]:
+        at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 8))
+        assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
