@@ -30,6 +30,7 @@ from fxflops.capture.backward import AUTOGRAD_NODE, BACKWARD, DIFFERENTIATES, FO
 from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
+from fxflops.capture.symbolic_indexing import INDEXING, whole_axis_index
 from fxflops.capture.symbolic_kernels import SYMBOLIC_FUNCTIONS, symbolic_function
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 from fxflops.capture.torch_versions import symbolic_composites
@@ -445,6 +446,8 @@ class CompositeOps(TorchFunctionMode):
             if self._symbolic and overloads:  # (DTensors: their local ops fold the same matmul)
                 with symbolic_composites(overloads[0], args, kwargs):
                     return func(*args, **kwargs)
+            if self._symbolic and func in INDEXING:  # a slice of a whole named axis: skipped as at each size
+                args = whole_axis_index(func, args)
             return func(*args, **kwargs)
         return self._whole(op, args, kwargs, func)
 
