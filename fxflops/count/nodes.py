@@ -236,6 +236,7 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         differentiates=node.meta.get(DIFFERENTIATES),
         fused_call=node.meta.get(FUSED_CALL),
         channels_last=_channels_last(node),
+        strided_inputs=_strided_inputs(node),
         bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
                          values.measure, gathered),
     ), entry, key
@@ -263,6 +264,27 @@ def _channels_last(node: torch.fx.Node) -> bool:
             except (RuntimeError, TypeError):  # strides a tensor cannot give: read as the default layout
                 return False
     return False
+
+
+def _strided_inputs(node: torch.fx.Node) -> tuple[int, ...]:
+    """The positions of a layer norm's tensor arguments (forward: the input; backward: the output's gradient, the
+    input) that are not contiguous in memory, which torch's CUDA layer norm copies to contiguous tensors before its
+    kernels (cuda_kernels.layer_norm_launches). Other ops: (), unchecked (this runs for every node). A tensor whose
+    sizes or strides are symbolic is read as contiguous (a layout question must not narrow a sweep's validity)."""
+    if node.op != "call_function" or "native_layer_norm" not in getattr(node.target, "__name__", ""):
+        return ()
+    strided = []
+    for position, arg in enumerate(node.args[:2]):
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        try:
+            sizes, strides = value.shape, value.stride()
+        except (RuntimeError, TypeError):  # strides a tensor cannot give: read as contiguous
+            continue
+        if all(isinstance(n, int) for n in (*sizes, *strides)) and not value.is_contiguous():
+            strided.append(position)
+    return tuple(strided)
 
 
 def _fields_set_directly(cls: type) -> dict[str, Any] | None:
