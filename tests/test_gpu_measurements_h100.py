@@ -106,7 +106,7 @@ def test_the_meters_mfu_on_the_h100_is_the_oracles() -> None:
 @pytest.mark.parametrize("index", [0, 1])  # Megatron-shaped GPTs, 4 x 2048 and 4 x 4096, sequence 4096, vocab 131072
 def test_megatron_shaped_steps_on_one_h100(index) -> None:
     # torch.optim.AdamW (foreach) on bf16 weights, SDPA's cuDNN attention: measured 43.10 / 92.46 ms. Predicted with
-    # the optimizer as the foreach kernels it ran: preset -12% / -7%, measured file -2% / +0% (as one fused pass, the
+    # the optimizer as the foreach kernels it ran: preset -11% / -6%, measured file -2% / +0% (as one fused pass, the
     # old default: -29% / -28% and -20% / -21%)
     import torch
 
