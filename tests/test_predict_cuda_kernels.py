@@ -104,3 +104,45 @@ def test_layout_conversions_of_one_convolution() -> None:
     copy = 2 * size / h100.class_bandwidth("copy", 2 * size) + h100.launch_overhead
     assert op_time(forward, h100, "bf16").overhead == pytest.approx(op_time(forward, none, "bf16").overhead + copy)
     assert op_time(forward, h100, "fp32") == op_time(forward, none, "fp32")
+
+
+def test_layer_norm_on_a_transposed_input_copies_it_and_its_backward_is_two_kernels() -> None:
+    # torch's CUDA layer norm (aten/src/ATen/native/cuda/layer_norm_kernel.cu) takes input.expect_contiguous() forward
+    # and backward and dY.contiguous() in its backward: a transposed (16, 32, 64) bf16 input is copied, 2 x 32,768
+    # elements x 2 bytes read and written, once in each pass; the backward's weight and bias gradients are a second
+    # kernel (GammaBetaBackward) that reads dY and X again (2 x 65,536 B), the fp32 mean and rstd of its 512 rows
+    # (2 x 4 x 512 B) and writes the two 64-element gradients (2 x 128 B). Each at its class's bandwidth with a launch
+    from fxflops.predict.cuda_kernels import layer_norm_launches
+    from fxflops.predict.op_time import layer_norm_extra_seconds
+
+    class Transposed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ln(x.transpose(0, 1)) * 2.0
+
+    with torch.device("meta"):
+        model = Transposed().to(torch.bfloat16)
+    x = torch.empty(32, 16, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    forward, backward = nodes(model, x, ("native_layer_norm",))
+    assert forward.strided_inputs == (0,) and backward.strided_inputs == (1,)  # the output's gradient is contiguous
+    copy = 2 * 32768 * 2
+    assert layer_norm_launches(forward, 2) == (copy, 1, 0, 0)
+    reduction = 2 * 32768 * 2 + 2 * 4 * 512 + 2 * 64 * 2
+    assert layer_norm_launches(backward, 2) == (copy, 1, reduction, 1)
+    h100 = device_model("H100 SXM")
+    extra = copy / h100.class_bandwidth("copy", copy) + 2e-6
+    assert layer_norm_extra_seconds(forward, h100, "bf16") == pytest.approx(extra, rel=1e-12)
+    extra += reduction / h100.class_bandwidth("normalization_backward", 64) + 2e-6
+    assert layer_norm_extra_seconds(backward, h100, "bf16") == pytest.approx(extra, rel=1e-12)
+    plain = op_time(backward, h100, "bf16")
+    assert plain.overhead == pytest.approx(2e-6 + extra, rel=1e-12)
+    # a contiguous input: nothing to copy; the backward's second kernel stays
+    with torch.device("meta"):
+        ln = torch.nn.LayerNorm(64).to(torch.bfloat16)
+    forward, backward = nodes(ln, torch.empty(16, 32, 64, device="meta", dtype=torch.bfloat16, requires_grad=True),
+                              ("native_layer_norm",))
+    assert forward.strided_inputs == backward.strided_inputs == ()
+    assert layer_norm_launches(forward, 2) == (0, 0, 0, 0) and layer_norm_launches(backward, 2) == (0, 0, reduction, 1)

@@ -236,6 +236,7 @@ def node_cost(graph_module: torch.fx.GraphModule, node: torch.fx.Node, table: Ru
         differentiates=node.meta.get(DIFFERENTIATES),
         fused_call=node.meta.get(FUSED_CALL),
         channels_last=_channels_last(node),
+        strided_inputs=_strided_inputs(node),
         bytes=call_bytes(node.target, read.values(), values.of_node(graph_module, node)[1].values(), _moves_data(entry),
                          values.measure, gathered),
     ), entry, key
@@ -262,6 +263,43 @@ def _channels_last(node: torch.fx.Node) -> bool:
                             and not statically_known_true(value.stride(-1) == 1))
             except (RuntimeError, TypeError):  # strides a tensor cannot give: read as the default layout
                 return False
+    return False
+
+
+def _strided_inputs(node: torch.fx.Node) -> tuple[int, ...]:
+    """The positions of a layer norm's tensor arguments (forward: the input; backward: the output's gradient, the
+    input) that are not contiguous in memory, which torch's CUDA layer norm copies to contiguous tensors before its
+    kernels (cuda_kernels.layer_norm_launches). Other ops: (), unchecked (this runs for every node). Under a sweep's
+    named sizes only what is known without a guard counts: a stride that may or may not be the contiguous one is read
+    as contiguous (a layout question must not narrow the sweep's validity)."""
+    if node.op != "call_function" or "native_layer_norm" not in getattr(node.target, "__name__", ""):
+        return ()
+    strided = []
+    for position, arg in enumerate(node.args[:2]):
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and _known_strided(value):
+            strided.append(position)
+    return tuple(strided)
+
+
+def _known_strided(value: torch.Tensor) -> bool:
+    """Whether a tensor is known, without a guard, not to be contiguous: from its last dim inward, a dim of more than
+    one element whose stride is known to differ from the product of the sizes after it (size-1 dims are skipped, as
+    is_contiguous skips them)."""
+    try:
+        if any(statically_known_true(size == 0) for size in value.shape):  # no elements: contiguous, as torch says
+            return False
+        expected: Any = 1
+        for size, stride in reversed(list(zip(value.shape, value.stride()))):
+            if statically_known_true(size == 1):
+                continue
+            if statically_known_true(stride != expected):
+                return True
+            if not statically_known_true(stride == expected):
+                return False
+            expected = expected * size
+    except (RuntimeError, TypeError):  # strides a tensor cannot give: read as contiguous
+        return False
     return False
 
 

@@ -26,6 +26,15 @@ Layout conversions: a bf16/fp16 convolution whose tensors are NCHW runs cuDNN's 
 `conv_layout_conversions` NCHW -> NHWC copies of an activation per call (forward: the input; input gradient: the
 output's gradient; weight gradient: the input), each a copy kernel (read and write) at the copy class's bandwidth.
 Channels-last tensors need none (torch passes cuDNN the input's memory format: cudnn_conv_suggest_memory_format).
+
+Layer norm (aten.native_layer_norm and its backward) runs the kernels of aten/src/ATen/native/cuda/layer_norm_kernel.cu,
+whose host code makes its tensors contiguous first: layer_norm_cuda and layer_norm_backward_cuda take
+`input.expect_contiguous()`, LayerNormBackwardKernelImpl `dY.contiguous()`, each a copy kernel (read and written) of
+a tensor that is not (`NodeCost.strided_inputs`: a transposed residual stream, as nn.MultiheadAttention with
+batch_first hands back). Its backward is two kernels: the input's gradient (layer_norm_grad_input_kernel: dY and X
+read, dX written, what the captured op's bytes count) and, when the weight's or the bias's gradient is asked for,
+GammaBetaBackward (dY and X read again with the fp32 mean and rstd, dgamma and dbeta written), as the rms_norm
+backward (op_time._fused_call_time) is two.
 """
 
 from __future__ import annotations
@@ -196,3 +205,31 @@ def conversion_bytes(node: NodeCost, element: int, copies: int) -> tuple[int, in
         return 0, 0
     moved = sum(2 * math.prod(t) * element for t in tensors) * copies
     return moved, len(tensors) * copies
+
+
+def _is_layer_norm(node: NodeCost) -> str | None:
+    """"forward" or "backward" for torch's native layer norm ops, else None."""
+    name = node.op.split(".")[1] if node.op.startswith("aten.") and "." in node.op else node.op
+    return {"native_layer_norm": "forward", "native_layer_norm_backward": "backward"}.get(name)
+
+
+def layer_norm_launches(node: NodeCost, element: int) -> tuple[int, int, int, int]:
+    """(copy bytes, copies, reduction bytes, reductions) torch's CUDA layer norm adds to one captured op beyond the
+    kernel its bytes count (see the module's docstring): a contiguous copy (read and written) of each input in
+    `node.strided_inputs`, and for a backward that computes the weight's or the bias's gradient the GammaBetaBackward
+    kernel (dY and X read again, 4-byte mean and rstd per row, the gradients written at the element size).
+    (0, 0, 0, 0) for any other op. `element`: the input's bytes per element."""
+    which = _is_layer_norm(node)
+    if which is None or not node.input_shapes:
+        return 0, 0, 0, 0
+    copies = [i for i in node.strided_inputs if i < len(node.input_shapes) and node.input_shapes[i]]
+    moved = sum(2 * math.prod(node.input_shapes[i]) * element for i in copies)
+    if which == "forward" or len(node.input_shapes) < 4:
+        return moved, len(copies), 0, 0
+    x, stats = node.input_shapes[1], node.input_shapes[2]
+    params = [s for s in node.output_shapes[1:] if s]
+    if not params:
+        return moved, len(copies), 0, 0
+    rows = math.prod(stats) if stats else 1
+    reduction = 2 * math.prod(x) * element + 2 * 4 * rows + sum(math.prod(s) for s in params) * element
+    return moved, len(copies), reduction, 1

@@ -32,6 +32,8 @@ one or, for a memory-bound op, its kernel class's:
 - the ops one call of a composite ran that torch runs on CUDA as one fused kernel (`torch.rms_norm` /
   `nn.RMSNorm`, which a capture on fake tensors records as its decomposition: pow, mean, add, rsqrt, mul ...) as
   that one kernel of the normalization class, forward and backward (`fused_calls`, `Kernels.fused_composites`).
+- layer norm with the kernels torch's CUDA layer norm adds (`layer_norm_extra_seconds`): a contiguous copy of each
+  strided input, and the weight's and bias's gradient kernel after the input's gradient in its backward.
 - batch norm as the CUDA kernels torch launches for the input's layout, each bound by its dependent loads at the
   device's memory_latency or by its bytes (`cuda_kernels.batch_norm_launches`); a bf16/fp16 convolution on NCHW
   tensors with cuDNN's NCHW -> NHWC copies in its overhead (`layout_conversion_seconds`).
@@ -48,7 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fxflops.predict.cuda_kernels import batch_norm_launches, conversion_bytes, launch_seconds
+from fxflops.predict.cuda_kernels import batch_norm_launches, conversion_bytes, layer_norm_launches, launch_seconds
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
 from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
@@ -250,6 +252,8 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     memory = node.bytes / bandwidth if node.bytes else 0.0
     flops = node.flops
     overhead = device.launch_overhead
+    if kind == MEMORY and not kernels.persistent_norm:
+        overhead += layer_norm_extra_seconds(node, device, key)
     if kind == GEMM or kind == GROUPED_GEMM:
         m, n, k, groups = gemm_shape(node)
         # a grouped GEMM never splits K: torch's _grouped_mm is CUTLASS's grouped kernel, whose tile scheduler has
@@ -296,6 +300,21 @@ def layout_conversion_seconds(node: NodeCost, device: DeviceModel, key: str) -> 
     if not kernels:
         return 0.0
     return moved / device.class_bandwidth("copy", moved / kernels) + kernels * device.launch_overhead
+
+
+def layer_norm_extra_seconds(node: NodeCost, device: DeviceModel, key: str) -> float:
+    """Seconds of the kernels torch's CUDA layer norm runs beside the one its op's bytes count
+    (cuda_kernels.layer_norm_launches): the contiguous copies of its strided inputs at the copy class's bandwidth
+    and, in a backward with the weight's or bias's gradient, the GammaBetaBackward kernel at the normalization
+    backward curve for its row, a launch each; 0 for other ops."""
+    moved, copies, reduction, reductions = layer_norm_launches(node, _ELEMENT_BYTES[key])
+    seconds = 0.0
+    if copies:
+        seconds += moved / device.class_bandwidth("copy", moved / copies) + copies * device.launch_overhead
+    if reductions:
+        seconds += reduction / device.class_bandwidth("normalization_backward", _norm_row(node, True, 1)) \
+            + reductions * device.launch_overhead
+    return seconds
 
 
 # the memory classes whose bandwidth curve is by row length, not bytes moved

@@ -86,7 +86,9 @@ JSON schema `fxflops.estimate`, version 1 — top-level object:
                       attention (what its mask keeps, attention ops only), dense_macs, dense_flops,
                       effective_macs, effective_flops (null: not knowable without data), fused_call (null, or
                       {kind, call, step, input_item, weight_item, output_item}: a forward op of a
-                      composite call CUDA runs as one fused kernel, rms_norm)}]
+                      composite call CUDA runs as one fused kernel, rms_norm), channels_last (a batch norm's or
+                      convolution's activation is channels-last), strided_inputs ([int]: a layer norm's inputs, by
+                      position, that are not contiguous)}]
 
 Readers must ignore keys they do not know: later versions may add keys without bumping.
 CSV columns are `CSV_COLUMNS`; latency and achieved_flops are empty when not measured, peak_memory without memory=, predicted_latency
@@ -380,6 +382,7 @@ def _node_from(record: dict[str, Any]) -> NodeCost:
     values["output_shapes"] = shapes(values.get("output_shapes", []))
     if values.get("fused_call") is not None:
         values["fused_call"] = FusedCall(**values["fused_call"])
+    values["strided_inputs"] = tuple(values.get("strided_inputs", ()))
     return NodeCost(**values)
 
 

@@ -67,6 +67,9 @@ class NodeCost:
     # a batch norm or convolution whose 4-D/5-D activation is channels-last in memory (strides[1] == 1), as the capture's
     # fake tensors carry it: torch's CUDA batch norm then launches its channels-last kernels, and cuDNN converts nothing
     channels_last: bool = False
+    # a layer norm's tensor inputs (by position) that are not contiguous in memory, as the capture's fake tensors carry
+    # them: torch's CUDA layer norm copies each one to a contiguous tensor first (cuda_kernels.layer_norm_launches)
+    strided_inputs: tuple[int, ...] = ()
 
     @property
     def rule_key(self) -> str:
