@@ -259,8 +259,8 @@ def _channels_last(node: torch.fx.Node) -> bool:
         value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
         if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
             try:
-                return bool(statically_known_true(value.shape[1] > 1) and statically_known_true(value.stride(1) == 1)
-                            and not statically_known_true(value.stride(-1) == 1))
+                return bool(_known_above_one(value.shape[1]) and _known_equal(value.stride(1), 1)
+                            and not _known_equal(value.stride(-1), 1))
             except (RuntimeError, TypeError):  # strides a tensor cannot give: read as the default layout
                 return False
     return False
@@ -287,20 +287,50 @@ def _known_strided(value: torch.Tensor) -> bool:
     one element whose stride is known to differ from the product of the sizes after it (size-1 dims are skipped, as
     is_contiguous skips them)."""
     try:
-        if any(statically_known_true(size == 0) for size in value.shape):  # no elements: contiguous, as torch says
+        if any(_known_equal(size, 0) for size in value.shape):  # no elements: contiguous, as torch says
             return False
         expected: Any = 1
         for size, stride in reversed(list(zip(value.shape, value.stride()))):
-            if statically_known_true(size == 1):
+            if _known_equal(size, 1):
                 continue
-            if statically_known_true(stride != expected):
-                return True
-            if not statically_known_true(stride == expected):
-                return False
-            expected = expected * size
+            if _known_equal(stride, expected):
+                expected = expected * size
+                continue
+            return _known_unequal(stride, expected)
     except (RuntimeError, TypeError):  # strides a tensor cannot give: read as contiguous
         return False
     return False
+
+
+def _as_int(size: Any) -> int | None:
+    """A size as a Python int where it is one (a SymInt whose expression is a number included); else None."""
+    return size if isinstance(size, int) else size.node.maybe_as_int()
+
+
+def _known_equal(a: Any, b: Any) -> bool:
+    """statically_known_true(a == b) for sizes and strides, without building a symbolic comparison where the answer is
+    plain: two numbers compare; an expression in named sizes equals a number for no sweep (sympy would have reduced a
+    constant expression to it); the same expression is equal. Only two different expressions ask the ShapeEnv."""
+    ia, ib = _as_int(a), _as_int(b)
+    if ia is not None or ib is not None:
+        return ia == ib
+    return a.node.expr == b.node.expr or statically_known_true(a == b)
+
+
+def _known_unequal(a: Any, b: Any) -> bool:
+    """statically_known_true(a != b), with _known_equal's plain cases answered without the ShapeEnv."""
+    ia, ib = _as_int(a), _as_int(b)
+    if ia is not None and ib is not None:
+        return ia != ib
+    if ia is None and ib is None and a.node.expr == b.node.expr:
+        return False
+    return statically_known_true(a != b)
+
+
+def _known_above_one(size: Any) -> bool:
+    """statically_known_true(size > 1): a number compares; an expression asks the ShapeEnv (a symbolic channel count)."""
+    known = _as_int(size)
+    return known > 1 if known is not None else statically_known_true(size > 1)
 
 
 def _fields_set_directly(cls: type) -> dict[str, Any] | None:
