@@ -156,3 +156,48 @@ def test_a_mask_that_is_no_band_has_estimates_kept_pairs_at_each_point_under_den
     for batch, seq in [(1, 1), (2, 6), (3, 5)]:
         at, fresh = swept.at(batch=batch, seq=seq), fxflops.estimate(model, torch.zeros(batch, seq, 8))
         assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
+
+
+class LayoutNet(nn.Module):
+    """A convolution, a batch norm and a layer norm over the pixels as rows: the nodes whose layout fields
+    (channels_last, strided_inputs) the time model reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.layer_norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        y = self.norm(self.conv(x))
+        return self.layer_norm(y.flatten(2).transpose(1, 2))  # [batch, pixels, 8]: a strided layer-norm input
+
+
+class Pixels(nn.Module):
+    def forward(self, x):
+        return x.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_layout_fields_of_every_point_are_estimates(memory_format):
+    # channels_last and strided_inputs are read without a guard under named sizes; every point must still carry
+    # what estimate() reads at its sizes (a channels-last input: its convolution and batch norm channels-last; the
+    # transposed layer-norm input strided), and the sweep stays one piece over batch and size from 1
+    model = LayoutNet().eval()
+    image = lambda batch, size: torch.zeros(batch, 3, size, size).to(memory_format=memory_format)  # noqa: E731
+    swept = sweep(model, image(2, 6), dims={"batch": 0, "size": (2, 3)})
+    # the layout reads add no condition: the sweep holds where the bare flatten-and-transpose's does (torch's own
+    # questions about size-1 dims make that size >= 2, and for a channels-last input batch >= 2 too: the points
+    # below them are pieces of their own)
+    bare = sweep(Pixels(), image(2, 6), dims={"batch": 0, "size": (2, 3)})
+    assert swept.holds_for == bare.holds_for
+    for batch, size in [(1, 1), (1, 2), (1, 3), (2, 6), (3, 5)]:
+        at = swept.at(batch=batch, size=size)
+        fresh = fxflops.estimate(model, image(batch, size))
+        assert [dataclasses.asdict(node) for node in at.nodes] == [dataclasses.asdict(node) for node in fresh.nodes]
+        channels_last = memory_format is torch.channels_last
+        assert [node.channels_last for node in fresh.nodes if "conv" in node.op or "batch_norm" in node.op] \
+            == [channels_last, channels_last]
+        # [batch, 8, pixels] transposed is strided from an NCHW map, contiguous from a channels-last one
+        (layer_norm,) = [node for node in fresh.nodes if "layer_norm" in node.op]
+        assert layer_norm.strided_inputs == (() if channels_last or size == 1 else (0,))  # one pixel: contiguous

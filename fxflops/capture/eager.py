@@ -85,9 +85,15 @@ class FakeTwins:
     def _symbolic(self, tensor: torch.Tensor, sizes: list[Any], device: torch.device) -> torch.Tensor:
         """A twin whose named axes are SymInts (the mode's shape env owns them): the meta tensor the mode's
         constructor makes, wrapped as it wraps it, past its dispatch (whose cache entry for the call, made and
-        checked by building the tensor again, cost more than the tensor: ~3 ms of a first sweep capture)."""
+        checked by building the tensor again, cost more than the tensor: ~3 ms of a first sweep capture).
+        It keeps the example's memory layout (channels-last, a transposed input: what estimate() sees at every
+        point), a dense one in its order of strides; any other layout is taken as contiguous."""
         with no_dispatch():
-            meta = torch.empty(sizes, dtype=tensor.dtype, device="meta")
+            order = _dense_order(tensor)
+            if order is None:
+                meta = torch.empty(sizes, dtype=tensor.dtype, device="meta")
+            else:
+                meta = torch.empty_permuted(sizes, order, dtype=tensor.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, device)
         return fake.requires_grad_(True) if tensor.requires_grad else fake
 
@@ -268,6 +274,20 @@ def _prepared(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
     prepare(model)
     # the plan may register modules (expert parallelism's stand-ins for other ranks' experts): all of them
     swap_tensors(unique_modules(model), twins)
+
+
+def _dense_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The dims of a dense, non-contiguous tensor from the outermost in memory to the innermost (what
+    torch.empty_permuted lays out again at other sizes: channels-last is (0, 2, 3, 1)); None for a contiguous
+    tensor, and for one whose strides that order does not give back (overlapping, gaps)."""
+    if tensor.is_contiguous():
+        return None
+    strides = tensor.stride()
+    order = tuple(sorted(range(tensor.dim()), key=lambda dim: (-strides[dim], dim)))
+    with no_dispatch():
+        again = torch.empty_permuted(tuple(tensor.shape), order, device="meta").stride()
+    sized = [dim for dim in range(tensor.dim()) if tensor.shape[dim] != 1]  # a size-1 dim's stride says nothing
+    return order if all(again[dim] == strides[dim] for dim in sized) else None
 
 
 def _plan_twin(tensor: torch.Tensor) -> torch.Tensor:
