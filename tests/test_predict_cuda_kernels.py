@@ -73,9 +73,9 @@ def test_channels_last_batch_norm_kernels_by_hand() -> None:
     assert op_time(backward, h100, "bf16").seconds == pytest.approx(17 * h100.memory_latency + 2 * 2e-6)
 
 
-def conv(channels_last: bool, input_grad: bool) -> tuple:
+def conv(channels_last: bool, input_grad: bool, bias: bool = False) -> tuple:
     with torch.device("meta"):
-        model = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).to(torch.bfloat16)
+        model = torch.nn.Conv2d(64, 64, 3, padding=1, bias=bias).to(torch.bfloat16)
     x = torch.empty(4, 64, 28, 28, device="meta", dtype=torch.bfloat16, requires_grad=input_grad)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -93,6 +93,10 @@ def test_layout_conversions_of_one_convolution() -> None:
     assert conversion_bytes(backward, element, 1) == (4 * size, 2)
     forward, backward = conv(channels_last=False, input_grad=False)
     assert conversion_bytes(forward, element, 1)[1] + conversion_bytes(backward, element, 1)[1] == 2
+    # a first layer with a bias: its backward computes the weight's and the bias's gradients, no input gradient, and
+    # converts the input alone, as the weight's gradient does (the same reading as its dW GEMM: op_time.gemm_shape)
+    _, backward = conv(channels_last=False, input_grad=False, bias=True)
+    assert conversion_bytes(backward, element, 1) == (2 * size, 1)
     forward, backward = conv(channels_last=True, input_grad=True)
     assert forward.channels_last and backward.channels_last
     assert conversion_bytes(forward, element, 1) == conversion_bytes(backward, element, 1) == (0, 0)

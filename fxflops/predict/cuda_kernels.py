@@ -66,6 +66,22 @@ class Launch:
     bytes: int
 
 
+def aten_name(op: str) -> str:
+    """An op's name without its namespace and overload ("aten.native_batch_norm.default" -> "native_batch_norm")."""
+    return op.split(".")[1] if op.startswith("aten.") and "." in op else op
+
+
+def weight_gradient_only(node: NodeCost) -> bool:
+    """A convolution_backward that computes no input gradient, the weight's (and maybe the bias's) alone (a network's
+    first layer): its first output has the weight's shape (its third input) and not the input's (the second), so it
+    is no input gradient of the same shape; a second output, if any, is the bias's 1-d gradient."""
+    if "convolution_backward" not in node.op or len(node.input_shapes) < 3 \
+            or not 1 <= len(node.output_shapes) <= 2 or any(len(shape) != 1 for shape in node.output_shapes[1:]):
+        return False
+    out = node.output_shapes[0]
+    return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
+
+
 def _num_threads(n: int) -> int:
     """getNumThreads: the smallest of 32, 64, 128, 256, 512 that holds n, else 512."""
     for size in (32, 64, 128, 256, MAX_BLOCK_SIZE):
@@ -94,7 +110,7 @@ def _flexible(reduction: int, stride: int, coop: bool) -> tuple[int, int, int, i
 
 def _is_batch_norm(node: NodeCost) -> str | None:
     """"forward" or "backward" for torch's native batch norm ops, else None."""
-    name = node.op.split(".")[1] if node.op.startswith("aten.") and "." in node.op else node.op
+    name = aten_name(node.op)
     if name == "native_batch_norm_backward":
         return "backward"
     if name in ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
@@ -192,12 +208,10 @@ def conversion_bytes(node: NodeCost, element: int, copies: int) -> tuple[int, in
     ops, channels-last ones, or a device that runs none (`copies` 0)."""
     if copies <= 0 or node.channels_last:
         return 0, 0
-    name = node.op.split(".")[1] if node.op.startswith("aten.") and "." in node.op else node.op
+    name = aten_name(node.op)
     shapes = node.input_shapes
     if name == "convolution_backward" and len(shapes) >= 3 and len(shapes[1]) >= 4:
-        grad_out, x, weight = shapes[0], shapes[1], shapes[2]
-        outputs = [s for s in node.output_shapes if s]
-        tensors = [x] if outputs == [tuple(weight)] and tuple(weight) != tuple(x) else [grad_out, x]
+        tensors = [shapes[1]] if weight_gradient_only(node) else [shapes[0], shapes[1]]
     elif name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution", "cudnn_convolution") and shapes \
             and len(shapes[0]) >= 4:
         tensors = [shapes[0]]
@@ -209,7 +223,7 @@ def conversion_bytes(node: NodeCost, element: int, copies: int) -> tuple[int, in
 
 def _is_layer_norm(node: NodeCost) -> str | None:
     """"forward" or "backward" for torch's native layer norm ops, else None."""
-    name = node.op.split(".")[1] if node.op.startswith("aten.") and "." in node.op else node.op
+    name = aten_name(node.op)
     return {"native_layer_norm": "forward", "native_layer_norm_backward": "backward"}.get(name)
 
 

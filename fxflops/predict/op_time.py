@@ -50,7 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fxflops.predict.cuda_kernels import batch_norm_launches, conversion_bytes, layer_norm_launches, launch_seconds
+from fxflops.predict.cuda_kernels import (Launch, aten_name, batch_norm_launches, conversion_bytes, layer_norm_launches,
+                                         launch_seconds, weight_gradient_only)
 from fxflops.predict.hardware import DeviceModel, device_model, interpolate
 from fxflops.results.captured import BACKWARD, FORWARD, RECOMPUTE
 from fxflops.results.costs import UNKNOWN, ZERO, NodeCost
@@ -173,7 +174,7 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
     come from its second input's leading dim (the experts' stacked weights)."""
     out = node.output_shapes[0] if node.output_shapes else ()
     numel = math.prod(out) if out else 1
-    if _weight_gradient_only(node):
+    if weight_gradient_only(node):
         # the weight's gradient alone (nothing before the convolution needs a gradient: a network's first layer)
         # is the implicit GEMM dW = dY^T x im2col(X): C_out rows, C_in / groups x kernel columns, a reduction
         # over the batch's output pixels
@@ -189,17 +190,6 @@ def gemm_shape(node: NodeCost) -> tuple[int, int, int, int]:
         groups = node.input_shapes[1][0]
         m = max(m // groups, 1)  # rows are split among the groups (tokens routed to experts)
     return m, n, k, groups
-
-
-def _weight_gradient_only(node: NodeCost) -> bool:
-    """A convolution_backward that computes no input gradient, the weight's (and maybe the bias's) alone: its first
-    output has the weight's shape (its third input) and not the input's (the second), so it is no input gradient of
-    the same shape; a second output, if any, is the bias's 1-d gradient (a first layer with a bias)."""
-    if "convolution_backward" not in node.op or len(node.input_shapes) < 3 \
-            or not 1 <= len(node.output_shapes) <= 2 or any(len(shape) != 1 for shape in node.output_shapes[1:]):
-        return False
-    out = node.output_shapes[0]
-    return len(out) >= 3 and out == node.input_shapes[2] and out != node.input_shapes[1]
 
 
 def split_k_reduction(m: int, n: int, k: int, groups: int, device: DeviceModel, key: str) -> float:
@@ -281,7 +271,7 @@ def op_time(node: NodeCost, device: DeviceModel | str, dtype: Any, kernels: Kern
     return OpTime(kind, max(compute, memory) + overhead, compute, memory, overhead, efficiency)
 
 
-def _launches_time(launches: list[Any], node: NodeCost, device: DeviceModel, key: str) -> OpTime:
+def _launches_time(launches: list[Launch], node: NodeCost, device: DeviceModel, key: str) -> OpTime:
     """The kernels torch launches for one op (cuda_kernels.batch_norm_launches), one after the other: each the slower
     of its dependent load rounds at the device's memory_latency and its bytes at the sustained bandwidth, plus a
     launch. The op's FLOPs at the vector rate bound the sum from below."""
@@ -297,9 +287,7 @@ def layout_conversion_seconds(node: NodeCost, device: DeviceModel, key: str) -> 
     (cuda_kernels.conversion_bytes, `conv_layout_conversions` per call): each copy's bytes at the copy class's
     bandwidth, plus a launch each; 0 for channels-last tensors and other ops."""
     moved, kernels = conversion_bytes(node, _ELEMENT_BYTES[key], device.conv_layout_conversions)
-    if not kernels:
-        return 0.0
-    return moved / device.class_bandwidth("copy", moved / kernels) + kernels * device.launch_overhead
+    return _copies_seconds(moved, kernels, device)
 
 
 def layer_norm_extra_seconds(node: NodeCost, device: DeviceModel, key: str) -> float:
@@ -308,13 +296,18 @@ def layer_norm_extra_seconds(node: NodeCost, device: DeviceModel, key: str) -> f
     and, in a backward with the weight's or bias's gradient, the GammaBetaBackward kernel at the normalization
     backward curve for its row, a launch each; 0 for other ops."""
     moved, copies, reduction, reductions = layer_norm_launches(node, _ELEMENT_BYTES[key])
-    seconds = 0.0
-    if copies:
-        seconds += moved / device.class_bandwidth("copy", moved / copies) + copies * device.launch_overhead
+    seconds = _copies_seconds(moved, copies, device)
     if reductions:
         seconds += reduction / device.class_bandwidth("normalization_backward", _norm_row(node, True, 1)) \
             + reductions * device.launch_overhead
     return seconds
+
+
+def _copies_seconds(moved: float, copies: int, device: DeviceModel) -> float:
+    """`copies` copy kernels moving `moved` bytes in all, at the copy class's bandwidth for one's size, a launch each."""
+    if not copies:
+        return 0.0
+    return moved / device.class_bandwidth("copy", moved / copies) + copies * device.launch_overhead
 
 
 # the memory classes whose bandwidth curve is by row length, not bytes moved
@@ -337,7 +330,7 @@ def memory_class(node: NodeCost) -> tuple[str, float]:
     dim, the capture keeping no `dim`); the bytes moved for the others. A dropout's random draw is pointwise; so
     is any op no class names."""
     op = node.op.lower()
-    name = op.split(".")[1] if op.startswith("aten.") and "." in op else op
+    name = aten_name(op)
     rule = node.rule or ""
     row = node.input_shapes[0][-1] if node.input_shapes and node.input_shapes[0] else 1
     backward = "_backward" if "backward" in name else ""
