@@ -13,7 +13,8 @@ Sections, in order (each in its own try: one failing does not stop the others):
 3. ops: ~30 GEMM shapes, SDPA attention (flash and cuDNN backends, forward and backward, several sequence
    lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
    norm, GELU, softmax, embedding, add, and two backwards), the linears of the Megatron-Core H100 rows of
-   issue 41's validation at one rank's shapes (forward, input and weight gradient), one optimizer.step() per
+   issue 41's validation at one rank's shapes (forward, input and weight gradient), fused attention (flash, cuDNN)
+   with and without dropout at those rows' attention shapes, one optimizer.step() per
    implementation (for-loop, foreach, fused AdamW / Adam / SGD in bf16 and fp32), batch norm in training and a few
    convolutions (bf16, NCHW and channels-last, forward and backward, with the kernels each ran), each the median of
    CUDA-event timed calls with the L2 cache flushed between calls (triton's do_bench where there is triton).
@@ -366,6 +367,46 @@ def attention_ops(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+def attention_dropout_shapes(run: Run) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, seq, head dim) of one rank's attention in issue 41's Megatron-Core H100 rows (micro-batch 1,
+    sequence 4,096, head dim 128; 16, 32 / 2, 48 / 4 and 56 / 8 heads a rank)."""
+    if run.quick:
+        return [(1, 2, 128, 64)]
+    return [(1, heads, 4096, 128) for heads in (16, 12, 7)]
+
+
+def attention_dropout_ops(run: Run) -> list[dict[str, Any]]:
+    """Fused attention with and without dropout on the probabilities (p = 0.1, the Megatron-Core rows'), forward
+    and backward apart: no Hopper measurement of what dropout costs inside a fused kernel at these shapes is
+    published (issue 41), so the rows time it without; these rows are that measurement."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION} if run.cuda \
+        else {"math": SDPBackend.MATH}
+    rows = []
+    for label, backend in backends.items():
+        for b, h, s, d in attention_dropout_shapes(run):
+            for p in (0.0, 0.1):
+                q, k, v = (randn(run, b, h, s, d, grad=True) for _ in range(3))
+                row: dict[str, Any] = {"kind": "attention_dropout", "backend": label, "shape": [b, h, s, d],
+                                       "causal": True, "dropout_p": p, "dtype": "bfloat16"}
+                try:
+                    with sdpa_kernel([backend]):
+                        call = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                            q, k, v, dropout_p=p, is_causal=True)  # noqa: B023
+                        row["forward_seconds"] = median(bench(run, call))
+                        out = call()
+                        grad = torch.randn_like(out)
+                        row["backward_seconds"] = median(bench(
+                            run, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)))  # noqa: B023
+                except RuntimeError as error:  # a backend refusing dropout at a shape is a finding, not a failure
+                    row["error"] = str(error).splitlines()[0][:300]
+                finally:
+                    del q, k, v
+                rows.append(row)
+    return rows
+
+
 def memory_ops(run: Run) -> list[dict[str, Any]]:
     """(name, shapes, call) of memory-bound ops at sizes from a few KB (launch-bound) to a few hundred MB."""
     f = torch.nn.functional
@@ -468,7 +509,8 @@ def conv_ops(run: Run) -> list[dict[str, Any]]:
 
 def ops(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    parts = {"gemm": gemm_ops, "attention": attention_ops, "memory": memory_ops, "gemm_grid": gemm_grid,
+    parts = {"gemm": gemm_ops, "attention": attention_ops, "attention_dropout": attention_dropout_ops,
+             "memory": memory_ops, "gemm_grid": gemm_grid,
              "gemm_alignment": gemm_alignment, "gemm_rows": gemm_rows, "optimizers": optimizer_steps,
              "batch_norm": batch_norm_ops, "conv": conv_ops}
     for name in run.parts or list(parts):
@@ -881,7 +923,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", default="env,ceilings,profile,meter,ops,tests")
     parser.add_argument("--ops", default="", help="which op tables (default all): gemm,attention,memory,"
-                                                    "gemm_grid,gemm_alignment,gemm_rows,optimizers,batch_norm,conv")
+                                                    "attention_dropout,gemm_grid,gemm_alignment,gemm_rows,optimizers,batch_norm,conv")
     args = parser.parse_args()
     run = Run(args.out, args.quick, args.device)
     run.results["commit"] = args.commit

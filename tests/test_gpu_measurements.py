@@ -193,7 +193,7 @@ def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path) -> None:
     for section in ("env", "ceilings", "ops", "profile", "meter"):
         assert "error" not in results[section], (section, results[section])
     assert {part: len(rows) for part, rows in results["ops"].items()} == {
-        "gemm": 8, "attention": 4, "memory": 43, "gemm_grid": 8, "gemm_alignment": 21, "gemm_rows": 15, "optimizers": 18,
+        "gemm": 8, "attention": 4, "attention_dropout": 2, "memory": 43, "gemm_grid": 8, "gemm_alignment": 21, "gemm_rows": 15, "optimizers": 18,
         "batch_norm": 4, "conv": 4}
     assert results["meter"]["logged"][0]["flops"] > 0
     assert set(results["profile"]) == {"gpt2", "resnet50"} and all("error" not in p for p in results["profile"].values())
