@@ -13,7 +13,8 @@ Sections, in order (each in its own try: one failing does not stop the others):
 3. ops: ~30 GEMM shapes, SDPA attention (flash and cuDNN backends, forward and backward, several sequence
    lengths and head sizes, causal or not; the math backend at a few), memory-bound ops (layer norm, RMS
    norm, GELU, softmax, embedding, add, and two backwards), the linears of the Megatron-Core H100 rows of
-   issue 41's validation at one rank's shapes (forward, input and weight gradient), fused attention (flash, cuDNN)
+   issue 41's validation at one rank's shapes (forward, input and weight gradient, the weight gradient also added
+   into an fp32 buffer as Megatron's gradient-accumulation fusion does), fused attention (flash, cuDNN)
    with and without dropout at those rows' attention shapes, one optimizer.step() per
    implementation (for-loop, foreach, fused AdamW / Adam / SGD in bf16 and fp32), batch norm in training and a few
    convolutions (bf16, NCHW and channels-last, forward and backward, with the kernels each ran), each the median of
@@ -300,8 +301,28 @@ def gemm_rows(run: Run) -> list[dict[str, Any]]:
                 rows.append({"kind": "gemm", "op": "mm", "row": name, "linear": linear, "pass": pass_,
                              "shape": [m_, n_, k_], "dtype": "bfloat16", "seconds": seconds,
                              "tflops": 2 * m_ * n_ * k_ / seconds / 1e12})
+            if run.cuda:
+                rows.append(_fp32_accumulating_weight_grad(run, name, linear, g, x))
             del x, w, g
     return rows
+
+
+def _fp32_accumulating_weight_grad(run: Run, name: str, linear: str, g: torch.Tensor, x: torch.Tensor
+                                   ) -> dict[str, Any]:
+    """The weight gradient as Megatron's gradient-accumulation fusion runs it: bf16 operands, the product added
+    into an fp32 main_grad (cuBLAS with beta = 1, `wgrad_gemm_accum_fp32`); here addmm with an fp32 output, which
+    reads the fp32 buffer and writes one. The rows' wgrad GEMMs are timed as bf16 products (issue 41); this row
+    says what the fp32 epilogue costs. Kind "gemm_fp32_accumulate": op_table does not fit from it."""
+    n, m, k = g.shape[1], x.shape[1], g.shape[0]
+    row: dict[str, Any] = {"kind": "gemm_fp32_accumulate", "op": "addmm", "row": name, "linear": linear,
+                           "pass": "weight_grad", "shape": [n, m, k], "dtype": "bfloat16", "out_dtype": "float32"}
+    try:
+        main_grad = torch.zeros(n, m, device=run.device, dtype=torch.float32)
+        seconds = median(bench(run, lambda: torch.addmm(main_grad, g.t(), x, out_dtype=torch.float32), 25))
+        row.update(seconds=seconds, tflops=2 * n * m * k / seconds / 1e12)
+    except (RuntimeError, TypeError) as error:  # a torch without addmm's out_dtype: a finding, not a failure
+        row["error"] = str(error).splitlines()[0][:300]
+    return row
 
 
 def gemm_alignment(run: Run) -> list[dict[str, Any]]:
