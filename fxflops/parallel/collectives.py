@@ -70,7 +70,7 @@ def wire_bytes(kind: str, payload: int, group_size: int) -> int:
 
 def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -> list[Collective]:
     """One record per collective node of a captured graph, in execution order."""
-    by_name = {cost.name: cost for cost in costs}
+    by_name: dict[str, NodeCost] | None = None  # made at the first collective: most graphs have none
     found = []
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
@@ -79,6 +79,8 @@ def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -
         kind = KINDS.get(key) if key is not None else None
         if kind is None:
             continue
+        if by_name is None:
+            by_name = {cost.name: cost for cost in costs}
         cost = by_name.get(node.name)
         name, desc, size = _group(node)
         payload, dtype = _payload(node)
