@@ -11,25 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fxflops.results import FORWARD, NodeCost
-from fxflops.results.parallel import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    BARRIER,
-    BROADCAST,
-    GATHER,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-    Collective,
-)
+from fxflops.results.collective_kinds import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV,
+                                              REDUCE, REDUCE_SCATTER, SCATTER, SEND)
+
+if TYPE_CHECKING:
+    from fxflops.results.parallel import Collective
 
 # op packet name (namespace.name, as rules key ops) -> kind
 _FUNCTIONAL = {
@@ -80,6 +71,8 @@ def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -
         if kind is None:
             continue
         if by_name is None:
+            from fxflops.results.parallel import Collective  # imported on use: most graphs hold no collective
+
             by_name = {cost.name: cost for cost in costs}
         cost = by_name.get(node.name)
         name, desc, size = _group(node)
