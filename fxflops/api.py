@@ -27,8 +27,7 @@ from fxflops.rules.formula import clip
 from fxflops.rules.table import resolve_name
 from fxflops.optimizer import optimizer_step
 from fxflops.parallel.collectives import collectives
-from fxflops.parallel.schedule import is_pipeline_schedule
-from fxflops.parallel.stage import is_pipeline_stage, stage_inputs, stage_records
+from fxflops.parallel.pipelining import is_pipeline_schedule, is_pipeline_stage
 from fxflops.results import ROOT_LABEL, Captured, CountSource, Estimate, NodeCost, UnknownOp
 from fxflops.rules import RuleSpec, RuleTable, load_table, load_user_entries, preset, table_with
 from fxflops.spelling import spelled_keywords
@@ -184,6 +183,8 @@ def estimate(
         stage, model = model, model.submod
     args, kwargs = normalize_inputs(model, args, kwargs, input_shape)
     if stage is not None:
+        from fxflops.parallel.stage import stage_inputs, stage_records  # imported on use: a pipelining stage only
+
         args = stage_inputs(stage, args, backward)
         result = _estimate(model, args, kwargs, method, conventions, rules, leaf_modules, backward, loss, optimizer,
                            progress, attention, strict, memory, routing=routing, replay=replay)

@@ -27,7 +27,9 @@ aten = torch.ops.aten
 
 _MATMULS = {aten.matmul.default, aten.bmm.default}
 _GRAD_MATMULS = _MATMULS | {aten.mm.default, aten.baddbmm.default}  # what a matmul's backward runs its products as
-_SOFTMAX = {aten._softmax.default, aten.softmax.int, aten._safe_softmax.default}
+# (a tuple: asked of every node, and an OpOverload's hash, which a set would ask, is Python code; a tuple compares
+# by identity)
+_SOFTMAX = (aten._softmax.default, aten.softmax.int, aten._safe_softmax.default)
 # ops that keep every score where it is (casts, copies, the soft-capping tanh)
 _SAME = {aten.detach.default, aten.clone.default, aten.alias.default, aten.contiguous.default, aten.tanh.default,
          aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.to.other, aten._to_copy.default,

@@ -27,6 +27,11 @@ print(json.dumps({"modules": before_tree, "macs": est.total_macs, "edges": edges
 
 HEAVY = ("networkx", "tabulate", "tomllib", "fxflops.sweeps", "fxflops.report", "fxflops.integrations", "fxflops.explain",
          "fxflops.compare", "fxflops.cli",
+         # the direct kernels of a capture with named sizes (a sweep's): a plain capture calls none of them
+         "fxflops.capture.symbolic_kernels", "fxflops.capture.symbolic_elementwise", "fxflops.capture.symbolic_layers",
+         # a parallel job's records and what counts a pipelining stage or schedule: a graph without collectives,
+         # a model that is no stage, needs none of them
+         "fxflops.results.parallel", "fxflops.parallel.stage", "fxflops.parallel.schedule",
          # DTensor's debug module (its tools, estimators and FlopCounterMode: ~80 ms) where a capture clears
          # DTensor's sharding decisions
          "torch.distributed.tensor.debug", "torch.distributed._tools")

@@ -541,12 +541,12 @@ class Decoder(nn.Module):
 def sweep_as_without_the_kernels(model, monkeypatch, width: int = 16):
     """A batch x seq sweep of `model` on [b, s, width], held to the capture without the kernels (the same
     pieces) and to estimate() node by node at points where each size is 1 too."""
-    from fxflops.capture import eager
+    from fxflops.capture import symbolic_kernels  # (a capture with named sizes takes its kernel from there)
 
     dims = {"batch": 0, "seq": 1}
     swept = sweep(model, torch.zeros(2, 5, width), dims=dims)
     with monkeypatch.context() as patched:
-        patched.setattr(eager, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
+        patched.setattr(symbolic_kernels, "symbolic_kernel", lambda func, args, kwargs: NotImplemented)
         through_the_mode = sweep(model, torch.zeros(2, 5, width), dims=dims)
     assert [piece.conditions for piece in swept.pieces] == [piece.conditions for piece in through_the_mode.pieces]
     for batch, seq in itertools.product((1, 2, 3), (1, 2, 5, 9)):
@@ -706,13 +706,13 @@ def test_a_batch_norm_taken_at_the_function_leaves_the_capture_torchs_path_leave
     torch's composite (its `numel == 0` check, reserve and dispatch) where the batch-norm kernel shapes it: the same
     nodes (ops, arguments, outputs' sizes and strides) and the same ShapeEnv (guards in order, replacements, asserts,
     ranges) as through torch; training, batch statistics in eval and a transposed input are left to torch."""
-    from fxflops.capture import recorder
+    from fxflops.capture import symbolic_kernels  # (the recorder imports symbolic_function from there on use)
 
     model, shape, dims, direct = BATCH_NORMS[case]
     model.train(training)
     x = torch.empty(shape)
     taken = []
-    function = recorder.symbolic_function
+    function = symbolic_kernels.symbolic_function
 
     def spy(func, args, kwargs):
         known = function(func, args, kwargs)
@@ -720,10 +720,10 @@ def test_a_batch_norm_taken_at_the_function_leaves_the_capture_torchs_path_leave
         return known
 
     with monkeypatch.context() as patched:
-        patched.setattr(recorder, "symbolic_function", spy)
+        patched.setattr(symbolic_kernels, "symbolic_function", spy)
         swept = sweep(model, x, dims=dims)
     with monkeypatch.context() as patched:
-        patched.setattr(recorder, "symbolic_function", lambda func, args, kwargs: NotImplemented)
+        patched.setattr(symbolic_kernels, "symbolic_function", lambda func, args, kwargs: NotImplemented)
         through_torch = sweep(model, x, dims=dims)
     assert any(taken) == (direct and not training)
     assert _capture_state(swept) == _capture_state(through_torch)

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,7 +35,6 @@ from fxflops.capture.inputs import mark_inputs, refuse_lazy_output
 from fxflops.capture.isolation import global_hooks_present, isolated
 from fxflops.capture.meta_kernels import MetaKernels
 from fxflops.capture.sharded import dtensor_twin, is_dtensor
-from fxflops.capture.symbolic_kernels import symbolic_kernel
 from fxflops.capture.symbolic_cache import FIRST_SIGHT, CacheHits
 from fxflops.capture.methods import EAGER
 from fxflops.capture.reach import Reach
@@ -48,6 +47,13 @@ from fxflops.capture.twins import meta_twin, swap_tensors
 from fxflops.results import Captured
 
 
+def _symbolic_kernel() -> Callable[..., Any]:
+    """capture.symbolic_kernels.symbolic_kernel, imported on use (a capture with named sizes)."""
+    from fxflops.capture.symbolic_kernels import symbolic_kernel
+
+    return symbolic_kernel
+
+
 class FakeTwins:
     """Fake twins of real or meta tensors, one per tensor; meta ones land on `device` (a model built on
     the meta device runs as if on the CPU, so code that reads values' devices takes its usual path)."""
@@ -58,6 +64,9 @@ class FakeTwins:
         self.shapes = shapes or {}  # id(tensor) -> the symbolic shape its twin gets
         self.meta_kernels = MetaKernels(mode)
         self.cache_hits = CacheHits(mode) if self.shapes else None
+        # capture.symbolic_kernels' direct kernels, for named sizes only: imported on use, as a capture without
+        # them never calls one
+        self.symbolic_kernel = _symbolic_kernel() if self.shapes else None
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, FakeTensor) and not tensor.is_meta:
@@ -102,7 +111,7 @@ class FakeTwins:
         try:
             out = self.meta_kernels(func, args, kwargs)
             if out is NotImplemented and self.shapes:  # named sizes: see capture.symbolic_kernels and _cache
-                out = symbolic_kernel(func, args, kwargs)
+                out = self.symbolic_kernel(func, args, kwargs)
                 if out is NotImplemented:
                     out = self.cache_hits(func, args, kwargs)
         except Exception:  # noqa: BLE001 - the mode's own dispatch raises it again, in its words, or repairs it

@@ -178,6 +178,8 @@ class ValueReadError(RuntimeError):
 
 @dataclass
 class _Shadow:
+    """A tensor's real values beside its fake twin, with the router picks they were derived from."""
+
     real: Any
     assumed: frozenset[str] = field(default_factory=frozenset)  # the assumed router picks it derives from
 

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Method:
+    """A capture method: its name, what it counts, and where its capture function lives."""
+
     name: str
     counts: str  # what the report says was counted
     runs_model: bool  # True: real arithmetic on the user's weights; totals may depend on input values

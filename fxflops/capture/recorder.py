@@ -31,7 +31,6 @@ from fxflops.capture.branches import both_branches_caution, where
 from fxflops.capture.flex import FLEX_HOPS
 from fxflops.capture.sharded import propagating_shardings, sharded_types, sharded_values
 from fxflops.capture.symbolic_indexing import INDEXING, whole_axis_index
-from fxflops.capture.symbolic_kernels import SYMBOLIC_FUNCTIONS, symbolic_function
 from fxflops.capture.tensor_walk import map_tensors, tensors_in
 from fxflops.capture.torch_versions import symbolic_composites
 from fxflops.results.costs import FusedCall
@@ -389,6 +388,13 @@ FUSED_COMPOSITES: dict[str, tuple[Any, ...]] = {
 _FUSED_FUNCTIONS = {function: kind for kind, functions in FUSED_COMPOSITES.items() for function in functions}
 
 
+def _symbolic_functions() -> frozenset[Any]:
+    """capture.symbolic_kernels' SYMBOLIC_FUNCTIONS, imported on use (a capture with named sizes)."""
+    from fxflops.capture.symbolic_kernels import SYMBOLIC_FUNCTIONS
+
+    return SYMBOLIC_FUNCTIONS
+
+
 def _fused_call_items(args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int] | None:
     """(input, weight, output) element sizes of a FUSED_COMPOSITES call (rms_norm's signature: input,
     normalized_shape, weight=None, eps=None; weight 0 without one); None where the input or the output is not
@@ -417,6 +423,9 @@ class CompositeOps(TorchFunctionMode):
         self._recorder = recorder
         self._knows_op = knows_op
         self._symbolic = symbolic  # the capture has named (symbolic) sizes: see symbolic_composites
+        # the functions capture.symbolic_kernels knows at every size; imported on use: a capture without
+        # named sizes never reads them (~0.7 ms of a first estimate's imports)
+        self._symbolic_functions = _symbolic_functions() if symbolic else frozenset()
         self._composites: dict[Any, tuple[Any, ...]] = {}
         self._fused_calls = 0  # FUSED_COMPOSITES calls seen (each call's number in its FUSED_CALL tags)
         self._in_fused = False
@@ -439,7 +448,7 @@ class CompositeOps(TorchFunctionMode):
             and not sharded_values(args, kwargs)
         op = _matching_overload(overloads, args, kwargs) if whole else None
         if op is None:
-            if self._symbolic and func in SYMBOLIC_FUNCTIONS and not self._recorder.inside_opaque:
+            if self._symbolic and func in self._symbolic_functions and not self._recorder.inside_opaque:
                 known = self._known(func, args, kwargs)
                 if known is not NotImplemented:
                     return known
@@ -458,6 +467,8 @@ class CompositeOps(TorchFunctionMode):
         if _under_function_transform() or sharded_values(args, kwargs):
             return NotImplemented
         # untraced (capture.block_reads) and past the dispatch modes, as an op's dispatch runs its kernel
+        from fxflops.capture.symbolic_kernels import symbolic_function  # imported on use: named sizes only
+
         with paused_tracing(), no_dispatch():
             known = symbolic_function(func, args, kwargs)
         with paused_tracing():

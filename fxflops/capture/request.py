@@ -22,6 +22,8 @@ def _every_op(op: Any, function: Any) -> bool:
 
 @dataclass(frozen=True)
 class Request:
+    """What capture() was asked: the model, its inputs, and how to capture them."""
+
     model: torch.nn.Module
     args: tuple
     kwargs: dict[str, Any]

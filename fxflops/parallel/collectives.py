@@ -11,25 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fxflops.results import FORWARD, NodeCost
-from fxflops.results.parallel import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    BARRIER,
-    BROADCAST,
-    GATHER,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-    Collective,
-)
+from fxflops.results.collective_kinds import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV,
+                                              REDUCE, REDUCE_SCATTER, SCATTER, SEND)
+
+if TYPE_CHECKING:
+    from fxflops.results.parallel import Collective
 
 # op packet name (namespace.name, as rules key ops) -> kind
 _FUNCTIONAL = {
@@ -70,7 +61,7 @@ def wire_bytes(kind: str, payload: int, group_size: int) -> int:
 
 def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -> list[Collective]:
     """One record per collective node of a captured graph, in execution order."""
-    by_name = {cost.name: cost for cost in costs}
+    by_name: dict[str, NodeCost] | None = None  # made at the first collective: most graphs have none
     found = []
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
@@ -79,6 +70,10 @@ def collectives(graph_module: torch.fx.GraphModule, costs: Iterable[NodeCost]) -
         kind = KINDS.get(key) if key is not None else None
         if kind is None:
             continue
+        if by_name is None:
+            from fxflops.results.parallel import Collective  # imported on use: most graphs hold no collective
+
+            by_name = {cost.name: cost for cost in costs}
         cost = by_name.get(node.name)
         name, desc, size = _group(node)
         payload, dtype = _payload(node)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,21 +30,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxflops.results import BACKWARD, FORWARD, Estimate, RankRole
 from fxflops.results.parallel import RECV, SEND, Collective
 from fxflops.parallel.collectives import wire_bytes
+from fxflops.parallel.pipelining import is_pipeline_schedule  # noqa: F401 - where the rest of fxflops finds it
 from fxflops.capture.torch_versions import microbatch_inputs, stage_input_metas, stage_peer_global_rank
 
-_SCHEDULES = "torch.distributed.pipelining.schedules"
 # c10d's point-to-point ops (the target a record names) -> kind
 _P2P = {"send": SEND, "recv_": RECV}
 
 # count(stage, args, kwargs, loss, backward) -> the stage's Estimate on one micro-batch
 StageCount = Callable[[Any, tuple, dict, Any, bool], Estimate]
-
-
-def is_pipeline_schedule(value: Any) -> bool:
-    """Whether `value` is a torch.distributed.pipelining schedule (never imports torch.distributed)."""
-    module = sys.modules.get(_SCHEDULES)
-    schedule = getattr(module, "_PipelineSchedule", None) if module is not None else None
-    return schedule is not None and isinstance(value, schedule)
 
 
 def schedule_stages(schedule: Any) -> list[Any]:

@@ -12,24 +12,15 @@ from its schedule (a schedule's step() is not run).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
 
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.parallel.collectives import wire_bytes
+from fxflops.parallel.pipelining import is_pipeline_stage  # noqa: F401 - where the rest of fxflops finds it
 from fxflops.results import BACKWARD, FORWARD, Estimate
 from fxflops.results.parallel import RECV, SEND, Collective
-
-_PIPELINING = "torch.distributed.pipelining.stage"
-
-
-def is_pipeline_stage(value: Any) -> bool:
-    """Whether `value` is a torch.distributed.pipelining stage (never imports torch.distributed)."""
-    module = sys.modules.get(_PIPELINING)
-    stage = getattr(module, "_PipelineStageBase", None) if module is not None else None
-    return stage is not None and isinstance(value, stage)
 
 
 def stage_inputs(stage: Any, args: tuple, backward: bool) -> tuple:

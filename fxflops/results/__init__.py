@@ -11,7 +11,6 @@ The names below are what the rest of fxflops imports from `fxflops.results`.
 from typing import TYPE_CHECKING, Any
 
 from fxflops.results.captured import BACKWARD, FORWARD, PHASE, RECOMPUTE, Attempt, Captured, CountSource, ModuleInfo, WholeCall
-from fxflops.results.parallel import Collective, RankRole
 from fxflops.results.costs import (
     COUNTED,
     ROOT_LABEL,
@@ -29,11 +28,15 @@ from fxflops.results.costs import (
 from fxflops.results.estimate import Estimate, Measurements, Profile
 
 if TYPE_CHECKING:
+    from fxflops.results.parallel import Collective, RankRole
     from fxflops.results.sweep import SweepFormula, SweepModule, SweepPoint, SweepResult
 
 # a sweep's records, imported on first use (PEP 562): an estimate does not make them, and their four
 # dataclasses were ~2 ms of every first estimate's imports
 _SWEEP = frozenset({"SweepFormula", "SweepModule", "SweepPoint", "SweepResult"})
+# a parallel job's records, likewise: an estimate makes them only where its graph holds a collective or a plan
+# was asked for (their two dataclasses: ~1 ms of a first estimate's imports)
+_PARALLEL = frozenset({"Collective", "RankRole"})
 
 
 def __getattr__(name: str) -> Any:
@@ -41,6 +44,10 @@ def __getattr__(name: str) -> Any:
         from fxflops.results import sweep
 
         return getattr(sweep, name)
+    if name in _PARALLEL:
+        from fxflops.results import parallel
+
+        return getattr(parallel, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -84,6 +84,8 @@ class NodeCost:
 
 @dataclass(frozen=True)
 class OpTotals:
+    """The totals of the nodes that share an op (or a rule): their count, MACs and FLOPs."""
+
     count: int
     macs: int  # forward + backward
     flops: int

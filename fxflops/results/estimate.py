@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fxflops.results.parallel import Collective, RankRole
 from fxflops.spelling import spelled_keywords
 from fxflops.results.costs import (
     COUNTED,
@@ -28,6 +27,7 @@ from fxflops.results.costs import (
 )
 
 if TYPE_CHECKING:
+    from fxflops.results.parallel import Collective, RankRole
     import networkx as nx
 
 

@@ -7,18 +7,8 @@ from typing import Any
 
 from fxflops.results.captured import FORWARD
 
-# the kinds of collective (Collective.op)
-ALL_REDUCE = "all_reduce"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
-ALL_TO_ALL = "all_to_all"
-BROADCAST = "broadcast"
-REDUCE = "reduce"
-GATHER = "gather"
-SCATTER = "scatter"
-SEND = "send"
-RECV = "recv"
-BARRIER = "barrier"
+from fxflops.results.collective_kinds import (  # noqa: F401 - the kinds of collective (Collective.op)
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE, REDUCE_SCATTER, SCATTER, SEND)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ class Gather:
 
 @dataclass(frozen=True, eq=False)
 class Rule:
+    """A counting rule: the ops it matches, its MAC and FLOP formulas, and where it was read from."""
+
     name: str
     ops: tuple[str, ...]
     source: str  # the rule file, or for a Python callable its module.qualname

@@ -81,6 +81,8 @@ class _NotAffine(Exception):
 
 @dataclass(frozen=True)
 class _Affine:
+    """An affine form over a grid's indices: sum of coefficient x index, plus a constant."""
+
     ndim: int
     coefs: tuple[tuple[int, Any], ...]  # (dim from the right, -1 = last; coefficient)
     const: Any
@@ -88,6 +90,8 @@ class _Affine:
 
 @dataclass(frozen=True)
 class _Pred:
+    """A conjunction of affine forms, each >= 0, over a grid's indices."""
+
     ndim: int
     atoms: tuple[_Affine, ...]  # all hold: each form >= 0 (True when empty)
     partial: bool = False  # and'ed with something not read here (a mask from data): the atoms bound it

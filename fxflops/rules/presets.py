@@ -68,6 +68,8 @@ class Preset:
 
 @dataclass(frozen=True)
 class PresetTable:
+    """The conventions presets by name, and the op families their treatments refer to."""
+
     families: Mapping[str, str]  # family -> what it holds
     presets: Mapping[str, Preset]  # in the file's order; the first is not special (the API's default is)
 
