@@ -65,6 +65,7 @@ class OpRecorder(TorchDispatchMode):
         self.tracker = tracker
         self.owners = owners
         self.graph = torch.fx.Graph()
+        self._node_maker = NodeMaker()
         self._root_type = root_type
         self._keep = keep if keep is not None else _same
         self._before = before
@@ -154,8 +155,7 @@ class OpRecorder(TorchDispatchMode):
         if base is None:
             base = self._names[func] = str(func).replace(".", "_")
         as_arg = self._as_flex_arg if func in FLEX_HOPS and self._keep is not _same else self._as_arg
-        node = new_node(self.graph, "call_function", func, map_tensors(args, as_arg),
-                        map_tensors(kwargs, as_arg), base)
+        node = self._node_maker(self.graph, "call_function", func, map_tensors(args, as_arg), map_tensors(kwargs, as_arg), base)
         meta = node.meta
         meta["val"] = self._keep(out)
         if self._branches:
@@ -195,7 +195,7 @@ class OpRecorder(TorchDispatchMode):
         elif isinstance(out, list | tuple):
             for index, item in enumerate(out):
                 if isinstance(item, torch.Tensor | list | tuple):
-                    element = new_node(self.graph, "call_function", operator.getitem, (node, index), {}, None)
+                    element = self._node_maker(self.graph, "call_function", operator.getitem, (node, index), {}, None)
                     element.meta["val"] = self._keep(item)
                     element.meta["fxflops_module"] = node.meta["fxflops_module"]
                     if PHASE in node.meta:
@@ -274,7 +274,7 @@ class OpRecorder(TorchDispatchMode):
         base = self._names.get(node.target) if node.target is not operator.getitem else None
         if base is None and node.target is not operator.getitem:
             base = self._names[node.target] = str(node.target).replace(".", "_")
-        copy = new_node(self.graph, node.op, node.target, args, kwargs, base)
+        copy = self._node_maker(self.graph, node.op, node.target, args, kwargs, base)
         copy.meta.update(node.meta if meta is None else meta)  # (assigning .meta would re-index the node)
         return copy
 
@@ -297,12 +297,63 @@ class OpRecorder(TorchDispatchMode):
         return lazy_graph_module(self.graph)
 
 
-def new_node(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
-             name: str | None) -> torch.fx.Node:
-    """`graph.create_node(op, target, args, kwargs, name=name)` without its walk over every argument
-    for a raw SymInt, which exists only to warn (a capture keeps such sizes on purpose and silences
-    that warning): ~10 us a node, a quarter of a replayed node's copy. The arguments go in through the
-    method FX's own `args`/`kwargs` setters call (they would also re-index the node, twice)."""
+class NodeMaker:
+    """Nodes appended to one graph as `graph.create_node(op, target, args, kwargs, name=name)` appends them,
+    named as its namespace names them, less the work create_node repeats on every call: its walk over
+    every argument for a raw SymInt, which exists only to warn (a capture keeps such sizes on purpose and
+    silences that warning; ~10 us a node), its name's regular expressions (the parts of each name are
+    read once), and a second setting of the arguments. A replayed 70B decoder copies ~5,000 nodes: ~3.4 ->
+    ~2 us each. Where this torch's Graph lacks a part it uses, or a node-creation hook is installed, it is
+    create_node. The graph is given at each call (a recorder records into a scratch graph for a while)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[str, int | None, bool] | None] = {}  # a name -> what create_name reads of it
+        self._lean: bool | None = None  # whether this torch's Graph has every part used (found at the first node)
+
+    def __call__(self, graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
+                 name: str | None) -> torch.fx.Node:
+        if self._lean is None:
+            self._lean = _FX_NAMES is not None and _lean_graph(graph)
+        if name is None or not self._lean or getattr(graph.owning_module, "_create_node_hooks", None):
+            return _created(graph, op, target, args, kwargs, name)
+        unique = self._unique(graph._graph_namespace, name)
+        if unique is None:
+            return _created(graph, op, target, args, kwargs, name)
+        node = torch.fx.Node(graph, unique, op, target, args, kwargs)
+        graph._graph_namespace._obj_to_name[node] = unique
+        graph._insert(node)
+        graph._find_nodes_lookup_table.insert(node)
+        graph._len += 1
+        return node
+
+    def _unique(self, namespace: Any, candidate: str) -> str | None:
+        """The name `graph._graph_namespace.create_name(candidate, None)` gives, recorded as it records it;
+        None for a candidate whose form it would rewrite (characters no identifier has)."""
+        parts = self._parts.get(candidate, _UNREAD)
+        if parts is _UNREAD:
+            parts = self._parts[candidate] = _name_parts(candidate)
+        if parts is None:
+            return None
+        base, num, illegal = parts
+        used = namespace._used_names
+        if num is None or candidate in used:
+            num = namespace._base_count.get(base, 0)
+            if illegal:
+                num += 1
+                candidate = f"{base}_{num}"
+        while candidate in used:
+            num += 1
+            candidate = f"{base}_{num}"
+        used.add(candidate)
+        namespace._base_count[base] = num
+        return candidate
+
+
+
+def _created(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, name: str | None
+             ) -> torch.fx.Node:
+    """create_node, the arguments set through the method FX's own `args`/`kwargs` setters call (past its
+    walk for raw SymInts)."""
     if not (args or kwargs):
         return graph.create_node(op, target, name=name)
     set_arguments = getattr(torch.fx.Node, "_update_args_kwargs", None)
@@ -311,6 +362,35 @@ def new_node(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: d
     node = graph.create_node(op, target, name=name)
     set_arguments(node, args, kwargs)
     return node
+
+
+def _lean_graph(graph: torch.fx.Graph) -> bool:
+    """Whether `graph` has the parts of create_node NodeMaker does itself."""
+    return all(hasattr(graph, name) for name in ("_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len")) \
+        and all(hasattr(graph._graph_namespace, name) for name in ("_used_names", "_base_count", "_obj_to_name"))
+
+
+def _fx_names() -> tuple[Any, Any] | None:
+    """FX's name pattern and its names no node may take (keywords, builtins), or None where this torch has other ones."""
+    from torch.fx import graph as fx_graph
+
+    pattern, illegal = getattr(fx_graph, "_name_regex", None), getattr(fx_graph, "_illegal_names", None)
+    return (pattern, illegal) if pattern is not None and isinstance(illegal, dict) else None
+
+
+_FX_NAMES = _fx_names()
+_UNREAD = object()
+
+
+def _name_parts(candidate: str) -> tuple[str, int | None, bool] | None:
+    """(base, numeric suffix or None, whether the name is one no node may take) as create_name reads a
+    candidate; None where it would first rewrite it."""
+    pattern, illegal = _FX_NAMES
+    match = pattern.match(candidate)
+    if match is None:
+        return None
+    base, suffix = match.group(1, 2)
+    return base, (int(suffix) if suffix is not None else None), illegal.get(candidate, None) is not None
 
 
 def _same(value: Any) -> Any:
