@@ -350,6 +350,13 @@ class NodeMaker:
 
 
 
+def new_node(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
+             name: str | None) -> torch.fx.Node:
+    """One node as `graph.create_node(op, target, args, kwargs, name=name)` makes it (see NodeMaker; a recorder
+    keeps one NodeMaker, which reads each name's parts once)."""
+    return NodeMaker()(graph, op, target, args, kwargs, name)
+
+
 def _created(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, name: str | None
              ) -> torch.fx.Node:
     """create_node, the arguments set through the method FX's own `args`/`kwargs` setters call (past its
