@@ -47,65 +47,53 @@ def build_estimate(model_type: str, captured: Captured, costs: list[NodeCost], c
 def module_stats(named: dict[str, ModuleInfo], aliases: dict[str, str], costs: list[NodeCost],
                  calls: dict[str, int], root_type: str) -> dict[str, ModuleStats]:
     """Per-module stats in pre-order, with inclusive and exclusive MACs/FLOPs."""
-    own = _own_sums(costs, _Owners(aliases, named))
-    # inclusive sums rolled up as plain lists, each module's stats made once from them (updating a
-    # dataclass's five fields per module cost ~1 ms of a 70B's 1,047 modules)
-    inclusive = {name: list(own.get(name, _NO_SUMS)) for name in named}
-    for name in reversed(list(named)):  # children come after their parent in pre-order
-        parent = _parent(name)
-        if parent is not None and parent in inclusive:
-            into, sums = inclusive[parent], inclusive[name]
-            into[0] += sums[0]
-            into[1] += sums[1]
-            into[2] += sums[2]
-            into[3] += sums[3]
-            into[4] += sums[4]  # (what module_sums sums, in the same pass)
-    stats = {}
-    for name, info in named.items():
-        macs, flops, bwd_macs, bwd_flops, bytes_ = inclusive[name]
-        self_macs, self_flops, self_bwd_macs, self_bwd_flops, self_bytes = own.get(name, _NO_SUMS)
-        stats[name] = ModuleStats(
+    self_macs: dict[str, int] = defaultdict(int)
+    self_flops: dict[str, int] = defaultdict(int)
+    bwd_macs: dict[str, int] = defaultdict(int)
+    bwd_flops: dict[str, int] = defaultdict(int)
+    self_bytes: dict[str, int] = defaultdict(int)
+    owners = _Owners(aliases, named)
+    for cost in costs:
+        owner = owners(cost.module)
+        self_macs[owner] += cost.macs
+        self_flops[owner] += cost.flops
+        self_bytes[owner] += cost.bytes
+        if cost.is_backward:
+            bwd_macs[owner] += cost.macs
+            bwd_flops[owner] += cost.flops
+    stats = {
+        name: ModuleStats(
             name=name,
             type=root_type if name == "" else info.type,
             depth=0 if name == "" else name.count(".") + 1,
             params=info.params,
-            macs=macs,
-            flops=flops,
-            self_macs=self_macs,
-            self_flops=self_flops,
+            macs=self_macs[name],
+            flops=self_flops[name],
+            self_macs=self_macs[name],
+            self_flops=self_flops[name],
             calls=calls.get(name, 0),
             extra_repr=info.extra_repr,
             children=list(info.children),
-            bwd_macs=bwd_macs,
-            bwd_flops=bwd_flops,
-            self_bwd_macs=self_bwd_macs,
-            self_bwd_flops=self_bwd_flops,
-            bytes=bytes_,
-            self_bytes=self_bytes,
+            bwd_macs=bwd_macs[name],
+            bwd_flops=bwd_flops[name],
+            self_bwd_macs=bwd_macs[name],
+            self_bwd_flops=bwd_flops[name],
+            bytes=self_bytes[name],
+            self_bytes=self_bytes[name],
             shared=dict(info.shared),
         )
+        for name, info in named.items()
+    }
+    for name in reversed(list(stats)):  # children come after their parent in pre-order
+        parent = _parent(name)
+        if parent is not None and parent in stats:
+            stats[parent].macs += stats[name].macs
+            stats[parent].flops += stats[name].flops
+            stats[parent].bwd_macs += stats[name].bwd_macs
+            stats[parent].bwd_flops += stats[name].bwd_flops
+            stats[parent].bytes += stats[name].bytes  # (what module_sums sums, in the same pass)
     stats[""].calls = max(stats[""].calls, 1)
     return stats
-
-
-_NO_SUMS = (0, 0, 0, 0, 0)
-
-
-def _own_sums(costs: list[NodeCost], owners: _Owners) -> dict[str, list[Any]]:
-    """Each owning module's own [macs, flops, backward macs, backward flops, bytes], summed in node order."""
-    own: dict[str, list[Any]] = {}
-    for cost in costs:
-        owner = owners(cost.module)
-        sums = own.get(owner)
-        if sums is None:
-            sums = own[owner] = [0, 0, 0, 0, 0]
-        sums[0] += cost.macs
-        sums[1] += cost.flops
-        sums[4] += cost.bytes
-        if cost.is_backward:
-            sums[2] += cost.macs
-            sums[3] += cost.flops
-    return own
 
 
 def module_sums(costs: Iterable[NodeCost], value: Callable[[NodeCost], float], aliases: dict[str, str],

@@ -1,4 +1,4 @@
-"""fxflops.capture.recorder.new_node: a node as Graph.create_node makes it, less the raw-SymInt scan."""
+"""fxflops.capture.recorder.NodeMaker: a node as Graph.create_node makes it, less the raw-SymInt scan."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import warnings
 
 import torch
 
-from fxflops.capture.recorder import new_node
+from fxflops.capture.recorder import NodeMaker
+
+
+def new_node(*args):
+    return NodeMaker()(*args)
 
 
 def _twin_graphs():

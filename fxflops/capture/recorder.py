@@ -155,7 +155,8 @@ class OpRecorder(TorchDispatchMode):
         if base is None:
             base = self._names[func] = str(func).replace(".", "_")
         as_arg = self._as_flex_arg if func in FLEX_HOPS and self._keep is not _same else self._as_arg
-        node = self._node_maker(self.graph, "call_function", func, map_tensors(args, as_arg), map_tensors(kwargs, as_arg), base)
+        node = self._node_maker(self.graph, "call_function", func, map_tensors(args, as_arg),
+                                map_tensors(kwargs, as_arg), base)
         meta = node.meta
         meta["val"] = self._keep(out)
         if self._branches:
@@ -347,14 +348,6 @@ class NodeMaker:
         used.add(candidate)
         namespace._base_count[base] = num
         return candidate
-
-
-
-def new_node(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
-             name: str | None) -> torch.fx.Node:
-    """One node as `graph.create_node(op, target, args, kwargs, name=name)` makes it (see NodeMaker; a recorder
-    keeps one NodeMaker, which reads each name's parts once)."""
-    return NodeMaker()(graph, op, target, args, kwargs, name)
 
 
 def _created(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, name: str | None

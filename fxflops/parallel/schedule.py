@@ -30,7 +30,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxflops.results import BACKWARD, FORWARD, Estimate, RankRole
 from fxflops.results.parallel import RECV, SEND, Collective
 from fxflops.parallel.collectives import wire_bytes
-from fxflops.parallel.pipelining import is_pipeline_schedule  # noqa: F401 - where the rest of fxflops finds it
 from fxflops.capture.torch_versions import microbatch_inputs, stage_input_metas, stage_peer_global_rank
 
 # c10d's point-to-point ops (the target a record names) -> kind

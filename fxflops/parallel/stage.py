@@ -18,7 +18,6 @@ import torch
 
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.parallel.collectives import wire_bytes
-from fxflops.parallel.pipelining import is_pipeline_stage  # noqa: F401 - where the rest of fxflops finds it
 from fxflops.results import BACKWARD, FORWARD, Estimate
 from fxflops.results.parallel import RECV, SEND, Collective
 

@@ -34,7 +34,8 @@ from fxflops.capture.module_walk import walk_modules
 from fxflops.capture.tensor_walk import tensors_in
 from fxflops.capture.twins import meta_twin, with_twins
 from fxflops.count.attention import check_attention
-from fxflops.parallel.stage import is_pipeline_stage, stage_inputs
+from fxflops.parallel.pipelining import is_pipeline_stage
+from fxflops.parallel.stage import stage_inputs
 from fxflops.rules import preset
 from fxflops.rules.formula import clip
 from fxflops.spelling import spelled_keywords
